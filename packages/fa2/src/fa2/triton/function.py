@@ -1,0 +1,124 @@
+"""`FlashAttention2Triton`: the autograd Function over two custom ops that launch the kernels.
+
+The kernels sit behind `torch.library.custom_op`s (`fa2::triton_forward`, `fa2::triton_backward`)
+so that `torch.compile` treats each launch as one opaque call with known output shapes instead
+of tracing into Triton's launcher. Triton itself is imported on the first call, so `import fa2`
+works where Triton is not installed (macOS, Windows) and the PyTorch path stays usable there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from fa2.checks import MAX_HEAD_DIM, check_attention_inputs, flatten_batch
+
+__all__ = ["FlashAttention2Triton", "interpreting"]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _kernel_input(t: torch.Tensor) -> torch.Tensor:
+    """The kernels index (batch, n) through strides but need unit stride along the head dim."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@torch.library.custom_op("fa2::triton_forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.numel() == 0:
+        return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    from fa2.triton.forward import flash_forward
+
+    q3, k3, v3 = (_kernel_input(t) for t in flatten_batch(q, k, v))
+    o, lse = flash_forward(q3, k3, v3, causal, scale)
+    return o.view(q.shape), lse.view(q.shape[:-1])
+
+
+@_forward_op.register_fake
+def _(q, k, v, causal, scale):
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return o, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+
+
+@torch.library.custom_op("fa2::triton_backward", mutates_args=())
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if q.numel() == 0 or k.numel() == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    from fa2.triton.backward import flash_backward
+
+    q3, k3, v3, o3, do3 = (_kernel_input(t) for t in flatten_batch(q, k, v, o, do))
+    dq, dk, dv = flash_backward(q3, k3, v3, o3, lse.reshape(q3.shape[:-1]), do3, causal, scale)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+@_backward_op.register_fake
+def _(q, k, v, o, lse, do, causal, scale):
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+
+
+class FlashAttention2Triton(torch.autograd.Function):
+    """FlashAttention-2 forward and backward as Triton kernels.
+
+    Call as `FlashAttention2Triton.apply(q, k, v, is_causal=False, scale=None)` with the options
+    passed positionally (autograd Functions take no keyword arguments); `flash_attention` is the
+    keyword-friendly front door. Works under `torch.compile`.
+
+    Args:
+        q: `(..., n_queries, d)`; k, v: `(..., n_keys, d)`, same leading dims, dtype and device.
+            fp16, bf16 or fp32 CUDA tensors (CPU tensors only under TRITON_INTERPRET=1);
+            any d up to 256 (tuned for 16, 32, 64, 128).
+        is_causal: query i sees key j iff j <= i, both counted from 0 (top-left aligned). With
+            n_queries < n_keys the trailing keys are seen by nobody and get zero gradient.
+        scale: softmax scale, default 1/sqrt(d).
+
+    Returns:
+        o: `(..., n_queries, d)` in the input dtype. For backward, q, k, v, o and one fp32
+        logsumexp tensor L of shape `(..., n_queries)` are saved; nothing of size n_q × n_k is.
+        fp32 inputs use exact fp32 dot products unless `torch.backends.cuda.matmul.allow_tf32`.
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        check_attention_inputs(q, k, v, dtypes=_DTYPES, max_head_dim=MAX_HEAD_DIM)
+        if q.device.type != "cuda" and not interpreting():
+            raise ValueError(
+                f"FlashAttention2Triton needs CUDA tensors, got {q.device}. On the CPU use "
+                "fa2.flash_attention or FlashAttention2PyTorch (or set TRITON_INTERPRET=1 "
+                "before importing triton to run the kernels in Triton's interpreter)."
+            )
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        o, lse = _forward_op(q, k, v, bool(is_causal), scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal, ctx.scale = bool(is_causal), scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward_op(q, k, v, o, lse, do, ctx.is_causal, ctx.scale)
+        return dq, dk, dv, None, None

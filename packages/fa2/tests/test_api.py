@@ -1,0 +1,117 @@
+"""The front door: dispatch, keyword options, bad input, and torch.compile."""
+
+import pytest
+import torch
+
+from fa2 import FlashAttention2PyTorch, FlashAttention2Triton, attention_reference, flash_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _qkv(*shape, dtype=torch.float32, device=DEVICE):
+    return [torch.randn(*shape, dtype=dtype, device=device) for _ in range(3)]
+
+
+def test_flash_attention_matches_reference_with_keywords():
+    q, k, v = _qkv(2, 4, 50, 32)
+    o = flash_attention(q, k, v, causal=True, scale=0.2)
+    ref, _ = attention_reference(q.double(), k.double(), v.double(), causal=True, scale=0.2)
+    torch.testing.assert_close(o.double(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_flash_attention_uses_pytorch_path_on_cpu_and_for_float64():
+    q, k, v = _qkv(1, 20, 16, dtype=torch.float64, device="cpu")
+    o = flash_attention(q.requires_grad_(), k, v)
+    assert o.grad_fn.name().startswith("FlashAttention2PyTorch")
+
+
+@pytest.mark.gpu
+def test_flash_attention_uses_triton_on_cuda():
+    q, k, v = _qkv(1, 20, 16, dtype=torch.bfloat16, device="cuda")
+    o = flash_attention(q.requires_grad_(), k, v)
+    assert o.grad_fn.name().startswith("FlashAttention2Triton")
+
+
+def test_empty_batch_gives_empty_output():
+    q, k, v = _qkv(0, 3, 10, 16)
+    assert flash_attention(q, k, v).shape == (0, 3, 10, 16)
+
+
+@pytest.mark.parametrize("impl", [FlashAttention2PyTorch, FlashAttention2Triton])
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (
+            lambda: [*_qkv(2, 10, 16)[:2], torch.randn(2, 10, 8, device=DEVICE)],
+            ValueError,
+            "same shape",
+        ),
+        (
+            lambda: [torch.randn(2, 10, 16, device=DEVICE), *_qkv(2, 10, 8)[1:]],
+            ValueError,
+            "head dim",
+        ),
+        (
+            lambda: [torch.randn(3, 10, 16, device=DEVICE), *_qkv(2, 10, 16)[1:]],
+            ValueError,
+            "leading",
+        ),
+        (lambda: [torch.randn(16, device=DEVICE)] * 3, ValueError, "at least 2 dims"),
+        (
+            lambda: [torch.ones(2, 4, 8, dtype=torch.int64, device=DEVICE)] * 3,
+            TypeError,
+            "floating",
+        ),
+        (
+            lambda: [*_qkv(2, 4, 8)[:2], torch.randn(2, 4, 8, device=DEVICE).half()],
+            TypeError,
+            "share a dtype",
+        ),
+        (
+            lambda: [*_qkv(2, 10, 16)[:2], torch.randn(2, 10, 16, device=DEVICE).numpy()],
+            TypeError,
+            "Tensor",
+        ),
+        (
+            lambda: [torch.randn(2, 5, 16, device=DEVICE), *_qkv(2, 0, 16)[1:]],
+            ValueError,
+            "one key",
+        ),
+    ],
+)
+def test_bad_input_raises_a_clear_error(impl, make, error, match):
+    if DEVICE == "cuda" and "numpy" in str(make.__code__.co_names):
+        pytest.skip("numpy() needs a CPU tensor")
+    with pytest.raises(error, match=match):
+        impl.apply(*make(), False)
+
+
+def test_triton_rejects_unsupported_head_dim_and_dtype():
+    q, k, v = _qkv(1, 8, 512)
+    with pytest.raises(ValueError, match="head dim 512"):
+        FlashAttention2Triton.apply(q, k, v, False)
+    q, k, v = _qkv(1, 8, 16, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float64"):
+        FlashAttention2Triton.apply(q, k, v, False)
+
+
+def test_mixed_devices_are_rejected():
+    q = torch.randn(1, 8, 16)
+    k = torch.randn(1, 8, 16, device="meta")
+    with pytest.raises(ValueError, match="one device"):
+        FlashAttention2PyTorch.apply(q, k, k, False)
+
+
+def test_triton_path_works_under_torch_compile():
+    # aot_eager traces the Function and the custom ops like inductor does, without a C++ build.
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    fn = torch.compile(FlashAttention2Triton.apply, backend=backend, fullgraph=True)
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 40, 16))
+    o = fn(q, k, v, True)
+    o.sum().backward()
+    q2, k2, v2 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = attention_reference(q2, k2, v2, causal=True)
+    ref.sum().backward()
+    torch.testing.assert_close(o.double(), ref, atol=1e-4, rtol=1e-4)
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)

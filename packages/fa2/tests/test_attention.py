@@ -1,0 +1,153 @@
+"""Both implementations against a float64 oracle: outputs, the saved logsumexp, and gradients.
+
+On a machine without CUDA the Triton kernels run in Triton's interpreter (the root conftest sets
+TRITON_INTERPRET=1), so shapes stay small; with CUDA every test runs on the GPU.
+"""
+
+import math
+
+import pytest
+import torch
+
+from fa2 import FlashAttention2PyTorch, FlashAttention2Triton, attention_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+IMPLS = {"pytorch": FlashAttention2PyTorch, "triton": FlashAttention2Triton}
+
+
+def _inputs(shape_q, n_keys, dtype, *, seed=None):
+    """Fresh random q, k, v (std 1, as after a norm layer) that require grad."""
+    g = torch.Generator(device=DEVICE)
+    g.seed() if seed is None else g.manual_seed(seed)
+    *lead, n_q, d = shape_q
+    make = lambda n: torch.randn(*lead, n, d, generator=g, device=DEVICE).to(dtype)  # noqa: E731
+    return [t.requires_grad_() for t in (make(n_q), make(n_keys), make(n_keys))]
+
+
+def _run(fn, q, k, v, causal, do):
+    o = fn(q, k, v, causal)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    return o, dq, dk, dv
+
+
+def _oracle(q, k, v, causal, do):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o, lse = attention_reference(q64, k64, v64, causal=causal)
+    return (o, *torch.autograd.grad(o, (q64, k64, v64), do.double())), lse
+
+
+def _plain(q, k, v, causal, do):
+    """The same math in plain PyTorch and the inputs' dtype: sets the error scale of that dtype."""
+    qp, kp, vp = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o, _ = attention_reference(qp, kp, vp, causal=causal)
+    return (o, *torch.autograd.grad(o, (qp, kp, vp), do))
+
+
+def _error(x, ref):
+    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def _assert_close_to_oracle(impl, q, k, v, causal):
+    """Each of o, dq, dk, dv: error vs fp64 at most 2x plain PyTorch's in this dtype, + a floor."""
+    do = torch.randn_like(q)
+    ours = _run(IMPLS[impl].apply, q, k, v, causal, do)
+    oracle, _ = _oracle(q, k, v, causal, do)
+    plain = _plain(q, k, v, causal, do)
+    floor = 1e-5 if q.dtype in (torch.float32, torch.float64) else 1e-3
+    for name, x, p, ref in zip(("o", "dq", "dk", "dv"), ours, plain, oracle, strict=True):
+        assert torch.isfinite(x).all(), f"{name} has non-finite values"
+        if ref.norm() < 1e-9:  # e.g. dq, dk are exactly 0 with a single key
+            torch.testing.assert_close(x.double(), ref, atol=1e-5, rtol=0)
+            continue
+        err, budget = _error(x, ref), 2 * _error(p, ref) + floor
+        assert err <= budget, f"{name}: error {err:.2e} > budget {budget:.2e}"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "n_q, n_k", [(1, 1), (17, 17), (64, 64), (100, 37), (37, 100)], ids=lambda x: str(x)
+)
+def test_matches_oracle_for_odd_and_unequal_lengths(impl, causal, n_q, n_k):
+    q, k, v = _inputs((2, 3, n_q, 32), n_k, torch.float32)
+    _assert_close_to_oracle(impl, q, k, v, causal)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("d", [16, 24, 32, 64, 128])
+def test_matches_oracle_for_each_head_dim(impl, d):
+    q, k, v = _inputs((2, 45, d), 45, torch.float32)
+    _assert_close_to_oracle(impl, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_oracle_in_16_bit(impl, dtype, causal):
+    q, k, v = _inputs((2, 2, 70, 64), 53, dtype)
+    _assert_close_to_oracle(impl, q, k, v, causal)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_long_sequence_spanning_many_tiles(impl):
+    n = 1000 if impl == "pytorch" or DEVICE == "cuda" else 300
+    q, k, v = _inputs((1, n, 16), n, torch.float32)
+    _assert_close_to_oracle(impl, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_saves_one_logsumexp_of_shape_batch_by_queries(impl, causal):
+    q, k, v = _inputs((2, 3, 33, 16), 20, torch.float32)
+    o = IMPLS[impl].apply(q, k, v, causal)
+    saved = o.grad_fn.saved_tensors
+    row_shaped = [t for t in saved if t.shape == q.shape[:-1]]
+    assert len(row_shaped) == 1
+    assert row_shaped[0].dtype == torch.float32
+    _, lse = _oracle(q, k, v, causal, torch.randn_like(o))
+    torch.testing.assert_close(row_shaped[0].double(), lse, atol=1e-5, rtol=1e-5)
+    assert all(t.numel() < q.shape[-2] * k.shape[-2] * 6 for t in saved)  # no score matrix
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_three_and_four_dim_inputs_agree(impl):
+    q, k, v = _inputs((2, 3, 40, 16), 40, torch.float32)
+    o4 = IMPLS[impl].apply(q, k, v, True)
+    o3 = IMPLS[impl].apply(*(t.reshape(6, 40, 16) for t in (q, k, v)), True)
+    torch.testing.assert_close(o4.reshape(6, 40, 16), o3)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_non_contiguous_inputs(impl):
+    # (batch, seq, heads, d) transposed to (batch, heads, seq, d): strided along seq and heads.
+    q, k, v = _inputs((2, 30, 3, 16), 3, torch.float32)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    assert not qt.is_contiguous()
+    do = torch.randn_like(qt)
+    ours = _run(IMPLS[impl].apply, qt, kt, vt, True, do)
+    oracle, _ = _oracle(qt, kt, vt, True, do)
+    for x, ref in zip(ours, oracle, strict=True):
+        assert _error(x, ref) < 1e-5
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_custom_scale(impl):
+    q, k, v = _inputs((2, 30, 16), 30, torch.float32)
+    o = IMPLS[impl].apply(q, k, v, False, 0.3)
+    ref, _ = attention_reference(q.double(), k.double(), v.double(), scale=0.3)
+    assert _error(o, ref) < 1e-5
+    assert _error(o, attention_reference(q.double(), k.double(), v.double())[0]) > 1e-3
+
+
+def test_pytorch_path_passes_gradcheck_in_float64():
+    q, k, v = (t.detach().double().requires_grad_() for t in _inputs((2, 9, 4), 7, torch.float32))
+    for causal in (False, True):
+        fn = lambda a, b, c, causal=causal: FlashAttention2PyTorch.apply(a, b, c, causal)  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
+
+
+def test_fp32_error_is_at_fp32_rounding_level():
+    q, k, v = _inputs((1, 2, 100, 64), 100, torch.float32)
+    o = FlashAttention2Triton.apply(q, k, v, True)
+    ref, _ = attention_reference(*(t.double() for t in (q, k, v)), causal=True)
+    assert _error(o, ref) < 1e-5 * math.sqrt(64)
