@@ -1,0 +1,152 @@
+"""Model configurations: the full `ModelConfig` and the handout's named sizes (Table 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+__all__ = ["MODEL_SIZES", "VOCAB_SIZE", "ModelConfig", "ModelSize", "model_config"]
+
+# The handout trains every size on a BPE tokenizer with a 10,000-token vocabulary.
+VOCAB_SIZE = 10_000
+
+# RoPE's base wavelength, as in RoFormer and the handout.
+DEFAULT_ROPE_THETA = 10_000.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to build a `TransformerLM`; validated on construction.
+
+    Args:
+        vocab_size: number of token ids the embedding and the LM head cover.
+        context_length: the longest sequence the model accepts (RoPE tables are this long).
+        d_model: width of the residual stream.
+        num_layers: number of Transformer blocks.
+        num_heads: attention heads per block; must divide `d_model`, and the head dimension
+            `d_model // num_heads` must be even because RoPE rotates pairs of features.
+        d_ff: hidden width of the SwiGLU feed-forward network.
+        rope_theta: RoPE base wavelength.
+        attention: name of the attention backend (see `lmcore.ATTENTION_BACKENDS`).
+
+    Raises:
+        ValueError: a size is not a positive integer, `d_model` is not divisible by
+            `num_heads`, the head dimension is odd, or `rope_theta` is not positive.
+    """
+
+    vocab_size: int
+    context_length: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    d_ff: int
+    rope_theta: float = DEFAULT_ROPE_THETA
+    attention: str = "naive"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}); "
+                "pick a head count that divides the model width"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(
+                f"head dimension d_model // num_heads = {self.head_dim} must be even, because "
+                "RoPE rotates pairs of features; change d_model or num_heads"
+            )
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        if not isinstance(self.attention, str):
+            raise TypeError(f"attention must be a backend name (str), got {self.attention!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Features per attention head, `d_model // num_heads`."""
+        return self.d_model // self.num_heads
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The shape of one named model size: widths, depth and head count (no vocabulary or length).
+
+    Example::
+
+        >>> MODEL_SIZES["small"].config(context_length=256).num_layers
+        12
+    """
+
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+
+    def config(
+        self,
+        *,
+        context_length: int,
+        vocab_size: int = VOCAB_SIZE,
+        rope_theta: float = DEFAULT_ROPE_THETA,
+        attention: str = "naive",
+    ) -> ModelConfig:
+        """The full `ModelConfig` of this size for a context length, vocabulary and backend."""
+        return ModelConfig(
+            vocab_size=vocab_size,
+            context_length=context_length,
+            d_model=self.d_model,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            rope_theta=rope_theta,
+            attention=attention,
+        )
+
+
+# Table 1 of the CS336 assignment 2 handout. Read-only, so that no caller can change a size.
+MODEL_SIZES: Mapping[str, ModelSize] = MappingProxyType(
+    {
+        "small": ModelSize(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+        "medium": ModelSize(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
+        "large": ModelSize(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
+        "xl": ModelSize(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
+        "2.7B": ModelSize(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+    }
+)
+
+
+def model_config(
+    size: str,
+    *,
+    context_length: int,
+    vocab_size: int = VOCAB_SIZE,
+    rope_theta: float = DEFAULT_ROPE_THETA,
+    attention: str = "naive",
+) -> ModelConfig:
+    """The `ModelConfig` of a named size from `MODEL_SIZES`.
+
+    Args:
+        size: one of the keys of `MODEL_SIZES` ("small", "medium", "large", "xl", "2.7B").
+        context_length: the longest sequence the model will see.
+        vocab_size: vocabulary size (the handout's 10,000 by default).
+        rope_theta: RoPE base wavelength.
+        attention: attention backend name.
+
+    Raises:
+        ValueError: `size` is not a known size (the message lists the valid ones).
+    """
+    try:
+        shape = MODEL_SIZES[size]
+    except KeyError:
+        raise ValueError(
+            f"unknown model size {size!r}; choose one of {', '.join(MODEL_SIZES)}"
+        ) from None
+    return shape.config(
+        context_length=context_length,
+        vocab_size=vocab_size,
+        rope_theta=rope_theta,
+        attention=attention,
+    )

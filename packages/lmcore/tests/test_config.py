@@ -1,0 +1,101 @@
+"""Model sizes, parameter counts and configuration errors."""
+
+import pytest
+import torch
+
+from lmcore import (
+    MODEL_SIZES,
+    VOCAB_SIZE,
+    ModelConfig,
+    TransformerLM,
+    count_parameters,
+    model_config,
+)
+
+# Table 1 of the CS336 assignment 2 handout: d_model, d_ff, num_layers, num_heads.
+HANDOUT_TABLE_1 = {
+    "small": (768, 3072, 12, 12),
+    "medium": (1024, 4096, 24, 16),
+    "large": (1280, 5120, 36, 20),
+    "xl": (1600, 6400, 48, 25),
+    "2.7B": (2560, 10240, 32, 32),
+}
+
+
+def _meta_model(size: str, **kwargs) -> TransformerLM:
+    with torch.device("meta"):
+        return TransformerLM.from_size(size, **kwargs)
+
+
+def test_model_sizes_match_handout_table():
+    table = {
+        name: (s.d_model, s.d_ff, s.num_layers, s.num_heads) for name, s in MODEL_SIZES.items()
+    }
+    assert table == HANDOUT_TABLE_1
+
+
+def test_default_vocabulary_is_ten_thousand():
+    assert model_config("small", context_length=8).vocab_size == VOCAB_SIZE == 10_000
+
+
+@pytest.mark.parametrize("size", list(HANDOUT_TABLE_1))
+def test_count_parameters_matches_built_model(size):
+    model = _meta_model(size, context_length=128)
+    assert count_parameters(model.config) == sum(p.numel() for p in model.parameters())
+
+
+def test_small_parameter_count_by_hand():
+    # 2·V·d (embedding + untied head) + 12·(4·d² + 3·d·d_ff + 2·d) + d, with V=10,000, d=768.
+    assert count_parameters(model_config("small", context_length=8)) == 128_625_408
+
+
+def test_built_model_has_the_named_shape():
+    model = _meta_model("medium", context_length=64, attention="sdpa")
+    assert len(model.layers) == 24
+    assert model.layers[0].attn.num_heads == 16
+    assert model.layers[0].ffn.w1.weight.shape == (4096, 1024)
+    assert model.lm_head.weight.shape == (10_000, 1024)
+    assert model.config == model_config("medium", context_length=64, attention="sdpa")
+
+
+def test_model_sizes_are_read_only():
+    with pytest.raises(TypeError):
+        MODEL_SIZES["tiny"] = MODEL_SIZES["small"]
+
+
+def test_unknown_size_lists_valid_sizes():
+    with pytest.raises(ValueError, match=r"unknown model size 'huge'.*small, medium, large, xl"):
+        TransformerLM.from_size("huge", context_length=16)
+
+
+def test_d_model_not_divisible_by_heads_is_rejected():
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        TransformerLM(
+            vocab_size=10, context_length=8, d_model=30, num_layers=1, num_heads=4, d_ff=8
+        )
+
+
+def test_odd_head_dim_is_rejected():
+    with pytest.raises(ValueError, match="must be even"):
+        TransformerLM(
+            vocab_size=10, context_length=8, d_model=15, num_layers=1, num_heads=3, d_ff=8
+        )
+
+
+def test_unknown_attention_backend_lists_valid_backends():
+    with pytest.raises(ValueError, match=r"unknown attention backend 'flash'.*naive.*sdpa"):
+        TransformerLM(16, 8, 8, 1, 2, 16, attention="flash")
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "context_length", "num_layers", "d_ff"])
+@pytest.mark.parametrize("bad", [0, -3, 2.0])
+def test_non_positive_integer_sizes_are_rejected(field, bad):
+    kwargs = dict(vocab_size=10, context_length=8, d_model=8, num_layers=1, num_heads=2, d_ff=8)
+    kwargs[field] = bad
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**kwargs)
+
+
+def test_non_positive_rope_theta_is_rejected():
+    with pytest.raises(ValueError, match="rope_theta"):
+        ModelConfig(10, 8, 8, 1, 2, 8, rope_theta=0.0)

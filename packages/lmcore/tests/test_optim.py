@@ -1,0 +1,186 @@
+"""AdamW against torch.optim.AdamW, gradient clipping against torch's, the cosine schedule."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from lmcore import AdamW, clip_grad_norm, cosine_lr
+
+
+def _param_groups(params):
+    # Three groups with different hyper-parameters, one of them without weight decay.
+    return [
+        {"params": params[:2]},
+        {"params": params[2:3], "lr": 3e-2, "weight_decay": 0.0},
+        {"params": params[3:], "lr": 5e-3, "betas": (0.8, 0.95), "eps": 1e-6},
+    ]
+
+
+def _make_params(seed: int, dtype=torch.float32):
+    torch.manual_seed(seed)
+    shapes = [(7, 5), (5,), (3, 4, 2), (11,)]
+    return [torch.randn(s, dtype=dtype, requires_grad=True) for s in shapes]
+
+
+def _train(optimizer_cls, params, steps: int, **kwargs):
+    optimizer = optimizer_cls(_param_groups(params), lr=1e-2, weight_decay=0.1, **kwargs)
+    torch.manual_seed(123)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer.step()
+    return optimizer
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_adamw_matches_torch_over_several_steps(foreach):
+    ours, theirs = _make_params(0), _make_params(0)
+    _train(AdamW, ours, steps=7)
+    _train(torch.optim.AdamW, theirs, steps=7, foreach=foreach)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_adamw_matches_torch_in_float64_with_mixed_dtypes():
+    ours = _make_params(1, torch.float64)[:2] + _make_params(1)[2:]
+    theirs = _make_params(1, torch.float64)[:2] + _make_params(1)[2:]
+    _train(AdamW, ours, steps=4)
+    _train(torch.optim.AdamW, theirs, steps=4)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_adamw_state_dict_has_torch_layout():
+    ours = _train(AdamW, _make_params(0), steps=2).state_dict()
+    theirs = _train(torch.optim.AdamW, _make_params(0), steps=2).state_dict()
+    assert ours["state"].keys() == theirs["state"].keys()
+    for index, state in ours["state"].items():
+        assert state.keys() == theirs["state"][index].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        for key, value in state.items():
+            assert value.dtype == theirs["state"][index][key].dtype
+            torch.testing.assert_close(value, theirs["state"][index][key], rtol=0, atol=0)
+
+
+def test_adamw_resumes_from_torch_state_dict():
+    ours, theirs = _make_params(0), _make_params(0)
+    reference = _train(torch.optim.AdamW, theirs, steps=3)
+    with torch.no_grad():
+        for a, b in zip(ours, theirs, strict=True):
+            a.copy_(b)
+    optimizer = AdamW(_param_groups(ours))
+    # A copy: load_state_dict keeps tensors that need no cast, which would share the moments.
+    optimizer.load_state_dict(copy.deepcopy(reference.state_dict()))
+    torch.manual_seed(5)
+    grads = [torch.randn_like(p) for p in ours]
+    for a, b, g in zip(ours, theirs, grads, strict=True):
+        a.grad, b.grad = g, g.clone()
+    optimizer.step()
+    reference.step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_adamw_skips_parameters_without_gradient():
+    params = _make_params(0)
+    before = params[1].detach().clone()
+    optimizer = AdamW(params)
+    params[0].grad = torch.randn_like(params[0])
+    optimizer.step()
+    assert torch.equal(params[1], before)
+    assert params[1] not in optimizer.state
+
+
+def test_adamw_step_returns_closure_loss():
+    params = _make_params(0)
+    optimizer = AdamW(params)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = sum((p**2).sum() for p in params)
+        loss.backward()
+        return loss
+
+    loss = optimizer.step(closure)
+    assert loss > 0 and all(p.grad is not None for p in params)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"lr": -1e-3}, "learning rate"),
+        ({"betas": (0.9, 1.0)}, "betas"),
+        ({"eps": -1.0}, "eps"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+    ],
+)
+def test_adamw_rejects_bad_hyper_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AdamW(_make_params(0), **kwargs)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])  # one that clips, one that does not
+def test_clip_grad_norm_matches_torch(max_norm):
+    ours, theirs = _make_params(0), _make_params(0)
+    torch.manual_seed(1)
+    for a, b in zip(ours, theirs, strict=True):
+        a.grad = torch.randn_like(a) * 3
+        b.grad = a.grad.clone()
+    ours.append(torch.randn(3, requires_grad=True))  # no gradient: ignored
+    total = clip_grad_norm(ours, max_norm)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    torch.testing.assert_close(total, expected)
+    for a, b in zip(ours[:-1], theirs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_clip_grad_norm_caps_total_norm():
+    params = _make_params(0)
+    for p in params:
+        p.grad = torch.randn_like(p) * 10
+    clip_grad_norm(params, 1.0)
+    total = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in params]))
+    assert total.item() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_clip_grad_norm_rejects_negative_max_norm():
+    with pytest.raises(ValueError, match="max_norm"):
+        clip_grad_norm(_make_params(0), -1.0)
+
+
+def _cosine_reference(t, max_lr, min_lr, warmup, total):
+    if t < warmup:
+        return max_lr * t / warmup
+    if t <= total:
+        return (
+            min_lr
+            + (max_lr - min_lr) * (1 + math.cos(math.pi * (t - warmup) / (total - warmup))) / 2
+        )
+    return min_lr
+
+
+def test_cosine_lr_boundaries():
+    args = (1.0, 0.1, 7, 21)  # max_lr, min_lr, warmup, total
+    assert cosine_lr(0, *args) == 0.0
+    assert cosine_lr(7, *args) == 1.0
+    assert cosine_lr(14, *args) == pytest.approx(0.55)  # half way down the cosine
+    assert cosine_lr(21, *args) == pytest.approx(0.1)
+    assert cosine_lr(22, *args) == cosine_lr(1000, *args) == 0.1
+
+
+def test_cosine_lr_matches_handout_definition_everywhere():
+    for t in range(30):
+        assert cosine_lr(t, 3e-4, 3e-5, 5, 25) == pytest.approx(
+            _cosine_reference(t, 3e-4, 3e-5, 5, 25)
+        )
+
+
+def test_cosine_lr_without_warmup_starts_at_max():
+    assert cosine_lr(0, 2.0, 0.5, 0, 10) == 2.0
+
+
+@pytest.mark.parametrize(("step", "warmup", "total"), [(-1, 2, 10), (0, -1, 10), (0, 10, 10)])
+def test_cosine_lr_rejects_bad_arguments(step, warmup, total):
+    with pytest.raises(ValueError):
+        cosine_lr(step, 1.0, 0.1, warmup, total)

@@ -1,0 +1,97 @@
+"""Checkpoints: a run resumed from a checkpoint is bit-for-bit the uninterrupted run."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from lmcore import (
+    AdamW,
+    TransformerLM,
+    clip_grad_norm,
+    cosine_lr,
+    cross_entropy,
+    get_batch,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+TOTAL_STEPS = 6
+
+
+def _train(model, optimizer, tokens, start: int, stop: int) -> None:
+    for it in range(start, stop):
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(it, 1e-2, 1e-3, 2, TOTAL_STEPS)
+        inputs, targets = get_batch(tokens, 4, 16, "cpu", generator=np.random.default_rng(it))
+        optimizer.zero_grad()
+        cross_entropy(model(inputs), targets).backward()
+        clip_grad_norm(model.parameters(), 1.0)
+        optimizer.step()
+
+
+def _fresh(config, seed: int):
+    torch.manual_seed(seed)
+    model = TransformerLM.from_config(config)
+    return model, AdamW(model.parameters(), weight_decay=0.1)
+
+
+@pytest.fixture
+def tokens(tiny_config):
+    return np.random.default_rng(0).integers(0, tiny_config.vocab_size, size=500)
+
+
+def test_resumed_run_equals_uninterrupted_run(tiny_config, tokens, tmp_path):
+    model, optimizer = _fresh(tiny_config, seed=0)
+    _train(model, optimizer, tokens, 0, TOTAL_STEPS)
+
+    first, first_optimizer = _fresh(tiny_config, seed=0)
+    _train(first, first_optimizer, tokens, 0, 3)
+    save_checkpoint(first, first_optimizer, 3, tmp_path / "ckpt.pt")
+    resumed, resumed_optimizer = _fresh(tiny_config, seed=1)  # different initial weights
+    start = load_checkpoint(tmp_path / "ckpt.pt", resumed, resumed_optimizer)
+    _train(resumed, resumed_optimizer, tokens, start, TOTAL_STEPS)
+
+    assert start == 3
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+    for p, q in zip(model.parameters(), resumed.parameters(), strict=True):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(optimizer.state[p][key], resumed_optimizer.state[q][key]), key
+
+
+def test_round_trip_through_file_object(tiny_config, tokens):
+    model, optimizer = _fresh(tiny_config, seed=0)
+    _train(model, optimizer, tokens, 0, 1)
+    buffer = io.BytesIO()
+    save_checkpoint(model, optimizer, 1, buffer)
+    buffer.seek(0)
+    other, other_optimizer = _fresh(tiny_config, seed=1)
+    assert load_checkpoint(buffer, other, other_optimizer) == 1
+    assert other_optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+# Importing torch.compile's machinery the first time triggers a deprecation warning inside torch.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_compiled_model_saves_plain_keys(tiny_config, tmp_path):
+    model, _ = _fresh(tiny_config, seed=0)
+    save_checkpoint(torch.compile(model), None, 0, tmp_path / "ckpt.pt")
+    other, _ = _fresh(tiny_config, seed=1)
+    load_checkpoint(tmp_path / "ckpt.pt", other, None)
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_loading_optimizer_from_weights_only_checkpoint_is_rejected(tiny_config, tmp_path):
+    model, optimizer = _fresh(tiny_config, seed=0)
+    save_checkpoint(model, None, 0, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match="no optimizer state"):
+        load_checkpoint(tmp_path / "ckpt.pt", model, optimizer)
+
+
+def test_negative_iteration_is_rejected(tiny_model, tmp_path):
+    with pytest.raises(ValueError, match="iteration"):
+        save_checkpoint(tiny_model, None, -1, tmp_path / "ckpt.pt")
