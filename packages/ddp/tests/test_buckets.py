@@ -1,0 +1,69 @@
+"""Bucket assignment, without any process group."""
+
+import pytest
+
+from ddp import assign_buckets
+
+
+def test_none_puts_everything_in_one_bucket_in_reverse_order():
+    assert assign_buckets([12, 40, 4, 8], max_bytes=None) == [[3, 2, 1, 0]]
+
+
+def test_zero_gives_every_parameter_its_own_bucket():
+    assert assign_buckets([12, 40, 4, 8], max_bytes=0) == [[3], [2], [1], [0]]
+
+
+def test_limit_smaller_than_every_parameter_gives_one_bucket_each():
+    assert assign_buckets([12, 40, 4, 8], max_bytes=3) == [[3], [2], [1], [0]]
+
+
+def test_buckets_fill_greedily_backwards_up_to_the_limit():
+    # Walking backwards: 7 + 5 = 12 fits, + 9 does not; 9 + 3 = 12 fits, + 2 does not.
+    assert assign_buckets([2, 3, 9, 5, 7], max_bytes=12) == [[4, 3], [2, 1], [0]]
+
+
+def test_limit_is_inclusive():
+    assert assign_buckets([6, 6], max_bytes=12) == [[1, 0]]
+
+
+def test_parameter_larger_than_the_limit_gets_its_own_bucket():
+    assert assign_buckets([4, 100, 4, 4], max_bytes=10) == [[3, 2], [1], [0]]
+
+
+def test_every_index_lands_in_exactly_one_bucket():
+    sizes = [(7 * i) % 23 + 1 for i in range(41)]
+    buckets = assign_buckets(sizes, max_bytes=30)
+    assert sorted(i for bucket in buckets for i in bucket) == list(range(41))
+    for bucket in buckets:
+        assert len(bucket) == 1 or sum(sizes[i] for i in bucket) <= 30
+
+
+def test_keys_never_share_a_bucket():
+    keys = ["f32", "bf16", "f32", "bf16", "f32"]
+    buckets = assign_buckets([4, 4, 4, 4, 4], max_bytes=None, keys=keys)
+    assert buckets == [[4, 2, 0], [3, 1]]
+
+
+def test_keys_fill_their_own_buckets_independently():
+    keys = ["a", "b", "a", "b", "a"]
+    buckets = assign_buckets([4, 4, 4, 4, 4], max_bytes=8, keys=keys)
+    assert buckets == [[4, 2], [3, 1], [0]]
+
+
+def test_no_parameters_gives_no_buckets():
+    assert assign_buckets([], max_bytes=10) == []
+
+
+def test_negative_limit_is_rejected():
+    with pytest.raises(ValueError, match="max_bytes"):
+        assign_buckets([4], max_bytes=-1)
+
+
+def test_negative_size_is_rejected():
+    with pytest.raises(ValueError, match="non-negative"):
+        assign_buckets([4, -4], max_bytes=8)
+
+
+def test_keys_of_the_wrong_length_are_rejected():
+    with pytest.raises(ValueError, match="keys has 1"):
+        assign_buckets([4, 4], max_bytes=8, keys=["a"])
