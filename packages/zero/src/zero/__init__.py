@@ -1,0 +1,12 @@
+"""ZeRO-1: optimizer-state sharding around any torch optimizer.
+
+:class:`ShardedOptimizer` wraps an optimizer class so that each data-parallel rank keeps optimizer
+state for its shard of the parameters only, steps that shard, and broadcasts the result;
+:func:`partition_by_numel` is the balanced assignment of parameters to ranks it uses.
+"""
+
+from zero.broadcast import DEFAULT_BUCKET_MB
+from zero.partition import partition_by_numel
+from zero.sharded_optimizer import ShardedOptimizer
+
+__all__ = ["DEFAULT_BUCKET_MB", "ShardedOptimizer", "partition_by_numel"]
