@@ -1,0 +1,40 @@
+"""Peak arithmetic throughput of known GPUs, for model FLOP utilisation (MFU).
+
+Dense (no structured sparsity) matmul peaks from NVIDIA's data sheets, by the number format the
+matmuls run in: `bf16`/`fp16` on tensor cores, `tf32` when fp32 matmuls are allowed to use TF32
+(`torch.backends.cuda.matmul.allow_tf32`), plain `fp32` otherwise (PyTorch's default). MFU is
+only reported for devices in this table, and the assumed peak travels with the result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["PEAK_TFLOPS", "matmul_format", "peak_tflops"]
+
+# (name fragment, {format: dense TFLOP/s}); the first fragment found in the device name wins,
+# so the more specific names come first.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    ("H100 NVL", {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM5
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+)
+
+
+def matmul_format(dtype: torch.dtype) -> str:
+    """The format matmuls in `dtype` (the autocast dtype, or the parameters') run in on CUDA."""
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
+def peak_tflops(device_name: str, fmt: str) -> float | None:
+    """The dense peak TFLOP/s of `device_name` for matmuls in `fmt`, or None if unknown."""
+    for fragment, peaks in PEAK_TFLOPS:
+        if fragment.lower() in device_name.lower():
+            return peaks.get(fmt)
+    return None

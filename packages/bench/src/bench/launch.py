@@ -1,0 +1,227 @@
+"""Run a benchmark on several ranks: the one place the tools start processes for a process group.
+
+`launch(worker, world_size=..., backend=...)` calls `worker(rank, world_size, *args)` on every
+rank inside an initialised default process group and returns the ranks' return values, in rank
+order, to the caller:
+
+- Started normally, it spawns `world_size` processes: gloo ranks on the CPU (threads split
+  between them), or NCCL ranks with rank r on `cuda:r` (`torch.cuda.set_device`). Rendezvous
+  is on a free local port; results come back through files; a rank that fails re-raises here
+  with its traceback; a run that outlasts `timeout` is stopped with `TimeoutError`.
+- Started under `torchrun` (its environment variables are set), this process already is one
+  rank: the worker runs here, on the process group torchrun describes, and every rank receives
+  everyone's results (`all_gather_object`). `is_primary()` tells the tool whether to print.
+
+NVLink multicast (NVLS) stays off in NCCL ranks (``NCCL_NVLS_ENABLE=0``) unless the environment
+sets it: NCCL's NVLS algorithms allocate multicast memory through the NVSwitch fabric, and on
+machines whose GPUs are shared, trouble with that fabric state can take GPUs out of service for
+everyone on them. The price is some all-reduce bandwidth on large messages on NVSwitch systems.
+
+Example::
+
+    def _worker(rank: int, world_size: int, numel: int) -> float:
+        t = torch.ones(numel)
+        dist.all_reduce(t)
+        return t[0].item()
+
+    launch(_worker, world_size=4, backend="gloo", args=(10,))  # [4.0, 4.0, 4.0, 4.0]
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["all_ranks_ok", "is_primary", "launch", "torchrun_world_size", "under_torchrun"]
+
+BACKENDS = ("gloo", "nccl")
+# What a default `launch` may take in all; a 1 GB all-reduce grid or an XL DDP sweep fits.
+DEFAULT_TIMEOUT_S = 1800.0
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_JOIN_POLL_S = 1.0  # how often the parent checks on its ranks
+
+
+def under_torchrun() -> bool:
+    """True when this process was started by `torchrun` (its rendezvous variables are set)."""
+    return all(name in os.environ for name in _TORCHRUN_VARS)
+
+
+def torchrun_world_size() -> int | None:
+    """The world size `torchrun` started, or None when not under torchrun."""
+    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
+
+
+def is_primary() -> bool:
+    """False only on the non-zero ranks of a `torchrun` launch: they should not print or write."""
+    return not under_torchrun() or int(os.environ["RANK"]) == 0
+
+
+def all_ranks_ok(ok: bool, *, device: torch.device | str) -> bool:
+    """True when `ok` holds on every rank (one all-reduce of a flag, minimum).
+
+    Benchmarks call it after each guarded measurement, so that a rank that ran out of memory
+    and the ranks that did not agree on the row's status and move on to the next measurement
+    together, rather than one of them starting collectives alone.
+    """
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prepare_rank(backend: str, local_rank: int, env: Mapping[str, str]) -> None:
+    """Per-rank set-up before the process group exists: environment, device."""
+    for name, value in env.items():
+        os.environ.setdefault(name, value)
+    if backend == "nccl":
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # see the module docstring
+        torch.cuda.set_device(local_rank)
+
+
+def _child(
+    rank: int,
+    worker: Callable[..., Any],
+    world_size: int,
+    backend: str,
+    port: int,
+    args: tuple[Any, ...],
+    env: Mapping[str, str],
+    num_threads: int,
+    result_dir: str,
+) -> None:
+    _prepare_rank(backend, rank, env)
+    if backend == "gloo":
+        torch.set_num_threads(num_threads)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        result = worker(rank, world_size, *args)
+        torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _validate(worker: Callable[..., Any], world_size: int, backend: str) -> None:
+    if not callable(worker):
+        raise TypeError(f"worker must be callable, got {type(worker).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if backend == "nccl" and not under_torchrun() and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"nccl with world size {world_size} needs {world_size} GPUs, found "
+            f"{torch.cuda.device_count()}; lower the world size or use gloo on the CPU"
+        )
+
+
+def _launch_under_torchrun(
+    worker: Callable[..., Any],
+    world_size: int,
+    backend: str,
+    args: tuple[Any, ...],
+    env: Mapping[str, str],
+) -> list[Any]:
+    started = torchrun_world_size()
+    if started != world_size:
+        raise ValueError(
+            f"torchrun started {started} processes but this run needs world size {world_size}: "
+            f"use torchrun --nproc-per-node {world_size}, or run without torchrun"
+        )
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        _prepare_rank(backend, int(os.environ["LOCAL_RANK"]), env)
+        dist.init_process_group(backend)
+    try:
+        result = worker(dist.get_rank(), world_size, *args)
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, result)
+        return gathered
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def launch(
+    worker: Callable[..., Any],
+    *,
+    world_size: int,
+    backend: str = "gloo",
+    args: Sequence[Any] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[Any]:
+    """Run `worker(rank, world_size, *args)` on `world_size` ranks; return their results.
+
+    Args:
+        worker: a module-level function (spawned processes import it by name). It runs inside
+            an initialised default process group of `backend`; with nccl its rank's GPU is the
+            current device. Its return value must be picklable.
+        world_size: number of ranks.
+        backend: `"gloo"` (CPU) or `"nccl"` (one GPU per rank).
+        args: extra positional arguments for `worker` (picklable).
+        env: environment variables each rank sets before the process group is created, unless
+            already set (e.g. ``{"TORCH_NCCL_ENABLE_TIMING": "1"}``).
+        timeout: seconds the whole run may take before its processes are killed.
+
+    Returns:
+        The workers' return values, indexed by rank (on every rank, under torchrun).
+
+    Raises:
+        TypeError: `worker` is not callable.
+        ValueError: unknown backend, world size below 1, too few GPUs for nccl, or a torchrun
+            world size other than `world_size`.
+        TimeoutError: the ranks did not finish within `timeout` seconds.
+        torch.multiprocessing.ProcessRaisedException: a rank raised (its traceback included).
+        torch.multiprocessing.ProcessExitedException: a rank died (e.g. killed for memory).
+    """
+    _validate(worker, world_size, backend)
+    env = dict(env or {})
+    if under_torchrun():
+        return _launch_under_torchrun(worker, world_size, backend, tuple(args), env)
+    # gloo ranks share the host's cores; more threads than cores per rank only thrash.
+    num_threads = max(1, (os.cpu_count() or 1) // world_size)
+    with tempfile.TemporaryDirectory(prefix="bench-launch-") as result_dir:
+        context = mp.start_processes(
+            _child,
+            args=(
+                worker,
+                world_size,
+                backend,
+                _free_port(),
+                tuple(args),
+                env,
+                num_threads,
+                result_dir,
+            ),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout
+        while not context.join(timeout=_JOIN_POLL_S):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                raise TimeoutError(
+                    f"the {world_size} ranks did not finish within {timeout:.0f} s; raise the "
+                    "timeout for larger runs"
+                )
+        return [
+            torch.load(os.path.join(result_dir, f"rank{rank}.pt"), weights_only=False)
+            for rank in range(world_size)
+        ]

@@ -1,0 +1,67 @@
+"""Device memory: peak and current allocation on CUDA; `None` on devices that do not track it.
+
+Numbers are bytes allocated by PyTorch's caching allocator for tensors (what
+`torch.cuda.max_memory_allocated` reports), not the larger amount the allocator has reserved
+from the driver. On the CPU PyTorch keeps no such counters, so every reading is `None` and tables
+show an empty cell rather than a made-up number.
+
+Example::
+
+    reset_peak_memory(device)
+    loss = model(x).sum()
+    loss.backward()
+    print(to_mib(peak_memory(device)))
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+__all__ = ["MIB", "free_memory", "memory_in_use", "peak_memory", "reset_peak_memory", "to_mib"]
+
+MIB = 1 << 20  # bytes per mebibyte; tables report MiB
+
+
+def _is_cuda(device: torch.device | str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    """Start a new peak-memory window on `device` (a no-op where memory is not tracked)."""
+    if _is_cuda(device):
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device | str) -> int | None:
+    """Most bytes allocated at once since the last `reset_peak_memory`; None off CUDA."""
+    if not _is_cuda(device):
+        return None
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
+
+
+def memory_in_use(device: torch.device | str) -> int | None:
+    """Bytes held by live tensors on `device` right now; None off CUDA."""
+    if not _is_cuda(device):
+        return None
+    return torch.cuda.memory_allocated(device)
+
+
+def free_memory(device: torch.device | str) -> None:
+    """Collect garbage and hand cached blocks back, so the next measurement starts clean.
+
+    Call it after dropping references (e.g. after an out-of-memory error, whose traceback holds
+    frames that hold tensors).
+    """
+    gc.collect()
+    if _is_cuda(device):
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def to_mib(num_bytes: int | None) -> float | None:
+    """Bytes to MiB, passing None through (so CPU rows stay empty instead of failing)."""
+    return None if num_bytes is None else num_bytes / MIB

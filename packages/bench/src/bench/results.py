@@ -1,0 +1,259 @@
+"""Result records: tidy rows plus the metadata that makes them a result, as Markdown and JSON.
+
+A `Run` is what every tool returns: a list of flat dicts (one per measurement; rows of one kind
+share their keys), the configuration that produced them, the environment (`bench.env.collect_env`),
+the command line and date, free-form notes, and the plots drawn from the rows. `save_json` writes
+it in a stable schema that `bench-report` reads back with `load_json`.
+
+JSON schema `cs336sys-bench/1`::
+
+    {"schema": "cs336sys-bench/1", "tool": "attn", "title": "...", "date": "<UTC ISO>",
+     "command": "bench-attn --json out.json", "env": {...}, "config": {...},
+     "columns": ["impl", "d", ...] | null, "group_by": "case" | null,
+     "notes": ["..."], "plots": ["attn.png"],
+     "rows": [{"impl": "sdpa", "d": 16, ..., "status": "ok"}, ...]}
+
+`plots` hold paths relative to the JSON file's folder.
+
+Example::
+
+    run = Run.create("attn", rows, device="cuda", config={"batch": 8})
+    print(run.to_markdown())
+    save_json(run, "docs/results/attn.json")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tabulate import tabulate
+
+from bench.env import collect_env
+from bench.oom import OK, OOM
+
+__all__ = [
+    "SCHEMA",
+    "Run",
+    "format_value",
+    "load_json",
+    "result_stem",
+    "save_json",
+    "to_markdown",
+]
+
+SCHEMA = "cs336sys-bench/1"
+
+_EMPTY = "—"  # no value: not measured here (memory on the CPU, a ratio without baseline)
+
+
+def format_value(value: Any) -> str:
+    """One table cell: 4 significant digits, thousands separators from 1000 up, `—` for missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return _EMPTY
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    return str(value)
+
+
+def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.update(dict.fromkeys(row))
+    return list(seen)
+
+
+def to_markdown(rows: Sequence[Mapping[str, Any]], *, columns: Sequence[str] | None = None) -> str:
+    """A GitHub Markdown table of `rows`.
+
+    Args:
+        rows: flat dicts; a key missing from a row is an empty cell.
+        columns: which keys to show, in order; every key seen, in first-seen order, when None.
+
+    A row whose `status` is `OOM` shows `OOM` in each cell it has no value for, so the
+    out-of-memory region of a sweep reads at a glance; other missing cells show `—`.
+    """
+    if not rows:
+        return "(no rows)"
+    columns = list(columns) if columns is not None else _columns(rows)
+    cells = []
+    for row in rows:
+        fill = OOM if row.get("status") == OOM else _EMPTY
+        cells.append([fill if row.get(c) is None else format_value(row.get(c)) for c in columns])
+    return tabulate(cells, headers=columns, tablefmt="pipe", disable_numparse=True)
+
+
+@dataclass
+class Run:
+    """One tool invocation's rows and everything needed to trust and reproduce them.
+
+    Attributes:
+        tool: short tool name (`"attn"`, `"model"`, ...); `bench-report` files the run by it.
+        rows: flat dicts, one per measurement; each has a `status` (`"ok"`, `"OOM"`, or
+            `"skipped: <reason>"`) when measurements can fail.
+        config: the tool's options as given (JSON-ready).
+        env: `collect_env(...)` of the device measured.
+        command: the exact command line.
+        date: UTC ISO time the run was made.
+        title: one line saying what was measured.
+        columns: the columns a table shows, in order (None: every key).
+        group_by: a key whose values split the rows into separate tables (for a tool whose rows
+            are of several kinds); each table shows only the columns its rows fill.
+        notes: sentences that must travel with the numbers (CPU default, assumed peaks, ...).
+        plots: image files drawn from the rows, relative to the JSON file once saved.
+        schema: the JSON schema version.
+    """
+
+    tool: str
+    rows: list[dict[str, Any]]
+    config: dict[str, Any]
+    env: dict[str, Any]
+    command: str
+    date: str
+    title: str = ""
+    columns: list[str] | None = None
+    group_by: str | None = None
+    notes: list[str] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    @classmethod
+    def create(
+        cls,
+        tool: str,
+        rows: Iterable[Mapping[str, Any]],
+        *,
+        device: torch.device | str,
+        config: Mapping[str, Any],
+        command: str | None = None,
+        title: str = "",
+        columns: Sequence[str] | None = None,
+        group_by: str | None = None,
+        notes: Iterable[str] = (),
+    ) -> Run:
+        """Build a run, collecting the environment of `device` now.
+
+        Args:
+            tool: short tool name.
+            rows: the measurements.
+            device: the device measured.
+            config: the options that produced the rows.
+            command: the command line; the process's own when None.
+            title: one line saying what was measured.
+            columns: table columns in order (None: every key).
+            group_by: split the table by this key's values.
+            notes: sentences that must travel with the numbers.
+        """
+        env = collect_env(device, command=command)
+        return cls(
+            tool=tool,
+            rows=[dict(r) for r in rows],
+            config=_jsonable(dict(config)),
+            env=env,
+            command=env["command"],
+            date=env["date"],
+            title=title,
+            columns=list(columns) if columns is not None else None,
+            group_by=group_by,
+            notes=list(notes),
+        )
+
+    @property
+    def ok_rows(self) -> list[dict[str, Any]]:
+        """The rows whose measurement completed (`status` missing or `"ok"`)."""
+        return [r for r in self.rows if r.get("status", OK) == OK]
+
+    def table(self) -> str:
+        """The rows as a Markdown table in `columns` order (one table per `group_by` value)."""
+        if self.group_by is None:
+            return to_markdown(self.rows, columns=self.columns)
+        columns = self.columns if self.columns is not None else _columns(self.rows)
+        groups: dict[Any, list[dict[str, Any]]] = {}
+        for row in self.rows:
+            groups.setdefault(row.get(self.group_by), []).append(row)
+        parts = []
+        for value, rows in groups.items():
+            filled = [
+                c for c in columns if c != self.group_by and any(r.get(c) is not None for r in rows)
+            ]
+            parts.append(f"**{value}**\n\n{to_markdown(rows, columns=filled)}")
+        return "\n\n".join(parts)
+
+    def header(self) -> str:
+        """One Markdown paragraph naming device, versions, date and command."""
+        e = self.env
+        triton = f", triton {e['triton']}" if e.get("triton") else ""
+        return (
+            f"Device: {e.get('device_name')} ({e.get('device')}); torch {e.get('torch')}{triton}, "
+            f"python {e.get('python')}; {self.date}. Command: `{self.command}`"
+        )
+
+    def to_markdown(self) -> str:
+        """Title, metadata, notes and table, ready to print or paste."""
+        parts = [f"### {self.title}"] if self.title else []
+        parts.append(self.header())
+        parts.extend(f"- {n}" for n in self.notes)
+        parts.append(self.table())
+        return "\n\n".join(parts)
+
+
+def _jsonable(value: Any) -> Any:
+    """Values made JSON-safe: paths, dtypes, devices as str; tuples as lists; NaN/inf as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def save_json(run: Run, path: str | os.PathLike[str]) -> Path:
+    """Write `run` as JSON (schema `SCHEMA`) to `path`, creating folders; return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = asdict(run)
+    data["rows"] = _jsonable(data["rows"])
+    data["env"] = _jsonable(data["env"])
+    path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def load_json(path: str | os.PathLike[str]) -> Run:
+    """Read a run written by `save_json`.
+
+    Raises:
+        ValueError: if the file is not a bench result (no or another `schema`).
+    """
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ValueError(f"{path} is not a bench result file (expected schema {SCHEMA!r})")
+    fields = Run.__dataclass_fields__
+    return Run(**{k: v for k, v in data.items() if k in fields})
+
+
+def result_stem(topic: str, env: Mapping[str, Any]) -> str:
+    """The conventional file stem `<topic>_<device>_<date>` for `docs/results/`.
+
+    The device part is the device name lower-cased with runs of non-alphanumerics as `-`
+    (`"NVIDIA H100 80GB HBM3"` → `nvidia-h100-80gb-hbm3`); the date is the run's day.
+    """
+    name = str(env.get("device_name", env.get("device", "device"))).lower()
+    slug = "-".join("".join(c if c.isalnum() else " " for c in name).split()) or "device"
+    if env.get("device_type") == "cpu":
+        slug = "cpu"
+    return f"{topic}_{slug}_{str(env.get('date', ''))[:10]}"

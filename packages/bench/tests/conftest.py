@@ -1,0 +1,110 @@
+"""Fixtures shared by the bench tests: one thread per test, and results made by the real tools."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.attn import AttnConfig, run_attention
+from bench.flash import FlashCase, run_flash
+from bench.model import ModelBenchConfig, ModelShape, run_model
+from bench.precision import run_precision
+from bench.results import save_json
+
+# A model small enough that a training step takes milliseconds on one CPU thread.
+TINY_SHAPE = ModelShape("tiny", d_model=32, d_ff=64, num_layers=1, num_heads=2)
+
+
+def _tiny_model_config(**overrides) -> ModelBenchConfig:
+    """Every mode of `TINY_SHAPE` at context 16, batch 2, vocabulary 97, 1 + 2 steps."""
+    base = {
+        "shapes": (TINY_SHAPE,),
+        "context_lengths": (16,),
+        "batch": 2,
+        "vocab_size": 97,
+        "warmup": 1,
+        "steps": 2,
+    }
+    return ModelBenchConfig(**{**base, **overrides})
+
+
+def _tiny_attn_config(**overrides) -> AttnConfig:
+    """Two sequence lengths, one head size, the implementations that run on a CPU."""
+    base = {
+        "batch": 2,
+        "d_values": (16,),
+        "seqs": (17, 32),
+        "impls": ("naive", "fa2-pytorch", "sdpa"),
+        "steps": 2,
+        "warmup": 1,
+    }
+    return AttnConfig(**{**base, **overrides})
+
+
+_TINY_FLASH = FlashCase(
+    "tiny", 1, (32, 64), (16,), ("fp32",), True, ("naive", "fa2-pytorch", "sdpa"), "sdpa"
+)
+TINY_BUDGET_MS = (1.0, 2.0)  # do_bench budgets (ms): a few calls per measurement
+
+
+@pytest.fixture
+def tiny_model_config():
+    """Factory of tiny `ModelBenchConfig`s (keyword overrides)."""
+    return _tiny_model_config
+
+
+@pytest.fixture
+def tiny_attn_config():
+    """Factory of tiny `AttnConfig`s (keyword overrides)."""
+    return _tiny_attn_config
+
+
+@pytest.fixture
+def tiny_flash_case() -> FlashCase:
+    """A causal fp32 case at seq 32 and 64, d 16, with the implementations a CPU runs."""
+    return _TINY_FLASH
+
+
+@pytest.fixture
+def tiny_budget_ms() -> tuple[float, float]:
+    """`do_bench` budgets small enough for tests."""
+    return TINY_BUDGET_MS
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Run each test on one intra-op thread: CI has two cores shared with other test processes,
+    and oversubscribed thread pools make tiny CPU kernels thousands of times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tool_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results folder holding tiny real runs of bench-model, -attn, -flash and -precision."""
+    folder = tmp_path_factory.mktemp("results")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runs = {
+            "model": run_model(
+                _tiny_model_config(dtypes=("fp32", "bf16")), device="cpu", show_progress=False
+            ),
+            "attn": run_attention(_tiny_attn_config(), device="cpu", show_progress=False),
+            "flash": run_flash(
+                [_TINY_FLASH], device="cpu", budget_ms=TINY_BUDGET_MS, show_progress=False
+            ),
+            "precision": run_precision(device="cpu"),
+        }
+    finally:
+        torch.set_num_threads(before)
+    for name, run in runs.items():
+        save_json(run, folder / f"{name}.json")
+    return folder

@@ -1,0 +1,113 @@
+"""bench-attn: records, OOM handling, the CPU default, the command line."""
+
+import pytest
+import torch
+
+import bench.attn
+from bench.attn import COLUMNS, IMPLS, AttnConfig, main, run_attention
+from bench.oom import OK, OOM
+
+
+def test_rows_have_every_column_and_status(tiny_attn_config):
+    run = run_attention(tiny_attn_config(), device="cpu", show_progress=False)
+    assert run.tool == "attn"
+    assert len(run.rows) == 2 * 3  # seqs x impls
+    for row in run.rows:
+        assert set(COLUMNS) <= set(row)
+        assert row["status"] == OK
+        assert row["fwd_ms"] > 0 and row["bwd_ms"] > 0
+        assert row["mem_before_bwd_mib"] is None  # not tracked on the CPU
+    assert run.env["device_type"] == "cpu"
+    assert run.config["seqs"] == [17, 32]
+
+
+def test_ratios_are_sdpa_time_over_own_time(tiny_attn_config):
+    run = run_attention(tiny_attn_config(seqs=(32,)), device="cpu", show_progress=False)
+    by_impl = {r["impl"]: r for r in run.rows}
+    assert by_impl["sdpa"]["fwd_vs_sdpa"] == 1.0
+    naive = by_impl["naive"]
+    assert naive["fwd_vs_sdpa"] == pytest.approx(by_impl["sdpa"]["fwd_ms"] / naive["fwd_ms"])
+
+
+def test_injected_oom_marks_the_row_and_the_sweep_goes_on(tiny_attn_config, monkeypatch):
+    real = bench.attn.attention_impl
+
+    def failing(name, *, device):
+        fn = real(name, device=device)
+        if name != "naive":
+            return fn
+
+        def attend(q, k, v, causal):
+            if q.shape[-2] > 20:
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            return fn(q, k, v, causal)
+
+        return attend
+
+    monkeypatch.setattr(bench.attn, "attention_impl", failing)
+    run = run_attention(tiny_attn_config(), device="cpu", show_progress=False)
+    status = {(r["impl"], r["seq"]): r["status"] for r in run.rows}
+    assert status[("naive", 17)] == OK
+    assert status[("naive", 32)] == OOM
+    assert status[("sdpa", 32)] == OK
+    oom_row = next(r for r in run.rows if r["status"] == OOM)
+    assert oom_row["fwd_ms"] is None and oom_row["fwd_vs_sdpa"] is None
+    assert "| OOM" in run.table()
+
+
+def test_triton_on_cpu_is_skipped_with_reason(tiny_attn_config):
+    run = run_attention(
+        tiny_attn_config(seqs=(17,), impls=("fa2-triton",)), device="cpu", show_progress=False
+    )
+    (row,) = run.rows
+    assert row["status"].startswith("skipped: ") and "CUDA" in row["status"]
+
+
+def test_missing_fa2_is_skipped_not_fatal(tiny_attn_config, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "fa2", None)  # `import fa2` now fails
+    run = run_attention(
+        tiny_attn_config(seqs=(17,), impls=("fa2-pytorch", "naive")),
+        device="cpu",
+        show_progress=False,
+    )
+    status = {r["impl"]: r["status"] for r in run.rows}
+    assert status["naive"] == OK
+    assert status["fa2-pytorch"].startswith("skipped: the fa2 package is not importable")
+
+
+def test_cpu_default_completes_and_says_so(capsys):
+    run = run_attention(device="cpu", show_progress=False)
+    assert any("no GPU" in n for n in run.notes)
+    assert "no GPU" in capsys.readouterr().err
+    assert {r["status"] for r in run.rows if r["impl"] != "fa2-triton"} == {OK}
+
+
+@pytest.mark.parametrize("bad", [{"impls": ("nope",)}, {"dtype": "fp8"}, {"seqs": (0,)}])
+def test_config_rejects_bad_values(bad):
+    with pytest.raises(ValueError):
+        AttnConfig(**bad)
+
+
+def test_main_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    assert "--seq" in capsys.readouterr().out
+
+
+def test_main_writes_json_and_plots(tmp_path, capsys):
+    out = tmp_path / "attn.json"
+    argv = ["--device", "cpu", "--d", "16", "--seq", "16", "32", "--impls", "naive", "sdpa"]
+    argv += ["--steps", "2", "--warmup", "0", "--no-progress"]
+    assert main([*argv, "--json", str(out), "--plot", str(tmp_path / "attn.png")]) == 0
+    assert out.is_file()
+    assert (tmp_path / "attn.png").is_file() and (tmp_path / "attn_bwd.png").is_file()
+    assert "bench-attn --device cpu" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_every_implementation_runs_on_cuda():
+    config = AttnConfig(d_values=(64,), seqs=(256,), impls=IMPLS, steps=3, warmup=1)
+    run = run_attention(config, device="cuda", show_progress=False)
+    assert {r["status"] for r in run.rows} == {OK}
+    assert all(r["mem_before_bwd_mib"] > 0 and r["peak_mib"] > 0 for r in run.rows)

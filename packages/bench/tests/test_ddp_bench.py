@@ -1,0 +1,137 @@
+"""bench-ddp on 2 gloo CPU ranks with a tiny model: well-formed rows, JSON, plot, command line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lmcore
+from bench.ddp import (
+    COLUMNS,
+    VARIANTS,
+    DDPBenchConfig,
+    build_parser,
+    config_from_args,
+    main,
+    plot_ddp,
+    run_ddp,
+)
+from bench.model import TINY, ModelShape
+from bench.results import load_json, save_json
+
+SHAPE = ModelShape("tiny", d_model=32, d_ff=64, num_layers=1, num_heads=2)
+VOCAB = 97
+CONFIG = DDPBenchConfig(
+    shape=SHAPE,
+    context_length=16,
+    batch=2,
+    vocab_size=VOCAB,
+    bucket_mbs=(0.01,),
+    torch_bucket_mbs=(None,),
+    warmup=1,
+    steps=2,
+)
+CASES = [
+    "single",
+    "naive",
+    "flat",
+    "individual",
+    "bucketed 0.01 MB",
+    "torch-ddp 25 MB (default)",
+]
+
+
+@pytest.fixture(scope="module")
+def run():
+    return run_ddp(CONFIG, device="cpu", command="bench-ddp --test")
+
+
+def _by_case(run):
+    return {row["case"]: row for row in run.rows}
+
+
+def _num_params() -> int:
+    model = lmcore.TransformerLM(VOCAB, 16, SHAPE.d_model, SHAPE.num_layers, 2, SHAPE.d_ff)
+    return len(list(model.parameters()))
+
+
+def test_one_row_per_variant_and_bucket_size(run):
+    assert [row["case"] for row in run.rows] == CASES
+    assert [row["variant"] for row in run.rows] == list(VARIANTS)
+
+
+def test_every_case_completes_with_positive_step_time(run):
+    for row in run.rows:
+        assert row["status"] == "ok"
+        assert row["step_ms"] > 0 and row["step_ms_std"] >= 0
+
+
+def test_ddp_wrappers_report_their_wait_and_collectives(run):
+    rows = _by_case(run)
+    assert rows["naive"]["collectives"] == rows["individual"]["collectives"] == _num_params()
+    assert rows["flat"]["collectives"] == 1
+    assert 1 <= rows["bucketed 0.01 MB"]["collectives"] <= _num_params()
+    for case in CASES[1:5]:
+        assert rows[case]["wait_ms"] > 0
+
+
+def test_wrappers_without_a_synchronisation_call_report_no_wait(run):
+    rows = _by_case(run)
+    for case in ("single", "torch-ddp 25 MB (default)"):
+        assert rows[case].get("wait_ms") is None and rows[case].get("collectives") is None
+
+
+def test_gloo_reports_no_all_reduce_time(run):
+    assert all(row.get("comm_ms") is None and row.get("hidden") is None for row in run.rows)
+
+
+def test_ratios_are_against_torch_ddp_and_overheads_against_single(run):
+    rows = _by_case(run)
+    assert rows["torch-ddp 25 MB (default)"]["vs_torch"] == pytest.approx(1.0)
+    assert rows["single"]["overhead_ms"] == pytest.approx(0.0)
+    torch_ms = rows["torch-ddp 25 MB (default)"]["step_ms"]
+    for row in run.rows:
+        assert row["vs_torch"] == pytest.approx(row["step_ms"] / torch_ms)
+        assert row["overhead_ms"] == pytest.approx(row["step_ms"] - rows["single"]["step_ms"])
+
+
+def test_notes_judge_the_best_bucket_size_against_the_target(run):
+    assert any(note.startswith("Best DDPBucketed: bucketed 0.01 MB") for note in run.notes)
+
+
+def test_table_json_and_plot(run, tmp_path):
+    assert run.columns == list(COLUMNS)
+    assert "| torch-ddp 25 MB (default)" in run.to_markdown()
+    loaded = load_json(save_json(run, tmp_path / "ddp.json"))
+    assert loaded.rows == run.rows and loaded.config["shape"]["d_model"] == SHAPE.d_model
+    assert plot_ddp(run, tmp_path / "ddp.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"variants": ("fsdp",)},
+        {"bucket_mbs": (-1.0,)},
+        {"torch_bucket_mbs": (0.0,)},
+        {"world_size": 1},
+        {"warmup": 0},
+    ],
+)
+def test_invalid_config_raises(bad):
+    with pytest.raises(ValueError):
+        DDPBenchConfig(shape=TINY, **bad)
+
+
+def test_options_override_the_device_default():
+    parser = build_parser()
+    argv = ["--size", "small", "--bucket-mb", "5", "--torch-bucket-mb", "default", "50"]
+    config = config_from_args(parser.parse_args(argv), parser, torch.device("cpu"))
+    assert config.shape == ModelShape.of_size("small")
+    assert config.bucket_mbs == (5.0,) and config.torch_bucket_mbs == (None, 50.0)
+
+
+def test_help_describes_the_tool(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "finish_gradient_synchronization" in capsys.readouterr().out

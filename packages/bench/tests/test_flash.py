@@ -1,0 +1,114 @@
+"""bench-flash: FLOP counts, records, presets, graceful absence of fa2, the command line."""
+
+import sys
+from dataclasses import replace
+
+import pytest
+
+from bench.flash import (
+    COLUMNS,
+    PRESETS,
+    attention_flops,
+    main,
+    run_flash,
+)
+from bench.oom import OK
+
+
+def test_attention_flops_causal_and_not():
+    causal = attention_flops(batch=3, seq=128, d=64, causal=True)
+    full = attention_flops(batch=3, seq=128, d=64, causal=False)
+    assert full["fwd"] == 3 * 4 * 128 * 128 * 64
+    assert causal["fwd"] == full["fwd"] / 2
+    assert causal["bwd"] == 2.5 * causal["fwd"]
+    assert causal["fwd_bwd"] == causal["fwd"] + causal["bwd"]
+
+
+def test_rows_are_well_formed(tiny_flash_case, tiny_budget_ms):
+    run = run_flash([tiny_flash_case], device="cpu", budget_ms=tiny_budget_ms, show_progress=False)
+    assert run.tool == "flash" and run.group_by == "case"
+    assert len(run.rows) == 2 * 3
+    for row in run.rows:
+        assert set(COLUMNS) <= set(row)
+        assert row["status"] == OK
+        assert row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0
+        flops = attention_flops(batch=1, seq=row["seq"], d=16, causal=True)["fwd"]
+        assert row["fwd_tflops"] == pytest.approx(flops / (row["fwd_ms"] * 1e-3) / 1e12)
+    assert {r["fwd_speedup"] for r in run.rows if r["impl"] == "sdpa"} == {1.0}
+
+
+def test_backward_is_the_difference_of_medians(tiny_flash_case, tiny_budget_ms):
+    run = run_flash([tiny_flash_case], device="cpu", budget_ms=tiny_budget_ms, show_progress=False)
+    for row in run.rows:
+        if row["bwd_ms"] is not None:
+            assert row["bwd_ms"] == pytest.approx(row["fwd_bwd_ms"] - row["fwd_ms"])
+
+
+def test_missing_fa2_marks_rows_skipped(tiny_flash_case, tiny_budget_ms, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fa2", None)
+    case = replace(tiny_flash_case, seqs=(32,), impls=("fa2-pytorch", "sdpa"))
+    run = run_flash([case], device="cpu", budget_ms=tiny_budget_ms, show_progress=False)
+    status = {r["impl"]: r["status"] for r in run.rows}
+    assert status["sdpa"] == OK
+    assert status["fa2-pytorch"].startswith("skipped: the fa2 package is not importable")
+
+
+def test_sdpa_backends_need_cuda(tiny_flash_case, tiny_budget_ms):
+    case = replace(tiny_flash_case, seqs=(32,), impls=("sdpa-flash", "sdpa-cudnn"))
+    run = run_flash([case], device="cpu", budget_ms=tiny_budget_ms, show_progress=False)
+    assert all("needs CUDA" in r["status"] for r in run.rows)
+
+
+def test_presets_match_the_issue():
+    lb = PRESETS["leaderboard"]
+    assert (lb.batch, lb.seqs, lb.d_values, lb.dtypes, lb.causal) == (
+        16,
+        (16384,),
+        (64,),
+        ("bf16",),
+        True,
+    )
+    assert lb.grad == "sum" and lb.baseline == "sdpa-flash"
+    assert "fa2-triton-compiled" in lb.impls and "sdpa-cudnn" in lb.impls
+    assert PRESETS["noncausal"].causal is False and PRESETS["noncausal"].seqs == (4096,)
+    assert PRESETS["d128"].d_values == (128,)
+    sweep = PRESETS["sweep"]
+    assert sweep.seqs[0] == 128 and sweep.seqs[-1] == 65536 and len(sweep.seqs) == 10
+    assert sweep.batch == 1 and set(sweep.dtypes) == {"bf16", "fp32"}
+
+
+@pytest.mark.parametrize(
+    "bad", [{"impls": ("nope",)}, {"dtypes": ("fp8",)}, {"grad": "ones"}, {"seqs": ()}]
+)
+def test_case_rejects_bad_values(tiny_flash_case, bad):
+    with pytest.raises(ValueError):
+        replace(tiny_flash_case, **bad)
+
+
+def test_main_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    assert "--preset" in capsys.readouterr().out
+
+
+def test_main_overrides_and_writes(tmp_path):
+    argv = ["--device", "cpu", "--seq", "32", "--d", "16", "--impls", "naive", "sdpa"]
+    argv += ["--budget-ms", "1", "2", "--no-progress", "--json", str(tmp_path / "f.json")]
+    assert main([*argv, "--plot", str(tmp_path / "f.png")]) == 0
+    assert (tmp_path / "f.json").is_file() and (tmp_path / "f.png").is_file()
+
+
+@pytest.mark.gpu
+def test_leaderboard_implementations_run_on_cuda():
+    case = replace(PRESETS["leaderboard"], batch=2, seqs=(1024,))
+    run = run_flash([case], device="cuda", budget_ms=(5.0, 10.0), show_progress=False)
+    assert {r["impl"]: r["status"] for r in run.rows} == dict.fromkeys(case.impls, OK)
+
+
+@pytest.mark.gpu
+def test_sweep_cell_on_cuda_reports_tflops():
+    case = replace(PRESETS["sweep"], seqs=(1024,), d_values=(64,), dtypes=("bf16",))
+    run = run_flash([case], device="cuda", budget_ms=(5.0, 10.0), show_progress=False)
+    fa2 = next(r for r in run.rows if r["impl"] == "fa2-triton")
+    assert fa2["status"] == OK and fa2["fwd_bwd_tflops"] > 0

@@ -1,0 +1,186 @@
+"""bench-model: records, modes, OOM handling, profiling, NVTX backend, warm-up study, CLI."""
+
+import json
+
+import pytest
+import torch
+
+import bench.model
+from bench.model import (
+    COLUMNS,
+    ModelShape,
+    build_parser,
+    config_argv,
+    config_from_args,
+    main,
+    run_model,
+    run_warmup_study,
+)
+from bench.nvtx import annotated_attention
+from bench.oom import OK, OOM
+from lmcore import get_attention, naive_attention
+
+
+def test_rows_per_mode_have_their_regions(tiny_model_config):
+    run = run_model(tiny_model_config(), device="cpu", show_progress=False)
+    rows = {r["mode"]: r for r in run.rows}
+    assert list(rows) == ["forward", "forward-backward", "train-step"]
+    for row in run.rows:
+        assert set(COLUMNS) <= set(row)
+        assert row["status"] == OK and row["n"] == 2
+        assert row["peak_mib"] is None and row["mfu"] is None  # CPU: neither is known
+    assert rows["forward"]["bwd_ms"] is None
+    assert rows["forward-backward"]["bwd_ms"] > 0 and rows["forward-backward"]["opt_ms"] is None
+    assert rows["train-step"]["opt_ms"] > 0
+
+
+def test_step_is_the_sum_of_regions_and_tokens_follow(tiny_model_config):
+    run = run_model(tiny_model_config(modes=("train-step",)), device="cpu", show_progress=False)
+    (row,) = run.rows
+    assert row["step_ms"] == pytest.approx(row["fwd_ms"] + row["bwd_ms"] + row["opt_ms"])
+    assert row["tokens_per_s"] == pytest.approx(2 * 16 / (row["step_ms"] * 1e-3))
+
+
+def test_parameter_count_matches_the_model(tiny_model_config):
+    from lmcore import TransformerLM
+
+    (row,) = run_model(
+        tiny_model_config(modes=("forward",)), device="cpu", show_progress=False
+    ).rows
+    model = TransformerLM(97, 16, 32, 1, 2, 64)
+    assert row["params_m"] * 1e6 == pytest.approx(sum(p.numel() for p in model.parameters()))
+
+
+def test_injected_oom_in_the_loss_marks_training_rows(tiny_model_config, monkeypatch):
+    def out_of_memory(logits, targets):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(bench.model, "cross_entropy", out_of_memory)
+    run = run_model(tiny_model_config(), device="cpu", show_progress=False)
+    assert [r["status"] for r in run.rows] == [OK, OOM, OOM]
+    assert run.rows[1]["step_ms"] is None
+
+
+def test_bf16_autocast_rows(tiny_model_config):
+    run = run_model(
+        tiny_model_config(modes=("forward-backward",), dtypes=("fp32", "bf16")),
+        device="cpu",
+        show_progress=False,
+    )
+    assert [(r["dtype"], r["status"]) for r in run.rows] == [("fp32", OK), ("bf16", OK)]
+
+
+def test_profile_writes_trace_and_top_table(tiny_model_config, tmp_path, capsys):
+    trace = tmp_path / "trace.json"
+    run_model(
+        tiny_model_config(modes=("forward",)), device="cpu", profile=trace, show_progress=False
+    )
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert "aten::" in trace.with_suffix(".txt").read_text()
+    assert "Top operations" in capsys.readouterr().out
+
+
+def test_profile_paths_are_per_configuration(tiny_model_config, tmp_path):
+    run_model(
+        tiny_model_config(modes=("forward", "train-step"), steps=1),
+        device="cpu",
+        profile=tmp_path / "t.json",
+        show_progress=False,
+    )
+    names = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert names == [
+        "t_tiny_ctx16_forward_fp32_naive.json",
+        "t_tiny_ctx16_train-step_fp32_naive.json",
+    ]
+
+
+def test_snapshot_and_nvtx_need_cuda_and_say_so(tiny_model_config, tmp_path):
+    run = run_model(
+        tiny_model_config(modes=("forward",), nvtx=True),
+        device="cpu",
+        memory_snapshot=tmp_path / "s.pickle",
+        show_progress=False,
+    )
+    assert run.rows[0]["status"] == OK and run.rows[0]["attention"] == "naive"
+    assert any("needs CUDA" in n for n in run.notes)
+    assert any("--nvtx" in n for n in run.notes)
+    assert not (tmp_path / "s.pickle").exists()
+
+
+def test_annotated_naive_attention_equals_naive():
+    name = annotated_attention("naive")
+    q, k, v = (torch.randn(2, 3, 17, 8) for _ in range(3))
+    torch.testing.assert_close(
+        get_attention(name)(q, k, v, causal=True), naive_attention(q, k, v, causal=True)
+    )
+
+
+def test_annotated_other_backend_wraps_it():
+    name = annotated_attention("sdpa")
+    q, k, v = (torch.randn(2, 3, 17, 8) for _ in range(3))
+    torch.testing.assert_close(
+        get_attention(name)(q, k, v, causal=False), get_attention("sdpa")(q, k, v, causal=False)
+    )
+
+
+def test_config_argv_round_trips(tiny_model_config):
+    custom = ModelShape("mini", d_model=48, d_ff=96, num_layers=2, num_heads=3)
+    config = tiny_model_config(
+        shapes=(ModelShape.of_size("small"), custom), compile=(False, True), dtypes=("bf16",)
+    )
+    parser = build_parser()
+    args = parser.parse_args(config_argv(config))
+    assert config_from_args(args, parser, torch.device("cpu")) == config
+
+
+def test_unknown_size_is_a_clear_error():
+    with pytest.raises(ValueError, match="choose one of"):
+        ModelShape.of_size("huge")
+
+
+def test_warmup_study_runs_fresh_processes(tiny_model_config, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    run = run_warmup_study(
+        tiny_model_config(modes=("forward",)), warmups=(0, 1), device="cpu", show_progress=False
+    )
+    assert run.tool == "warmup"
+    assert [(r["warmup"], r["status"]) for r in run.rows] == [(0, OK), (1, OK)]
+    assert all(r["first_step_ms"] > 0 for r in run.rows)
+
+
+def test_main_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    assert "--memory-snapshot" in capsys.readouterr().out
+
+
+def test_main_rejects_partial_dimensions(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", "cpu", "--d-model", "64"])
+    assert exc.value.code == 2
+    assert "--num-layers" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cuda_run_reports_memory_mfu_and_snapshot(tiny_model_config, tmp_path):
+    run = run_model(
+        tiny_model_config(shapes=(ModelShape.of_size("small"),), context_lengths=(128,)),
+        device="cuda",
+        memory_snapshot=tmp_path / "snap.pickle",
+        show_progress=False,
+    )
+    for row in run.rows:
+        assert row["status"] == OK and row["peak_mib"] > 0
+    assert len(list(tmp_path.glob("snap_*.pickle"))) == 3
+    assert len(list(tmp_path.glob("snap_*.png"))) == 3
+
+
+@pytest.mark.gpu
+def test_cuda_compiled_bf16_nvtx_step(tiny_model_config):
+    run = run_model(
+        tiny_model_config(modes=("train-step",), dtypes=("bf16",), compile=(True,), nvtx=True),
+        device="cuda",
+        show_progress=False,
+    )
+    assert run.rows[0]["status"] == OK

@@ -1,0 +1,91 @@
+"""Result records: Markdown tables and the JSON round trip."""
+
+import json
+
+import pytest
+import torch
+
+from bench.oom import OK, OOM
+from bench.results import SCHEMA, Run, format_value, load_json, result_stem, save_json, to_markdown
+
+
+def _rows():
+    g = torch.Generator().manual_seed(0)
+    ms = torch.rand(3, generator=g).add(0.1).tolist()
+    return [
+        {"impl": "naive", "seq": 128, "ms": ms[0], "status": OK},
+        {"impl": "naive", "seq": 256, "ms": None, "status": OOM},
+        {"impl": "sdpa", "seq": 128, "ms": ms[1], "status": OK},
+    ]
+
+
+def test_format_value_rules():
+    assert format_value(None) == "—"
+    assert format_value(float("nan")) == "—"
+    assert format_value(True) == "yes"
+    assert format_value(12345.6) == "12,346"
+    assert format_value(0.0123456) == "0.01235"
+    assert format_value(16384) == "16,384"
+    assert format_value(512) == "512"
+
+
+def test_to_markdown_shows_oom_in_empty_cells_of_oom_rows():
+    lines = to_markdown(_rows(), columns=["impl", "seq", "ms"]).splitlines()
+    assert lines[0].split("|")[1].strip() == "impl"
+    assert len(lines) == 2 + 3
+    assert lines[3].split("|")[3].strip() == "OOM"
+
+
+def test_to_markdown_without_rows():
+    assert to_markdown([]) == "(no rows)"
+
+
+def test_run_create_collects_env_and_makes_config_json_safe():
+    run = Run.create(
+        "attn", _rows(), device="cpu", config={"dtype": torch.bfloat16, "seqs": (1, 2)}
+    )
+    assert run.env["device_type"] == "cpu"
+    assert run.date == run.env["date"]
+    assert run.command == run.env["command"]
+    assert run.config == {"dtype": "torch.bfloat16", "seqs": [1, 2]}
+    assert [r["seq"] for r in run.ok_rows] == [128, 128]
+
+
+def test_json_round_trip(tmp_path):
+    run = Run.create(
+        "attn", _rows(), device="cpu", config={"b": 8}, command="bench-attn", notes=["n"]
+    )
+    run.rows[0]["ms"] = float("inf")
+    path = save_json(run, tmp_path / "sub" / "r.json")
+    data = json.loads(path.read_text())
+    assert data["schema"] == SCHEMA
+    assert data["rows"][0]["ms"] is None
+    back = load_json(path)
+    assert back.rows[1:] == run.rows[1:]
+    assert (back.tool, back.command, back.notes, back.config) == (
+        "attn",
+        "bench-attn",
+        ["n"],
+        {"b": 8},
+    )
+
+
+def test_load_json_rejects_other_files(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text('{"rows": []}')
+    with pytest.raises(ValueError, match="not a bench result"):
+        load_json(path)
+
+
+def test_run_to_markdown_has_title_header_notes_and_table():
+    run = Run.create("attn", _rows(), device="cpu", config={}, title="T", notes=["CPU default"])
+    text = run.to_markdown()
+    assert text.startswith("### T")
+    assert "torch " + torch.__version__ in text
+    assert "- CPU default" in text
+    assert "| impl" in text
+
+
+def test_result_stem_slugs_device_and_date():
+    env = {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "date": "2025-05-01T1"}
+    assert result_stem("attn", env) == "attn_nvidia-h100-80gb-hbm3_2025-05-01"

@@ -1,0 +1,110 @@
+"""bench-zero on 2 gloo CPU ranks with a tiny model: well-formed rows, JSON, plot, command line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from bench.model import TINY
+from bench.results import load_json, save_json
+from bench.zero import (
+    COLUMNS,
+    ZeroBenchConfig,
+    build_parser,
+    config_from_args,
+    main,
+    plot_zero,
+    run_zero,
+)
+
+CONFIG = ZeroBenchConfig(
+    shape=TINY,
+    context_length=16,
+    batch=2,
+    vocab_size=97,
+    variants=("ddp", "sharded", "torch-zero"),
+    bucket_mbs=(0.0, 25.0),
+    warmup=1,
+    steps=2,
+)
+
+
+@pytest.fixture(scope="module")
+def run():
+    return run_zero(CONFIG, device="cpu", command="bench-zero --test")
+
+
+def test_one_row_per_variant_and_bucket_cap(run):
+    assert [(r["variant"], r["bucket_mb"]) for r in run.rows] == [
+        ("ddp", None),
+        ("sharded", 0.0),
+        ("sharded", 25.0),
+        ("torch-zero", None),
+    ]
+    assert all(r["status"] == "ok" for r in run.rows)
+    assert all(list(r) == list(COLUMNS) for r in run.rows)
+
+
+def test_every_rank_holds_whole_parameters_and_gradients(run):
+    params = {r["param_mib"] for r in run.rows}
+    assert len(params) == 1
+    assert all(r["grad_mib"] == r["param_mib"] for r in run.rows)
+
+
+def test_unsharded_adamw_state_is_two_moments_per_parameter(run):
+    ddp_row = run.rows[0]
+    # two fp32 moments per parameter, plus one 4-byte step counter per parameter tensor
+    assert ddp_row["state_mib"] == pytest.approx(2 * ddp_row["param_mib"], rel=1e-3)
+
+
+def test_sharded_state_is_about_half(run):
+    for row in run.rows[1:]:
+        # the largest rank holds at least half; whole tensors make it a little more
+        assert 0.5 <= row["state_vs_ddp"] <= 0.6
+
+
+def test_cpu_rows_have_times_but_no_peaks(run):
+    for row in run.rows:
+        assert row["step_ms"] > 0
+        assert row["init_mib"] is None and row["after_step_mib"] is None
+        assert row["other_mib"] is None
+    assert any("CPU" in note for note in run.notes)
+
+
+def test_json_round_trip_and_plot(run, tmp_path):
+    loaded = load_json(save_json(run, tmp_path / "zero.json"))
+    assert loaded.rows == run.rows
+    assert loaded.config["world_size"] == 2
+    assert plot_zero(run, tmp_path / "zero.png").stat().st_size > 0
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "bench-zero" in capsys.readouterr().out
+
+
+def test_options_override_the_cpu_default():
+    parser = build_parser()
+    args = parser.parse_args(["--size", "tiny", "--zero-bucket-mb", "0", "inf", "--steps", "4"])
+    config = config_from_args(args, parser, device=torch.device("cpu"))
+    assert config.bucket_mbs == (0.0, float("inf"))
+    assert config.steps == 4
+    assert config.shape == TINY
+
+
+def test_no_options_keep_the_announced_default():
+    parser = build_parser()
+    assert config_from_args(parser.parse_args([]), parser, device="cpu") is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"variants": ("nope",)}, {"optimizer": "sgd"}, {"bucket_mbs": (-1.0,)}, {"world_size": 1}],
+)
+def test_bad_config_raises(change):
+    with pytest.raises(ValueError):
+        dataclasses.replace(CONFIG, **change)
