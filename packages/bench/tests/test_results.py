@@ -1,6 +1,7 @@
 """Result records: Markdown tables and the JSON round trip."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -55,19 +56,32 @@ def test_json_round_trip(tmp_path):
     run = Run.create(
         "attn", _rows(), device="cpu", config={"b": 8}, command="bench-attn", notes=["n"]
     )
-    run.rows[0]["ms"] = float("inf")
     path = save_json(run, tmp_path / "sub" / "r.json")
     data = json.loads(path.read_text())
     assert data["schema"] == SCHEMA
-    assert data["rows"][0]["ms"] is None
     back = load_json(path)
-    assert back.rows[1:] == run.rows[1:]
+    assert back.rows == run.rows
     assert (back.tool, back.command, back.notes, back.config) == (
         "attn",
         "bench-attn",
         ["n"],
         {"b": 8},
     )
+
+
+def test_json_round_trip_keeps_non_finite_floats(tmp_path):
+    config = {"bucket_mbs": (0.0, math.inf), "floor": -math.inf}
+    run = Run.create("zero", _rows(), device="cpu", config=config)
+    run.rows[0]["ms"] = math.inf
+    run.rows[1]["ms"] = math.nan
+    path = save_json(run, tmp_path / "r.json")
+    text = path.read_text()
+    assert '"ms": Infinity' in text and '"ms": NaN' in text and '"floor": -Infinity' in text
+    back = load_json(path)
+    assert back.config == {"bucket_mbs": [0.0, math.inf], "floor": -math.inf}
+    assert back.rows[0]["ms"] == math.inf
+    assert math.isnan(back.rows[1]["ms"])
+    assert back.rows[2] == run.rows[2]
 
 
 def test_load_json_rejects_other_files(tmp_path):

@@ -13,7 +13,9 @@ JSON schema `cs336sys-bench/1`::
      "notes": ["..."], "plots": ["attn.png"],
      "rows": [{"impl": "sdpa", "d": 16, ..., "status": "ok"}, ...]}
 
-`plots` hold paths relative to the JSON file's folder.
+`plots` hold paths relative to the JSON file's folder. Non-finite floats (a bucket size of
+`inf`, say) are written as `Infinity`, `-Infinity` and `NaN`, the JSON extension that Python's
+`json` module (and pandas) read back as the same floats, so a run survives the round trip exactly.
 
 Example::
 
@@ -210,9 +212,7 @@ class Run:
 
 
 def _jsonable(value: Any) -> Any:
-    """Values made JSON-safe: paths, dtypes, devices as str; tuples as lists; NaN/inf as None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    """Values made JSON-ready: paths, dtypes and devices as str, tuples as lists, numbers kept."""
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -223,13 +223,17 @@ def _jsonable(value: Any) -> Any:
 
 
 def save_json(run: Run, path: str | os.PathLike[str]) -> Path:
-    """Write `run` as JSON (schema `SCHEMA`) to `path`, creating folders; return the path."""
+    """Write `run` as JSON (schema `SCHEMA`) to `path`, creating folders; return the path.
+
+    Non-finite floats are written as `Infinity`, `-Infinity` or `NaN`, which `load_json` reads
+    back unchanged.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(run)
     data["rows"] = _jsonable(data["rows"])
     data["env"] = _jsonable(data["env"])
-    path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    path.write_text(json.dumps(data, indent=1, allow_nan=True) + "\n")
     return path
 
 
