@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bench.plots import bar_plot, line_plot
+from bench.plots import Bars, bar_plot, hbar_plot, line_plot, stacked_bar_plot
 
 PNG_MAGIC = b"\x89PNG"
 
@@ -42,3 +42,35 @@ def test_bar_plot_writes_png(tmp_path):
 def test_plot_without_finite_values_raises(tmp_path):
     with pytest.raises(ValueError, match="nothing to plot"):
         line_plot([{"x": 1, "y": None}], x="x", y="y", path=tmp_path / "n.png")
+
+
+def test_hbar_plot_writes_png_and_leaves_gaps(tmp_path):
+    rows = [{"case": name, **row} for name, row in zip("ab", _rows(), strict=False)]
+    rows[1]["ms"] = None  # a gap, not an error
+    path = hbar_plot(
+        rows, label="case", values=[("ms", "time"), ("nope", "x")], path=tmp_path / "h.png"
+    )
+    assert path.read_bytes()[:4] == PNG_MAGIC
+
+
+def test_hbar_plot_without_values_raises(tmp_path):
+    with pytest.raises(ValueError, match="no row has a value"):
+        hbar_plot([{"case": "a"}], label="case", values=[("ms", "time")], path=tmp_path / "h.png")
+
+
+def test_stacked_bar_plot_writes_png_with_two_panels(tmp_path):
+    parts = torch.rand(3, 2).add(0.1).tolist()
+    rows = [
+        {"name": f"v{i}", "a": a, "b": b, "total": a + b, "std": 0.1}
+        for i, (a, b) in enumerate(parts)
+    ]
+    panels = (Bars(keys=(("a", "A"), ("b", "B"))), Bars(keys=(("total", "total"),), err="std"))
+    path = stacked_bar_plot(rows, label="name", panels=panels, path=tmp_path / "s.png", title="t")
+    assert path.read_bytes()[:4] == PNG_MAGIC
+
+
+def test_stacked_bar_plot_without_rows_raises(tmp_path):
+    with pytest.raises(ValueError, match="nothing to plot"):
+        stacked_bar_plot(
+            [], label="name", panels=(Bars(keys=(("a", "A"),)),), path=tmp_path / "s.png"
+        )

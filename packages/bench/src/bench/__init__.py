@@ -8,7 +8,8 @@ The shared plumbing every tool is built from:
 - `bench.memory`: peak and current device memory (`reset_peak_memory`, `peak_memory`, ...).
 - `bench.oom`: a measurement that runs out of memory marks its row `OOM` (`guarded`).
 - `bench.results`: tidy rows + metadata (`Run`), Markdown tables, JSON (`save_json`, `load_json`).
-- `bench.plots`: PNG line and bar plots drawn from rows.
+- `bench.plots`: PNG plots drawn from rows (`line_plot`, `bar_plot`, `hbar_plot`,
+  `stacked_bar_plot`).
 - `bench.cli`: options and output handling shared by every `bench-*` command.
 - `bench.attention_impls`, `bench.nvtx`, `bench.memviz`, `bench.hardware`: attention
   implementations by name, NVTX ranges, the offline memory-snapshot view, GPU peak FLOP/s.
@@ -41,7 +42,7 @@ from bench.memory import (
     to_mib,
 )
 from bench.oom import OK, OOM, Outcome, Unavailable, guarded, skipped
-from bench.plots import bar_plot, line_plot
+from bench.plots import Bars, bar_plot, hbar_plot, line_plot, stacked_bar_plot
 from bench.results import SCHEMA, Run, load_json, result_stem, save_json, to_markdown
 from bench.timing import (
     Summary,
@@ -97,6 +98,7 @@ __all__ = [
     "PRESETS",
     "SCHEMA",
     "AttnConfig",
+    "Bars",
     "FlashCase",
     "ModelBenchConfig",
     "ModelShape",
@@ -119,6 +121,7 @@ __all__ = [
     "emit",
     "free_memory",
     "guarded",
+    "hbar_plot",
     "line_plot",
     "load_json",
     "make_parser",
@@ -138,6 +141,7 @@ __all__ = [
     "run_warmup_study",
     "save_json",
     "skipped",
+    "stacked_bar_plot",
     "summarize",
     "synchronize",
     "time_fn",

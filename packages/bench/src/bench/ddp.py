@@ -54,6 +54,7 @@ from bench.memory import free_memory
 from bench.model import TINY, ModelShape
 from bench.nvtx import nvtx_range
 from bench.oom import OK, OOM, guarded
+from bench.plots import hbar_plot
 from bench.results import Run
 from bench.timing import elapsed_ms, summarize
 
@@ -384,56 +385,6 @@ def run_ddp(
         columns=list(COLUMNS),
         notes=notes,
     )
-
-
-def hbar_plot(
-    rows: Sequence[dict[str, Any]],
-    *,
-    label: str,
-    values: Sequence[tuple[str, str]],
-    path: str | Path,
-    title: str | None = None,
-    xlabel: str | None = None,
-) -> Path:
-    """Horizontal grouped bars: a group per row (named by `rows[i][label]`), a bar per value.
-
-    Long category names stay readable down the side, where `bench.plots.bar_plot` would overlap
-    them along the bottom.
-
-    Args:
-        rows: tidy result rows, drawn top to bottom.
-        label: key of each row's name.
-        values: (key, legend text) of the values drawn for every row; a missing value is a gap,
-            a value no row has is left out.
-        path: where to write the PNG.
-        title, xlabel: labels.
-
-    Raises:
-        ValueError: if no row has any of the values.
-    """
-    from matplotlib.figure import Figure  # imported on use: most runs never draw
-
-    values = [(key, text) for key, text in values if any(r.get(key) is not None for r in rows)]
-    if not values:
-        raise ValueError("no row has a value to plot")
-    height = 0.8 / len(values)  # a row's bars fill 80% of its slot
-    fig = Figure(figsize=(7.0, 1.0 + 0.22 * len(rows) * len(values)), layout="constrained")
-    ax = fig.subplots()
-    for i, (key, text) in enumerate(values):
-        ys = [j + (i - (len(values) - 1) / 2) * height for j in range(len(rows))]
-        widths = [row.get(key) if row.get(key) is not None else float("nan") for row in rows]
-        ax.barh(ys, widths, height=height, label=text)
-    ax.set_yticks(range(len(rows)), [str(row[label]) for row in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel(xlabel or "")
-    ax.legend(fontsize="small", loc="lower right")
-    ax.grid(True, axis="x", alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize="small")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
 
 
 def plot_ddp(run: Run, path: str | Path) -> Path:

@@ -1,8 +1,17 @@
 """PNG plots drawn from result rows, so every figure comes from the same data as its table.
 
-Both functions take the tidy rows a tool returns and name the keys to plot: `x` along the
-horizontal axis, `y` up, one line or bar colour per value of `series`, and one panel per value of
-`panels`. Rows without a finite `y` (out of memory, skipped) are left out. Drawing goes through
+Every function takes the tidy rows a tool returns and names the keys to draw:
+
+- `line_plot`: `y` against numeric `x`, a line per `series` value, a panel per `panels` value.
+- `bar_plot`: grouped bars, a group per `x` value (shown as text), a bar per `series` value,
+  a panel per `panels` value.
+- `hbar_plot`: horizontal grouped bars, a group per row and a bar per value key; long row names
+  stay readable down the side, where `bar_plot` would overlap them along the bottom.
+- `stacked_bar_plot`: panels of bars side by side over the same rows, each bar stacked from
+  several keys (a memory breakdown, say), with optional error bars.
+
+`line_plot` and `bar_plot` leave out rows without a finite `y` (out of memory, skipped);
+`hbar_plot` and `stacked_bar_plot` draw a missing value as a gap. Drawing goes through
 `matplotlib.figure.Figure` and the Agg canvas, never `pyplot`, so no display or global state is
 touched.
 
@@ -16,74 +25,172 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["bar_plot", "line_plot"]
+__all__ = ["Bars", "PanelOptions", "bar_plot", "hbar_plot", "line_plot", "stacked_bar_plot"]
+
+Row = Mapping[str, Any]
 
 _PANEL_SIZE = (4.5, 3.4)  # inches per panel: readable at 100 dpi in a Markdown page
 _MAX_COLUMNS = 4  # panels per figure row before wrapping
 _DPI = 110
+_BAR_FILL = 0.8  # the bars of one group fill 80% of its slot, leaving a gap between groups
+_GRID_ALPHA = 0.3
+
+
+class PanelOptions(TypedDict, total=False):
+    """Options `line_plot` and `bar_plot` share.
+
+    Keys:
+        series: key whose values get a line (or a bar in each group) each; one when absent.
+        panels: key whose values get a panel each; one panel when absent.
+        title: the figure's title.
+        xlabel, ylabel: axis labels; the keys `x` and `y` when absent.
+        logy: a logarithmic vertical axis.
+    """
+
+    series: str | None
+    panels: str | None
+    title: str | None
+    xlabel: str | None
+    ylabel: str | None
+    logy: bool
+
+
+@dataclass(frozen=True)
+class Bars:
+    """One panel of `stacked_bar_plot`.
+
+    Args:
+        keys: `(row key, legend text)` pairs, stacked bottom to top. A missing value counts as
+            0; a key that is 0 or missing in every row is left out. A panel of several keys
+            gets a legend.
+        ylabel: the panel's vertical axis label.
+        title: the panel's title.
+        err: key of each bar's error-bar half-length (a standard deviation, say), drawn on top
+            of the stack; no error bars when None.
+    """
+
+    keys: tuple[tuple[str, str], ...]
+    ylabel: str | None = None
+    title: str | None = None
+    err: str | None = None
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _groups(rows: Sequence[Mapping[str, Any]], key: str | None) -> dict[Any, list[Mapping]]:
-    groups: dict[Any, list[Mapping]] = {}
+def _groups(rows: Sequence[Row], key: str | None) -> dict[Any, list[Row]]:
+    groups: dict[Any, list[Row]] = {}
     for row in rows:
         groups.setdefault(row.get(key) if key else None, []).append(row)
     return groups
 
 
-def _figure(num_panels: int) -> tuple[Figure, list[Any]]:
+def _offsets(num_bars: int) -> tuple[list[float], float]:
+    """Centre offsets of `num_bars` bars sharing one slot, and the width of each."""
+    width = _BAR_FILL / num_bars
+    return [(i - (num_bars - 1) / 2) * width for i in range(num_bars)], width
+
+
+def _figure(
+    num_panels: int, *, panel_size: tuple[float, float] = _PANEL_SIZE
+) -> tuple[Figure, list[Axes]]:
     # Imported on first use: matplotlib takes about a second to import, and most tool runs (and
     # every child process of the warm-up study) never draw.
     from matplotlib.figure import Figure
 
     cols = min(num_panels, _MAX_COLUMNS)
     nrows = math.ceil(num_panels / cols)
-    fig = Figure(figsize=(_PANEL_SIZE[0] * cols, _PANEL_SIZE[1] * nrows), layout="constrained")
+    fig = Figure(figsize=(panel_size[0] * cols, panel_size[1] * nrows), layout="constrained")
     axes = fig.subplots(nrows, cols, squeeze=False).ravel().tolist()
     for ax in axes[num_panels:]:
         ax.set_visible(False)
     return fig, axes[:num_panels]
 
 
-def _save(fig: Figure, path: str | os.PathLike[str], title: str | None) -> Path:
+def _label_panel(
+    ax: Axes,
+    *,
+    xlabel: str | None,
+    ylabel: str | None,
+    title: str | None,
+    legend: bool,
+    grid: str,
+) -> None:
+    """Axis labels, panel title, legend and a light grid along `grid` (`x`, `y` or `both`)."""
+    ax.set_xlabel(xlabel or "")
+    ax.set_ylabel(ylabel or "")
     if title:
-        fig.suptitle(title)
+        ax.set_title(title)
+    if legend:
+        ax.legend(fontsize="small")
+    ax.grid(True, axis=grid, alpha=_GRID_ALPHA)
+
+
+def _save(
+    fig: Figure, path: str | os.PathLike[str], title: str | None, *, title_size: str = "large"
+) -> Path:
+    if title:
+        fig.suptitle(title, fontsize=title_size)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=_DPI)
     return path
 
 
-def _plottable(rows: Sequence[Mapping[str, Any]], y: str) -> list[Mapping[str, Any]]:
-    kept = [r for r in rows if _finite(r.get(y))]
-    if not kept:
-        raise ValueError(f"no row has a finite value for {y!r}: nothing to plot")
-    return kept
-
-
-def line_plot(
-    rows: Sequence[Mapping[str, Any]],
+def _panel_plot(
+    rows: Sequence[Row],
+    draw: Callable[[Axes, list[Row], str | None], None],
     *,
     x: str,
     y: str,
     path: str | os.PathLike[str],
+    grid: str,
     series: str | None = None,
     panels: str | None = None,
     title: str | None = None,
     xlabel: str | None = None,
     ylabel: str | None = None,
-    logx: bool = False,
     logy: bool = False,
+) -> Path:
+    """The frame `line_plot` and `bar_plot` share: `draw(ax, rows, series)` fills each panel."""
+    kept = [r for r in rows if _finite(r.get(y))]
+    if not kept:
+        raise ValueError(f"no row has a finite value for {y!r}: nothing to plot")
+    by_panel = _groups(kept, panels)
+    fig, axes = _figure(len(by_panel))
+    for ax, (panel, panel_rows) in zip(axes, by_panel.items(), strict=True):
+        draw(ax, panel_rows, series)
+        if logy:
+            ax.set_yscale("log")
+        _label_panel(
+            ax,
+            xlabel=xlabel or x,
+            ylabel=ylabel or y,
+            title=f"{panels} = {panel}" if panels else None,
+            legend=bool(series),
+            grid=grid,
+        )
+    return _save(fig, path, title)
+
+
+def line_plot(
+    rows: Sequence[Row],
+    *,
+    x: str,
+    y: str,
+    path: str | os.PathLike[str],
+    logx: bool = False,
+    **options: Unpack[PanelOptions],
 ) -> Path:
     """Draw `y` against numeric `x`, one line per `series` value, one panel per `panels` value.
 
@@ -91,10 +198,8 @@ def line_plot(
         rows: tidy result rows.
         x, y: keys of the numeric horizontal and vertical values.
         path: where to write the PNG (folders are created).
-        series: key whose values get a line each (one line when None).
-        panels: key whose values get a panel each (one panel when None).
-        title, xlabel, ylabel: labels; axis labels default to the keys.
-        logx, logy: logarithmic axes (base 2 for x, suited to power-of-two sweeps).
+        logx: a logarithmic horizontal axis (base 2, suited to power-of-two sweeps).
+        **options: `series`, `panels`, `title`, `xlabel`, `ylabel`, `logy` (`PanelOptions`).
 
     Returns:
         The path written.
@@ -102,43 +207,28 @@ def line_plot(
     Raises:
         ValueError: if no row has a finite `y`.
     """
-    kept = _plottable(rows, y)
-    by_panel = _groups(kept, panels)
-    fig, axes = _figure(len(by_panel))
-    for ax, (panel, panel_rows) in zip(axes, by_panel.items(), strict=True):
+
+    def draw(ax: Axes, panel_rows: list[Row], series: str | None) -> None:
         for name, line_rows in _groups(panel_rows, series).items():
             pts = sorted((r[x], r[y]) for r in line_rows)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
         if logx:
             ax.set_xscale("log", base=2)
-        if logy:
-            ax.set_yscale("log")
-        ax.set_xlabel(xlabel or x)
-        ax.set_ylabel(ylabel or y)
-        if panels:
-            ax.set_title(f"{panels} = {panel}")
-        if series:
-            ax.legend(fontsize="small")
-        ax.grid(True, alpha=0.3)
-    return _save(fig, path, title)
+
+    return _panel_plot(rows, draw, x=x, y=y, path=path, grid="both", **options)
 
 
 def bar_plot(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Row],
     *,
     x: str,
     y: str,
     path: str | os.PathLike[str],
-    series: str | None = None,
-    panels: str | None = None,
-    title: str | None = None,
-    xlabel: str | None = None,
-    ylabel: str | None = None,
-    logy: bool = False,
+    **options: Unpack[PanelOptions],
 ) -> Path:
     """Grouped bars: a group per `x` value (first-seen order), a bar per `series` value.
 
-    Arguments as in `line_plot`; `x` may be any value (it is shown as text).
+    Arguments as in `line_plot` (without `logx`); `x` may be any value (it is shown as text).
 
     Returns:
         The path written.
@@ -146,25 +236,111 @@ def bar_plot(
     Raises:
         ValueError: if no row has a finite `y`.
     """
-    kept = _plottable(rows, y)
-    by_panel = _groups(kept, panels)
-    fig, axes = _figure(len(by_panel))
-    for ax, (panel, panel_rows) in zip(axes, by_panel.items(), strict=True):
+
+    def draw(ax: Axes, panel_rows: list[Row], series: str | None) -> None:
         categories = list(dict.fromkeys(r.get(x) for r in panel_rows))
         by_series = _groups(panel_rows, series)
-        width = 0.8 / len(by_series)  # the bars of one group fill 80% of its slot
-        for i, (name, bar_rows) in enumerate(by_series.items()):
+        offsets, width = _offsets(len(by_series))
+        for offset, (name, bar_rows) in zip(offsets, by_series.items(), strict=True):
             heights = {r.get(x): r[y] for r in bar_rows}
-            xs = [j + (i - (len(by_series) - 1) / 2) * width for j in range(len(categories))]
+            xs = [j + offset for j in range(len(categories))]
             ax.bar(xs, [heights.get(c, math.nan) for c in categories], width=width, label=name)
         ax.set_xticks(range(len(categories)), [str(c) for c in categories])
-        if logy:
-            ax.set_yscale("log")
-        ax.set_xlabel(xlabel or x)
-        ax.set_ylabel(ylabel or y)
-        if panels:
-            ax.set_title(f"{panels} = {panel}")
-        if series:
-            ax.legend(fontsize="small")
-        ax.grid(True, axis="y", alpha=0.3)
-    return _save(fig, path, title)
+
+    return _panel_plot(rows, draw, x=x, y=y, path=path, grid="y", **options)
+
+
+def hbar_plot(
+    rows: Sequence[Row],
+    *,
+    label: str,
+    values: Sequence[tuple[str, str]],
+    path: str | os.PathLike[str],
+    title: str | None = None,
+    xlabel: str | None = None,
+) -> Path:
+    """Horizontal grouped bars: a group per row (named by `rows[i][label]`), a bar per value.
+
+    Long category names stay readable down the side, where `bar_plot` would overlap them along
+    the bottom.
+
+    Args:
+        rows: tidy result rows, drawn top to bottom.
+        label: key of each row's name.
+        values: (key, legend text) of the values drawn for every row; a missing value is a gap,
+            a value no row has is left out.
+        path: where to write the PNG (folders are created).
+        title, xlabel: labels.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: if no row has any of the values.
+    """
+    values = [(key, text) for key, text in values if any(r.get(key) is not None for r in rows)]
+    if not values:
+        raise ValueError("no row has a value to plot")
+    # Height grows with the number of bars so that each stays about 0.22 inches thick.
+    fig, (ax,) = _figure(1, panel_size=(7.0, 1.0 + 0.22 * len(rows) * len(values)))
+    offsets, height = _offsets(len(values))
+    for offset, (key, text) in zip(offsets, values, strict=True):
+        ys = [j + offset for j in range(len(rows))]
+        widths = [row.get(key) if row.get(key) is not None else math.nan for row in rows]
+        ax.barh(ys, widths, height=height, label=text)
+    ax.set_yticks(range(len(rows)), [str(row[label]) for row in rows])
+    ax.invert_yaxis()
+    _label_panel(ax, xlabel=xlabel, ylabel=None, title=None, legend=False, grid="x")
+    ax.legend(fontsize="small", loc="lower right")
+    return _save(fig, path, title, title_size="small")
+
+
+def stacked_bar_plot(
+    rows: Sequence[Row],
+    *,
+    label: str,
+    panels: Sequence[Bars],
+    path: str | os.PathLike[str],
+    title: str | None = None,
+) -> Path:
+    """Panels of bars side by side, a bar per row in each (named by `rows[i][label]`).
+
+    Each panel (`Bars`) stacks its keys bottom to top, so one bar shows a whole and its parts.
+
+    Args:
+        rows: tidy result rows, drawn left to right.
+        label: key of each row's name (shown as a tick label, rotated).
+        panels: what each panel draws.
+        path: where to write the PNG (folders are created).
+        title: the figure's title.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: if there are no rows.
+    """
+    if not rows:
+        raise ValueError("no rows: nothing to plot")
+    names = [str(r[label]) for r in rows]
+    # 0.8 inches per bar beside 2 inches of axis and labels, at the height rotated names need.
+    fig, axes = _figure(len(panels), panel_size=(2 + 0.8 * len(rows), 4.6))
+    for ax, panel in zip(axes, panels, strict=True):
+        drawn = [(k, t, [r.get(k) or 0.0 for r in rows]) for k, t in panel.keys]
+        drawn = [(k, t, heights) for k, t, heights in drawn if any(heights)]
+        bottom = [0.0] * len(rows)
+        for i, (_, text, heights) in enumerate(drawn):
+            on_top = panel.err is not None and i == len(drawn) - 1
+            errs = [r.get(panel.err) or 0.0 for r in rows] if on_top else None
+            ax.bar(names, heights, bottom=bottom, yerr=errs, label=text)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.tick_params(axis="x", labelsize="small", labelrotation=30)
+        _label_panel(
+            ax,
+            xlabel=None,
+            ylabel=panel.ylabel,
+            title=panel.title,
+            legend=len(panel.keys) > 1 and bool(drawn),
+            grid="y",
+        )
+    return _save(fig, path, title, title_size="small")

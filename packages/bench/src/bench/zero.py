@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from matplotlib.figure import Figure
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -49,6 +48,7 @@ from bench.launch import DEFAULT_TIMEOUT_S, all_ranks_ok, is_primary, launch
 from bench.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.model import TINY, ModelShape
 from bench.oom import OK, OOM, guarded
+from bench.plots import Bars, stacked_bar_plot
 from bench.results import Run
 from bench.timing import elapsed_ms, summarize
 from zero import DEFAULT_BUCKET_MB, ShardedOptimizer
@@ -427,34 +427,17 @@ def plot_zero(run: Run, path: str | Path) -> Path:
     Raises:
         ValueError: if no row completed.
     """
-    rows = run.ok_rows
-    if not rows:
-        raise ValueError("no variant completed: nothing to plot")
-    labels = [_label(r) for r in rows]
-    fig = Figure(figsize=(4 + 1.6 * len(rows), 4.6), layout="constrained")
-    memory_ax, time_ax = fig.subplots(1, 2)
-    bottom = [0.0] * len(rows)
-    for key in _BREAKDOWN:
-        heights = [r.get(key) or 0.0 for r in rows]
-        if not any(heights):
-            continue
-        memory_ax.bar(labels, heights, bottom=bottom, label=key.removesuffix("_mib"))
-        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    memory_ax.set_ylabel("MiB per rank (largest rank)")
+    rows = [dict(r, label=_label(r)) for r in run.ok_rows]
     measured_peak = any(r.get("other_mib") is not None for r in rows)
-    memory_ax.set_title("after-step peak" if measured_peak else "tensor sizes (no peak on CPU)")
-    memory_ax.legend(fontsize="small")
-    time_ax.bar(labels, [r["step_ms"] for r in rows], yerr=[r["step_ms_std"] for r in rows])
-    time_ax.set_ylabel("ms")
-    time_ax.set_title("median step time")
-    for ax in (memory_ax, time_ax):
-        ax.tick_params(axis="x", labelsize="small", labelrotation=30)
-        ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(run.title, fontsize="small")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    memory = Bars(
+        keys=tuple((key, key.removesuffix("_mib")) for key in _BREAKDOWN),
+        ylabel="MiB per rank (largest rank)",
+        title="after-step peak" if measured_peak else "tensor sizes (no peak on CPU)",
+    )
+    time = Bars(
+        keys=(("step_ms", "step"),), ylabel="ms", title="median step time", err="step_ms_std"
+    )
+    return stacked_bar_plot(rows, label="label", panels=(memory, time), path=path, title=run.title)
 
 
 def _bucket_mb(text: str) -> float:
