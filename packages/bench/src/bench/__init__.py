@@ -10,30 +10,44 @@ The shared plumbing every tool is built from:
 - `bench.results`: tidy rows + metadata (`Run`), Markdown tables, JSON (`save_json`, `load_json`).
 - `bench.plots`: PNG plots drawn from rows (`line_plot`, `bar_plot`, `hbar_plot`,
   `stacked_bar_plot`).
-- `bench.cli`: options and output handling shared by every `bench-*` command.
+- `bench.cli`: options, device choice, the device's default and output handling shared by
+  every `bench-*` command (`run_command`, `emit`, `apply_overrides`, `config_or_default`).
+- `bench.launch`: runs a worker on several ranks in a process group, spawned or under
+  `torchrun` (`launch`, `is_primary`, `all_ranks_ok`).
+- `bench.distributed`: what the multi-rank tools share on top of it: cases guarded on all
+  ranks, slowest-rank summaries, and the training set-up of bench-ddp and bench-zero.
 - `bench.attention_impls`, `bench.nvtx`, `bench.memviz`, `bench.hardware`: attention
   implementations by name, NVTX ranges, the offline memory-snapshot view, GPU peak FLOP/s.
 
 The tools are modules with a `main` (the `bench-*` entry points, also `python -m bench.<tool>`)
 and a plain function: `bench.model` (`run_model`, `run_warmup_study`), `bench.attn`
 (`run_attention`), `bench.flash` (`run_flash`), `bench.precision` (`run_precision`),
-`bench.allreduce`, `bench.ddp`, `bench.zero`, and `bench.report` (`build_report`).
+`bench.allreduce` (`run_allreduce`), `bench.ddp` (`run_ddp`), `bench.zero` (`run_zero`), and
+`bench.report` (`build_report`).
 """
 
 import importlib
 from typing import Any
 
 from bench.cli import (
+    Invocation,
     add_common_args,
     add_timing_args,
+    apply_overrides,
+    as_device,
+    config_or_default,
     cpu_default_notice,
+    distinct,
     emit,
     make_parser,
     progress,
     resolve_device,
+    run_command,
+    usage_errors,
 )
 from bench.env import collect_env, command_line
 from bench.hardware import peak_tflops
+from bench.launch import all_ranks_ok, is_primary, launch
 from bench.memory import (
     free_memory,
     memory_in_use,
@@ -100,6 +114,7 @@ __all__ = [
     "AttnConfig",
     "Bars",
     "FlashCase",
+    "Invocation",
     "ModelBenchConfig",
     "ModelShape",
     "Outcome",
@@ -108,20 +123,27 @@ __all__ = [
     "Unavailable",
     "add_common_args",
     "add_timing_args",
+    "all_ranks_ok",
     "annotated_attention",
+    "apply_overrides",
+    "as_device",
     "attention_flops",
     "attention_impl",
     "bar_plot",
     "build_report",
     "collect_env",
     "command_line",
+    "config_or_default",
     "cpu_default_notice",
+    "distinct",
     "do_bench",
     "elapsed_ms",
     "emit",
     "free_memory",
     "guarded",
     "hbar_plot",
+    "is_primary",
+    "launch",
     "line_plot",
     "load_json",
     "make_parser",
@@ -135,6 +157,7 @@ __all__ = [
     "resolve_device",
     "result_stem",
     "run_attention",
+    "run_command",
     "run_flash",
     "run_model",
     "run_precision",
@@ -148,4 +171,5 @@ __all__ = [
     "time_with_setup",
     "to_markdown",
     "to_mib",
+    "usage_errors",
 ]

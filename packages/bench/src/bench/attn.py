@@ -21,8 +21,9 @@ takes about a minute); ask for it with `--impls`.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,15 @@ import torch
 
 from bench.attention_impls import attention_impl
 from bench.cli import (
+    Invocation,
     add_timing_args,
-    command_line,
-    cpu_default_notice,
-    emit,
+    apply_overrides,
+    as_device,
+    config_or_default,
+    distinct,
     make_parser,
     progress,
-    resolve_device,
+    run_command,
 )
 from bench.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.oom import OK, guarded
@@ -44,7 +47,16 @@ from bench.plots import line_plot
 from bench.results import Run
 from bench.timing import summarize, time_fn, time_with_setup
 
-__all__ = ["IMPLS", "AttnConfig", "default_attn_config", "main", "run_attention"]
+__all__ = [
+    "IMPLS",
+    "AttnConfig",
+    "build_parser",
+    "config_from_args",
+    "default_attn_config",
+    "main",
+    "plot_attention",
+    "run_attention",
+]
 
 IMPLS = ("naive", "compiled", "fa2-pytorch", "fa2-triton", "sdpa")
 BASELINE = "sdpa"
@@ -234,18 +246,16 @@ def run_attention(
         >>> [(r["impl"], r["status"]) for r in run.rows]
         [('naive', 'ok'), ('sdpa', 'ok')]
     """
-    device = torch.device(device) if device is not None else resolve_device("auto")
-    notes = []
-    if config is None:
-        config = default_attn_config(device)
-        if device.type != "cuda":
-            notes.append(
-                cpu_default_notice(
-                    "bench-attn",
-                    f"d in {config.d_values}, seq in {config.seqs}, {config.steps} steps; "
-                    "the handout's grid needs a GPU",
-                )
-            )
+    device = as_device(device)
+    config, notes = config_or_default(
+        config,
+        device,
+        default=default_attn_config,
+        tool="bench-attn",
+        describe=lambda c: (
+            f"d in {c.d_values}, seq in {c.seqs}, {c.steps} steps; the handout's grid needs a GPU"
+        ),
+    )
     notes.append(
         "Times are ms per call (mean and std over n timed calls). fwd_vs_sdpa, bwd_vs_sdpa: "
         "SDPA's time / this time (above 1: faster than SDPA). Memory in MiB: in use before "
@@ -301,16 +311,8 @@ def plot_attention(run: Run, path: Path) -> list[Path]:
     ]
 
 
-def _positive_ints(values: Sequence[int] | None, name: str) -> tuple[int, ...] | None:
-    if values is None:
-        return None
-    if any(v < 1 for v in values):
-        raise SystemExit(f"bench-attn: every {name} must be a positive integer, got {values}")
-    return tuple(values)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-attn` (see the module docstring)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The `bench-attn` command line."""
     parser = make_parser("bench-attn", __doc__)
     parser.add_argument("--d", type=int, nargs="+", help="head sizes (default: the grid's)")
     parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths")
@@ -320,12 +322,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--causal", action="store_true", help="causal masking")
     parser.add_argument("--max-seconds", type=float, help="time budget per cell and pass")
     add_timing_args(parser, warmup=None, steps=None)
-    args = parser.parse_args(argv)
-    device = resolve_device(args.device)
+    return parser
+
+
+def config_from_args(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, device: torch.device
+) -> AttnConfig | None:
+    """The device's default grid with the options applied; None when no option changes it."""
     overrides = {
-        "d_values": _positive_ints(args.d, "--d"),
-        "seqs": _positive_ints(args.seq, "--seq"),
-        "impls": tuple(dict.fromkeys(args.impls)) if args.impls else None,
+        "d_values": tuple(args.d) if args.d else None,
+        "seqs": tuple(args.seq) if args.seq else None,
+        "impls": distinct(args.impls),
         "batch": args.batch,
         "dtype": args.dtype,
         "causal": args.causal or None,
@@ -333,17 +340,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "steps": args.steps,
         "warmup": args.warmup,
     }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    # Options given on the command line replace those of the device's default grid.
-    config = replace(default_attn_config(device), **overrides) if overrides else None
-    run = run_attention(
-        config,
-        device=device,
-        command=command_line(argv, prog="bench-attn"),
-        show_progress=not args.no_progress,
+    return apply_overrides(default_attn_config(device), overrides, parser=parser)
+
+
+def _run(cli: Invocation) -> Run:
+    return run_attention(
+        config_from_args(cli.args, cli.parser, cli.device),
+        device=cli.device,
+        command=cli.command,
+        show_progress=cli.show_progress,
     )
-    emit(run, args, plot=lambda path: plot_attention(run, path))
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-attn` (see the module docstring)."""
+    return run_command(build_parser(), argv, _run, plot=plot_attention)
 
 
 if __name__ == "__main__":

@@ -1,49 +1,72 @@
-"""Command-line plumbing every `bench-*` tool shares: common options, device choice, progress,
-the CPU-default notice, and writing the table / JSON / plot at the end.
+"""Command-line plumbing every `bench-*` tool shares: common options, device choice, the device's
+default configuration and its notice, progress, and writing the table / JSON / plot at the end.
 
 A tool's `main` reads like this::
 
-    def main(argv: Sequence[str] | None = None) -> int:
+    def build_parser() -> argparse.ArgumentParser:
         parser = make_parser("bench-attn", __doc__)
         parser.add_argument("--seq", type=int, nargs="+")
-        args = parser.parse_args(argv)
-        device = resolve_device(args.device)
-        run = run_attention(..., device=device, command=command_line(argv, prog="bench-attn"),
-                            show_progress=not args.no_progress)
-        emit(run, args, plot=lambda path: line_plot(run.rows, ..., path=path))
-        return 0
+        return parser
+
+    def config_from_args(args, parser, device) -> AttnConfig | None:
+        return apply_overrides(default_attn_config(device), {"seqs": distinct(args.seq)},
+                               parser=parser)
+
+    def _run(cli: Invocation) -> Run:
+        return run_attention(config_from_args(cli.args, cli.parser, cli.device),
+                             device=cli.device, command=cli.command,
+                             show_progress=cli.show_progress)
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return run_command(build_parser(), argv, _run, plot=plot_attention)
+
+and its `run_*` function starts with
+`config, notes = config_or_default(config, device, default=..., tool=..., describe=...)`.
 
 Common options: `--json PATH` (write the run), `--plot PATH` (write a PNG), `--markdown PATH`
-(write the printed table), `--device {auto,cpu,cuda,cuda:N}` and `--no-progress`.
+(write the printed table), `--device {auto,cpu,cuda,cuda:N}` and `--no-progress`. Under
+`torchrun` only the primary rank prints, draws and writes files (`bench.launch.is_primary`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
 from bench.env import command_line
+from bench.launch import is_primary
 from bench.results import Run, save_json
 
 __all__ = [
+    "Invocation",
     "add_common_args",
     "add_timing_args",
+    "apply_overrides",
+    "as_device",
     "command_line",
+    "config_or_default",
     "cpu_default_notice",
+    "distinct",
     "emit",
     "make_parser",
     "progress",
     "resolve_device",
+    "run_command",
+    "usage_errors",
 ]
 
 T = TypeVar("T")
+H = TypeVar("H", bound=Hashable)
+C = TypeVar("C")
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -119,6 +142,11 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+def as_device(device: torch.device | str | None) -> torch.device:
+    """`device` as a `torch.device`; CUDA when available, else the CPU, when None."""
+    return torch.device(device) if device is not None else resolve_device("auto")
+
+
 def cpu_default_notice(tool: str, what: str) -> str:
     """Print (to stderr) and return the line saying a tool fell back to its small CPU default.
 
@@ -127,8 +155,73 @@ def cpu_default_notice(tool: str, what: str) -> str:
         what: the settings used instead, e.g. `d in (16, 32), seq in (64, 128)`.
     """
     line = f"{tool}: no GPU: running the small CPU default ({what})."
-    print(line, file=sys.stderr)
+    if is_primary():
+        print(line, file=sys.stderr)
     return line
+
+
+def config_or_default(
+    config: C | None,
+    device: torch.device,
+    *,
+    default: Callable[[torch.device], C],
+    tool: str,
+    describe: Callable[[C], str],
+) -> tuple[C, list[str]]:
+    """The configuration a `run_*` function measures, and the notes its choice calls for.
+
+    Args:
+        config: what the caller asked for; None for the device's default.
+        device: the device measured.
+        default: the device's default configuration.
+        tool: the tool name for the notice, e.g. `bench-attn`.
+        describe: what the default runs, in words, for the notice (see `cpu_default_notice`).
+
+    Returns:
+        `(config, notes)`: the caller's configuration and no notes, or the device's default and,
+        off CUDA, the notice that the small CPU default ran (also printed to stderr).
+    """
+    if config is not None:
+        return config, []
+    config = default(device)
+    if device.type == "cuda":
+        return config, []
+    return config, [cpu_default_notice(tool, describe(config))]
+
+
+def distinct(values: Iterable[H] | None) -> tuple[H, ...] | None:
+    """The values of a repeatable option in order without repeats; None when it was not given."""
+    return tuple(dict.fromkeys(values)) if values else None
+
+
+@contextlib.contextmanager
+def usage_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
+    """Report a `ValueError` raised in the block as a usage error of `parser` (exit status 2)."""
+    try:
+        yield
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def apply_overrides(
+    default: C, overrides: Mapping[str, Any], *, parser: argparse.ArgumentParser
+) -> C | None:
+    """The device's default configuration with the options given on the command line applied.
+
+    Args:
+        default: the device's default configuration (a dataclass).
+        overrides: field name to option value; None stands for an option not given.
+        parser: reports a value the configuration refuses as a usage error (exit status 2).
+
+    Returns:
+        The changed configuration, or None when no option was given, so that the tool runs (and
+        announces) its default.
+    """
+    given = {name: value for name, value in overrides.items() if value is not None}
+    if not given:
+        return None
+    with usage_errors(parser):
+        return replace(default, **given)
 
 
 def progress(
@@ -148,6 +241,8 @@ def emit(
 ) -> None:
     """Finish a tool's run: draw the plot, print the Markdown, write the files asked for.
 
+    Under `torchrun` only the primary rank does any of it; the others return at once.
+
     Args:
         run: the tool's result.
         args: parsed options holding the common `json`, `plot` and `markdown` values.
@@ -158,6 +253,8 @@ def emit(
     Plot paths are recorded in `run.plots` relative to the JSON file, so `bench-report` finds
     them next to the results.
     """
+    if not is_primary():
+        return
     if args.plot is not None and plot is not None:
         try:
             written = plot(args.plot)
@@ -174,3 +271,51 @@ def emit(
         args.markdown.write_text(text + "\n")
     if args.json is not None:
         save_json(run, args.json)
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A tool's parsed command line: its options, the device they name and the command itself.
+
+    Attributes:
+        parser: the tool's parser (for usage errors found later).
+        args: the parsed options.
+        device: the `--device` resolved (see `resolve_device`).
+        command: the command line to record in the run.
+    """
+
+    parser: argparse.ArgumentParser
+    args: argparse.Namespace
+    device: torch.device
+    command: str
+
+    @property
+    def show_progress(self) -> bool:
+        """A progress bar unless `--no-progress`, and only on the primary rank under torchrun."""
+        return not self.args.no_progress and is_primary()
+
+
+def run_command(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    measure: Callable[[Invocation], Run],
+    *,
+    plot: Callable[[Run, Path], Path | Sequence[Path]] | None = None,
+) -> int:
+    """A tool's whole `main`: parse `argv`, measure, then print and write what was asked (`emit`).
+
+    Args:
+        parser: the tool's parser (from `make_parser`, whose `prog` names the command).
+        argv: the arguments after the program name; `sys.argv[1:]` when None.
+        measure: runs the tool for the parsed command line and returns its `Run`.
+        plot: draws the run's figure(s) at the `--plot` path (see `emit`).
+
+    Returns:
+        The exit status, 0. A bad option or `--device` ends the command with a usage error.
+    """
+    args = parser.parse_args(argv)
+    with usage_errors(parser):
+        device = resolve_device(args.device)
+    run = measure(Invocation(parser, args, device, command_line(argv, prog=parser.prog)))
+    emit(run, args, plot=None if plot is None else lambda path: plot(run, path))
+    return 0

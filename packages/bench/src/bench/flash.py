@@ -34,12 +34,14 @@ import torch
 
 from bench.attention_impls import IMPL_NAMES, attention_impl
 from bench.cli import (
-    command_line,
-    cpu_default_notice,
-    emit,
+    Invocation,
+    as_device,
+    config_or_default,
+    distinct,
     make_parser,
     progress,
-    resolve_device,
+    run_command,
+    usage_errors,
 )
 from bench.memory import free_memory
 from bench.oom import OK, guarded
@@ -51,9 +53,11 @@ __all__ = [
     "PRESETS",
     "FlashCase",
     "attention_flops",
+    "build_parser",
     "cpu_case",
     "default_cases",
     "main",
+    "plot_flash",
     "run_flash",
 ]
 
@@ -242,6 +246,13 @@ COLUMNS = [
 _METRICS = [f"{p}_{m}" for m in ("ms", "tflops") for p in _PASSES]
 
 
+def _describe(case: FlashCase) -> str:
+    return (
+        f"batch {case.batch}, seq in {case.seqs}, d in {case.d_values}, {case.dtypes[0]}; "
+        "fa2-pytorch stands in for the Triton kernels"
+    )
+
+
 def run_flash(
     cases: Iterable[FlashCase] | None = None,
     *,
@@ -264,23 +275,16 @@ def run_flash(
         A `Run` (tool `"flash"`), rows per (case, impl, dtype, seq, d) with times (ms), TFLOP/s,
         speed-ups against the case's baseline and `status`; one table per case.
     """
-    device = torch.device(device) if device is not None else resolve_device("auto")
-    on_cuda = device.type == "cuda"
-    notes = []
-    if cases is None:
-        cases = default_cases(device)
-        if not on_cuda:
-            c = cases[0]
-            notes.append(
-                cpu_default_notice(
-                    "bench-flash",
-                    f"batch {c.batch}, seq in {c.seqs}, d in {c.d_values}, {c.dtypes[0]}; "
-                    "fa2-pytorch stands in for the Triton kernels",
-                )
-            )
-    cases = list(cases)
+    device = as_device(device)
+    cases, notes = config_or_default(
+        None if cases is None else list(cases),
+        device,
+        default=default_cases,
+        tool="bench-flash",
+        describe=lambda cases: _describe(cases[0]),
+    )
     if budget_ms is None:
-        budget_ms = CUDA_BUDGET_MS if on_cuda else CPU_BUDGET_MS
+        budget_ms = CUDA_BUDGET_MS if device.type == "cuda" else CPU_BUDGET_MS
     notes.append(
         "Median ms of triton.testing.do_bench (CUDA) or a timed loop (CPU); bwd = fwd_bwd − fwd. "
         "TFLOP/s from 4·S²·D per head for the forward (halved when causal), backward 2.5× that. "
@@ -370,33 +374,8 @@ def plot_flash(run: Run, path: Path) -> list[Path]:
     return written
 
 
-def _cases_from_args(args: argparse.Namespace, device: torch.device) -> list[FlashCase] | None:
-    """The presets asked for with the command line's overrides applied; None: the default."""
-    overrides = {k: v for k, v in _overrides(args).items() if v is not None}
-    if args.preset is None and not overrides:
-        return None
-    if args.preset is None:
-        base = default_cases(device)
-    elif "all" in args.preset:
-        base = list(PRESETS.values())
-    else:
-        base = [PRESETS[name] for name in dict.fromkeys(args.preset)]
-    return [replace(c, **overrides) for c in base]
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "seqs": tuple(args.seq) if args.seq else None,
-        "d_values": tuple(args.d) if args.d else None,
-        "dtypes": tuple(dict.fromkeys(args.dtype)) if args.dtype else None,
-        "batch": args.batch,
-        "causal": args.causal,
-        "impls": tuple(dict.fromkeys(args.impls)) if args.impls else None,
-    }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-flash` (see the module docstring)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The `bench-flash` command line."""
     parser = make_parser("bench-flash", __doc__)
     parser.add_argument(
         "--preset", nargs="+", choices=[*PRESETS, "all"], help="cases (default: all on CUDA)"
@@ -416,21 +395,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar=("WARMUP", "REP"),
         help="do_bench warm-up and measurement budgets per timing (default 25 100 on CUDA)",
     )
-    args = parser.parse_args(argv)
-    device = resolve_device(args.device)
-    try:
-        cases = _cases_from_args(args, device)
-    except ValueError as exc:
-        parser.error(str(exc))
-    run = run_flash(
+    return parser
+
+
+def _cases_from_args(args: argparse.Namespace, device: torch.device) -> list[FlashCase] | None:
+    """The presets asked for with the command line's overrides applied; None: the default."""
+    overrides = {
+        "seqs": tuple(args.seq) if args.seq else None,
+        "d_values": tuple(args.d) if args.d else None,
+        "dtypes": distinct(args.dtype),
+        "batch": args.batch,
+        "causal": args.causal,
+        "impls": distinct(args.impls),
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if args.preset is None and not overrides:
+        return None
+    if args.preset is None:
+        base = default_cases(device)
+    elif "all" in args.preset:
+        base = list(PRESETS.values())
+    else:
+        base = [PRESETS[name] for name in dict.fromkeys(args.preset)]
+    return [replace(c, **overrides) for c in base]
+
+
+def _run(cli: Invocation) -> Run:
+    with usage_errors(cli.parser):
+        cases = _cases_from_args(cli.args, cli.device)
+    return run_flash(
         cases,
-        device=device,
-        budget_ms=tuple(args.budget_ms) if args.budget_ms else None,
-        command=command_line(argv, prog="bench-flash"),
-        show_progress=not args.no_progress,
+        device=cli.device,
+        budget_ms=tuple(cli.args.budget_ms) if cli.args.budget_ms else None,
+        command=cli.command,
+        show_progress=cli.show_progress,
     )
-    emit(run, args, plot=lambda path: plot_flash(run, path))
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-flash` (see the module docstring)."""
+    return run_command(build_parser(), argv, _run, plot=plot_flash)
 
 
 if __name__ == "__main__":

@@ -40,13 +40,15 @@ from typing import Any
 import torch
 
 from bench.cli import (
+    Invocation,
     add_timing_args,
-    command_line,
-    cpu_default_notice,
-    emit,
+    apply_overrides,
+    as_device,
+    config_or_default,
+    distinct,
     make_parser,
     progress,
-    resolve_device,
+    run_command,
 )
 from bench.env import device_name
 from bench.hardware import matmul_format, peak_tflops
@@ -73,8 +75,12 @@ __all__ = [
     "MODES",
     "ModelBenchConfig",
     "ModelShape",
+    "build_parser",
+    "config_argv",
+    "config_from_args",
     "default_model_config",
     "main",
+    "plot_model",
     "run_model",
     "run_warmup_study",
 ]
@@ -410,19 +416,17 @@ def run_model(
         A `Run` (tool `"model"`): one row per configuration with times (ms), tokens/s, MFU,
         peak memory (MiB), parameter count (millions) and `status`.
     """
-    device = torch.device(device) if device is not None else resolve_device("auto")
-    notes: list[str] = []
-    if config is None:
-        config = default_model_config(device)
-        if device.type != "cuda":
-            s = config.shapes[0]
-            notes.append(
-                cpu_default_notice(
-                    "bench-model",
-                    f"{s.num_layers} layers of width {s.d_model}, context "
-                    f"{config.context_lengths[0]}, batch {config.batch}",
-                )
-            )
+    device = as_device(device)
+    config, notes = config_or_default(
+        config,
+        device,
+        default=default_model_config,
+        tool="bench-model",
+        describe=lambda c: (
+            f"{c.shapes[0].num_layers} layers of width {c.shapes[0].d_model}, "
+            f"context {c.context_lengths[0]}, batch {c.batch}"
+        ),
+    )
     if config.nvtx and device.type != "cuda":
         notes.append("--nvtx has no effect without CUDA.")
     cells = _cells(config)
@@ -565,7 +569,7 @@ def run_warmup_study(
     Raises:
         RuntimeError: a child process failed (its stderr is in the message).
     """
-    device = torch.device(device) if device is not None else resolve_device("auto")
+    device = as_device(device)
     config = config if config is not None else default_model_config(device)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -674,49 +678,40 @@ def config_from_args(
         "context_lengths": tuple(args.context_length) if args.context_length else None,
         "batch": args.batch,
         "vocab_size": args.vocab_size,
-        "modes": tuple(dict.fromkeys(args.mode)) if args.mode else None,
-        "dtypes": tuple(dict.fromkeys(args.dtype)) if args.dtype else None,
-        "attention": tuple(dict.fromkeys(args.attention)) if args.attention else None,
+        "modes": distinct(args.mode),
+        "dtypes": distinct(args.dtype),
+        "attention": distinct(args.attention),
         "compile": compile_choice[args.compile] if args.compile else None,
         "warmup": args.warmup,
         "steps": args.steps,
         "nvtx": args.nvtx or None,
     }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if not overrides:
-        return None
-    try:
-        return replace(default_model_config(device), **overrides)
-    except ValueError as exc:
-        parser.error(str(exc))
+    return apply_overrides(default_model_config(device), overrides, parser=parser)
+
+
+def _run(cli: Invocation) -> Run:
+    config = config_from_args(cli.args, cli.parser, cli.device)
+    if cli.args.warmup_study is not None:
+        return run_warmup_study(
+            config,
+            warmups=cli.args.warmup_study or WARMUP_STUDY,
+            device=cli.device,
+            command=cli.command,
+            show_progress=cli.show_progress,
+        )
+    return run_model(
+        config,
+        device=cli.device,
+        memory_snapshot=cli.args.memory_snapshot,
+        profile=cli.args.profile,
+        command=cli.command,
+        show_progress=cli.show_progress,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `bench-model` (see the module docstring)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    device = resolve_device(args.device)
-    config = config_from_args(args, parser, device)
-    command = command_line(argv, prog="bench-model")
-    if args.warmup_study is not None:
-        run = run_warmup_study(
-            config,
-            warmups=args.warmup_study or WARMUP_STUDY,
-            device=device,
-            command=command,
-            show_progress=not args.no_progress,
-        )
-    else:
-        run = run_model(
-            config,
-            device=device,
-            memory_snapshot=args.memory_snapshot,
-            profile=args.profile,
-            command=command,
-            show_progress=not args.no_progress,
-        )
-    emit(run, args, plot=lambda path: plot_model(run, path))
-    return 0
+    return run_command(build_parser(), argv, _run, plot=plot_model)
 
 
 if __name__ == "__main__":

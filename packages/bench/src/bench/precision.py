@@ -16,17 +16,25 @@ Two demonstrations from the handout's §1.1.5:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.cli import command_line, emit, make_parser, resolve_device
+from bench.cli import Invocation, as_device, make_parser, run_command
 from bench.plots import bar_plot
 from bench.results import Run
 
-__all__ = ["ToyModel", "accumulation_rows", "autocast_rows", "main", "run_precision"]
+__all__ = [
+    "ToyModel",
+    "accumulation_rows",
+    "autocast_rows",
+    "main",
+    "plot_precision",
+    "run_precision",
+]
 
 NUM_ADDS = 1000
 ADDEND = 0.01
@@ -145,7 +153,7 @@ def run_precision(*, device: torch.device | str | None = None, command: str | No
         A `Run` (tool `"precision"`) whose rows are `accumulation_rows` then `autocast_rows`,
         told apart by `part`.
     """
-    device = torch.device(device) if device is not None else resolve_device("auto")
+    device = as_device(device)
     dtypes = [torch.bfloat16, torch.float16] if device.type == "cuda" else [torch.bfloat16]
     rows = accumulation_rows(device)
     for dtype in dtypes:
@@ -163,26 +171,26 @@ def run_precision(*, device: torch.device | str | None = None, command: str | No
     )
 
 
+def plot_precision(run: Run, path: Path) -> Path:
+    """The accumulation loops' absolute errors, a bar each, on a log scale."""
+    return bar_plot(
+        [r for r in run.rows if r["part"] == "accumulation"],
+        x="case",
+        y="abs_error",
+        path=path,
+        title=f"|sum - {EXACT_SUM}| after {NUM_ADDS} additions of {ADDEND}",
+        ylabel="absolute error",
+        logy=True,
+    )
+
+
+def _run(cli: Invocation) -> Run:
+    return run_precision(device=cli.device, command=cli.command)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `bench-precision` (see the module docstring)."""
-    args = make_parser("bench-precision", __doc__).parse_args(argv)
-    run = run_precision(
-        device=resolve_device(args.device), command=command_line(argv, prog="bench-precision")
-    )
-    emit(
-        run,
-        args,
-        plot=lambda path: bar_plot(
-            [r for r in run.rows if r["part"] == "accumulation"],
-            x="case",
-            y="abs_error",
-            path=path,
-            title=f"|sum - {EXACT_SUM}| after {NUM_ADDS} additions of {ADDEND}",
-            ylabel="absolute error",
-            logy=True,
-        ),
-    )
-    return 0
+    return run_command(make_parser("bench-precision", __doc__), argv, _run, plot=plot_precision)
 
 
 if __name__ == "__main__":
