@@ -22,9 +22,10 @@ several GB of host memory and minutes). Without a GPU: gloo only, 1 MB and 10 MB
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,38 +33,42 @@ import torch
 import torch.distributed as dist
 
 from bench.cli import (
+    Invocation,
     add_timing_args,
-    command_line,
-    cpu_default_notice,
-    emit,
+    apply_overrides,
+    as_device,
+    config_or_default,
+    distinct,
     make_parser,
     progress,
-    resolve_device,
+    run_command,
 )
+from bench.distributed import add_timeout_arg, guarded_on_all_ranks, slowest_rank
 from bench.launch import (
+    BACKENDS,
     DEFAULT_TIMEOUT_S,
-    all_ranks_ok,
-    is_primary,
     launch,
+    rank_device,
     torchrun_world_size,
 )
 from bench.memory import free_memory
-from bench.oom import OK, OOM, guarded, skipped
+from bench.oom import OK, OOM, skipped
 from bench.plots import line_plot
 from bench.results import Run
-from bench.timing import elapsed_ms, summarize, synchronize
+from bench.timing import elapsed_ms, synchronize
 
 __all__ = [
     "COLUMNS",
     "AllReduceConfig",
+    "build_parser",
     "bus_bandwidth_factor",
+    "config_from_args",
     "default_allreduce_config",
     "main",
     "plot_allreduce",
     "run_allreduce",
 ]
 
-BACKENDS = ("gloo", "nccl")
 BYTES_PER_MB = 10**6  # sizes and bandwidths in decimal units, as nccl-tests reports them
 FLOAT32_BYTES = 4
 # gloo above this is opt-in (`--full`): 1 GB per rank on up to 6 ranks is several GB of host
@@ -162,18 +167,17 @@ def _rank_worker(
     sizes_mb: tuple[float, ...],
     warmup: int,
     steps: int,
-    device_type: str,
+    backend: str,
 ) -> list[dict[str, Any]]:
     """This rank's samples for every size; a size any rank cannot allocate is `OOM` everywhere."""
-    if device_type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device("cpu")
+    device = rank_device(backend)
     results = []
     for size_mb in sizes_mb:
         numel = int(size_mb * BYTES_PER_MB) // FLOAT32_BYTES
-        outcome = guarded(lambda n=numel: torch.randn(n, device=device), device=device)
-        if not all_ranks_ok(outcome.ok, device=device):
+        # Only the allocation is guarded: a collective that failed on one rank alone would
+        # leave the others waiting in it.
+        outcome = guarded_on_all_ranks(lambda n=numel: torch.randn(n, device=device), device=device)
+        if not outcome.ok:
             results.append({"status": OOM})
             continue
         times = _time_all_reduce(outcome.value, warmup=warmup, steps=steps, device=device)
@@ -189,9 +193,7 @@ def _row(
     row: dict[str, Any] = {"backend": backend, "world_size": world_size, "size_mb": size_mb}
     if per_rank is None or any(r["status"] != OK for r in per_rank):
         return {**row, "status": OOM}
-    # An iteration ends when its slowest rank does.
-    slowest = [max(ts) for ts in zip(*(r["times"] for r in per_rank), strict=True)]
-    summary = summarize(slowest)
+    summary = slowest_rank([r["times"] for r in per_rank])
     num_bytes = int(size_mb * BYTES_PER_MB) // FLOAT32_BYTES * FLOAT32_BYTES
     algbw = num_bytes / (summary.median * 1e-3) / 1e9
     return {
@@ -229,18 +231,17 @@ def run_allreduce(
         time (ms), spread, algorithm and bus bandwidth (GB/s) and `status` (`ok`, `OOM`, or
         `skipped: <why>` for cells this machine cannot or by default does not run).
     """
-    device = torch.device(device) if device is not None else resolve_device("auto")
-    notes = []
-    if config is None:
-        config = default_allreduce_config(device)
-        if device.type != "cuda":
-            notes.append(
-                cpu_default_notice(
-                    "bench-allreduce",
-                    f"gloo, {', '.join(f'{s:g}' for s in config.sizes_mb)} MB, world size "
-                    f"{', '.join(map(str, config.world_sizes))}",
-                )
-            )
+    device = as_device(device)
+    config, notes = config_or_default(
+        config,
+        device,
+        default=default_allreduce_config,
+        tool="bench-allreduce",
+        describe=lambda c: (
+            f"gloo, {', '.join(f'{s:g}' for s in c.sizes_mb)} MB, world size "
+            f"{', '.join(map(str, c.world_sizes))}"
+        ),
+    )
     world_sizes = config.world_sizes
     if torchrun_world_size() is not None:
         world_sizes = (torchrun_world_size(),)
@@ -256,15 +257,10 @@ def run_allreduce(
                 _rank_worker,
                 world_size=world_size,
                 backend=backend,
-                args=(
-                    runnable,
-                    config.warmup,
-                    config.steps,
-                    "cuda" if backend == "nccl" else "cpu",
-                ),
+                args=(runnable, config.warmup, config.steps, backend),
                 timeout=timeout,
             )
-        measured = iter(zip(*per_rank, strict=True)) if per_rank else iter(())
+        measured = iter(zip(*per_rank, strict=True))
         for size_mb, why in zip(config.sizes_mb, reasons, strict=True):
             if why is not None:
                 row = {"backend": backend, "world_size": world_size, "size_mb": size_mb}
@@ -308,7 +304,7 @@ def plot_allreduce(run: Run, path: str | Path) -> Path:
     )
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     """The `bench-allreduce` command line."""
     parser = make_parser("bench-allreduce", __doc__)
     grid = parser.add_argument_group("grid")
@@ -318,47 +314,39 @@ def build_parser():
     grid.add_argument(
         "--full", action="store_true", help="gloo at every size and world size (opt-in: slow)"
     )
-    parser.add_argument(
-        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per launch (1800)"
-    )
+    add_timeout_arg(parser, scope="per launch")
     add_timing_args(parser, warmup=None, steps=None)
     return parser
 
 
-def config_from_args(args, parser, device: torch.device) -> AllReduceConfig | None:
+def config_from_args(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, device: torch.device
+) -> AllReduceConfig | None:
     """The device's default with the options applied; None when no option changes it."""
     overrides = {
-        "backends": tuple(dict.fromkeys(args.backend)) if args.backend else None,
+        "backends": distinct(args.backend),
         "sizes_mb": tuple(args.sizes_mb) if args.sizes_mb else None,
         "world_sizes": tuple(args.world_sizes) if args.world_sizes else None,
         "warmup": args.warmup,
         "steps": args.steps,
         "full": True if args.full else None,
     }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if not overrides:
-        return None
-    try:
-        return replace(default_allreduce_config(device), **overrides)
-    except ValueError as exc:
-        parser.error(str(exc))
+    return apply_overrides(default_allreduce_config(device), overrides, parser=parser)
+
+
+def _run(cli: Invocation) -> Run:
+    return run_allreduce(
+        config_from_args(cli.args, cli.parser, cli.device),
+        device=cli.device,
+        command=cli.command,
+        timeout=cli.args.timeout,
+        show_progress=cli.show_progress,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `bench-allreduce` (see the module docstring)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    device = resolve_device(args.device)
-    run = run_allreduce(
-        config_from_args(args, parser, device),
-        device=device,
-        command=command_line(argv, prog="bench-allreduce"),
-        timeout=args.timeout,
-        show_progress=not args.no_progress and is_primary(),
-    )
-    if is_primary():
-        emit(run, args, plot=lambda path: plot_allreduce(run, path))
-    return 0
+    return run_command(build_parser(), argv, _run, plot=plot_allreduce)
 
 
 if __name__ == "__main__":

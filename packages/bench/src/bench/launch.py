@@ -40,9 +40,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["all_ranks_ok", "is_primary", "launch", "torchrun_world_size", "under_torchrun"]
+__all__ = [
+    "BACKENDS",
+    "all_ranks_ok",
+    "backend_for",
+    "is_primary",
+    "launch",
+    "rank_device",
+    "torchrun_world_size",
+    "under_torchrun",
+]
 
-BACKENDS = ("gloo", "nccl")
+# The device type each backend's ranks run on: gloo ranks share the CPU, nccl ranks own a GPU.
+DEVICE_TYPES = {"gloo": "cpu", "nccl": "cuda"}
+BACKENDS = tuple(DEVICE_TYPES)
 # What a default `launch` may take in all; a 1 GB all-reduce grid or an XL DDP sweep fits.
 DEFAULT_TIMEOUT_S = 1800.0
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -62,6 +73,26 @@ def torchrun_world_size() -> int | None:
 def is_primary() -> bool:
     """False only on the non-zero ranks of a `torchrun` launch: they should not print or write."""
     return not under_torchrun() or int(os.environ["RANK"]) == 0
+
+
+def backend_for(device: torch.device | str) -> str:
+    """The backend whose ranks run on `device`'s type: nccl for CUDA, gloo for the CPU.
+
+    Raises:
+        ValueError: a device type no backend runs on.
+    """
+    device_type = torch.device(device).type
+    for backend, runs_on in DEVICE_TYPES.items():
+        if runs_on == device_type:
+            return backend
+    raise ValueError(f"no process-group backend runs on {device_type}; use cpu or cuda")
+
+
+def rank_device(backend: str) -> torch.device:
+    """The device this rank measures on: with nccl its GPU (made current by `launch`), else CPU."""
+    if DEVICE_TYPES[backend] == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def all_ranks_ok(ok: bool, *, device: torch.device | str) -> bool:
