@@ -45,6 +45,20 @@ def _num(row: dict[str, Any], key: str) -> float | None:
     return float(value)
 
 
+def _best(rows: Rows, key: str) -> dict[str, Any] | None:
+    """The row with the largest non-zero number under `key`; None when no row has one."""
+    measured = [r for r in rows if _num(r, key)]
+    return max(measured, key=lambda r: r[key]) if measured else None
+
+
+def _grouped(rows: Rows, *keys: str) -> dict[tuple, Rows]:
+    """`rows` grouped by their values of `keys`, groups and rows in first-seen order."""
+    groups: dict[tuple, Rows] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return groups
+
+
 def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
@@ -105,9 +119,8 @@ def _model_answers(runs: Sequence[Run]) -> list[str]:
     ]
     if spread:
         out.append(f"Run-to-run spread (std / mean) is at most {max(spread):.1%} after warm-up.")
-    mfu = [r for r in rows if _num(r, "mfu")]
-    if mfu:
-        best = max(mfu, key=lambda r: r["mfu"])
+    best = _best(rows, "mfu")
+    if best:
         out.append(
             f"Highest MFU {best['mfu']:.1%} ({best['size']}, {best['mode']}, {best['dtype']}, "
             f"peak assumed {_fmt(best['mfu_peak_tflops'])} TFLOP/s)."
@@ -116,10 +129,7 @@ def _model_answers(runs: Sequence[Run]) -> list[str]:
 
 
 def _warmup_answers(runs: Sequence[Run]) -> list[str]:
-    rows = _ok(_rows(runs, "warmup"))
-    groups: dict[tuple, Rows] = {}
-    for r in rows:
-        groups.setdefault((r["size"], r["ctx"], r["mode"], r["dtype"]), []).append(r)
+    groups = _grouped(_ok(_rows(runs, "warmup")), "size", "ctx", "mode", "dtype")
     out = []
     for (size, ctx, mode, dtype), group in groups.items():
         group.sort(key=lambda r: r["warmup"])
@@ -292,9 +302,8 @@ def _flash_answers(runs: Sequence[Run]) -> list[str]:
             vals = [r["fwd_bwd_speedup"] for r in mine if _num(r, "fwd_bwd_speedup")]
             if vals:
                 out.append(f"{case}: {impl} forward+backward vs {baseline}: {_span(vals)}.")
-            tf = [r for r in mine if _num(r, "fwd_bwd_tflops")]
-            if tf:
-                best = max(tf, key=lambda r: r["fwd_bwd_tflops"])
+            best = _best(mine, "fwd_bwd_tflops")
+            if best:
                 out.append(
                     f"{case}: {impl} peaks at {_fmt(best['fwd_bwd_tflops'])} TFLOP/s "
                     f"forward+backward (seq {best['seq']}, d {best['d']}, {best['dtype']})."
@@ -304,11 +313,8 @@ def _flash_answers(runs: Sequence[Run]) -> list[str]:
 
 def _allreduce_answers(runs: Sequence[Run]) -> list[str]:
     rows = [r for r in _ok(_rows(runs, "allreduce")) if _num(r, "ms")]
-    groups: dict[tuple, Rows] = {}
-    for r in rows:
-        groups.setdefault((r["backend"], r["world_size"]), []).append(r)
     out = []
-    for (backend, world), group in groups.items():
+    for (backend, world), group in _grouped(rows, "backend", "world_size").items():
         group.sort(key=lambda r: r["size_mb"])
         items = ", ".join(
             f"{_fmt(r['size_mb'])} MB {_fmt(r['ms'])} ms"
