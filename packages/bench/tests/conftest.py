@@ -1,13 +1,15 @@
-"""Fixtures shared by the bench tests: one thread per test, and results made by the real tools."""
+"""Fixtures shared by the bench tests: one thread per test, tiny configurations, results made by
+the real tools, an injected out-of-memory error and the `--help` of a tool."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+import bench.attn
 from bench.attn import AttnConfig, run_attention
 from bench.flash import FlashCase, run_flash
 from bench.model import ModelBenchConfig, ModelShape, run_model
@@ -48,6 +50,8 @@ _TINY_FLASH = FlashCase(
     "tiny", 1, (32, 64), (16,), ("fp32",), True, ("naive", "fa2-pytorch", "sdpa"), "sdpa"
 )
 TINY_BUDGET_MS = (1.0, 2.0)  # do_bench budgets (ms): a few calls per measurement
+# Longest sequence naive attention "fits" under `naive_attention_oom`: between the tiny seqs 17, 32.
+OOM_ABOVE_SEQ = 20
 
 
 @pytest.fixture
@@ -72,6 +76,40 @@ def tiny_flash_case() -> FlashCase:
 def tiny_budget_ms() -> tuple[float, float]:
     """`do_bench` budgets small enough for tests."""
     return TINY_BUDGET_MS
+
+
+@pytest.fixture
+def naive_attention_oom(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Make bench-attn's `naive` run out of memory above seq 20 (others run); return that seq."""
+    real = bench.attn.attention_impl
+
+    def failing(name, *, device):
+        fn = real(name, device=device)
+        if name != "naive":
+            return fn
+
+        def attend(q, k, v, causal):
+            if q.shape[-2] > OOM_ABOVE_SEQ:
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            return fn(q, k, v, causal)
+
+        return attend
+
+    monkeypatch.setattr(bench.attn, "attention_impl", failing)
+    return OOM_ABOVE_SEQ
+
+
+@pytest.fixture
+def help_text(capsys: pytest.CaptureFixture[str]) -> Callable[[Callable[..., int]], str]:
+    """Run a tool's `main(["--help"])`, check that it exits with status 0, return its output."""
+
+    def run(main: Callable[..., int]) -> str:
+        with pytest.raises(SystemExit) as exc:
+            main(["--help"])
+        assert exc.value.code == 0
+        return capsys.readouterr().out
+
+    return run
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,7 @@
 """bench-attn: records, OOM handling, the CPU default, the command line."""
 
 import pytest
-import torch
 
-import bench.attn
 from bench.attn import COLUMNS, IMPLS, AttnConfig, main, run_attention
 from bench.oom import OK, OOM
 
@@ -29,22 +27,7 @@ def test_ratios_are_sdpa_time_over_own_time(tiny_attn_config):
     assert naive["fwd_vs_sdpa"] == pytest.approx(by_impl["sdpa"]["fwd_ms"] / naive["fwd_ms"])
 
 
-def test_injected_oom_marks_the_row_and_the_sweep_goes_on(tiny_attn_config, monkeypatch):
-    real = bench.attn.attention_impl
-
-    def failing(name, *, device):
-        fn = real(name, device=device)
-        if name != "naive":
-            return fn
-
-        def attend(q, k, v, causal):
-            if q.shape[-2] > 20:
-                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-            return fn(q, k, v, causal)
-
-        return attend
-
-    monkeypatch.setattr(bench.attn, "attention_impl", failing)
+def test_injected_oom_marks_the_row_and_the_sweep_goes_on(tiny_attn_config, naive_attention_oom):
     run = run_attention(tiny_attn_config(), device="cpu", show_progress=False)
     status = {(r["impl"], r["seq"]): r["status"] for r in run.rows}
     assert status[("naive", 17)] == OK
@@ -88,11 +71,8 @@ def test_config_rejects_bad_values(bad):
         AttnConfig(**bad)
 
 
-def test_main_help_exits_zero(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["--help"])
-    assert exc.value.code == 0
-    assert "--seq" in capsys.readouterr().out
+def test_main_help_exits_zero(help_text):
+    assert "--seq" in help_text(main)
 
 
 def test_main_writes_json_and_plots(tmp_path, capsys):
