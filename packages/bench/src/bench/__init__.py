@@ -14,8 +14,9 @@ The shared plumbing every tool is built from:
   every `bench-*` command (`run_command`, `emit`, `apply_overrides`, `config_or_default`).
 - `bench.launch`: runs a worker on several ranks in a process group, spawned or under
   `torchrun` (`launch`, `is_primary`, `all_ranks_ok`).
-- `bench.distributed`: what the multi-rank tools share on top of it: cases guarded on all
-  ranks, slowest-rank summaries, and the training set-up of bench-ddp and bench-zero.
+- `bench.distributed`: what the multi-rank tools share on top of it (cases guarded on all
+  ranks, slowest-rank summaries); `bench.training`: the training set-up of bench-ddp and
+  bench-zero.
 - `bench.attention_impls`, `bench.nvtx`, `bench.memviz`, `bench.hardware`: attention
   implementations by name, NVTX ranges, the offline memory-snapshot view, GPU peak FLOP/s.
 

@@ -50,19 +50,7 @@ from bench.cli import (
     make_parser,
     run_command,
 )
-from bench.distributed import (
-    ADAMW_OPTIONS,
-    Case,
-    TrainingBenchConfig,
-    add_training_args,
-    bucket_mb,
-    build_model,
-    forward_backward,
-    measure_cases,
-    slowest_rank,
-    token_batches,
-    training_overrides,
-)
+from bench.distributed import measure_cases, slowest_rank
 from bench.launch import DEFAULT_TIMEOUT_S
 from bench.memory import free_memory
 from bench.nvtx import nvtx_range
@@ -70,6 +58,17 @@ from bench.oom import OK, OOM
 from bench.plots import hbar_plot
 from bench.results import Run
 from bench.timing import elapsed_ms
+from bench.training import (
+    ADAMW_OPTIONS,
+    Case,
+    TrainingBenchConfig,
+    add_training_args,
+    bucket_mb,
+    build_model,
+    forward_backward,
+    token_batches,
+    training_overrides,
+)
 
 __all__ = [
     "COLUMNS",
@@ -110,7 +109,7 @@ _RANK_ENV = {"TORCH_NCCL_ENABLE_TIMING": "1"}  # NCCL times each collective: `co
 
 @dataclass(frozen=True)
 class DDPBenchConfig(TrainingBenchConfig):
-    """What `run_ddp` measures: the fields of `bench.distributed.TrainingBenchConfig` and these.
+    """What `run_ddp` measures: the fields of `bench.training.TrainingBenchConfig` and these.
 
     Args:
         variants: from `VARIANTS`, in the order they run (all by default).

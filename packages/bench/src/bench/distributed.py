@@ -13,67 +13,35 @@ On each rank:
 After the launch, `slowest_rank(per_rank)`: a step (an iteration, a collective) lasts as long as
 its slowest rank, so a step's time is the largest over the ranks, summarised over the steps.
 
-For the training benchmarks (bench-ddp, bench-zero): `TrainingBenchConfig`, the model, data and
-run they share (the handout's XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2
-CPU ranks without a GPU), `Case` (a variant and its bucket size), `build_model`,
-`token_batches`, `forward_backward`, and their command line (`add_training_args`,
-`training_overrides`, `bucket_mb`, `add_timeout_arg`).
+On the command line, `add_timeout_arg`: `--timeout`, the seconds the ranks may take.
+The data-parallel training set-up that bench-ddp and bench-zero share is in `bench.training`.
 
 Example::
 
-    def _measure(case: Case, config: MyConfig, rank: int, device: torch.device) -> dict:
-        model = build_model(config, device, seed=rank)
+    def _measure(case: str, config: MyConfig, rank: int, device: torch.device) -> dict:
         ...
         return {"times": times}
 
-    rows = [{"variant": case.variant,
-             "step_ms": slowest_rank([r["times"] for r in results]).median}
+    rows = [{"case": case, "ms": slowest_rank([r["times"] for r in results]).median}
             for case, results in measure_cases(_measure, cases, config, device=device)]
 """
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Self, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
-from torch import nn
 
-import ddp
-import lmcore
-from bench.cli import add_timing_args, config_or_default, distinct
 from bench.launch import DEFAULT_TIMEOUT_S, all_ranks_ok, backend_for, launch, rank_device
-from bench.model import TINY, ModelShape
 from bench.oom import OK, OOM, Outcome, guarded
 from bench.timing import Summary, summarize
 
-__all__ = [
-    "ADAMW_OPTIONS",
-    "Case",
-    "TrainingBenchConfig",
-    "add_timeout_arg",
-    "add_training_args",
-    "bucket_mb",
-    "build_model",
-    "forward_backward",
-    "guarded_on_all_ranks",
-    "measure_cases",
-    "shape_named",
-    "slowest_rank",
-    "token_batches",
-    "training_overrides",
-]
+__all__ = ["add_timeout_arg", "guarded_on_all_ranks", "measure_cases", "slowest_rank"]
 
 T = TypeVar("T")
 C = TypeVar("C")
 K = TypeVar("K")
-
-# The training recipe does not matter for timing or memory beyond the state AdamW keeps (two
-# moments per parameter); these are the usual values.
-ADAMW_OPTIONS = {"lr": 1e-4, "weight_decay": 0.01}
-_DATA_SEED = 1000  # rank r draws its batches from seed 1000 + r: each rank its own data
 
 
 # ----------------------------------------------------------------------------- on each rank
@@ -139,11 +107,12 @@ def measure_cases(
         ValueError: CUDA with fewer GPUs than ranks (see `launch`).
     """
     cases = tuple(cases)
+    backend = backend_for(device)
     per_rank = launch(
         _case_worker,
         world_size=config.world_size,
-        backend=backend_for(device),
-        args=(measure, cases, config, backend_for(device)),
+        backend=backend,
+        args=(measure, cases, config, backend),
         env=env,
         timeout=timeout,
     )
@@ -161,154 +130,7 @@ def slowest_rank(per_rank: Sequence[Sequence[float]]) -> Summary:
     return summarize([max(values) for values in zip(*per_rank, strict=True)])
 
 
-# ----------------------------------------------------------------------------- training set-up
-
-
-@dataclass(frozen=True)
-class TrainingBenchConfig:
-    """The model, data and run bench-ddp and bench-zero share; each tool adds its own fields.
-
-    Args:
-        shape: the model's widths and depth (`ModelShape.of_size("xl")`, or `bench.model.TINY`).
-        context_length: tokens per sequence.
-        batch: sequences per rank per step.
-        vocab_size: vocabulary size.
-        world_size: ranks (one GPU each on CUDA).
-        variants: what to compare, from the tool's `VARIANTS`, in the order they run.
-        warmup: untimed steps first (the first one creates the optimizer state).
-        steps: timed steps.
-    """
-
-    VARIANTS: ClassVar[tuple[str, ...]] = ()
-
-    shape: ModelShape
-    context_length: int = 128
-    batch: int = 4
-    vocab_size: int = lmcore.VOCAB_SIZE
-    world_size: int = 2
-    variants: tuple[str, ...] = ()
-    warmup: int = 2
-    steps: int = 10
-
-    def __post_init__(self) -> None:
-        if not self.variants or not set(self.variants) <= set(self.VARIANTS):
-            raise ValueError(
-                f"variants must be non-empty, from {self.VARIANTS}; got {self.variants}"
-            )
-        sizes = (self.context_length, self.batch, self.vocab_size, self.steps)
-        if min(sizes) < 1 or self.warmup < 1 or self.world_size < 2:
-            raise ValueError(
-                "context_length, batch, vocab_size and steps must be positive, warmup at least 1 "
-                f"(it creates the optimizer state) and world_size at least 2; got {self}"
-            )
-
-    @classmethod
-    def for_device(cls, device: torch.device | str) -> Self:
-        """XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks otherwise."""
-        if torch.device(device).type == "cuda":
-            return cls(shape=ModelShape.of_size("xl"))
-        return cls(shape=TINY, context_length=32, batch=2, warmup=1, steps=3)
-
-    @classmethod
-    def or_default(
-        cls, config: Self | None, device: torch.device, *, tool: str
-    ) -> tuple[Self, list[str]]:
-        """`config`, or `for_device(device)` announced off CUDA (see `cli.config_or_default`)."""
-        return config_or_default(
-            config, device, default=cls.for_device, tool=tool, describe=cls.cpu_summary
-        )
-
-    def cpu_summary(self) -> str:
-        """The model and run in words, for the notice that the CPU default ran."""
-        s = self.shape
-        return (
-            f"{s.num_layers} layers of width {s.d_model}, context {self.context_length}, "
-            f"batch {self.batch} per rank, {self.world_size} gloo ranks"
-        )
-
-    def summary(self) -> str:
-        """The run in words, for a title: ranks, batch, context, warm-up and timed steps."""
-        return (
-            f"{self.world_size} ranks, batch {self.batch} per rank, context {self.context_length}, "
-            f"{self.warmup} warm-up + {self.steps} timed steps"
-        )
-
-
-@dataclass(frozen=True)
-class Case:
-    """One measured row of a training benchmark: a variant, and its bucket size where it has one."""
-
-    variant: str
-    bucket_mb: float | None = None
-
-
-def build_model(
-    config: TrainingBenchConfig,
-    device: torch.device,
-    *,
-    seed: int,
-    attention: str = "naive",
-) -> lmcore.TransformerLM:
-    """`config`'s `lmcore.TransformerLM` on `device`, initialised from `seed`.
-
-    On a GPU the model is built on the meta device and materialised there, which skips the slow
-    CPU initialisation of an XL model.
-    """
-    s = config.shape
-    dims = (config.vocab_size, config.context_length, s.d_model, s.num_layers, s.num_heads, s.d_ff)
-    torch.manual_seed(seed)
-    if device.type == "cpu":
-        return lmcore.TransformerLM(*dims, attention=attention)
-    with torch.device("meta"):
-        model = lmcore.TransformerLM(*dims, attention=attention)
-    model = model.to_empty(device=device)
-    model.reset_parameters()
-    return model
-
-
-def token_batches(
-    config: TrainingBenchConfig, *, rank: int, device: torch.device
-) -> Iterator[torch.Tensor]:
-    """Endless random token batches `(batch, context_length + 1)` on `device`, one stream per rank.
-
-    Each rank draws its own data, as in data-parallel training; inputs are `[:, :-1]` and the
-    next-token targets `[:, 1:]`.
-    """
-    g = torch.Generator().manual_seed(_DATA_SEED + rank)
-    shape = (config.batch, config.context_length + 1)  # (batch, seq + 1)
-    while True:
-        yield torch.randint(config.vocab_size, shape, generator=g).to(device)
-
-
-def forward_backward(model: nn.Module, tokens: torch.Tensor) -> None:
-    """Next-token cross-entropy of `tokens` `(batch, seq + 1)` through `model`, then backward.
-
-    A `ddp` wrapper gets its per-step calls: `on_train_batch_start()` before the forward and
-    `finish_gradient_synchronization()` after the backward.
-    """
-    ours = isinstance(model, ddp.DataParallelBase)
-    if ours:
-        model.on_train_batch_start()
-    loss = lmcore.cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
-    loss.backward()
-    if ours:
-        model.finish_gradient_synchronization()
-
-
 # ----------------------------------------------------------------------------- command line
-
-
-def bucket_mb(text: str) -> float:
-    """A `--*-bucket-mb` value: MB, at least 0; `inf` is allowed (no cap)."""
-    value = float(text)
-    if not value >= 0:  # rejects negatives and nan
-        raise ValueError(text)
-    return value
-
-
-def shape_named(name: str) -> ModelShape:
-    """The shape a `--size` value names: a size of `lmcore.MODEL_SIZES`, or `tiny`."""
-    return TINY if name == TINY.name else ModelShape.of_size(name)
 
 
 def add_timeout_arg(container: Any, *, scope: str) -> None:
@@ -319,40 +141,3 @@ def add_timeout_arg(container: Any, *, scope: str) -> None:
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds {scope} ({DEFAULT_TIMEOUT_S:g})",
     )
-
-
-def add_training_args(
-    parser: argparse.ArgumentParser, *, variants: Sequence[str]
-) -> tuple[argparse._ArgumentGroup, argparse._ArgumentGroup]:
-    """Add the options of `TrainingBenchConfig`, `--timeout` and the timing options.
-
-    Returns:
-        The `model` and `run` option groups, for the tool's own options.
-    """
-    model = parser.add_argument_group("model")
-    model.add_argument(
-        "--size", choices=[*lmcore.MODEL_SIZES, TINY.name], help="model size (xl; tiny on CPU)"
-    )
-    model.add_argument("--context-length", type=int, help="tokens per sequence (128)")
-    model.add_argument("--batch", type=int, help="sequences per rank (4)")
-    model.add_argument("--vocab-size", type=int, help=f"vocabulary ({lmcore.VOCAB_SIZE:,})")
-    run = parser.add_argument_group("run")
-    run.add_argument("--world-size", type=int, help="ranks, one GPU each on CUDA (2)")
-    run.add_argument("--variants", nargs="+", choices=variants, help="what to compare")
-    add_timeout_arg(run, scope="for all ranks")
-    add_timing_args(parser, warmup=None, steps=None)
-    return model, run
-
-
-def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The `TrainingBenchConfig` fields the options of `add_training_args` set (None: not given)."""
-    return {
-        "shape": None if args.size is None else shape_named(args.size),
-        "context_length": args.context_length,
-        "batch": args.batch,
-        "vocab_size": args.vocab_size,
-        "world_size": args.world_size,
-        "variants": distinct(args.variants),
-        "warmup": args.warmup,
-        "steps": args.steps,
-    }

@@ -45,7 +45,14 @@ from bench.cli import (
     make_parser,
     run_command,
 )
-from bench.distributed import (
+from bench.distributed import measure_cases, slowest_rank
+from bench.launch import DEFAULT_TIMEOUT_S
+from bench.memory import MIB, free_memory, peak_memory, reset_peak_memory
+from bench.oom import OK, OOM
+from bench.plots import Bars, stacked_bar_plot
+from bench.results import Run
+from bench.timing import elapsed_ms
+from bench.training import (
     ADAMW_OPTIONS,
     Case,
     TrainingBenchConfig,
@@ -53,17 +60,9 @@ from bench.distributed import (
     bucket_mb,
     build_model,
     forward_backward,
-    measure_cases,
-    slowest_rank,
     token_batches,
     training_overrides,
 )
-from bench.launch import DEFAULT_TIMEOUT_S
-from bench.memory import MIB, free_memory, peak_memory, reset_peak_memory
-from bench.oom import OK, OOM
-from bench.plots import Bars, stacked_bar_plot
-from bench.results import Run
-from bench.timing import elapsed_ms
 from zero import DEFAULT_BUCKET_MB, ShardedOptimizer
 
 __all__ = [
@@ -109,7 +108,7 @@ COLUMNS = (
 
 @dataclass(frozen=True)
 class ZeroBenchConfig(TrainingBenchConfig):
-    """What `run_zero` measures: the fields of `bench.distributed.TrainingBenchConfig` and these.
+    """What `run_zero` measures: the fields of `bench.training.TrainingBenchConfig` and these.
 
     Args:
         variants: from `VARIANTS`; `ddp` is the baseline of the ratios.
