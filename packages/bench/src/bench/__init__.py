@@ -90,6 +90,9 @@ _LAZY = {
     "nvtx_range": "bench.nvtx",
     "run_precision": "bench.precision",
     "build_report": "bench.report",
+    "run_allreduce": "bench.allreduce",
+    "run_ddp": "bench.ddp",
+    "run_zero": "bench.zero",
 }
 
 
@@ -157,12 +160,15 @@ __all__ = [
     "reset_peak_memory",
     "resolve_device",
     "result_stem",
+    "run_allreduce",
     "run_attention",
     "run_command",
+    "run_ddp",
     "run_flash",
     "run_model",
     "run_precision",
     "run_warmup_study",
+    "run_zero",
     "save_json",
     "skipped",
     "stacked_bar_plot",
