@@ -113,6 +113,7 @@ def test_table_json_and_plot(run, tmp_path):
         {"variants": ("fsdp",)},
         {"bucket_mbs": (-1.0,)},
         {"torch_bucket_mbs": (0.0,)},
+        {"bucket_mbs": (float("inf"),)},
         {"world_size": 1},
         {"warmup": 0},
     ],

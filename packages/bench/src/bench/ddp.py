@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -129,12 +130,13 @@ class DDPBenchConfig(TrainingBenchConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if any(not b >= 0 for b in self.bucket_mbs) or any(
-            b is not None and not b > 0 for b in self.torch_bucket_mbs
+        # Both wrappers turn the size into a whole number of bytes, so it must be finite.
+        if any(not 0 <= b < math.inf for b in self.bucket_mbs) or any(
+            b is not None and not 0 < b < math.inf for b in self.torch_bucket_mbs
         ):
             raise ValueError(
-                f"bucket sizes must be >= 0 (torch's > 0 or None), got {self.bucket_mbs} and "
-                f"{self.torch_bucket_mbs}"
+                f"bucket sizes must be finite and >= 0 (torch's > 0 or None), got "
+                f"{self.bucket_mbs} and {self.torch_bucket_mbs}"
             )
         if "bucketed" in self.variants and not self.bucket_mbs:
             raise ValueError("the bucketed variant needs at least one bucket size")

@@ -182,7 +182,7 @@ def forward_backward(model: nn.Module, tokens: torch.Tensor) -> None:
 
 
 def bucket_mb(text: str) -> float:
-    """A `--*-bucket-mb` value: MB, at least 0; `inf` is allowed (no cap)."""
+    """A `--*-bucket-mb` value: MB, at least 0 (`inf` passes here; the tool's config decides)."""
     value = float(text)
     if not value >= 0:  # rejects negatives and nan
         raise ValueError(text)
