@@ -151,3 +151,27 @@ def test_fp32_error_is_at_fp32_rounding_level():
     o = FlashAttention2Triton.apply(q, k, v, True)
     ref, _ = attention_reference(*(t.double() for t in (q, k, v)), causal=True)
     assert _error(o, ref) < 1e-5 * math.sqrt(64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape_q, n_k, dtype, causal",
+    [
+        ((2, 4, 2048, 64), 2048, torch.bfloat16, True),
+        ((2, 4, 1000, 64), 3000, torch.bfloat16, True),
+        ((1, 2, 1500, 128), 1024, torch.float16, False),
+        ((1, 2, 777, 256), 777, torch.bfloat16, True),
+        ((1, 2, 1024, 128), 1024, torch.float32, True),
+    ],
+    ids=str,
+)
+def test_triton_matches_oracle_at_real_sizes(shape_q, n_k, dtype, causal):
+    q, k, v = _inputs(shape_q, n_k, dtype)
+    _assert_close_to_oracle("triton", q, k, v, causal)
+
+
+@pytest.mark.gpu
+def test_autotuning_keeps_results_correct(monkeypatch):
+    monkeypatch.setenv("FA2_AUTOTUNE", "1")
+    q, k, v = _inputs((2, 2, 600, 64), 600, torch.bfloat16)
+    _assert_close_to_oracle("triton", q, k, v, causal=True)

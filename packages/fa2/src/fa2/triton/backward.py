@@ -1,13 +1,12 @@
 """FlashAttention-2 backward kernels and their launcher.
 
-Three launches, none of which materialises the score matrix and none of which races:
-1. preprocess: D = rowsum(dO ∘ O) per query row;
-2. dK/dV: a program owns BLOCK_N keys and walks the query tiles that can see them, recomputing
-   P = exp(S - L) tile by tile (each key row is written by exactly one program);
-3. dQ: a program owns BLOCK_M queries and walks the key tiles they can see (each query row is
-   written by exactly one program).
-Recomputing S twice (once per pass) costs one extra matmul of the five, but avoids atomics,
-which would make dQ non-deterministic and need an fp32 buffer and a cast.
+Two launches, neither of which materialises the score matrix nor races:
+1. dQ: a program owns BLOCK_M queries and walks the key tiles they can see, recomputing
+   P = exp(S - L) tile by tile. It also computes D = rowsum(dO ∘ O) for its rows, which it needs
+   itself, and stores it for the next pass (this replaces a separate preprocess launch).
+2. dK/dV: a program owns BLOCK_N keys and walks the query tiles that can see them.
+Each output row is written by exactly one program. Recomputing S in both passes costs one
+matmul more than an atomic-add design but keeps dQ deterministic and needs no fp32 buffer.
 """
 
 from __future__ import annotations
@@ -17,44 +16,20 @@ import triton
 import triton.language as tl
 
 from fa2.triton.configs import (
+    DKDV,
+    DQ,
     LOG2E,
+    Tile,
     block_d,
-    dkdv_configs,
+    cdiv,
+    choose_tile,
     dot_precision,
-    dq_configs,
-    prune_dkdv,
-    prune_dq,
     seq_bucket,
     upcast,
 )
+from fa2.triton.tiles import load_tile, store_tile, visible
 
 __all__ = ["flash_backward"]
-
-_PREPROCESS_ROWS = 128  # rows per program of the preprocess: a pure bandwidth kernel
-
-
-@triton.jit
-def _preprocess_kernel(
-    O,
-    DO,
-    Delta,
-    stride_ob,
-    stride_on,
-    stride_dob,
-    stride_don,
-    N_Q,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    bid = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(O + bid * stride_ob + rows[:, None] * stride_on + offs_d[None, :], mask=mask)
-    do = tl.load(DO + bid * stride_dob + rows[:, None] * stride_don + offs_d[None, :], mask=mask)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + bid * N_Q + rows, delta, mask=rows < N_Q)
 
 
 @triton.jit
@@ -84,28 +59,19 @@ def _dkdv_tiles(
     PRECISION: tl.constexpr,
 ):
     """Accumulate into (dk, dv) of one key tile the query tiles [start, end)."""
-    offs_m = tl.arange(0, BLOCK_M)
-    d_ok = offs_d[None, :] < HEAD_DIM
     for start_m in tl.range(start, end, BLOCK_M):
-        rows = start_m + offs_m
+        rows = start_m + tl.arange(0, BLOCK_M)
         if MASKED:
-            row_ok = rows < N_Q
-            qo_mask = row_ok[:, None] & d_ok
-            lse = tl.load(l_base + rows, mask=row_ok, other=0.0)
-            delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
+            lse = tl.load(l_base + rows, mask=rows < N_Q, other=0.0)
+            delta = tl.load(delta_base + rows, mask=rows < N_Q, other=0.0)
         else:
-            qo_mask = d_ok
             lse = tl.load(l_base + rows)
             delta = tl.load(delta_base + rows)
-        q = tl.load(q_base + rows[:, None] * stride_qn + offs_d[None, :], mask=qo_mask, other=0.0)
-        do_ptrs = do_base + rows[:, None] * stride_don + offs_d[None, :]
-        do = tl.load(do_ptrs, mask=qo_mask, other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
+        q = load_tile(q_base, rows, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
+        do = load_tile(do_base, rows, stride_don, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
         p_t = tl.math.exp2(s_t - lse[None, :] * 1.4426950408889634)
-        if MASKED:
+        if MASKED:  # the transpose of `visible`: keys along rows, queries along columns
             keep = rows[None, :] < N_Q
             if IS_CAUSAL:
                 keep = keep & (offs_n[:, None] <= rows[None, :])
@@ -117,12 +83,6 @@ def _dkdv_tiles(
     return dk, dv
 
 
-@triton.autotune(
-    configs=dkdv_configs(),
-    key=["BLOCK_D", "IS_CAUSAL", "SEQ_BUCKET"],
-    prune_configs_by={"early_config_prune": prune_dkdv},
-    cache_results=True,
-)
 @triton.jit
 def _dkdv_kernel(
     Q,
@@ -147,7 +107,6 @@ def _dkdv_kernel(
     stride_dvn,
     N_Q,
     N_K,
-    SEQ_BUCKET,
     qk_scale,
     sm_scale,
     HEAD_DIM: tl.constexpr,
@@ -162,12 +121,12 @@ def _dkdv_kernel(
     bid = tl.program_id(1).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-    k = tl.load(K + bid * stride_kb + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask)
-    v = tl.load(V + bid * stride_vb + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k = load_tile(
+        K + bid * stride_kb, offs_n, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, True, UPCAST
+    )
+    v = load_tile(
+        V + bid * stride_vb, offs_n, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, True, UPCAST
+    )
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     q_base = Q + bid * stride_qb
@@ -198,11 +157,8 @@ def _dkdv_kernel(
         HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION,
     )  # fmt: skip
 
-    dk = dk * sm_scale
-    dk_ptrs = DK + bid * stride_dkb + offs_n[:, None] * stride_dkn + offs_d[None, :]
-    dv_ptrs = DV + bid * stride_dvb + offs_n[:, None] * stride_dvn + offs_d[None, :]
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+    store_tile(DK + bid * stride_dkb, offs_n, stride_dkn, offs_d, N_K, dk * sm_scale, HEAD_DIM)
+    store_tile(DV + bid * stride_dvb, offs_n, stride_dvn, offs_d, N_K, dv, HEAD_DIM)
 
 
 @triton.jit
@@ -224,49 +180,33 @@ def _dq_tiles(
     qk_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """Accumulate into dq of one query tile the key tiles [start, end)."""
-    offs_n = tl.arange(0, BLOCK_N)
-    d_ok = offs_d[None, :] < HEAD_DIM
     for start_n in tl.range(start, end, BLOCK_N):
-        cols = start_n + offs_n
-        if MASKED:
-            kv_mask = (cols[:, None] < N_K) & d_ok
-        else:
-            kv_mask = d_ok
-        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = load_tile(k_base, cols, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
+        v = load_tile(v_base, cols, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         p = tl.math.exp2(s - lse2[:, None])
         if MASKED:
-            keep = cols[None, :] < N_K
-            if IS_CAUSAL:
-                keep = keep & (cols[None, :] <= rows[:, None])
-            p = tl.where(keep, p, 0.0)
+            p = tl.where(visible(rows, cols, 0, N_K, False, IS_CAUSAL), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     return dq
 
 
-@triton.autotune(
-    configs=dq_configs(),
-    key=["BLOCK_D", "IS_CAUSAL", "SEQ_BUCKET"],
-    prune_configs_by={"early_config_prune": prune_dq},
-    cache_results=True,
-)
 @triton.jit
 def _dq_kernel(
     Q,
     K,
     V,
+    O,
     DO,
     L,
     Delta,
@@ -277,13 +217,14 @@ def _dq_kernel(
     stride_kn,
     stride_vb,
     stride_vn,
+    stride_ob,
+    stride_on,
     stride_dob,
     stride_don,
     stride_dqb,
     stride_dqn,
     N_Q,
     N_K,
-    SEQ_BUCKET,
     qk_scale,
     sm_scale,
     HEAD_DIM: tl.constexpr,
@@ -300,15 +241,16 @@ def _dq_kernel(
     bid = tl.program_id(1).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    row_ok = rows < N_Q
-    q_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + bid * stride_qb + rows[:, None] * stride_qn + offs_d[None, :], mask=q_mask)
-    do = tl.load(DO + bid * stride_dob + rows[:, None] * stride_don + offs_d[None, :], mask=q_mask)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    lse2 = tl.load(L + bid * N_Q + rows, mask=row_ok, other=0.0) * 1.4426950408889634
-    delta = tl.load(Delta + bid * N_Q + rows, mask=row_ok, other=0.0)
+    q = load_tile(
+        Q + bid * stride_qb, rows, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, UPCAST
+    )
+    do = load_tile(
+        DO + bid * stride_dob, rows, stride_don, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, UPCAST
+    )
+    lse2 = tl.load(L + bid * N_Q + rows, mask=rows < N_Q, other=0.0) * 1.4426950408889634
+    o = load_tile(O + bid * stride_ob, rows, stride_on, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, True)
+    delta = tl.sum(o * do.to(tl.float32), 1)  # D = rowsum(dO ∘ O), for this pass and the next
+    tl.store(Delta + bid * N_Q + rows, delta, mask=rows < N_Q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = K + bid * stride_kb
     v_base = V + bid * stride_vb
@@ -321,17 +263,15 @@ def _dq_kernel(
     dq = _dq_tiles(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, offs_d,
         0, full_end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, False, IS_CAUSAL, UPCAST, PRECISION,
+        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION,
     )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, offs_d,
         full_end, end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, True, IS_CAUSAL, UPCAST, PRECISION,
+        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION,
     )  # fmt: skip
 
-    dq = dq * sm_scale
-    dq_ptrs = DQ + bid * stride_dqb + rows[:, None] * stride_dqn + offs_d[None, :]
-    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=q_mask)
+    store_tile(DQ + bid * stride_dqb, rows, stride_dqn, offs_d, N_Q, dq * sm_scale, HEAD_DIM)
 
 
 def flash_backward(
@@ -355,23 +295,29 @@ def flash_backward(
         PRECISION=dot_precision(q.dtype),
     )
     delta = torch.empty((batch, n_q), device=q.device, dtype=torch.float32)
-    _preprocess_kernel[(triton.cdiv(n_q, _PREPROCESS_ROWS), batch)](
-        o, do, delta, o.stride(0), o.stride(1), do.stride(0), do.stride(1), n_q,
-        HEAD_DIM=d, BLOCK_D=block_d(d), BLOCK_M=_PREPROCESS_ROWS,
-    )  # fmt: skip
-
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    bucket = seq_bucket(n_q, n_k)
-    _dkdv_kernel[lambda m: (triton.cdiv(n_k, m["BLOCK_N"]), batch)](
-        q, k, v, do, lse, delta, dk, dv,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        n_q, n_k, bucket, scale * LOG2E, scale, **meta,
-    )  # fmt: skip
-    _dq_kernel[lambda m: (triton.cdiv(n_q, m["BLOCK_M"]), batch)](
-        q, k, v, do, lse, delta, dq,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-        n_q, n_k, bucket, scale * LOG2E, scale, **meta,
-    )  # fmt: skip
+
+    def run_dkdv(tile: Tile) -> None:
+        _dkdv_kernel[(cdiv(n_k, tile.block_n), batch)](
+            q, k, v, do, lse, delta, dk, dv,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            n_q, n_k, scale * LOG2E, scale,
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+            num_warps=tile.warps, num_stages=tile.stages, **meta,
+        )  # fmt: skip
+
+    def run_dq(tile: Tile) -> None:
+        _dq_kernel[(cdiv(n_q, tile.block_m), batch)](
+            q, k, v, o, do, lse, delta, dq,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            o.stride(0), o.stride(1), do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
+            n_q, n_k, scale * LOG2E, scale,
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+            num_warps=tile.warps, num_stages=tile.stages, **meta,
+        )  # fmt: skip
+
+    choice = dict(head_dim_block=meta["BLOCK_D"], dtype=q.dtype, key=(causal, seq_bucket(n_q, n_k)))
+    run_dq(choose_tile(DQ, run=run_dq, **choice))  # first: it also writes delta
+    run_dkdv(choose_tile(DKDV, run=run_dkdv, **choice))
     return dq, dk, dv

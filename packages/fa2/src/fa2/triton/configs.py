@@ -1,31 +1,34 @@
-"""Tile configurations for the kernels, and the small host-side decisions that pick among them.
+"""Tile sizes for the kernels, and the small host-side decisions around a launch.
 
-Each kernel is autotuned over a short list, pruned by head-dim block and element size, so the
-first call compiles and times only a handful of variants. The lists were narrowed by sweeping
-tile sizes, warps and stages on an H100 (see docs/results/fa2.md). Under Triton's CPU
-interpreter a single small config is used: tiles smaller than the test shapes, so that the
+Each kernel has a short list of tiles (block sizes, warps, pipeline stages) per head-dim block
+and dtype width. The first entry of each list is the default: the fastest in a sweep on an H100
+at the CS336 leaderboard shapes (see docs/design/fa2.md); it is what runs unless FA2_AUTOTUNE=1,
+which times the whole list once per shape class and keeps the fastest. The default path is
+deterministic, costs no tuning time on the first call and adds nothing to the launch. Under
+Triton's CPU interpreter a single small tile is used, smaller than the test shapes, so that the
 masked, ragged and diagonal code paths all run.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
-import triton
 
 __all__ = [
+    "DKDV",
+    "DQ",
+    "FORWARD",
     "INTERPRET",
     "LOG2E",
+    "Tile",
     "autotuning",
     "block_d",
-    "dkdv_configs",
+    "cdiv",
+    "choose_tile",
     "dot_precision",
-    "dq_configs",
-    "forward_configs",
-    "prune_dkdv",
-    "prune_dq",
-    "prune_forward",
     "seq_bucket",
     "upcast",
 ]
@@ -35,18 +38,29 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernels use the fa
 
 
 def autotuning() -> bool:
-    """Set FA2_AUTOTUNE=0 to skip timing candidates and take each case's first (default) config."""
-    return os.environ.get("FA2_AUTOTUNE", "1") != "0"
+    """FA2_AUTOTUNE=1 times every listed tile once per shape class instead of the default."""
+    return os.environ.get("FA2_AUTOTUNE", "0") == "1"
+
+
+# Host-side arithmetic in plain Python: triton.cdiv and triton.next_power_of_2 are constexpr
+# functions whose calls cost microseconds each, which add up on the launch path.
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division."""
+    return -(-a // b)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def block_d(head_dim: int) -> int:
     """Head dim padded to a power of two of at least 16 (the smallest K of a tensor-core dot)."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, _next_power_of_2(head_dim))
 
 
 def seq_bucket(n_q: int, n_k: int) -> int:
     """Autotuning key for the sequence length: tuned once per power of two, from 128 to 16384."""
-    return min(max(triton.next_power_of_2(max(n_q, n_k)), 128), 16384)
+    return min(max(_next_power_of_2(max(n_q, n_k)), 128), 16384)
 
 
 def upcast(dtype: torch.dtype) -> bool:
@@ -61,94 +75,85 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
-    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n}
-    return triton.Config(meta, num_warps=warps, num_stages=stages)
+class Tile(NamedTuple):
+    """One launch configuration: a program's tile and how the compiler pipelines it."""
+
+    block_m: int  # query rows per tile
+    block_n: int  # key rows per tile
+    warps: int
+    stages: int
 
 
-# (block_m, block_n, warps, stages) candidates by (head-dim block, bytes per element).
-# Forward: block_m % block_n == 0 (the causal diagonal starts on a key-tile boundary).
-_FORWARD = {
-    "small16": [(128, 64, 8, 4), (128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
-    "d128_16": [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3)],
-    "d256_16": [(64, 32, 4, 2), (64, 64, 8, 2)],
-    "small32": [(64, 32, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2)],
-    "large32": [(32, 32, 4, 2), (64, 32, 4, 1)],
+# Candidates by (head-dim block, bytes per element); the first of each list is the default.
+# H100 sweep (ms at (16, 16384, d) causal bf16): forward d=64 128x64/8w/4s 1.33 (64x64/4w/3s
+# 1.44, 128x32/4w/3s 1.77); dK/dV d=64 64x64/4w/4s 2.26 (32x128/4w/3s 2.69); dQ d=64
+# 128x64/8w/3s 1.47; d=128: forward 128x64/8w/3s 2.25, dK/dV 32x64/4w/3s 4.03 (64x64/8w/2s
+# 8.9: spills), dQ 128x64/8w/3s 2.57. Non-causal (16, 4096, 64) picks the same tiles.
+# Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
+# diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
+# shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
+FORWARD = {
+    "interpreter": [Tile(32, 16, 1, 1)],
+    "16bit_d64": [
+        Tile(128, 64, 8, 4),
+        Tile(128, 64, 8, 3),
+        Tile(64, 64, 4, 3),
+        Tile(128, 64, 4, 3),
+    ],
+    "16bit_d128": [Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(64, 64, 4, 3)],
+    "16bit_d256": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],
+    "32bit_d64": [Tile(64, 32, 4, 2), Tile(64, 64, 4, 2), Tile(32, 32, 4, 2)],
+    "32bit_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
 }
-# dK/dV pass: a program owns block_n keys and walks query tiles of block_m; block_n % block_m == 0.
-_DKDV = {
-    "small16": [(64, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 5), (32, 64, 4, 3)],
-    "d128_16": [(64, 64, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 2)],
-    "d256_16": [(16, 64, 4, 2), (32, 64, 8, 1)],
-    "small32": [(32, 64, 4, 2), (32, 32, 4, 2)],
-    "large32": [(16, 32, 4, 2), (32, 32, 4, 1)],
+DKDV = {
+    "interpreter": [Tile(16, 32, 1, 1)],
+    "16bit_d64": [Tile(64, 64, 4, 4), Tile(64, 64, 4, 3), Tile(32, 64, 4, 5), Tile(32, 64, 4, 3)],
+    "16bit_d128": [Tile(32, 64, 4, 3), Tile(64, 128, 8, 2), Tile(32, 64, 4, 2)],
+    "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
+    "32bit_d64": [Tile(32, 64, 4, 2), Tile(32, 32, 4, 2)],
+    "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
 }
-# dQ pass: a program owns block_m queries and walks key tiles of block_n; block_m % block_n == 0.
-_DQ = {
-    "small16": [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3)],
-    "d128_16": [(128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 2), (64, 32, 4, 3)],
-    "d256_16": [(64, 16, 4, 2), (64, 32, 8, 1)],
-    "small32": [(64, 32, 4, 2), (32, 32, 4, 2)],
-    "large32": [(32, 16, 4, 2), (32, 32, 4, 1)],
+DQ = {
+    "interpreter": [Tile(32, 16, 1, 1)],
+    "16bit_d64": [Tile(128, 64, 8, 3), Tile(64, 64, 4, 3), Tile(128, 64, 4, 3)],
+    "16bit_d128": [Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(64, 32, 4, 3)],
+    "16bit_d256": [Tile(64, 16, 4, 2), Tile(64, 32, 8, 1)],
+    "32bit_d64": [Tile(64, 32, 4, 2), Tile(32, 32, 4, 2)],
+    "32bit_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
 }
-# The interpreter's one config: tiles smaller than the test shapes, block_m != block_n.
-_INTERPRETER = {"forward": (32, 16, 1, 1), "dkdv": (16, 32, 1, 1), "dq": (32, 16, 1, 1)}
+
+_fastest: dict[tuple, Tile] = {}
 
 
-def _family(block: int, element_size: int) -> str:
-    if element_size == 2:
-        return "small16" if block <= 64 else "d128_16" if block == 128 else "d256_16"
-    return "small32" if block <= 64 else "large32"
-
-
-def _all(table: dict[str, list[tuple[int, int, int, int]]], which: str) -> list[triton.Config]:
+def _family(head_dim_block: int, element_size: int) -> str:
     if INTERPRET:
-        return [_config(*_INTERPRETER[which])]
-    unique = dict.fromkeys(entry for entries in table.values() for entry in entries)
-    return [_config(*entry) for entry in unique]
+        return "interpreter"
+    width = "16bit" if element_size == 2 else "32bit"
+    if head_dim_block <= 64:
+        return f"{width}_d64"
+    if element_size == 2 and head_dim_block == 128:
+        return "16bit_d128"
+    return f"{width}_d256"
 
 
-def _prune(
-    configs: list[triton.Config],
-    table: dict[str, list[tuple[int, int, int, int]]],
-    named_args: dict,
-    kwargs: dict,
-) -> list[triton.Config]:
-    """Keep the configs listed for this head-dim block and dtype width."""
-    wanted = set(table[_family(kwargs["BLOCK_D"], named_args["Q"].element_size())])
-    kept = [
-        c
-        for c in configs
-        if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted
-    ] or configs[:1]
-    return kept if autotuning() else kept[:1]
+def choose_tile(
+    table: dict[str, list[Tile]],
+    *,
+    head_dim_block: int,
+    dtype: torch.dtype,
+    key: tuple,
+    run: Callable[[Tile], object],
+) -> Tile:
+    """The tile to launch with: the table's default, or with FA2_AUTOTUNE=1 the fastest of the
+    list for this `key`, found once by timing `run(tile)` for each candidate."""
+    candidates = table[_family(head_dim_block, dtype.itemsize)]
+    if not autotuning() or len(candidates) == 1:
+        return candidates[0]
+    key = (id(table), head_dim_block, dtype, *key)
+    if key not in _fastest:
+        from triton.testing import do_bench
 
-
-def forward_configs() -> list[triton.Config]:
-    """Candidate configs of the forward kernel."""
-    return _all(_FORWARD, "forward")
-
-
-def dkdv_configs() -> list[triton.Config]:
-    """Candidate configs of the dK/dV kernel."""
-    return _all(_DKDV, "dkdv")
-
-
-def dq_configs() -> list[triton.Config]:
-    """Candidate configs of the dQ kernel."""
-    return _all(_DQ, "dq")
-
-
-def prune_forward(configs, named_args, **kwargs):
-    """Autotuner hook: the forward configs for this head-dim block and dtype width."""
-    return _prune(configs, _FORWARD, named_args, kwargs)
-
-
-def prune_dkdv(configs, named_args, **kwargs):
-    """Autotuner hook: the dK/dV configs for this head-dim block and dtype width."""
-    return _prune(configs, _DKDV, named_args, kwargs)
-
-
-def prune_dq(configs, named_args, **kwargs):
-    """Autotuner hook: the dQ configs for this head-dim block and dtype width."""
-    return _prune(configs, _DQ, named_args, kwargs)
+        run(candidates[0])  # compile and warm the clocks before anything is timed
+        times = {t: do_bench(lambda t=t: run(t), return_mode="median") for t in candidates}
+        _fastest[key] = min(times, key=times.get)
+    return _fastest[key]

@@ -13,14 +13,17 @@ import triton
 import triton.language as tl
 
 from fa2.triton.configs import (
+    FORWARD,
     LOG2E,
+    Tile,
     block_d,
+    cdiv,
+    choose_tile,
     dot_precision,
-    forward_configs,
-    prune_forward,
     seq_bucket,
     upcast,
 )
+from fa2.triton.tiles import load_tile, store_tile, visible
 
 __all__ = ["flash_forward"]
 
@@ -50,26 +53,14 @@ def _fwd_tiles(
     PRECISION: tl.constexpr,
 ):
     """Fold key tiles [start, end) into the running (acc, l_i, m_i) of one query tile."""
-    offs_n = tl.arange(0, BLOCK_N)
-    d_ok = offs_d[None, :] < HEAD_DIM
     for start_n in tl.range(start, end, BLOCK_N):
-        cols = start_n + offs_n
-        if MASKED:
-            kv_mask = (cols[:, None] < N_K) & d_ok
-        else:
-            kv_mask = d_ok
-        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = load_tile(k_base, cols, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
+        v = load_tile(v_base, cols, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
         # (BLOCK_M, BLOCK_N) scores in log2 units
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
-            keep = cols[None, :] < N_K
-            if IS_CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None])
-            s = tl.where(keep, s, float("-inf"))
+            s = tl.where(visible(offs_m, cols, 0, N_K, False, IS_CAUSAL), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
@@ -80,12 +71,6 @@ def _fwd_tiles(
     return acc, l_i, m_i
 
 
-@triton.autotune(
-    configs=forward_configs(),
-    key=["BLOCK_D", "IS_CAUSAL", "SEQ_BUCKET"],
-    prune_configs_by={"early_config_prune": prune_forward},
-    cache_results=True,
-)
 @triton.jit
 def _fwd_kernel(
     Q,
@@ -103,7 +88,6 @@ def _fwd_kernel(
     stride_on,
     N_Q,
     N_K,
-    SEQ_BUCKET,
     qk_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -120,10 +104,9 @@ def _fwd_kernel(
     bid = tl.program_id(1).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q_mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + bid * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :], mask=q_mask)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = load_tile(
+        Q + bid * stride_qb, offs_m, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, UPCAST
+    )
     k_base = K + bid * stride_kb
     v_base = V + bid * stride_vb
 
@@ -153,8 +136,7 @@ def _fwd_kernel(
     acc = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634  # back to natural-log units
     tl.store(L + bid * N_Q + offs_m, lse, mask=offs_m < N_Q)
-    o_ptrs = O + bid * stride_ob + offs_m[:, None] * stride_on + offs_d[None, :]
-    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=q_mask)
+    store_tile(O + bid * stride_ob, offs_m, stride_on, offs_d, N_Q, acc, HEAD_DIM)
 
 
 def flash_forward(
@@ -165,13 +147,24 @@ def flash_forward(
     n_k = k.shape[1]
     o = torch.empty_like(q)
     lse = torch.empty((batch, n_q), device=q.device, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch)  # noqa: E731
-    _fwd_kernel[grid](
-        q, k, v, o, lse,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-        n_q, n_k, seq_bucket(n_q, n_k), scale * LOG2E,
-        HEAD_DIM=d, BLOCK_D=block_d(d), IS_CAUSAL=causal, UPCAST=upcast(q.dtype),
+    meta = dict(
+        HEAD_DIM=d,
+        BLOCK_D=block_d(d),
+        IS_CAUSAL=causal,
+        UPCAST=upcast(q.dtype),
         PRECISION=dot_precision(q.dtype),
-    )  # fmt: skip
+    )
+
+    def run(tile: Tile) -> None:
+        _fwd_kernel[(cdiv(n_q, tile.block_m), batch)](
+            q, k, v, o, lse,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            v.stride(0), v.stride(1), o.stride(0), o.stride(1),
+            n_q, n_k, scale * LOG2E,
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+            num_warps=tile.warps, num_stages=tile.stages, **meta,
+        )  # fmt: skip
+
+    key = (causal, seq_bucket(n_q, n_k))
+    run(choose_tile(FORWARD, head_dim_block=meta["BLOCK_D"], dtype=q.dtype, key=key, run=run))
     return o, lse

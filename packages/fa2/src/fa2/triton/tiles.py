@@ -1,0 +1,61 @@
+"""Tile helpers shared by the forward and backward kernels: masked loads, stores and the mask."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["load_tile", "store_tile", "visible"]
+
+
+@triton.jit
+def load_tile(
+    base,
+    rows,
+    stride,
+    offs_d,
+    n_rows,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASK_ROWS: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Load a (len(rows), BLOCK_D) tile of a row-major matrix; rows >= n_rows and padded columns
+    read as 0. Without masks when the rows are known in range and HEAD_DIM == BLOCK_D, so the
+    loads stay fully vectorised on the hot path."""
+    ptrs = base + rows[:, None] * stride + offs_d[None, :]
+    if MASK_ROWS:
+        mask = rows[:, None] < n_rows
+        if HEAD_DIM != BLOCK_D:
+            mask = mask & (offs_d[None, :] < HEAD_DIM)
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    elif HEAD_DIM != BLOCK_D:
+        x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def store_tile(base, rows, stride, offs_d, n_rows, x, HEAD_DIM: tl.constexpr):
+    """Store a (len(rows), BLOCK_D) tile, skipping rows >= n_rows and padded columns."""
+    mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(
+        base + rows[:, None] * stride + offs_d[None, :], x.to(base.dtype.element_ty), mask=mask
+    )
+
+
+@triton.jit
+def visible(rows, cols, n_rows, n_cols, CHECK_ROWS: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """(len(rows), len(cols)) mask: query row i may see key col j (in range; j <= i if causal).
+
+    Rows past n_rows are only excluded with CHECK_ROWS, where their values would otherwise leak
+    into a reduction over rows."""
+    keep = cols[None, :] < n_cols
+    if CHECK_ROWS:
+        keep = keep & (rows[:, None] < n_rows)
+    if IS_CAUSAL:
+        keep = keep & (cols[None, :] <= rows[:, None])
+    return keep
