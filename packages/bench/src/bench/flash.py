@@ -365,10 +365,10 @@ def plot_flash(run: Run, path: Path) -> list[Path]:
             bar_plot(
                 fixed,
                 x="impl",
-                y="fwd_bwd_ms",
+                y="fwd_bwd_tflops",
                 panels="case",
                 path=path if not grids else path.with_name(f"{path.stem}_presets{path.suffix}"),
-                ylabel="forward+backward (ms)",
+                ylabel="forward+backward TFLOP/s",
             )
         )
     return written

@@ -245,7 +245,15 @@ def bar_plot(
             heights = {r.get(x): r[y] for r in bar_rows}
             xs = [j + offset for j in range(len(categories))]
             ax.bar(xs, [heights.get(c, math.nan) for c in categories], width=width, label=name)
-        ax.set_xticks(range(len(categories)), [str(c) for c in categories])
+        labels = [str(c) for c in categories]
+        # Long category names (implementation names, say) would overlap: slant them.
+        slant = sum(map(len, labels)) > 40
+        ax.set_xticks(
+            range(len(categories)),
+            labels,
+            rotation=30 if slant else 0,
+            ha="right" if slant else "center",
+        )
 
     return _panel_plot(rows, draw, x=x, y=y, path=path, grid="y", **options)
 

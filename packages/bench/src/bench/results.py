@@ -15,7 +15,7 @@ JSON schema `cs336sys-bench/1`::
 
 `plots` hold paths relative to the JSON file's folder. Non-finite floats (a bucket size of
 `inf`, say) are written as `Infinity`, `-Infinity` and `NaN`, the JSON extension that Python's
-`json` module (and pandas) read back as the same floats, so a run survives the round trip exactly.
+`json` module reads back as the same floats, so a run survives the round trip exactly.
 
 Example::
 
