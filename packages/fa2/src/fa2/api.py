@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fa2.checks import MAX_HEAD_DIM
@@ -11,6 +13,7 @@ from fa2.triton import FlashAttention2Triton
 __all__ = ["flash_attention"]
 
 
+@functools.cache
 def _triton_available() -> bool:
     try:
         import triton  # noqa: F401
