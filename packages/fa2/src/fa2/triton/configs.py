@@ -29,7 +29,9 @@ __all__ = [
     "cdiv",
     "choose_tile",
     "dot_precision",
+    "kernel_meta",
     "seq_bucket",
+    "tf32_allowed",
     "upcast",
 ]
 
@@ -68,11 +70,27 @@ def upcast(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype != torch.float32
 
 
+def tf32_allowed(dtype: torch.dtype) -> bool:
+    """fp32 inputs and the user allowed TF32 matmuls in torch."""
+    return dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs get exact fp32 dots unless the user allowed TF32 matmuls in torch."""
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    if dtype == torch.float32 and not tf32_allowed(dtype):
         return "ieee"
     return "tf32"
+
+
+def kernel_meta(head_dim: int, causal: bool, dtype: torch.dtype) -> dict[str, object]:
+    """The constexpr arguments every kernel takes, fixed by the head dim, causality and dtype."""
+    return dict(
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d(head_dim),
+        IS_CAUSAL=causal,
+        UPCAST=upcast(dtype),
+        PRECISION=dot_precision(dtype),
+    )
 
 
 class Tile(NamedTuple):
@@ -85,10 +103,11 @@ class Tile(NamedTuple):
 
 
 # Candidates by (head-dim block, bytes per element); the first of each list is the default.
-# H100 sweep (ms at (16, 16384, d) causal bf16): forward d=64 128x64/8w/4s 1.33 (64x64/4w/3s
-# 1.44, 128x32/4w/3s 1.77); dK/dV d=64 64x64/4w/4s 2.26 (32x128/4w/3s 2.69); dQ d=64
-# 128x64/8w/3s 1.47; d=128: forward 128x64/8w/3s 2.25, dK/dV 32x64/4w/3s 4.03 (64x64/8w/2s
-# 8.9: spills), dQ 128x64/8w/3s 2.57. Non-causal (16, 4096, 64) picks the same tiles.
+# H100 sweeps (ms at (16, 16384, d) causal bf16): forward d=64 128x64/8w/4s 1.33 (64x64/4w/3s
+# 1.44, 128x32/4w/3s 1.77); dQ d=64 128x64/8w/3s 1.47; dK/dV d=64 64x64/4w/3s 2.05 (64x64/4w/4s
+# 2.19, 32x64/4w/4s 2.29, 64x128/8w/3s 2.49, 32x128/4w/4s 3.39); d=128: forward 128x64/8w/3s
+# 2.25, dQ 128x64/8w/3s 2.57, dK/dV 64x64/4w/2s 3.86 (32x64/4w/3s 3.98, 16x64/4w/3s 4.95).
+# Non-causal (16, 4096, 64) picks the same tiles (dK/dV 64x64/4w/3s 0.265 ms).
 # Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
 # diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
 # shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
@@ -107,8 +126,8 @@ FORWARD = {
 }
 DKDV = {
     "interpreter": [Tile(16, 32, 1, 1)],
-    "16bit_d64": [Tile(64, 64, 4, 4), Tile(64, 64, 4, 3), Tile(32, 64, 4, 5), Tile(32, 64, 4, 3)],
-    "16bit_d128": [Tile(32, 64, 4, 3), Tile(64, 128, 8, 2), Tile(32, 64, 4, 2)],
+    "16bit_d64": [Tile(64, 64, 4, 3), Tile(64, 64, 4, 4), Tile(32, 64, 4, 4), Tile(32, 128, 4, 4)],
+    "16bit_d128": [Tile(64, 64, 4, 2), Tile(32, 64, 4, 3), Tile(32, 64, 4, 2)],
     "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
     "32bit_d64": [Tile(32, 64, 4, 2), Tile(32, 32, 4, 2)],
     "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
@@ -142,12 +161,13 @@ def choose_tile(
     head_dim_block: int,
     dtype: torch.dtype,
     key: tuple,
-    run: Callable[[Tile], object],
+    run: Callable[[Tile], object] | None,
 ) -> Tile:
     """The tile to launch with: the table's default, or with FA2_AUTOTUNE=1 the fastest of the
-    list for this `key`, found once by timing `run(tile)` for each candidate."""
+    list for this `key`, found once by timing `run(tile)` for each candidate (never without
+    a `run`, e.g. while torch.compile traces with tensors that hold no data)."""
     candidates = table[_family(head_dim_block, dtype.itemsize)]
-    if not autotuning() or len(candidates) == 1:
+    if run is None or not autotuning() or len(candidates) == 1:
         return candidates[0]
     key = (id(table), head_dim_block, dtype, *key)
     if key not in _fastest:

@@ -8,6 +8,8 @@ masks are applied only on the diagonal tiles and on a ragged last tile.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -16,13 +18,14 @@ from fa2.triton.configs import (
     FORWARD,
     LOG2E,
     Tile,
-    block_d,
+    autotuning,
     cdiv,
     choose_tile,
-    dot_precision,
+    kernel_meta,
     seq_bucket,
-    upcast,
+    tf32_allowed,
 )
+from fa2.triton.launch import CachedLaunch, batch_strides, plan_cache
 from fa2.triton.tiles import load_tile, store_tile, visible
 
 __all__ = ["flash_forward"]
@@ -97,6 +100,8 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
+    qk_scale = tl.cast(qk_scale, tl.float32)
     # Heaviest causal tiles (the last query rows) start first, so the grid's tail is short.
     pid_m = tl.program_id(0)
     if IS_CAUSAL:
@@ -139,32 +144,81 @@ def _fwd_kernel(
     store_tile(O + bid * stride_ob, offs_m, stride_on, offs_d, N_Q, acc, HEAD_DIM)
 
 
+class ForwardPlan:
+    """The forward launch for one combination of shapes, strides, dtype and causality.
+
+    Call as `plan(q, k, v, scale) -> (o, lse)` with tensors like the ones it was built from;
+    `forward_plan` finds or builds it. o and lse are allocated contiguous.
+    """
+
+    def __init__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, traced: bool
+    ) -> None:
+        *lead, n_q, d = q.shape
+        n_k = k.shape[-2]
+        self.shapes = (q.shape, q.shape[:-1])
+        layouts = [batch_strides(t) for t in (q, k, v)]
+        self.copies = tuple(layout is None for layout in layouts)
+        (sqb, sqn), (skb, skn), (svb, svn) = (
+            layout or (t.shape[-2] * d, d) for layout, t in zip(layouts, (q, k, v), strict=True)
+        )
+        self.ints = (sqb, sqn, skb, skn, svb, svn, n_q * d, d, n_q, n_k)
+        self.batch, self.n_q = math.prod(lead), n_q
+        self.meta = kernel_meta(d, causal, q.dtype)
+
+        def run(tile: Tile) -> None:  # for FA2_AUTOTUNE's timing only
+            self._launch(tile)(self.inputs(q, k, v) + self.outputs(q), (*self.ints, 1.0))
+
+        key = (causal, seq_bucket(n_q, n_k))
+        d_block = self.meta["BLOCK_D"]
+        tile = choose_tile(
+            FORWARD, head_dim_block=d_block, dtype=q.dtype, key=key, run=None if traced else run
+        )
+        self.launch = self._launch(tile)
+
+    def _launch(self, tile: Tile) -> CachedLaunch:
+        grid = (cdiv(self.n_q, tile.block_m), self.batch)
+        constexprs = dict(self.meta, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
+        return CachedLaunch(
+            _fwd_kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages
+        )
+
+    def inputs(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The tensors as the kernel reads them: copied only where the layout needs it."""
+        if not any(self.copies):
+            return tensors
+        return tuple(t.contiguous() if c else t for t, c in zip(tensors, self.copies, strict=True))
+
+    def outputs(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o_shape, lse_shape = self.shapes
+        return q.new_empty(o_shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, traced: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        o, lse = self.outputs(q)
+        launch = self.launch.traceable if traced else self.launch
+        launch((*self.inputs(q, k, v), o, lse), (*self.ints, scale * LOG2E))
+        return o, lse
+
+
+_plans = plan_cache(ForwardPlan)
+
+
 def flash_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    *,
+    traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the forward kernel on `(batch, n, d)` tensors with unit stride in d; returns (o, lse)."""
-    batch, n_q, d = q.shape
-    n_k = k.shape[1]
-    o = torch.empty_like(q)
-    lse = torch.empty((batch, n_q), device=q.device, dtype=torch.float32)
-    meta = dict(
-        HEAD_DIM=d,
-        BLOCK_D=block_d(d),
-        IS_CAUSAL=causal,
-        UPCAST=upcast(q.dtype),
-        PRECISION=dot_precision(q.dtype),
-    )
+    """o and the logsumexp L (fp32) of attention on `(..., n, d)` tensors with n_q, n_k >= 1.
 
-    def run(tile: Tile) -> None:
-        _fwd_kernel[(cdiv(n_q, tile.block_m), batch)](
-            q, k, v, o, lse,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-            n_q, n_k, scale * LOG2E,
-            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-            num_warps=tile.warps, num_stages=tile.stages, **meta,
-        )  # fmt: skip
-
-    key = (causal, seq_bucket(n_q, n_k))
-    run(choose_tile(FORWARD, head_dim_block=meta["BLOCK_D"], dtype=q.dtype, key=key, run=run))
-    return o, lse
+    `traced`: launch in the form torch.compile traces into (see `CachedLaunch.traceable`)."""
+    key = (
+        q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
+        q.dtype, q.device, causal, tf32_allowed(q.dtype), "traced" if traced else autotuning(),
+    )  # fmt: skip
+    return _plans(key, q, k, v, causal, traced)(q, k, v, scale, traced)

@@ -1,12 +1,14 @@
 """`FlashAttention2Triton`: the autograd Function that launches the kernels.
 
-Under `torch.compile` the launches go through two `torch.library.custom_op`s
-(`fa2::triton_forward`, `fa2::triton_backward`), which the compiler treats as opaque calls with
-known output shapes instead of tracing into Triton's launcher. In eager mode the Function calls
-the launchers directly: a custom op's dispatch costs more host time than the kernels themselves
-at small sizes (about 70 µs a call on an H100 host, measured). Triton itself is imported on the
-first call, so `import fa2` works where Triton is not installed (macOS, Windows) and the PyTorch
-path stays usable there.
+In eager mode the Function calls the launch plans directly (`fa2.triton.launch`): a
+`torch.library` op's dispatch alone costs more host time than the kernels take at small sizes
+(about 70 µs a call on an H100 host, measured). Under `torch.compile` the launches go through two
+`torch.library.triton_op`s (`fa2::triton_forward`, `fa2::triton_backward`) whose bodies launch
+through `wrap_triton`, so the compiler sees the kernels themselves and launches them from its
+generated code, without a Python op in between. Under Triton's CPU interpreter they are opaque
+custom ops instead (`wrap_triton` cannot take interpreted kernels). Triton itself is imported
+on the first call, so `import fa2` works where Triton is not installed (macOS, Windows) and the
+PyTorch path stays usable there.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 
 import torch
 
-from fa2.checks import MAX_HEAD_DIM, check_attention_inputs, flatten_batch
+from fa2.checks import MAX_HEAD_DIM, check_attention_inputs
 
 __all__ = ["FlashAttention2Triton", "interpreting"]
 
@@ -28,29 +30,29 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _kernel_input(t: torch.Tensor) -> torch.Tensor:
-    """The kernels index (batch, n) through strides but need unit stride along the head dim."""
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def _forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """o and the logsumexp L for inputs of any leading dims."""
     if q.numel() == 0:
         return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
     from fa2.triton.forward import flash_forward
 
-    q3, k3, v3 = (_kernel_input(t) for t in flatten_batch(q, k, v))
-    o, lse = flash_forward(q3, k3, v3, causal, scale)
-    return o.view(q.shape), lse.view(q.shape[:-1])
+    return flash_forward(q, k, v, causal, scale, traced=traced)
 
 
-_forward_op = torch.library.custom_op("fa2::triton_forward", _forward, mutates_args=())
+def _forward_traced(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, causal, scale, traced=not interpreting())
 
 
-@_forward_op.register_fake
-def _(q, k, v, causal, scale):
+def _forward_fake(q, k, v, causal, scale):
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     return o, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
 
@@ -64,23 +66,45 @@ def _backward(
     do: torch.Tensor,
     causal: bool,
     scale: float,
+    traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv for inputs of any leading dims."""
     if q.numel() == 0 or k.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     from fa2.triton.backward import flash_backward
 
-    q3, k3, v3, o3, do3 = (_kernel_input(t) for t in flatten_batch(q, k, v, o, do))
-    dq, dk, dv = flash_backward(q3, k3, v3, o3, lse.reshape(q3.shape[:-1]), do3, causal, scale)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    return flash_backward(q, k, v, o, lse, do, causal, scale, traced=traced)
 
 
-_backward_op = torch.library.custom_op("fa2::triton_backward", _backward, mutates_args=())
+def _backward_traced(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(q, k, v, o, lse, do, causal, scale, traced=not interpreting())
 
 
-@_backward_op.register_fake
-def _(q, k, v, o, lse, do, causal, scale):
+def _backward_fake(q, k, v, o, lse, do, causal, scale):
     return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+
+
+def _define_op(name: str, fn, fake):
+    """The op torch.compile sees: a `triton_op` it traces into, or, under Triton's interpreter
+    (whose kernels `wrap_triton` cannot take), an opaque `custom_op` with a shape function."""
+    if not interpreting():
+        return torch.library.triton_op(name, fn, mutates_args=())
+    op = torch.library.custom_op(name, fn, mutates_args=())
+    op.register_fake(fake)
+    return op
+
+
+_forward_op = _define_op("fa2::triton_forward", _forward_traced, _forward_fake)
+_backward_op = _define_op("fa2::triton_backward", _backward_traced, _backward_fake)
 
 
 class FlashAttention2Triton(torch.autograd.Function):

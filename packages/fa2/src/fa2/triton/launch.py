@@ -1,0 +1,145 @@
+"""Launching the kernels with little host time: launch plans and cached binaries.
+
+`kernel[grid](*args)` binds the arguments, works out how each one specialises the binary
+(dtype, 16-byte alignment, integers divisible by 16 or equal to 1), builds a cache key from
+that and only then launches: about 30 µs of host time per launch on an H100 host, where the
+whole CUDA launch takes 10. A Python autograd Function around three such launches spent more
+host time than its kernels took on the GPU below about 16k tokens per head (measured; see
+docs/design/fa2.md). Attention is called over and over with the same shapes, so:
+
+- a *plan* (see `plan_cache`) holds everything about a call that follows from its shapes,
+  strides and dtype: tiles, grids, integer arguments, which inputs need a contiguous copy;
+- `CachedLaunch` launches one kernel of a plan. The first call goes through Triton, which
+  compiles if needed; later calls hand the arguments straight to the compiled binary's
+  launcher, as the launchers that torch.compile generates for Triton kernels do. The integer
+  arguments are fixed by the plan, so the only thing that can still change the binary is the
+  alignment of the tensors, which is checked on every call.
+
+Triton's own path is kept for everything else: the CPU interpreter (no binary), a launch hook
+set by a profiler (it expects Triton's launch metadata) and tensors not aligned to 16 bytes.
+Under torch.compile the plans launch through `torch.library.wrap_triton` instead
+(`CachedLaunch.traceable`), so the compiled graph contains the kernels themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+from triton import knobs
+
+__all__ = ["CachedLaunch", "batch_strides", "plan_cache"]
+
+_MAX_PLANS = 512
+
+
+def plan_cache(build: Callable[..., Any]) -> Callable[..., Any]:
+    """Memoise `build(key, *tensors)` on `key`; the cache is dropped when it grows past 512."""
+    plans: dict[Hashable, Any] = {}
+
+    def get(key: Hashable, *tensors: torch.Tensor) -> Any:
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            plan = plans[key] = build(*tensors)
+        return plan
+
+    get.cache = plans  # type: ignore[attr-defined]
+    return get
+
+
+def batch_strides(t: torch.Tensor) -> tuple[int, int] | None:
+    """(batch stride, row stride) of `t` seen as `(batch, n, d)` without a copy, or None.
+
+    None when the head dim is not contiguous or the leading dims cannot be merged into one
+    evenly strided batch dim; such inputs are copied to a contiguous layout first."""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return None
+    try:
+        flat = t.view(-1, *t.shape[-2:])
+    except RuntimeError:
+        return None
+    return flat.stride(0), flat.stride(1)
+
+
+class CachedLaunch:
+    """One kernel of a plan: fixed grid, tile and integer arguments; tensors change per call.
+
+    Call as `launch(tensors, scalars)`, the kernel's runtime arguments in signature order split
+    into its leading tensor arguments and the rest. The kernel's constexpr parameters must come
+    after all of its runtime parameters.
+    """
+
+    def __init__(
+        self,
+        kernel: Any,
+        grid: tuple[int, ...],
+        constexprs: dict[str, Any],
+        *,
+        num_warps: int,
+        num_stages: int,
+    ) -> None:
+        self.kernel = kernel
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.options = dict(constexprs, num_warps=num_warps, num_stages=num_stages)
+        params = getattr(kernel, "params", None)
+        self._tail: tuple | None = None
+        if params is not None:
+            kinds = [p.is_constexpr for p in params]
+            n_runtime = kinds.index(True) if True in kinds else len(kinds)
+            if all(kinds[n_runtime:]):
+                self._tail = tuple(constexprs[p.name] for p in params[n_runtime:])
+        self._binary: tuple | None = None
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], scalars: tuple) -> None:
+        binary = self._binary
+        if binary is not None and not _hooked():
+            aligned = True
+            for t in tensors:
+                if t.data_ptr() % 16:
+                    aligned = False
+                    break
+            if aligned:
+                run, function, metadata, device = binary
+                run(
+                    *self.grid, _stream(device), function, metadata, None, None, None,
+                    *tensors, *scalars, *self._tail,
+                )  # fmt: skip
+                return
+        compiled = self.kernel[self.grid](*tensors, *scalars, **self.options)
+        if binary is None and self._tail is not None:
+            self._keep(compiled, tensors)
+
+    def traceable(self, tensors: tuple[torch.Tensor, ...], scalars: tuple) -> None:
+        """The same launch in the form torch.compile traces into (inside a `triton_op`): the
+        compiled graph then launches the kernel with its own generated launcher."""
+        from torch.library import wrap_triton
+
+        wrap_triton(self.kernel)[self.grid](*tensors, *scalars, **self.options)
+
+    def _keep(self, compiled: Any, tensors: tuple[torch.Tensor, ...]) -> None:
+        """Remember the binary Triton just launched, if it is one built for aligned tensors."""
+        if any(t.data_ptr() % 16 for t in tensors) or not hasattr(compiled, "packed_metadata"):
+            return  # the interpreter returns no binary; misaligned tensors get another one
+        try:
+            self._binary = (
+                compiled.run,
+                compiled.function,
+                compiled.packed_metadata,
+                tensors[0].device.index,
+            )
+        except (AttributeError, RuntimeError):  # a Triton without this launcher interface
+            self._binary = None
+
+
+def _hooked() -> bool:
+    """A profiler (e.g. Triton's proton) set a launch hook: it needs Triton's launch path."""
+    hooks = knobs.runtime
+    return hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None
+
+
+def _stream(device: int) -> int:
+    """The raw handle of torch's current stream on `device`."""
+    return torch._C._cuda_getCurrentRawStream(device)
