@@ -107,7 +107,11 @@ class Tile(NamedTuple):
 # 1.44, 128x32/4w/3s 1.77); dQ d=64 128x64/8w/3s 1.47; dK/dV d=64 64x64/4w/3s 2.05 (64x64/4w/4s
 # 2.19, 32x64/4w/4s 2.29, 64x128/8w/3s 2.49, 32x128/4w/4s 3.39); d=128: forward 128x64/8w/3s
 # 2.25, dQ 128x64/8w/3s 2.57, dK/dV 64x64/4w/2s 3.86 (32x64/4w/3s 3.98, 16x64/4w/3s 4.95).
-# Non-causal (16, 4096, 64) picks the same tiles (dK/dV 64x64/4w/3s 0.265 ms).
+# Non-causal (16, 4096, 64) picks the same tiles (dK/dV 64x64/4w/3s 0.265 ms). fp32 (exact
+# fp32 dots on CUDA cores), (4, 8192, d) causal: d=64 forward 64x64/8w/2s 2.95 (64x32/4w/2s
+# 4.98), dQ 64x64/8w/2s 5.16 (64x32/4w/2s 7.78), dK/dV 32x32/4w/2s 5.82 (32x64/4w/2s 9.77);
+# d=128 forward 32x32/4w/2s 7.42, dQ 32x32/4w/2s 11.5 (32x16 24.2), dK/dV 32x32/4w/2s 12.4
+# (16x32 20.7). d=256 fp32 keeps smaller, untimed tiles.
 # Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
 # diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
 # shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
@@ -121,7 +125,8 @@ FORWARD = {
     ],
     "16bit_d128": [Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(64, 64, 4, 3)],
     "16bit_d256": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],
-    "32bit_d64": [Tile(64, 32, 4, 2), Tile(64, 64, 4, 2), Tile(32, 32, 4, 2)],
+    "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
+    "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
 }
 DKDV = {
@@ -129,7 +134,8 @@ DKDV = {
     "16bit_d64": [Tile(64, 64, 4, 3), Tile(64, 64, 4, 4), Tile(32, 64, 4, 4), Tile(32, 128, 4, 4)],
     "16bit_d128": [Tile(64, 64, 4, 2), Tile(32, 64, 4, 3), Tile(32, 64, 4, 2)],
     "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
-    "32bit_d64": [Tile(32, 64, 4, 2), Tile(32, 32, 4, 2)],
+    "32bit_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2), Tile(32, 64, 4, 2)],
+    "32bit_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2)],
     "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
 }
 DQ = {
@@ -137,7 +143,8 @@ DQ = {
     "16bit_d64": [Tile(128, 64, 8, 3), Tile(64, 64, 4, 3), Tile(128, 64, 4, 3)],
     "16bit_d128": [Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(64, 32, 4, 3)],
     "16bit_d256": [Tile(64, 16, 4, 2), Tile(64, 32, 8, 1)],
-    "32bit_d64": [Tile(64, 32, 4, 2), Tile(32, 32, 4, 2)],
+    "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
+    "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
 }
 
@@ -150,8 +157,8 @@ def _family(head_dim_block: int, element_size: int) -> str:
     width = "16bit" if element_size == 2 else "32bit"
     if head_dim_block <= 64:
         return f"{width}_d64"
-    if element_size == 2 and head_dim_block == 128:
-        return "16bit_d128"
+    if head_dim_block == 128:
+        return f"{width}_d128"
     return f"{width}_d256"
 
 
