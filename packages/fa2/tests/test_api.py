@@ -1,5 +1,9 @@
 """The front door: dispatch, keyword options, bad input, and torch.compile."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -115,3 +119,18 @@ def test_triton_path_works_under_torch_compile():
     torch.testing.assert_close(o.double(), ref, atol=1e-4, rtol=1e-4)
     for a, b in ((q, q2), (k, k2), (v, v2)):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_import_and_pytorch_path_work_without_triton():
+    # A fresh interpreter where `import triton` fails, as on macOS or Windows.
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, fa2\n"
+        "q = torch.randn(2, 10, 16)\n"
+        "print(tuple(fa2.flash_attention(q, q, q, causal=True).shape))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "(2, 10, 16)"
+    assert "Triton" not in run.stderr  # no warning on import

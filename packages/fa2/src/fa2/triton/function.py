@@ -13,6 +13,7 @@ PyTorch path stays usable there.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
@@ -95,8 +96,9 @@ def _backward_fake(q, k, v, o, lse, do, causal, scale):
 
 def _define_op(name: str, fn, fake):
     """The op torch.compile sees: a `triton_op` it traces into, or, under Triton's interpreter
-    (whose kernels `wrap_triton` cannot take), an opaque `custom_op` with a shape function."""
-    if not interpreting():
+    (whose kernels `wrap_triton` cannot take) or without Triton, an opaque `custom_op` with a
+    shape function."""
+    if not interpreting() and importlib.util.find_spec("triton") is not None:
         return torch.library.triton_op(name, fn, mutates_args=())
     op = torch.library.custom_op(name, fn, mutates_args=())
     op.register_fake(fake)
