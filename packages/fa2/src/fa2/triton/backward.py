@@ -30,7 +30,7 @@ from fa2.triton.configs import (
     seq_bucket,
     tf32_allowed,
 )
-from fa2.triton.launch import CachedLaunch, batch_strides, plan_cache
+from fa2.triton.launch import CachedLaunch, batch_strides, contiguous_where, plan_cache
 from fa2.triton.tiles import load_tile, store_tile, visible
 
 __all__ = ["flash_backward"]
@@ -311,8 +311,9 @@ class BackwardPlan:
         self.batch, self.n_q, self.n_k = math.prod(lead), n_q, n_k
         tensors = (q, k, v, o, do)
         layouts = [batch_strides(t) for t in tensors]
-        copies = [layout is None for layout in layouts]  # in the order of `inputs`:
-        self.copies = (*copies[:4], not lse.is_contiguous(), copies[4])  # q, k, v, o, lse, do
+        copies = [layout is None for layout in layouts]  # in the order q, k, v, o, lse, do:
+        copies = (*copies[:4], not lse.is_contiguous(), copies[4])
+        self.copies = copies if any(copies) else None
         sq, sk, sv, so, sdo = (
             layout or (t.shape[-2] * d, d) for layout, t in zip(layouts, tensors, strict=True)
         )
@@ -323,7 +324,7 @@ class BackwardPlan:
 
         def tuning_run(which: str) -> Callable[[Tile], None]:  # for FA2_AUTOTUNE only
             def run(tile: Tile) -> None:
-                inputs = self.inputs(q, k, v, o, lse, do)
+                inputs = contiguous_where((q, k, v, o, lse, do), self.copies)
                 self._run(which, self._launch(which, tile), inputs, self.outputs(q), 1.0)
 
             return run
@@ -364,12 +365,6 @@ class BackwardPlan:
         else:
             launch((q, k, v, do, lse, delta, dk, dv), (*self.dkdv_ints, scale * LOG2E, scale))
 
-    def inputs(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k, v, o, lse, do as the kernels read them: copied only where the layout needs it."""
-        if not any(self.copies):
-            return tensors
-        return tuple(t.contiguous() if c else t for t, c in zip(tensors, self.copies, strict=True))
-
     def outputs(self, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """delta = rowsum(dO ∘ O) (written by the dQ pass), dq, dk, dv."""
         q_shape, k_shape, v_shape = self.shapes
@@ -387,7 +382,7 @@ class BackwardPlan:
         scale: float,
         traced: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        inputs = self.inputs(q, k, v, o, lse, do)
+        inputs = contiguous_where((q, k, v, o, lse, do), self.copies)
         outputs = self.outputs(q)
         for which, launch in self.launches.items():  # dq first: it writes delta
             self._run(which, launch.traceable if traced else launch, inputs, outputs, scale)

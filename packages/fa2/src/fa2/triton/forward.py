@@ -25,7 +25,7 @@ from fa2.triton.configs import (
     seq_bucket,
     tf32_allowed,
 )
-from fa2.triton.launch import CachedLaunch, batch_strides, plan_cache
+from fa2.triton.launch import CachedLaunch, batch_strides, contiguous_where, plan_cache
 from fa2.triton.tiles import load_tile, store_tile, visible
 
 __all__ = ["flash_forward"]
@@ -158,7 +158,8 @@ class ForwardPlan:
         n_k = k.shape[-2]
         self.shapes = (q.shape, q.shape[:-1])
         layouts = [batch_strides(t) for t in (q, k, v)]
-        self.copies = tuple(layout is None for layout in layouts)
+        copies = tuple(layout is None for layout in layouts)
+        self.copies = copies if any(copies) else None
         (sqb, sqn), (skb, skn), (svb, svn) = (
             layout or (t.shape[-2] * d, d) for layout, t in zip(layouts, (q, k, v), strict=True)
         )
@@ -167,7 +168,8 @@ class ForwardPlan:
         self.meta = kernel_meta(d, causal, q.dtype)
 
         def run(tile: Tile) -> None:  # for FA2_AUTOTUNE's timing only
-            self._launch(tile)(self.inputs(q, k, v) + self.outputs(q), (*self.ints, 1.0))
+            inputs = contiguous_where((q, k, v), self.copies)
+            self._launch(tile)(inputs + self.outputs(q), (*self.ints, 1.0))
 
         key = (causal, seq_bucket(n_q, n_k))
         d_block = self.meta["BLOCK_D"]
@@ -183,12 +185,6 @@ class ForwardPlan:
             _fwd_kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages
         )
 
-    def inputs(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The tensors as the kernel reads them: copied only where the layout needs it."""
-        if not any(self.copies):
-            return tensors
-        return tuple(t.contiguous() if c else t for t, c in zip(tensors, self.copies, strict=True))
-
     def outputs(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         o_shape, lse_shape = self.shapes
         return q.new_empty(o_shape), q.new_empty(lse_shape, dtype=torch.float32)
@@ -198,7 +194,7 @@ class ForwardPlan:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         o, lse = self.outputs(q)
         launch = self.launch.traceable if traced else self.launch
-        launch((*self.inputs(q, k, v), o, lse), (*self.ints, scale * LOG2E))
+        launch((*contiguous_where((q, k, v), self.copies), o, lse), (*self.ints, scale * LOG2E))
         return o, lse
 
 

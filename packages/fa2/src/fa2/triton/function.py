@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 
 import torch
 
 from fa2.checks import MAX_HEAD_DIM, check_attention_inputs
+from fa2.triton.configs import INTERPRET
 
 __all__ = ["FlashAttention2Triton", "interpreting"]
 
@@ -27,8 +27,14 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when Triton runs kernels in its CPU interpreter: TRITON_INTERPRET=1 when fa2 was
+    imported (Triton, too, decides when the kernels are defined)."""
+    return INTERPRET
+
+
+# torch.compile traces into the kernels through `triton_op`s, except where it cannot: under
+# Triton's interpreter (`wrap_triton` does not take interpreted kernels) and without Triton.
+_TRACEABLE = not INTERPRET and importlib.util.find_spec("triton") is not None
 
 
 def _forward(
@@ -50,7 +56,7 @@ def _forward(
 def _forward_traced(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, causal, scale, traced=not interpreting())
+    return _forward(q, k, v, causal, scale, traced=_TRACEABLE)
 
 
 def _forward_fake(q, k, v, causal, scale):
@@ -87,7 +93,7 @@ def _backward_traced(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(q, k, v, o, lse, do, causal, scale, traced=not interpreting())
+    return _backward(q, k, v, o, lse, do, causal, scale, traced=_TRACEABLE)
 
 
 def _backward_fake(q, k, v, o, lse, do, causal, scale):
@@ -95,10 +101,9 @@ def _backward_fake(q, k, v, o, lse, do, causal, scale):
 
 
 def _define_op(name: str, fn, fake):
-    """The op torch.compile sees: a `triton_op` it traces into, or, under Triton's interpreter
-    (whose kernels `wrap_triton` cannot take) or without Triton, an opaque `custom_op` with a
-    shape function."""
-    if not interpreting() and importlib.util.find_spec("triton") is not None:
+    """The op torch.compile sees: a `triton_op` it traces into where it can (`_TRACEABLE`),
+    else an opaque `custom_op` with a shape function."""
+    if _TRACEABLE:
         return torch.library.triton_op(name, fn, mutates_args=())
     op = torch.library.custom_op(name, fn, mutates_args=())
     op.register_fake(fake)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from triton import knobs
 
-__all__ = ["CachedLaunch", "batch_strides", "plan_cache"]
+__all__ = ["CachedLaunch", "batch_strides", "contiguous_where", "plan_cache"]
 
 _MAX_PLANS = 512
 
@@ -62,6 +62,16 @@ def batch_strides(t: torch.Tensor) -> tuple[int, int] | None:
     except RuntimeError:
         return None
     return flat.stride(0), flat.stride(1)
+
+
+def contiguous_where(
+    tensors: tuple[torch.Tensor, ...], copies: tuple[bool, ...] | None
+) -> tuple[torch.Tensor, ...]:
+    """`tensors` as the kernels read them: a contiguous copy where `copies` says the layout
+    needs one (see `batch_strides`); None means none does."""
+    if copies is None:
+        return tensors
+    return tuple(t.contiguous() if c else t for t, c in zip(tensors, copies, strict=True))
 
 
 class CachedLaunch:
