@@ -69,6 +69,9 @@ from bench.timing import (
     time_with_setup,
 )
 
+# The package version; pyproject.toml reads it from here (hatch's version source).
+__version__ = "0.1.0"
+
 # The tools' functions load on first use (PEP 562): importing them here would import each tool
 # module before `python -m bench.<tool>` runs it as `__main__` (a second, divergent copy), and
 # would make every `import bench` pay for lmcore and fa2.

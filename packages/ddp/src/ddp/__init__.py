@@ -20,6 +20,9 @@ from ddp.individual import DDPIndividualParameters
 from ddp.naive import NaiveDDP
 from ddp.stats import CommStats
 
+# The package version; pyproject.toml reads it from here (hatch's version source).
+__version__ = "0.1.0"
+
 __all__ = [
     "CommStats",
     "DDPBucketed",

@@ -13,6 +13,9 @@ from fa2.pytorch import FlashAttention2PyTorch
 from fa2.reference import attention_reference
 from fa2.triton import FlashAttention2Triton
 
+# The package version; pyproject.toml reads it from here (hatch's version source).
+__version__ = "0.1.0"
+
 __all__ = [
     "FlashAttention2PyTorch",
     "FlashAttention2Triton",

@@ -40,6 +40,9 @@ from lmcore.rope import RotaryEmbedding
 from lmcore.schedule import cosine_lr
 from lmcore.serialization import load_checkpoint, save_checkpoint
 
+# The package version; pyproject.toml reads it from here (hatch's version source).
+__version__ = "0.1.0"
+
 __all__ = [
     "ATTENTION_BACKENDS",
     "MODEL_SIZES",

@@ -9,4 +9,7 @@ from zero.broadcast import DEFAULT_BUCKET_MB
 from zero.partition import partition_by_numel
 from zero.sharded_optimizer import ShardedOptimizer
 
+# The package version; pyproject.toml reads it from here (hatch's version source).
+__version__ = "0.1.0"
+
 __all__ = ["DEFAULT_BUCKET_MB", "ShardedOptimizer", "partition_by_numel"]
