@@ -1,13 +1,19 @@
 """Environment records and memory readings."""
 
+import importlib
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
+import bench
+import bench.env
 from bench.env import collect_env, command_line
 from bench.hardware import matmul_format, peak_tflops
 from bench.memory import memory_in_use, peak_memory, reset_peak_memory, to_mib
+from bench.results import code_line
 
 
 def test_collect_env_has_versions_and_is_json_ready():
@@ -58,3 +64,54 @@ def test_matmul_format_follows_tf32_switch():
         assert matmul_format(torch.float32) == "tf32"
     finally:
         matmul.allow_tf32 = before
+
+
+def test_collect_env_records_the_code_measured():
+    env = collect_env("cpu")
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        cwd=Path(bench.__file__).parent,
+        capture_output=True,
+        text=True,
+    )
+    if head.returncode != 0:
+        pytest.skip("bench's sources are not in a git checkout here")
+    assert env["git_revision"] == head.stdout.strip()
+    assert isinstance(env["git_dirty"], bool)
+    assert env["packages"] == {
+        f"cs336sys-{name}": importlib.import_module(name).__version__
+        for name in ("lmcore", "fa2", "ddp", "zero", "bench")
+    }
+
+
+def test_code_version_outside_a_git_checkout_is_none(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench.env, "__file__", str(tmp_path / "env.py"))
+    code = bench.env.code_version()
+    assert code["git_revision"] is None and code["git_dirty"] is None
+    assert code["packages"]["cs336sys-bench"] == bench.__version__
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "Code: revision not recorded."),
+        (
+            {
+                "git_revision": "0123456789abcdef0",
+                "git_dirty": True,
+                "packages": {"cs336sys-fa2": "0.1.0"},
+            },
+            "Code: `0123456789ab` (uncommitted changes); fa2 0.1.0.",
+        ),
+        (
+            {
+                "git_revision": "fedcba9876543210f",
+                "git_revision_source": "commit that added the file",
+                "git_dirty": None,
+            },
+            "Code: `fedcba987654` (commit that added the file).",
+        ),
+    ],
+)
+def test_code_line_names_revision_dirtiness_and_versions(env, expected):
+    assert code_line(env) == expected

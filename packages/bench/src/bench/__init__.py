@@ -2,7 +2,8 @@
 
 The shared plumbing every tool is built from:
 
-- `bench.env`: where a measurement ran (`collect_env`, `command_line`).
+- `bench.env`: where a measurement ran and which code it ran (`collect_env`, `code_version`,
+  `command_line`).
 - `bench.timing`: device-synchronised timers (`elapsed_ms`, `time_fn`, `time_with_setup`,
   `do_bench`, `summarize`).
 - `bench.memory`: peak and current device memory (`reset_peak_memory`, `peak_memory`, ...).
@@ -46,7 +47,7 @@ from bench.cli import (
     run_command,
     usage_errors,
 )
-from bench.env import collect_env, command_line
+from bench.env import code_version, collect_env, command_line
 from bench.hardware import peak_tflops
 from bench.launch import all_ranks_ok, is_primary, launch
 from bench.memory import (
@@ -138,6 +139,7 @@ __all__ = [
     "attention_impl",
     "bar_plot",
     "build_report",
+    "code_version",
     "collect_env",
     "command_line",
     "config_or_default",

@@ -7,8 +7,11 @@ A number without its hardware and software is not a result. Every tool stores
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
+import importlib.metadata
 import platform
 import shlex
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +19,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["collect_env", "command_line", "cpu_name", "device_name", "now_iso"]
+__all__ = ["code_version", "collect_env", "command_line", "cpu_name", "device_name", "now_iso"]
+
+# The distributions whose code a measurement runs, by import name.
+PACKAGES = {
+    "cs336sys-lmcore": "lmcore",
+    "cs336sys-fa2": "fa2",
+    "cs336sys-ddp": "ddp",
+    "cs336sys-zero": "zero",
+    "cs336sys-bench": "bench",
+}
 
 
 def now_iso() -> str:
@@ -63,6 +75,52 @@ def _triton_version() -> str | None:
     return triton.__version__
 
 
+def _git(*args: str) -> str | None:
+    """`git args` run in the folder of this file: its output, or None outside a git checkout."""
+    try:
+        done = subprocess.run(
+            ["git", *args],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def _package_version(distribution: str, module: str) -> str | None:
+    """The installed version of `distribution`, else the `__version__` of `module` (sources on
+    `PYTHONPATH`, not installed), else None."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        return getattr(importlib.import_module(module), "__version__", None)
+    except ImportError:
+        return None
+
+
+def code_version() -> dict[str, Any]:
+    """Which code a measurement runs: the git revision of the checkout the bench sources live in,
+    whether its tracked files differ from that revision, and the cs336sys package versions.
+
+    Returns:
+        `{"git_revision": sha or None, "git_dirty": bool or None, "packages": {name: version}}`;
+        None for both git keys when the sources are not in a git checkout (an installed wheel).
+    """
+    revision = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if revision else None
+    return {
+        "git_revision": revision,
+        "git_dirty": None if status is None else bool(status),
+        "packages": {d: _package_version(d, m) for d, m in PACKAGES.items()},
+    }
+
+
 def collect_env(
     device: torch.device | str = "cpu", *, command: str | None = None
 ) -> dict[str, Any]:
@@ -75,7 +133,8 @@ def collect_env(
     Returns:
         A JSON-ready dict with keys `device`, `device_type`, `device_name`, `cuda_available`,
         `gpu_count`, `cuda` (toolkit version or None), `cudnn`, `torch`, `triton` (None when not
-        installed), `python`, `platform`, `cpu`, `date` (UTC ISO) and `command`.
+        installed), `python`, `platform`, `cpu`, `date` (UTC ISO), `command`, and the code
+        measured: `git_revision`, `git_dirty` and `packages` (see `code_version`).
 
     Example::
 
@@ -101,4 +160,5 @@ def collect_env(
         "cpu": cpu_name(),
         "date": now_iso(),
         "command": command if command is not None else command_line(),
+        **code_version(),
     }

@@ -199,7 +199,7 @@ class Run:
         triton = f", triton {e['triton']}" if e.get("triton") else ""
         return (
             f"Device: {e.get('device_name')} ({e.get('device')}); torch {e.get('torch')}{triton}, "
-            f"python {e.get('python')}; {self.date}. Command: `{self.command}`"
+            f"python {e.get('python')}; {self.date}. Command: `{self.command}`. {code_line(e)}"
         )
 
     def to_markdown(self) -> str:
@@ -209,6 +209,20 @@ class Run:
         parts.extend(f"- {n}" for n in self.notes)
         parts.append(self.table())
         return "\n\n".join(parts)
+
+
+def code_line(env: Mapping[str, Any]) -> str:
+    """The code a result measured, in one sentence: revision (and how it is known), whether the
+    tree was dirty, and the package versions (`Code: 1a2b3c4d5e6f (dirty); fa2 0.1.0, ...`)."""
+    revision = env.get("git_revision")
+    if not revision:
+        return "Code: revision not recorded."
+    dirty = {True: " (uncommitted changes)", False: "", None: ""}[env.get("git_dirty")]
+    source = env.get("git_revision_source")
+    how = f" ({source})" if source else ""
+    packages = env.get("packages") or {}
+    versions = ", ".join(f"{name.removeprefix('cs336sys-')} {v}" for name, v in packages.items())
+    return f"Code: `{revision[:12]}`{how}{dirty}" + (f"; {versions}." if versions else ".")
 
 
 def _jsonable(value: Any) -> Any:
