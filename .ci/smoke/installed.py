@@ -3,10 +3,14 @@ tree, and it ships what its metadata promises (version, license, type marker).""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import importlib
 import importlib.metadata
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 def check_installed(module_name: str) -> ModuleType:
@@ -34,3 +38,25 @@ def report(module_name: str, what: str) -> None:
 
     version = importlib.metadata.version(f"cs336sys-{module_name}")
     print(f"smoke cs336sys-{module_name} {version} (torch {torch.__version__}): {what}")
+
+
+@contextlib.contextmanager
+def one_rank_group() -> Iterator[None]:
+    """A one-rank gloo process group on an in-memory store: no port, and every collective still
+    runs (`all_gather_object` included, which is what needs numpy)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def small_model_and_twin() -> tuple[Any, Any]:
+    """A seeded two-layer MLP (8 → 16 → 4) and an identical copy to compare against."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    return model, copy.deepcopy(model)

@@ -1,20 +1,12 @@
 """ddp installed alone: DDPBucketed on a one-rank gloo group trains exactly like the bare model."""
 
-import copy
-
 import torch
-import torch.distributed as dist
-from installed import check_installed, report
+from installed import check_installed, one_rank_group, report, small_model_and_twin
 
 ddp = check_installed("ddp")
 
-# One rank, an in-memory store: no port, and every collective still runs (the construction-time
-# all_gather_object included, which is what needs numpy).
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-try:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    bare = copy.deepcopy(model)
+with one_rank_group():
+    model, bare = small_model_and_twin()
     wrapped = ddp.DDPBucketed(model, bucket_size_mb=0.0005)  # a few parameters per bucket
     x, y = torch.randn(5, 8), torch.randn(5, 4)
     for _ in range(2):
@@ -24,7 +16,5 @@ try:
         torch.nn.functional.mse_loss(bare(x), y).backward()
     for (name, p), q in zip(model.named_parameters(), bare.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
-finally:
-    dist.destroy_process_group()
 
 report("ddp", "DDPBucketed gradients equal the bare model's over two accumulated steps")
