@@ -27,6 +27,7 @@ RUNNERS = {
     "ddp": "data_parallel",
     "zero": "sharding",
     "report": "report",
+    "train": "train",
 }
 
 
