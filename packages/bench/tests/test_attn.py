@@ -2,8 +2,8 @@
 
 import pytest
 
-from bench.attn import COLUMNS, IMPLS, AttnConfig, main, run_attention
-from bench.oom import OK, OOM
+from bench.core.oom import OK, OOM
+from bench.tools.attn import COLUMNS, IMPLS, AttnConfig, main, run_attention
 
 
 def test_rows_have_every_column_and_status(tiny_attn_config):

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from bench.env import collect_env, command_line
-from bench.hardware import matmul_format, peak_tflops
-from bench.memory import memory_in_use, peak_memory, reset_peak_memory, to_mib
+from bench.core.env import collect_env, command_line
+from bench.core.hardware import matmul_format, peak_tflops
+from bench.core.memory import memory_in_use, peak_memory, reset_peak_memory, to_mib
 
 
 def test_collect_env_has_versions_and_is_json_ready():

@@ -7,20 +7,18 @@ import dataclasses
 import pytest
 import torch
 
-from bench.model import TINY
-from bench.results import load_json, save_json
-from bench.zero import (
+from bench.core.results import load_json, save_json
+from bench.tools.sharding import (
     COLUMNS,
+    TOOL,
     ZeroBenchConfig,
-    build_parser,
-    config_from_args,
     main,
     plot_zero,
     run_zero,
 )
 
 CONFIG = ZeroBenchConfig(
-    shape=TINY,
+    size="tiny",
     context_length=16,
     batch=2,
     vocab_size=97,
@@ -85,17 +83,17 @@ def test_help(help_text):
 
 
 def test_options_override_the_cpu_default():
-    parser = build_parser()
+    parser = TOOL.parser()
     args = parser.parse_args(["--size", "tiny", "--zero-bucket-mb", "0", "inf", "--steps", "4"])
-    config = config_from_args(args, parser, device=torch.device("cpu"))
+    config = TOOL.config(args, parser, torch.device("cpu"))
     assert config.bucket_mbs == (0.0, float("inf"))
     assert config.steps == 4
-    assert config.shape == TINY
+    assert config.size == "tiny"
 
 
 def test_no_options_keep_the_announced_default():
-    parser = build_parser()
-    assert config_from_args(parser.parse_args([]), parser, device="cpu") is None
+    parser = TOOL.parser()
+    assert TOOL.config(parser.parse_args([]), parser, torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize(

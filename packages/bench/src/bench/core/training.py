@@ -1,23 +1,26 @@
-"""The data-parallel training set-up bench-ddp and bench-zero share.
+"""The training step every training tool runs, and the data-parallel set-up bench-ddp and
+bench-zero share.
 
-- `TrainingBenchConfig`: the model (shape, context, vocabulary), batch per rank, world size,
+- `train_step` (and its first half, `forward_backward`): one optimizer step of next-token
+  training over one or more micro-batches, through any model or data-parallel wrapper.
+- `TrainingBenchConfig`: the model (size, context, vocabulary), batch per rank, world size,
   variants, warm-up and timed steps, validated once; the device's default (`for_device`: the
   handout's XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks without
   a GPU) and the words for its notice and the run's title. Each tool subclasses it with its own
   fields.
 - `Case`: one measured row, a variant and its bucket size.
 - On each rank: `build_model` (an XL model materialised from the meta device on the GPU),
-  `token_batches` (each rank its own data), `forward_backward` (through a `ddp` wrapper's
-  per-step calls), `ADAMW_OPTIONS`.
+  `token_batches` (each rank its own data), `ADAMW_OPTIONS`.
 - On the command line: `add_training_args`, `training_overrides`, `bucket_mb` (the type of the
   `--*-bucket-mb` options).
 
-The ranks themselves are run by `bench.distributed.measure_cases`.
+The ranks themselves are run by `bench.core.distributed.measure_cases`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
@@ -25,11 +28,10 @@ from typing import Any, ClassVar, Self
 import torch
 from torch import nn
 
-import ddp
 import lmcore
-from bench.cli import add_timing_args, config_or_default, distinct
-from bench.distributed import add_timeout_arg
-from bench.model import TINY, ModelShape
+from bench.core.cli import add_timing_args, config_or_default, distinct
+from bench.core.distributed import add_timeout_arg
+from bench.core.shapes import CPU_SIZE, shape_named
 
 __all__ = [
     "ADAMW_OPTIONS",
@@ -39,8 +41,8 @@ __all__ = [
     "bucket_mb",
     "build_model",
     "forward_backward",
-    "shape_named",
     "token_batches",
+    "train_step",
     "training_overrides",
 ]
 
@@ -55,7 +57,7 @@ class TrainingBenchConfig:
     """The model, data and run bench-ddp and bench-zero share; each tool adds its own fields.
 
     Args:
-        shape: the model's widths and depth (`ModelShape.of_size("xl")`, or `bench.model.TINY`).
+        size: a size of `lmcore.MODEL_SIZES` ("xl", or "tiny" on a CPU).
         context_length: tokens per sequence.
         batch: sequences per rank per step.
         vocab_size: vocabulary size.
@@ -67,7 +69,7 @@ class TrainingBenchConfig:
 
     VARIANTS: ClassVar[tuple[str, ...]] = ()
 
-    shape: ModelShape
+    size: str
     context_length: int = 128
     batch: int = 4
     vocab_size: int = lmcore.VOCAB_SIZE
@@ -77,6 +79,7 @@ class TrainingBenchConfig:
     steps: int = 10
 
     def __post_init__(self) -> None:
+        shape_named(self.size)  # raises on an unknown size, listing the known ones
         if not self.variants or not set(self.variants) <= set(self.VARIANTS):
             raise ValueError(
                 f"variants must be non-empty, from {self.VARIANTS}; got {self.variants}"
@@ -92,8 +95,8 @@ class TrainingBenchConfig:
     def for_device(cls, device: torch.device | str) -> Self:
         """XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks otherwise."""
         if torch.device(device).type == "cuda":
-            return cls(shape=ModelShape.of_size("xl"))
-        return cls(shape=TINY, context_length=32, batch=2, warmup=1, steps=3)
+            return cls(size="xl")
+        return cls(size=CPU_SIZE, context_length=32, batch=2, warmup=1, steps=3)
 
     @classmethod
     def or_default(
@@ -106,11 +109,16 @@ class TrainingBenchConfig:
 
     def cpu_summary(self) -> str:
         """The model and run in words, for the notice that the CPU default ran."""
-        s = self.shape
+        s = self.model_size
         return (
             f"{s.num_layers} layers of width {s.d_model}, context {self.context_length}, "
             f"batch {self.batch} per rank, {self.world_size} gloo ranks"
         )
+
+    @property
+    def model_size(self) -> lmcore.ModelSize:
+        """The widths and depth of `size`."""
+        return lmcore.MODEL_SIZES[self.size]
 
     def summary(self) -> str:
         """The run in words, for a title: ranks, batch, context, warm-up and timed steps."""
@@ -140,7 +148,7 @@ def build_model(
     On a GPU the model is built on the meta device and materialised there, which skips the slow
     CPU initialisation of an XL model.
     """
-    s = config.shape
+    s = config.model_size
     dims = (config.vocab_size, config.context_length, s.d_model, s.num_layers, s.num_heads, s.d_ff)
     torch.manual_seed(seed)
     if device.type == "cpu":
@@ -166,19 +174,90 @@ def token_batches(
         yield torch.randint(config.vocab_size, shape, generator=g).to(device)
 
 
-def forward_backward(model: nn.Module, tokens: torch.Tensor) -> None:
-    """Next-token cross-entropy of `tokens` `(batch, seq + 1)` through `model`, then backward.
+def forward_backward(
+    model: nn.Module,
+    micro_batches: Sequence[torch.Tensor],
+    *,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Forward and backward of next-token cross-entropy over `micro_batches`; the mean loss.
 
-    A `ddp` wrapper gets its per-step calls: `on_train_batch_start()` before the forward and
-    `finish_gradient_synchronization()` after the backward.
+    Each micro-batch is a token tensor `(batch, seq + 1)`: inputs `[:, :-1]`, targets `[:, 1:]`.
+    Each loss is divided by the number of micro-batches, so the accumulated gradients are those
+    of their mean. A data-parallel wrapper (ours or torch's) communicates once: every backward
+    but the last runs under its `no_sync()`; ours get `on_train_batch_start()` first and
+    `finish_gradient_synchronization()` after the last backward (as does any wrapper that has
+    them, e.g. `zero.FSDP`).
+
+    Args:
+        model: an `lmcore.TransformerLM`, or a wrapper around one.
+        micro_batches: one or more token tensors.
+        autocast_dtype: run forward and loss under `torch.autocast` in this dtype (e.g.
+            `torch.bfloat16`); None runs in the parameters' dtype.
+
+    Returns:
+        The mean loss over the micro-batches, detached: a 0-d tensor in at least fp32, left on the
+        device (no host synchronisation).
+
+    Raises:
+        ValueError: no micro-batch.
     """
-    ours = isinstance(model, ddp.DataParallelBase)
-    if ours:
+    if not micro_batches:
+        raise ValueError("forward_backward needs at least one micro-batch")
+    if hasattr(model, "on_train_batch_start"):
         model.on_train_batch_start()
-    loss = lmcore.cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
-    loss.backward()
-    if ours:
+    no_sync = getattr(model, "no_sync", contextlib.nullcontext)
+    device_type = micro_batches[0].device.type
+    losses = []
+    for index, tokens in enumerate(micro_batches):
+        last = index == len(micro_batches) - 1
+        with contextlib.nullcontext() if last else no_sync():
+            with torch.autocast(
+                device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
+                logits = model(tokens[:, :-1])  # (batch, seq, vocab)
+                loss = lmcore.cross_entropy(logits, tokens[:, 1:]) / len(micro_batches)
+            loss.backward()
+        losses.append(loss.detach())
+    if hasattr(model, "finish_gradient_synchronization"):
         model.finish_gradient_synchronization()
+    # (num_micro,) -> (): summed in at least fp32 (a bf16 autocast loss too)
+    return torch.stack(losses).sum(dtype=torch.promote_types(losses[0].dtype, torch.float32))
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[torch.Tensor],
+    *,
+    autocast_dtype: torch.dtype | None = None,
+    max_grad_norm: float | None = None,
+    set_to_none: bool = True,
+) -> torch.Tensor:
+    """One training step: `forward_backward`, optional clipping, the optimizer step, zero_grad.
+
+    The one step bench-ddp, bench-zero and bench-train run, so that their numbers measure the
+    same work.
+
+    Args:
+        model: an `lmcore.TransformerLM`, or a wrapper around one.
+        optimizer: steps `model`'s parameters (a torch optimizer, `zero.ShardedOptimizer`, ...).
+        micro_batches: one or more token tensors `(batch, seq + 1)` (see `forward_backward`).
+        autocast_dtype: autocast dtype of forward and loss; None for none.
+        max_grad_norm: clip the gradients' total norm to this (`lmcore.clip_grad_norm`, after
+            synchronisation); None: no clipping.
+        set_to_none: `optimizer.zero_grad(set_to_none=...)` after the step; False keeps the
+            gradient tensors allocated from step to step.
+
+    Returns:
+        The step's mean loss, detached (see `forward_backward`).
+    """
+    loss = forward_backward(model, micro_batches, autocast_dtype=autocast_dtype)
+    if max_grad_norm is not None:
+        lmcore.clip_grad_norm(model.parameters(), max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=set_to_none)
+    return loss
 
 
 def bucket_mb(text: str) -> float:
@@ -187,11 +266,6 @@ def bucket_mb(text: str) -> float:
     if not value >= 0:  # rejects negatives and nan
         raise ValueError(text)
     return value
-
-
-def shape_named(name: str) -> ModelShape:
-    """The shape a `--size` value names: a size of `lmcore.MODEL_SIZES`, or `tiny`."""
-    return TINY if name == TINY.name else ModelShape.of_size(name)
 
 
 def add_training_args(
@@ -204,7 +278,7 @@ def add_training_args(
     """
     model = parser.add_argument_group("model")
     model.add_argument(
-        "--size", choices=[*lmcore.MODEL_SIZES, TINY.name], help="model size (xl; tiny on CPU)"
+        "--size", choices=list(lmcore.MODEL_SIZES), help=f"model size (xl; {CPU_SIZE} on CPU)"
     )
     model.add_argument("--context-length", type=int, help="tokens per sequence (128)")
     model.add_argument("--batch", type=int, help="sequences per rank (4)")
@@ -220,7 +294,7 @@ def add_training_args(
 def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The `TrainingBenchConfig` fields the options of `add_training_args` set (None: not given)."""
     return {
-        "shape": None if args.size is None else shape_named(args.size),
+        "size": args.size,
         "context_length": args.context_length,
         "batch": args.batch,
         "vocab_size": args.vocab_size,
