@@ -254,7 +254,7 @@ class FSDP(nn.Module):
     :meth:`finish_gradient_synchronization` once after the last (calling it after each is
     also correct). Every backward reduce-scatters its unit gradients and adds them to the
     fp32 shard gradients, so memory stays sharded; replicated gradients accumulate locally and
-    are averaged once.
+    are averaged once. Run each micro-batch's backward before the next micro-batch's forward.
 
     A trainable parameter whose unit ran but that got no gradient gets a zero gradient; one
     whose unit did not run at all keeps ``.grad`` untouched (``None`` after ``zero_grad()``), as
@@ -480,12 +480,10 @@ class FSDP(nn.Module):
         if self._in_backward:
             return
         needs_grad = [t for t in _tensors(output) if t.requires_grad]
-        if unit.index != 0:
+        if unit.index != 0 or not needs_grad:  # the root stays gathered for its backward
             self._reshard(unit)
-            if needs_grad:
-                register_multi_grad_hook(needs_grad, lambda _: self._pre_backward(unit), mode="any")
-        elif not needs_grad:
-            self._reshard(unit)  # no backward will come to free the root
+        if needs_grad:
+            register_multi_grad_hook(needs_grad, lambda _: self._pre_backward(unit), mode="any")
 
     def _make_pre_forward(self, unit: _Unit):
         def hook(module: nn.Module, args: Any) -> None:
@@ -521,15 +519,23 @@ class FSDP(nn.Module):
     # ---- backward ---------------------------------------------------------------------------
 
     def _pre_backward(self, unit: _Unit) -> None:
-        """The first gradient of a unit's output arrived: gather it, prefetch the next one."""
+        """The first gradient of a unit's output arrived: gather it, prefetch the next one.
+
+        The root's output is the model's: its hook fires first and prefetches the unit the
+        forward called last. Each other unit prefetches the one called before it.
+        """
         self._in_backward = True
-        self._unshard(unit)
-        position = self._backward_position - 1
-        while position >= 0 and self._calls[position] is not unit:
+        self._unshard(unit)  # a no-op for the root unless a later forward freed it
+        position = self._backward_position
+        if unit.index != 0:
             position -= 1
-        if position >= 0:
+            while position >= 0 and self._calls[position] is not unit:
+                position -= 1
+            if position < 0:
+                return
             self._backward_position = position
-            self._prefetch(self._calls[position - 1] if position > 0 else None)
+        if position > 0:
+            self._prefetch(self._calls[position - 1])
 
     def _reduce_scatter(self, unit: _Unit, grads: Sequence[torch.Tensor]) -> None:
         """All gradients of the unit's weights are ready: average them into the shards."""
@@ -556,19 +562,23 @@ class FSDP(nn.Module):
                 shard.grad += grad
 
     def _reduce_replicated(self) -> None:
+        """Average the replicated gradients in one all-reduce, with a has-gradient flag each.
+
+        A rank missing a gradient contributes zeros; it reads the flags back (a host sync, only
+        then) to keep ``None`` where no rank had one.
+        """
         params = [e.param for u in self._units for e in u.replicated if e.param.requires_grad]
         if not params:
             return
-        flags = [torch.ones(1) if p.grad is not None else torch.zeros(1) for p in params]
+        had = [p.grad is not None for p in params]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([*(g.reshape(-1) for g in grads), *(f.to(self.device) for f in flags)])
+        flags = torch.tensor(had, dtype=torch.float32).to(self.device, non_blocking=True)
+        flat = torch.cat([*(g.reshape(-1) for g in grads), flags])
         dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.group)
-        numel = sum(p.numel() for p in params)
-        averaged, any_grad = flat[:numel], flat[numel:].tolist()
-        for p, avg, used in zip(
-            params, averaged.split([p.numel() for p in params]), any_grad, strict=True
-        ):
-            p.grad = avg.view_as(p).clone() if used > 0 else None
+        averaged = flat[: -len(params)].split([p.numel() for p in params])
+        anyone = flat[-len(params) :].tolist() if not all(had) else [1.0] * len(params)
+        for p, avg, used in zip(params, averaged, anyone, strict=True):
+            p.grad = avg.view_as(p) if used > 0 else None
 
     def finish_gradient_synchronization(self) -> None:
         """Wait for every gradient reduction; then gradients are ready for ``optimizer.step()``.
