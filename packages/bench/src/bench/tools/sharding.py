@@ -320,6 +320,14 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
         row["time_vs_torch_fsdp"] = _ratio(row.get("step_ms"), theirs.get("step_ms"))
 
 
+def _verdict(row: Mapping[str, Any], column: str, limit: float, label: str) -> str:
+    """Whether the ratio in `row[column]` meets its target `limit`, in words."""
+    if row.get(column) is None:
+        return f"{label} not measured here"
+    met = "meets" if row[column] <= limit else "MISSES"
+    return f"{label} {row[column]:.2f}x {met}"
+
+
 def _target_notes(rows: Sequence[dict[str, Any]], world_size: int) -> list[str]:
     """One sentence per `ShardedOptimizer` row: which of issue 5's targets it meets."""
     targets = ", ".join(f"{col.removesuffix('_vs_ddp')} <= {limit}x" for col, limit in TARGETS)
@@ -329,13 +337,9 @@ def _target_notes(rows: Sequence[dict[str, Any]], world_size: int) -> list[str]:
     for row in rows:
         if not row["variant"].endswith("sharded") or row["status"] != OK:
             continue
-        verdicts = []
-        for col, limit in TARGETS:
-            if row.get(col) is None:
-                verdicts.append(f"{col.removesuffix('_vs_ddp')} not measured here")
-            else:
-                met = "meets" if row[col] <= limit else "MISSES"
-                verdicts.append(f"{col.removesuffix('_vs_ddp')} {row[col]:.2f}x {met}")
+        verdicts = [
+            _verdict(row, col, limit, col.removesuffix("_vs_ddp")) for col, limit in TARGETS
+        ]
         notes.append(f"{row['variant']} (bucket {row['bucket_mb']:g} MB): {'; '.join(verdicts)}.")
     return notes
 
@@ -350,15 +354,11 @@ def _fsdp_target_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     for row in rows:
         if row["variant"] != "fsdp" or row["status"] != OK:
             continue
-        verdicts = []
-        for col, limit, dtypes in FSDP_TARGETS:
-            if row["compute_dtype"] not in dtypes:
-                continue
-            if row.get(col) is None:
-                verdicts.append(f"{col} not measured here")
-            else:
-                met = "meets" if row[col] <= limit else "MISSES"
-                verdicts.append(f"{col} {row[col]:.2f}x {met}")
+        verdicts = [
+            _verdict(row, col, limit, col)
+            for col, limit, dtypes in FSDP_TARGETS
+            if row["compute_dtype"] in dtypes
+        ]
         notes.append(f"fsdp ({row['compute_dtype']}): {'; '.join(verdicts)}.")
     return notes
 
