@@ -120,28 +120,27 @@ def one_process(text_file, tmp_path_factory):
 RANKS_ATOL = 1e-5
 
 
-def test_two_bucketed_ranks_match_one_process(text_file, tmp_path, one_process):
-    out = tmp_path / "run"
-    extra = ["--steps", "4", "--log-every", "1", "--generate", "0"]
-    assert main(_args(text_file, out, *extra, "--nproc", "2", "--parallel", "bucketed")) == 0
+def _assert_matches(out, one_process):
     losses = _losses(out)
     assert losses.keys() == one_process.keys()
     for step, loss in one_process.items():
         assert abs(losses[step] - loss) <= RANKS_ATOL, step
-    assert json.loads((out / "summary.json").read_text())["world_size"] == 2
 
 
-def test_two_zero_ranks_match_one_process_across_a_resume(text_file, tmp_path, one_process):
-    # ZeRO-1 through a stop and a resume: the sharded optimizer state is saved and restored.
+def test_two_ranks_bucketed_then_zero_match_one_process(text_file, tmp_path, one_process):
+    # Steps 1-2 under DDPBucketed, then a resume under ZeRO-1 (how to run may change on a
+    # resume): the sharded optimizer loads the saved state and saves its consolidated one.
     out = tmp_path / "run"
     extra = ["--steps", "4", "--log-every", "1", "--generate", "0", "--nproc", "2"]
-    extra += ["--parallel", "zero"]
-    assert main(_args(text_file, out, *extra, "--stop-after", "2")) == 0
-    assert main(_args(text_file, out, *extra, "--resume")) == 0
-    losses = _losses(out)
-    assert losses.keys() == one_process.keys()
-    for step, loss in one_process.items():
-        assert abs(losses[step] - loss) <= RANKS_ATOL, step
+    assert main(_args(text_file, out, *extra, "--parallel", "bucketed", "--stop-after", "2")) == 0
+    assert main(_args(text_file, out, *extra, "--parallel", "zero", "--resume")) == 0
+    _assert_matches(out, one_process)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["config"]["parallel"] == "zero"
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert saved["iteration"] == 4 and len(saved["optimizer"]["state"]) == len(
+        saved["model"]
+    )  # every parameter's moments, consolidated from both ranks
 
 
 def test_torch_native_baseline_step_equals_ours(text_file):
@@ -209,7 +208,7 @@ def test_more_ranks_than_gpus_is_refused(text_file, tmp_path, capsys, monkeypatc
         (["--nproc", "2", "--parallel", "none"], "needs a --parallel mode"),
         (["--warmup-steps", "5", "--steps", "5"], "--warmup-steps must be in"),
         (["--stop-after", "9", "--steps", "5"], "--stop-after must be in"),
-        (["--d-model", "30"], "divisible by num_heads"),
+        (["--d-model", "33"], "divisible by num_heads"),
     ],
 )
 def test_inconsistent_options_are_refused(text_file, tmp_path, capsys, extra, match):
@@ -237,3 +236,14 @@ def test_trains_on_cuda_in_bf16_with_fa2(text_file, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_train_loss"] < math.log(256)
     assert summary["mfu"] is None or 0 < summary["mfu"] < 1
+
+
+def test_two_fsdp_ranks_match_one_process_across_a_resume(text_file, tmp_path, one_process):
+    # Weights, gradients and optimizer state sharded; the clipping norm spans the shards.
+    out = tmp_path / "run"
+    extra = ["--steps", "4", "--log-every", "1", "--nproc", "2", "--parallel", "fsdp"]
+    assert main(_args(text_file, out, *extra, "--stop-after", "2", "--generate", "0")) == 0
+    assert (out / "checkpoint-rank1.pt").is_file()
+    assert main(_args(text_file, out, *extra, "--resume", "--generate", "8")) == 0
+    _assert_matches(out, one_process)
+    assert (out / "sample.txt").read_text()

@@ -2,7 +2,8 @@
 bench-zero share.
 
 - `train_step` (and its first half, `forward_backward`): one optimizer step of next-token
-  training over one or more micro-batches, through any model or data-parallel wrapper.
+  training over one or more micro-batches, through any model or data-parallel wrapper;
+  `clip_grad_norm`, its clipping, which also handles gradients sharded over the ranks (FSDP).
 - `TrainingBenchConfig`: the model (size, context, vocabulary), batch per rank, world size,
   variants, warm-up and timed steps, validated once; the device's default (`for_device`: the
   handout's XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks without
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import lmcore
@@ -40,6 +42,7 @@ __all__ = [
     "add_training_args",
     "bucket_mb",
     "build_model",
+    "clip_grad_norm",
     "forward_backward",
     "token_batches",
     "train_step",
@@ -225,6 +228,42 @@ def forward_backward(
     return torch.stack(losses).sum(dtype=torch.promote_types(losses[0].dtype, torch.float32))
 
 
+# Added to the norm before dividing, as lmcore.clip_grad_norm and torch do.
+_CLIP_EPS = 1e-6
+
+
+@torch.no_grad()
+def clip_grad_norm(
+    params: Sequence[torch.Tensor], max_norm: float, *, sharded: Collection[torch.Tensor] = ()
+) -> torch.Tensor:
+    """Clip the gradients of `params` to a total L2 norm of `max_norm`; return the norm before.
+
+    Without `sharded` this is `lmcore.clip_grad_norm`. The gradients of the `sharded` parameters
+    are instead this rank's shards of gradients spread over the ranks of the default process
+    group (`zero.FSDP`'s weights of two or more dimensions), and the others are replicated
+    (equal on every rank): the squared norm is the shards' squares summed over the ranks (one
+    all-reduce, every rank must call) plus the replicated gradients' squares counted once, so
+    every rank scales by the norm one process would compute for the whole model.
+    """
+    if not sharded:
+        return lmcore.clip_grad_norm(params, max_norm)
+    ids = {id(p) for p in sharded}
+    grads = [p.grad for p in params if p.grad is not None]
+    shards = [p.grad for p in params if p.grad is not None and id(p) in ids]
+    replicated = [p.grad for p in params if p.grad is not None and id(p) not in ids]
+    device = grads[0].device
+    squares = torch.zeros(2, device=device)  # (shards summed over ranks, replicated)
+    for index, group in enumerate((shards, replicated)):
+        if group:
+            squares[index] = torch.stack(torch._foreach_norm(group)).square().sum()
+    shard_squares = squares[:1].clone()
+    dist.all_reduce(shard_squares)
+    total = (shard_squares[0] + squares[1]).sqrt()
+    scale = (max_norm / (total + _CLIP_EPS)).clamp(max=1.0)
+    torch._foreach_mul_(grads, scale)
+    return total
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -232,6 +271,7 @@ def train_step(
     *,
     autocast_dtype: torch.dtype | None = None,
     max_grad_norm: float | None = None,
+    sharded_params: Collection[torch.Tensor] = (),
     set_to_none: bool = True,
 ) -> torch.Tensor:
     """One training step: `forward_backward`, optional clipping, the optimizer step, zero_grad.
@@ -244,8 +284,10 @@ def train_step(
         optimizer: steps `model`'s parameters (a torch optimizer, `zero.ShardedOptimizer`, ...).
         micro_batches: one or more token tensors `(batch, seq + 1)` (see `forward_backward`).
         autocast_dtype: autocast dtype of forward and loss; None for none.
-        max_grad_norm: clip the gradients' total norm to this (`lmcore.clip_grad_norm`, after
+        max_grad_norm: clip the gradients' total norm to this (`clip_grad_norm`, after
             synchronisation); None: no clipping.
+        sharded_params: the parameters whose gradients are shards spread over the ranks
+            (`zero.FSDP`'s weights of two or more dimensions), for the clipping norm.
         set_to_none: `optimizer.zero_grad(set_to_none=...)` after the step; False keeps the
             gradient tensors allocated from step to step.
 
@@ -254,7 +296,7 @@ def train_step(
     """
     loss = forward_backward(model, micro_batches, autocast_dtype=autocast_dtype)
     if max_grad_norm is not None:
-        lmcore.clip_grad_norm(model.parameters(), max_grad_norm)
+        clip_grad_norm(list(model.parameters()), max_grad_norm, sharded=sharded_params)
     optimizer.step()
     optimizer.zero_grad(set_to_none=set_to_none)
     return loss

@@ -21,7 +21,9 @@ strongest plain-PyTorch set-up a user could pick, to compare speed with side by 
 
 Parallel modes (`--parallel`): `none`; `naive`, `flat`, `individual`, `bucketed` (the `ddp`
 wrappers); `torch-ddp` (torch's DistributedDataParallel); `zero` (`ddp.DDPBucketed` +
-`zero.ShardedOptimizer`, optimizer state sharded).
+`zero.ShardedOptimizer`, optimizer state sharded); `fsdp` (`zero.FSDP`, one unit per Transformer
+block: weights, gradients and optimizer state sharded; gradient clipping takes the norm over
+the whole model).
 
 The output folder (`--out`) holds
 
@@ -37,7 +39,8 @@ The output folder (`--out`) holds
   at the end. `--resume` continues from it exactly: a stopped and resumed run reproduces the
   uninterrupted run's losses. The training configuration must match the checkpoint's (the
   options that only say how to run, e.g. `--nproc`, `--parallel`, `--compile`, `--log-every`,
-  may change);
+  may change). With `fsdp` every rank r > 0 also writes `checkpoint-rank<r>.pt`, the same with
+  its shard of the optimizer state (a resumed fsdp run needs the same number of ranks);
 - `tokenizer.json` (BPE), `loss.png` (train and validation loss against step), `sample.txt`
   (`--generate` tokens after `--prompt`).
 
@@ -57,6 +60,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -101,7 +105,7 @@ __all__ = [
     "speed_comparison",
 ]
 
-PARALLEL_MODES = ("none", "naive", "flat", "individual", "bucketed", "torch-ddp", "zero")
+PARALLEL_MODES = ("none", "naive", "flat", "individual", "bucketed", "torch-ddp", "zero", "fsdp")
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 OPTIMIZERS = ("lmcore", "torch")
 BASELINES = ("torch",)
@@ -289,6 +293,8 @@ class TrainConfig:
                 f"--nproc {self.nproc} needs a --parallel mode (each rank would train alone); "
                 f"choose one of {', '.join(PARALLEL_MODES[1:])}"
             )
+        if self.parallel == "fsdp" and self.compile:
+            raise ValueError("--compile does not run with --parallel fsdp yet; drop --compile")
         if self.baseline is not None and self.parallel not in ("none", "torch-ddp"):
             raise ValueError("--baseline torch runs with --parallel none or torch-ddp")
         device = torch.device(self.device)
@@ -381,6 +387,11 @@ def _resume_state(config: TrainConfig) -> dict[str, Any] | None:
     saved = checkpoint["extra"]["config"]
     mine = dataclasses.asdict(config)
     differ = sorted(k for k in mine if k not in _HOW_TO_RUN and saved.get(k) != mine[k])
+    if "fsdp" in (saved["parallel"], config.parallel) and (
+        (saved["parallel"], saved["nproc"]) != (config.parallel, config.nproc)
+    ):
+        differ.append("parallel")
+        differ.append("nproc")
     if differ:
         changes = ", ".join(
             f"--{k.replace('_', '-')} {saved.get(k)!r} → {mine[k]!r}" for k in differ
@@ -467,9 +478,7 @@ def _build_model(
     return model
 
 
-def _param_groups(
-    model: nn.Module, decayed: set[str], weight_decay: float
-) -> list[dict[str, Any]]:
+def _param_groups(model: nn.Module, decayed: set[str], weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on the matrices (linear and embedding weights), none on the norm gains.
 
     `decayed` names the matrices, taken before wrapping: a sharding wrapper replaces them by
@@ -505,6 +514,9 @@ def _wrap(config: TrainConfig, model: nn.Module, device: torch.device) -> nn.Mod
     inner = torch.compile(model) if config.compile else model
     if config.parallel == "none":
         return inner
+    if config.parallel == "fsdp":
+        dtype = PRECISIONS[config.precision]
+        return zero.FSDP(inner, compute_dtype=dtype, units=(lmcore.TransformerBlock,))
     if config.parallel in ("bucketed", "zero"):
         return ddp.DDPBucketed(inner, config.bucket_mb)
     return _DDP_WRAPPERS[config.parallel](inner)
@@ -692,22 +704,30 @@ class _Recorder:
         self.bar.close()
 
 
+def _checkpoint_path(config: TrainConfig, rank: int) -> Path:
+    """Rank 0's checkpoint; with fsdp, rank r > 0 keeps its optimizer shard in its own file."""
+    name = CHECKPOINT if rank == 0 else f"checkpoint-rank{rank}.pt"
+    return Path(config.out) / name
+
+
 def _save(
-    path: Path,
+    config: TrainConfig,
     *,
+    rank: int,
+    model: nn.Module,
     raw_model: nn.Module,
     optimizer: torch.optim.Optimizer,
     step: int,
-    config: TrainConfig,
     batches: _Batches,
     device: torch.device,
-    primary: bool,
 ) -> None:
     """Write the checkpoint (rank 0), atomically: a crash while saving keeps the previous one.
 
-    A sharded optimizer's `state_dict()` is a collective that every rank joins.
+    `zero.ShardedOptimizer.state_dict()` is a collective that every rank joins; with fsdp every
+    rank writes its own file (`FSDP.state_dict()`, the full weights, is a collective too).
     """
-    if not primary:
+    fsdp = isinstance(model, zero.FSDP)
+    if rank != 0 and not fsdp:
         if isinstance(optimizer, zero.ShardedOptimizer):
             optimizer.state_dict()
         return
@@ -716,8 +736,9 @@ def _save(
         "data_rng": batches.generator.bit_generator.state,
         "rng": _rng_state(device),
     }
+    path = _checkpoint_path(config, rank)
     tmp = path.with_suffix(".tmp")
-    lmcore.save_checkpoint(raw_model, optimizer, step, tmp, extra=extra)
+    lmcore.save_checkpoint(model if fsdp else raw_model, optimizer, step, tmp, extra=extra)
     os.replace(tmp, path)
 
 
@@ -736,19 +757,28 @@ def _train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
     if distributed and primary:
         dist.barrier()
     checkpoint = _resume_state(config) if config.resume else None
+    if checkpoint is not None and config.parallel == "fsdp" and rank != 0:
+        path = _checkpoint_path(config, rank)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
 
     model_config = config.model_config(vocab_size=corpus.vocab_size)
     raw_model = _build_model(config, model_config, device)
     decayed = {n for n, p in raw_model.named_parameters() if p.dim() >= 2}
     model = _wrap(config, raw_model, device)
     optimizer = _make_optimizer(config, raw_model, decayed, device)
+    fsdp = isinstance(model, zero.FSDP)
     batches = _Batches(corpus.train, config, rank=rank, world_size=world_size, seed=config.seed)
     start = 0
     if checkpoint is not None:
-        start = lmcore.load_checkpoint(checkpoint, raw_model, optimizer)
+        start = lmcore.load_checkpoint(checkpoint, model if fsdp else raw_model, optimizer)
         batches.generator.bit_generator.state = checkpoint["extra"]["data_rng"]
         _set_rng_state(checkpoint["extra"]["rng"], device)
-    step_fn = _torch_native_step if config.baseline == "torch" else train_step
+    if config.baseline == "torch":
+        step_fn = _torch_native_step
+    else:
+        # FSDP's sharded weights are those of two or more dimensions (see zero.FSDP).
+        sharded = [p for n, p in raw_model.named_parameters() if fsdp and n in decayed]
+        step_fn = functools.partial(train_step, sharded_params=sharded)
     autocast_dtype = PRECISIONS[config.precision]
     recorder = _Recorder(
         config,
@@ -762,14 +792,14 @@ def _train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
 
     def save(step: int) -> None:
         _save(
-            Path(config.out) / CHECKPOINT,
+            config,
+            rank=rank,
+            model=model,
             raw_model=raw_model,
             optimizer=optimizer,
             step=step,
-            config=config,
             batches=batches,
             device=device,
-            primary=primary,
         )
 
     loss = val_loss = None
@@ -803,7 +833,16 @@ def _train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
         save(step)
     finally:
         recorder.close()
-    sample = _sample(config, raw_model, corpus, device) if primary and config.generate else None
+    sample = None
+    if config.generate:
+        sampled = raw_model
+        if fsdp:  # the full weights (a collective), into a plain model on rank 0
+            weights = model.state_dict()
+            sampled = _build_model(config, model_config, device) if primary else None
+            if primary:
+                sampled.load_state_dict(weights)
+        if primary:
+            sample = _sample(config, sampled, corpus, device)
     tokens_per_s, mfu = recorder.speed()
     return {
         "final_train_loss": loss,
