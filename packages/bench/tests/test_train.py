@@ -107,11 +107,16 @@ def test_stopped_and_resumed_run_reproduces_the_uninterrupted_one(text_file, tmp
             assert abs(a["val_loss"] - b["val_loss"]) <= 1e-5
 
 
+# 4 steps, a loss each; a clipping norm below the tiny model's gradient norm, so the clipping
+# (over shards, with FSDP) is part of what the ranks must get right.
+RUN_4 = ["--steps", "4", "--log-every", "1", "--grad-clip", "0.1"]
+
+
 @pytest.fixture(scope="module")
 def one_process(text_file, tmp_path_factory):
     """The losses of 4 steps in one process: what every 2-rank run must reproduce."""
     out = tmp_path_factory.mktemp("one") / "run"
-    main(_args(text_file, out, "--steps", "4", "--log-every", "1", "--generate", "0"))
+    main(_args(text_file, out, *RUN_4, "--generate", "0"))
     return _losses(out)
 
 
@@ -131,7 +136,7 @@ def test_two_ranks_bucketed_then_zero_match_one_process(text_file, tmp_path, one
     # Steps 1-2 under DDPBucketed, then a resume under ZeRO-1 (how to run may change on a
     # resume): the sharded optimizer loads the saved state and saves its consolidated one.
     out = tmp_path / "run"
-    extra = ["--steps", "4", "--log-every", "1", "--generate", "0", "--nproc", "2"]
+    extra = [*RUN_4, "--generate", "0", "--nproc", "2"]
     assert main(_args(text_file, out, *extra, "--parallel", "bucketed", "--stop-after", "2")) == 0
     assert main(_args(text_file, out, *extra, "--parallel", "zero", "--resume")) == 0
     _assert_matches(out, one_process)
@@ -241,7 +246,7 @@ def test_trains_on_cuda_in_bf16_with_fa2(text_file, tmp_path):
 def test_two_fsdp_ranks_match_one_process_across_a_resume(text_file, tmp_path, one_process):
     # Weights, gradients and optimizer state sharded; the clipping norm spans the shards.
     out = tmp_path / "run"
-    extra = ["--steps", "4", "--log-every", "1", "--nproc", "2", "--parallel", "fsdp"]
+    extra = [*RUN_4, "--nproc", "2", "--parallel", "fsdp"]
     assert main(_args(text_file, out, *extra, "--stop-after", "2", "--generate", "0")) == 0
     assert (out / "checkpoint-rank1.pt").is_file()
     assert main(_args(text_file, out, *extra, "--resume", "--generate", "8")) == 0
