@@ -15,7 +15,7 @@ from generated_text import generated_text
 import lmcore
 from bench.core.training import train_step
 from bench.tools import train as bench_train
-from bench.tools.train import TrainConfig, main
+from bench.tools.train import TrainConfig, main, plot_speed, speed_comparison
 
 # A model of one narrow layer: a step takes milliseconds on one CPU thread.
 TINY = [
@@ -252,3 +252,20 @@ def test_two_fsdp_ranks_match_one_process_across_a_resume(text_file, tmp_path, o
     assert main(_args(text_file, out, *extra, "--resume", "--generate", "8")) == 0
     _assert_matches(out, one_process)
     assert (out / "sample.txt").read_text()
+
+
+def test_speed_comparison_table_and_plot(text_file, tmp_path):
+    runs = {}
+    for label, extra in (("ours", []), ("torch-optimizer", ["--optimizer", "torch"])):
+        runs[label] = tmp_path / label
+        argv = _args(text_file, runs[label], "--steps", "4", "--log-every", "2", *extra)
+        assert main([*argv, "--generate", "0", "--eval-batches", "1"]) == 0
+    run = speed_comparison(list(runs.items()), baseline="torch-optimizer")
+    rows = {r["run"]: r for r in run.rows}
+    assert rows["torch-optimizer"]["vs_baseline"] == 1.0
+    ours = json.loads((runs["ours"] / "summary.json").read_text())
+    assert rows["ours"]["tokens_per_s"] == ours["tokens_per_s"]
+    assert rows["ours"]["optimizer"] == "lmcore" and rows["ours"]["step"] == "bench.core.training"
+    assert plot_speed(run, tmp_path / "speed.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="baseline"):
+        speed_comparison(list(runs.items()), baseline="missing")

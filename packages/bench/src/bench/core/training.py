@@ -41,6 +41,7 @@ __all__ = [
     "TrainingBenchConfig",
     "add_training_args",
     "bucket_mb",
+    "build_lm",
     "build_model",
     "clip_grad_norm",
     "forward_backward",
@@ -139,6 +140,24 @@ class Case:
     bucket_mb: float | None = None
 
 
+def build_lm(
+    model_config: lmcore.ModelConfig, device: torch.device, *, seed: int
+) -> lmcore.TransformerLM:
+    """The `lmcore.TransformerLM` of `model_config` on `device`, initialised from `seed`.
+
+    On a GPU the model is built on the meta device and materialised there, which skips the slow
+    CPU initialisation of an XL model.
+    """
+    torch.manual_seed(seed)
+    if device.type == "cpu":
+        return lmcore.TransformerLM.from_config(model_config)
+    with torch.device("meta"):
+        model = lmcore.TransformerLM.from_config(model_config)
+    model = model.to_empty(device=device)
+    model.reset_parameters()
+    return model
+
+
 def build_model(
     config: TrainingBenchConfig,
     device: torch.device,
@@ -146,21 +165,11 @@ def build_model(
     seed: int,
     attention: str = "naive",
 ) -> lmcore.TransformerLM:
-    """`config`'s `lmcore.TransformerLM` on `device`, initialised from `seed`.
-
-    On a GPU the model is built on the meta device and materialised there, which skips the slow
-    CPU initialisation of an XL model.
-    """
-    s = config.model_size
-    dims = (config.vocab_size, config.context_length, s.d_model, s.num_layers, s.num_heads, s.d_ff)
-    torch.manual_seed(seed)
-    if device.type == "cpu":
-        return lmcore.TransformerLM(*dims, attention=attention)
-    with torch.device("meta"):
-        model = lmcore.TransformerLM(*dims, attention=attention)
-    model = model.to_empty(device=device)
-    model.reset_parameters()
-    return model
+    """`config`'s `lmcore.TransformerLM` on `device`, initialised from `seed` (see `build_lm`)."""
+    model_config = config.model_size.config(
+        context_length=config.context_length, vocab_size=config.vocab_size, attention=attention
+    )
+    return build_lm(model_config, device, seed=seed)
 
 
 def token_batches(

@@ -91,7 +91,7 @@ from bench.core.results import Run
 from bench.core.shapes import CPU_SIZE
 from bench.core.token_data import Corpus, default_cache_dir, load_corpus
 from bench.core.tokenizer import TOKENIZERS, load_tokenizer
-from bench.core.training import train_step
+from bench.core.training import build_lm, train_step
 
 __all__ = [
     "PARALLEL_MODES",
@@ -464,20 +464,6 @@ class _Batches:
         return tokens
 
 
-def _build_model(
-    config: TrainConfig, model_config: lmcore.ModelConfig, device: torch.device
-) -> lmcore.TransformerLM:
-    """The model, initialised from `--seed` (on a GPU: built on the meta device, materialised)."""
-    torch.manual_seed(config.seed)
-    if device.type == "cpu":
-        return lmcore.TransformerLM.from_config(model_config)
-    with torch.device("meta"):
-        model = lmcore.TransformerLM.from_config(model_config)
-    model = model.to_empty(device=device)
-    model.reset_parameters()
-    return model
-
-
 def _param_groups(model: nn.Module, decayed: set[str], weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on the matrices (linear and embedding weights), none on the norm gains.
 
@@ -762,7 +748,7 @@ def _train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
 
     model_config = config.model_config(vocab_size=corpus.vocab_size)
-    raw_model = _build_model(config, model_config, device)
+    raw_model = build_lm(model_config, device, seed=config.seed)
     decayed = {n for n, p in raw_model.named_parameters() if p.dim() >= 2}
     model = _wrap(config, raw_model, device)
     optimizer = _make_optimizer(config, raw_model, decayed, device)
@@ -838,7 +824,7 @@ def _train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
         sampled = raw_model
         if fsdp:  # the full weights (a collective), into a plain model on rank 0
             weights = model.state_dict()
-            sampled = _build_model(config, model_config, device) if primary else None
+            sampled = build_lm(model_config, device, seed=config.seed) if primary else None
             if primary:
                 sampled.load_state_dict(weights)
         if primary:
