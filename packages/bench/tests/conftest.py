@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench.attn
-from bench.attn import AttnConfig, run_attention
-from bench.flash import FlashCase, run_flash
-from bench.model import ModelBenchConfig, ModelShape, run_model
-from bench.precision import run_precision
-from bench.results import save_json
+import bench.tools.attn
+from bench.core.results import save_json
+from bench.tools.attn import AttnConfig, run_attention
+from bench.tools.flash import FlashCase, run_flash
+from bench.tools.model import ModelBenchConfig, run_model
+from bench.tools.precision import run_precision
+from lmcore import ModelSize
 
 # A model small enough that a training step takes milliseconds on one CPU thread.
-TINY_SHAPE = ModelShape("tiny", d_model=32, d_ff=64, num_layers=1, num_heads=2)
+TINY_SHAPE = ("tiny", ModelSize(d_model=32, d_ff=64, num_layers=1, num_heads=2))
 
 
 def _tiny_model_config(**overrides) -> ModelBenchConfig:
@@ -81,7 +82,7 @@ def tiny_budget_ms() -> tuple[float, float]:
 @pytest.fixture
 def naive_attention_oom(monkeypatch: pytest.MonkeyPatch) -> int:
     """Make bench-attn's `naive` run out of memory above seq 20 (others run); return that seq."""
-    real = bench.attn.attention_impl
+    real = bench.tools.attn.attention_impl
 
     def failing(name, *, device):
         fn = real(name, device=device)
@@ -95,7 +96,7 @@ def naive_attention_oom(monkeypatch: pytest.MonkeyPatch) -> int:
 
         return attend
 
-    monkeypatch.setattr(bench.attn, "attention_impl", failing)
+    monkeypatch.setattr(bench.tools.attn, "attention_impl", failing)
     return OOM_ABOVE_SEQ
 
 

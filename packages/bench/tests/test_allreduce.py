@@ -7,19 +7,18 @@ import os
 import pytest
 import torch
 
-from bench.allreduce import (
+from bench.core.launch import is_primary, launch, under_torchrun
+from bench.core.results import load_json, save_json
+from bench.tools.allreduce import (
     COLUMNS,
+    TOOL,
     AllReduceConfig,
     _skip_reason,
-    build_parser,
     bus_bandwidth_factor,
-    config_from_args,
     main,
     plot_allreduce,
     run_allreduce,
 )
-from bench.launch import is_primary, launch, under_torchrun
-from bench.results import load_json, save_json
 
 SIZES_MB = (0.01, 0.25)  # 2,500 and 62,500 floats: milliseconds on gloo
 CONFIG = AllReduceConfig(
@@ -114,9 +113,9 @@ def test_invalid_config_raises(bad):
 
 
 def test_options_override_the_device_default():
-    parser = build_parser()
+    parser = TOOL.parser()
     args = parser.parse_args(["--sizes-mb", "1", "2", "--world-sizes", "2", "--full"])
-    config = config_from_args(args, parser, torch.device("cpu"))
+    config = TOOL.config(args, parser, torch.device("cpu"))
     assert config.sizes_mb == (1.0, 2.0) and config.world_sizes == (2,) and config.full
     assert config.backends == ("gloo",)
 

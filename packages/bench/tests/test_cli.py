@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from bench.cli import cpu_default_notice, emit, make_parser, progress, resolve_device
-from bench.plots import line_plot
-from bench.results import Run, load_json
+from bench.core.cli import cpu_default_notice, emit, make_parser, progress, resolve_device
+from bench.core.plots import line_plot
+from bench.core.results import Run, load_json
 
 
 def test_resolve_device_auto_and_cpu():

@@ -6,23 +6,20 @@ import pytest
 import torch
 
 import lmcore
-from bench.ddp import (
+from bench.core.results import load_json, save_json
+from bench.tools.data_parallel import (
     COLUMNS,
+    TOOL,
     VARIANTS,
     DDPBenchConfig,
-    build_parser,
-    config_from_args,
     main,
     plot_ddp,
     run_ddp,
 )
-from bench.model import TINY, ModelShape
-from bench.results import load_json, save_json
 
-SHAPE = ModelShape("tiny", d_model=32, d_ff=64, num_layers=1, num_heads=2)
 VOCAB = 97
 CONFIG = DDPBenchConfig(
-    shape=SHAPE,
+    size="tiny",
     context_length=16,
     batch=2,
     vocab_size=VOCAB,
@@ -51,7 +48,7 @@ def _by_case(run):
 
 
 def _num_params() -> int:
-    model = lmcore.TransformerLM(VOCAB, 16, SHAPE.d_model, SHAPE.num_layers, 2, SHAPE.d_ff)
+    model = lmcore.TransformerLM.from_size("tiny", context_length=16, vocab_size=VOCAB)
     return len(list(model.parameters()))
 
 
@@ -103,7 +100,7 @@ def test_table_json_and_plot(run, tmp_path):
     assert run.columns == list(COLUMNS)
     assert "| torch-ddp 25 MB (default)" in run.to_markdown()
     loaded = load_json(save_json(run, tmp_path / "ddp.json"))
-    assert loaded.rows == run.rows and loaded.config["shape"]["d_model"] == SHAPE.d_model
+    assert loaded.rows == run.rows and loaded.config["size"] == "tiny"
     assert plot_ddp(run, tmp_path / "ddp.png").stat().st_size > 0
 
 
@@ -120,14 +117,14 @@ def test_table_json_and_plot(run, tmp_path):
 )
 def test_invalid_config_raises(bad):
     with pytest.raises(ValueError):
-        DDPBenchConfig(shape=TINY, **bad)
+        DDPBenchConfig(size="tiny", **bad)
 
 
 def test_options_override_the_device_default():
-    parser = build_parser()
+    parser = TOOL.parser()
     argv = ["--size", "small", "--bucket-mb", "5", "--torch-bucket-mb", "default", "50"]
-    config = config_from_args(parser.parse_args(argv), parser, torch.device("cpu"))
-    assert config.shape == ModelShape.of_size("small")
+    config = TOOL.config(parser.parse_args(argv), parser, torch.device("cpu"))
+    assert config.size == "small"
     assert config.bucket_mbs == (5.0,) and config.torch_bucket_mbs == (None, 50.0)
 
 

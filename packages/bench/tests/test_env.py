@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import bench
-import bench.env
-from bench.env import collect_env, command_line
-from bench.hardware import matmul_format, peak_tflops
-from bench.memory import memory_in_use, peak_memory, reset_peak_memory, to_mib
-from bench.results import code_line
+import bench.core.env
+from bench.core.env import collect_env, command_line
+from bench.core.hardware import matmul_format, peak_tflops
+from bench.core.memory import memory_in_use, peak_memory, reset_peak_memory, to_mib
+from bench.core.results import code_line
 
 
 def test_collect_env_has_versions_and_is_json_ready():
@@ -85,8 +85,8 @@ def test_collect_env_records_the_code_measured():
 
 
 def test_code_version_outside_a_git_checkout_is_none(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench.env, "__file__", str(tmp_path / "env.py"))
-    code = bench.env.code_version()
+    monkeypatch.setattr(bench.core.env, "__file__", str(tmp_path / "env.py"))
+    code = bench.core.env.code_version()
     assert code["git_revision"] is None and code["git_dirty"] is None
     assert code["packages"]["cs336sys-bench"] == bench.__version__
 

@@ -5,14 +5,14 @@ from dataclasses import replace
 
 import pytest
 
-from bench.flash import (
+from bench.core.oom import OK
+from bench.tools.flash import (
     COLUMNS,
     PRESETS,
     attention_flops,
     main,
     run_flash,
 )
-from bench.oom import OK
 
 
 def test_attention_flops_causal_and_not():

@@ -5,8 +5,8 @@ import pickle
 import pytest
 import torch
 
-from bench.memory import MIB
-from bench.memviz import memory_timeline, render_memory_snapshot
+from bench.core.memory import MIB
+from bench.core.memviz import memory_timeline, render_memory_snapshot
 
 PNG_MAGIC = b"\x89PNG"
 

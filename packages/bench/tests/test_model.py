@@ -5,20 +5,19 @@ import json
 import pytest
 import torch
 
-import bench.model
-from bench.model import (
+import bench.tools.model
+from bench.core.nvtx import annotated_attention
+from bench.core.oom import OK, OOM
+from bench.core.shapes import shape_named
+from bench.tools.model import (
     COLUMNS,
-    ModelShape,
-    build_parser,
+    TOOL,
     config_argv,
-    config_from_args,
     main,
     run_model,
     run_warmup_study,
 )
-from bench.nvtx import annotated_attention
-from bench.oom import OK, OOM
-from lmcore import get_attention, naive_attention
+from lmcore import ModelSize, get_attention, naive_attention
 
 
 def test_rows_per_mode_have_their_regions(tiny_model_config):
@@ -55,7 +54,7 @@ def test_injected_oom_in_the_loss_marks_training_rows(tiny_model_config, monkeyp
     def out_of_memory(logits, targets):
         raise torch.OutOfMemoryError("CUDA out of memory (injected)")
 
-    monkeypatch.setattr(bench.model, "cross_entropy", out_of_memory)
+    monkeypatch.setattr(bench.tools.model, "cross_entropy", out_of_memory)
     run = run_model(tiny_model_config(), device="cpu", show_progress=False)
     assert [r["status"] for r in run.rows] == [OK, OOM, OOM]
     assert run.rows[1]["step_ms"] is None
@@ -124,18 +123,18 @@ def test_annotated_other_backend_wraps_it():
 
 
 def test_config_argv_round_trips(tiny_model_config):
-    custom = ModelShape("mini", d_model=48, d_ff=96, num_layers=2, num_heads=3)
+    custom = ("mini", ModelSize(d_model=48, d_ff=96, num_layers=2, num_heads=3))
     config = tiny_model_config(
-        shapes=(ModelShape.of_size("small"), custom), compile=(False, True), dtypes=("bf16",)
+        shapes=(shape_named("small"), custom), compile=(False, True), dtypes=("bf16",)
     )
-    parser = build_parser()
+    parser = TOOL.parser()
     args = parser.parse_args(config_argv(config))
-    assert config_from_args(args, parser, torch.device("cpu")) == config
+    assert TOOL.config(args, parser, torch.device("cpu")) == config
 
 
 def test_unknown_size_is_a_clear_error():
     with pytest.raises(ValueError, match="choose one of"):
-        ModelShape.of_size("huge")
+        shape_named("huge")
 
 
 def test_warmup_study_runs_fresh_processes(tiny_model_config, monkeypatch):
@@ -162,7 +161,7 @@ def test_main_rejects_partial_dimensions(capsys):
 @pytest.mark.gpu
 def test_cuda_run_reports_memory_mfu_and_snapshot(tiny_model_config, tmp_path):
     run = run_model(
-        tiny_model_config(shapes=(ModelShape.of_size("small"),), context_lengths=(128,)),
+        tiny_model_config(shapes=(shape_named("small"),), context_lengths=(128,)),
         device="cuda",
         memory_snapshot=tmp_path / "snap.pickle",
         show_progress=False,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bench.oom import OK, OOM, Unavailable, guarded, skipped
+from bench.core.oom import OK, OOM, Unavailable, guarded, skipped
 
 
 def _raise(exc):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bench.plots import Bars, bar_plot, hbar_plot, line_plot, stacked_bar_plot
+from bench.core.plots import Bars, bar_plot, hbar_plot, line_plot, stacked_bar_plot
 
 PNG_MAGIC = b"\x89PNG"
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from bench.attn import run_attention
-from bench.report import NOT_MEASURED, SECTIONS, build_report, collect_runs, main
-from bench.results import save_json
+from bench.core.results import save_json
+from bench.tools.attn import run_attention
+from bench.tools.report import NOT_MEASURED, SECTIONS, build_report, collect_runs, main
 
 
 def test_collects_every_tool_result(tool_results):
@@ -50,7 +50,7 @@ def test_oom_boundary_is_reported(tmp_path, tiny_attn_config, naive_attention_oo
 
 
 def test_plots_are_linked_relative_to_the_report(tmp_path):
-    from bench.precision import main as precision_main
+    from bench.tools.precision import main as precision_main
 
     results = tmp_path / "results"
     assert (
@@ -87,7 +87,7 @@ def test_main_writes_output(tool_results, tmp_path, capsys):
 
 
 def test_communication_answers_from_an_allreduce_run(tmp_path):
-    from bench.allreduce import AllReduceConfig, run_allreduce
+    from bench.tools.allreduce import AllReduceConfig, run_allreduce
 
     config = AllReduceConfig(backends=("gloo",), sizes_mb=(1.0,), world_sizes=(2,), steps=2)
     run = run_allreduce(config, device="cpu", show_progress=False)

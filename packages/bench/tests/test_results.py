@@ -6,8 +6,16 @@ import math
 import pytest
 import torch
 
-from bench.oom import OK, OOM
-from bench.results import SCHEMA, Run, format_value, load_json, result_stem, save_json, to_markdown
+from bench.core.oom import OK, OOM
+from bench.core.results import (
+    SCHEMA,
+    Run,
+    format_value,
+    load_json,
+    result_stem,
+    save_json,
+    to_markdown,
+)
 
 
 def _rows():

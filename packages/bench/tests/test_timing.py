@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from bench.timing import Summary, do_bench, elapsed_ms, summarize, time_fn, time_with_setup
+from bench.core.timing import Summary, do_bench, elapsed_ms, summarize, time_fn, time_with_setup
 
 CPU = torch.device("cpu")
 SLEEP_S = 0.004  # long enough to dominate timer overhead, short enough for CI

@@ -7,25 +7,24 @@ import dataclasses
 import pytest
 import torch
 
-from bench.model import TINY
-from bench.results import load_json, save_json
-from bench.zero import (
+from bench.core.results import load_json, save_json
+from bench.tools.sharding import (
     COLUMNS,
+    TOOL,
     ZeroBenchConfig,
-    build_parser,
-    config_from_args,
     main,
     plot_zero,
     run_zero,
 )
 
 CONFIG = ZeroBenchConfig(
-    shape=TINY,
+    size="tiny",
     context_length=16,
     batch=2,
     vocab_size=97,
-    variants=("ddp", "sharded", "torch-zero"),
+    variants=("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp"),
     bucket_mbs=(0.0, 25.0),
+    fsdp_dtypes=("fp32", "bf16"),
     warmup=1,
     steps=2,
 )
@@ -36,21 +35,48 @@ def run():
     return run_zero(CONFIG, device="cpu", command="bench-zero --test")
 
 
-def test_one_row_per_variant_and_bucket_cap(run):
-    assert [(r["variant"], r["bucket_mb"]) for r in run.rows] == [
-        ("ddp", None),
-        ("sharded", 0.0),
-        ("sharded", 25.0),
-        ("torch-zero", None),
+def test_one_row_per_variant_bucket_cap_and_compute_dtype(run):
+    assert [(r["variant"], r["bucket_mb"], r["compute_dtype"]) for r in run.rows] == [
+        ("ddp", None, None),
+        ("sharded", 0.0, None),
+        ("sharded", 25.0, None),
+        ("torch-zero", None, None),
+        ("fsdp", None, "fp32"),
+        ("fsdp", None, "bf16"),
+        ("torch-fsdp", None, "fp32"),
+        ("torch-fsdp", None, "bf16"),
     ]
     assert all(r["status"] == "ok" for r in run.rows)
     assert all(list(r) == list(COLUMNS) for r in run.rows)
 
 
+def _rows(run, *variants):
+    return [r for r in run.rows if r["variant"] in variants]
+
+
 def test_every_rank_holds_whole_parameters_and_gradients(run):
-    params = {r["param_mib"] for r in run.rows}
-    assert len(params) == 1
-    assert all(r["grad_mib"] == r["param_mib"] for r in run.rows)
+    rows = _rows(run, "ddp", "sharded", "torch-zero")
+    assert len({r["param_mib"] for r in rows}) == 1
+    assert all(r["grad_mib"] == r["param_mib"] for r in rows)
+
+
+def test_fsdp_ranks_hold_about_half_of_parameters_gradients_and_state(run):
+    whole = run.rows[0]
+    for row in _rows(run, "fsdp", "torch-fsdp"):
+        # the largest rank: half of every tensor, plus padding (and ours: whole norm gains)
+        for key in ("param_mib", "grad_mib", "state_mib"):
+            assert 0.5 <= row[key] / whole[key] <= 0.6, (row["variant"], key)
+
+
+def test_fsdp_rows_are_compared_with_torch_fsdp_of_the_same_dtype(run):
+    for row in _rows(run, "fsdp"):
+        theirs = next(
+            r for r in _rows(run, "torch-fsdp") if r["compute_dtype"] == row["compute_dtype"]
+        )
+        assert row["time_vs_torch_fsdp"] == pytest.approx(row["step_ms"] / theirs["step_ms"])
+        assert row["peak_vs_torch_fsdp"] is None  # no peaks on the CPU
+    assert all(r["time_vs_torch_fsdp"] is None for r in _rows(run, "ddp", "torch-fsdp"))
+    assert sum("fsdp (" in note for note in run.notes) == 2
 
 
 def test_unsharded_adamw_state_is_two_moments_per_parameter(run):
@@ -60,7 +86,7 @@ def test_unsharded_adamw_state_is_two_moments_per_parameter(run):
 
 
 def test_sharded_state_is_about_half(run):
-    for row in run.rows[1:]:
+    for row in _rows(run, "sharded", "torch-zero"):
         # the largest rank holds at least half; whole tensors make it a little more
         assert 0.5 <= row["state_vs_ddp"] <= 0.6
 
@@ -85,22 +111,32 @@ def test_help(help_text):
 
 
 def test_options_override_the_cpu_default():
-    parser = build_parser()
-    args = parser.parse_args(["--size", "tiny", "--zero-bucket-mb", "0", "inf", "--steps", "4"])
-    config = config_from_args(args, parser, device=torch.device("cpu"))
+    parser = TOOL.parser()
+    args = parser.parse_args(
+        ["--size", "tiny", "--zero-bucket-mb", "0", "inf", "--steps", "4", "--fsdp-dtypes", "bf16"]
+    )
+    config = TOOL.config(args, parser, torch.device("cpu"))
     assert config.bucket_mbs == (0.0, float("inf"))
+    assert config.fsdp_dtypes == ("bf16",)
     assert config.steps == 4
-    assert config.shape == TINY
+    assert config.size == "tiny"
 
 
 def test_no_options_keep_the_announced_default():
-    parser = build_parser()
-    assert config_from_args(parser.parse_args([]), parser, device="cpu") is None
+    parser = TOOL.parser()
+    assert TOOL.config(parser.parse_args([]), parser, torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize(
     "change",
-    [{"variants": ("nope",)}, {"optimizer": "sgd"}, {"bucket_mbs": (-1.0,)}, {"world_size": 1}],
+    [
+        {"variants": ("nope",)},
+        {"optimizer": "sgd"},
+        {"bucket_mbs": (-1.0,)},
+        {"world_size": 1},
+        {"fsdp_dtypes": ("fp16",)},
+        {"fsdp_dtypes": ()},
+    ],
 )
 def test_bad_config_raises(change):
     with pytest.raises(ValueError):

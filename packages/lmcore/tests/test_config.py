@@ -4,11 +4,13 @@ import pytest
 import torch
 
 from lmcore import (
+    HANDOUT_SIZES,
     MODEL_SIZES,
     VOCAB_SIZE,
     ModelConfig,
     TransformerLM,
     count_parameters,
+    cross_entropy,
     model_config,
 )
 
@@ -29,9 +31,21 @@ def _meta_model(size: str, **kwargs) -> TransformerLM:
 
 def test_model_sizes_match_handout_table():
     table = {
-        name: (s.d_model, s.d_ff, s.num_layers, s.num_heads) for name, s in MODEL_SIZES.items()
+        name: (s.d_model, s.d_ff, s.num_layers, s.num_heads)
+        for name, s in MODEL_SIZES.items()
+        if name in HANDOUT_SIZES
     }
     assert table == HANDOUT_TABLE_1
+    assert tuple(HANDOUT_TABLE_1) == HANDOUT_SIZES
+
+
+def test_tiny_size_trains_a_step_on_the_cpu():
+    model = TransformerLM.from_size("tiny", context_length=16)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 17))
+    loss = cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+    loss.backward()
+    assert count_parameters(model.config) == sum(p.numel() for p in model.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
 def test_default_vocabulary_is_ten_thousand():
@@ -60,7 +74,7 @@ def test_built_model_has_the_named_shape():
 
 def test_model_sizes_are_read_only():
     with pytest.raises(TypeError):
-        MODEL_SIZES["tiny"] = MODEL_SIZES["small"]
+        MODEL_SIZES["huge"] = MODEL_SIZES["small"]
 
 
 def test_unknown_size_lists_valid_sizes():

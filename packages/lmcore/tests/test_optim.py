@@ -34,20 +34,56 @@ def _train(optimizer_cls, params, steps: int, **kwargs):
     return optimizer
 
 
-@pytest.mark.parametrize("foreach", [False, True])
-def test_adamw_matches_torch_over_several_steps(foreach):
+# Both of our paths against both of torch's: the same IEEE operations in the same order, so the
+# parameters and moments agree bit for bit (rtol=atol=0), not merely to a tolerance.
+@pytest.mark.parametrize("torch_foreach", [False, True])
+@pytest.mark.parametrize("foreach", [None, False, True])
+def test_adamw_matches_torch_over_several_steps(foreach, torch_foreach):
     ours, theirs = _make_params(0), _make_params(0)
-    _train(AdamW, ours, steps=7)
-    _train(torch.optim.AdamW, theirs, steps=7, foreach=foreach)
+    mine = _train(AdamW, ours, steps=7, foreach=foreach)
+    reference = _train(torch.optim.AdamW, theirs, steps=7, foreach=torch_foreach)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(mine.state[a][key], reference.state[b][key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_adamw_matches_torch_in_float64_with_mixed_dtypes(foreach):
+    ours = _make_params(1, torch.float64)[:2] + _make_params(1)[2:]
+    theirs = _make_params(1, torch.float64)[:2] + _make_params(1)[2:]
+    _train(AdamW, ours, steps=4, foreach=foreach)
+    _train(torch.optim.AdamW, theirs, steps=4)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_adamw_matches_torch_in_float64_with_mixed_dtypes():
-    ours = _make_params(1, torch.float64)[:2] + _make_params(1)[2:]
-    theirs = _make_params(1, torch.float64)[:2] + _make_params(1)[2:]
-    _train(AdamW, ours, steps=4)
-    _train(torch.optim.AdamW, theirs, steps=4)
+def test_adamw_foreach_and_loop_paths_agree_on_a_model():
+    torch.manual_seed(3)
+    models = [torch.nn.Sequential(torch.nn.Linear(9, 13), torch.nn.Linear(13, 5)) for _ in "ab"]
+    models[1].load_state_dict(models[0].state_dict())
+    optimizers = [
+        AdamW(m.parameters(), lr=3e-3, weight_decay=0.1, foreach=f)
+        for m, f in zip(models, (True, False), strict=True)
+    ]
+    for _ in range(5):
+        x = torch.randn(6, 9)
+        for model, optimizer in zip(models, optimizers, strict=True):
+            optimizer.zero_grad()
+            model(x).square().mean().backward()
+            optimizer.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("foreach", "torch_foreach"), [(None, True), (False, False)])
+def test_adamw_matches_torch_on_cuda(foreach, torch_foreach):
+    # On CUDA the default is the multi-tensor path; each path against torch's same path.
+    ours = [p.detach().cuda().requires_grad_() for p in _make_params(4)]
+    theirs = [p.detach().cuda().requires_grad_() for p in _make_params(4)]
+    _train(AdamW, ours, steps=5, foreach=foreach)
+    _train(torch.optim.AdamW, theirs, steps=5, foreach=torch_foreach)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

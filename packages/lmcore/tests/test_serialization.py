@@ -74,6 +74,23 @@ def test_round_trip_through_file_object(tiny_config, tokens):
         assert torch.equal(a, b)
 
 
+def test_extra_state_round_trips_and_loads_from_the_read_dict(tiny_config, tmp_path):
+    model, optimizer = _fresh(tiny_config, seed=0)
+    rng = np.random.default_rng(7)
+    rng.integers(0, 10, size=3)
+    extra = {"config": {"lr": 1e-3, "size": "tiny"}, "rng": rng.bit_generator.state}
+    extra["torch_rng"] = torch.get_rng_state()
+    save_checkpoint(model, optimizer, 3, tmp_path / "ckpt.pt", extra=extra)
+    read = torch.load(tmp_path / "ckpt.pt", map_location="cpu", weights_only=True)
+    assert read["extra"]["config"] == extra["config"]
+    assert read["extra"]["rng"] == extra["rng"]  # 128-bit integers survive weights_only loading
+    assert torch.equal(read["extra"]["torch_rng"], extra["torch_rng"])
+    other, other_optimizer = _fresh(tiny_config, seed=1)
+    assert load_checkpoint(read, other, other_optimizer) == 3
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 # Importing torch.compile's machinery the first time triggers a deprecation warning inside torch.
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_model_saves_plain_keys(tiny_config, tmp_path):

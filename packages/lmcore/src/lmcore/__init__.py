@@ -21,7 +21,14 @@ from lmcore.backends import (
     sdpa_attention,
 )
 from lmcore.clip import clip_grad_norm
-from lmcore.config import MODEL_SIZES, VOCAB_SIZE, ModelConfig, ModelSize, model_config
+from lmcore.config import (
+    HANDOUT_SIZES,
+    MODEL_SIZES,
+    VOCAB_SIZE,
+    ModelConfig,
+    ModelSize,
+    model_config,
+)
 from lmcore.counting import (
     count_parameters,
     forward_flops,
@@ -45,6 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "HANDOUT_SIZES",
     "MODEL_SIZES",
     "VOCAB_SIZE",
     "AdamW",

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["MODEL_SIZES", "VOCAB_SIZE", "ModelConfig", "ModelSize", "model_config"]
+__all__ = ["HANDOUT_SIZES", "MODEL_SIZES", "VOCAB_SIZE", "ModelConfig", "ModelSize", "model_config"]
 
 # The handout trains every size on a BPE tokenizer with a 10,000-token vocabulary.
 VOCAB_SIZE = 10_000
@@ -106,7 +106,9 @@ class ModelSize:
         )
 
 
-# Table 1 of the CS336 assignment 2 handout. Read-only, so that no caller can change a size.
+# Table 1 of the CS336 assignment 2 handout, then `tiny`: two narrow layers, so that a training
+# step takes milliseconds on a CPU (tests, CPU defaults, a first `bench-train --size tiny`).
+# Read-only, so that no caller can change a size.
 MODEL_SIZES: Mapping[str, ModelSize] = MappingProxyType(
     {
         "small": ModelSize(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
@@ -114,8 +116,11 @@ MODEL_SIZES: Mapping[str, ModelSize] = MappingProxyType(
         "large": ModelSize(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
         "xl": ModelSize(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
         "2.7B": ModelSize(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+        "tiny": ModelSize(d_model=64, d_ff=256, num_layers=2, num_heads=4),
     }
 )
+# The sizes of the handout's Table 1 (all but `tiny`), in its order.
+HANDOUT_SIZES: tuple[str, ...] = ("small", "medium", "large", "xl", "2.7B")
 
 
 def model_config(
@@ -129,7 +134,8 @@ def model_config(
     """The `ModelConfig` of a named size from `MODEL_SIZES`.
 
     Args:
-        size: one of the keys of `MODEL_SIZES` ("small", "medium", "large", "xl", "2.7B").
+        size: one of the keys of `MODEL_SIZES` ("small", "medium", "large", "xl", "2.7B",
+            "tiny").
         context_length: the longest sequence the model will see.
         vocab_size: vocabulary size (the handout's 10,000 by default).
         rope_theta: RoPE base wavelength.

@@ -128,7 +128,7 @@ class TransformerLM(nn.Module):
         rope_theta: float = DEFAULT_ROPE_THETA,
         attention: str = "naive",
     ) -> TransformerLM:
-        """Build a named size of `MODEL_SIZES` ("small", "medium", "large", "xl", "2.7B").
+        """Build a named size of `MODEL_SIZES` ("small", "medium", "large", "xl", "2.7B", "tiny").
 
         Raises:
             ValueError: unknown size (the message lists the valid ones) or attention backend.

@@ -27,11 +27,24 @@ class AdamW(torch.optim.Optimizer):
         θ ← θ − lr / (1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
 
     The per-parameter state is `step` (a float CPU scalar tensor), `exp_avg` (m) and `exp_avg_sq`
-    (v), with the names and layout torch uses, so state dicts load in either direction. The update
-    runs as multi-tensor (`torch._foreach_*`) operations per parameter group, which on a GPU
-    launches a handful of kernels per group instead of a handful per parameter; the result is the
-    same as a per-parameter loop. Parameters whose `grad` is None are skipped (their step count
-    does not advance).
+    (v), with the names and layout torch uses, so state dicts load in either direction.
+    Parameters whose `grad` is None are skipped (their step count does not advance).
+
+    Two implementations of the same arithmetic, chosen by `foreach`:
+
+    - multi-tensor: `torch._foreach_*` operations over each parameter group, which on a GPU
+      launch a handful of kernels per group instead of a handful per parameter. The operations
+      and their order are those of torch's own foreach AdamW.
+    - per-parameter: a loop over the parameters, torch's single-tensor AdamW written out; the
+      readable one, and the reference the multi-tensor path is tested against.
+
+    By default (`foreach=None`) a group whose parameters are all on CUDA takes the multi-tensor
+    path and any other the per-parameter one, torch's own rule: on the CPU the `_foreach_`
+    operations run as a loop over the tensors anyway and save nothing.
+
+    Both give bit-for-bit the results of `torch.optim.AdamW` (either of its paths) in fp32 and
+    fp64: every elementwise operation is the same IEEE operation in the same order, and the bias
+    corrections are the same Python-float expressions.
 
     Args:
         params: parameters or parameter groups (dicts), as for any `torch.optim.Optimizer`.
@@ -39,6 +52,8 @@ class AdamW(torch.optim.Optimizer):
         betas: (β₁, β₂), decay rates of the moment estimates.
         eps: added to the denominator for numerical stability.
         weight_decay: decoupled weight decay λ (multiplied by `lr`).
+        foreach: True for the multi-tensor path, False for the per-parameter loop, None (the
+            default) for multi-tensor on CUDA and per-parameter elsewhere.
 
     Raises:
         ValueError: a hyper-parameter is out of range.
@@ -58,6 +73,8 @@ class AdamW(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        *,
+        foreach: bool | None = None,
     ) -> None:
         if not lr >= 0.0:
             raise ValueError(f"learning rate must be >= 0, got {lr}")
@@ -67,7 +84,13 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"eps must be >= 0, got {eps}")
         if not weight_decay >= 0.0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "foreach": foreach,
+        }
         super().__init__(params, defaults)
 
     def _init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -101,6 +124,35 @@ class AdamW(torch.optim.Optimizer):
             raise RuntimeError(
                 "AdamW does not support sparse gradients; use torch.optim.SparseAdam"
             )
+        foreach = group.get("foreach")
+        if foreach is None:
+            foreach = all(p.is_cuda for p in params)
+        if foreach:
+            self._step_foreach(params, group)
+        else:
+            for param in params:
+                self._step_one(param, group)
+
+    def _step_one(self, param: torch.Tensor, group: dict[str, Any]) -> None:
+        """The per-parameter update (torch's single-tensor AdamW)."""
+        state = self._init_state(param)
+        grad, exp_avg, exp_avg_sq = param.grad, state["exp_avg"], state["exp_avg_sq"]
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+
+        state["step"] += 1
+        if weight_decay != 0:
+            param.mul_(1 - lr * weight_decay)
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+
+        t = state["step"].item()
+        step_size = lr / (1 - beta1**t)
+        denom = (exp_avg_sq.sqrt() / (1 - beta2**t) ** 0.5).add_(eps)
+        param.addcdiv_(exp_avg, denom, value=-step_size)
+
+    def _step_foreach(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+        """The multi-tensor update of one group's `params` (torch's foreach AdamW)."""
         grads = [p.grad for p in params]
         states = [self._init_state(p) for p in params]
         exp_avgs = [s["exp_avg"] for s in states]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import IO
+from collections.abc import Mapping
+from typing import IO, Any
 
 import torch
 from torch import nn
@@ -24,6 +25,8 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     iteration: int,
     path: Destination,
+    *,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
     """Write the model's and optimizer's state dicts and the iteration to `path` (`torch.save`).
 
@@ -32,6 +35,9 @@ def save_checkpoint(
         optimizer: its optimizer, or None to save the weights alone.
         iteration: the number of completed training steps.
         path: a file path or a writable binary file object.
+        extra: anything else a training loop needs to resume (its configuration, random number
+            generator states, data position), stored under the key `"extra"`; it must load with
+            `torch.load(..., weights_only=True)`: tensors, numbers, strings, lists and dicts.
 
     Raises:
         ValueError: `iteration` is not a non-negative integer.
@@ -43,13 +49,16 @@ def save_checkpoint(
             "model": _unwrap(model).state_dict(),
             "optimizer": None if optimizer is None else optimizer.state_dict(),
             "iteration": iteration,
+            "extra": dict(extra or {}),
         },
         path,
     )
 
 
 def load_checkpoint(
-    path: Destination, model: nn.Module, optimizer: torch.optim.Optimizer | None
+    path: Destination | Mapping[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
 ) -> int:
     """Restore a checkpoint written by `save_checkpoint` into `model` (and `optimizer`).
 
@@ -58,7 +67,8 @@ def load_checkpoint(
     the checkpoint continues exactly as the uninterrupted run would have.
 
     Args:
-        path: a file path or a readable binary file object.
+        path: a file path or a readable binary file object, or a checkpoint already read with
+            `torch.load` (to look at its `"extra"` entry first without reading the file twice).
         model: a model of the same architecture as the saved one.
         optimizer: an optimizer of the same type over the same parameters, or None to restore
             the weights only.
@@ -75,7 +85,10 @@ def load_checkpoint(
         >>> start = load_checkpoint("ckpt.pt", model, optimizer)
         >>> for it in range(start, num_steps): ...
     """
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(path, Mapping):
+        checkpoint = path
+    else:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     _unwrap(model).load_state_dict(checkpoint["model"])
     if optimizer is not None:
         if checkpoint["optimizer"] is None:

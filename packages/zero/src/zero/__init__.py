@@ -1,15 +1,17 @@
-"""ZeRO-1: optimizer-state sharding around any torch optimizer.
+"""ZeRO: optimizer-state sharding (ZeRO-1) and fully sharded data parallelism (FSDP).
 
 :class:`ShardedOptimizer` wraps an optimizer class so that each data-parallel rank keeps optimizer
 state for its shard of the parameters only, steps that shard, and broadcasts the result;
 :func:`partition_by_numel` is the balanced assignment of parameters to ranks it uses.
+:class:`FSDP` wraps a module so that weights, gradients and optimizer state are all sharded.
 """
 
 from zero.broadcast import DEFAULT_BUCKET_MB
+from zero.fsdp import FSDP
 from zero.partition import partition_by_numel
 from zero.sharded_optimizer import ShardedOptimizer
 
 # The package version; pyproject.toml reads it from here (hatch's version source).
 __version__ = "0.1.0"
 
-__all__ = ["DEFAULT_BUCKET_MB", "ShardedOptimizer", "partition_by_numel"]
+__all__ = ["DEFAULT_BUCKET_MB", "FSDP", "ShardedOptimizer", "partition_by_numel"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.memory import MIB
+from bench.core.memory import MIB
 
 __all__ = ["Allocation", "SnapshotSummary", "memory_timeline", "render_memory_snapshot"]
 
@@ -176,7 +176,7 @@ def render_memory_snapshot(
     ]
     timed = all("time_us" in e for e in allocs)
 
-    from matplotlib.figure import Figure  # imported on first use, as in `bench.plots`
+    from matplotlib.figure import Figure  # imported on first use, as in `bench.core.plots`
 
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     line_ax, bar_ax = fig.subplots(1, 2, width_ratios=[3, 2])

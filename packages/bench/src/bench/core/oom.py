@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from bench.memory import free_memory
+from bench.core.memory import free_memory
 
 __all__ = ["OK", "OOM", "Outcome", "Unavailable", "guarded", "skipped"]
 

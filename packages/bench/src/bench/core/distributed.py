@@ -1,8 +1,9 @@
-"""What the multi-rank benchmarks (bench-allreduce, bench-ddp, bench-zero) share, on `bench.launch`.
+"""What the multi-rank benchmarks (bench-allreduce, bench-ddp, bench-zero) share, on
+`bench.core.launch`.
 
 On each rank:
 
-- `guarded_on_all_ranks(fn, device=)`: `bench.oom.guarded`, with the ranks agreeing on the
+- `guarded_on_all_ranks(fn, device=)`: `bench.core.oom.guarded`, with the ranks agreeing on the
   outcome (one all-reduce of a flag), so that a rank that ran out of memory and the ranks that
   did not record the same status and go on to the next measurement together, rather than one
   of them starting collectives alone.
@@ -14,7 +15,7 @@ After the launch, `slowest_rank(per_rank)`: a step (an iteration, a collective) 
 its slowest rank, so a step's time is the largest over the ranks, summarised over the steps.
 
 On the command line, `add_timeout_arg`: `--timeout`, the seconds the ranks may take.
-The data-parallel training set-up that bench-ddp and bench-zero share is in `bench.training`.
+The data-parallel training set-up that bench-ddp and bench-zero share is in `bench.core.training`.
 
 Example::
 
@@ -33,9 +34,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from bench.launch import DEFAULT_TIMEOUT_S, all_ranks_ok, backend_for, launch, rank_device
-from bench.oom import OK, OOM, Outcome, guarded
-from bench.timing import Summary, summarize
+from bench.core.launch import DEFAULT_TIMEOUT_S, all_ranks_ok, backend_for, launch, rank_device
+from bench.core.oom import OK, OOM, Outcome, guarded
+from bench.core.timing import Summary, summarize
 
 __all__ = ["add_timeout_arg", "guarded_on_all_ranks", "measure_cases", "slowest_rank"]
 
@@ -86,7 +87,7 @@ def measure_cases(
 ) -> list[tuple[K, list[dict[str, Any]]]]:
     """Run `measure(case, config, rank, device)` for every case on `config.world_size` ranks.
 
-    One launch (`bench.launch.launch`) with nccl on CUDA (one GPU per rank) or gloo on the CPU;
+    One launch (`bench.core.launch.launch`) with nccl on CUDA (one GPU per rank) or gloo on the CPU;
     the cases run in order on every rank, each guarded on all ranks.
 
     Args:

@@ -3,7 +3,7 @@
 Every implementation is a function `fn(q, k, v, causal) -> o` over head-less tensors
 `(batch, seq, d)`, the layout of the handout's attention benchmarks. Those that need a head
 dimension (lmcore's backends, SDPA) get a view with one head, `(batch, 1, seq, d)`, of the same
-data. An implementation that cannot run here raises `bench.oom.Unavailable` with the reason,
+data. An implementation that cannot run here raises `bench.core.oom.Unavailable` with the reason,
 so its row says `skipped: <reason>` instead of failing the sweep.
 
 | name | what runs |
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.oom import Unavailable
+from bench.core.oom import Unavailable
 from lmcore import naive_attention, sdpa_attention
 
 __all__ = ["IMPL_NAMES", "AttentionFn", "attention_impl", "require_fa2"]

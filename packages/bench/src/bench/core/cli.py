@@ -1,31 +1,32 @@
 """Command-line plumbing every `bench-*` tool shares: common options, device choice, the device's
 default configuration and its notice, progress, and writing the table / JSON / plot at the end.
 
-A tool's `main` reads like this::
+A tool describes its command once, as a `Tool`, and its `main` runs it::
 
-    def build_parser() -> argparse.ArgumentParser:
-        parser = make_parser("bench-attn", __doc__)
+    def _add_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--seq", type=int, nargs="+")
-        return parser
 
-    def config_from_args(args, parser, device) -> AttnConfig | None:
-        return apply_overrides(default_attn_config(device), {"seqs": distinct(args.seq)},
-                               parser=parser)
+    def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+        return {"seqs": distinct(args.seq)}  # configuration field -> option value (None: not given)
 
-    def _run(cli: Invocation) -> Run:
-        return run_attention(config_from_args(cli.args, cli.parser, cli.device),
-                             device=cli.device, command=cli.command,
+    def _run(config: AttnConfig | None, cli: Invocation) -> Run:
+        return run_attention(config, device=cli.device, command=cli.command,
                              show_progress=cli.show_progress)
 
-    def main(argv: Sequence[str] | None = None) -> int:
-        return run_command(build_parser(), argv, _run, plot=plot_attention)
+    TOOL = Tool("bench-attn", __doc__, add_options=_add_options, run=_run,
+                default=default_attn_config, overrides=_overrides, plot=plot_attention)
 
-and its `run_*` function starts with
-`config, notes = config_or_default(config, device, default=..., tool=..., describe=...)`.
+    def main(argv: Sequence[str] | None = None) -> int:
+        return TOOL.main(argv)
+
+`Tool.config` builds the device's default only when an option changes it (and passes None
+otherwise), so the default is built once, by the tool's `run_*` function, which starts with
+`config, notes = config_or_default(config, device, default=..., tool=..., describe=...)` and so
+announces the small CPU default.
 
 Common options: `--json PATH` (write the run), `--plot PATH` (write a PNG), `--markdown PATH`
 (write the printed table), `--device {auto,cpu,cuda,cuda:N}` and `--no-progress`. Under
-`torchrun` only the primary rank prints, draws and writes files (`bench.launch.is_primary`).
+`torchrun` only the primary rank prints, draws and writes files (`bench.core.launch.is_primary`).
 """
 
 from __future__ import annotations
@@ -37,17 +38,18 @@ import sys
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
-from bench.env import command_line
-from bench.launch import is_primary
-from bench.results import Run, save_json
+from bench.core.env import command_line
+from bench.core.launch import is_primary
+from bench.core.results import Run, format_value, save_json
 
 __all__ = [
     "Invocation",
+    "Tool",
     "add_common_args",
     "add_timing_args",
     "apply_overrides",
@@ -57,6 +59,7 @@ __all__ = [
     "cpu_default_notice",
     "distinct",
     "emit",
+    "live_rows",
     "make_parser",
     "progress",
     "resolve_device",
@@ -204,12 +207,13 @@ def usage_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
 
 
 def apply_overrides(
-    default: C, overrides: Mapping[str, Any], *, parser: argparse.ArgumentParser
+    default: Callable[[], C], overrides: Mapping[str, Any], *, parser: argparse.ArgumentParser
 ) -> C | None:
     """The device's default configuration with the options given on the command line applied.
 
     Args:
-        default: the device's default configuration (a dataclass).
+        default: builds the device's default configuration (a dataclass); called only when an
+            option was given.
         overrides: field name to option value; None stands for an option not given.
         parser: reports a value the configuration refuses as a usage error (exit status 2).
 
@@ -221,7 +225,7 @@ def apply_overrides(
     if not given:
         return None
     with usage_errors(parser):
-        return replace(default, **given)
+        return replace(default(), **given)
 
 
 def progress(
@@ -231,6 +235,37 @@ def progress(
     if not enabled:
         return items
     return tqdm(items, desc=desc, total=total, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+def live_rows(
+    columns: Sequence[str], *, title: str | None = None
+) -> Callable[[Mapping[str, Any]], None]:
+    """A printer of a sweep's rows as they complete: a Markdown header first, then a line per row.
+
+    The lines go to stderr (through tqdm, so that they print above a progress bar), on the
+    primary rank only, whether or not a bar is shown; the finished table still goes to stdout
+    at the end (`emit`).
+
+    Args:
+        columns: the row keys to print, in order.
+        title: a line printed before the header.
+    """
+    started = False
+
+    def show(row: Mapping[str, Any]) -> None:
+        nonlocal started
+        if not is_primary():
+            return
+        if not started:
+            started = True
+            header = [*([title] if title else []), "| " + " | ".join(columns) + " |"]
+            header.append("|" + "---|" * len(columns))
+            for line in header:
+                tqdm.write(line, file=sys.stderr)
+        cells = (format_value(row.get(c)) for c in columns)
+        tqdm.write("| " + " | ".join(cells) + " |", file=sys.stderr)
+
+    return show
 
 
 def emit(
@@ -319,3 +354,55 @@ def run_command(
     run = measure(Invocation(parser, args, device, command_line(argv, prog=parser.prog)))
     emit(run, args, plot=None if plot is None else lambda path: plot(run, path))
     return 0
+
+
+@dataclass(frozen=True)
+class Tool(Generic[C]):
+    """A `bench-*` command: its options, its configuration and what it measures.
+
+    Attributes:
+        prog: the command's name (`bench-attn`), shown in `--help`.
+        doc: its help text; the tool module's docstring.
+        add_options: adds the tool's own options to a parser that has the common ones.
+        run: runs the tool for a configuration (None: the device's default) and the parsed
+            command line, and returns its `Run`.
+        default: the device's default configuration; None for a tool without one.
+        overrides: the configuration fields the options set (None: an option not given); a
+            `ValueError` it raises is reported as a usage error.
+        plot: draws the run's figure(s) at the `--plot` path (see `emit`).
+    """
+
+    prog: str
+    doc: str | None
+    add_options: Callable[[argparse.ArgumentParser], object]
+    run: Callable[[C | None, Invocation], Run]
+    default: Callable[[torch.device], C] | None = None
+    overrides: Callable[[argparse.Namespace], Mapping[str, Any]] | None = None
+    plot: Callable[[Run, Path], Path | Sequence[Path]] | None = None
+
+    def parser(self) -> argparse.ArgumentParser:
+        """The command line: the common options and the tool's own."""
+        parser = make_parser(self.prog, self.doc)
+        self.add_options(parser)
+        return parser
+
+    def config(
+        self, args: argparse.Namespace, parser: argparse.ArgumentParser, device: torch.device
+    ) -> C | None:
+        """The device's default with the options applied; None when no option changes it (or
+        the tool has no configuration), so that the tool builds and announces its default."""
+        if self.default is None or self.overrides is None:
+            return None
+        default = self.default
+        with usage_errors(parser):
+            overrides = self.overrides(args)
+        return apply_overrides(lambda: default(device), overrides, parser=parser)
+
+    def main(self, argv: Sequence[str] | None = None) -> int:
+        """Parse `argv`, measure, print and write what was asked; the exit status (0)."""
+        parser = self.parser()
+
+        def measure(cli: Invocation) -> Run:
+            return self.run(self.config(cli.args, parser, cli.device), cli)
+
+        return run_command(parser, argv, measure, plot=self.plot)

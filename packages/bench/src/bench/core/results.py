@@ -1,9 +1,10 @@
 """Result records: tidy rows plus the metadata that makes them a result, as Markdown and JSON.
 
 A `Run` is what every tool returns: a list of flat dicts (one per measurement; rows of one kind
-share their keys), the configuration that produced them, the environment (`bench.env.collect_env`),
-the command line and date, free-form notes, and the plots drawn from the rows. `save_json` writes
-it in a stable schema that `bench-report` reads back with `load_json`.
+share their keys), the configuration that produced them, the environment
+(`bench.core.env.collect_env`), the command line and date, free-form notes, and the plots drawn
+from the rows. `save_json` writes it in a stable schema that `bench-report` reads back with
+`load_json`.
 
 JSON schema `cs336sys-bench/1`::
 
@@ -37,8 +38,8 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
-from bench.env import collect_env
-from bench.oom import OK, OOM
+from bench.core.env import collect_env
+from bench.core.oom import OK, OOM
 
 __all__ = [
     "SCHEMA",

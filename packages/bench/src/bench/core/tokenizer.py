@@ -1,0 +1,210 @@
+"""Tokenizers for training on text: the UTF-8 bytes, or a byte-level BPE trained on the text.
+
+- `ByteTokenizer`: every UTF-8 byte is a token; vocabulary 256, nothing to train or save.
+- `BPETokenizer`: a byte-level BPE (GPT-2's pre-tokenisation, bytes as the base alphabet, so
+  every text encodes without unknown tokens) trained on the training text with the Hugging Face
+  `tokenizers` library, and saved as one `tokenizer.json` beside the checkpoints, so that
+  generation and `--resume` decode with the same vocabulary.
+
+`make_tokenizer(kind, ...)` is the front door: it trains (or takes from the cache) and saves.
+Token ids are stored as uint16 (`bench.core.token_data`), so a vocabulary holds at most 65,536
+tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+__all__ = [
+    "MAX_VOCAB_SIZE",
+    "TOKENIZERS",
+    "TOKENIZER_FILE",
+    "BPETokenizer",
+    "ByteTokenizer",
+    "Tokenizer",
+    "load_tokenizer",
+    "make_tokenizer",
+]
+
+TOKENIZERS = ("bytes", "bpe")
+TOKENIZER_FILE = "tokenizer.json"  # a BPE tokenizer's file, in the run's output folder
+MAX_VOCAB_SIZE = 2**16  # ids are stored as uint16
+# Text goes to the BPE encoder in pieces of about this many characters (whole lines), so that
+# `encode_batch` spreads the work over the cores and memory stays bounded.
+_CHUNK_CHARS = 1 << 20
+
+
+class Tokenizer(Protocol):
+    """What training needs of a tokenizer: its name, vocabulary size, encode and decode."""
+
+    kind: str
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids of `text`."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids` (invalid UTF-8 shown as U+FFFD)."""
+        ...
+
+    def fingerprint(self) -> str:
+        """A hash that changes whenever the ids of some text would: the token cache's key."""
+        ...
+
+
+class ByteTokenizer:
+    """The UTF-8 bytes of the text as token ids (vocabulary 256): no training, no file."""
+
+    kind = "bytes"
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of `text`."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of the bytes `ids`; a sequence cut inside a character shows U+FFFD there."""
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def fingerprint(self) -> str:
+        """Always the same: the byte mapping never changes."""
+        return "bytes"
+
+
+class BPETokenizer:
+    """A byte-level BPE of the Hugging Face `tokenizers` library (see the module docstring).
+
+    Build one with `train` or `load`; `save` writes its `tokenizer.json`.
+    """
+
+    kind = "bpe"
+
+    def __init__(self, tokenizer: object) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size: int = tokenizer.get_vocab_size()
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int) -> BPETokenizer:
+        """Learn merges on `text` until the vocabulary holds `vocab_size` tokens (or none is left).
+
+        Raises:
+            ValueError: `vocab_size` is below 257 (the 256 bytes and one merge) or above 65,536.
+        """
+        if not 256 < vocab_size <= MAX_VOCAB_SIZE:
+            raise ValueError(
+                f"a byte-level BPE needs a vocabulary in (256, {MAX_VOCAB_SIZE}] (the 256 bytes "
+                f"plus merges; ids are stored as uint16), got --vocab-size {vocab_size}"
+            )
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        tokenizer = HFTokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tokenizer.train_from_iterator(_chunks(text), trainer=trainer, length=None)
+        return cls(tokenizer)
+
+    @classmethod
+    def load(cls, path: str | Path) -> BPETokenizer:
+        """The tokenizer saved at `path` (a `tokenizer.json`)."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return cls(HFTokenizer.from_file(str(path)))
+
+    def save(self, path: str | Path) -> None:
+        """Write the tokenizer to `path` (a `tokenizer.json`)."""
+        self._tokenizer.save(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids of `text`, encoded in line-aligned pieces in parallel."""
+        ids: list[int] = []
+        for encoding in self._tokenizer.encode_batch(list(_chunks(text))):
+            ids.extend(encoding.ids)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids`."""
+        return self._tokenizer.decode(list(ids))
+
+    def fingerprint(self) -> str:
+        """The hash of the tokenizer's JSON: same merges, same fingerprint."""
+        return hashlib.sha256(self._tokenizer.to_str().encode()).hexdigest()[:16]
+
+
+def _chunks(text: str) -> Iterator[str]:
+    """`text` in consecutive pieces of whole lines, about `_CHUNK_CHARS` characters each."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + _CHUNK_CHARS)
+        end = len(text) if end < 0 else end + 1
+        yield text[start:end]
+        start = end
+
+
+def load_tokenizer(kind: str, directory: str | Path) -> Tokenizer | None:
+    """The tokenizer of a run in `directory`: bytes, or its saved BPE (None if there is none)."""
+    if kind == "bytes":
+        return ByteTokenizer()
+    path = Path(directory) / TOKENIZER_FILE
+    return BPETokenizer.load(path) if path.is_file() else None
+
+
+def make_tokenizer(
+    kind: str,
+    *,
+    text: str,
+    vocab_size: int,
+    out_dir: str | Path,
+    cache_dir: str | Path | None = None,
+) -> Tokenizer:
+    """The tokenizer of a run, trained on `text` if needed, and saved in `out_dir`.
+
+    A BPE tokenizer already in `out_dir` (a resumed run) is used as it is. Otherwise it is taken
+    from `cache_dir` when one was trained there on the same text with the same vocabulary size,
+    or trained now (and put in the cache).
+
+    Args:
+        kind: `"bytes"` or `"bpe"`.
+        text: the training text (the BPE merges are learnt on it).
+        vocab_size: the BPE vocabulary size (ignored for bytes).
+        out_dir: the run's folder, where a BPE tokenizer is saved.
+        cache_dir: where trained tokenizers are kept between runs; None for no cache.
+
+    Raises:
+        ValueError: an unknown kind or a vocabulary size a BPE cannot have.
+    """
+    if kind == "bytes":
+        return ByteTokenizer()
+    if kind != "bpe":
+        raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZERS)}")
+    saved = Path(out_dir) / TOKENIZER_FILE
+    if saved.is_file():
+        return BPETokenizer.load(saved)
+    cached = None
+    if cache_dir is not None:
+        key = hashlib.sha256(json.dumps([vocab_size]).encode() + text.encode()).hexdigest()[:16]
+        cached = Path(cache_dir) / f"bpe-{vocab_size}-{key}.json"
+    if cached is not None and cached.is_file():
+        tokenizer = BPETokenizer.load(cached)
+    else:
+        tokenizer = BPETokenizer.train(text, vocab_size)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tokenizer.save(cached)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    if cached is not None and cached.is_file():
+        shutil.copyfile(cached, saved)
+    else:
+        tokenizer.save(saved)
+    return tokenizer

@@ -1,0 +1,1 @@
+"""One module per `bench-*` tool, each a `main` (its command) and a plain `run_*` function."""

@@ -1,0 +1,350 @@
+"""bench-allreduce: time and bandwidth of all-reduce, gloo on the CPU and NCCL on GPUs (§2.1).
+
+float32 tensors of 1 MB, 10 MB, 100 MB and 1 GB (MB = 10^6 bytes), filled with fresh random
+values, are summed over 2, 4 and 6 ranks. Each (backend, world size) is one launch of that many
+processes (`bench.core.launch`); inside it every size gets `--warmup` untimed all-reduces, then
+`--steps` timed ones, each after a barrier so that the ranks start together: NCCL calls are timed
+with CUDA events around the call, gloo calls (which block) with the host clock. Every rank's
+times come back; an iteration takes as long as its slowest rank (a collective ends when its last
+rank does), and the table shows the median over iterations with its spread, and:
+
+- algorithm bandwidth `algbw = bytes / time`;
+- bus bandwidth `busbw = algbw * 2 (n - 1) / n`, nccl-tests' convention for all-reduce (a ring
+  all-reduce moves `2 (n - 1) / n` of the data over every link; NVIDIA/nccl-tests,
+  doc/PERFORMANCE.md), which makes world sizes comparable with each other and with the link's
+  speed. GB/s are 10^9 bytes per second.
+
+Defaults: NCCL on each world size the GPUs allow, every size; gloo on each world size the CPU
+cores allow, up to 100 MB (`--full` adds 1 GB and every world size: 1 GB on 6 gloo ranks takes
+several GB of host memory and minutes). Without a GPU: gloo only, 1 MB and 10 MB on 2 ranks
+(and says so). Under `torchrun` the world size is torchrun's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bench.core.cli import (
+    Invocation,
+    Tool,
+    add_timing_args,
+    as_device,
+    config_or_default,
+    distinct,
+    progress,
+)
+from bench.core.distributed import add_timeout_arg, guarded_on_all_ranks, slowest_rank
+from bench.core.launch import (
+    BACKENDS,
+    DEFAULT_TIMEOUT_S,
+    launch,
+    rank_device,
+    torchrun_world_size,
+)
+from bench.core.memory import free_memory
+from bench.core.oom import OK, OOM, skipped
+from bench.core.plots import line_plot
+from bench.core.results import Run
+from bench.core.timing import elapsed_ms, synchronize
+
+__all__ = [
+    "COLUMNS",
+    "TOOL",
+    "AllReduceConfig",
+    "bus_bandwidth_factor",
+    "default_allreduce_config",
+    "main",
+    "plot_allreduce",
+    "run_allreduce",
+]
+
+BYTES_PER_MB = 10**6  # sizes and bandwidths in decimal units, as nccl-tests reports them
+FLOAT32_BYTES = 4
+# gloo above this is opt-in (`--full`): 1 GB per rank on up to 6 ranks is several GB of host
+# memory, and each all-reduce takes seconds.
+GLOO_DEFAULT_MAX_MB = 100.0
+COLUMNS = (
+    "backend",
+    "world_size",
+    "size_mb",
+    "ms",
+    "ms_std",
+    "ms_min",
+    "algbw_gbps",
+    "busbw_gbps",
+    "status",
+)
+
+
+@dataclass(frozen=True)
+class AllReduceConfig:
+    """What `run_allreduce` measures: every backend × world size × size.
+
+    Args:
+        backends: from `BACKENDS` (gloo runs on the CPU, nccl one GPU per rank).
+        sizes_mb: tensor sizes in MB (10^6 bytes) of float32.
+        world_sizes: numbers of ranks.
+        warmup: untimed all-reduces per size (connection set-up, NCCL's first-call tuning).
+        steps: timed all-reduces per size.
+        full: also run gloo above 100 MB and on more ranks than CPU cores.
+    """
+
+    backends: tuple[str, ...] = BACKENDS
+    sizes_mb: tuple[float, ...] = (1.0, 10.0, 100.0, 1000.0)
+    world_sizes: tuple[int, ...] = (2, 4, 6)
+    warmup: int = 5
+    steps: int = 20
+    full: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.backends or not set(self.backends) <= set(BACKENDS):
+            raise ValueError(f"backends must be non-empty, from {BACKENDS}; got {self.backends}")
+        if not self.sizes_mb or any(not s > 0 for s in self.sizes_mb):
+            raise ValueError(f"sizes_mb must be non-empty and positive, got {self.sizes_mb}")
+        if not self.world_sizes or min(self.world_sizes) < 2:
+            raise ValueError(f"world_sizes must be non-empty and >= 2, got {self.world_sizes}")
+        if self.warmup < 0 or self.steps < 1:
+            raise ValueError(f"need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
+
+
+def default_allreduce_config(device: torch.device | str) -> AllReduceConfig:
+    """Both backends, the full grid, on a GPU machine; gloo on 2 ranks, 1 and 10 MB, on the CPU."""
+    if torch.device(device).type == "cuda":
+        return AllReduceConfig()
+    return AllReduceConfig(
+        backends=("gloo",), sizes_mb=(1.0, 10.0), world_sizes=(2,), warmup=2, steps=5
+    )
+
+
+def bus_bandwidth_factor(world_size: int) -> float:
+    """nccl-tests' all-reduce bus-bandwidth factor `2 (n - 1) / n`."""
+    return 2 * (world_size - 1) / world_size
+
+
+def _skip_reason(config: AllReduceConfig, backend: str, world_size: int, size_mb: float):
+    """Why a cell of the grid does not run on this machine, or None when it does."""
+    if backend == "nccl":
+        gpus = torch.cuda.device_count()
+        return None if world_size <= gpus else f"needs {world_size} GPUs, found {gpus}"
+    if config.full:
+        return None
+    cores = os.cpu_count() or 1
+    if world_size > cores:
+        return f"{world_size} gloo ranks on {cores} CPU cores (--full runs it)"
+    if size_mb > GLOO_DEFAULT_MAX_MB:
+        return f"gloo above {GLOO_DEFAULT_MAX_MB:g} MB is opt-in (--full)"
+    return None
+
+
+def _time_all_reduce(
+    tensor: torch.Tensor, *, warmup: int, steps: int, device: torch.device
+) -> list[float]:
+    """`steps` timed in-place all-reduces (sum) of `tensor` after `warmup` untimed ones (ms)."""
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    samples = []
+    for _ in range(steps):
+        synchronize(device)
+        dist.barrier()  # start together: time the collective, not the ranks' skew
+        samples.append(elapsed_ms(lambda: dist.all_reduce(tensor), device=device)[1])
+    return samples
+
+
+def _rank_worker(
+    rank: int,
+    world_size: int,
+    sizes_mb: tuple[float, ...],
+    warmup: int,
+    steps: int,
+    backend: str,
+) -> list[dict[str, Any]]:
+    """This rank's samples for every size; a size any rank cannot allocate is `OOM` everywhere."""
+    device = rank_device(backend)
+    results = []
+    for size_mb in sizes_mb:
+        numel = int(size_mb * BYTES_PER_MB) // FLOAT32_BYTES
+        # Only the allocation is guarded: a collective that failed on one rank alone would
+        # leave the others waiting in it.
+        outcome = guarded_on_all_ranks(lambda n=numel: torch.randn(n, device=device), device=device)
+        if not outcome.ok:
+            results.append({"status": OOM})
+            continue
+        times = _time_all_reduce(outcome.value, warmup=warmup, steps=steps, device=device)
+        results.append({"status": OK, "times": times})
+        del outcome
+        free_memory(device)
+    return results
+
+
+def _row(
+    backend: str, world_size: int, size_mb: float, per_rank: Sequence[dict[str, Any]] | None
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"backend": backend, "world_size": world_size, "size_mb": size_mb}
+    if per_rank is None or any(r["status"] != OK for r in per_rank):
+        return {**row, "status": OOM}
+    summary = slowest_rank([r["times"] for r in per_rank])
+    num_bytes = int(size_mb * BYTES_PER_MB) // FLOAT32_BYTES * FLOAT32_BYTES
+    algbw = num_bytes / (summary.median * 1e-3) / 1e9
+    return {
+        **row,
+        "bytes": num_bytes,
+        "ms": summary.median,
+        "ms_std": summary.std,
+        "ms_min": summary.min,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * bus_bandwidth_factor(world_size),
+        "status": OK,
+    }
+
+
+def run_allreduce(
+    config: AllReduceConfig | None = None,
+    *,
+    device: torch.device | str | None = None,
+    command: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    show_progress: bool = True,
+) -> Run:
+    """Measure every cell of `config`, one launch per (backend, world size).
+
+    Args:
+        config: what to run; `default_allreduce_config(device)` when None.
+        device: decides the default (CUDA when available when None); nccl cells always run on
+            GPUs and gloo cells on the CPU.
+        command: the command line to record; the process's own when None.
+        timeout: seconds each launch may take.
+        show_progress: a progress bar over the launches.
+
+    Returns:
+        A `Run` (tool `"allreduce"`): one row per backend × world size × size with the median
+        time (ms), spread, algorithm and bus bandwidth (GB/s) and `status` (`ok`, `OOM`, or
+        `skipped: <why>` for cells this machine cannot or by default does not run).
+    """
+    device = as_device(device)
+    config, notes = config_or_default(
+        config,
+        device,
+        default=default_allreduce_config,
+        tool="bench-allreduce",
+        describe=lambda c: (
+            f"gloo, {', '.join(f'{s:g}' for s in c.sizes_mb)} MB, world size "
+            f"{', '.join(map(str, c.world_sizes))}"
+        ),
+    )
+    world_sizes = config.world_sizes
+    if torchrun_world_size() is not None:
+        world_sizes = (torchrun_world_size(),)
+        notes.append(f"Run under torchrun: world size {world_sizes[0]} only.")
+    groups = [(b, n) for b in config.backends for n in world_sizes]
+    rows = []
+    for backend, world_size in progress(groups, desc="all-reduce", enabled=show_progress):
+        reasons = [_skip_reason(config, backend, world_size, s) for s in config.sizes_mb]
+        runnable = tuple(s for s, why in zip(config.sizes_mb, reasons, strict=True) if why is None)
+        per_rank = []
+        if runnable:
+            per_rank = launch(
+                _rank_worker,
+                world_size=world_size,
+                backend=backend,
+                args=(runnable, config.warmup, config.steps, backend),
+                timeout=timeout,
+            )
+        measured = iter(zip(*per_rank, strict=True))
+        for size_mb, why in zip(config.sizes_mb, reasons, strict=True):
+            if why is not None:
+                row = {"backend": backend, "world_size": world_size, "size_mb": size_mb}
+                rows.append({**row, "status": skipped(why)})
+            else:
+                rows.append(_row(backend, world_size, size_mb, next(measured)))
+    notes.append(
+        "Time: median over iterations of the slowest rank; busbw = algbw * 2(n-1)/n "
+        "(nccl-tests); MB and GB/s are decimal."
+    )
+    return Run.create(
+        "allreduce",
+        rows,
+        device=device,
+        config=asdict(config),
+        command=command,
+        title=f"All-reduce of float32 tensors ({config.warmup} warm-up + {config.steps} timed "
+        "iterations per size)",
+        columns=list(COLUMNS),
+        notes=notes,
+    )
+
+
+def plot_allreduce(run: Run, path: str | Path) -> Path:
+    """Bus bandwidth against size, a line per world size, a panel per backend.
+
+    Raises:
+        ValueError: if no cell completed.
+    """
+    return line_plot(
+        run.ok_rows,
+        x="size_mb",
+        y="busbw_gbps",
+        series="world_size",
+        panels="backend",
+        path=path,
+        title="all-reduce of float32 (median of the slowest rank)",
+        xlabel="size (MB)",
+        ylabel="bus bandwidth (GB/s)",
+        logx=True,
+    )
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    grid = parser.add_argument_group("grid")
+    grid.add_argument("--backend", nargs="+", choices=BACKENDS, help="gloo, nccl (both on GPUs)")
+    grid.add_argument("--sizes-mb", type=float, nargs="+", metavar="MB", help="1 10 100 1000")
+    grid.add_argument("--world-sizes", type=int, nargs="+", metavar="N", help="2 4 6")
+    grid.add_argument(
+        "--full", action="store_true", help="gloo at every size and world size (opt-in: slow)"
+    )
+    add_timeout_arg(parser, scope="per launch")
+    add_timing_args(parser, warmup=None, steps=None)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "backends": distinct(args.backend),
+        "sizes_mb": distinct(args.sizes_mb),
+        "world_sizes": distinct(args.world_sizes),
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "full": True if args.full else None,
+    }
+
+
+def _run(config: AllReduceConfig | None, cli: Invocation) -> Run:
+    return run_allreduce(
+        config,
+        device=cli.device,
+        command=cli.command,
+        timeout=cli.args.timeout,
+        show_progress=cli.show_progress,
+    )
+
+
+TOOL = Tool(
+    "bench-allreduce",
+    __doc__,
+    add_options=_add_options,
+    run=_run,
+    default=default_allreduce_config,
+    overrides=_overrides,
+    plot=plot_allreduce,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-allreduce` (see the module docstring)."""
+    return TOOL.main(argv)

@@ -1,0 +1,423 @@
+"""bench-attn: attention alone, implementation beside implementation (the handout's §1.2 study).
+
+Single-head attention (batch 8, no head dimension) over a grid of head sizes d and sequence
+lengths: the time of a forward call, the time of a backward call, the memory in use before the
+backward (inputs, output and everything autograd saved), and the peak. Implementations:
+
+- `naive`: plain PyTorch, the full score matrix materialised (`lmcore` backend `naive`).
+- `compiled`: the same function through `torch.compile` (one static compilation per shape).
+- `fa2-pytorch`, `fa2-triton`: FlashAttention-2 from the `fa2` package.
+- `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, the baseline of the ratios.
+
+The forward is timed with autograd recording, as in training. The backward is timed alone: each
+timed call follows an untimed fresh forward (no `retain_graph`). Each cell gets up to `--warmup`
+calls and then `--steps` timed calls, fewer when one call is so slow that `--steps` of them would
+exceed `--max-seconds` per pass; the row's `n` says how many ran and its `note` why.
+
+The default on a GPU is the story in about a minute: fa2-triton against SDPA and naive at
+d in {64, 128} and seq in {1024, 4096, 16384}, 20 timed calls per pass, at most 1 s per pass.
+`--grid handout` runs the handout's whole grid (all five implementations, d in {16, 32, 64,
+128}, seq in {256, ..., 16384}, 100 timed calls, at most 2 s per pass: the slow paths time
+fewer calls). Options after `--grid` change that grid. The run says up front how many cells it
+has and how long they may take, and prints each row as it completes.
+
+Without a GPU a small CPU default runs instead (and says so): fa2-triton is skipped (Triton's
+CPU interpreter is far too slow to benchmark) and `compiled` is left out (building the CPU code
+takes about a minute); ask for it with `--impls`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.core.attention_impls import attention_impl
+from bench.core.cli import (
+    Invocation,
+    Tool,
+    add_timing_args,
+    as_device,
+    config_or_default,
+    distinct,
+    live_rows,
+    progress,
+)
+from bench.core.env import device_name
+from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
+from bench.core.oom import OK, guarded
+from bench.core.plots import line_plot
+from bench.core.results import Run
+from bench.core.timing import summarize, time_fn, time_with_setup
+
+__all__ = [
+    "IMPLS",
+    "TOOL",
+    "AttnConfig",
+    "default_attn_config",
+    "main",
+    "plot_attention",
+    "run_attention",
+]
+
+IMPLS = ("naive", "compiled", "fa2-pytorch", "fa2-triton", "sdpa")
+BASELINE = "sdpa"
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# The GPU default: the cells that tell the story (fa2 against SDPA and naive) in about a minute.
+GPU_D_VALUES = (64, 128)
+GPU_SEQS = (1024, 4096, 16384)
+GPU_IMPLS = ("naive", "fa2-triton", "sdpa")
+# The handout's grid (§1.2.1): batch 8, d in {16, 32, 64, 128}, seq in {256, ..., 16384}.
+HANDOUT_D_VALUES = (16, 32, 64, 128)
+HANDOUT_SEQS = (256, 1024, 4096, 8192, 16384)
+GRIDS = ("default", "handout")
+# The CPU default: small enough that the whole grid runs in seconds on two cores.
+CPU_D_VALUES = (16, 32)
+CPU_SEQS = (64, 128)
+CPU_IMPLS = ("naive", "fa2-pytorch", "fa2-triton", "sdpa")
+
+# Fewest timed calls a cell gets even when one call is slower than its time budget allows.
+MIN_STEPS = 3
+# Time a cell takes beyond its timed calls, for the estimate printed up front: warm-up calls and
+# the first call's build (a Triton kernel or a compiled graph per shape). An allowance, not a
+# measurement: the estimate is an order of magnitude.
+CELL_OVERHEAD_S = 1.0
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """What `run_attention` measures.
+
+    Args:
+        batch: batch size (the handout's 8).
+        d_values: head sizes d.
+        seqs: sequence lengths.
+        impls: implementations, from `IMPLS`.
+        steps: timed forward calls and timed backward calls per cell (the handout's 100).
+        warmup: untimed calls first (compilation, autotuning, allocator growth).
+        dtype: `fp32` (the handout's), `bf16` or `fp16`.
+        causal: causal masking (the handout's study is not causal).
+        max_seconds: time budget of one cell's timed forward calls (and again of its backward
+            calls); `steps` is cut down to fit, to no fewer than 3 calls, and so are the
+            warm-up calls (to a quarter of it).
+    """
+
+    batch: int = 8
+    d_values: tuple[int, ...] = GPU_D_VALUES
+    seqs: tuple[int, ...] = GPU_SEQS
+    impls: tuple[str, ...] = GPU_IMPLS
+    steps: int = 20
+    warmup: int = 3
+    dtype: str = "fp32"
+    causal: bool = False
+    max_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.impls) - set(IMPLS))
+        if unknown or len(set(self.impls)) != len(self.impls):
+            raise ValueError(
+                f"impls must be distinct names from {list(IMPLS)}, got {list(self.impls)}"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        positive = {"batch": self.batch, "steps": self.steps, "max_seconds": self.max_seconds}
+        positive.update({f"d={d}": d for d in self.d_values})
+        positive.update({f"seq={s}": s for s in self.seqs})
+        bad = [name for name, value in positive.items() if not value > 0]
+        if bad or self.warmup < 0 or not self.d_values or not self.seqs or not self.impls:
+            raise ValueError(
+                "batch, steps, max_seconds, every d and seq must be positive, warmup >= 0, and "
+                f"d_values, seqs, impls non-empty; got {self}"
+            )
+
+    @property
+    def num_cells(self) -> int:
+        """Measurements in the grid: d values × lengths × implementations."""
+        return len(self.d_values) * len(self.seqs) * len(self.impls)
+
+    def estimate_s(self) -> float:
+        """An upper estimate of the run's time in seconds: per cell, both passes' budgets and
+        `CELL_OVERHEAD_S` for warm-up and building."""
+        return self.num_cells * (2 * self.max_seconds + CELL_OVERHEAD_S)
+
+
+# The handout's whole grid (`--grid handout`): its five implementations and 100 timed calls;
+# 2 s per pass keeps a cell's timing under 4 s (naive fp32 at 16k times fewer calls).
+HANDOUT_GRID = AttnConfig(
+    d_values=HANDOUT_D_VALUES, seqs=HANDOUT_SEQS, impls=IMPLS, steps=100, warmup=10, max_seconds=2.0
+)
+
+
+def default_attn_config(device: torch.device | str) -> AttnConfig:
+    """The story in about a minute on CUDA; on the CPU a small grid that runs in seconds."""
+    if torch.device(device).type == "cuda":
+        return AttnConfig()
+    return AttnConfig(
+        d_values=CPU_D_VALUES, seqs=CPU_SEQS, impls=CPU_IMPLS, steps=5, warmup=1, max_seconds=2.0
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _steps_within(budget_s: float, one_call_ms: float, steps: int) -> int:
+    """How many calls of `one_call_ms` fit in `budget_s`, between MIN_STEPS and `steps`."""
+    fit = int(budget_s * 1e3 / max(one_call_ms, 1e-6))
+    return max(min(steps, fit), min(MIN_STEPS, steps))
+
+
+def _measure_cell(
+    impl: str, d: int, seq: int, config: AttnConfig, device: torch.device
+) -> dict[str, Any]:
+    """Time one implementation at one (d, seq); raises OOM / Unavailable for `guarded`."""
+    attend = attention_impl(impl, device=device)
+    dtype = DTYPES[config.dtype]
+    # (batch, seq, d): the handout's attention without a head dimension.
+    q, k, v = (
+        torch.randn(config.batch, seq, d, device=device, dtype=dtype, requires_grad=True)
+        for _ in range(3)
+    )
+    grad_out = torch.randn(config.batch, seq, d, device=device, dtype=dtype)
+
+    def forward() -> torch.Tensor:
+        for t in (q, k, v):
+            t.grad = None
+        return attend(q, k, v, config.causal)
+
+    def forward_noting_memory() -> torch.Tensor:
+        out = forward()
+        in_use.append(memory_in_use(device))
+        return out
+
+    def step() -> None:
+        forward().backward(grad_out)
+
+    in_use: list[int | None] = []
+    reset_peak_memory(device)
+    # The first call (always run: it builds kernels) sizes the warm-up: as many more calls as
+    # fit a quarter of the budget, up to `warmup` in all. The last warm-up call sizes the timing.
+    (one_call,) = time_fn(step, device=device, warmup=0, repeats=1)
+    more = min(config.warmup - 1, int(config.max_seconds / 4 * 1e3 / max(one_call, 1e-6)))
+    if more > 0:
+        (one_call,) = time_fn(step, device=device, warmup=more - 1, repeats=1)
+    steps = _steps_within(config.max_seconds, one_call, config.steps)
+    fwd = summarize(time_fn(forward, device=device, warmup=0, repeats=steps))
+    bwd = summarize(
+        time_with_setup(
+            forward_noting_memory,
+            lambda out: out.backward(grad_out),
+            device=device,
+            warmup=0,
+            repeats=steps,
+        )
+    )
+    return {
+        "fwd_ms": fwd.mean,
+        "fwd_std": fwd.std,
+        "bwd_ms": bwd.mean,
+        "bwd_std": bwd.std,
+        "mem_before_bwd_mib": to_mib(in_use[-1]),
+        "peak_mib": to_mib(peak_memory(device)),
+        "n": steps,
+        "note": None
+        if steps == config.steps
+        else f"{steps} of {config.steps} calls: one fwd+bwd takes {one_call:,.0f} ms, "
+        f"budget {config.max_seconds:g} s per pass",
+    }
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """`fwd_vs_sdpa` / `bwd_vs_sdpa`: SDPA's time over this row's (above 1: faster than SDPA)."""
+    base = {(r["d"], r["seq"]): r for r in rows if r["impl"] == BASELINE and r["status"] == OK}
+    for row in rows:
+        ref = base.get((row["d"], row["seq"]))
+        for key in ("fwd", "bwd"):
+            mine = row.get(f"{key}_ms")
+            ok = ref is not None and mine and ref.get(f"{key}_ms")
+            row[f"{key}_vs_sdpa"] = ref[f"{key}_ms"] / mine if ok else None
+
+
+COLUMNS = [
+    "impl",
+    "d",
+    "seq",
+    "fwd_ms",
+    "fwd_std",
+    "bwd_ms",
+    "bwd_std",
+    "fwd_vs_sdpa",
+    "bwd_vs_sdpa",
+    "mem_before_bwd_mib",
+    "peak_mib",
+    "n",
+    "status",
+    "note",
+]
+_LIVE_COLUMNS = ["impl", "d", "seq", "fwd_ms", "bwd_ms", "peak_mib", "n", "status"]
+
+_METRICS = [c for c in COLUMNS if c not in ("impl", "d", "seq", "status")]
+
+
+def run_attention(
+    config: AttnConfig | None = None,
+    *,
+    device: torch.device | str | None = None,
+    command: str | None = None,
+    show_progress: bool = True,
+) -> Run:
+    """Measure every (d, seq, implementation) of `config` on `device` and return the run.
+
+    Args:
+        config: the grid; `default_attn_config(device)` when None.
+        device: where to run; CUDA when available, else the CPU, when None.
+        command: the command line to record; the process's own when None.
+        show_progress: draw a progress bar on stderr.
+
+    Prints (stderr) the cell count and an estimate of the time first, then each row as it
+    completes, with or without the bar.
+
+    Returns:
+        A `Run` (tool `"attn"`) whose rows have `impl, d, seq`, the metrics of `COLUMNS` (ms per
+        call, MiB; memory `None` off CUDA), `status` (`ok`, `OOM`, `skipped: why`) and `note`
+        (why a cell timed fewer than `steps` calls).
+
+    Example::
+
+        >>> config = AttnConfig(d_values=(16,), seqs=(64,), impls=("naive", "sdpa"), steps=2)
+        >>> run = run_attention(config, device="cpu", show_progress=False)
+        >>> [(r["impl"], r["status"]) for r in run.rows]
+        [('naive', 'ok'), ('sdpa', 'ok')]
+    """
+    device = as_device(device)
+    config, notes = config_or_default(
+        config,
+        device,
+        default=default_attn_config,
+        tool="bench-attn",
+        describe=lambda c: (
+            f"d in {c.d_values}, seq in {c.seqs}, {c.steps} steps; the handout's grid needs a GPU"
+        ),
+    )
+    notes.append(
+        "Times are ms per call (mean and std over n timed calls). fwd_vs_sdpa, bwd_vs_sdpa: "
+        "SDPA's time / this time (above 1: faster than SDPA). Memory in MiB: in use before "
+        "backward, and peak."
+    )
+    cells = [(d, s, impl) for d in config.d_values for s in config.seqs for impl in config.impls]
+    plan = (
+        f"bench-attn: {len(cells)} cells ({len(config.d_values)} d × {len(config.seqs)} seq × "
+        f"{len(config.impls)} implementations), at most {config.steps} timed calls and "
+        f"{config.max_seconds:g} s per pass each: about {_duration(config.estimate_s())} or less."
+    )
+    notes.append(plan)
+    show = live_rows(_LIVE_COLUMNS, title=plan)
+    rows = []
+    for d, seq, impl in progress(cells, desc="bench-attn", enabled=show_progress):
+        outcome = guarded(
+            lambda impl=impl, d=d, seq=seq: _measure_cell(impl, d, seq, config, device),
+            device=device,
+        )
+        metrics = outcome.value if outcome.ok else dict.fromkeys(_METRICS)
+        rows.append(
+            {
+                "impl": impl,
+                "batch": config.batch,
+                "d": d,
+                "seq": seq,
+                "dtype": config.dtype,
+                "causal": config.causal,
+                **metrics,
+                "status": outcome.status,
+            }
+        )
+        show(rows[-1])
+        free_memory(device)
+    _add_ratios(rows)
+    return Run.create(
+        "attn",
+        rows,
+        device=device,
+        config=asdict(config),
+        command=command,
+        title=f"Attention forward/backward, batch {config.batch}, {config.dtype}"
+        + (", causal" if config.causal else "")
+        + f", {device_name(device)}",
+        columns=COLUMNS,
+        notes=notes,
+    )
+
+
+def plot_attention(run: Run, path: Path) -> list[Path]:
+    """Forward (at `path`) and backward (`<stem>_bwd.png`) time against seq, a panel per d."""
+    common = {"x": "seq", "series": "impl", "panels": "d", "logx": True, "logy": True}
+    return [
+        line_plot(run.rows, y="fwd_ms", path=path, ylabel="forward (ms)", **common),
+        line_plot(
+            run.rows,
+            y="bwd_ms",
+            path=path.with_name(f"{path.stem}_bwd{path.suffix or '.png'}"),
+            ylabel="backward (ms)",
+            **common,
+        ),
+    ]
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--grid",
+        choices=GRIDS,
+        help="default: the story in about a minute on a GPU; handout: the handout's whole grid",
+    )
+    parser.add_argument("--d", type=int, nargs="+", help="head sizes (default: the grid's)")
+    parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths")
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, help="implementations")
+    parser.add_argument("--batch", type=int, help="batch size (8)")
+    parser.add_argument("--dtype", choices=list(DTYPES), help="fp32 (default), bf16 or fp16")
+    parser.add_argument("--causal", action="store_true", help="causal masking")
+    parser.add_argument("--max-seconds", type=float, help="time budget per cell and pass")
+    add_timing_args(parser, warmup=None, steps=None)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    given = {
+        "d_values": distinct(args.d),
+        "seqs": distinct(args.seq),
+        "impls": distinct(args.impls),
+        "batch": args.batch,
+        "dtype": args.dtype,
+        "causal": args.causal or None,
+        "max_seconds": args.max_seconds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+    grid = asdict(HANDOUT_GRID) if args.grid == "handout" else {}
+    return grid | {name: value for name, value in given.items() if value is not None}
+
+
+def _run(config: AttnConfig | None, cli: Invocation) -> Run:
+    return run_attention(
+        config, device=cli.device, command=cli.command, show_progress=cli.show_progress
+    )
+
+
+TOOL = Tool(
+    "bench-attn",
+    __doc__,
+    add_options=_add_options,
+    run=_run,
+    default=default_attn_config,
+    overrides=_overrides,
+    plot=plot_attention,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-attn` (see the module docstring)."""
+    return TOOL.main(argv)

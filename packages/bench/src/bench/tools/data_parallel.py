@@ -1,0 +1,368 @@
+"""bench-ddp: time per training step and time spent communicating, for every `ddp` wrapper beside
+torch's DistributedDataParallel (the handout's §2.2 to §2.3).
+
+`lmcore.TransformerLM` (XL by default), fp32, context 128, batch 4 per rank, AdamW, on
+`--world-size` ranks (2 by default; one process per GPU with NCCL, launched by the tool itself,
+or under torchrun), in these variants, all in one launch so that they share the machine's state:
+
+- `single`: the model alone on each rank, no communication: the compute-only baseline.
+- `naive`, `flat`, `individual`: `ddp.NaiveDDP`, `ddp.FlatDDP`, `ddp.DDPIndividualParameters`.
+- `bucketed`: `ddp.DDPBucketed`, a row per `--bucket-mb` (1, 10, 100, 1000 MB).
+- `torch-ddp`: torch's `DistributedDataParallel`, a row per `--torch-bucket-mb` (its default
+  `bucket_cap_mb`, 25 MB, and 100 MB). The default-cap row is the baseline of `vs_torch`.
+
+Every step is `bench.core.training.train_step` (forward, cross-entropy, backward,
+`finish_gradient_synchronization()` for the `ddp` wrappers, `optimizer.step()`,
+`zero_grad(set_to_none=False)`), timed between
+device synchronisations; a step takes as long as its slowest rank, and the table shows medians
+over the timed steps. Per variant:
+
+- `step_ms` (and its spread), `overhead_ms` (beyond `single`), `vs_torch`;
+- `wait_ms`: how long `finish_gradient_synchronization()` held training up (CUDA events around
+  it): all of the communication for `naive` and `flat`, the exposed part of it for the
+  overlapped wrappers;
+- `comm_ms`: the summed time of the step's all-reduces, from NCCL's own timing (the ranks run
+  with ``TORCH_NCCL_ENABLE_TIMING=1``; gloo does not time its collectives);
+- `hidden`: the share of the all-reduce time overlapped with backward, `1 - wait_ms / comm_ms`.
+
+torch DDP waits inside backward, so only its step time and overhead are shown. Without a GPU a
+tiny model runs on 2 gloo CPU ranks (and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import ddp
+from bench.core.cli import Invocation, Tool, as_device, distinct
+from bench.core.distributed import measure_cases, slowest_rank
+from bench.core.launch import DEFAULT_TIMEOUT_S
+from bench.core.memory import free_memory
+from bench.core.nvtx import nvtx_range
+from bench.core.oom import OK, OOM
+from bench.core.plots import hbar_plot
+from bench.core.results import Run
+from bench.core.timing import elapsed_ms
+from bench.core.training import (
+    ADAMW_OPTIONS,
+    Case,
+    TrainingBenchConfig,
+    add_training_args,
+    bucket_mb,
+    build_model,
+    token_batches,
+    train_step,
+    training_overrides,
+)
+
+__all__ = [
+    "COLUMNS",
+    "TOOL",
+    "VARIANTS",
+    "DDPBenchConfig",
+    "default_ddp_config",
+    "main",
+    "plot_ddp",
+    "run_ddp",
+]
+
+VARIANTS = ("single", "naive", "flat", "individual", "bucketed", "torch-ddp")
+_WRAPPERS: dict[str, type[ddp.DataParallelBase]] = {
+    "naive": ddp.NaiveDDP,
+    "flat": ddp.FlatDDP,
+    "individual": ddp.DDPIndividualParameters,
+}
+# torch DDP's `bucket_cap_mb` when left unset (None).
+TORCH_DEFAULT_BUCKET_MB = 25.0
+# Issue 4's target: DDPBucketed at its best bucket size within 5% of torch DDP's step time.
+TARGET_VS_TORCH = 1.05
+COLUMNS = (
+    "case",
+    "step_ms",
+    "step_ms_std",
+    "overhead_ms",
+    "wait_ms",
+    "comm_ms",
+    "hidden",
+    "collectives",
+    "vs_torch",
+    "status",
+)
+_RANK_ENV = {"TORCH_NCCL_ENABLE_TIMING": "1"}  # NCCL times each collective: `comm_ms`
+
+
+@dataclass(frozen=True)
+class DDPBenchConfig(TrainingBenchConfig):
+    """What `run_ddp` measures: the fields of `bench.core.training.TrainingBenchConfig` and these.
+
+    Args:
+        variants: from `VARIANTS`, in the order they run (all by default).
+        warmup: untimed steps per variant (the first creates the optimizer state); 3.
+        attention: lmcore attention backend.
+        bucket_mbs: `DDPBucketed` bucket sizes (MiB), a row each.
+        torch_bucket_mbs: torch DDP `bucket_cap_mb` values, a row each; None is its default.
+    """
+
+    VARIANTS: ClassVar[tuple[str, ...]] = VARIANTS
+
+    variants: tuple[str, ...] = VARIANTS
+    warmup: int = 3
+    attention: str = "naive"
+    bucket_mbs: tuple[float, ...] = (1.0, 10.0, 100.0, 1000.0)
+    torch_bucket_mbs: tuple[float | None, ...] = (None, 100.0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Both wrappers turn the size into a whole number of bytes, so it must be finite.
+        if any(not 0 <= b < math.inf for b in self.bucket_mbs) or any(
+            b is not None and not 0 < b < math.inf for b in self.torch_bucket_mbs
+        ):
+            raise ValueError(
+                f"bucket sizes must be finite and >= 0 (torch's > 0 or None), got "
+                f"{self.bucket_mbs} and {self.torch_bucket_mbs}"
+            )
+        if "bucketed" in self.variants and not self.bucket_mbs:
+            raise ValueError("the bucketed variant needs at least one bucket size")
+        if "torch-ddp" in self.variants and not self.torch_bucket_mbs:
+            raise ValueError("the torch-ddp variant needs at least one bucket_cap_mb")
+
+
+def default_ddp_config(device: torch.device | str) -> DDPBenchConfig:
+    """XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks otherwise."""
+    return DDPBenchConfig.for_device(device)
+
+
+def _label(case: Case) -> str:
+    if case.variant == "bucketed":
+        return f"bucketed {case.bucket_mb:g} MB"
+    if case.variant == "torch-ddp":
+        mb = TORCH_DEFAULT_BUCKET_MB if case.bucket_mb is None else case.bucket_mb
+        return f"torch-ddp {mb:g} MB" + (" (default)" if case.bucket_mb is None else "")
+    return case.variant
+
+
+def _cases(config: DDPBenchConfig) -> list[Case]:
+    cases = []
+    for variant in config.variants:
+        if variant == "bucketed":
+            cases += [Case(variant, mb) for mb in config.bucket_mbs]
+        elif variant == "torch-ddp":
+            cases += [Case(variant, mb) for mb in config.torch_bucket_mbs]
+        else:
+            cases.append(Case(variant))
+    return cases
+
+
+def _wrap(case: Case, model: nn.Module, device: torch.device) -> nn.Module:
+    if case.variant == "single":
+        return model
+    if case.variant == "torch-ddp":
+        device_ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=case.bucket_mb)
+    if case.variant == "bucketed":
+        return ddp.DDPBucketed(model, case.bucket_mb, record_comm_stats=True)
+    return _WRAPPERS[case.variant](model, record_comm_stats=True)
+
+
+def _measure_case(
+    case: Case, config: DDPBenchConfig, rank: int, device: torch.device
+) -> dict[str, Any]:
+    """One rank's per-step times (ms) and communication records for one case."""
+    free_memory(device)
+    # Ranks start apart; the wrappers broadcast rank 0's weights.
+    model = build_model(config, device, seed=rank, attention=config.attention)
+    wrapped = _wrap(case, model, device)
+    ours = isinstance(wrapped, ddp.DataParallelBase)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), **ADAMW_OPTIONS)
+
+    def step(tokens: torch.Tensor) -> None:
+        train_step(wrapped, optimizer, [tokens], set_to_none=False)
+
+    times, waits, comms = [], [], []
+    batches = token_batches(config, rank=rank, device=device)
+    for index, tokens in enumerate(itertools.islice(batches, config.warmup + config.steps)):
+        with nvtx_range(f"{_label(case)}: step {index}"):
+            ms = elapsed_ms(lambda t=tokens: step(t), device=device)[1]
+        if index < config.warmup:
+            continue
+        times.append(ms)
+        if ours:
+            stats = wrapped.comm_stats
+            waits.append(stats.wait_ms)
+            comms.append(stats.comm_ms)
+    return {
+        "times": times,
+        "waits": waits if ours else None,
+        "comms": comms if ours and None not in comms else None,
+        "collectives": wrapped.comm_stats.num_collectives if ours else None,
+    }
+
+
+def _row(case: Case, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "case": _label(case),
+        "variant": case.variant,
+        "bucket_mb": case.bucket_mb,
+    }
+    if any(r["status"] != OK for r in per_rank):
+        return {**row, "status": OOM}
+    step = slowest_rank([r["times"] for r in per_rank])
+    row["step_ms"], row["step_ms_std"] = step.median, step.std
+    if per_rank[0]["waits"] is not None:
+        row["wait_ms"] = slowest_rank([r["waits"] for r in per_rank]).median
+        row["collectives"] = per_rank[0]["collectives"]
+    if all(r["comms"] is not None for r in per_rank):
+        row["comm_ms"] = slowest_rank([r["comms"] for r in per_rank]).median
+        if row["comm_ms"] > 0:
+            row["hidden"] = min(1.0, max(0.0, 1.0 - row["wait_ms"] / row["comm_ms"]))
+    row["status"] = OK
+    return row
+
+
+def _add_comparisons(rows: list[dict[str, Any]]) -> None:
+    """`overhead_ms` beyond `single` and `vs_torch` against torch DDP's default bucket cap."""
+    ok = [r for r in rows if r["status"] == OK]
+    single = next((r for r in ok if r["variant"] == "single"), None)
+    torch_ddp = next(
+        (r for r in ok if r["variant"] == "torch-ddp" and r["bucket_mb"] is None), None
+    )
+    for row in ok:
+        if single is not None:
+            row["overhead_ms"] = row["step_ms"] - single["step_ms"]
+        if torch_ddp is not None:
+            row["vs_torch"] = row["step_ms"] / torch_ddp["step_ms"]
+
+
+def _target_note(rows: Sequence[dict[str, Any]]) -> list[str]:
+    bucketed = [r for r in rows if r["variant"] == "bucketed" and r.get("vs_torch") is not None]
+    if not bucketed:
+        return []
+    best = min(bucketed, key=lambda r: r["vs_torch"])
+    verdict = "met" if best["vs_torch"] <= TARGET_VS_TORCH else "NOT met"
+    hidden = best.get("hidden")
+    hidden_text = "" if hidden is None else f", hiding {hidden:.0%} of its all-reduce time"
+    return [
+        f"Best DDPBucketed: {best['case']} at {best['vs_torch']:.3f}x torch DDP's step time "
+        f"(target <= {TARGET_VS_TORCH}x: {verdict}){hidden_text}."
+    ]
+
+
+def run_ddp(
+    config: DDPBenchConfig | None = None,
+    *,
+    device: torch.device | str | None = None,
+    command: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> Run:
+    """Measure every variant of `config` on `config.world_size` ranks, in one launch.
+
+    Args:
+        config: what to run; `default_ddp_config(device)` when None.
+        device: `cuda` (NCCL, one GPU per rank) or `cpu` (gloo); CUDA when available when None.
+        command: the command line to record; the process's own when None.
+        timeout: seconds the ranks may take in all.
+
+    Returns:
+        A `Run` (tool `"ddp"`): one row per variant and bucket size (see the module docstring
+        for the columns; rows also carry `variant` and `bucket_mb`).
+
+    Raises:
+        ValueError: CUDA with fewer GPUs than `config.world_size`.
+    """
+    device = as_device(device)
+    config, notes = DDPBenchConfig.or_default(config, device, tool="bench-ddp")
+    measured = measure_cases(
+        _measure_case, _cases(config), config, device=device, env=_RANK_ENV, timeout=timeout
+    )
+    rows = [_row(case, results) for case, results in measured]
+    _add_comparisons(rows)
+    notes += _target_note(rows)
+    notes.append(
+        "Medians over steps of the slowest rank. wait_ms: time finish_gradient_synchronization() "
+        "held training up; comm_ms: summed all-reduce time (NCCL timing); hidden = 1 - "
+        "wait/comm; overhead_ms: step time beyond `single`."
+    )
+    return Run.create(
+        "ddp",
+        rows,
+        device=device,
+        config=asdict(config),
+        command=command,
+        title=f"Data-parallel training step: {config.size}, fp32, {config.summary()}",
+        columns=list(COLUMNS),
+        notes=notes,
+    )
+
+
+def plot_ddp(run: Run, path: str | Path) -> Path:
+    """Bars per variant: step time, the exposed wait, and the all-reduce time where measured.
+
+    Raises:
+        ValueError: if no variant completed.
+    """
+    return hbar_plot(
+        run.ok_rows,
+        label="case",
+        values=(("step_ms", "step"), ("wait_ms", "wait in finish"), ("comm_ms", "all-reduce")),
+        path=path,
+        title=run.title,
+        xlabel="ms per step (median, slowest rank)",
+    )
+
+
+def _torch_bucket_mb(text: str) -> float | None:
+    return None if text == "default" else bucket_mb(text)
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    model, run = add_training_args(parser, variants=VARIANTS)
+    model.add_argument("--attention", help="lmcore attention backend (naive)")
+    run.add_argument(
+        "--bucket-mb", type=bucket_mb, nargs="+", metavar="MB", help="DDPBucketed (1 10 100 1000)"
+    )
+    run.add_argument(
+        "--torch-bucket-mb",
+        type=_torch_bucket_mb,
+        nargs="+",
+        metavar="MB",
+        help="torch DDP bucket_cap_mb values, 'default' for its own (default 100)",
+    )
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        **training_overrides(args),
+        "attention": args.attention,
+        "bucket_mbs": distinct(args.bucket_mb),
+        "torch_bucket_mbs": distinct(args.torch_bucket_mb),
+    }
+
+
+def _run(config: DDPBenchConfig | None, cli: Invocation) -> Run:
+    return run_ddp(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
+
+
+TOOL = Tool(
+    "bench-ddp",
+    __doc__,
+    add_options=_add_options,
+    run=_run,
+    default=default_ddp_config,
+    overrides=_overrides,
+    plot=plot_ddp,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-ddp` (see the module docstring)."""
+    return TOOL.main(argv)

@@ -1,0 +1,437 @@
+"""bench-flash: FlashAttention-2 against PyTorch attention and SDPA, timed with `do_bench`.
+
+Each case times, for every implementation, sequence length, head size and dtype: the forward,
+the forward+backward, and the backward as their difference (the median of forward+backward
+minus the median of forward; a backward timed on its own would need `retain_graph`, which
+compiled graphs refuse). Times are medians of `triton.testing.do_bench` (CUDA; the L2 cache is
+flushed between calls). Throughput counts attention FLOPs per head: the forward is `4·S²·D`
+(two matmuls of `2·S²·D`), halved when causal; the backward is 2.5× the forward (five matmuls
+instead of two).
+
+Presets (`--preset`, several allowed; `all` is every one):
+
+- `leaderboard`: q, k, v of shape (16, 16384, 64), bf16, causal; fa2 through
+  `torch.compile(fa2.FlashAttention2Triton.apply)` and `o.sum().backward()`, beside SDPA forced to
+  its flash and cuDNN backends (one head: `(16, 1, 16384, 64)`, the same data) and naive
+  attention. Ratios are against SDPA's flash backend.
+- `noncausal`: the same at (16, 4096, 64), not causal.  `d128`: (16, 16384, 128), causal.
+- `sweep`: the handout's sweep: batch 1, causal, seq 128 … 65536, d 16 … 128, bf16 and fp32;
+  fa2-triton, naive attention, SDPA; a random output gradient; ratios against SDPA.
+
+Without a GPU a tiny CPU case runs instead (and says so): fa2-triton is skipped there, the tiled
+PyTorch FlashAttention-2 (`fa2-pytorch`) stands in for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.core.attention_impls import IMPL_NAMES, attention_impl
+from bench.core.cli import (
+    Invocation,
+    Tool,
+    as_device,
+    config_or_default,
+    distinct,
+    progress,
+    usage_errors,
+)
+from bench.core.memory import free_memory
+from bench.core.oom import OK, guarded
+from bench.core.plots import bar_plot, line_plot
+from bench.core.results import Run
+from bench.core.timing import do_bench, summarize
+
+__all__ = [
+    "PRESETS",
+    "TOOL",
+    "FlashCase",
+    "attention_flops",
+    "cpu_case",
+    "default_cases",
+    "main",
+    "plot_flash",
+    "run_flash",
+]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+GRADS = ("sum", "randn")
+
+_PRESET_IMPLS = ("fa2-triton-compiled", "sdpa-flash", "sdpa-cudnn", "naive")
+
+
+@dataclass(frozen=True)
+class FlashCase:
+    """One benchmark case: a grid of shapes and dtypes, the implementations and the baseline.
+
+    Args:
+        name: the case's name (a preset's name), shown in the table.
+        batch: leading batch size of q, k, v `(batch, seq, d)`.
+        seqs: sequence lengths (queries = keys).
+        d_values: head sizes.
+        dtypes: names from `DTYPES`.
+        causal: causal masking.
+        impls: implementation names (see `bench.core.attention_impls`).
+        baseline: the implementation ratios are taken against.
+        grad: how the backward is driven: `sum` (`o.sum().backward()`, the leaderboard's call) or
+            `randn` (`o.backward(dO)` with a fresh random `dO`).
+    """
+
+    name: str
+    batch: int
+    seqs: tuple[int, ...]
+    d_values: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    causal: bool
+    impls: tuple[str, ...]
+    baseline: str
+    grad: str = "randn"
+
+    def __post_init__(self) -> None:
+        if not set(self.impls) <= set(IMPL_NAMES) or len(set(self.impls)) != len(self.impls):
+            raise ValueError(f"impls must be distinct names from {IMPL_NAMES}, got {self.impls}")
+        if not set(self.dtypes) <= set(DTYPES) or not self.dtypes:
+            raise ValueError(f"dtypes must be names from {list(DTYPES)}, got {self.dtypes}")
+        if self.grad not in GRADS:
+            raise ValueError(f"grad must be one of {GRADS}, got {self.grad!r}")
+        sizes = (self.batch, *self.seqs, *self.d_values)
+        if not self.seqs or not self.d_values or not self.impls or min(sizes) < 1:
+            raise ValueError(
+                f"batch, seqs and d_values must be positive and non-empty, impls non-empty: {self}"
+            )
+
+
+PRESETS: dict[str, FlashCase] = {
+    "leaderboard": FlashCase(
+        "leaderboard", 16, (16384,), (64,), ("bf16",), True, _PRESET_IMPLS, "sdpa-flash", "sum"
+    ),
+    "noncausal": FlashCase(
+        "noncausal", 16, (4096,), (64,), ("bf16",), False, _PRESET_IMPLS, "sdpa-flash", "sum"
+    ),
+    "d128": FlashCase(
+        "d128", 16, (16384,), (128,), ("bf16",), True, _PRESET_IMPLS, "sdpa-flash", "sum"
+    ),
+    "sweep": FlashCase(
+        "sweep",
+        1,
+        tuple(2**i for i in range(7, 17)),  # 128 … 65536
+        (16, 32, 64, 128),
+        ("bf16", "fp32"),
+        True,
+        ("fa2-triton", "naive", "sdpa"),
+        "sdpa",
+    ),
+}
+
+# do_bench budgets (ms): Triton's defaults on CUDA; on the CPU just enough for a tiny case.
+CUDA_BUDGET_MS = (25.0, 100.0)
+CPU_BUDGET_MS = (5.0, 20.0)
+
+
+def cpu_case() -> FlashCase:
+    """The tiny case run without a GPU: fa2's PyTorch path in place of its Triton kernels."""
+    return FlashCase(
+        "cpu",
+        1,
+        (64, 128),
+        (16, 32),
+        ("fp32",),
+        True,
+        ("fa2-pytorch", "fa2-triton", "naive", "sdpa"),
+        "sdpa",
+    )
+
+
+def default_cases(device: torch.device | str) -> list[FlashCase]:
+    """Every preset on CUDA; `cpu_case()` elsewhere."""
+    return list(PRESETS.values()) if torch.device(device).type == "cuda" else [cpu_case()]
+
+
+def attention_flops(*, batch: int, seq: int, d: int, causal: bool) -> dict[str, float]:
+    """FLOPs of one attention call over `batch` heads: `fwd`, `bwd` (2.5× fwd) and `fwd_bwd`.
+
+    The forward is two matmuls of `2·seq²·d` each, half of them skipped when causal.
+    """
+    fwd = batch * 4 * seq * seq * d * (0.5 if causal else 1.0)
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}
+
+
+_PASSES = ("fwd", "bwd", "fwd_bwd")
+
+
+def _measure(
+    case: FlashCase,
+    impl: str,
+    dtype: str,
+    seq: int,
+    d: int,
+    *,
+    device: torch.device,
+    budget_ms: tuple[float, float],
+) -> dict[str, float]:
+    """Median forward, backward and forward+backward times (ms) and TFLOP/s of one cell."""
+    attend = attention_impl(impl, device=device)
+    shape = (case.batch, seq, d)  # (batch, seq, d): one head per batch entry, as in the handout
+    q, k, v = (
+        torch.randn(shape, device=device, dtype=DTYPES[dtype], requires_grad=True) for _ in range(3)
+    )
+    if case.grad == "sum":
+
+        def backward(o: torch.Tensor) -> None:
+            o.sum().backward()
+
+    else:
+        grad_out = torch.randn_like(q)
+
+        def backward(o: torch.Tensor) -> None:
+            o.backward(grad_out)
+
+    warmup_ms, rep_ms = budget_ms
+    timed = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "device": device}
+    fwd = summarize(do_bench(lambda: attend(q, k, v, case.causal), **timed)).median
+    fwd_bwd = summarize(
+        do_bench(lambda: backward(attend(q, k, v, case.causal)), grad_to_none=[q, k, v], **timed)
+    ).median
+    # A difference of two medians: left empty where timing noise swamps it (only seen for
+    # microsecond-sized calls on a busy CPU).
+    bwd = fwd_bwd - fwd if fwd_bwd > fwd else None
+    ms = {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd_bwd}
+    flops = attention_flops(batch=case.batch, seq=seq, d=d, causal=case.causal)
+    row: dict[str, float | None] = {f"{p}_ms": ms[p] for p in _PASSES}
+    row.update({f"{p}_tflops": flops[p] / (t * 1e-3) / 1e12 if t else None for p, t in ms.items()})
+    return row
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """`<pass>_speedup`: the baseline's time over this row's (above 1: faster than baseline)."""
+
+    def key(r: dict[str, Any]) -> tuple:
+        return r["case"], r["dtype"], r["batch"], r["seq"], r["d"], r["causal"]
+
+    base = {key(r): r for r in rows if r["impl"] == r["baseline"] and r["status"] == OK}
+    for row in rows:
+        ref = base.get(key(row))
+        for p in _PASSES:
+            mine, theirs = row.get(f"{p}_ms"), ref and ref.get(f"{p}_ms")
+            ok = mine is not None and theirs is not None and mine > 0 and theirs > 0
+            row[f"{p}_speedup"] = theirs / mine if ok else None
+
+
+COLUMNS = [
+    "case",
+    "impl",
+    "dtype",
+    "batch",
+    "seq",
+    "d",
+    "fwd_ms",
+    "bwd_ms",
+    "fwd_bwd_ms",
+    "fwd_tflops",
+    "bwd_tflops",
+    "fwd_bwd_tflops",
+    "fwd_speedup",
+    "bwd_speedup",
+    "fwd_bwd_speedup",
+    "status",
+]
+
+_METRICS = [f"{p}_{m}" for m in ("ms", "tflops") for p in _PASSES]
+
+
+def _describe(case: FlashCase) -> str:
+    return (
+        f"batch {case.batch}, seq in {case.seqs}, d in {case.d_values}, {case.dtypes[0]}; "
+        "fa2-pytorch stands in for the Triton kernels"
+    )
+
+
+def run_flash(
+    cases: Iterable[FlashCase] | None = None,
+    *,
+    device: torch.device | str | None = None,
+    budget_ms: tuple[float, float] | None = None,
+    command: str | None = None,
+    show_progress: bool = True,
+) -> Run:
+    """Time every cell of every case on `device`.
+
+    Args:
+        cases: what to run; every preset on CUDA and `cpu_case()` elsewhere when None.
+        device: where to run; CUDA when available, else the CPU, when None.
+        budget_ms: `(warmup_ms, rep_ms)` given to `do_bench` per measurement; Triton's defaults
+            (25, 100) on CUDA, (5, 20) on the CPU, when None.
+        command: the command line to record; the process's own when None.
+        show_progress: draw a progress bar on stderr.
+
+    Returns:
+        A `Run` (tool `"flash"`), rows per (case, impl, dtype, seq, d) with times (ms), TFLOP/s,
+        speed-ups against the case's baseline and `status`; one table per case.
+    """
+    device = as_device(device)
+    cases, notes = config_or_default(
+        None if cases is None else list(cases),
+        device,
+        default=default_cases,
+        tool="bench-flash",
+        describe=lambda cases: _describe(cases[0]),
+    )
+    if budget_ms is None:
+        budget_ms = CUDA_BUDGET_MS if device.type == "cuda" else CPU_BUDGET_MS
+    notes.append(
+        "Median ms of triton.testing.do_bench (CUDA) or a timed loop (CPU); bwd = fwd_bwd − fwd. "
+        "TFLOP/s from 4·S²·D per head for the forward (halved when causal), backward 2.5× that. "
+        "speedup = baseline time / this time: baseline "
+        + ", ".join(f"{c.baseline} for {c.name}" for c in cases)
+        + "."
+    )
+    cells = [
+        (case, impl, dtype, seq, d)
+        for case in cases
+        for dtype in case.dtypes
+        for d in case.d_values
+        for seq in case.seqs
+        for impl in case.impls
+    ]
+    rows = []
+    for case, impl, dtype, seq, d in progress(cells, desc="bench-flash", enabled=show_progress):
+        outcome = guarded(
+            lambda case=case, impl=impl, dtype=dtype, seq=seq, d=d: _measure(
+                case, impl, dtype, seq, d, device=device, budget_ms=budget_ms
+            ),
+            device=device,
+        )
+        rows.append(
+            {
+                "case": case.name,
+                "impl": impl,
+                "dtype": dtype,
+                "batch": case.batch,
+                "seq": seq,
+                "d": d,
+                "causal": case.causal,
+                "grad": case.grad,
+                "baseline": case.baseline,
+                **(outcome.value if outcome.ok else dict.fromkeys(_METRICS)),
+                "status": outcome.status,
+            }
+        )
+        free_memory(device)
+    _add_ratios(rows)
+    return Run.create(
+        "flash",
+        rows,
+        device=device,
+        config={"cases": [asdict(c) for c in cases], "budget_ms": budget_ms},
+        command=command,
+        title="FlashAttention-2 vs PyTorch attention vs SDPA (do_bench medians)",
+        columns=COLUMNS,
+        group_by="case",
+        notes=notes,
+    )
+
+
+def plot_flash(run: Run, path: Path) -> list[Path]:
+    """Forward+backward TFLOP/s against seq (grids) at `path`; presets' times beside it."""
+    written = []
+    seqs_per_case: dict[str, set[int]] = {}
+    for r in run.rows:
+        seqs_per_case.setdefault(r["case"], set()).add(r["seq"])
+    grids = [r for r in run.rows if len(seqs_per_case[r["case"]]) > 1]
+    if grids:
+        labelled = [dict(r, series=f"{r['impl']} {r['dtype']}") for r in grids]
+        written.append(
+            line_plot(
+                labelled,
+                x="seq",
+                y="fwd_bwd_tflops",
+                series="series",
+                panels="d",
+                path=path,
+                logx=True,
+                ylabel="forward+backward TFLOP/s",
+            )
+        )
+    fixed = [r for r in run.rows if len(seqs_per_case[r["case"]]) == 1]
+    if fixed:
+        written.append(
+            bar_plot(
+                fixed,
+                x="impl",
+                y="fwd_bwd_tflops",
+                panels="case",
+                path=path if not grids else path.with_name(f"{path.stem}_presets{path.suffix}"),
+                ylabel="forward+backward TFLOP/s",
+            )
+        )
+    return written
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preset", nargs="+", choices=[*PRESETS, "all"], help="cases (default: all on CUDA)"
+    )
+    parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths (override)")
+    parser.add_argument("--d", type=int, nargs="+", help="head sizes (override)")
+    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="dtypes (override)")
+    parser.add_argument("--batch", type=int, help="batch size (override)")
+    parser.add_argument(
+        "--causal", action=argparse.BooleanOptionalAction, help="causal masking (override)"
+    )
+    parser.add_argument("--impls", nargs="+", choices=IMPL_NAMES, help="implementations")
+    parser.add_argument(
+        "--budget-ms",
+        type=float,
+        nargs=2,
+        metavar=("WARMUP", "REP"),
+        help="do_bench warm-up and measurement budgets per timing (default 25 100 on CUDA)",
+    )
+
+
+def _cases_from_args(args: argparse.Namespace, device: torch.device) -> list[FlashCase] | None:
+    """The presets asked for with the command line's overrides applied; None: the default."""
+    overrides = {
+        "seqs": tuple(args.seq) if args.seq else None,
+        "d_values": tuple(args.d) if args.d else None,
+        "dtypes": distinct(args.dtype),
+        "batch": args.batch,
+        "causal": args.causal,
+        "impls": distinct(args.impls),
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if args.preset is None and not overrides:
+        return None
+    if args.preset is None:
+        base = default_cases(device)
+    elif "all" in args.preset:
+        base = list(PRESETS.values())
+    else:
+        base = [PRESETS[name] for name in dict.fromkeys(args.preset)]
+    return [replace(c, **overrides) for c in base]
+
+
+def _run(config: None, cli: Invocation) -> Run:
+    # The presets and their overrides are the configuration: a list, not a dataclass.
+    with usage_errors(cli.parser):
+        cases = _cases_from_args(cli.args, cli.device)
+    return run_flash(
+        cases,
+        device=cli.device,
+        budget_ms=tuple(cli.args.budget_ms) if cli.args.budget_ms else None,
+        command=cli.command,
+        show_progress=cli.show_progress,
+    )
+
+
+TOOL: Tool[None] = Tool("bench-flash", __doc__, add_options=_add_options, run=_run, plot=plot_flash)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-flash` (see the module docstring)."""
+    return TOOL.main(argv)

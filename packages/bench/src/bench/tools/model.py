@@ -1,0 +1,699 @@
+"""bench-model: end-to-end timing of `lmcore.TransformerLM` (the handout's §1.1.3 to §1.1.6).
+
+A model of a named size (Table 1: small … 2.7B) or of explicit dimensions, random weights, a
+random batch (default 4 sequences, vocabulary 10,000), run in one or more modes:
+
+- `forward`: the forward pass alone, under `torch.no_grad()` (inference).
+- `forward-backward`: forward with the cross-entropy loss, then backward.
+- `train-step`: forward, backward and an `lmcore.AdamW` step.
+
+Each configuration gets `--warmup` untimed steps and `--steps` timed ones; the device is
+synchronised around every timed region (forward, backward, optimizer), so each is timed on its
+own and a step is their sum. Reported: mean ± std per region and per step, the first timed step,
+tokens per second, peak memory (CUDA), and MFU where the device's peak is known (the assumed peak
+is in the notes; FLOPs from `lmcore.forward_flops` / `training_flops`).
+
+Options multiply: several `--size`, `--context-length`, `--mode`, `--dtype` (fp32, or bf16
+autocast), `--attention` and `--compile both` run every combination. `--nvtx` marks warm-up,
+steps, forward/backward/optimizer and, inside attention, scores/softmax/output for Nsight
+Systems. `--memory-snapshot PATH` records the allocator's history over the timed steps and writes
+the pickle (for pytorch.org/memory_viz) and a PNG timeline made here. `--profile PATH` runs the
+timed steps under `torch.profiler`, writes a Chrome/Perfetto trace and prints the top kernels.
+`--warmup-study` re-runs the configuration in fresh processes with 0, 1, 2 and 5 warm-up steps.
+
+Without a GPU a tiny model runs on the CPU by default (and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.core.cli import (
+    Invocation,
+    Tool,
+    add_timing_args,
+    as_device,
+    config_or_default,
+    distinct,
+    progress,
+)
+from bench.core.env import device_name
+from bench.core.hardware import matmul_format, peak_tflops
+from bench.core.memory import free_memory, peak_memory, reset_peak_memory, to_mib
+from bench.core.memviz import render_memory_snapshot
+from bench.core.nvtx import annotated_attention, nvtx_range
+from bench.core.oom import guarded
+from bench.core.plots import bar_plot
+from bench.core.results import Run, load_json
+from bench.core.shapes import CPU_SIZE, Shape, shape_named
+from bench.core.timing import elapsed_ms, summarize
+from lmcore import (
+    HANDOUT_SIZES,
+    MODEL_SIZES,
+    VOCAB_SIZE,
+    AdamW,
+    ModelConfig,
+    ModelSize,
+    TransformerLM,
+    count_parameters,
+    cross_entropy,
+    forward_flops,
+    training_flops,
+)
+
+__all__ = [
+    "MODES",
+    "TOOL",
+    "ModelBenchConfig",
+    "config_argv",
+    "default_model_config",
+    "main",
+    "plot_model",
+    "run_model",
+    "run_warmup_study",
+]
+
+MODES = ("forward", "forward-backward", "train-step")
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast, fp32 throughout
+ATTENTIONS = ("naive", "sdpa", "fa2-pytorch", "fa2-triton")
+WARMUP_STUDY = (0, 1, 2, 5)  # the handout's §1.1.3 (c)
+
+# Allocator events kept while recording a memory snapshot: enough for several training steps
+# of the largest model (each step allocates a few thousand blocks per layer).
+_SNAPSHOT_MAX_ENTRIES = 1_000_000
+_PROFILE_ROWS = 20  # rows of the profiler's top-kernels table
+
+
+@dataclass(frozen=True)
+class ModelBenchConfig:
+    """What `run_model` measures; every tuple is a sweep dimension (all combinations run).
+
+    Args:
+        shapes: model shapes (`bench.core.shapes.shape_named("small")`, or explicit).
+        context_lengths: sequence lengths (each also the model's context length).
+        batch: sequences per batch.
+        vocab_size: vocabulary size.
+        modes: from `MODES`.
+        dtypes: `fp32`, or `bf16` (autocast around forward and loss).
+        attention: lmcore attention backend names.
+        compile: run eagerly (False), through `torch.compile` (True), or both.
+        warmup: untimed steps first.
+        steps: timed steps.
+        nvtx: mark NVTX ranges (CUDA only).
+    """
+
+    shapes: tuple[Shape, ...]
+    context_lengths: tuple[int, ...] = (512,)
+    batch: int = 4
+    vocab_size: int = VOCAB_SIZE
+    modes: tuple[str, ...] = MODES
+    dtypes: tuple[str, ...] = ("fp32",)
+    attention: tuple[str, ...] = ("naive",)
+    compile: tuple[bool, ...] = (False,)
+    warmup: int = 5
+    steps: int = 10
+    nvtx: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("modes", MODES), ("dtypes", tuple(DTYPES))):
+            values = getattr(self, name)
+            if not values or not set(values) <= set(allowed):
+                raise ValueError(f"{name} must be non-empty, from {allowed}; got {values}")
+        sizes = (self.batch, self.vocab_size, self.steps, *self.context_lengths)
+        if not self.shapes or not self.context_lengths or not self.attention or min(sizes) < 1:
+            raise ValueError(
+                "shapes, context_lengths and attention must be non-empty; batch, vocab_size, "
+                f"steps and context lengths positive; got {self}"
+            )
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+
+
+def default_model_config(device: torch.device | str) -> ModelBenchConfig:
+    """The handout's sizes at context 512 on CUDA (its Table 1); the tiny size on the CPU."""
+    if torch.device(device).type == "cuda":
+        return ModelBenchConfig(shapes=tuple(shape_named(n) for n in HANDOUT_SIZES))
+    return ModelBenchConfig(
+        shapes=(shape_named(CPU_SIZE),), context_lengths=(64,), warmup=1, steps=3
+    )
+
+
+@dataclass(frozen=True)
+class _Cell:
+    shape: Shape
+    context_length: int
+    attention: str
+    compile: bool
+    dtype: str
+    mode: str
+
+    @property
+    def label(self) -> str:
+        parts = [self.shape[0], f"ctx{self.context_length}", self.mode, self.dtype]
+        parts += [self.attention] + (["compiled"] if self.compile else [])
+        return "_".join(parts)
+
+
+def _cells(config: ModelBenchConfig) -> list[_Cell]:
+    return [
+        _Cell(*combo)
+        for combo in itertools.product(
+            config.shapes,
+            config.context_lengths,
+            config.attention,
+            config.compile,
+            config.dtypes,
+            config.modes,
+        )
+    ]
+
+
+@contextlib.contextmanager
+def _recording_memory(path: Path | None, device: torch.device) -> Iterator[None]:
+    if path is None or device.type != "cuda":
+        yield
+        return
+    torch.cuda.memory._record_memory_history(max_entries=_SNAPSHOT_MAX_ENTRIES)
+    try:
+        yield
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+@contextlib.contextmanager
+def _profiling(path: Path | None, device: torch.device) -> Iterator[None]:
+    """Profile the block; write the Chrome trace to `path`, its top operations beside it."""
+    if path is None:
+        yield
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        yield
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    # Own time (children excluded), so kernels and leaf operations rank by what they cost.
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=_PROFILE_ROWS)
+    path.with_suffix(".txt").write_text(table + "\n")
+    print(f"Top operations of {path} (by {sort_by}):\n{table}")
+
+
+def _measure(
+    cell: _Cell,
+    config: ModelBenchConfig,
+    device: torch.device,
+    *,
+    snapshot: Path | None,
+    profile: Path | None,
+) -> dict[str, Any]:
+    """Build the cell's model, warm it up, time `config.steps` steps; the row's metrics."""
+    attention = annotated_attention(cell.attention) if config.nvtx else cell.attention
+    size = cell.shape[1]
+    with torch.device(device):
+        model = TransformerLM(
+            config.vocab_size,
+            cell.context_length,
+            size.d_model,
+            size.num_layers,
+            size.num_heads,
+            size.d_ff,
+            attention=attention,
+        )
+    model_config = model.config
+    if cell.compile:
+        torch.compiler.reset()  # a fresh cache per cell: no recompilation limit across a sweep
+        model = torch.compile(model)
+    optimizer = AdamW(model.parameters()) if cell.mode == "train-step" else None
+    shape = (config.batch, cell.context_length)
+    x = torch.randint(0, config.vocab_size, shape, device=device)  # (batch, seq) token ids
+    y = torch.randint(0, config.vocab_size, shape, device=device)  # next-token targets
+    autocast_dtype = DTYPES[cell.dtype]
+
+    def autocast() -> contextlib.AbstractContextManager:
+        if autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=autocast_dtype)
+
+    def region(name: str, fn: Any) -> tuple[Any, float]:
+        with nvtx_range(name, enabled=config.nvtx):
+            return elapsed_ms(fn, device=device)
+
+    def step() -> dict[str, float]:
+        if cell.mode == "forward":
+            with torch.no_grad(), autocast():
+                _, fwd = region("forward", lambda: model(x))
+            return {"fwd": fwd}
+
+        def forward() -> torch.Tensor:
+            with autocast():
+                return cross_entropy(model(x), y)
+
+        loss, fwd = region("forward", forward)
+        _, bwd = region("backward", loss.backward)
+        times = {"fwd": fwd, "bwd": bwd}
+        if optimizer is not None:
+            _, times["opt"] = region("optimizer", optimizer.step)
+        model.zero_grad(set_to_none=True)
+        return times
+
+    with nvtx_range("warmup", enabled=config.nvtx):
+        for _ in range(config.warmup):
+            step()
+    reset_peak_memory(device)
+    samples = []
+    with _recording_memory(snapshot, device), _profiling(profile, device):
+        for i in range(config.steps):
+            with nvtx_range(f"step {i}", enabled=config.nvtx):
+                samples.append(step())
+    return _metrics(samples, cell, config, model_config, device)
+
+
+def _metrics(
+    samples: list[dict[str, float]],
+    cell: _Cell,
+    config: ModelBenchConfig,
+    model_config: ModelConfig,
+    device: torch.device,
+) -> dict[str, Any]:
+    steps = [sum(s.values()) for s in samples]
+    step = summarize(steps)
+    row: dict[str, Any] = {}
+    for key in ("fwd", "bwd", "opt"):
+        if key in samples[0]:
+            s = summarize([sample[key] for sample in samples])
+            row[f"{key}_ms"], row[f"{key}_std"] = s.mean, s.std
+    tokens = config.batch * cell.context_length
+    count = forward_flops if cell.mode == "forward" else training_flops
+    flops = count(model_config, batch_size=config.batch, seq_len=cell.context_length)
+    fmt = matmul_format(DTYPES[cell.dtype] or torch.float32)
+    peak = peak_tflops(device_name(device), fmt) if device.type == "cuda" else None
+    row.update(
+        step_ms=step.mean,
+        step_std=step.std,
+        first_step_ms=steps[0],
+        tokens_per_s=tokens / (step.mean * 1e-3),
+        mfu=flops / (step.mean * 1e-3) / (peak * 1e12) if peak else None,
+        mfu_peak_tflops=peak,
+        peak_mib=to_mib(peak_memory(device)),
+        n=len(steps),
+    )
+    return row
+
+
+COLUMNS = [
+    "size",
+    "ctx",
+    "mode",
+    "dtype",
+    "attention",
+    "compiled",
+    "fwd_ms",
+    "fwd_std",
+    "bwd_ms",
+    "bwd_std",
+    "opt_ms",
+    "step_ms",
+    "step_std",
+    "first_step_ms",
+    "tokens_per_s",
+    "mfu",
+    "peak_mib",
+    "params_m",
+    "status",
+]
+
+_METRICS = [
+    "fwd_ms",
+    "fwd_std",
+    "bwd_ms",
+    "bwd_std",
+    "opt_ms",
+    "opt_std",
+    "step_ms",
+    "step_std",
+    "first_step_ms",
+    "tokens_per_s",
+    "mfu",
+    "mfu_peak_tflops",
+    "peak_mib",
+    "n",
+]
+
+
+def _per_cell_path(path: str | Path | None, cell: _Cell, num_cells: int) -> Path | None:
+    """`path` itself for a single cell; `<stem>_<cell label><suffix>` when there are several."""
+    if path is None:
+        return None
+    path = Path(path)
+    if num_cells == 1:
+        return path
+    return path.with_name(f"{path.stem}_{cell.label}{path.suffix}")
+
+
+def run_model(
+    config: ModelBenchConfig | None = None,
+    *,
+    device: torch.device | str | None = None,
+    memory_snapshot: str | Path | None = None,
+    profile: str | Path | None = None,
+    command: str | None = None,
+    show_progress: bool = True,
+) -> Run:
+    """Time every configuration of `config` on `device`.
+
+    Args:
+        config: what to run; `default_model_config(device)` when None.
+        device: where to run; CUDA when available, else the CPU, when None.
+        memory_snapshot: record the allocator over the timed steps and dump the pickle here
+            (with a `.png` timeline beside it); CUDA only. Several configurations get one file
+            each, named `<stem>_<configuration><suffix>`.
+        profile: run the timed steps under `torch.profiler` and write a Chrome trace here (and
+            the top-operations table as `.txt` beside it); named per configuration likewise.
+        command: the command line to record; the process's own when None.
+        show_progress: draw a progress bar on stderr.
+
+    Returns:
+        A `Run` (tool `"model"`): one row per configuration with times (ms), tokens/s, MFU,
+        peak memory (MiB), parameter count (millions) and `status`.
+    """
+    device = as_device(device)
+    config, notes = config_or_default(
+        config,
+        device,
+        default=default_model_config,
+        tool="bench-model",
+        describe=lambda c: (
+            f"{c.shapes[0][1].num_layers} layers of width {c.shapes[0][1].d_model}, "
+            f"context {c.context_lengths[0]}, batch {c.batch}"
+        ),
+    )
+    if config.nvtx and device.type != "cuda":
+        notes.append("--nvtx has no effect without CUDA.")
+    cells = _cells(config)
+    rows = []
+    snapshot_on = memory_snapshot is not None and device.type == "cuda"
+    for cell in progress(cells, desc="bench-model", enabled=show_progress):
+        snapshot = _per_cell_path(memory_snapshot, cell, len(cells)) if snapshot_on else None
+        trace = _per_cell_path(profile, cell, len(cells))
+        outcome = guarded(
+            lambda c=cell, s=snapshot, t=trace: _measure(c, config, device, snapshot=s, profile=t),
+            device=device,
+        )
+        rows.append(_row(cell, config, outcome.value if outcome.ok else None, outcome.status))
+        free_memory(device)
+        if outcome.ok and snapshot is not None:
+            notes.append(_snapshot_note(snapshot, cell))
+    if memory_snapshot is not None and not snapshot_on:
+        notes.append("No memory snapshot: recording the allocator's history needs CUDA.")
+    if profile is not None:
+        notes.append("The timed steps ran under torch.profiler, which slows them down.")
+    peaks = {r["mfu_peak_tflops"] for r in rows if r.get("mfu_peak_tflops")}
+    if peaks:
+        notes.append(
+            f"MFU assumes a dense peak of {', '.join(f'{p:g}' for p in sorted(peaks))} TFLOP/s "
+            f"({device_name(device)}; matmul format per row's dtype)."
+        )
+    return Run.create(
+        "model",
+        rows,
+        device=device,
+        config=asdict(config),
+        command=command,
+        title=f"TransformerLM end to end, batch {config.batch}, "
+        f"{config.warmup} warm-up + {config.steps} timed steps",
+        columns=COLUMNS,
+        notes=notes,
+    )
+
+
+def _snapshot_note(snapshot: Path, cell: _Cell) -> str:
+    """Draw the snapshot's timeline beside it; one sentence on what it shows."""
+    summary = render_memory_snapshot(snapshot, snapshot.with_suffix(".png"), title=cell.label)
+    top = summary.largest[0]
+    return (
+        f"Memory snapshot {snapshot} (timeline {summary.path}): peak "
+        f"{to_mib(summary.peak_bytes):,.0f} MiB, largest allocation {to_mib(top.size):,.1f} MiB "
+        f"at {top.where}."
+    )
+
+
+def _row(
+    cell: _Cell, config: ModelBenchConfig, metrics: dict[str, Any] | None, status: str
+) -> dict[str, Any]:
+    name, size = cell.shape
+    dims = {
+        "vocab_size": config.vocab_size,
+        "context_length": cell.context_length,
+        "d_model": size.d_model,
+        "num_layers": size.num_layers,
+        "num_heads": size.num_heads,
+        "d_ff": size.d_ff,
+    }
+    return {
+        "size": name,
+        "ctx": cell.context_length,
+        "batch": config.batch,
+        "mode": cell.mode,
+        "dtype": cell.dtype,
+        "attention": cell.attention,
+        "compiled": cell.compile,
+        **dims,
+        "params_m": _parameters(dims) / 1e6,
+        **dict.fromkeys(_METRICS),  # every row has every key, whatever its mode or status
+        **(metrics or {}),
+        "warmup": config.warmup,
+        "status": status,
+    }
+
+
+def _parameters(dims: dict[str, int]) -> int:
+    return count_parameters(ModelConfig(**dims))
+
+
+def config_argv(config: ModelBenchConfig) -> list[str]:
+    """Command-line arguments of `bench-model` that reproduce `config`."""
+    named = [name for name, size in config.shapes if MODEL_SIZES.get(name) == size]
+    custom = [(name, size) for name, size in config.shapes if MODEL_SIZES.get(name) != size]
+    if len(custom) > 1:
+        raise ValueError("the command line takes at most one shape of explicit dimensions")
+    argv = ["--size", *named] if named else []
+    for name, s in custom:
+        argv += ["--d-model", str(s.d_model), "--d-ff", str(s.d_ff)]
+        argv += ["--num-layers", str(s.num_layers), "--num-heads", str(s.num_heads)]
+        argv += ["--name", name]
+    argv += ["--context-length", *map(str, config.context_lengths)]
+    argv += ["--batch", str(config.batch), "--vocab-size", str(config.vocab_size)]
+    argv += ["--mode", *config.modes, "--dtype", *config.dtypes, "--attention", *config.attention]
+    compiled = set(config.compile)
+    argv += ["--compile", "both" if len(compiled) == 2 else ("on" if True in compiled else "off")]
+    argv += ["--warmup", str(config.warmup), "--steps", str(config.steps)]
+    return argv + (["--nvtx"] if config.nvtx else [])
+
+
+WARMUP_COLUMNS = [
+    "size",
+    "ctx",
+    "mode",
+    "dtype",
+    "warmup",
+    "step_ms",
+    "step_std",
+    "first_step_ms",
+    "status",
+]
+
+
+def run_warmup_study(
+    config: ModelBenchConfig | None = None,
+    *,
+    warmups: Sequence[int] = WARMUP_STUDY,
+    device: torch.device | str | None = None,
+    command: str | None = None,
+    show_progress: bool = True,
+) -> Run:
+    """Run `config` once per warm-up count, each in a fresh Python process; rows tagged `warmup`.
+
+    A fresh process is the point: the first steps of a process pay for CUDA context creation,
+    library handles (cuBLAS), kernel loading and allocator growth, which a process that already
+    ran anything has paid for.
+
+    Args:
+        config: the configuration (its own `warmup` is replaced); the device's default when None.
+        warmups: warm-up step counts (the handout's 0, 1, 2, 5).
+        device: where to run; CUDA when available, else the CPU, when None.
+        command: the command line to record; the process's own when None.
+        show_progress: draw a progress bar on stderr.
+
+    Returns:
+        A `Run` (tool `"warmup"`) with the rows of every child run.
+
+    Raises:
+        RuntimeError: a child process failed (its stderr is in the message).
+    """
+    device = as_device(device)
+    config = config if config is not None else default_model_config(device)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in progress(list(warmups), desc="warm-up study", enabled=show_progress):
+            out = Path(tmp) / f"warmup{w}.json"
+            argv = [*config_argv(replace(config, warmup=w)), "--device", str(device)]
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.model",
+                    *argv,
+                    "--no-progress",
+                    "--json",
+                    str(out),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(f"warm-up study child (warmup {w}) failed:\n{proc.stderr}")
+            rows.extend(load_json(out).rows)
+    return Run.create(
+        "warmup",
+        rows,
+        device=device,
+        config={**asdict(config), "warmups": list(warmups)},
+        command=command,
+        title=f"Warm-up study: {config.steps} timed steps after 0…{max(warmups)} warm-up steps, "
+        "each in a fresh process",
+        columns=WARMUP_COLUMNS,
+        notes=["first_step_ms: the first timed step, which pays whatever the warm-up did not."],
+    )
+
+
+def plot_model(run: Run, path: Path) -> Path:
+    """Mean step time per configuration: bars per size, one colour per mode (or warm-up)."""
+    series = "warmup" if run.tool == "warmup" else "mode"
+    several_backends = len({r.get("attention") for r in run.rows}) > 1
+
+    def label(r: dict[str, Any]) -> str:
+        parts = [r["size"], f"ctx{r['ctx']}", r["dtype"]]
+        parts += [r["attention"]] if several_backends else []
+        return " ".join(parts + (["compiled"] if r.get("compiled") else []))
+
+    rows = [dict(r, configuration=label(r)) for r in run.rows]
+    return bar_plot(
+        rows,
+        x="configuration",
+        y="step_ms",
+        series=series,
+        path=path,
+        ylabel="step (ms)",
+        logy=True,
+    )
+
+
+def _shapes_from_args(args: argparse.Namespace) -> list[Shape]:
+    dims = [args.d_model, args.d_ff, args.num_layers, args.num_heads]
+    shapes = [shape_named(n) for n in dict.fromkeys(args.size or ())]
+    if any(d is not None for d in dims):
+        if any(d is None for d in dims):
+            raise ValueError(
+                "explicit dimensions need all of --d-model --d-ff --num-layers --num-heads"
+            )
+        shapes.append((args.name, ModelSize(*dims)))
+    return shapes
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("model")
+    model.add_argument("--size", nargs="+", choices=list(MODEL_SIZES), help="named sizes")
+    model.add_argument("--d-model", type=int, help="explicit width (with the three below)")
+    model.add_argument("--d-ff", type=int, help="explicit feed-forward width")
+    model.add_argument("--num-layers", type=int, help="explicit depth")
+    model.add_argument("--num-heads", type=int, help="explicit head count")
+    model.add_argument("--name", default="custom", help="table name of explicit dimensions")
+    model.add_argument("--context-length", type=int, nargs="+", help="sequence lengths")
+    model.add_argument("--batch", type=int, help="batch size (4)")
+    model.add_argument("--vocab-size", type=int, help=f"vocabulary ({VOCAB_SIZE:,})")
+    model.add_argument("--attention", nargs="+", choices=ATTENTIONS, help="backends (naive)")
+    run = parser.add_argument_group("run")
+    run.add_argument("--mode", nargs="+", choices=MODES, help="modes (all three)")
+    run.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="fp32 and/or bf16 autocast")
+    run.add_argument("--compile", choices=["off", "on", "both"], help="torch.compile (off)")
+    add_timing_args(parser, warmup=None, steps=None)
+    tools = parser.add_argument_group("profiling")
+    tools.add_argument("--nvtx", action="store_true", help="NVTX ranges for Nsight Systems")
+    tools.add_argument("--memory-snapshot", type=Path, metavar="PATH", help="allocator pickle")
+    tools.add_argument("--profile", type=Path, metavar="PATH", help="torch.profiler trace")
+    tools.add_argument(
+        "--warmup-study",
+        type=int,
+        nargs="*",
+        metavar="W",
+        help="re-run in fresh processes with these warm-up counts "
+        f"({' '.join(map(str, WARMUP_STUDY))} when none given)",
+    )
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    compile_choice = {"off": (False,), "on": (True,), "both": (False, True)}
+    return {
+        "shapes": tuple(_shapes_from_args(args)) or None,
+        "context_lengths": distinct(args.context_length),
+        "batch": args.batch,
+        "vocab_size": args.vocab_size,
+        "modes": distinct(args.mode),
+        "dtypes": distinct(args.dtype),
+        "attention": distinct(args.attention),
+        "compile": compile_choice[args.compile] if args.compile else None,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "nvtx": args.nvtx or None,
+    }
+
+
+def _run(config: ModelBenchConfig | None, cli: Invocation) -> Run:
+    if cli.args.warmup_study is not None:
+        return run_warmup_study(
+            config,
+            warmups=cli.args.warmup_study or WARMUP_STUDY,
+            device=cli.device,
+            command=cli.command,
+            show_progress=cli.show_progress,
+        )
+    return run_model(
+        config,
+        device=cli.device,
+        memory_snapshot=cli.args.memory_snapshot,
+        profile=cli.args.profile,
+        command=cli.command,
+        show_progress=cli.show_progress,
+    )
+
+
+TOOL = Tool(
+    "bench-model",
+    __doc__,
+    add_options=_add_options,
+    run=_run,
+    default=default_model_config,
+    overrides=_overrides,
+    plot=plot_model,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-model` (see the module docstring)."""
+    return TOOL.main(argv)

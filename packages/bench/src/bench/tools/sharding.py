@@ -1,0 +1,494 @@
+"""bench-zero: memory and time of sharding (ZeRO-1 and FSDP) beside plain data parallelism.
+
+`lmcore.TransformerLM` (XL by default), fp32, trained with AdamW on `--world-size` ranks (2 by
+default; one process per GPU with NCCL, launched by the tool itself), batch 4 per rank at
+context 128, in these variants:
+
+- `ddp`: torch `DistributedDataParallel` + the unsharded optimizer (the baseline).
+- `sharded`: torch DDP + `zero.ShardedOptimizer`, one row per `--zero-bucket-mb` cap (the cap on
+  the parameters one post-step broadcast carries: 0 is one broadcast per parameter).
+- `torch-zero`: torch DDP + torch's `ZeroRedundancyOptimizer`.
+- `bucketed-sharded` (on request): `ddp.DDPBucketed` + `zero.ShardedOptimizer`.
+- `fsdp`: `zero.FSDP` with one unit per `TransformerBlock` + the unsharded optimizer over the
+  shards, one row per `--fsdp-dtypes` compute dtype (fp32; bf16: weights cast to bf16 before the
+  all-gather, gradients reduced in bf16, fp32 masters and optimizer state).
+- `torch-fsdp`: torch's FSDP2, `fully_shard` on every `TransformerBlock` and at the root, one row
+  per compute dtype (bf16: `MixedPrecisionPolicy(param_dtype=torch.bfloat16)`, whose gradients
+  are reduced in bf16 too).
+
+Per variant: peak memory (`torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`)
+after building the model, wrapper and optimizer; within a training step right before
+`optimizer.step()` and right after it; the median step time over the timed steps (each step's
+time is the slowest rank's); and a breakdown of the after-step peak into parameters, gradients
+and optimizer state (the bytes of those tensors on the rank) and the rest (activations,
+temporaries, DDP's communication buckets). Memory is the largest over the ranks. Ratios against
+`ddp` are checked against the targets of ZeRO-1 at world size 2: optimizer state <= 0.55x, peak
+<= 0.80x, step time <= 1.10x. `fsdp` rows are also compared with the `torch-fsdp` row of the same
+compute dtype and checked against FSDP's targets: peak <= 1.05x torch-fsdp and (fp32) <= 0.60x
+ddp, step time <= 1.10x torch-fsdp. For the FSDP variants, parameters and gradients are the
+shards (gathered weights count as `other`).
+
+Without a GPU a tiny model runs on the CPU with gloo (and says so); memory is then the size of
+the parameter, gradient and state tensors, since the CPU keeps no allocator statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+import ddp
+import lmcore
+from bench.core.cli import Invocation, Tool, as_device, distinct
+from bench.core.distributed import measure_cases, slowest_rank
+from bench.core.launch import DEFAULT_TIMEOUT_S
+from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
+from bench.core.oom import OK, OOM
+from bench.core.plots import Bars, stacked_bar_plot
+from bench.core.results import Run
+from bench.core.timing import elapsed_ms
+from bench.core.training import (
+    ADAMW_OPTIONS,
+    Case,
+    TrainingBenchConfig,
+    add_training_args,
+    bucket_mb,
+    build_model,
+    forward_backward,
+    token_batches,
+    train_step,
+    training_overrides,
+)
+from zero import DEFAULT_BUCKET_MB, FSDP, ShardedOptimizer
+
+__all__ = [
+    "COLUMNS",
+    "COMPUTE_DTYPES",
+    "OPTIMIZERS",
+    "TOOL",
+    "VARIANTS",
+    "ZeroBenchConfig",
+    "ZeroCase",
+    "default_zero_config",
+    "main",
+    "plot_zero",
+    "run_zero",
+]
+
+VARIANTS = ("ddp", "sharded", "torch-zero", "bucketed-sharded", "fsdp", "torch-fsdp")
+DEFAULT_VARIANTS = ("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp")
+FSDP_VARIANTS = ("fsdp", "torch-fsdp")
+BASELINE = "ddp"
+FSDP_BASELINE = "torch-fsdp"
+COMPUTE_DTYPES: Mapping[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+OPTIMIZERS: Mapping[str, type[torch.optim.Optimizer]] = {
+    "torch": torch.optim.AdamW,
+    "lmcore": lmcore.AdamW,
+}
+
+# Issue 5's targets for ZeRO-1 at world size 2, as (column, largest acceptable ratio to `ddp`).
+TARGETS = (("state_vs_ddp", 0.55), ("peak_vs_ddp", 0.80), ("time_vs_ddp", 1.10))
+# Issue 12's targets for zero.FSDP at world size 2: (column, largest ratio, compute dtypes).
+FSDP_TARGETS = (
+    ("peak_vs_torch_fsdp", 1.05, ("fp32", "bf16")),
+    ("peak_vs_ddp", 0.60, ("fp32",)),
+    ("time_vs_torch_fsdp", 1.10, ("fp32", "bf16")),
+)
+
+_BREAKDOWN = ("param_mib", "grad_mib", "state_mib", "other_mib")
+COLUMNS = (
+    "variant",
+    "bucket_mb",
+    "compute_dtype",
+    "init_mib",
+    "before_step_mib",
+    "after_step_mib",
+    *_BREAKDOWN,
+    "step_ms",
+    "step_ms_std",
+    "state_vs_ddp",
+    "peak_vs_ddp",
+    "time_vs_ddp",
+    "peak_vs_torch_fsdp",
+    "time_vs_torch_fsdp",
+    "status",
+)
+
+
+@dataclass(frozen=True)
+class ZeroBenchConfig(TrainingBenchConfig):
+    """What `run_zero` measures: the fields of `bench.core.training.TrainingBenchConfig` and these.
+
+    Args:
+        variants: from `VARIANTS`; `ddp` is the baseline of the ratios.
+        optimizer: `"torch"` (`torch.optim.AdamW`) or `"lmcore"` (`lmcore.AdamW`).
+        bucket_mbs: `ShardedOptimizer` broadcast caps in MB, one `sharded` row each.
+        fsdp_dtypes: compute dtypes from `COMPUTE_DTYPES`, one `fsdp` and `torch-fsdp` row each.
+    """
+
+    VARIANTS: ClassVar[tuple[str, ...]] = VARIANTS
+
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    optimizer: str = "torch"
+    bucket_mbs: tuple[float, ...] = (DEFAULT_BUCKET_MB,)
+    fsdp_dtypes: tuple[str, ...] = tuple(COMPUTE_DTYPES)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer must be one of {tuple(OPTIMIZERS)}, got {self.optimizer!r}"
+            )
+        if not self.bucket_mbs or any(not b >= 0 for b in self.bucket_mbs):
+            raise ValueError(f"bucket_mbs must be non-empty and >= 0, got {self.bucket_mbs}")
+        if not self.fsdp_dtypes or not set(self.fsdp_dtypes) <= set(COMPUTE_DTYPES):
+            raise ValueError(
+                f"fsdp_dtypes must be non-empty, from {tuple(COMPUTE_DTYPES)}; "
+                f"got {self.fsdp_dtypes}"
+            )
+
+
+@dataclass(frozen=True)
+class ZeroCase(Case):
+    """A row of bench-zero: a `Case` and, for the FSDP variants, the compute dtype."""
+
+    compute_dtype: str | None = None
+
+
+def default_zero_config(device: torch.device | str) -> ZeroBenchConfig:
+    """XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks otherwise."""
+    return ZeroBenchConfig.for_device(device)
+
+
+def _cases(config: ZeroBenchConfig) -> list[ZeroCase]:
+    cases = []
+    for variant in config.variants:
+        if variant.endswith("sharded"):
+            cases += [ZeroCase(variant, b) for b in config.bucket_mbs]
+        elif variant in FSDP_VARIANTS:
+            cases += [ZeroCase(variant, compute_dtype=d) for d in config.fsdp_dtypes]
+        else:
+            cases.append(ZeroCase(variant))
+    return cases
+
+
+def _torch_fsdp(model: lmcore.TransformerLM, compute_dtype: torch.dtype) -> nn.Module:
+    """torch's FSDP2 applied as its docs advise: every block, then the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(
+        param_dtype=None if compute_dtype == torch.float32 else compute_dtype
+    )
+    for block in model.layers:
+        fully_shard(block, mp_policy=policy)
+    return fully_shard(model, mp_policy=policy)
+
+
+def _wrap(case: ZeroCase, model: lmcore.TransformerLM, device: torch.device) -> nn.Module:
+    if case.variant == "bucketed-sharded":
+        return ddp.DDPBucketed(model)
+    if case.variant in FSDP_VARIANTS:
+        dtype = COMPUTE_DTYPES[case.compute_dtype or "fp32"]
+        if case.variant == "torch-fsdp":
+            return _torch_fsdp(model, dtype)
+        return FSDP(model, compute_dtype=dtype, units=(lmcore.TransformerBlock,))
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
+
+
+def _optimizer(case: Case, params: Iterable[nn.Parameter], config: ZeroBenchConfig):
+    """The variant's optimizer, and the dict of optimizer state this rank holds."""
+    cls = OPTIMIZERS[config.optimizer]
+    if case.variant == "ddp" or case.variant in FSDP_VARIANTS:
+        optimizer = cls(params, **ADAMW_OPTIONS)
+        return optimizer, lambda: optimizer.state
+    if case.variant == "torch-zero":
+        # imported on use: importing torch.distributed.optim scripts functional optimizers
+        # (TorchScript deprecation warnings) in every process that merely imports this tool
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer = ZeroRedundancyOptimizer(params, optimizer_class=cls, **ADAMW_OPTIONS)
+        return optimizer, lambda: optimizer.optim.state
+    optimizer = ShardedOptimizer(params, cls, bucket_mb=case.bucket_mb, **ADAMW_OPTIONS)
+    return optimizer, lambda: optimizer.local_optimizer.state
+
+
+def _bytes(tensors: Iterable[Any], device: torch.device) -> int:
+    """Bytes of the distinct tensors among `tensors` that live on `device` (shared storage once).
+
+    A DTensor (torch FSDP2's parameters, gradients and optimizer state) counts its local shard.
+    """
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if is_traceable_wrapper_subclass(t) and hasattr(t, "to_local"):
+            t = t.to_local()
+        if isinstance(t, torch.Tensor) and t.device == device:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _measure_case(
+    case: ZeroCase, config: ZeroBenchConfig, rank: int, device: torch.device
+) -> dict[str, Any]:
+    """One rank's numbers for one case: memory (bytes) and per-step times (ms)."""
+    free_memory(device)
+    reset_peak_memory(device)
+    model = build_model(config, device, seed=0)
+    wrapped = _wrap(case, model, device)
+    optimizer, local_state = _optimizer(case, wrapped.parameters(), config)
+    init_peak = peak_memory(device)
+    batches = token_batches(config, rank=rank, device=device)
+
+    def step() -> None:
+        train_step(wrapped, optimizer, [next(batches)])
+
+    for _ in range(config.warmup):
+        step()
+    times = [elapsed_ms(step, device=device)[1] for _ in range(config.steps)]
+
+    # One more, instrumented, step for memory: the timed ones carry no synchronising probes.
+    reset_peak_memory(device)
+    forward_backward(wrapped, [next(batches)])
+    before_peak = peak_memory(device)
+    grads = _bytes((p.grad for p in model.parameters()), device)
+    optimizer.step()
+    after_peak = peak_memory(device)
+    state = _bytes((v for s in local_state().values() for v in s.values()), device)
+    return {
+        "init": init_peak,
+        "before_step": before_peak,
+        "after_step": after_peak,
+        "param": _bytes(model.parameters(), device),
+        "grad": grads,
+        "state": state,
+        "times": times,
+    }
+
+
+def _mib(values: Sequence[int | None]) -> float | None:
+    """The largest of the ranks' byte counts, in MiB; None when not measured."""
+    return None if any(v is None for v in values) else max(values) / MIB
+
+
+def _row(case: ZeroCase, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "variant": case.variant,
+        "bucket_mb": case.bucket_mb,
+        "compute_dtype": case.compute_dtype,
+    }
+    if any(r["status"] != OK for r in per_rank):
+        return {**row, **dict.fromkeys(COLUMNS[3:-1]), "status": OOM}
+    for key in ("init", "before_step", "after_step", "param", "grad", "state"):
+        row[f"{key}_mib"] = _mib([r[key] for r in per_rank])
+    breakdown = sum(row[k] for k in _BREAKDOWN[:3])
+    after = row["after_step_mib"]
+    row["other_mib"] = None if after is None else after - breakdown
+    step = slowest_rank([r["times"] for r in per_rank])
+    row["step_ms"], row["step_ms_std"] = step.median, step.std
+    row["status"] = OK
+    return row
+
+
+def _ratio(value: float | None, baseline: float | None) -> float | None:
+    if value is None or not baseline:
+        return None
+    return value / baseline
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Ratios of each row to the `ddp` row (optimizer state, peak, step time), and of each
+    `fsdp` row to the `torch-fsdp` row of its compute dtype (peak, step time)."""
+    ok = [r for r in rows if r["status"] == OK]
+    base = next((r for r in ok if r["variant"] == BASELINE), {})
+    torch_fsdp = {r["compute_dtype"]: r for r in ok if r["variant"] == FSDP_BASELINE}
+    for row in rows:
+        row["state_vs_ddp"] = _ratio(row.get("state_mib"), base.get("state_mib"))
+        row["peak_vs_ddp"] = _ratio(row.get("after_step_mib"), base.get("after_step_mib"))
+        row["time_vs_ddp"] = _ratio(row.get("step_ms"), base.get("step_ms"))
+        theirs = torch_fsdp.get(row["compute_dtype"]) if row["variant"] == "fsdp" else None
+        theirs = theirs or {}
+        row["peak_vs_torch_fsdp"] = _ratio(row.get("after_step_mib"), theirs.get("after_step_mib"))
+        row["time_vs_torch_fsdp"] = _ratio(row.get("step_ms"), theirs.get("step_ms"))
+
+
+def _verdict(row: Mapping[str, Any], column: str, limit: float, label: str) -> str:
+    """Whether the ratio in `row[column]` meets its target `limit`, in words."""
+    if row.get(column) is None:
+        return f"{label} not measured here"
+    met = "meets" if row[column] <= limit else "MISSES"
+    return f"{label} {row[column]:.2f}x {met}"
+
+
+def _target_notes(rows: Sequence[dict[str, Any]], world_size: int) -> list[str]:
+    """One sentence per `ShardedOptimizer` row: which of issue 5's targets it meets."""
+    targets = ", ".join(f"{col.removesuffix('_vs_ddp')} <= {limit}x" for col, limit in TARGETS)
+    notes = [f"Targets for ZeRO-1 at world size 2, as ratios to `ddp`: {targets}."]
+    if world_size != 2:
+        notes.append(f"This run has world size {world_size}; the targets assume 2.")
+    for row in rows:
+        if not row["variant"].endswith("sharded") or row["status"] != OK:
+            continue
+        verdicts = [
+            _verdict(row, col, limit, col.removesuffix("_vs_ddp")) for col, limit in TARGETS
+        ]
+        notes.append(f"{row['variant']} (bucket {row['bucket_mb']:g} MB): {'; '.join(verdicts)}.")
+    return notes
+
+
+def _fsdp_target_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One sentence per `fsdp` row: which of issue 12's targets it meets."""
+    targets = ", ".join(
+        f"{col.replace('_vs_', ' <= ')} x{limit}" + ("" if len(dts) > 1 else f" ({dts[0]})")
+        for col, limit, dts in FSDP_TARGETS
+    )
+    notes = [f"Targets for zero.FSDP at world size 2: {targets}."]
+    for row in rows:
+        if row["variant"] != "fsdp" or row["status"] != OK:
+            continue
+        verdicts = [
+            _verdict(row, col, limit, col)
+            for col, limit, dtypes in FSDP_TARGETS
+            if row["compute_dtype"] in dtypes
+        ]
+        notes.append(f"fsdp ({row['compute_dtype']}): {'; '.join(verdicts)}.")
+    return notes
+
+
+def run_zero(
+    config: ZeroBenchConfig | None = None,
+    *,
+    device: torch.device | str | None = None,
+    command: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> Run:
+    """Measure every variant of `config` on `config.world_size` ranks.
+
+    Args:
+        config: what to run; `default_zero_config(device)` when None.
+        device: `cuda` (NCCL, one GPU per rank) or `cpu` (gloo); CUDA when available when None.
+        command: the command line to record; the process's own when None.
+        timeout: seconds the ranks may take in all before they are stopped.
+
+    Returns:
+        A `Run` (tool `"zero"`): one row per variant (and broadcast cap) with memory in MiB
+        (`init`, `before_step`, `after_step` peaks; `param`, `grad`, `state`, `other` breakdown),
+        step time in ms, ratios to `ddp` and `status`.
+
+    Raises:
+        ValueError: CUDA with fewer GPUs than `config.world_size`.
+    """
+    device = as_device(device)
+    config, notes = ZeroBenchConfig.or_default(config, device, tool="bench-zero")
+    measured = measure_cases(_measure_case, _cases(config), config, device=device, timeout=timeout)
+    rows = [_row(case, results) for case, results in measured]
+    _add_ratios(rows)
+    rows = [{column: row.get(column) for column in COLUMNS} for row in rows]
+    if device.type != "cuda":
+        notes.append(
+            "CPU: no allocator statistics, so peaks and `other` are empty; parameter, gradient "
+            "and state memory are the sizes of those tensors."
+        )
+    notes.append(
+        "Memory is the largest over the ranks; `other` = after-step peak - parameters - "
+        "gradients - optimizer state (activations, temporaries, DDP's gradient buckets, FSDP's "
+        "gathered weights). The after-step peak covers the whole step (forward, backward and "
+        "optimizer step): peak ratios use it."
+    )
+    notes += _target_notes(rows, config.world_size)
+    if "fsdp" in config.variants:
+        notes += _fsdp_target_notes(rows)
+    return Run.create(
+        "zero",
+        rows,
+        device=device,
+        config=asdict(config),
+        command=command,
+        title=f"Sharding (ZeRO-1, FSDP): {config.size} ({config.optimizer} AdamW), "
+        f"{config.summary()}",
+        columns=list(COLUMNS),
+        notes=notes,
+    )
+
+
+def _label(row: Mapping[str, Any]) -> str:
+    if row.get("compute_dtype") is not None:
+        return f"{row['variant']}\n{row['compute_dtype']}"
+    if row.get("bucket_mb") is None:
+        return str(row["variant"])
+    return f"{row['variant']}\n{row['bucket_mb']:g} MB"
+
+
+def plot_zero(run: Run, path: str | Path) -> Path:
+    """Stacked bars of each variant's memory breakdown, and bars of its step time, in one PNG.
+
+    Raises:
+        ValueError: if no row completed.
+    """
+    rows = [dict(r, label=_label(r)) for r in run.ok_rows]
+    measured_peak = any(r.get("other_mib") is not None for r in rows)
+    memory = Bars(
+        keys=tuple((key, key.removesuffix("_mib")) for key in _BREAKDOWN),
+        ylabel="MiB per rank (largest rank)",
+        title="after-step peak" if measured_peak else "tensor sizes (no peak on CPU)",
+    )
+    time = Bars(
+        keys=(("step_ms", "step"),), ylabel="ms", title="median step time", err="step_ms_std"
+    )
+    return stacked_bar_plot(rows, label="label", panels=(memory, time), path=path, title=run.title)
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    _, run = add_training_args(parser, variants=VARIANTS)
+    run.add_argument("--optimizer", choices=list(OPTIMIZERS), help="AdamW implementation (torch)")
+    run.add_argument(
+        "--zero-bucket-mb",
+        type=bucket_mb,
+        nargs="+",
+        metavar="MB",
+        help=f"ShardedOptimizer broadcast caps, a row each ({DEFAULT_BUCKET_MB:g}; 0: one "
+        "broadcast per parameter; inf: one per rank)",
+    )
+    run.add_argument(
+        "--fsdp-dtypes",
+        nargs="+",
+        choices=list(COMPUTE_DTYPES),
+        help="compute dtypes of the fsdp and torch-fsdp rows, a row each (fp32 bf16)",
+    )
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        **training_overrides(args),
+        "optimizer": args.optimizer,
+        "bucket_mbs": distinct(args.zero_bucket_mb),
+        "fsdp_dtypes": distinct(args.fsdp_dtypes),
+    }
+
+
+def _run(config: ZeroBenchConfig | None, cli: Invocation) -> Run:
+    return run_zero(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
+
+
+TOOL = Tool(
+    "bench-zero",
+    __doc__,
+    add_options=_add_options,
+    run=_run,
+    default=default_zero_config,
+    overrides=_overrides,
+    plot=plot_zero,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-zero` (see the module docstring)."""
+    return TOOL.main(argv)
