@@ -89,6 +89,23 @@ def _child(
         torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    _exit_without_finalizing()
+
+
+def _exit_without_finalizing() -> None:
+    """End a rank whose result is saved without tearing the interpreter down.
+
+    `destroy_process_group()` does not stop a gloo group's threads while anything else still
+    references the group, and torch's `DistributedDataParallel` keeps a reference for the life
+    of the process. Such a thread may release the last reference to a tensor that carries Python
+    state after the interpreter has begun finalising; taking the GIL then ends the thread with
+    a forced unwind through a C++ destructor, and the rank dies with "terminate called without
+    an active exception" (SIGABRT), more often the slower the machine. Leaving with `os._exit`
+    after flushing skips finalisation, so no such thread can outlive the interpreter.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -144,6 +145,13 @@ def _child(
         torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    # End without finalising the interpreter: a gloo thread of a group that something still
+    # references (torch's DistributedDataParallel keeps one) may otherwise release a tensor
+    # after finalisation began and abort the rank ("terminate called without an active
+    # exception"). The result is saved; nothing else is left to run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _validate(worker: Callable[..., Any], world_size: int, backend: str) -> None:
