@@ -23,15 +23,17 @@ __all__ = [
     "FORWARD",
     "INTERPRET",
     "LOG2E",
+    "PRECISIONS",
     "Tile",
     "autotuning",
     "block_d",
     "cdiv",
     "choose_tile",
     "dot_precision",
+    "head_counts",
     "kernel_meta",
     "seq_bucket",
-    "tf32_allowed",
+    "timings",
     "upcast",
 ]
 
@@ -70,26 +72,43 @@ def upcast(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype != torch.float32
 
 
-def tf32_allowed(dtype: torch.dtype) -> bool:
-    """fp32 inputs and the user allowed TF32 matmuls in torch."""
-    return dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+PRECISIONS = ("tf32x3", "ieee", "tf32")
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs get exact fp32 dots unless the user allowed TF32 matmuls in torch."""
-    if dtype == torch.float32 and not tf32_allowed(dtype):
-        return "ieee"
-    return "tf32"
+def dot_precision(dtype: torch.dtype, precision: str | None = None) -> str:
+    """How fp32 inputs are multiplied: `precision` if given, else "tf32" where the user allowed
+    TF32 matmuls in torch (`torch.backends.cuda.matmul.allow_tf32`), else "tf32x3".
+
+    "tf32x3" splits each fp32 operand into a TF32 high part and a TF32 remainder and sums three
+    tensor-core products (as cuBLAS/CUTLASS 3xTF32 do): about fp32's accuracy at tensor-core
+    speed. "ieee" is exact fp32 FMA on the CUDA cores; "tf32" one TF32 product (10-bit
+    mantissa). 16-bit inputs always multiply on the tensor cores and ignore this ("tf32")."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if dtype != torch.float32:
+        return "tf32"
+    if precision is not None:
+        return precision
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
 
 
-def kernel_meta(head_dim: int, causal: bool, dtype: torch.dtype) -> dict[str, object]:
-    """The constexpr arguments every kernel takes, fixed by the head dim, causality and dtype."""
+def head_counts(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int]:
+    """(query heads, query heads per key/value head) of `(..., heads, n, d)` tensors."""
+    heads = q.shape[-3] if q.dim() >= 3 else 1
+    return heads, heads // (k.shape[-3] if k.dim() >= 3 else 1)
+
+
+def kernel_meta(
+    head_dim: int, causal: bool, dtype: torch.dtype, precision: str
+) -> dict[str, object]:
+    """The constexpr arguments every kernel takes, fixed by the head dim, causality, dtype and
+    dot precision (see `dot_precision`)."""
     return dict(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d(head_dim),
         IS_CAUSAL=causal,
         UPCAST=upcast(dtype),
-        PRECISION=dot_precision(dtype),
+        PRECISION=precision,
     )
 
 
@@ -128,15 +147,27 @@ FORWARD = {
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
+    "tf32_d64": [Tile(64, 64, 4, 2), Tile(128, 64, 8, 2), Tile(64, 32, 4, 3), Tile(64, 64, 8, 3)],
+    "tf32_d128": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2), Tile(128, 64, 8, 2), Tile(32, 32, 4, 2)],
+    "tf32_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
 }
 DKDV = {
     "interpreter": [Tile(16, 32, 1, 1)],
     "16bit_d64": [Tile(64, 64, 4, 3), Tile(64, 64, 4, 4), Tile(32, 64, 4, 4), Tile(32, 128, 4, 4)],
-    "16bit_d128": [Tile(64, 64, 4, 2), Tile(32, 64, 4, 3), Tile(32, 64, 4, 2)],
+    "16bit_d128": [
+        Tile(64, 64, 4, 2),
+        Tile(32, 64, 4, 3),
+        Tile(64, 64, 8, 2),
+        Tile(64, 64, 8, 3),
+        Tile(32, 128, 8, 2),
+    ],
     "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
     "32bit_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2), Tile(32, 64, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2)],
     "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
+    "tf32_d64": [Tile(32, 64, 4, 2), Tile(64, 64, 4, 2), Tile(64, 64, 8, 2), Tile(32, 32, 4, 2)],
+    "tf32_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 4, 2), Tile(64, 64, 8, 2), Tile(16, 64, 4, 2)],
+    "tf32_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
 }
 DQ = {
     "interpreter": [Tile(32, 16, 1, 1)],
@@ -146,15 +177,21 @@ DQ = {
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
+    "tf32_d64": [Tile(64, 64, 4, 2), Tile(128, 64, 8, 2), Tile(64, 32, 4, 2), Tile(64, 64, 8, 3)],
+    "tf32_d128": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2), Tile(128, 64, 8, 2), Tile(32, 32, 4, 2)],
+    "tf32_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
 }
 
 _fastest: dict[tuple, Tile] = {}
+# FA2_AUTOTUNE's measurements, by (kernel table, head-dim block, dtype, precision, causal,
+# seq bucket): {tile: median ms}. Read by the tile sweeps that choose the defaults above.
+timings: dict[tuple, dict[Tile, float]] = {}
 
 
-def _family(head_dim_block: int, element_size: int) -> str:
+def _family(head_dim_block: int, element_size: int, precision: str) -> str:
     if INTERPRET:
         return "interpreter"
-    width = "16bit" if element_size == 2 else "32bit"
+    width = "16bit" if element_size == 2 else ("32bit" if precision == "ieee" else "tf32")
     if head_dim_block <= 64:
         return f"{width}_d64"
     if head_dim_block == 128:
@@ -167,20 +204,22 @@ def choose_tile(
     *,
     head_dim_block: int,
     dtype: torch.dtype,
-    key: tuple,
+    precision: str,
+    key: Callable[[], tuple],
     run: Callable[[Tile], object] | None,
 ) -> Tile:
     """The tile to launch with: the table's default, or with FA2_AUTOTUNE=1 the fastest of the
-    list for this `key`, found once by timing `run(tile)` for each candidate (never without
+    list for `key()`, found once by timing `run(tile)` for each candidate (never without
     a `run`, e.g. while torch.compile traces with tensors that hold no data)."""
-    candidates = table[_family(head_dim_block, dtype.itemsize)]
+    candidates = table[_family(head_dim_block, dtype.itemsize, precision)]
     if run is None or not autotuning() or len(candidates) == 1:
         return candidates[0]
-    key = (id(table), head_dim_block, dtype, *key)
-    if key not in _fastest:
+    full_key = (id(table), head_dim_block, dtype, precision, *key())
+    if full_key not in _fastest:
         from triton.testing import do_bench
 
         run(candidates[0])  # compile and warm the clocks before anything is timed
         times = {t: do_bench(lambda t=t: run(t), return_mode="median") for t in candidates}
-        _fastest[key] = min(times, key=times.get)
-    return _fastest[key]
+        timings[full_key] = times
+        _fastest[full_key] = min(times, key=times.get)
+    return _fastest[full_key]
