@@ -111,8 +111,7 @@ def test_compiled_transposed_layout_on_gpu(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["autocast", "bf16-weights"])
-@pytest.mark.parametrize("num_kv_heads", [None, 4])
+@pytest.mark.parametrize("mode, num_kv_heads", [("autocast", None), ("bf16-weights", 4)])
 def test_transformer_trains_under_torch_compile(mode, num_kv_heads):
     lmcore = pytest.importorskip("lmcore")
 
