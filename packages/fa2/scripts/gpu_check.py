@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fa2 import FlashAttention2Triton, attention_reference
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CASE_FILTER = [""]  # --cases
 
 
 def _error(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -139,6 +140,8 @@ def timings(rows: list[dict]) -> None:
     ]
     torch.backends.cuda.matmul.allow_tf32 = False
     for name, (b, h, n, d), kv_heads, dt, causal in cases:
+        if CASE_FILTER[0] not in name:
+            continue
         dtype = DTYPES[dt]
         q = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, kv_heads, n, d, device="cuda", dtype=dtype) for _ in range(2))
@@ -190,6 +193,7 @@ def sweep(rows: list[dict]) -> None:
     """FA2_AUTOTUNE's timing of every listed tile at the shapes that choose the defaults."""
     from fa2.triton import configs
 
+    tuned = os.environ.get("FA2_AUTOTUNE", "0")
     os.environ["FA2_AUTOTUNE"] = "1"
     shapes = [
         ((16, 1, 16384, 128), torch.bfloat16, None),
@@ -201,7 +205,7 @@ def sweep(rows: list[dict]) -> None:
                    for _ in range(3))  # fmt: skip
         o = FlashAttention2Triton.apply(q, k, v, True, None, False, precision)
         o.backward(torch.randn_like(o))
-    os.environ["FA2_AUTOTUNE"] = "0"
+    os.environ["FA2_AUTOTUNE"] = tuned
     names = {id(configs.FORWARD): "forward", id(configs.DQ): "dq", id(configs.DKDV): "dkdv"}
     for key, times in configs.timings.items():
         table, d_block, dtype, precision, _causal, bucket = key
@@ -220,7 +224,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--sweep", action="store_true", help="time every listed tile")
     parser.add_argument("--skip-bench", action="store_true", help="accuracy only")
+    parser.add_argument("--sections", default="", help="comma-separated subset to run")
+    parser.add_argument("--cases", default="", help="time only cases whose name has this")
+    parser.add_argument("--tuned", action="store_true", help="time with FA2_AUTOTUNE=1")
     args = parser.parse_args()
+    if args.tuned:
+        os.environ["FA2_AUTOTUNE"] = "1"
+    CASE_FILTER[0] = args.cases
     import triton
 
     meta = dict(
@@ -231,6 +241,9 @@ def main() -> int:
     rows: list[dict] = []
     sections = [accuracy] + ([sweep] if args.sweep else [])
     sections += [] if args.skip_bench else [timings, leaderboard]
+    if args.sections:
+        sections = [f for f in (accuracy, sweep, timings, leaderboard)
+                    if f.__name__ in args.sections.split(",")]  # fmt: skip
     for section in sections:
         try:
             section(rows)

@@ -219,7 +219,14 @@ def choose_tile(
         from triton.testing import do_bench
 
         run(candidates[0])  # compile and warm the clocks before anything is timed
-        times = {t: do_bench(lambda t=t: run(t), return_mode="median") for t in candidates}
+        times = {}
+        for tile in candidates:
+            try:
+                times[tile] = do_bench(lambda t=tile: run(t), return_mode="median")
+            except Exception as exc:  # e.g. more shared memory than this GPU has
+                if "OutOfResources" not in type(exc).__name__:
+                    raise
+                times[tile] = float("inf")
         timings[full_key] = times
         _fastest[full_key] = min(times, key=times.get)
     return _fastest[full_key]
