@@ -121,7 +121,7 @@ class Tile(NamedTuple):
     stages: int
 
 
-# Candidates by (head-dim block, bytes per element); the first of each list is the default.
+# Candidates by (head-dim block, 16-bit or fp32 and its dot precision); the first is the default.
 # H100 sweeps (ms at (16, 16384, d) causal bf16): forward d=64 128x64/8w/4s 1.33 (64x64/4w/3s
 # 1.44, 128x32/4w/3s 1.77); dQ d=64 128x64/8w/3s 1.47; dK/dV d=64 64x64/4w/3s 2.05 (64x64/4w/4s
 # 2.19, 32x64/4w/4s 2.29, 64x128/8w/3s 2.49, 32x128/4w/4s 3.39); d=128: forward 128x64/8w/3s
@@ -131,6 +131,14 @@ class Tile(NamedTuple):
 # 4.98), dQ 64x64/8w/2s 5.16 (64x32/4w/2s 7.78), dK/dV 32x32/4w/2s 5.82 (32x64/4w/2s 9.77);
 # d=128 forward 32x32/4w/2s 7.42, dQ 32x32/4w/2s 11.5 (32x16 24.2), dK/dV 32x32/4w/2s 12.4
 # (16x32 20.7). d=256 fp32 keeps smaller, untimed tiles.
+# fp32 on the tensor cores ("tf32" lists, for "tf32x3" and "tf32"; docs/results/
+# fa2_gpu_check_h100_2026-11-23_run2.json), tf32x3 causal: d=64 at (8, 4096): forward
+# 128x64/8w/2s 0.528 ms (64x64/4w/2s 0.552), dQ 128x64/8w/2s 0.673 (64x64/4w/2s 0.739), dK/dV
+# 32x32/4w/2s 1.048 (32x64/4w/2s 1.224, 64x64/4w/2s 1.403); d=128 at (4, 8192): forward
+# 32x32/4w/2s 1.657 (64x32/4w/2s 2.611), dQ 32x32/4w/2s 2.442 (64x32/4w/2s 3.795), dK/dV
+# 32x32/4w/2s 3.555 (32x64/4w/2s 6.310); larger d=128 tiles need more shared memory than an
+# H100 has. The same run re-timed the 16-bit d=128 dK/dV tiles: 64x64/4w/2s 3.799 stays
+# (32x64/4w/3s 3.936, 32x128/8w/2s 4.853; 64x64 with 8 warps 7.4-8.8).
 # Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
 # diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
 # shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
@@ -147,26 +155,20 @@ FORWARD = {
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
-    "tf32_d64": [Tile(64, 64, 4, 2), Tile(128, 64, 8, 2), Tile(64, 32, 4, 3), Tile(64, 64, 8, 3)],
-    "tf32_d128": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2), Tile(128, 64, 8, 2), Tile(32, 32, 4, 2)],
+    "tf32_d64": [Tile(128, 64, 8, 2), Tile(64, 64, 4, 2), Tile(64, 32, 4, 3), Tile(64, 64, 8, 3)],
+    "tf32_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],
     "tf32_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
 }
 DKDV = {
     "interpreter": [Tile(16, 32, 1, 1)],
     "16bit_d64": [Tile(64, 64, 4, 3), Tile(64, 64, 4, 4), Tile(32, 64, 4, 4), Tile(32, 128, 4, 4)],
-    "16bit_d128": [
-        Tile(64, 64, 4, 2),
-        Tile(32, 64, 4, 3),
-        Tile(64, 64, 8, 2),
-        Tile(64, 64, 8, 3),
-        Tile(32, 128, 8, 2),
-    ],
+    "16bit_d128": [Tile(64, 64, 4, 2), Tile(32, 64, 4, 3), Tile(32, 128, 8, 2)],
     "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
     "32bit_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2), Tile(32, 64, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2)],
     "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
-    "tf32_d64": [Tile(32, 64, 4, 2), Tile(64, 64, 4, 2), Tile(64, 64, 8, 2), Tile(32, 32, 4, 2)],
-    "tf32_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 4, 2), Tile(64, 64, 8, 2), Tile(16, 64, 4, 2)],
+    "tf32_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 4, 2), Tile(64, 64, 4, 2), Tile(64, 64, 8, 2)],
+    "tf32_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 4, 2), Tile(16, 64, 4, 2)],
     "tf32_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
 }
 DQ = {
@@ -177,8 +179,8 @@ DQ = {
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
-    "tf32_d64": [Tile(64, 64, 4, 2), Tile(128, 64, 8, 2), Tile(64, 32, 4, 2), Tile(64, 64, 8, 3)],
-    "tf32_d128": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2), Tile(128, 64, 8, 2), Tile(32, 32, 4, 2)],
+    "tf32_d64": [Tile(128, 64, 8, 2), Tile(64, 64, 4, 2), Tile(64, 32, 4, 2), Tile(64, 64, 8, 3)],
+    "tf32_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "tf32_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
 }
 
