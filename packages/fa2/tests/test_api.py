@@ -23,6 +23,42 @@ def test_flash_attention_matches_reference_with_keywords():
     torch.testing.assert_close(o.double(), ref, atol=2e-5, rtol=2e-5)
 
 
+def test_flash_attention_options_are_keyword_only():
+    q, k, v = _qkv(1, 20, 16)
+    with pytest.raises(TypeError, match="positional"):
+        flash_attention(q, k, v, True)
+
+
+def test_is_causal_is_a_synonym_of_causal():
+    q, k, v = _qkv(2, 30, 16)
+    ref, _ = attention_reference(q.double(), k.double(), v.double(), causal=True)
+    for kwargs in ({"is_causal": True}, {"causal": True, "is_causal": True}):
+        o = flash_attention(q, k, v, **kwargs)
+        torch.testing.assert_close(o.double(), ref, atol=2e-5, rtol=2e-5)
+    full = flash_attention(q, k, v, is_causal=False)
+    assert (full - flash_attention(q, k, v, causal=True)).abs().max() > 1e-2
+
+
+def test_causal_and_is_causal_that_disagree_are_rejected():
+    q, k, v = _qkv(1, 10, 16)
+    with pytest.raises(ValueError, match="disagree"):
+        flash_attention(q, k, v, causal=True, is_causal=False)
+
+
+def test_flash_attention_returns_the_logsumexp_on_request():
+    q, k, v = _qkv(2, 3, 25, 16)
+    o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    ref, ref_lse = attention_reference(q.double(), k.double(), v.double(), causal=True)
+    torch.testing.assert_close(o.double(), ref, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-5, rtol=2e-5)
+
+
+def test_flash_attention_rejects_an_unknown_precision():
+    q, k, v = _qkv(1, 10, 16)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        flash_attention(q, k, v, precision="fp16")
+
+
 def test_flash_attention_uses_pytorch_path_on_cpu_and_for_float64():
     q, k, v = _qkv(1, 20, 16, dtype=torch.float64, device="cpu")
     o = flash_attention(q.requires_grad_(), k, v)

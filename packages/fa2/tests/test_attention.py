@@ -175,3 +175,87 @@ def test_autotuning_keeps_results_correct(monkeypatch):
     monkeypatch.setenv("FA2_AUTOTUNE", "1")
     q, k, v = _inputs((2, 2, 600, 64), 600, torch.bfloat16)
     _assert_close_to_oracle("triton", q, k, v, causal=True)
+
+
+def _expand_heads(x, group):
+    """k or v with each key/value head repeated for the `group` query heads that share it."""
+    return x.repeat_interleave(group, dim=-3)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (6, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_attention_matches_repeated_keys(impl, heads, kv_heads, causal):
+    q, _, _ = _inputs((2, heads, 37, 16), 37, torch.float32)
+    _, k, v = _inputs((2, kv_heads, 37, 16), 45, torch.float32)
+    do = torch.randn_like(q)
+    ours = _run(IMPLS[impl].apply, q, k, v, causal, do)
+    group = heads // kv_heads
+    oracle, _ = _oracle(q, _expand_heads(k, group), _expand_heads(v, group), causal, do)
+    # the oracle's dK/dV are per query head: the shared heads' gradients are their sums
+    oracle = (*oracle[:2], *(g.unflatten(-3, (kv_heads, group)).sum(-3) for g in oracle[2:]))
+    for name, x, ref in zip(("o", "dq", "dk", "dv"), ours, oracle, strict=True):
+        assert x.shape == ref.shape, name
+        assert _error(x, ref) < 1e-5, name
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_grouped_query_attention_in_16_bit(impl):
+    q, _, _ = _inputs((1, 4, 70, 64), 70, torch.bfloat16)
+    _, k, v = _inputs((1, 2, 70, 64), 53, torch.bfloat16)
+    do = torch.randn_like(q)
+    ours = _run(IMPLS[impl].apply, q, k, v, True, do)
+    kk, vv = (_expand_heads(t.detach(), 2).requires_grad_() for t in (k, v))
+    plain = _plain(q, kk, vv, True, do)
+    oracle, _ = _oracle(q, kk, vv, True, do)
+    sums = lambda g: g.unflatten(-3, (2, 2)).sum(-3)  # noqa: E731
+    plain = (*plain[:2], *(sums(g) for g in plain[2:]))
+    oracle = (*oracle[:2], *(sums(g) for g in oracle[2:]))
+    for name, x, p, ref in zip(("o", "dq", "dk", "dv"), ours, plain, oracle, strict=True):
+        assert _error(x, ref) <= 2 * _error(p, ref) + 1e-3, name
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_heads_that_do_not_divide_are_rejected(impl):
+    q, _, _ = _inputs((1, 3, 8, 16), 8, torch.float32)
+    _, k, v = _inputs((1, 2, 8, 16), 8, torch.float32)
+    with pytest.raises(ValueError, match="multiple of k's heads"):
+        IMPLS[impl].apply(q, k, v, False)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_returns_the_logsumexp_on_request(impl, causal):
+    q, k, v = _inputs((2, 3, 33, 16), 20, torch.float32)
+    o, lse = IMPLS[impl].apply(q, k, v, causal, None, True)
+    ref_o, ref_lse = attention_reference(*(t.double() for t in (q, k, v)), causal=causal)
+    assert _error(o, ref_o) < 1e-5
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+    assert not lse.requires_grad
+    o.sum().backward()  # the output stays differentiable beside it
+    assert q.grad is not None
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_double_backward_is_refused(impl):
+    q, k, v = _inputs((1, 2, 20, 16), 20, torch.float32)
+    o = IMPLS[impl].apply(q, k, v, True)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.sum().backward()
+
+
+@pytest.mark.parametrize("precision", ["tf32x3", "ieee"])
+def test_triton_fp32_precisions_are_exact_enough(precision):
+    q, k, v = _inputs((1, 2, 100, 64), 100, torch.float32)
+    o = FlashAttention2Triton.apply(q, k, v, True, None, False, precision)
+    ref, _ = attention_reference(*(t.double() for t in (q, k, v)), causal=True)
+    assert _error(o, ref) < 1e-5 * math.sqrt(64)
+
+
+def test_triton_rejects_unknown_precision_and_bad_scale():
+    q, k, v = _inputs((1, 20, 16), 20, torch.float32)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        FlashAttention2Triton.apply(q, k, v, True, None, False, "fp8")
+    with pytest.raises(ValueError, match="positive softmax scale"):
+        FlashAttention2Triton.apply(q, k, v, True, -0.5)

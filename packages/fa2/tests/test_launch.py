@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from fa2 import FlashAttention2Triton, attention_reference
-from fa2.triton.launch import batch_strides
+from fa2.triton import launch
+from fa2.triton.launch import head_strides
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -26,19 +27,32 @@ def _assert_matches_oracle(q, k, v, causal, do=None, tol=1e-5):
         assert err < tol, f"{name}: relative error {err:.2e}"
 
 
-def test_batch_strides_reads_mergeable_layouts_in_place():
-    assert batch_strides(torch.randn(4, 3, 10, 8)) == (80, 8)
-    assert batch_strides(torch.randn(6, 10, 8)[::2]) == (160, 8)  # every other batch entry
-    assert batch_strides(torch.randn(6, 10, 16)[:, :, :8]) == (160, 16)  # padded rows
-    assert batch_strides(torch.randn(10, 8)) == (80, 8)
-    assert batch_strides(torch.randn(1, 8).expand(10, 8)) == (0, 0)  # one row, broadcast
+def test_head_strides_reads_mergeable_layouts_in_place():
+    assert head_strides(torch.randn(4, 3, 10, 8)) == (240, 80, 8)
+    assert head_strides(torch.randn(6, 10, 8)[::2]) == (0, 160, 8)  # every other head
+    assert head_strides(torch.randn(6, 10, 16)[:, :, :8]) == (0, 160, 16)  # padded rows
+    assert head_strides(torch.randn(10, 8)) == (0, 0, 8)
+    assert head_strides(torch.randn(1, 8).expand(10, 8)) == (0, 0, 0)  # one row, broadcast
+    # (batch, seq, heads, d) transposed to (batch, heads, seq, d), as in every Transformer
+    assert head_strides(torch.randn(2, 10, 3, 8).transpose(1, 2)) == (240, 8, 24)
+    assert head_strides(torch.randn(4, 2, 5, 10, 8)) == (400, 80, 8)  # two batch dims merged
 
 
-def test_batch_strides_refuses_layouts_the_kernels_cannot_index():
-    heads_inner = torch.randn(2, 10, 3, 8).transpose(1, 2)  # (batch, heads, seq, d) view
-    assert batch_strides(heads_inner) is None
-    assert batch_strides(torch.randn(2, 8, 10).transpose(1, 2)) is None  # d not contiguous
-    assert batch_strides(torch.randn(4, 2, 10, 8)[::2]) is None  # batch and heads unmergeable
+def test_head_strides_refuses_layouts_the_kernels_cannot_index():
+    assert head_strides(torch.randn(2, 8, 10).transpose(1, 2)) is None  # d not contiguous
+    assert head_strides(torch.randn(3, 4, 2, 10, 8).transpose(0, 1)) is None  # batch unmergeable
+    assert head_strides(torch.randn(4, 2, 5, 10, 8)[::2]) is None
+
+
+def test_head_strides_works_on_fake_tensors():
+    # torch.compile plans its launches on fake tensors, where an impossible `view` raises
+    # ValueError rather than RuntimeError: the layout must be read from the strides alone.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(4, 256, 12, 64).transpose(1, 2)  # strides (196608, 64, 768, 1)
+        assert head_strides(q) == (196608, 64, 768)
+        assert head_strides(torch.empty(3, 4, 2, 10, 8).transpose(0, 1)) is None
 
 
 def _leaf(t):
@@ -50,7 +64,7 @@ def test_strided_views_along_batch_and_rows(causal):
     # Every other batch entry, and rows padded to 2x the head dim: both read in place.
     q = _leaf(torch.randn(4, 40, 32, device=DEVICE)[::2, :, :16])
     k, v = (_leaf(torch.randn(4, 33, 16, device=DEVICE)[1::2]) for _ in range(2))
-    assert batch_strides(q) == (2 * 40 * 32, 32)
+    assert head_strides(q) == (0, 2 * 40 * 32, 32)
     _assert_matches_oracle(q, k, v, causal)
 
 
@@ -94,3 +108,50 @@ def test_cached_binary_launch_matches_tritons_own_launch():
     again = FlashAttention2Triton.apply(q, k, v, True)  # straight to the binary
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     _assert_matches_oracle(*(_leaf(t.float()) for t in (q, k, v)), causal=True)
+
+
+def test_row_offsets_switch_to_int64_where_they_could_overflow(monkeypatch):
+    # The kernels' int64 row offsets, exercised at a small size by lowering the threshold.
+    from fa2.triton import forward
+
+    monkeypatch.setattr(launch, "INT32_MAX", 100)
+    q, k, v = (_leaf(torch.randn(2, 43, 16, device=DEVICE)) for _ in range(3))
+    _assert_matches_oracle(q, k, v, causal=True)
+    plan = next(p for key, p in forward._plans.cache.items() if key[0] == (2, 43, 16))
+    assert plan.meta["LARGE"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("long", ["keys", "queries"])
+def test_rows_past_int32_offsets_read_in_place(long):
+    # Packed QKV of 175,000 tokens with 3 x 4096 features: (n - 1) * row stride > 2**31.
+    packed = torch.randn(175_000, 3 * 4096, device="cuda", dtype=torch.bfloat16)
+    assert (packed.shape[0] - 1) * packed.stride(0) > 2**31
+    few = slice(packed.shape[0] - 128, None)  # the last 128 tokens
+    q_rows, kv_rows = (few, slice(None)) if long == "keys" else (slice(None), few)
+    q = _leaf(packed[q_rows, 0:64])
+    k, v = _leaf(packed[kv_rows, 4096:4160]), _leaf(packed[kv_rows, 8192:8256])
+    assert k.stride(0) == 3 * 4096
+    _assert_matches_oracle(q, k, v, causal=False, tol=1e-2)
+
+
+def test_grouped_heads_in_transposed_layouts_are_read_in_place():
+    # (batch, seq, heads, d) projections viewed as (batch, heads, seq, d); 4 query heads
+    # share 2 key/value heads. Nothing is copied, forward or backward.
+    from fa2.triton import backward, forward
+
+    def heads(n):
+        return _leaf(torch.randn(2, 31, n, 16, device=DEVICE).transpose(1, 2))
+
+    q, k, v = heads(4), heads(2), heads(2)
+    o = FlashAttention2Triton.apply(q, k, v, True)
+    do = torch.randn_like(o)
+    o.backward(do)
+    fwd = next(p for key, p in forward._plans.cache.items() if key[0] == q.shape)
+    bwd = next(p for key, p in backward._plans.cache.items() if key[0] == q.shape)
+    assert fwd.copies is None and bwd.copies is None
+    k2, v2 = (t.detach().repeat_interleave(2, 1) for t in (k, v))
+    ref_o, dq, dk, dv = _oracle_grads(q, k2, v2, True, do)
+    shared = lambda g: g.unflatten(1, (2, 2)).sum(2)  # noqa: E731  sum over sharing heads
+    for x, ref in ((o, ref_o), (q.grad, dq), (k.grad, shared(dk)), (v.grad, shared(dv))):
+        assert ((x.double() - ref).norm() / ref.norm()).item() < 1e-5

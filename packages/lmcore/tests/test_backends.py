@@ -112,6 +112,26 @@ def test_backend_matches_reference_outputs_and_gradients(backend, causal):
         _assert_no_worse_than_plain_pytorch(a, b, e, f"{backend} {name}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_shares_key_value_heads(backend):
+    # Grouped-query attention: 4 query heads, 2 key/value heads, each shared by 2 query heads.
+    device = _device_for(backend)
+    torch.manual_seed(0)
+    q, upstream = (torch.randn(2, 4, 23, 16, device=device) for _ in range(2))
+    k, v = (torch.randn(2, 2, 23, 16, device=device) for _ in range(2))
+
+    actual = _output_and_grads(get_attention(backend), q, k, v, upstream, causal=True)
+    k64, v64 = (t.cpu().double().repeat_interleave(2, 1).requires_grad_() for t in (k, v))
+    q64 = q.cpu().double().requires_grad_()
+    out = _reference_attention(q64, k64, v64, causal=True)
+    (out * upstream.cpu().double()).sum().backward()
+    shared = lambda g: g.unflatten(1, (2, 2)).sum(2)  # noqa: E731  sum over sharing heads
+    exact = (out.detach(), q64.grad, shared(k64.grad), shared(v64.grad))
+    for name, a, e in zip(("output", "dq", "dk", "dv"), actual, exact, strict=True):
+        assert a.shape == e.shape, name
+        torch.testing.assert_close(a.double().cpu(), e, atol=1e-4, rtol=1e-4, msg=name)
+
+
 # A model small enough for Triton's interpreter: one block, two heads of width 16.
 _MODEL_CONFIG = ModelConfig(
     vocab_size=61, context_length=24, d_model=32, num_layers=1, num_heads=2, d_ff=48
@@ -125,12 +145,14 @@ def _logits_and_grads(model: TransformerLM, tokens: torch.Tensor, upstream: torc
     return [logits.detach()] + [p.grad for p in model.parameters()]
 
 
+@pytest.mark.parametrize("num_kv_heads", [None, 1], ids=["mha", "mqa"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_model_with_backend_matches_naive_model(backend):
+def test_model_with_backend_matches_naive_model(backend, num_kv_heads):
     device = _device_for(backend)
     torch.manual_seed(0)
-    naive = TransformerLM.from_config(_MODEL_CONFIG).to(device)
-    model = TransformerLM.from_config(dataclasses.replace(_MODEL_CONFIG, attention=backend))
+    config = dataclasses.replace(_MODEL_CONFIG, num_kv_heads=num_kv_heads)
+    naive = TransformerLM.from_config(config).to(device)
+    model = TransformerLM.from_config(dataclasses.replace(config, attention=backend))
     model = model.to(device)
     model.load_state_dict(naive.state_dict())
     tokens = torch.randint(0, 61, (2, 21), device=device)

@@ -113,3 +113,19 @@ def test_non_positive_integer_sizes_are_rejected(field, bad):
 def test_non_positive_rope_theta_is_rejected():
     with pytest.raises(ValueError, match="rope_theta"):
         ModelConfig(10, 8, 8, 1, 2, 8, rope_theta=0.0)
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 4])
+def test_count_parameters_with_shared_key_value_heads(num_kv_heads):
+    model = _meta_model("small", context_length=128, num_kv_heads=num_kv_heads)
+    assert model.layers[0].attn.k_proj.weight.shape == (num_kv_heads * 64, 768)
+    assert count_parameters(model.config) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("bad", [0, 5, -2, 2.0, True])
+def test_num_kv_heads_must_divide_num_heads(bad):
+    with pytest.raises(ValueError, match="num_kv_heads must be a positive integer dividing"):
+        ModelConfig(
+            vocab_size=8, context_length=8, d_model=32, num_layers=1, num_heads=4, d_ff=8,
+            num_kv_heads=bad,
+        )  # fmt: skip

@@ -1,10 +1,12 @@
 """FlashAttention-2 for PyTorch: a tiled PyTorch reference and Triton kernels, forward and backward.
 
 Public API:
-    flash_attention(q, k, v, causal=False, scale=None): the front door; Triton on CUDA,
-        tiled PyTorch elsewhere.
+    flash_attention(q, k, v, *, causal=False, is_causal=None, scale=None, return_lse=False,
+        precision=None): the front door; Triton on CUDA, tiled PyTorch elsewhere.
+        k and v may have fewer heads than q (grouped-query attention).
     FlashAttention2Triton, FlashAttention2PyTorch: the autograd Functions,
-        `.apply(q, k, v, is_causal=False, scale=None)` with positional options.
+        `.apply(q, k, v, is_causal=False, scale=None, return_lse=False[, precision=None])`
+        with positional options.
     attention_reference(q, k, v, causal=False, scale=None): the materialised oracle.
 """
 

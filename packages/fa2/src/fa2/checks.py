@@ -6,7 +6,7 @@ import math
 
 import torch
 
-__all__ = ["MAX_HEAD_DIM", "check_attention_inputs", "flatten_batch"]
+__all__ = ["MAX_HEAD_DIM", "check_attention_inputs", "group_heads"]
 
 # Head dims up to this size run in the Triton kernels (padded internally to a power of two
 # of at least 16). Beyond it a (BLOCK_M, head_dim) fp32 accumulator no longer fits in registers.
@@ -23,8 +23,9 @@ def check_attention_inputs(
 ) -> None:
     """Raise `TypeError`/`ValueError` naming the problem if q, k, v are not a valid attention call.
 
-    q is `(..., n_queries, d)`, k and v are `(..., n_keys, d)` with identical leading dims; all
-    three share a device and one of `dtypes`.
+    q is `(..., heads, n_queries, d)`, k and v are `(..., kv_heads, n_keys, d)` with identical
+    dims before the heads and `heads` a multiple of `kv_heads` (grouped-query attention; for
+    3-D inputs the first dim plays the heads); all three share a device and one of `dtypes`.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -51,10 +52,12 @@ def check_attention_inputs(
         raise ValueError(
             f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
         )
-    if q.shape[:-2] != k.shape[:-2]:
+    heads_ok = q.dim() < 3 or (q.shape[-3] % k.shape[-3] == 0 if k.shape[-3] else q.shape[-3] == 0)
+    if q.shape[:-3] != k.shape[:-3] or not heads_ok:
         raise ValueError(
             f"q and k must have the same leading (batch/head) dims, got {tuple(q.shape[:-2])} "
-            f"and {tuple(k.shape[:-2])}; broadcasting is not supported, expand them first"
+            f"and {tuple(k.shape[:-2])}, except that q may have a multiple of k's heads "
+            "(dim -3; grouped-query attention); broadcasting is not supported, expand them first"
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
@@ -71,6 +74,18 @@ def check_attention_inputs(
         )
 
 
-def flatten_batch(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """View each `(..., n, d)` tensor as `(batch, n, d)`, batch the product of the leading dims."""
-    return [t.reshape(math.prod(t.shape[:-2]), *t.shape[-2:]) for t in tensors]
+def group_heads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q as `(batch, group, n_q, d)` and k, v as `(batch, n_k, d)`, where `batch` runs over the
+    dims before the heads and the key/value heads, and `group` over the query heads sharing one
+    key/value head (1 without grouped-query attention). k and v are viewed, never copied,
+    when their leading dims merge; q is reshaped (a copy only where a view cannot be had)."""
+    kv_heads = k.shape[-3] if k.dim() >= 3 else 1
+    group = (q.shape[-3] if q.dim() >= 3 else 1) // max(kv_heads, 1)
+    batch = math.prod(k.shape[:-2])
+    return (
+        q.reshape(batch, group, *q.shape[-2:]),
+        k.reshape(batch, *k.shape[-2:]),
+        v.reshape(batch, *v.shape[-2:]),
+    )

@@ -18,6 +18,7 @@ from lmcore.backends import (
     get_attention,
     naive_attention,
     register_attention,
+    repeat_kv_heads,
     sdpa_attention,
 )
 from lmcore.clip import clip_grad_norm
@@ -85,6 +86,7 @@ __all__ = [
     "model_config",
     "naive_attention",
     "register_attention",
+    "repeat_kv_heads",
     "save_checkpoint",
     "sdpa_attention",
     "training_flops",

@@ -1,7 +1,9 @@
 """Attention backends: interchangeable implementations of softmax(q kᵀ / √d) v, chosen by name.
 
 Every backend has the signature `attend(q, k, v, *, causal) -> o` with `q` of shape
-`(batch, heads, n_queries, head_dim)`, `k` and `v` of shape `(batch, heads, n_keys, head_dim)`,
+`(batch, heads, n_queries, head_dim)`, `k` and `v` of shape `(batch, kv_heads, n_keys, head_dim)`
+where `heads` is a multiple of `kv_heads` (grouped-query attention: query head h attends with
+key/value head h // (heads // kv_heads); kv_heads == heads is plain multi-head attention),
 softmax scale `1 / sqrt(head_dim)`, and returns `o` of the shape of `q`. With `causal=True`,
 query `i` attends to keys `j <= i` (indices compared from the top-left corner, which for
 self-attention, `n_queries == n_keys`, is the usual lower-triangular mask).
@@ -41,6 +43,7 @@ __all__ = [
     "get_attention",
     "naive_attention",
     "register_attention",
+    "repeat_kv_heads",
     "sdpa_attention",
 ]
 
@@ -104,6 +107,13 @@ def causal_mask(n_queries: int, n_keys: int, *, device: torch.device | None = No
     return cols <= rows
 
 
+def repeat_kv_heads(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """k or v `(batch, kv_heads, n, d)` with each head repeated for the query heads sharing it,
+    to q's head count: grouped-query attention for code that needs one k, v head per q head."""
+    group = q.shape[-3] // x.shape[-3]
+    return x if group == 1 else x.repeat_interleave(group, dim=-3)
+
+
 def attention_scores(q: torch.Tensor, k: torch.Tensor, *, causal: bool) -> torch.Tensor:
     """Scaled scores `q kᵀ / √d` of shape `(..., n_queries, n_keys)`, masked to -inf if causal.
 
@@ -123,17 +133,18 @@ def naive_attention(
     """Plain PyTorch attention that materialises the full `(n_queries, n_keys)` score matrix.
 
     Memory grows with the square of the sequence length; this is the baseline the other
-    backends are measured against.
+    backends are measured against. Shared key/value heads are repeated (copied) here.
     """
-    weights = torch.softmax(attention_scores(q, k, causal=causal), dim=-1)
-    return weights @ v
+    weights = torch.softmax(attention_scores(q, repeat_kv_heads(q, k), causal=causal), dim=-1)
+    return weights @ repeat_kv_heads(q, v)
 
 
 def sdpa_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 ) -> torch.Tensor:
     """`torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel if it can."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    grouped = k.shape[-3] != q.shape[-3]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=grouped)
 
 
 def _fa2_function(name: str):

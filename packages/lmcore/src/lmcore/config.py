@@ -29,10 +29,14 @@ class ModelConfig:
         d_ff: hidden width of the SwiGLU feed-forward network.
         rope_theta: RoPE base wavelength.
         attention: name of the attention backend (see `lmcore.ATTENTION_BACKENDS`).
+        num_kv_heads: key/value heads per block, shared by `num_heads // num_kv_heads` query
+            heads each (grouped-query attention; 1 is multi-query attention); must divide
+            `num_heads`. None (the default) gives every query head its own, as in the handout.
 
     Raises:
         ValueError: a size is not a positive integer, `d_model` is not divisible by
-            `num_heads`, the head dimension is odd, or `rope_theta` is not positive.
+            `num_heads`, the head dimension is odd, `num_kv_heads` does not divide
+            `num_heads`, or `rope_theta` is not positive.
     """
 
     vocab_size: int
@@ -43,6 +47,7 @@ class ModelConfig:
     d_ff: int
     rope_theta: float = DEFAULT_ROPE_THETA
     attention: str = "naive"
+    num_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
@@ -59,6 +64,16 @@ class ModelConfig:
                 f"head dimension d_model // num_heads = {self.head_dim} must be even, because "
                 "RoPE rotates pairs of features; change d_model or num_heads"
             )
+        if self.num_kv_heads is not None and (
+            isinstance(self.num_kv_heads, bool)
+            or not isinstance(self.num_kv_heads, int)
+            or self.num_kv_heads < 1
+            or self.num_heads % self.num_kv_heads != 0
+        ):
+            raise ValueError(
+                f"num_kv_heads must be a positive integer dividing num_heads ({self.num_heads}), "
+                f"got {self.num_kv_heads!r}; None gives each query head its own keys and values"
+            )
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
         if not isinstance(self.attention, str):
@@ -68,6 +83,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Features per attention head, `d_model // num_heads`."""
         return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per block: `num_kv_heads`, or `num_heads` when that is None."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
 
 @dataclass(frozen=True)
@@ -92,6 +112,7 @@ class ModelSize:
         vocab_size: int = VOCAB_SIZE,
         rope_theta: float = DEFAULT_ROPE_THETA,
         attention: str = "naive",
+        num_kv_heads: int | None = None,
     ) -> ModelConfig:
         """The full `ModelConfig` of this size for a context length, vocabulary and backend."""
         return ModelConfig(
@@ -103,6 +124,7 @@ class ModelSize:
             d_ff=self.d_ff,
             rope_theta=rope_theta,
             attention=attention,
+            num_kv_heads=num_kv_heads,
         )
 
 
@@ -130,6 +152,7 @@ def model_config(
     vocab_size: int = VOCAB_SIZE,
     rope_theta: float = DEFAULT_ROPE_THETA,
     attention: str = "naive",
+    num_kv_heads: int | None = None,
 ) -> ModelConfig:
     """The `ModelConfig` of a named size from `MODEL_SIZES`.
 
@@ -140,6 +163,7 @@ def model_config(
         vocab_size: vocabulary size (the handout's 10,000 by default).
         rope_theta: RoPE base wavelength.
         attention: attention backend name.
+        num_kv_heads: key/value heads for grouped-query attention (None: one per head).
 
     Raises:
         ValueError: `size` is not a known size (the message lists the valid ones).
@@ -155,4 +179,5 @@ def model_config(
         vocab_size=vocab_size,
         rope_theta=rope_theta,
         attention=attention,
+        num_kv_heads=num_kv_heads,
     )

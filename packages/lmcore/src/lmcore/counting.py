@@ -4,6 +4,8 @@ Parameters (vocabulary V, width d, hidden width d_ff, L layers; the LM head is n
 
     N = V·d                        token embedding
       + L·(4·d² + 3·d·d_ff + 2·d)  per block: q, k, v, output projections; w1, w2, w3; 2 norms
+                                   (with grouped-query attention, 2·d² + 2·d·d_kv for q, k, v,
+                                   output; d_kv = num_kv_heads · head_dim)
       + d                          final RMSNorm
       + d·V                        LM head
 
@@ -27,16 +29,23 @@ from lmcore.config import ModelConfig
 __all__ = ["count_parameters", "forward_flops", "forward_flops_per_token", "training_flops"]
 
 
+def _attention_parameters(config: ModelConfig) -> int:
+    """q and output projections d × d; k and v projections d × (kv_heads · head_dim)."""
+    d = config.d_model
+    return 2 * d * d + 2 * d * config.kv_heads * config.head_dim
+
+
 def count_parameters(config: ModelConfig) -> int:
     """Number of trainable parameters of `TransformerLM.from_config(config)` (formula above)."""
     d, v = config.d_model, config.vocab_size
-    per_block = 4 * d * d + 3 * d * config.d_ff + 2 * d
+    per_block = _attention_parameters(config) + 3 * d * config.d_ff + 2 * d
     return v * d + config.num_layers * per_block + d + d * v
 
 
 def _matmul_parameters(config: ModelConfig) -> int:
     d = config.d_model
-    return config.num_layers * (4 * d * d + 3 * d * config.d_ff) + d * config.vocab_size
+    per_block = _attention_parameters(config) + 3 * d * config.d_ff
+    return config.num_layers * per_block + d * config.vocab_size
 
 
 def _seq_len(config: ModelConfig, seq_len: int | None) -> int:

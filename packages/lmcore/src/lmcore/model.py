@@ -25,7 +25,11 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.ln1 = RMSNorm(config.d_model)
         self.attn = CausalSelfAttention(
-            config.d_model, config.num_heads, rope=rope, attention=config.attention
+            config.d_model,
+            config.num_heads,
+            rope=rope,
+            attention=config.attention,
+            num_kv_heads=config.num_kv_heads,
         )
         self.ln2 = RMSNorm(config.d_model)
         self.ffn = SwiGLU(config.d_model, config.d_ff)
@@ -55,6 +59,8 @@ class TransformerLM(nn.Module):
         rope_theta: RoPE base wavelength.
         attention: name of the attention backend (`"naive"`, `"sdpa"`, `"fa2-pytorch"`,
             `"fa2-triton"` or any added with `register_attention`).
+        num_kv_heads: key/value heads, each shared by `num_heads // num_kv_heads` query heads
+            (grouped-query attention; 1 is multi-query); None gives every head its own.
 
     Raises:
         ValueError: an invalid size (see `ModelConfig`) or an unknown attention backend.
@@ -83,6 +89,7 @@ class TransformerLM(nn.Module):
         *,
         rope_theta: float = DEFAULT_ROPE_THETA,
         attention: str = "naive",
+        num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         config = ModelConfig(
@@ -94,6 +101,7 @@ class TransformerLM(nn.Module):
             d_ff=d_ff,
             rope_theta=rope_theta,
             attention=attention,
+            num_kv_heads=num_kv_heads,
         )
         self.config = config
         rope = RotaryEmbedding(config.head_dim, config.context_length, theta=config.rope_theta)
@@ -116,6 +124,7 @@ class TransformerLM(nn.Module):
             config.d_ff,
             rope_theta=config.rope_theta,
             attention=config.attention,
+            num_kv_heads=config.num_kv_heads,
         )
 
     @classmethod
@@ -127,6 +136,7 @@ class TransformerLM(nn.Module):
         vocab_size: int = VOCAB_SIZE,
         rope_theta: float = DEFAULT_ROPE_THETA,
         attention: str = "naive",
+        num_kv_heads: int | None = None,
     ) -> TransformerLM:
         """Build a named size of `MODEL_SIZES` ("small", "medium", "large", "xl", "2.7B", "tiny").
 
@@ -140,6 +150,7 @@ class TransformerLM(nn.Module):
                 vocab_size=vocab_size,
                 rope_theta=rope_theta,
                 attention=attention,
+                num_kv_heads=num_kv_heads,
             )
         )
 

@@ -4,7 +4,8 @@ Two launches, neither of which materialises the score matrix nor races:
 1. dQ: a program owns BLOCK_M queries and walks the key tiles they can see, recomputing
    P = exp(S - L) tile by tile. It also computes D = rowsum(dO ∘ O) for its rows, which it needs
    itself, and stores it for the next pass (this replaces a separate preprocess launch).
-2. dK/dV: a program owns BLOCK_N keys and walks the query tiles that can see them.
+2. dK/dV: a program owns BLOCK_N keys of one key/value head and walks the query tiles that
+   can see them, of every query head that shares the key/value head (grouped-query attention).
 Each output row is written by exactly one program. Recomputing S in both passes costs one
 matmul more than an atomic-add design but keeps dQ deterministic and needs no fp32 buffer.
 """
@@ -26,11 +27,18 @@ from fa2.triton.configs import (
     autotuning,
     cdiv,
     choose_tile,
+    head_counts,
     kernel_meta,
     seq_bucket,
-    tf32_allowed,
 )
-from fa2.triton.launch import CachedLaunch, batch_strides, contiguous_where, plan_cache
+from fa2.triton.launch import (
+    CachedLaunch,
+    contiguous_where,
+    dense_strides,
+    needs_int64,
+    plan_cache,
+    read_layouts,
+)
 from fa2.triton.tiles import load_tile, store_tile, visible
 
 __all__ = ["flash_backward"]
@@ -61,8 +69,9 @@ def _dkdv_tiles(
     IS_CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    LARGE: tl.constexpr,
 ):
-    """Accumulate into (dk, dv) of one key tile the query tiles [start, end)."""
+    """Accumulate into (dk, dv) of one key tile the query tiles [start, end) of one query head."""
     for start_m in tl.range(start, end, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         if MASKED:
@@ -71,13 +80,18 @@ def _dkdv_tiles(
         else:
             lse = tl.load(l_base + rows)
             delta = tl.load(delta_base + rows)
-        q = load_tile(q_base, rows, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
-        do = load_tile(do_base, rows, stride_don, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
-        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M)
+        q = load_tile(
+            q_base, rows, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
+        )
+        do = load_tile(
+            do_base, rows, stride_don, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
+        )
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M), raw
         # Issued before the exponentials so the tensor cores work while they are computed
         # (measured: 6-7% faster on an H100 than after the dV update).
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        p_t = tl.math.exp2(s_t - lse[None, :] * 1.4426950408889634)
+        # One fused multiply-add per exponent: the logsumexp is taken to log2 units per row.
+        p_t = tl.math.exp2(s_t * qk_scale - (lse * 1.4426950408889634)[None, :])
         if MASKED:  # the transpose of `visible`: keys along rows, queries along columns
             keep = rows[None, :] < N_Q
             if IS_CAUSAL:
@@ -100,17 +114,24 @@ def _dkdv_kernel(
     DK,
     DV,
     stride_qb,
+    stride_qh,
     stride_qn,
     stride_kb,
+    stride_kh,
     stride_kn,
     stride_vb,
+    stride_vh,
     stride_vn,
     stride_dob,
+    stride_doh,
     stride_don,
     stride_dkb,
+    stride_dkh,
     stride_dkn,
     stride_dvb,
+    stride_dvh,
     stride_dvn,
+    KV_HEADS,
     N_Q,
     N_K,
     qk_scale,
@@ -120,6 +141,8 @@ def _dkdv_kernel(
     IS_CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    GROUP: tl.constexpr,
+    LARGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EVEN_Q: tl.constexpr,
@@ -127,49 +150,64 @@ def _dkdv_kernel(
     # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
     pid_n = tl.program_id(0)
-    bid = tl.program_id(1).to(tl.int64)
+    # One program per (batch, key/value head): it sums over the GROUP query heads sharing it,
+    # so dK and dV of a shared head are written once, without atomics.
+    bh = tl.program_id(1).to(tl.int64)
+    b, hk = bh // KV_HEADS, bh % KV_HEADS
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     k = load_tile(
-        K + bid * stride_kb, offs_n, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, True, UPCAST
-    )
+        K + b * stride_kb + hk * stride_kh, offs_n, stride_kn, offs_d, N_K,
+        HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+    )  # fmt: skip
     v = load_tile(
-        V + bid * stride_vb, offs_n, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, True, UPCAST
-    )
+        V + b * stride_vb + hk * stride_vh, offs_n, stride_vn, offs_d, N_K,
+        HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+    )  # fmt: skip
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    q_base = Q + bid * stride_qb
-    do_base = DO + bid * stride_dob
-    l_base = L + bid * N_Q
-    delta_base = Delta + bid * N_Q
 
     # Query rows [0, full_end) are whole tiles; causal rows before this key tile see none of it,
     # rows on its diagonal [lo, lo + BLOCK_N) see part of it, later rows see all of it.
     full_end = (N_Q // BLOCK_M) * BLOCK_M
-    lo = 0
+    first = 0
     if IS_CAUSAL:
-        lo = pid_n * BLOCK_N
+        first = pid_n * BLOCK_N
+    for g in range(GROUP):
+        h = hk * GROUP + g  # a query head reading this key/value head
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        l_base = L + (bh * GROUP + g) * N_Q  # (batch, query head) rows of L and Delta
+        delta_base = Delta + (bh * GROUP + g) * N_Q
+        lo = first
+        if IS_CAUSAL:
+            dk, dv = _dkdv_tiles(
+                dk, dv, k, v, q_base, do_base, l_base, delta_base, stride_qn, stride_don,
+                offs_n, offs_d, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+            )  # fmt: skip
+            lo = lo + BLOCK_N
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, q_base, do_base, l_base, delta_base, stride_qn, stride_don,
-            offs_n, offs_d, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION,
+            offs_n, offs_d, lo, full_end, N_Q, qk_scale,
+            HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE,
         )  # fmt: skip
-        lo = lo + BLOCK_N
-    dk, dv = _dkdv_tiles(
-        dk, dv, k, v, q_base, do_base, l_base, delta_base, stride_qn, stride_don,
-        offs_n, offs_d, lo, full_end, N_Q, qk_scale,
-        HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION,
-    )  # fmt: skip
-    if not EVEN_Q:  # a ragged last query tile. Compiled out otherwise: on an H100 the mere
-        # presence of this (empty) loop made the whole kernel 25% slower (measured).
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, l_base, delta_base, stride_qn, stride_don,
-            offs_n, offs_d, tl.maximum(lo, full_end), N_Q, N_Q, qk_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION,
-        )  # fmt: skip
+        if not EVEN_Q:  # a ragged last query tile. Compiled out otherwise: on an H100 the mere
+            # presence of this (empty) loop made the whole kernel 25% slower (measured).
+            dk, dv = _dkdv_tiles(
+                dk, dv, k, v, q_base, do_base, l_base, delta_base, stride_qn, stride_don,
+                offs_n, offs_d, tl.maximum(lo, full_end), N_Q, N_Q, qk_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+            )  # fmt: skip
 
-    store_tile(DK + bid * stride_dkb, offs_n, stride_dkn, offs_d, N_K, dk * sm_scale, HEAD_DIM)
-    store_tile(DV + bid * stride_dvb, offs_n, stride_dvn, offs_d, N_K, dv, HEAD_DIM)
+    store_tile(
+        DK + b * stride_dkb + hk * stride_dkh, offs_n, stride_dkn, offs_d, N_K, dk * sm_scale,
+        HEAD_DIM, LARGE,
+    )  # fmt: skip
+    store_tile(
+        DV + b * stride_dvb + hk * stride_dvh, offs_n, stride_dvn, offs_d, N_K, dv,
+        HEAD_DIM, LARGE,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -196,14 +234,19 @@ def _dq_tiles(
     IS_CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    LARGE: tl.constexpr,
 ):
     """Accumulate into dq of one query tile the key tiles [start, end)."""
     for start_n in tl.range(start, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(k_base, cols, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
-        v = load_tile(v_base, cols, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-        p = tl.math.exp2(s - lse2[:, None])
+        k = load_tile(
+            k_base, cols, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
+        )
+        v = load_tile(
+            v_base, cols, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
+        )
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), raw
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])  # one fused multiply-add per exponent
         if MASKED:
             p = tl.where(visible(rows, cols, 0, N_K, False, IS_CAUSAL), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -223,17 +266,24 @@ def _dq_kernel(
     Delta,
     DQ,
     stride_qb,
+    stride_qh,
     stride_qn,
     stride_kb,
+    stride_kh,
     stride_kn,
     stride_vb,
+    stride_vh,
     stride_vn,
     stride_ob,
+    stride_oh,
     stride_on,
     stride_dob,
+    stride_doh,
     stride_don,
     stride_dqb,
+    stride_dqh,
     stride_dqn,
+    HEADS,
     N_Q,
     N_K,
     qk_scale,
@@ -243,6 +293,8 @@ def _dq_kernel(
     IS_CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    GROUP: tl.constexpr,
+    LARGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -251,22 +303,28 @@ def _dq_kernel(
     pid_m = tl.program_id(0)
     if IS_CAUSAL:
         pid_m = tl.cdiv(N_Q, BLOCK_M) - 1 - pid_m  # heaviest tiles first
-    bid = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)  # (batch, query head)
+    b, h = bh // HEADS, bh % HEADS
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_tile(
-        Q + bid * stride_qb, rows, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, UPCAST
-    )
+        Q + b * stride_qb + h * stride_qh, rows, stride_qn, offs_d, N_Q,
+        HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+    )  # fmt: skip
     do = load_tile(
-        DO + bid * stride_dob, rows, stride_don, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, UPCAST
-    )
-    lse2 = tl.load(L + bid * N_Q + rows, mask=rows < N_Q, other=0.0) * 1.4426950408889634
-    o = load_tile(O + bid * stride_ob, rows, stride_on, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, True)
+        DO + b * stride_dob + h * stride_doh, rows, stride_don, offs_d, N_Q,
+        HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+    )  # fmt: skip
+    lse2 = tl.load(L + bh * N_Q + rows, mask=rows < N_Q, other=0.0) * 1.4426950408889634
+    o = load_tile(
+        O + b * stride_ob + h * stride_oh, rows, stride_on, offs_d, N_Q,
+        HEAD_DIM, BLOCK_D, True, True, LARGE,
+    )  # fmt: skip
     delta = tl.sum(o * do.to(tl.float32), 1)  # D = rowsum(dO ∘ O), for this pass and the next
-    tl.store(Delta + bid * N_Q + rows, delta, mask=rows < N_Q)
+    tl.store(Delta + bh * N_Q + rows, delta, mask=rows < N_Q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_base = K + bid * stride_kb
-    v_base = V + bid * stride_vb
+    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
+    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
 
     full_end = (N_K // BLOCK_N) * BLOCK_N
     end = N_K
@@ -276,22 +334,27 @@ def _dq_kernel(
     dq = _dq_tiles(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, offs_d,
         0, full_end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION,
+        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE,
     )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, offs_d,
         full_end, end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION,
+        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
     )  # fmt: skip
 
-    store_tile(DQ + bid * stride_dqb, rows, stride_dqn, offs_d, N_Q, dq * sm_scale, HEAD_DIM)
+    store_tile(
+        DQ + b * stride_dqb + h * stride_dqh, rows, stride_dqn, offs_d, N_Q, dq * sm_scale,
+        HEAD_DIM, LARGE,
+    )  # fmt: skip
 
 
 class BackwardPlan:
-    """The two backward launches for one combination of shapes, strides, dtype and causality.
+    """The two backward launches for one combination of shapes, strides, dtype, causality and
+    precision.
 
-    Call as `plan(q, k, v, o, lse, do, scale) -> (dq, dk, dv)` with tensors like the ones it
-    was built from; `flash_backward` finds or builds it. Gradients are allocated contiguous.
+    Call as `plan(q, k, v, o, lse, do, scale, traced) -> (dq, dk, dv)` with tensors like the
+    ones it was built from; `flash_backward` finds or builds it. Gradients are allocated
+    contiguous.
     """
 
     def __init__(
@@ -303,24 +366,28 @@ class BackwardPlan:
         lse: torch.Tensor,
         do: torch.Tensor,
         causal: bool,
+        precision: str,
         traced: bool,
     ) -> None:
         *lead, n_q, d = q.shape
         n_k = k.shape[-2]
+        heads, group = head_counts(q, k)
         self.shapes = (q.shape, k.shape, v.shape)
-        self.batch, self.n_q, self.n_k = math.prod(lead), n_q, n_k
+        self.batch_heads, self.n_q, self.n_k = math.prod(lead), n_q, n_k
+        self.batch_kv_heads = self.batch_heads // group
         tensors = (q, k, v, o, do)
-        layouts = [batch_strides(t) for t in tensors]
-        copies = [layout is None for layout in layouts]  # in the order q, k, v, o, lse, do:
-        copies = (*copies[:4], not lse.is_contiguous(), copies[4])
-        self.copies = copies if any(copies) else None
-        sq, sk, sv, so, sdo = (
-            layout or (t.shape[-2] * d, d) for layout, t in zip(layouts, tensors, strict=True)
-        )
-        sdq, sdk = (n_q * d, d), (n_k * d, d)  # dq, dk, dv are allocated contiguous
-        self.dq_ints = (*sq, *sk, *sv, *so, *sdo, *sdq, n_q, n_k)
-        self.dkdv_ints = (*sq, *sk, *sv, *sdo, *sdk, *sdk, n_q, n_k)
-        self.meta = kernel_meta(d, causal, q.dtype)
+        copies, strides = read_layouts(tensors)
+        if copies is not None or not lse.is_contiguous():  # in the order q, k, v, o, lse, do:
+            copies = copies or (False,) * 5
+            copies = (*copies[:4], not lse.is_contiguous(), copies[4])
+        self.copies = copies
+        sq, sk, sv, so, sdo = strides
+        sdq, sdk = dense_strides(q.shape), dense_strides(k.shape)  # gradients: contiguous
+        self.dq_ints = (*sq, *sk, *sv, *so, *sdo, *sdq, heads, n_q, n_k)
+        self.dkdv_ints = (*sq, *sk, *sv, *sdo, *sdk, *sdk, heads // group, n_q, n_k)
+        self.meta = kernel_meta(d, causal, q.dtype, precision)
+        shapes = [t.shape for t in tensors]
+        self.meta.update(GROUP=group, LARGE=needs_int64(shapes, strides))
 
         def tuning_run(which: str) -> Callable[[Tile], None]:  # for FA2_AUTOTUNE only
             def run(tile: Tile) -> None:
@@ -330,7 +397,10 @@ class BackwardPlan:
             return run
 
         choice = dict(
-            head_dim_block=self.meta["BLOCK_D"], dtype=q.dtype, key=(causal, seq_bucket(n_q, n_k))
+            head_dim_block=self.meta["BLOCK_D"],
+            dtype=q.dtype,
+            precision=precision,
+            key=lambda: (causal, seq_bucket(n_q, n_k)),
         )
         self.launches = {
             which: self._launch(
@@ -343,9 +413,9 @@ class BackwardPlan:
         """The dQ (`which="dq"`) or dK/dV (`"dkdv"`) kernel with `tile`."""
         constexprs = dict(self.meta, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
         if which == "dq":
-            kernel, grid = _dq_kernel, (cdiv(self.n_q, tile.block_m), self.batch)
+            kernel, grid = _dq_kernel, (cdiv(self.n_q, tile.block_m), self.batch_heads)
         else:
-            kernel, grid = _dkdv_kernel, (cdiv(self.n_k, tile.block_n), self.batch)
+            kernel, grid = _dkdv_kernel, (cdiv(self.n_k, tile.block_n), self.batch_kv_heads)
             constexprs["EVEN_Q"] = self.n_q % tile.block_m == 0
         return CachedLaunch(kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages)
 
@@ -368,7 +438,7 @@ class BackwardPlan:
     def outputs(self, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """delta = rowsum(dO ∘ O) (written by the dQ pass), dq, dk, dv."""
         q_shape, k_shape, v_shape = self.shapes
-        delta = q.new_empty((self.batch, self.n_q), dtype=torch.float32)
+        delta = q.new_empty((self.batch_heads, self.n_q), dtype=torch.float32)
         return delta, q.new_empty(q_shape), q.new_empty(k_shape), q.new_empty(v_shape)
 
     def __call__(
@@ -401,16 +471,20 @@ def flash_backward(
     do: torch.Tensor,
     causal: bool,
     scale: float,
+    precision: str,
     *,
     traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of attention on `(..., n, d)` tensors (lse: `(..., n_q)` fp32), n_q, n_k >= 1.
+    """dq, dk, dv of attention on `(..., heads, n, d)` tensors (lse: `(..., heads, n_q)` fp32),
+    n_q, n_k >= 1; k and v may have fewer heads than q (a divisor of q's).
 
-    `traced`: launch in the form torch.compile traces into (see `CachedLaunch.traceable`)."""
+    `traced`: launch in the form torch.compile traces into (see `CachedLaunch.traceable`), from
+    a plan built afresh (shapes may be symbolic there, and tracing happens once)."""
+    args = (q, k, v, o, lse, do)
+    if traced:
+        return BackwardPlan(*args, causal, precision, traced)(*args, scale, traced)
     key = (
         q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), o.stride(), do.stride(),
-        lse.stride(), q.dtype, q.device, causal, tf32_allowed(q.dtype),
-        "traced" if traced else autotuning(),
+        lse.stride(), q.dtype, q.device, causal, precision, autotuning(),
     )  # fmt: skip
-    plan = _plans(key, q, k, v, o, lse, do, causal, traced)
-    return plan(q, k, v, o, lse, do, scale, traced)
+    return _plans(key, *args, causal, precision, traced)(*args, scale, traced)

@@ -23,15 +23,17 @@ __all__ = [
     "FORWARD",
     "INTERPRET",
     "LOG2E",
+    "PRECISIONS",
     "Tile",
     "autotuning",
     "block_d",
     "cdiv",
     "choose_tile",
     "dot_precision",
+    "head_counts",
     "kernel_meta",
     "seq_bucket",
-    "tf32_allowed",
+    "timings",
     "upcast",
 ]
 
@@ -70,26 +72,43 @@ def upcast(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype != torch.float32
 
 
-def tf32_allowed(dtype: torch.dtype) -> bool:
-    """fp32 inputs and the user allowed TF32 matmuls in torch."""
-    return dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+PRECISIONS = ("tf32x3", "ieee", "tf32")
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs get exact fp32 dots unless the user allowed TF32 matmuls in torch."""
-    if dtype == torch.float32 and not tf32_allowed(dtype):
-        return "ieee"
-    return "tf32"
+def dot_precision(dtype: torch.dtype, precision: str | None = None) -> str:
+    """How fp32 inputs are multiplied: `precision` if given, else "tf32" where the user allowed
+    TF32 matmuls in torch (`torch.backends.cuda.matmul.allow_tf32`), else "tf32x3".
+
+    "tf32x3" splits each fp32 operand into a TF32 high part and a TF32 remainder and sums three
+    tensor-core products (as cuBLAS/CUTLASS 3xTF32 do): about fp32's accuracy at tensor-core
+    speed. "ieee" is exact fp32 FMA on the CUDA cores; "tf32" one TF32 product (10-bit
+    mantissa). 16-bit inputs always multiply on the tensor cores and ignore this ("tf32")."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if dtype != torch.float32:
+        return "tf32"
+    if precision is not None:
+        return precision
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
 
 
-def kernel_meta(head_dim: int, causal: bool, dtype: torch.dtype) -> dict[str, object]:
-    """The constexpr arguments every kernel takes, fixed by the head dim, causality and dtype."""
+def head_counts(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int]:
+    """(query heads, query heads per key/value head) of `(..., heads, n, d)` tensors."""
+    heads = q.shape[-3] if q.dim() >= 3 else 1
+    return heads, heads // (k.shape[-3] if k.dim() >= 3 else 1)
+
+
+def kernel_meta(
+    head_dim: int, causal: bool, dtype: torch.dtype, precision: str
+) -> dict[str, object]:
+    """The constexpr arguments every kernel takes, fixed by the head dim, causality, dtype and
+    dot precision (see `dot_precision`)."""
     return dict(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d(head_dim),
         IS_CAUSAL=causal,
         UPCAST=upcast(dtype),
-        PRECISION=dot_precision(dtype),
+        PRECISION=precision,
     )
 
 
@@ -102,7 +121,7 @@ class Tile(NamedTuple):
     stages: int
 
 
-# Candidates by (head-dim block, bytes per element); the first of each list is the default.
+# Candidates by (head-dim block, 16-bit or fp32 and its dot precision); the first is the default.
 # H100 sweeps (ms at (16, 16384, d) causal bf16): forward d=64 128x64/8w/4s 1.33 (64x64/4w/3s
 # 1.44, 128x32/4w/3s 1.77); dQ d=64 128x64/8w/3s 1.47; dK/dV d=64 64x64/4w/3s 2.05 (64x64/4w/4s
 # 2.19, 32x64/4w/4s 2.29, 64x128/8w/3s 2.49, 32x128/4w/4s 3.39); d=128: forward 128x64/8w/3s
@@ -112,6 +131,14 @@ class Tile(NamedTuple):
 # 4.98), dQ 64x64/8w/2s 5.16 (64x32/4w/2s 7.78), dK/dV 32x32/4w/2s 5.82 (32x64/4w/2s 9.77);
 # d=128 forward 32x32/4w/2s 7.42, dQ 32x32/4w/2s 11.5 (32x16 24.2), dK/dV 32x32/4w/2s 12.4
 # (16x32 20.7). d=256 fp32 keeps smaller, untimed tiles.
+# fp32 on the tensor cores ("tf32" lists, for "tf32x3" and "tf32"; docs/results/
+# fa2_gpu_check_h100_2026-11-23_run2.json), tf32x3 causal: d=64 at (8, 4096): forward
+# 128x64/8w/2s 0.528 ms (64x64/4w/2s 0.552), dQ 128x64/8w/2s 0.673 (64x64/4w/2s 0.739), dK/dV
+# 32x32/4w/2s 1.048 (32x64/4w/2s 1.224, 64x64/4w/2s 1.403); d=128 at (4, 8192): forward
+# 32x32/4w/2s 1.657 (64x32/4w/2s 2.611), dQ 32x32/4w/2s 2.442 (64x32/4w/2s 3.795), dK/dV
+# 32x32/4w/2s 3.555 (32x64/4w/2s 6.310); larger d=128 tiles need more shared memory than an
+# H100 has. The same run re-timed the 16-bit d=128 dK/dV tiles: 64x64/4w/2s 3.799 stays
+# (32x64/4w/3s 3.936, 32x128/8w/2s 4.853; 64x64 with 8 warps 7.4-8.8).
 # Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
 # diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
 # shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
@@ -128,15 +155,21 @@ FORWARD = {
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
+    "tf32_d64": [Tile(128, 64, 8, 2), Tile(64, 64, 4, 2), Tile(64, 32, 4, 3), Tile(64, 64, 8, 3)],
+    "tf32_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],
+    "tf32_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
 }
 DKDV = {
     "interpreter": [Tile(16, 32, 1, 1)],
     "16bit_d64": [Tile(64, 64, 4, 3), Tile(64, 64, 4, 4), Tile(32, 64, 4, 4), Tile(32, 128, 4, 4)],
-    "16bit_d128": [Tile(64, 64, 4, 2), Tile(32, 64, 4, 3), Tile(32, 64, 4, 2)],
+    "16bit_d128": [Tile(64, 64, 4, 2), Tile(32, 64, 4, 3), Tile(32, 128, 8, 2)],
     "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
     "32bit_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2), Tile(32, 64, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2)],
     "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
+    "tf32_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 4, 2), Tile(64, 64, 4, 2), Tile(64, 64, 8, 2)],
+    "tf32_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 4, 2), Tile(16, 64, 4, 2)],
+    "tf32_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
 }
 DQ = {
     "interpreter": [Tile(32, 16, 1, 1)],
@@ -146,15 +179,21 @@ DQ = {
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
+    "tf32_d64": [Tile(128, 64, 8, 2), Tile(64, 64, 4, 2), Tile(64, 32, 4, 2), Tile(64, 64, 8, 3)],
+    "tf32_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
+    "tf32_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
 }
 
 _fastest: dict[tuple, Tile] = {}
+# FA2_AUTOTUNE's measurements, by (kernel table, head-dim block, dtype, precision, causal,
+# seq bucket): {tile: median ms}. Read by the tile sweeps that choose the defaults above.
+timings: dict[tuple, dict[Tile, float]] = {}
 
 
-def _family(head_dim_block: int, element_size: int) -> str:
+def _family(head_dim_block: int, element_size: int, precision: str) -> str:
     if INTERPRET:
         return "interpreter"
-    width = "16bit" if element_size == 2 else "32bit"
+    width = "16bit" if element_size == 2 else ("32bit" if precision == "ieee" else "tf32")
     if head_dim_block <= 64:
         return f"{width}_d64"
     if head_dim_block == 128:
@@ -167,20 +206,29 @@ def choose_tile(
     *,
     head_dim_block: int,
     dtype: torch.dtype,
-    key: tuple,
+    precision: str,
+    key: Callable[[], tuple],
     run: Callable[[Tile], object] | None,
 ) -> Tile:
     """The tile to launch with: the table's default, or with FA2_AUTOTUNE=1 the fastest of the
-    list for this `key`, found once by timing `run(tile)` for each candidate (never without
+    list for `key()`, found once by timing `run(tile)` for each candidate (never without
     a `run`, e.g. while torch.compile traces with tensors that hold no data)."""
-    candidates = table[_family(head_dim_block, dtype.itemsize)]
+    candidates = table[_family(head_dim_block, dtype.itemsize, precision)]
     if run is None or not autotuning() or len(candidates) == 1:
         return candidates[0]
-    key = (id(table), head_dim_block, dtype, *key)
-    if key not in _fastest:
+    full_key = (id(table), head_dim_block, dtype, precision, *key())
+    if full_key not in _fastest:
         from triton.testing import do_bench
 
         run(candidates[0])  # compile and warm the clocks before anything is timed
-        times = {t: do_bench(lambda t=t: run(t), return_mode="median") for t in candidates}
-        _fastest[key] = min(times, key=times.get)
-    return _fastest[key]
+        times = {}
+        for tile in candidates:
+            try:
+                times[tile] = do_bench(lambda t=tile: run(t), return_mode="median")
+            except Exception as exc:  # e.g. more shared memory than this GPU has
+                if "OutOfResources" not in type(exc).__name__:
+                    raise
+                times[tile] = float("inf")
+        timings[full_key] = times
+        _fastest[full_key] = min(times, key=times.get)
+    return _fastest[full_key]

@@ -1,6 +1,6 @@
 """FlashAttention-2 forward kernel and its launcher.
 
-One program owns BLOCK_M query rows of one batch entry and walks the key tiles once, keeping the
+One program owns BLOCK_M query rows of one (batch, head) and walks the key tiles once, keeping the
 running max, running sum and output accumulator in fp32 registers (online softmax, base 2 with
 log2(e) folded into the scale). Causal tiles entirely above the diagonal are never visited; the
 masks are applied only on the diagonal tiles and on a ragged last tile.
@@ -21,11 +21,18 @@ from fa2.triton.configs import (
     autotuning,
     cdiv,
     choose_tile,
+    head_counts,
     kernel_meta,
     seq_bucket,
-    tf32_allowed,
 )
-from fa2.triton.launch import CachedLaunch, batch_strides, contiguous_where, plan_cache
+from fa2.triton.launch import (
+    CachedLaunch,
+    contiguous_where,
+    dense_strides,
+    needs_int64,
+    plan_cache,
+    read_layouts,
+)
 from fa2.triton.tiles import load_tile, store_tile, visible
 
 __all__ = ["flash_forward"]
@@ -54,18 +61,25 @@ def _fwd_tiles(
     IS_CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    LARGE: tl.constexpr,
 ):
-    """Fold key tiles [start, end) into the running (acc, l_i, m_i) of one query tile."""
+    """Fold key tiles [start, end) into the running (acc, l_i, m_i) of one query tile.
+
+    m_i is kept in scaled log2 units; the row max is taken on the raw scores (the scale is
+    positive) so that each exponent is one fused multiply-add, s * qk_scale - m."""
     for start_n in tl.range(start, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(k_base, cols, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
-        v = load_tile(v_base, cols, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST)
-        # (BLOCK_M, BLOCK_N) scores in log2 units
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        k = load_tile(
+            k_base, cols, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
+        )
+        v = load_tile(
+            v_base, cols, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
+        )
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) raw scores
         if MASKED:
             s = tl.where(visible(offs_m, cols, 0, N_K, False, IS_CAUSAL), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         # Accumulating inside the dot lets the tensor cores add into acc in place.
@@ -82,13 +96,18 @@ def _fwd_kernel(
     O,
     L,
     stride_qb,
+    stride_qh,
     stride_qn,
     stride_kb,
+    stride_kh,
     stride_kn,
     stride_vb,
+    stride_vh,
     stride_vn,
     stride_ob,
+    stride_oh,
     stride_on,
+    HEADS,
     N_Q,
     N_K,
     qk_scale,
@@ -97,6 +116,8 @@ def _fwd_kernel(
     IS_CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    GROUP: tl.constexpr,
+    LARGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -106,14 +127,17 @@ def _fwd_kernel(
     pid_m = tl.program_id(0)
     if IS_CAUSAL:
         pid_m = tl.cdiv(N_Q, BLOCK_M) - 1 - pid_m
-    bid = tl.program_id(1).to(tl.int64)
+    # One program per (batch, query head); GROUP query heads share one key/value head.
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // HEADS, bh % HEADS
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_tile(
-        Q + bid * stride_qb, offs_m, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, UPCAST
-    )
-    k_base = K + bid * stride_kb
-    v_base = V + bid * stride_vb
+        Q + b * stride_qb + h * stride_qh, offs_m, stride_qn, offs_d, N_Q,
+        HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+    )  # fmt: skip
+    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
+    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -129,57 +153,68 @@ def _fwd_kernel(
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
         0, full_end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION,
+        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
         full_end, end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION,
+        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
     )  # fmt: skip
 
     # Key 0 is visible to every row, so l_i >= 1 here and the division is safe.
     acc = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634  # back to natural-log units
-    tl.store(L + bid * N_Q + offs_m, lse, mask=offs_m < N_Q)
-    store_tile(O + bid * stride_ob, offs_m, stride_on, offs_d, N_Q, acc, HEAD_DIM)
+    tl.store(L + bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
+    store_tile(
+        O + b * stride_ob + h * stride_oh, offs_m, stride_on, offs_d, N_Q, acc, HEAD_DIM, LARGE
+    )
 
 
 class ForwardPlan:
-    """The forward launch for one combination of shapes, strides, dtype and causality.
+    """The forward launch for one combination of shapes, strides, dtype, causality, precision.
 
-    Call as `plan(q, k, v, scale) -> (o, lse)` with tensors like the ones it was built from;
-    `forward_plan` finds or builds it. o and lse are allocated contiguous.
+    Call as `plan(q, k, v, scale, traced) -> (o, lse)` with tensors like the ones it was built
+    from; `flash_forward` finds or builds it. o and lse are allocated contiguous.
     """
 
     def __init__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, traced: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        precision: str,
+        traced: bool,
     ) -> None:
         *lead, n_q, d = q.shape
         n_k = k.shape[-2]
+        heads, group = head_counts(q, k)
         self.shapes = (q.shape, q.shape[:-1])
-        layouts = [batch_strides(t) for t in (q, k, v)]
-        copies = tuple(layout is None for layout in layouts)
-        self.copies = copies if any(copies) else None
-        (sqb, sqn), (skb, skn), (svb, svn) = (
-            layout or (t.shape[-2] * d, d) for layout, t in zip(layouts, (q, k, v), strict=True)
+        self.copies, strides = read_layouts((q, k, v))
+        strides.append(dense_strides(q.shape))  # o
+        self.ints = (*(s for st in strides for s in st), heads, n_q, n_k)
+        self.batch_heads, self.n_q = math.prod(lead), n_q
+        self.meta = kernel_meta(d, causal, q.dtype, precision)
+        self.meta.update(
+            GROUP=group, LARGE=needs_int64([q.shape, k.shape, v.shape, q.shape], strides)
         )
-        self.ints = (sqb, sqn, skb, skn, svb, svn, n_q * d, d, n_q, n_k)
-        self.batch, self.n_q = math.prod(lead), n_q
-        self.meta = kernel_meta(d, causal, q.dtype)
 
         def run(tile: Tile) -> None:  # for FA2_AUTOTUNE's timing only
             inputs = contiguous_where((q, k, v), self.copies)
             self._launch(tile)(inputs + self.outputs(q), (*self.ints, 1.0))
 
-        key = (causal, seq_bucket(n_q, n_k))
-        d_block = self.meta["BLOCK_D"]
         tile = choose_tile(
-            FORWARD, head_dim_block=d_block, dtype=q.dtype, key=key, run=None if traced else run
+            FORWARD,
+            head_dim_block=self.meta["BLOCK_D"],
+            dtype=q.dtype,
+            precision=precision,
+            key=lambda: (causal, seq_bucket(n_q, n_k)),
+            run=None if traced else run,
         )
         self.launch = self._launch(tile)
 
     def _launch(self, tile: Tile) -> CachedLaunch:
-        grid = (cdiv(self.n_q, tile.block_m), self.batch)
+        grid = (cdiv(self.n_q, tile.block_m), self.batch_heads)
         constexprs = dict(self.meta, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
         return CachedLaunch(
             _fwd_kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages
@@ -207,14 +242,19 @@ def flash_forward(
     v: torch.Tensor,
     causal: bool,
     scale: float,
+    precision: str,
     *,
     traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """o and the logsumexp L (fp32) of attention on `(..., n, d)` tensors with n_q, n_k >= 1.
+    """o and the logsumexp L (fp32) of attention on `(..., heads, n, d)` tensors, n_q, n_k >= 1;
+    k and v may have fewer heads than q (a divisor of q's).
 
-    `traced`: launch in the form torch.compile traces into (see `CachedLaunch.traceable`)."""
+    `traced`: launch in the form torch.compile traces into (see `CachedLaunch.traceable`), from
+    a plan built afresh (shapes may be symbolic there, and tracing happens once)."""
+    if traced:
+        return ForwardPlan(q, k, v, causal, precision, traced)(q, k, v, scale, traced)
     key = (
         q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
-        q.dtype, q.device, causal, tf32_allowed(q.dtype), "traced" if traced else autotuning(),
+        q.dtype, q.device, causal, precision, autotuning(),
     )  # fmt: skip
-    return _plans(key, q, k, v, causal, traced)(q, k, v, scale, traced)
+    return _plans(key, q, k, v, causal, precision, traced)(q, k, v, scale, traced)

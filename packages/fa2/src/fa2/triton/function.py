@@ -2,26 +2,24 @@
 
 In eager mode the Function calls the launch plans directly (`fa2.triton.launch`): a
 `torch.library` op's dispatch alone costs more host time than the kernels take at small sizes
-(about 70 µs a call on an H100 host, measured). Under `torch.compile` the launches go through two
-`torch.library.triton_op`s (`fa2::triton_forward`, `fa2::triton_backward`) whose bodies launch
-through `wrap_triton`, so the compiler sees the kernels themselves and launches them from its
-generated code, without a Python op in between. Under Triton's CPU interpreter they are opaque
-custom ops instead (`wrap_triton` cannot take interpreted kernels). Triton itself is imported
-on the first call, so `import fa2` works where Triton is not installed (macOS, Windows) and the
-PyTorch path stays usable there.
+(about 70 µs a call on an H100 host, measured). Under `torch.compile` it calls the custom ops
+of `fa2.triton.ops` instead, which that module defines when it is first imported, from inside
+the compiled function: defining them imports torch's compiler stack, which `import fa2` must
+not pay for. Triton itself is imported on the first call too, so `import fa2` works where
+Triton is not installed (macOS, Windows) and the PyTorch path stays usable there.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from fa2.checks import MAX_HEAD_DIM, check_attention_inputs
-from fa2.triton.configs import INTERPRET
+from fa2.triton.configs import INTERPRET, dot_precision
 
-__all__ = ["FlashAttention2Triton", "interpreting"]
+__all__ = ["FlashAttention2Triton", "interpreting", "run_backward", "run_forward"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -32,39 +30,25 @@ def interpreting() -> bool:
     return INTERPRET
 
 
-# torch.compile traces into the kernels through `triton_op`s, except where it cannot: under
-# Triton's interpreter (`wrap_triton` does not take interpreted kernels) and without Triton.
-_TRACEABLE = not INTERPRET and importlib.util.find_spec("triton") is not None
-
-
-def _forward(
+def run_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     causal: bool,
     scale: float,
+    precision: str,
+    *,
     traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """o and the logsumexp L for inputs of any leading dims."""
+    """o and the logsumexp L (fp32) for inputs of any leading dims."""
     if q.numel() == 0:
         return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
     from fa2.triton.forward import flash_forward
 
-    return flash_forward(q, k, v, causal, scale, traced=traced)
+    return flash_forward(q, k, v, causal, scale, precision, traced=traced)
 
 
-def _forward_traced(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, causal, scale, traced=_TRACEABLE)
-
-
-def _forward_fake(q, k, v, causal, scale):
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    return o, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-
-
-def _backward(
+def run_backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -73,6 +57,8 @@ def _backward(
     do: torch.Tensor,
     causal: bool,
     scale: float,
+    precision: str,
+    *,
     traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv for inputs of any leading dims."""
@@ -80,59 +66,41 @@ def _backward(
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     from fa2.triton.backward import flash_backward
 
-    return flash_backward(q, k, v, o, lse, do, causal, scale, traced=traced)
-
-
-def _backward_traced(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o: torch.Tensor,
-    lse: torch.Tensor,
-    do: torch.Tensor,
-    causal: bool,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(q, k, v, o, lse, do, causal, scale, traced=_TRACEABLE)
-
-
-def _backward_fake(q, k, v, o, lse, do, causal, scale):
-    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-
-
-def _define_op(name: str, fn, fake):
-    """The op torch.compile sees: a `triton_op` it traces into where it can (`_TRACEABLE`),
-    else an opaque `custom_op` with a shape function."""
-    if _TRACEABLE:
-        return torch.library.triton_op(name, fn, mutates_args=())
-    op = torch.library.custom_op(name, fn, mutates_args=())
-    op.register_fake(fake)
-    return op
-
-
-_forward_op = _define_op("fa2::triton_forward", _forward_traced, _forward_fake)
-_backward_op = _define_op("fa2::triton_backward", _backward_traced, _backward_fake)
+    return flash_backward(q, k, v, o, lse, do, causal, scale, precision, traced=traced)
 
 
 class FlashAttention2Triton(torch.autograd.Function):
     """FlashAttention-2 forward and backward as Triton kernels.
 
-    Call as `FlashAttention2Triton.apply(q, k, v, is_causal=False, scale=None)` with the options
-    passed positionally (autograd Functions take no keyword arguments); `flash_attention` is the
-    keyword-friendly front door. Works under `torch.compile`.
+    Call as `FlashAttention2Triton.apply(q, k, v, is_causal=False, scale=None,
+    return_lse=False, precision=None)` with the options passed positionally (autograd
+    Functions take no keyword arguments); `flash_attention` is the keyword-friendly front door.
+    Works under `torch.compile`, with any strides the eager path takes.
 
     Args:
-        q: `(..., n_queries, d)`; k, v: `(..., n_keys, d)`, same leading dims, dtype and device.
-            fp16, bf16 or fp32 CUDA tensors (CPU tensors only under TRITON_INTERPRET=1);
-            any d up to 256 (tuned for 16, 32, 64, 128).
+        q: `(..., heads, n_queries, d)`; k, v: `(..., kv_heads, n_keys, d)`, same dtype and
+            device, the same dims before the heads; `heads` a multiple of `kv_heads`
+            (grouped-query attention: query head h reads key/value head
+            h // (heads // kv_heads); k and v are not copied). fp16, bf16 or fp32 CUDA
+            tensors (CPU tensors only under TRITON_INTERPRET=1); any d up to 256 (tuned for
+            16, 32, 64, 128). Inputs are read in place when the feature dim is contiguous
+            and the dims before the heads merge into one stride (e.g. q, k, v transposed from
+            (batch, seq, heads, d)); others are copied.
         is_causal: query i sees key j iff j <= i, both counted from 0 (top-left aligned). With
             n_queries < n_keys the trailing keys are seen by nobody and get zero gradient.
-        scale: softmax scale, default 1/sqrt(d).
+        scale: softmax scale, default 1/sqrt(d); must be positive.
+        return_lse: also return the logsumexp L (not differentiable).
+        precision: how fp32 inputs are multiplied, "tf32x3" (default: about fp32's accuracy
+            on the tensor cores), "ieee" (exact fp32 FMA on the CUDA cores) or "tf32" (the
+            default where `torch.backends.cuda.matmul.allow_tf32` is set). 16-bit inputs
+            ignore it.
 
     Returns:
-        o: `(..., n_queries, d)` in the input dtype. For backward, q, k, v, o and one fp32
-        logsumexp tensor L of shape `(..., n_queries)` are saved; nothing of size n_q × n_k is.
-        fp32 inputs use exact fp32 dot products unless `torch.backends.cuda.matmul.allow_tf32`.
+        o: `(..., heads, n_queries, d)` in the input dtype, or `(o, lse)` with `return_lse`,
+        lse of shape `(..., heads, n_queries)` in fp32. For backward, q, k, v, o and lse are
+        saved; nothing of size n_q × n_k is. The backward is deterministic and is itself not
+        differentiable: a double backward (e.g. `create_graph=True` then differentiating the
+        gradients) raises instead of giving wrong second derivatives.
     """
 
     @staticmethod
@@ -143,7 +111,9 @@ class FlashAttention2Triton(torch.autograd.Function):
         v: torch.Tensor,
         is_causal: bool = False,
         scale: float | None = None,
-    ) -> torch.Tensor:
+        return_lse: bool = False,
+        precision: str | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         check_attention_inputs(q, k, v, dtypes=_DTYPES, max_head_dim=MAX_HEAD_DIM)
         if q.device.type != "cuda" and not interpreting():
             raise ValueError(
@@ -152,15 +122,34 @@ class FlashAttention2Triton(torch.autograd.Function):
                 "before importing triton to run the kernels in Triton's interpreter)."
             )
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        run = _forward_op if torch.compiler.is_compiling() else _forward
-        o, lse = run(q, k, v, bool(is_causal), scale)
+        if not scale > 0:
+            raise ValueError(
+                f"the Triton kernels need a positive softmax scale, got {scale}; "
+                "use FlashAttention2PyTorch for other scales"
+            )
+        precision = dot_precision(q.dtype, precision)
+        if torch.compiler.is_compiling():
+            from fa2.triton.ops import forward_op
+
+            o, lse = forward_op(q, k, v, bool(is_causal), scale, precision)
+        else:
+            o, lse = run_forward(q, k, v, bool(is_causal), scale, precision)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.scale = bool(is_causal), scale
+        ctx.is_causal, ctx.scale, ctx.precision = bool(is_causal), scale, precision
+        if return_lse:
+            ctx.mark_non_differentiable(lse)
+            return o, lse
         return o
 
     @staticmethod
-    def backward(ctx, do: torch.Tensor):
+    @once_differentiable
+    def backward(ctx, do: torch.Tensor, *_):
         q, k, v, o, lse = ctx.saved_tensors
-        run = _backward_op if torch.compiler.is_compiling() else _backward
-        dq, dk, dv = run(q, k, v, o, lse, do, ctx.is_causal, ctx.scale)
-        return dq, dk, dv, None, None
+        args = (q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.precision)
+        if torch.compiler.is_compiling():
+            from fa2.triton.ops import backward_op
+
+            dq, dk, dv = backward_op(*args)
+        else:
+            dq, dk, dv = run_backward(*args)
+        return dq, dk, dv, None, None, None, None

@@ -29,9 +29,20 @@ from typing import Any
 import torch
 from triton import knobs
 
-__all__ = ["CachedLaunch", "batch_strides", "contiguous_where", "plan_cache"]
+__all__ = [
+    "INT32_MAX",
+    "CachedLaunch",
+    "contiguous_where",
+    "dense_strides",
+    "head_strides",
+    "needs_int64",
+    "plan_cache",
+    "read_layouts",
+]
 
 _MAX_PLANS = 512
+# Row offsets past this are computed in int64 in the kernels (`tiles.row_offsets`).
+INT32_MAX = 2**31 - 1
 
 
 def plan_cache(build: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,25 +61,60 @@ def plan_cache(build: Callable[..., Any]) -> Callable[..., Any]:
     return get
 
 
-def batch_strides(t: torch.Tensor) -> tuple[int, int] | None:
-    """(batch stride, row stride) of `t` seen as `(batch, n, d)` without a copy, or None.
+def head_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
+    """(batch, head, row) strides of `t` seen as `(batch, heads, n, d)` without a copy, or None.
 
-    None when the head dim is not contiguous or the leading dims cannot be merged into one
-    evenly strided batch dim; such inputs are copied to a contiguous layout first."""
-    if t.stride(-1) != 1 and t.shape[-1] > 1:
+    The heads are dim -3 (one head for a 2-D tensor), the batch is the product of the dims
+    before it. None when the feature dim is not contiguous or the batch dims cannot be merged
+    into one evenly strided dim; such inputs are copied to a contiguous layout first. Works on
+    strides alone (no `view`), so it also runs on the fake tensors torch.compile traces with:
+    q, k, v transposed from (batch, seq, heads, d) are read in place."""
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
         return None
-    try:
-        flat = t.view(-1, *t.shape[-2:])
-    except RuntimeError:
-        return None
-    return flat.stride(0), flat.stride(1)
+    head = t.stride(-3) if t.dim() >= 3 else 0
+    batch, expected = 0, None
+    for size, stride in reversed(list(zip(t.shape[:-3], t.stride()[:-3], strict=True))):
+        if size == 1:
+            continue
+        if expected is None:
+            batch = stride
+        elif stride != expected:
+            return None
+        expected = stride * size
+    return batch, head, t.stride(-2)
+
+
+def dense_strides(shape: torch.Size) -> tuple[int, int, int]:
+    """`head_strides` of a contiguous tensor of `shape`."""
+    n, d = shape[-2], shape[-1]
+    heads = shape[-3] if len(shape) >= 3 else 1
+    return heads * n * d, n * d, d
+
+
+def read_layouts(
+    tensors: tuple[torch.Tensor, ...],
+) -> tuple[tuple[bool, ...] | None, list[tuple[int, int, int]]]:
+    """Which of `tensors` need a contiguous copy (None: none does; see `contiguous_where`), and
+    the (batch, head, row) strides the kernels read each one with."""
+    layouts = [head_strides(t) for t in tensors]
+    copies = tuple(layout is None for layout in layouts)
+    strides = [layout or dense_strides(t.shape) for layout, t in zip(layouts, tensors, strict=True)]
+    return (copies if any(copies) else None), strides
+
+
+def needs_int64(shapes: list[torch.Size], strides: list[tuple[int, int, int]]) -> bool:
+    """True when a row offset `(n - 1) * row_stride + d` of one of the tensors passes int32."""
+    return any(
+        (shape[-2] - 1) * stride[2] + shape[-1] > INT32_MAX
+        for shape, stride in zip(shapes, strides, strict=True)
+    )
 
 
 def contiguous_where(
     tensors: tuple[torch.Tensor, ...], copies: tuple[bool, ...] | None
 ) -> tuple[torch.Tensor, ...]:
     """`tensors` as the kernels read them: a contiguous copy where `copies` says the layout
-    needs one (see `batch_strides`); None means none does."""
+    needs one (see `read_layouts`); None means none does."""
     if copies is None:
         return tensors
     return tuple(t.contiguous() if c else t for t, c in zip(tensors, copies, strict=True))

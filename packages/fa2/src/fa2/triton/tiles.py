@@ -5,7 +5,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["load_tile", "store_tile", "visible"]
+__all__ = ["load_tile", "row_offsets", "store_tile", "visible"]
+
+
+@triton.jit
+def row_offsets(rows, stride, LARGE: tl.constexpr):
+    """Element offsets `rows * stride` of a tile's rows. In int32 (Triton's default for a stride
+    below 2**31) unless LARGE, set by the host when (n_rows - 1) * stride + d could pass
+    2**31 - 1, as for q, k, v read in place from a packed QKV tensor of many tokens."""
+    if LARGE:
+        rows = rows.to(tl.int64)
+    return rows * stride
 
 
 @triton.jit
@@ -19,11 +29,12 @@ def load_tile(
     BLOCK_D: tl.constexpr,
     MASK_ROWS: tl.constexpr,
     UPCAST: tl.constexpr,
+    LARGE: tl.constexpr,
 ):
     """Load a (len(rows), BLOCK_D) tile of a row-major matrix; rows >= n_rows and padded columns
     read as 0. Without masks when the rows are known in range and HEAD_DIM == BLOCK_D, so the
-    loads stay fully vectorised on the hot path."""
-    ptrs = base + rows[:, None] * stride + offs_d[None, :]
+    loads stay fully vectorised on the hot path. LARGE: row offsets in int64 (see `row_offsets`)."""
+    ptrs = base + row_offsets(rows, stride, LARGE)[:, None] + offs_d[None, :]
     if MASK_ROWS:
         mask = rows[:, None] < n_rows
         if HEAD_DIM != BLOCK_D:
@@ -39,12 +50,11 @@ def load_tile(
 
 
 @triton.jit
-def store_tile(base, rows, stride, offs_d, n_rows, x, HEAD_DIM: tl.constexpr):
+def store_tile(base, rows, stride, offs_d, n_rows, x, HEAD_DIM: tl.constexpr, LARGE: tl.constexpr):
     """Store a (len(rows), BLOCK_D) tile, skipping rows >= n_rows and padded columns."""
     mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(
-        base + rows[:, None] * stride + offs_d[None, :], x.to(base.dtype.element_ty), mask=mask
-    )
+    ptrs = base + row_offsets(rows, stride, LARGE)[:, None] + offs_d[None, :]
+    tl.store(ptrs, x.to(base.dtype.element_ty), mask=mask)
 
 
 @triton.jit

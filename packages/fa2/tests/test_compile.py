@@ -1,0 +1,139 @@
+"""The Triton path inside torch.compile: any strides the eager path takes, fake-tensor planning,
+and `import fa2` without torch's compiler stack. On a GPU: a Transformer under torch.compile."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fa2 import FlashAttention2Triton, attention_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# aot_eager traces the Function and the custom ops as inductor does, without a C++ build.
+BACKEND = "inductor" if DEVICE == "cuda" else "aot_eager"
+
+
+def _transposed(batch, seq, heads, d, dtype=torch.float32):
+    """(batch, heads, seq, d) views of (batch, seq, heads, d) tensors, as a Transformer makes."""
+    x = torch.randn(batch, seq, heads, d, device=DEVICE, dtype=dtype)
+    return x.transpose(1, 2).detach().requires_grad_()
+
+
+def _grads_vs_oracle(q, k, v, o, causal):
+    q2, k2, v2 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = attention_reference(q2, k2, v2, causal=causal)
+    ref.sum().backward()
+    return [(o, ref)] + [(a.grad, b.grad) for a, b in ((q, q2), (k, k2), (v, v2))]
+
+
+def _error(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("kv_heads", [3, 1], ids=["mha", "mqa"])
+def test_compiled_function_takes_transposed_inputs(kv_heads):
+    fn = torch.compile(FlashAttention2Triton.apply, backend=BACKEND, fullgraph=True)
+    q = _transposed(2, 40, 3, 16)
+    k, v = _transposed(2, 40, kv_heads, 16), _transposed(2, 40, kv_heads, 16)
+    assert not q.is_contiguous()
+    o = fn(q, k, v, True)
+    o.sum().backward()
+    if kv_heads != 3:  # the oracle sees the key/value heads repeated
+        k2, v2 = (t.detach().repeat_interleave(3, 1).requires_grad_() for t in (k, v))
+        o2 = FlashAttention2Triton.apply(q.detach(), k2, v2, True)
+        o2.sum().backward()
+        torch.testing.assert_close(k.grad, k2.grad.unflatten(1, (1, 3)).sum(2))
+        return
+    for x, ref in _grads_vs_oracle(q, k, v, o, True):
+        assert _error(x, ref) < 1e-5
+
+
+def _fake_inputs(mode, symbolic):
+    """Fake q, k, v transposed from (batch, seq, heads, d), with symbolic sizes if asked."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    dims = [DimDynamic.DYNAMIC if symbolic else DimDynamic.STATIC] * 4
+    context = StatelessSymbolicContext(dynamic_sizes=dims)
+    real = [torch.randn(4, 256, heads, 64) for heads in (12, 4, 4)]
+    return [mode.from_tensor(t, symbolic_context=context).transpose(1, 2) for t in real]
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+def test_launch_plans_build_from_fake_tensors(symbolic):
+    # What torch.compile does with the `triton_op` bodies on a GPU: plan the launches on fake
+    # tensors (strides (196608, 64, 768, 1) here), possibly with symbolic sizes.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from fa2.triton.backward import BackwardPlan
+    from fa2.triton.forward import ForwardPlan
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    q, k, v = _fake_inputs(mode, symbolic)
+    with mode:
+        forward = ForwardPlan(q, k, v, True, "tf32x3", traced=True)
+        assert forward.copies is None  # read in place, not copied
+        assert forward.meta["GROUP"] == 3 and not forward.meta["LARGE"]
+        o, lse = forward.outputs(q)
+        backward = BackwardPlan(q, k, v, o, lse, torch.empty_like(o), True, "tf32x3", True)
+        assert backward.copies is None
+    # strides of q as the kernels index it: (batch, head, row)
+    assert [int(s) for s in forward.ints[:3]] == [256 * 12 * 64, 64, 12 * 64]
+
+
+def test_import_does_not_load_the_compiler_stack():
+    # `import fa2` stays cheap: torch.compile's modules load only when something compiles.
+    code = (
+        "import sys, torch\n"
+        "before = set(sys.modules)\n"
+        "import fa2\n"
+        "heavy = ('torch._dynamo', 'torch._inductor', 'triton', 'fa2.triton.ops')\n"
+        "print(sorted(m for m in heavy if m in sys.modules and m not in before))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_compiled_transposed_layout_on_gpu(dtype):
+    fn = torch.compile(FlashAttention2Triton.apply, fullgraph=True)
+    q, k, v = (_transposed(4, 256, 12, 64, dtype) for _ in range(3))
+    o = fn(q, k, v, True)
+    o.sum().backward()
+    budget = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    for x, ref in _grads_vs_oracle(q, k, v, o, True):
+        assert _error(x, ref) < budget
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode, num_kv_heads", [("autocast", None), ("bf16-weights", 4)])
+def test_transformer_trains_under_torch_compile(mode, num_kv_heads):
+    lmcore = pytest.importorskip("lmcore")
+
+    def make():
+        torch.manual_seed(0)
+        model = lmcore.TransformerLM(
+            vocab_size=1000, context_length=256, d_model=768, num_layers=2, num_heads=12,
+            d_ff=2048, attention="fa2-triton", num_kv_heads=num_kv_heads,
+        ).cuda()  # fmt: skip
+        return model.to(torch.bfloat16) if mode == "bf16-weights" else model
+
+    tokens = torch.randint(0, 1000, (4, 256), device="cuda")
+    results = []
+    for compiled in (False, True):
+        model = make()
+        run = torch.compile(model) if compiled else model
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
+            logits = run(tokens)
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+        loss.backward()
+        results.append((loss.detach(), [p.grad.float() for p in model.parameters()]))
+    (loss, grads), (loss_c, grads_c) = results
+    torch.testing.assert_close(loss_c, loss, atol=2e-2, rtol=1e-2)
+    for g, gc in zip(grads, grads_c, strict=True):
+        assert _error(gc, g.double()) < 5e-2
