@@ -9,7 +9,10 @@ they see the same kernels and thread settings as FSDP):
 * *whole-batch*: one process on the whole batch. Its matmuls sum over all rows at once rather
   than per half, so the same math rounds differently: compared to 1e-6.
 
-One spawned run does many things, each checked by its own test below.
+One spawned run does many things, each checked by its own test below. Models: a small
+`lmcore.TransformerLM` (also with activation checkpointing, whose recomputation re-enters the
+units' forward hooks during backward) and a hand-made module with tied, frozen, sometimes unused,
+non-contiguous and odd-sized parameters.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch.nn.functional as F
 from spawn_ranks import run_ranks
 from torch import nn
 
-from lmcore import TransformerLM
+from lmcore import TransformerLM, apply_activation_checkpointing
 from lmcore.model import TransformerBlock
 from zero import FSDP
 
@@ -70,7 +73,11 @@ def _lm(*, contiguous: bool = False) -> TransformerLM:
     )
 
 
-MODELS = {"net": _net, "lm": _lm}
+def _checkpointed_lm(*, contiguous: bool = False) -> TransformerLM:
+    return apply_activation_checkpointing(_lm())
+
+
+MODELS = {"net": _net, "lm": _lm, "checkpointed": _checkpointed_lm}
 
 
 def _batches(seed: int = 1) -> list[torch.Tensor]:
@@ -152,6 +159,7 @@ def _two_rank_worker(rank: int, world_size: int) -> dict[str, Any]:
         ("lm", "sgd", None),
         ("net", "adamw", None),
         ("net", "sgd", None),
+        ("checkpointed", "adamw", (TransformerBlock,)),
     ]:
         key = f"{model}-{optimizer}-{'blocks' if units else 'default'}"
         fsdp = FSDP(MODELS[model](), units=units)
@@ -260,7 +268,13 @@ def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], a
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=atol, msg=key)
 
 
-CASES = ["lm-adamw-blocks", "lm-sgd-default", "net-adamw-default", "net-sgd-default"]
+CASES = [
+    "lm-adamw-blocks",
+    "lm-sgd-default",
+    "net-adamw-default",
+    "net-sgd-default",
+    "checkpointed-adamw-blocks",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
