@@ -193,6 +193,10 @@ def _two_rank_worker(rank: int, world_size: int) -> dict[str, Any]:
     results["bf16"] = _train_fsdp(fsdp, "sgd", rank, world_size)
     results["bf16-plain"] = _train_reference(_lm(), "sgd", halves=1, dtype=torch.bfloat16)
 
+    # without prefetching: the same numbers (only the timing of the all-gathers changes)
+    fsdp = FSDP(_lm(), units=(TransformerBlock,), prefetch=False)
+    results["no_prefetch"] = _train_fsdp(fsdp, "adamw", rank, world_size)
+
     # gradient accumulation over two micro-batches per rank
     results["accumulated"] = _train_fsdp(FSDP(_net()), "adamw", rank, world_size, micro=2)
 
@@ -344,6 +348,10 @@ def test_bf16_compute_is_within_bf16_rounding_of_fp32(two_ranks):
 
 def test_gradient_accumulation_equals_one_process(two_ranks):
     _assert_close(two_ranks[0]["accumulated"], two_ranks[0]["net-adamw-default-whole"], 1e-6)
+
+
+def test_without_prefetching_training_is_the_same(two_ranks):
+    _assert_equal(two_ranks[0]["no_prefetch"], two_ranks[0]["lm-adamw-blocks"])
 
 
 def test_deterministic_algorithms(two_ranks):

@@ -272,6 +272,9 @@ class FSDP(nn.Module):
             at twice the bytes.
         units: module classes that form units; ``None`` (default) makes every module owning a
             parameter of two or more dimensions a unit.
+        prefetch: issue the next unit's all-gather one unit ahead (default). ``False`` gathers
+            each unit only when it is needed, with nothing to overlap: to measure what
+            prefetching buys (``bench-zero --variants fsdp fsdp-no-prefetch``).
 
     Raises:
         TypeError: ``module`` is not an ``nn.Module``.
@@ -301,6 +304,7 @@ class FSDP(nn.Module):
         compute_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
         units: Iterable[type[nn.Module]] | None = None,
+        prefetch: bool = True,
     ) -> None:
         unit_types = None if units is None else tuple(units)
         _check_arguments(module, compute_dtype, reduce_dtype, unit_types)
@@ -313,6 +317,7 @@ class FSDP(nn.Module):
         self.device = _device(module, dist.get_backend())
         self.compute_dtype = torch.float32 if compute_dtype is None else compute_dtype
         self.reduce_dtype = self.compute_dtype if reduce_dtype is None else reduce_dtype
+        self.prefetch = prefetch
         _check_same_module(module, self.group)
 
         self._units = self._build_units(unit_types)
@@ -429,7 +434,7 @@ class FSDP(nn.Module):
         self._finish_gather(unit)
 
     def _prefetch(self, unit: _Unit | None) -> None:
-        if unit is not None and unit.state is _State.FREE:
+        if self.prefetch and unit is not None and unit.state is _State.FREE:
             self._start_gather(unit)
 
     def _reshard(self, unit: _Unit) -> None:
