@@ -184,7 +184,11 @@ def _recording_memory(path: Path | None, device: torch.device) -> Iterator[None]
     if path is None or device.type != "cuda":
         yield
         return
-    torch.cuda.memory._record_memory_history(max_entries=_SNAPSHOT_MAX_ENTRIES)
+    # Python and C++ frames: Python names the forward's and the optimizer's allocations, C++
+    # the backward's (the autograd engine runs it on a thread without Python frames).
+    torch.cuda.memory._record_memory_history(
+        max_entries=_SNAPSHOT_MAX_ENTRIES, context="all", stacks="all"
+    )
     try:
         yield
         path.parent.mkdir(parents=True, exist_ok=True)
