@@ -61,7 +61,7 @@ from bench.core.memory import free_memory
 from bench.core.nvtx import nvtx_range
 from bench.core.oom import OK, OOM
 from bench.core.plots import hbar_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 from bench.core.timing import elapsed_ms
 from bench.core.training import (
     ADAMW_OPTIONS,
@@ -77,6 +77,7 @@ from bench.core.training import (
 
 __all__ = [
     "COLUMNS",
+    "KEYS",
     "TOOL",
     "VARIANTS",
     "DDPBenchConfig",
@@ -110,6 +111,8 @@ COLUMNS = (
     "status",
 )
 _RANK_ENV = {"TORCH_NCCL_ENABLE_TIMING": "1"}  # NCCL times each collective: `comm_ms`
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS, "variant", "bucket_mb")
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,11 @@ from bench.core.cli import (
 from bench.core.memory import free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import bar_plot, line_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 from bench.core.timing import do_bench, summarize
 
 __all__ = [
+    "KEYS",
     "PRESETS",
     "TOOL",
     "FlashCase",
@@ -241,6 +242,8 @@ COLUMNS = [
     "fwd_bwd_speedup",
     "status",
 ]
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS, "causal", "baseline")
 
 _METRICS = [f"{p}_{m}" for m in ("ms", "tflops") for p in _PASSES]
 

@@ -59,7 +59,7 @@ from bench.core.memviz import render_memory_snapshot
 from bench.core.nvtx import annotated_attention, nvtx_range
 from bench.core.oom import guarded
 from bench.core.plots import bar_plot
-from bench.core.results import Run, load_json, save_json
+from bench.core.results import Keys, Run, load_json, save_json
 from bench.core.shapes import CPU_SIZE, Shape, shape_named
 from bench.core.timing import elapsed_ms, summarize
 from lmcore import (
@@ -77,7 +77,10 @@ from lmcore import (
 )
 
 __all__ = [
+    "KEYS",
     "MODES",
+    "PROFILE_COLUMNS",
+    "PROFILE_KEYS",
     "TOOL",
     "ModelBenchConfig",
     "config_argv",
@@ -211,6 +214,7 @@ PROFILE_RANGES = (
     "attention: output",
 )
 PROFILE_COLUMNS = ["cell", "kind", "name", "calls", "self_ms", "total_ms", "share"]
+PROFILE_KEYS = Keys(*PROFILE_COLUMNS)  # every key of a profile row, for readers
 
 
 def _profile_rows(prof: torch.profiler.profile, device: torch.device, cell: _Cell) -> list[dict]:
@@ -420,6 +424,19 @@ _METRICS = [
     "peak_mib",
     "n",
 ]
+# Every key of a row (a warm-up study's too), for readers (bench-report).
+KEYS = Keys(
+    *COLUMNS,
+    *_METRICS,
+    "batch",
+    "vocab_size",
+    "context_length",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "d_ff",
+    "warmup",
+)
 
 
 def _per_cell_path(path: str | Path | None, cell: _Cell, num_cells: int) -> Path | None:

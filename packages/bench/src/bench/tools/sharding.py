@@ -43,7 +43,7 @@ from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
 from bench.core.plots import Bars, stacked_bar_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 from bench.core.timing import elapsed_ms
 from bench.core.training import (
     ADAMW_OPTIONS,
@@ -61,6 +61,7 @@ from zero import DEFAULT_BUCKET_MB, ShardedOptimizer
 
 __all__ = [
     "COLUMNS",
+    "KEYS",
     "OPTIMIZERS",
     "TOOL",
     "VARIANTS",
@@ -97,6 +98,8 @@ COLUMNS = (
     "time_vs_ddp",
     "status",
 )
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS)
 
 
 @dataclass(frozen=True)
