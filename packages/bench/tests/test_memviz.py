@@ -116,7 +116,8 @@ _ALLOCATOR = {
             [_UNWIND, _ALLOCATOR, {"filename": "??", "line": 0, "name": "ncclAllReduce"}],
             "ncclAllReduce",
         ),
-        ([_UNWIND, _ALLOCATOR], "no frame recorded"),
+        ([_UNWIND, _ALLOCATOR], "no Python frame (backward, or C++)"),
+        ([], "no Python frame (backward, or C++)"),
     ],
 )
 def test_largest_allocations_name_the_code_not_the_unwinder(tmp_path, frames, where):

@@ -40,6 +40,9 @@ _TORCH_DIRS = ("/torch/", "\\torch\\")  # frames inside PyTorch say less than th
 # allocation shares (the stack unwinder, the caching allocator, c10 helpers) that say nothing.
 _AUTOGRAD_NODE = re.compile(r"torch::autograd::generated::(\w+)::apply")
 _ATEN_OP = re.compile(r"at::_ops::(\w+)::")
+# An allocation without frames: recorded with Python stacks only, that is the autograd engine's
+# thread (backward) or C++ code called without Python on the stack.
+_NO_FRAME = "no Python frame (backward, or C++)"
 _INTERNAL = re.compile(r"unwind|CachingAllocator|c10::|^\?\?$|^$")
 
 
@@ -88,7 +91,7 @@ def _where(frames: Sequence[Mapping[str, Any]]) -> str:
     The innermost Python frame outside PyTorch (`file:line name`), else the innermost Python
     frame; for an allocation with no Python frame (the autograd engine runs backward on a C++
     thread), the autograd node and ATen op its C++ frames name; else the innermost C++ frame
-    that is not the unwinder or the allocator itself.
+    that is not the unwinder or the allocator itself; else `_NO_FRAME`.
     """
     python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
     outside = [f for f in python if not any(d in str(f["filename"]) for d in _TORCH_DIRS)]
@@ -100,7 +103,7 @@ def _where(frames: Sequence[Mapping[str, Any]]) -> str:
     if op is not None:
         return op
     own = [f for f in frames if not _INTERNAL.search(str(f.get("name", "")))]
-    return str(own[0].get("name")) if own else "no frame recorded"
+    return str(own[0].get("name")) if own else _NO_FRAME
 
 
 def _device_with_trace(snapshot: Mapping[str, Any], device: int | None) -> int:

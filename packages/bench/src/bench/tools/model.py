@@ -191,10 +191,11 @@ def _recording_memory(path: Path | None, device: torch.device) -> Iterator[None]
     if path is None or device.type != "cuda":
         yield
         return
-    # Python and C++ frames: Python names the forward's and the optimizer's allocations, C++
-    # the backward's (the autograd engine runs it on a thread without Python frames).
+    # Python frames only: they name the forward's and the optimizer's allocations; C++ stacks
+    # would name the backward's too (autograd runs it on a thread without Python frames), but
+    # symbolising them makes dumping a large model's snapshot take minutes.
     torch.cuda.memory._record_memory_history(
-        max_entries=_SNAPSHOT_MAX_ENTRIES, context="all", stacks="all"
+        max_entries=_SNAPSHOT_MAX_ENTRIES, context="all", stacks="python"
     )
     try:
         yield
