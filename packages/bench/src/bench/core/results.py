@@ -228,6 +228,12 @@ class Run:
             parts.append(f"**{value}**\n\n{to_markdown(rows, columns=filled)}")
         return "\n\n".join(parts)
 
+    @property
+    def plot_title(self) -> str:
+        """The title with the device it ran on, for a figure that leaves the table behind."""
+        device = str(self.env.get("device_name") or self.env.get("device") or "")
+        return self.title if not device or device in self.title else f"{self.title}, {device}"
+
     def header(self) -> str:
         """One Markdown paragraph naming device, versions, date and command."""
         e = self.env

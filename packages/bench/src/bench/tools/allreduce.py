@@ -297,7 +297,7 @@ def plot_allreduce(run: Run, path: str | Path) -> Path:
         series="world_size",
         panels="backend",
         path=path,
-        title="all-reduce of float32 (median of the slowest rank)",
+        title=f"all-reduce of float32 (median of the slowest rank), {run.env.get('device_name')}",
         xlabel="size (MB)",
         ylabel="bus bandwidth (GB/s)",
         logx=True,

@@ -359,7 +359,14 @@ def run_attention(
 
 def plot_attention(run: Run, path: Path) -> list[Path]:
     """Forward (at `path`) and backward (`<stem>_bwd.png`) time against seq, a panel per d."""
-    common = {"x": "seq", "series": "impl", "panels": "d", "logx": True, "logy": True}
+    common = {
+        "x": "seq",
+        "series": "impl",
+        "panels": "d",
+        "logx": True,
+        "logy": True,
+        "title": run.plot_title,
+    }
     return [
         line_plot(run.rows, y="fwd_ms", path=path, ylabel="forward (ms)", **common),
         line_plot(

@@ -368,7 +368,7 @@ def plot_ddp(run: Run, path: str | Path) -> Path:
         label="case",
         values=(("step_ms", "step"), ("wait_ms", "wait in finish"), ("comm_ms", "all-reduce")),
         path=path,
-        title=run.title,
+        title=run.plot_title,
         xlabel="ms per step (median, slowest rank)",
     )
 

@@ -359,6 +359,7 @@ def plot_flash(run: Run, path: Path) -> list[Path]:
                 path=path,
                 logx=True,
                 ylabel="forward+backward TFLOP/s",
+                title=run.plot_title,
             )
         )
     fixed = [r for r in run.rows if len(seqs_per_case[r["case"]]) == 1]
@@ -371,6 +372,7 @@ def plot_flash(run: Run, path: Path) -> list[Path]:
                 panels="case",
                 path=path if not grids else path.with_name(f"{path.stem}_presets{path.suffix}"),
                 ylabel="forward+backward TFLOP/s",
+                title=run.plot_title,
             )
         )
     return written

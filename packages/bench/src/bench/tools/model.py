@@ -717,6 +717,7 @@ def plot_model(run: Run, path: Path) -> Path:
         return " ".join(parts + (["compiled"] if r.get("compiled") else []))
 
     rows = [dict(r, configuration=label(r)) for r in run.rows]
+    dtypes = "/".join(dict.fromkeys(r["dtype"] for r in run.rows))
     return bar_plot(
         rows,
         x="configuration",
@@ -725,6 +726,7 @@ def plot_model(run: Run, path: Path) -> Path:
         path=path,
         ylabel="step (ms)",
         logy=True,
+        title=f"{run.plot_title} ({dtypes})",
     )
 
 

@@ -182,7 +182,8 @@ def plot_precision(run: Run, path: Path) -> Path:
         x="case",
         y="abs_error",
         path=path,
-        title=f"|sum - {EXACT_SUM}| after {NUM_ADDS} additions of {ADDEND}",
+        title=f"|sum - {EXACT_SUM}| after {NUM_ADDS} additions of {ADDEND}, "
+        f"{run.env.get('device_name')}",
         ylabel="absolute error",
         logy=True,
     )

@@ -344,7 +344,9 @@ def plot_zero(run: Run, path: str | Path) -> Path:
     time = Bars(
         keys=(("step_ms", "step"),), ylabel="ms", title="median step time", err="step_ms_std"
     )
-    return stacked_bar_plot(rows, label="label", panels=(memory, time), path=path, title=run.title)
+    return stacked_bar_plot(
+        rows, label="label", panels=(memory, time), path=path, title=run.plot_title
+    )
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
