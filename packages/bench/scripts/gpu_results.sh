@@ -3,9 +3,11 @@
 # H100, each written under $1 with the standard result names (<topic>_<device>_<date>):
 #
 #   attn_*       bench-attn's default (fa2-triton vs SDPA and naive)              about 1 min
-#   memory_*     2.7B memory snapshots at context 128/256/512, forward-only and
-#                full training step, fp32 and bf16 (PNG timelines beside the json;
-#                the allocator pickles under $1/snapshots/)                       about 2 min
+#   memory_fp32_*, memory_bf16_*
+#                2.7B memory snapshots at context 128/256/512, forward-only and
+#                full training step (a cell that runs out of memory says OOM);
+#                PNG timelines beside the json, the allocator pickles (large:
+#                copy them only if wanted) under $1/snapshots/                    about 1 min each
 #   warmup_*     the warm-up study (0, 1, 2, 5 warm-up steps, fresh processes)    about 40 s
 #   compile_*    the small model, eager and torch.compile'd, a training step      about 1 min
 #   profile_*/   torch.profiler traces, kernel tables and profile_*.json           about 20 s
@@ -44,10 +46,12 @@ files() {  # --json/--markdown/--plot of a result name
 attn=$(stem attn)
 run 120 bench-attn python3 -m bench.attn --no-progress $(files "$attn")
 
-memory=$(stem memory)
-run 200 memory python3 -m bench.model --size 2.7B --context-length 128 256 512 \
-    --mode forward train-step --dtype fp32 bf16 --warmup 1 --steps 1 --no-progress \
-    --memory-snapshot "$out/snapshots/${memory}_snapshot.pickle" $(files "$memory")
+for dtype in fp32 bf16; do  # one result each, so that a slow half cannot cost the other
+    memory=$(stem "memory_$dtype")
+    run 120 "memory $dtype" python3 -m bench.model --size 2.7B --context-length 128 256 512 \
+        --mode forward train-step --dtype "$dtype" --warmup 1 --steps 1 --no-progress \
+        --memory-snapshot "$out/snapshots/${memory}_snapshot.pickle" $(files "$memory")
+done
 mv "$out"/snapshots/*.png "$out"/ 2>/dev/null
 
 warmup=$(stem warmup)
