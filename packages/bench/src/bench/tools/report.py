@@ -655,9 +655,9 @@ def _headlines(runs: Sequence[Run]) -> list[str]:
 
 
 def _summary(runs: Sequence[tuple[Path, Run]], folder: Path) -> str:
-    measured = {}
+    measured: dict[str, set[str]] = {}
     for _, run in runs:
-        device = f"{run.env.get('device_name')} ({run.env.get('device_type')})"
+        device = f"{run.env.get('device_name')} ({run.env.get('device_type')}, {run.date[:10]})"
         measured.setdefault(run.tool, set()).add(device)
     what = "; ".join(f"{tool} on {', '.join(sorted(d))}" for tool, d in measured.items())
     lines = [
