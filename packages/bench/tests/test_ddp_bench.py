@@ -14,21 +14,10 @@ from bench.tools.data_parallel import (
     DDPBenchConfig,
     main,
     plot_ddp,
-    run_ddp,
 )
 
 VOCAB = 97
 TINY = lmcore.model_config("tiny", context_length=16, vocab_size=VOCAB)
-CONFIG = DDPBenchConfig(
-    size="tiny",
-    context_length=16,
-    batch=2,
-    vocab_size=VOCAB,
-    bucket_mbs=(0.01,),
-    torch_bucket_mbs=(None,),
-    warmup=1,
-    steps=2,
-)
 CASES = [
     "single",
     "naive",
@@ -40,9 +29,10 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def run():
-    return run_ddp(CONFIG, device="cpu", command="bench-ddp --test")
+@pytest.fixture
+def run(ddp_run):
+    """The session's bench-ddp run (conftest: the tiny model, vocabulary 97, context 16)."""
+    return ddp_run
 
 
 def _by_case(run):

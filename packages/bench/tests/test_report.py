@@ -153,39 +153,20 @@ def test_report_opens_with_a_summary_and_asks_each_question(tool_results):
         assert f"*Question.* {section.question}" in body
 
 
-def test_real_ddp_and_zero_output_goes_through_the_report(tmp_path):
-    from bench.tools.data_parallel import DDPBenchConfig, run_ddp
-    from bench.tools.sharding import ZeroBenchConfig, run_zero
-
-    common = {"size": "tiny", "context_length": 16, "batch": 2, "vocab_size": 97}
-    ddp_run = run_ddp(
-        DDPBenchConfig(
-            **common,
-            variants=("single", "bucketed", "torch-ddp", "all-reduce"),
-            bucket_mbs=(0.01,),
-            torch_bucket_mbs=(None,),
-            warmup=1,
-            steps=2,
-        ),
-        device="cpu",
-    )
-    zero_run = run_zero(
-        ZeroBenchConfig(**common, variants=("ddp", "sharded"), warmup=1, steps=2), device="cpu"
-    )
+def test_real_ddp_and_zero_output_goes_through_the_report(tmp_path, ddp_run, zero_run):
     save_json(ddp_run, tmp_path / "ddp_cpu.json")
     save_json(zero_run, tmp_path / "zero_cpu.json")
     text = build_report(tmp_path)
-    rows = {r["variant"]: r for r in ddp_run.rows}
-    bucketed = rows["bucketed"]
+    rows = {r["case"]: r for r in ddp_run.rows}
+    bucketed = rows["bucketed 0.01 MB"]
     assert f"hides {bucketed['hidden_e2e']:.0%} of that all-reduce end to end" in text
     assert "A standalone all-reduce of all gradient bytes (all-reduce alone" in text
     assert f"takes {bucketed['vs_torch']:.2f}× torch DDP's step time" in text
     sharded = next(r for r in zero_run.rows if r["variant"] == "sharded")
     assert f"keeps {sharded['state_vs_ddp']:.2f}× the optimizer state of plain DDP" in text
-    assert (
-        "Data-parallel training" in text
-        and NOT_MEASURED not in text.split("Data-parallel")[1].split("\n## ")[0]
-    )
+    for title in ("Data-parallel training", "Optimizer-state sharding"):
+        section = text.split(f"{title} (")[1].split("\n## ")[0]
+        assert NOT_MEASURED not in section and "Source: `" in section
 
 
 def test_profile_answers_section_1_1_4(tmp_path, tiny_model_config):
