@@ -1,9 +1,21 @@
 """bench-attn: records, OOM handling, the CPU default, the command line."""
 
+from dataclasses import replace
+
 import pytest
+import torch
 
 from bench.core.oom import OK, OOM
-from bench.tools.attn import COLUMNS, IMPLS, AttnConfig, main, run_attention
+from bench.tools.attn import (
+    COLUMNS,
+    HANDOUT_GRID,
+    IMPLS,
+    TOOL,
+    AttnConfig,
+    default_attn_config,
+    main,
+    run_attention,
+)
 
 
 def test_rows_have_every_column_and_status(tiny_attn_config):
@@ -83,6 +95,41 @@ def test_main_writes_json_and_plots(tmp_path, capsys):
     assert out.is_file()
     assert (tmp_path / "attn.png").is_file() and (tmp_path / "attn_bwd.png").is_file()
     assert "bench-attn --device cpu" in capsys.readouterr().out
+
+
+def test_gpu_default_is_the_story_in_about_a_minute():
+    config = default_attn_config("cuda")
+    assert {"fa2-triton", "sdpa", "naive"} == set(config.impls)
+    assert len(config.d_values) > 1 and len(config.seqs) > 1
+    assert 30 <= config.estimate_s() <= 90
+
+
+def test_grid_handout_is_the_whole_grid_and_options_still_apply():
+    parser = TOOL.parser()
+    cuda = torch.device("cuda")
+    handout = TOOL.config(parser.parse_args(["--grid", "handout"]), parser, cuda)
+    assert handout == HANDOUT_GRID
+    assert handout.d_values == (16, 32, 64, 128) and handout.seqs[-1] == 16384
+    assert set(handout.impls) == set(IMPLS) and handout.steps == 100
+    narrowed = TOOL.config(parser.parse_args(["--grid", "handout", "--d", "64"]), parser, cuda)
+    assert narrowed == replace(HANDOUT_GRID, d_values=(64,))
+
+
+def test_slow_cells_time_fewer_calls_and_say_why(tiny_attn_config):
+    config = tiny_attn_config(seqs=(32,), impls=("naive",), steps=50, max_seconds=1e-6)
+    (row,) = run_attention(config, device="cpu", show_progress=False).rows
+    assert row["n"] == 3
+    assert row["note"].startswith("3 of 50 calls") and "budget" in row["note"]
+
+
+def test_rows_print_as_they_complete_without_a_bar(capsys):
+    argv = ["--device", "cpu", "--d", "16", "--seq", "16", "32", "--impls", "naive", "sdpa"]
+    assert main([*argv, "--steps", "2", "--warmup", "0", "--no-progress"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    plan = next(i for i, line in enumerate(err) if line.startswith("bench-attn: 4 cells"))
+    assert "about" in err[plan]
+    rows = [line for line in err[plan:] if line.startswith(("| naive", "| sdpa"))]
+    assert len(rows) == 4
 
 
 @pytest.mark.gpu

@@ -14,25 +14,16 @@ from bench.tools.sharding import (
     ZeroBenchConfig,
     main,
     plot_zero,
-    run_zero,
 )
 
-CONFIG = ZeroBenchConfig(
-    size="tiny",
-    context_length=16,
-    batch=2,
-    vocab_size=97,
-    variants=("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp", "fsdp-no-prefetch"),
-    bucket_mbs=(0.0, 25.0),
-    fsdp_dtypes=("fp32", "bf16"),
-    warmup=1,
-    steps=2,
-)
+VALID = ZeroBenchConfig(size="tiny")  # a base that the invalid variations change
 
 
-@pytest.fixture(scope="module")
-def run():
-    return run_zero(CONFIG, device="cpu", command="bench-zero --test")
+@pytest.fixture
+def run(zero_run):
+    """The session's bench-zero run (conftest: ddp, sharded at caps 0 and 25 MB, torch-zero, and
+    fsdp, torch-fsdp, fsdp-no-prefetch in fp32 and bf16)."""
+    return zero_run
 
 
 def test_one_row_per_variant_bucket_cap_and_compute_dtype(run):
@@ -142,4 +133,4 @@ def test_no_options_keep_the_announced_default():
 )
 def test_bad_config_raises(change):
     with pytest.raises(ValueError):
-        dataclasses.replace(CONFIG, **change)
+        dataclasses.replace(VALID, **change)

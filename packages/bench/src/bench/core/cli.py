@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from bench.core.env import command_line
 from bench.core.launch import is_primary
-from bench.core.results import Run, save_json
+from bench.core.results import Run, format_value, save_json
 
 __all__ = [
     "Invocation",
@@ -59,6 +59,7 @@ __all__ = [
     "cpu_default_notice",
     "distinct",
     "emit",
+    "live_rows",
     "make_parser",
     "progress",
     "resolve_device",
@@ -234,6 +235,37 @@ def progress(
     if not enabled:
         return items
     return tqdm(items, desc=desc, total=total, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+def live_rows(
+    columns: Sequence[str], *, title: str | None = None
+) -> Callable[[Mapping[str, Any]], None]:
+    """A printer of a sweep's rows as they complete: a Markdown header first, then a line per row.
+
+    The lines go to stderr (through tqdm, so that they print above a progress bar), on the
+    primary rank only, whether or not a bar is shown; the finished table still goes to stdout
+    at the end (`emit`).
+
+    Args:
+        columns: the row keys to print, in order.
+        title: a line printed before the header.
+    """
+    started = False
+
+    def show(row: Mapping[str, Any]) -> None:
+        nonlocal started
+        if not is_primary():
+            return
+        if not started:
+            started = True
+            header = [*([title] if title else []), "| " + " | ".join(columns) + " |"]
+            header.append("|" + "---|" * len(columns))
+            for line in header:
+                tqdm.write(line, file=sys.stderr)
+        cells = (format_value(row.get(c)) for c in columns)
+        tqdm.write("| " + " | ".join(cells) + " |", file=sys.stderr)
+
+    return show
 
 
 def emit(

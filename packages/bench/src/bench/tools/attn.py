@@ -10,9 +10,16 @@ backward (inputs, output and everything autograd saved), and the peak. Implement
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, the baseline of the ratios.
 
 The forward is timed with autograd recording, as in training. The backward is timed alone: each
-timed call follows an untimed fresh forward (no `retain_graph`). Each cell gets `--warmup` calls
-and then `--steps` timed calls (100 by default, as in the handout), fewer when one call is so slow
-that `--steps` of them would exceed `--max-seconds`; the row's `n` says how many ran.
+timed call follows an untimed fresh forward (no `retain_graph`). Each cell gets up to `--warmup`
+calls and then `--steps` timed calls, fewer when one call is so slow that `--steps` of them would
+exceed `--max-seconds` per pass; the row's `n` says how many ran and its `note` why.
+
+The default on a GPU is the story in about a minute: fa2-triton against SDPA and naive at
+d in {64, 128} and seq in {1024, 4096, 16384}, 20 timed calls per pass, at most 1 s per pass.
+`--grid handout` runs the handout's whole grid (all five implementations, d in {16, 32, 64,
+128}, seq in {256, ..., 16384}, 100 timed calls, at most 2 s per pass: the slow paths time
+fewer calls). Options after `--grid` change that grid. The run says up front how many cells it
+has and how long they may take, and prints each row as it completes.
 
 Without a GPU a small CPU default runs instead (and says so): fa2-triton is skipped (Triton's
 CPU interpreter is far too slow to benchmark) and `compiled` is left out (building the CPU code
@@ -37,16 +44,19 @@ from bench.core.cli import (
     as_device,
     config_or_default,
     distinct,
+    live_rows,
     progress,
 )
+from bench.core.env import device_name
 from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.oom import OK, guarded
 from bench.core.plots import line_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 from bench.core.timing import summarize, time_fn, time_with_setup
 
 __all__ = [
     "IMPLS",
+    "KEYS",
     "TOOL",
     "AttnConfig",
     "default_attn_config",
@@ -60,9 +70,14 @@ BASELINE = "sdpa"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
+# The GPU default: the cells that tell the story (fa2 against SDPA and naive) in about a minute.
+GPU_D_VALUES = (64, 128)
+GPU_SEQS = (1024, 4096, 16384)
+GPU_IMPLS = ("naive", "fa2-triton", "sdpa")
 # The handout's grid (§1.2.1): batch 8, d in {16, 32, 64, 128}, seq in {256, ..., 16384}.
-GPU_D_VALUES = (16, 32, 64, 128)
-GPU_SEQS = (256, 1024, 4096, 8192, 16384)
+HANDOUT_D_VALUES = (16, 32, 64, 128)
+HANDOUT_SEQS = (256, 1024, 4096, 8192, 16384)
+GRIDS = ("default", "handout")
 # The CPU default: small enough that the whole grid runs in seconds on two cores.
 CPU_D_VALUES = (16, 32)
 CPU_SEQS = (64, 128)
@@ -70,6 +85,10 @@ CPU_IMPLS = ("naive", "fa2-pytorch", "fa2-triton", "sdpa")
 
 # Fewest timed calls a cell gets even when one call is slower than its time budget allows.
 MIN_STEPS = 3
+# Time a cell takes beyond its timed calls, for the estimate printed up front: warm-up calls and
+# the first call's build (a Triton kernel or a compiled graph per shape). An allowance, not a
+# measurement: the estimate is an order of magnitude.
+CELL_OVERHEAD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -86,18 +105,19 @@ class AttnConfig:
         dtype: `fp32` (the handout's), `bf16` or `fp16`.
         causal: causal masking (the handout's study is not causal).
         max_seconds: time budget of one cell's timed forward calls (and again of its backward
-            calls); `steps` is cut down to fit, to no fewer than 3 calls.
+            calls); `steps` is cut down to fit, to no fewer than 3 calls, and so are the
+            warm-up calls (to a quarter of it).
     """
 
     batch: int = 8
     d_values: tuple[int, ...] = GPU_D_VALUES
     seqs: tuple[int, ...] = GPU_SEQS
-    impls: tuple[str, ...] = IMPLS
-    steps: int = 100
-    warmup: int = 10
+    impls: tuple[str, ...] = GPU_IMPLS
+    steps: int = 20
+    warmup: int = 3
     dtype: str = "fp32"
     causal: bool = False
-    max_seconds: float = 20.0
+    max_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.impls) - set(IMPLS))
@@ -117,14 +137,35 @@ class AttnConfig:
                 f"d_values, seqs, impls non-empty; got {self}"
             )
 
+    @property
+    def num_cells(self) -> int:
+        """Measurements in the grid: d values × lengths × implementations."""
+        return len(self.d_values) * len(self.seqs) * len(self.impls)
+
+    def estimate_s(self) -> float:
+        """An upper estimate of the run's time in seconds: per cell, both passes' budgets and
+        `CELL_OVERHEAD_S` for warm-up and building."""
+        return self.num_cells * (2 * self.max_seconds + CELL_OVERHEAD_S)
+
+
+# The handout's whole grid (`--grid handout`): its five implementations and 100 timed calls;
+# 2 s per pass keeps a cell's timing under 4 s (naive fp32 at 16k times fewer calls).
+HANDOUT_GRID = AttnConfig(
+    d_values=HANDOUT_D_VALUES, seqs=HANDOUT_SEQS, impls=IMPLS, steps=100, warmup=10, max_seconds=2.0
+)
+
 
 def default_attn_config(device: torch.device | str) -> AttnConfig:
-    """The handout's grid on CUDA; on the CPU a small grid that runs in seconds."""
+    """The story in about a minute on CUDA; on the CPU a small grid that runs in seconds."""
     if torch.device(device).type == "cuda":
         return AttnConfig()
     return AttnConfig(
         d_values=CPU_D_VALUES, seqs=CPU_SEQS, impls=CPU_IMPLS, steps=5, warmup=1, max_seconds=2.0
     )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def _steps_within(budget_s: float, one_call_ms: float, steps: int) -> int:
@@ -156,15 +197,17 @@ def _measure_cell(
         in_use.append(memory_in_use(device))
         return out
 
+    def step() -> None:
+        forward().backward(grad_out)
+
     in_use: list[int | None] = []
     reset_peak_memory(device)
-    # The warm-up's last call (at least one) sizes the cell: how many timed calls fit the budget.
-    (one_call,) = time_fn(
-        lambda: forward().backward(grad_out),
-        device=device,
-        warmup=max(config.warmup - 1, 0),
-        repeats=1,
-    )
+    # The first call (always run: it builds kernels) sizes the warm-up: as many more calls as
+    # fit a quarter of the budget, up to `warmup` in all. The last warm-up call sizes the timing.
+    (one_call,) = time_fn(step, device=device, warmup=0, repeats=1)
+    more = min(config.warmup - 1, int(config.max_seconds / 4 * 1e3 / max(one_call, 1e-6)))
+    if more > 0:
+        (one_call,) = time_fn(step, device=device, warmup=more - 1, repeats=1)
     steps = _steps_within(config.max_seconds, one_call, config.steps)
     fwd = summarize(time_fn(forward, device=device, warmup=0, repeats=steps))
     bwd = summarize(
@@ -184,6 +227,10 @@ def _measure_cell(
         "mem_before_bwd_mib": to_mib(in_use[-1]),
         "peak_mib": to_mib(peak_memory(device)),
         "n": steps,
+        "note": None
+        if steps == config.steps
+        else f"{steps} of {config.steps} calls: one fwd+bwd takes {one_call:,.0f} ms, "
+        f"budget {config.max_seconds:g} s per pass",
     }
 
 
@@ -212,9 +259,13 @@ COLUMNS = [
     "peak_mib",
     "n",
     "status",
+    "note",
 ]
+_LIVE_COLUMNS = ["impl", "d", "seq", "fwd_ms", "bwd_ms", "peak_mib", "n", "status"]
 
 _METRICS = [c for c in COLUMNS if c not in ("impl", "d", "seq", "status")]
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS, "batch", "dtype", "causal")
 
 
 def run_attention(
@@ -232,9 +283,13 @@ def run_attention(
         command: the command line to record; the process's own when None.
         show_progress: draw a progress bar on stderr.
 
+    Prints (stderr) the cell count and an estimate of the time first, then each row as it
+    completes, with or without the bar.
+
     Returns:
         A `Run` (tool `"attn"`) whose rows have `impl, d, seq`, the metrics of `COLUMNS` (ms per
-        call, MiB; memory `None` off CUDA) and `status` (`ok`, `OOM`, `skipped: why`).
+        call, MiB; memory `None` off CUDA), `status` (`ok`, `OOM`, `skipped: why`) and `note`
+        (why a cell timed fewer than `steps` calls).
 
     Example::
 
@@ -259,6 +314,13 @@ def run_attention(
         "backward, and peak."
     )
     cells = [(d, s, impl) for d in config.d_values for s in config.seqs for impl in config.impls]
+    plan = (
+        f"bench-attn: {len(cells)} cells ({len(config.d_values)} d × {len(config.seqs)} seq × "
+        f"{len(config.impls)} implementations), at most {config.steps} timed calls and "
+        f"{config.max_seconds:g} s per pass each: about {_duration(config.estimate_s())} or less."
+    )
+    notes.append(plan)
+    show = live_rows(_LIVE_COLUMNS, title=plan)
     rows = []
     for d, seq, impl in progress(cells, desc="bench-attn", enabled=show_progress):
         outcome = guarded(
@@ -278,6 +340,7 @@ def run_attention(
                 "status": outcome.status,
             }
         )
+        show(rows[-1])
         free_memory(device)
     _add_ratios(rows)
     return Run.create(
@@ -287,7 +350,8 @@ def run_attention(
         config=asdict(config),
         command=command,
         title=f"Attention forward/backward, batch {config.batch}, {config.dtype}"
-        + (", causal" if config.causal else ""),
+        + (", causal" if config.causal else "")
+        + f", {device_name(device)}",
         columns=COLUMNS,
         notes=notes,
     )
@@ -295,7 +359,14 @@ def run_attention(
 
 def plot_attention(run: Run, path: Path) -> list[Path]:
     """Forward (at `path`) and backward (`<stem>_bwd.png`) time against seq, a panel per d."""
-    common = {"x": "seq", "series": "impl", "panels": "d", "logx": True, "logy": True}
+    common = {
+        "x": "seq",
+        "series": "impl",
+        "panels": "d",
+        "logx": True,
+        "logy": True,
+        "title": run.plot_title,
+    }
     return [
         line_plot(run.rows, y="fwd_ms", path=path, ylabel="forward (ms)", **common),
         line_plot(
@@ -309,6 +380,11 @@ def plot_attention(run: Run, path: Path) -> list[Path]:
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--grid",
+        choices=GRIDS,
+        help="default: the story in about a minute on a GPU; handout: the handout's whole grid",
+    )
     parser.add_argument("--d", type=int, nargs="+", help="head sizes (default: the grid's)")
     parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, help="implementations")
@@ -320,7 +396,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
+    given = {
         "d_values": distinct(args.d),
         "seqs": distinct(args.seq),
         "impls": distinct(args.impls),
@@ -331,6 +407,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps,
         "warmup": args.warmup,
     }
+    grid = asdict(HANDOUT_GRID) if args.grid == "handout" else {}
+    return grid | {name: value for name, value in given.items() if value is not None}
 
 
 def _run(config: AttnConfig | None, cli: Invocation) -> Run:

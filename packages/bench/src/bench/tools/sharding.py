@@ -55,7 +55,7 @@ from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
 from bench.core.plots import Bars, stacked_bar_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 from bench.core.timing import elapsed_ms
 from bench.core.training import (
     ADAMW_OPTIONS,
@@ -74,6 +74,7 @@ from zero import DEFAULT_BUCKET_MB, FSDP, ShardedOptimizer
 __all__ = [
     "COLUMNS",
     "COMPUTE_DTYPES",
+    "KEYS",
     "OPTIMIZERS",
     "TOOL",
     "VARIANTS",
@@ -131,6 +132,8 @@ COLUMNS = (
     "time_vs_torch_fsdp",
     "status",
 )
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -458,7 +461,9 @@ def plot_zero(run: Run, path: str | Path) -> Path:
     time = Bars(
         keys=(("step_ms", "step"),), ylabel="ms", title="median step time", err="step_ms_std"
     )
-    return stacked_bar_plot(rows, label="label", panels=(memory, time), path=path, title=run.title)
+    return stacked_bar_plot(
+        rows, label="label", panels=(memory, time), path=path, title=run.plot_title
+    )
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
