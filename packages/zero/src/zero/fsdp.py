@@ -47,7 +47,6 @@ class _State(enum.Enum):
 class _Param:
     """One parameter of the wrapped module and every (module, attribute) that holds it."""
 
-    name: str
     param: nn.Parameter
     owners: list[tuple[nn.Module, str]]
 
@@ -349,12 +348,10 @@ class FSDP(nn.Module):
         visit(self.module, 0)
 
         params: dict[int, _Param] = {}
-        for module_name, module in self.module.named_modules(remove_duplicate=False):
+        for module in self.module.modules(remove_duplicate=False):
             for attr, p in module._parameters.items():
-                if p is None:
-                    continue
-                name = f"{module_name}.{attr}" if module_name else attr
-                params.setdefault(id(p), _Param(name, p, [])).owners.append((module, attr))
+                if p is not None:
+                    params.setdefault(id(p), _Param(p, [])).owners.append((module, attr))
         members: list[list[_Param]] = [[] for _ in unit_modules]
         for entry in params.values():
             homes = {innermost[id(m)] for m, _ in entry.owners}
