@@ -10,11 +10,13 @@ import pytest
 import torch
 
 import bench.tools.attn
-from bench.core.results import save_json
+from bench.core.results import Run, save_json
 from bench.tools.attn import AttnConfig, run_attention
+from bench.tools.data_parallel import DDPBenchConfig, run_ddp
 from bench.tools.flash import FlashCase, run_flash
 from bench.tools.model import ModelBenchConfig, run_model
 from bench.tools.precision import run_precision
+from bench.tools.sharding import ZeroBenchConfig, run_zero
 from lmcore import ModelSize
 
 # A model small enough that a training step takes milliseconds on one CPU thread.
@@ -147,3 +149,40 @@ def tool_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, run in runs.items():
         save_json(run, folder / f"{name}.json")
     return folder
+
+
+# bench-ddp and bench-zero on 2 gloo ranks with the tiny model: each launch takes tens of
+# seconds on two shared cores, so their tests and bench-report's share one run of each.
+TINY_DDP_CONFIG = DDPBenchConfig(
+    size="tiny",
+    context_length=16,
+    batch=2,
+    vocab_size=97,
+    bucket_mbs=(0.01,),
+    torch_bucket_mbs=(None,),
+    warmup=1,
+    steps=2,
+)
+TINY_ZERO_CONFIG = ZeroBenchConfig(
+    size="tiny",
+    context_length=16,
+    batch=2,
+    vocab_size=97,
+    variants=("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp", "fsdp-no-prefetch"),
+    bucket_mbs=(0.0, 25.0),
+    fsdp_dtypes=("fp32", "bf16"),
+    warmup=1,
+    steps=2,
+)
+
+
+@pytest.fixture(scope="session")
+def ddp_run() -> Run:
+    """bench-ddp's every variant on 2 gloo ranks (`TINY_DDP_CONFIG`)."""
+    return run_ddp(TINY_DDP_CONFIG, device="cpu", command="bench-ddp --test")
+
+
+@pytest.fixture(scope="session")
+def zero_run() -> Run:
+    """bench-zero's ddp, sharded (two caps), torch-zero and the FSDP rows on 2 gloo ranks."""
+    return run_zero(TINY_ZERO_CONFIG, device="cpu", command="bench-zero --test")

@@ -14,20 +14,10 @@ from bench.tools.data_parallel import (
     DDPBenchConfig,
     main,
     plot_ddp,
-    run_ddp,
 )
 
 VOCAB = 97
-CONFIG = DDPBenchConfig(
-    size="tiny",
-    context_length=16,
-    batch=2,
-    vocab_size=VOCAB,
-    bucket_mbs=(0.01,),
-    torch_bucket_mbs=(None,),
-    warmup=1,
-    steps=2,
-)
+TINY = lmcore.model_config("tiny", context_length=16, vocab_size=VOCAB)
 CASES = [
     "single",
     "naive",
@@ -35,12 +25,14 @@ CASES = [
     "individual",
     "bucketed 0.01 MB",
     "torch-ddp 25 MB (default)",
+    f"all-reduce alone ({lmcore.count_parameters(TINY) * 4 / 1e6:.3g} MB)",
 ]
 
 
-@pytest.fixture(scope="module")
-def run():
-    return run_ddp(CONFIG, device="cpu", command="bench-ddp --test")
+@pytest.fixture
+def run(ddp_run):
+    """The session's bench-ddp run (conftest: the tiny model, vocabulary 97, context 16)."""
+    return ddp_run
 
 
 def _by_case(run):
@@ -87,9 +79,18 @@ def test_ratios_are_against_torch_ddp_and_overheads_against_single(run):
     assert rows["torch-ddp 25 MB (default)"]["vs_torch"] == pytest.approx(1.0)
     assert rows["single"]["overhead_ms"] == pytest.approx(0.0)
     torch_ms = rows["torch-ddp 25 MB (default)"]["step_ms"]
-    for row in run.rows:
+    for row in run.rows[:-1]:
         assert row["vs_torch"] == pytest.approx(row["step_ms"] / torch_ms)
         assert row["overhead_ms"] == pytest.approx(row["step_ms"] - rows["single"]["step_ms"])
+
+
+def test_end_to_end_hidden_fraction_is_against_the_standalone_all_reduce(run):
+    alone = run.rows[-1]
+    assert alone["variant"] == "all-reduce" and alone["step_ms"] > 0
+    assert alone.get("overhead_ms") is None and alone.get("hidden_e2e") is None
+    assert run.rows[0].get("hidden_e2e") is None  # single: nothing to hide
+    for row in run.rows[1:-1]:
+        assert row["hidden_e2e"] == pytest.approx(1 - row["overhead_ms"] / alone["step_ms"])
 
 
 def test_notes_judge_the_best_bucket_size_against_the_target(run):

@@ -76,6 +76,57 @@ def test_render_writes_png_and_finds_largest(tmp_path):
     assert summary.largest[0].where == "model.py:42 attention"  # first frame outside torch
 
 
+_UNWIND = {"filename": "??", "line": 0, "name": "torch::unwind::unwind()"}
+_ALLOCATOR = {
+    "filename": "??",
+    "line": 0,
+    "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(...)",
+}
+
+
+@pytest.mark.parametrize(
+    ("frames", "where"),
+    [
+        # forward: Python and C++ frames; the caller's Python frame wins over torch's own
+        (
+            [_UNWIND, _ALLOCATOR, *_frames("attention", 42)],
+            "model.py:42 attention",
+        ),
+        # only frames inside torch: the innermost Python one
+        (
+            [_UNWIND, {"filename": "/x/torch/optim/adamw.py", "line": 9, "name": "_single"}],
+            "adamw.py:9 _single",
+        ),
+        # backward on the autograd thread: no Python frame, the node and op from C++ frames
+        (
+            [
+                _UNWIND,
+                _ALLOCATOR,
+                {"filename": "??", "line": 0, "name": "at::_ops::mm::call(at::Tensor const&)"},
+                {
+                    "filename": "??",
+                    "line": 0,
+                    "name": "torch::autograd::generated::MmBackward0::apply(...)",
+                },
+            ],
+            "MmBackward0 (aten::mm)",
+        ),
+        ([_UNWIND, {"filename": "??", "line": 0, "name": "at::_ops::bmm::call()"}], "aten::bmm"),
+        (
+            [_UNWIND, _ALLOCATOR, {"filename": "??", "line": 0, "name": "ncclAllReduce"}],
+            "ncclAllReduce",
+        ),
+        ([_UNWIND, _ALLOCATOR], "no Python frame (backward, or C++)"),
+        ([], "no Python frame (backward, or C++)"),
+    ],
+)
+def test_largest_allocations_name_the_code_not_the_unwinder(tmp_path, frames, where):
+    snap = _snapshot()
+    snap["device_traces"][0][1]["frames"] = frames  # the largest allocation (4 MiB)
+    summary = render_memory_snapshot(snap, tmp_path / "x.png", num_largest=1)
+    assert summary.largest[0].where == where
+
+
 def test_render_rejects_non_snapshots(tmp_path):
     with pytest.raises(ValueError, match="not a CUDA memory snapshot"):
         render_memory_snapshot({"rows": []}, tmp_path / "x.png")

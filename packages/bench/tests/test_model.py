@@ -8,9 +8,11 @@ import torch
 import bench.tools.model
 from bench.core.nvtx import annotated_attention
 from bench.core.oom import OK, OOM
+from bench.core.results import load_json
 from bench.core.shapes import shape_named
 from bench.tools.model import (
     COLUMNS,
+    PROFILE_COLUMNS,
     TOOL,
     config_argv,
     main,
@@ -69,28 +71,35 @@ def test_bf16_autocast_rows(tiny_model_config):
     assert [(r["dtype"], r["status"]) for r in run.rows] == [("fp32", OK), ("bf16", OK)]
 
 
-def test_profile_writes_trace_and_top_table(tiny_model_config, tmp_path, capsys):
-    trace = tmp_path / "trace.json"
+def test_profile_writes_traces_kernel_tables_and_a_profile_run(tiny_model_config, tmp_path):
+    directory = tmp_path / "profile_cpu"
+    config = tiny_model_config(modes=("forward", "train-step"), steps=2)
     run_model(
-        tiny_model_config(modes=("forward",)), device="cpu", profile=trace, show_progress=False
-    )
-    assert json.loads(trace.read_text())["traceEvents"]
-    assert "aten::" in trace.with_suffix(".txt").read_text()
-    assert "Top operations" in capsys.readouterr().out
-
-
-def test_profile_paths_are_per_configuration(tiny_model_config, tmp_path):
-    run_model(
-        tiny_model_config(modes=("forward", "train-step"), steps=1),
+        config,
         device="cpu",
-        profile=tmp_path / "t.json",
+        profile=directory,
         show_progress=False,
     )
-    names = sorted(p.name for p in tmp_path.glob("*.json"))
-    assert names == [
-        "t_tiny_ctx16_forward_fp32_naive.json",
-        "t_tiny_ctx16_train-step_fp32_naive.json",
-    ]
+    cells = ["tiny_ctx16_forward_fp32_naive", "tiny_ctx16_train-step_fp32_naive"]
+    for cell in cells:
+        assert json.loads((directory / f"{cell}.pt.trace.json").read_text())["traceEvents"]
+        assert "aten::" in (directory / f"{cell}_kernels.txt").read_text()
+    profile = load_json(directory / "profile_cpu.json")
+    assert profile.tool == "profile" and profile.columns == PROFILE_COLUMNS
+    ranges = {(r["cell"], r["name"]): r for r in profile.rows if r["kind"] == "range"}
+    train = cells[1]
+    for name in ("forward", "backward", "optimizer", "attention: softmax", "attention: scores"):
+        assert ranges[(train, name)]["total_ms"] > 0
+    assert ranges[(train, "forward")]["calls"] == 2  # one per profiled step
+    # each layer calls attention once per forward, in each of 2 steps
+    assert ranges[(train, "attention: softmax")]["calls"] == 2 * config.shapes[0][1].num_layers
+    assert (cells[0], "backward") not in ranges  # forward mode: no backward
+    operators = [r for r in profile.rows if r["kind"] == "operator" and r["cell"] == train]
+    assert operators and all(r["self_ms"] > 0 for r in operators)
+    assert [r["self_ms"] for r in operators] == sorted(
+        (r["self_ms"] for r in operators), reverse=True
+    )
+    assert sum(r["share"] for r in operators) <= 1.0 + 1e-9
 
 
 def test_snapshot_and_nvtx_need_cuda_and_say_so(tiny_model_config, tmp_path):

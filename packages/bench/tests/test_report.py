@@ -6,7 +6,14 @@ import pytest
 
 from bench.core.results import save_json
 from bench.tools.attn import run_attention
-from bench.tools.report import NOT_MEASURED, SECTIONS, build_report, collect_runs, main
+from bench.tools.report import (
+    NOT_MEASURED,
+    SECTIONS,
+    build_report,
+    collect_runs,
+    main,
+    report_links,
+)
 
 
 def test_collects_every_tool_result(tool_results):
@@ -60,7 +67,7 @@ def test_plots_are_linked_relative_to_the_report(tmp_path):
         == 0
     )
     text = build_report(results, output=tmp_path / "docs" / "report.md")
-    assert "![precision](../results/p.png)" in text
+    assert "![p](../results/p.png)" in text
     assert (tmp_path / "docs" / "report.md").read_text() == text
 
 
@@ -95,3 +102,85 @@ def test_communication_answers_from_an_allreduce_run(tmp_path):
     (row,) = run.rows
     text = build_report(tmp_path)
     assert f"gloo, 2 ranks (median): 1 MB {row['ms']:.3g} ms" in text
+
+
+def _assert_links_exist(text, report_dir):
+    links = report_links(text)
+    assert links
+    missing = [link for link in links if not (report_dir / link).exists()]
+    assert missing == []
+
+
+def test_every_link_in_the_report_exists(tool_results, tmp_path):
+    from bench.tools.attn import plot_attention
+
+    attn_run = next(r for _, r in collect_runs(tool_results)[0] if r.tool == "attn")
+    results = tmp_path / "results"
+    save_json(attn_run, results / "attn_cpu.json")
+    plot_attention(attn_run, results / "attn_cpu.png")
+    out = tmp_path / "docs" / "REPORT.md"
+    text = build_report(results, output=out)
+    assert "![attn_cpu](../results/attn_cpu.png)" in text
+    assert "![attn_cpu_bwd](../results/attn_cpu_bwd.png)" in text
+    _assert_links_exist(text, out.parent)
+
+
+def test_images_follow_a_renamed_result(tmp_path):
+    from bench.tools.precision import main as precision_main
+
+    results = tmp_path / "results"
+    argv = ["--device", "cpu", "--json", str(results / "p.json"), "--plot", str(results / "p.png")]
+    assert precision_main(argv) == 0
+    (results / "p.json").rename(results / "precision_cpu_2026-01-01.json")
+    (results / "p.png").rename(results / "precision_cpu_2026-01-01.png")
+    (results / "precision_cpu_2026-01-01_extra.png").write_bytes(
+        (results / "precision_cpu_2026-01-01.png").read_bytes()
+    )
+    text = build_report(results)
+    assert "![precision_cpu_2026-01-01](precision_cpu_2026-01-01.png)" in text
+    assert "![precision_cpu_2026-01-01_extra](precision_cpu_2026-01-01_extra.png)" in text
+    assert "(p.png)" not in text  # the recorded name no longer exists
+    _assert_links_exist(text, results)
+
+
+def test_report_opens_with_a_summary_and_asks_each_question(tool_results):
+    text = build_report(tool_results)
+    summary = text.split("## Summary")[1].split("\n## ")[0]
+    assert "from 4 result file(s)" in summary and "attn on" in summary
+    assert "Triton FlashAttention-2" not in summary  # fa2-triton is skipped on the CPU
+    for section in SECTIONS:
+        body = text.split(f"{section.title} ({section.handout})")[1].split("\n## ")[0]
+        assert f"*Question.* {section.question}" in body
+
+
+def test_real_ddp_and_zero_output_goes_through_the_report(tmp_path, ddp_run, zero_run):
+    save_json(ddp_run, tmp_path / "ddp_cpu.json")
+    save_json(zero_run, tmp_path / "zero_cpu.json")
+    text = build_report(tmp_path)
+    rows = {r["case"]: r for r in ddp_run.rows}
+    bucketed = rows["bucketed 0.01 MB"]
+    assert f"hides {bucketed['hidden_e2e']:.0%} of that all-reduce end to end" in text
+    assert "A standalone all-reduce of all gradient bytes (all-reduce alone" in text
+    assert f"takes {bucketed['vs_torch']:.2f}× torch DDP's step time" in text
+    sharded = next(r for r in zero_run.rows if r["variant"] == "sharded")
+    assert f"keeps {sharded['state_vs_ddp']:.2f}× the optimizer state of plain DDP" in text
+    for title in ("Data-parallel training", "Optimizer-state sharding"):
+        section = text.split(f"{title} (")[1].split("\n## ")[0]
+        assert NOT_MEASURED not in section and "Source: `" in section
+
+
+def test_profile_answers_section_1_1_4(tmp_path, tiny_model_config):
+    from bench.tools.model import run_model
+
+    run_model(
+        tiny_model_config(modes=("train-step",), steps=1),
+        device="cpu",
+        profile=tmp_path / "profile_cpu",
+        show_progress=False,
+    )
+    text = build_report(tmp_path)
+    section = text.split("Profiling (§1.1.4")[1].split("\n## ")[0]
+    assert "under the profiler, forward" in section
+    assert "the most expensive operator is" in section
+    assert "inside naive attention, softmax takes" in section
+    assert "Source: `profile_cpu.json`" in section

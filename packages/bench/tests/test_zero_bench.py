@@ -14,25 +14,16 @@ from bench.tools.sharding import (
     ZeroBenchConfig,
     main,
     plot_zero,
-    run_zero,
 )
 
-CONFIG = ZeroBenchConfig(
-    size="tiny",
-    context_length=16,
-    batch=2,
-    vocab_size=97,
-    variants=("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp"),
-    bucket_mbs=(0.0, 25.0),
-    fsdp_dtypes=("fp32", "bf16"),
-    warmup=1,
-    steps=2,
-)
+VALID = ZeroBenchConfig(size="tiny")  # a base that the invalid variations change
 
 
-@pytest.fixture(scope="module")
-def run():
-    return run_zero(CONFIG, device="cpu", command="bench-zero --test")
+@pytest.fixture
+def run(zero_run):
+    """The session's bench-zero run (conftest: ddp, sharded at caps 0 and 25 MB, torch-zero, and
+    fsdp, torch-fsdp, fsdp-no-prefetch in fp32 and bf16)."""
+    return zero_run
 
 
 def test_one_row_per_variant_bucket_cap_and_compute_dtype(run):
@@ -45,6 +36,8 @@ def test_one_row_per_variant_bucket_cap_and_compute_dtype(run):
         ("fsdp", None, "bf16"),
         ("torch-fsdp", None, "fp32"),
         ("torch-fsdp", None, "bf16"),
+        ("fsdp-no-prefetch", None, "fp32"),
+        ("fsdp-no-prefetch", None, "bf16"),
     ]
     assert all(r["status"] == "ok" for r in run.rows)
     assert all(list(r) == list(COLUMNS) for r in run.rows)
@@ -62,7 +55,7 @@ def test_every_rank_holds_whole_parameters_and_gradients(run):
 
 def test_fsdp_ranks_hold_about_half_of_parameters_gradients_and_state(run):
     whole = run.rows[0]
-    for row in _rows(run, "fsdp", "torch-fsdp"):
+    for row in _rows(run, "fsdp", "torch-fsdp", "fsdp-no-prefetch"):
         # the largest rank: half of every tensor, plus padding (and ours: whole norm gains)
         for key in ("param_mib", "grad_mib", "state_mib"):
             assert 0.5 <= row[key] / whole[key] <= 0.6, (row["variant"], key)
@@ -140,4 +133,4 @@ def test_no_options_keep_the_announced_default():
 )
 def test_bad_config_raises(change):
     with pytest.raises(ValueError):
-        dataclasses.replace(CONFIG, **change)
+        dataclasses.replace(VALID, **change)

@@ -9,7 +9,10 @@ they see the same kernels and thread settings as FSDP):
 * *whole-batch*: one process on the whole batch. Its matmuls sum over all rows at once rather
   than per half, so the same math rounds differently: compared to 1e-6.
 
-One spawned run does many things, each checked by its own test below.
+One spawned run does many things, each checked by its own test below. Models: a small
+`lmcore.TransformerLM` (also with activation checkpointing, whose recomputation re-enters the
+units' forward hooks during backward) and a hand-made module with tied, frozen, sometimes unused,
+non-contiguous and odd-sized parameters.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch.nn.functional as F
 from spawn_ranks import run_ranks
 from torch import nn
 
-from lmcore import TransformerLM
+from lmcore import TransformerLM, apply_activation_checkpointing
 from lmcore.model import TransformerBlock
 from zero import FSDP
 
@@ -70,7 +73,11 @@ def _lm(*, contiguous: bool = False) -> TransformerLM:
     )
 
 
-MODELS = {"net": _net, "lm": _lm}
+def _checkpointed_lm(*, contiguous: bool = False) -> TransformerLM:
+    return apply_activation_checkpointing(_lm())
+
+
+MODELS = {"net": _net, "lm": _lm, "checkpointed": _checkpointed_lm}
 
 
 def _batches(seed: int = 1) -> list[torch.Tensor]:
@@ -152,6 +159,7 @@ def _two_rank_worker(rank: int, world_size: int) -> dict[str, Any]:
         ("lm", "sgd", None),
         ("net", "adamw", None),
         ("net", "sgd", None),
+        ("checkpointed", "adamw", (TransformerBlock,)),
     ]:
         key = f"{model}-{optimizer}-{'blocks' if units else 'default'}"
         fsdp = FSDP(MODELS[model](), units=units)
@@ -184,6 +192,10 @@ def _two_rank_worker(rank: int, world_size: int) -> dict[str, Any]:
     fsdp = FSDP(_lm(), compute_dtype=torch.bfloat16, units=(TransformerBlock,))
     results["bf16"] = _train_fsdp(fsdp, "sgd", rank, world_size)
     results["bf16-plain"] = _train_reference(_lm(), "sgd", halves=1, dtype=torch.bfloat16)
+
+    # without prefetching: the same numbers (only the timing of the all-gathers changes)
+    fsdp = FSDP(_lm(), units=(TransformerBlock,), prefetch=False)
+    results["no_prefetch"] = _train_fsdp(fsdp, "adamw", rank, world_size)
 
     # gradient accumulation over two micro-batches per rank
     results["accumulated"] = _train_fsdp(FSDP(_net()), "adamw", rank, world_size, micro=2)
@@ -260,7 +272,13 @@ def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], a
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=atol, msg=key)
 
 
-CASES = ["lm-adamw-blocks", "lm-sgd-default", "net-adamw-default", "net-sgd-default"]
+CASES = [
+    "lm-adamw-blocks",
+    "lm-sgd-default",
+    "net-adamw-default",
+    "net-sgd-default",
+    "checkpointed-adamw-blocks",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -330,6 +348,10 @@ def test_bf16_compute_is_within_bf16_rounding_of_fp32(two_ranks):
 
 def test_gradient_accumulation_equals_one_process(two_ranks):
     _assert_close(two_ranks[0]["accumulated"], two_ranks[0]["net-adamw-default-whole"], 1e-6)
+
+
+def test_without_prefetching_training_is_the_same(two_ranks):
+    _assert_equal(two_ranks[0]["no_prefetch"], two_ranks[0]["lm-adamw-blocks"])
 
 
 def test_deterministic_algorithms(two_ranks):

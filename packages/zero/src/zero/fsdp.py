@@ -47,7 +47,6 @@ class _State(enum.Enum):
 class _Param:
     """One parameter of the wrapped module and every (module, attribute) that holds it."""
 
-    name: str
     param: nn.Parameter
     owners: list[tuple[nn.Module, str]]
 
@@ -272,6 +271,9 @@ class FSDP(nn.Module):
             at twice the bytes.
         units: module classes that form units; ``None`` (default) makes every module owning a
             parameter of two or more dimensions a unit.
+        prefetch: issue the next unit's all-gather one unit ahead (default). ``False`` gathers
+            each unit only when it is needed, with nothing to overlap: to measure what
+            prefetching buys (``bench-zero --variants fsdp fsdp-no-prefetch``).
 
     Raises:
         TypeError: ``module`` is not an ``nn.Module``.
@@ -301,6 +303,7 @@ class FSDP(nn.Module):
         compute_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
         units: Iterable[type[nn.Module]] | None = None,
+        prefetch: bool = True,
     ) -> None:
         unit_types = None if units is None else tuple(units)
         _check_arguments(module, compute_dtype, reduce_dtype, unit_types)
@@ -313,6 +316,7 @@ class FSDP(nn.Module):
         self.device = _device(module, dist.get_backend())
         self.compute_dtype = torch.float32 if compute_dtype is None else compute_dtype
         self.reduce_dtype = self.compute_dtype if reduce_dtype is None else reduce_dtype
+        self.prefetch = prefetch
         _check_same_module(module, self.group)
 
         self._units = self._build_units(unit_types)
@@ -344,12 +348,10 @@ class FSDP(nn.Module):
         visit(self.module, 0)
 
         params: dict[int, _Param] = {}
-        for module_name, module in self.module.named_modules(remove_duplicate=False):
+        for module in self.module.modules(remove_duplicate=False):
             for attr, p in module._parameters.items():
-                if p is None:
-                    continue
-                name = f"{module_name}.{attr}" if module_name else attr
-                params.setdefault(id(p), _Param(name, p, [])).owners.append((module, attr))
+                if p is not None:
+                    params.setdefault(id(p), _Param(p, [])).owners.append((module, attr))
         members: list[list[_Param]] = [[] for _ in unit_modules]
         for entry in params.values():
             homes = {innermost[id(m)] for m, _ in entry.owners}
@@ -429,7 +431,7 @@ class FSDP(nn.Module):
         self._finish_gather(unit)
 
     def _prefetch(self, unit: _Unit | None) -> None:
-        if unit is not None and unit.state is _State.FREE:
+        if self.prefetch and unit is not None and unit.state is _State.FREE:
             self._start_gather(unit)
 
     def _reshard(self, unit: _Unit) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,14 @@ __all__ = ["Allocation", "SnapshotSummary", "memory_timeline", "render_memory_sn
 
 _FREED = "free_completed"  # when the allocator can reuse a block: what `memory_allocated` counts
 _TORCH_DIRS = ("/torch/", "\\torch\\")  # frames inside PyTorch say less than the caller's
+# C++ frame names: an autograd node's `apply`, an ATen operator's entry, and the frames every
+# allocation shares (the stack unwinder, the caching allocator, c10 helpers) that say nothing.
+_AUTOGRAD_NODE = re.compile(r"torch::autograd::generated::(\w+)::apply")
+_ATEN_OP = re.compile(r"at::_ops::(\w+)::")
+# An allocation without frames: recorded with Python stacks only, that is the autograd engine's
+# thread (backward) or C++ code called without Python on the stack.
+_NO_FRAME = "no Python frame (backward, or C++)"
+_INTERNAL = re.compile(r"unwind|CachingAllocator|c10::|^\?\?$|^$")
 
 
 @dataclass(frozen=True)
@@ -66,16 +75,35 @@ class SnapshotSummary:
     path: Path
 
 
+def _cpp_op(frames: Sequence[Mapping[str, Any]]) -> str | None:
+    """The autograd node and ATen op that C++ frames name, e.g. `MmBackward0 (aten::mm)`."""
+    names = [str(f.get("name", "")) for f in frames]
+    node = next((m[1] for n in names if (m := _AUTOGRAD_NODE.search(n))), None)
+    op = next((m[1] for n in names if (m := _ATEN_OP.search(n))), None)
+    if node and op:
+        return f"{node} (aten::{op})"
+    return node or (f"aten::{op}" if op else None)
+
+
 def _where(frames: Sequence[Mapping[str, Any]]) -> str:
-    """The innermost Python frame outside PyTorch, else the innermost frame, as `file:line name`."""
+    """The code that made an allocation, as a reader wants it.
+
+    The innermost Python frame outside PyTorch (`file:line name`), else the innermost Python
+    frame; for an allocation with no Python frame (the autograd engine runs backward on a C++
+    thread), the autograd node and ATen op its C++ frames name; else the innermost C++ frame
+    that is not the unwinder or the allocator itself; else `_NO_FRAME`.
+    """
     python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
     outside = [f for f in python if not any(d in str(f["filename"]) for d in _TORCH_DIRS)]
-    candidates = outside or python or list(frames)
-    if not candidates:
-        return "unknown"
-    frame = candidates[0]
-    filename = Path(str(frame.get("filename", "?"))).name
-    return f"{filename}:{frame.get('line', '?')} {frame.get('name', '?')}"
+    if outside or python:
+        frame = (outside or python)[0]
+        filename = Path(str(frame.get("filename", "?"))).name
+        return f"{filename}:{frame.get('line', '?')} {frame.get('name', '?')}"
+    op = _cpp_op(frames)
+    if op is not None:
+        return op
+    own = [f for f in frames if not _INTERNAL.search(str(f.get("name", "")))]
+    return str(own[0].get("name")) if own else _NO_FRAME
 
 
 def _device_with_trace(snapshot: Mapping[str, Any], device: int | None) -> int:

@@ -1,7 +1,8 @@
 """NVTX ranges for Nsight Systems, and an attention backend annotated inside.
 
-`nvtx_range(name)` marks a region on the timeline when NVTX is on and CUDA is present (a no-op
-otherwise, so code can keep its ranges on any machine). `annotated_attention(name)` registers,
+`nvtx_range(name)` marks a region on the Nsight Systems timeline when CUDA is present, and in
+`torch.profiler` traces on any device (`enabled=False` makes it a no-op, so code keeps its
+ranges on any machine). `annotated_attention(name)` registers,
 in lmcore's attention registry, a variant of backend `name` with ranges around its stages: for
 `naive`, the scores (q·kᵀ/√d and the mask), the softmax and the output (weights·v); for any
 other backend one range around the whole call. The model is then built with the returned name;
@@ -29,15 +30,21 @@ __all__ = ["annotated_attention", "nvtx_range"]
 
 @contextlib.contextmanager
 def nvtx_range(name: str, *, enabled: bool = True) -> Iterator[None]:
-    """An NVTX range called `name` around the block, when `enabled` and CUDA is available."""
-    if not (enabled and torch.cuda.is_available()):
+    """A range called `name` around the block, when `enabled`: an NVTX range (for Nsight
+    Systems, when CUDA is available) and a `torch.profiler.record_function` range (for
+    `torch.profiler` traces, on any device)."""
+    if not enabled:
         yield
         return
-    torch.cuda.nvtx.range_push(name)
-    try:
-        yield
-    finally:
-        torch.cuda.nvtx.range_pop()
+    with torch.profiler.record_function(name):
+        if not torch.cuda.is_available():
+            yield
+            return
+        torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            torch.cuda.nvtx.range_pop()
 
 
 def _annotated_naive(

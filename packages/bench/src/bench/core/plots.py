@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ __all__ = ["Bars", "PanelOptions", "bar_plot", "hbar_plot", "line_plot", "stacke
 Row = Mapping[str, Any]
 
 _PANEL_SIZE = (4.5, 3.4)  # inches per panel: readable at 100 dpi in a Markdown page
+_INCHES_PER_CATEGORY = 0.6  # bar plots widen with their categories (slanted labels fit)
 _MAX_COLUMNS = 4  # panels per figure row before wrapping
 _DPI = 110
 _BAR_FILL = 0.8  # the bars of one group fill 80% of its slot, leaving a gap between groups
@@ -132,7 +134,8 @@ def _label_panel(
     if title:
         ax.set_title(title)
     if legend:
-        ax.legend(fontsize="small")
+        # Outside the axes, to the right: a legend inside would cover bars or lines.
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(True, axis=grid, alpha=_GRID_ALPHA)
 
 
@@ -140,7 +143,9 @@ def _save(
     fig: Figure, path: str | os.PathLike[str], title: str | None, *, title_size: str = "large"
 ) -> Path:
     if title:
-        fig.suptitle(title, fontsize=title_size)
+        # Wrapped to the figure's width (about 11 characters per inch at this size).
+        width = int(fig.get_figwidth() * 11)
+        fig.suptitle(textwrap.fill(title, width=max(width, 40)), fontsize=title_size)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=_DPI)
@@ -161,17 +166,24 @@ def _panel_plot(
     xlabel: str | None = None,
     ylabel: str | None = None,
     logy: bool = False,
+    panel_width: float = _PANEL_SIZE[0],
 ) -> Path:
     """The frame `line_plot` and `bar_plot` share: `draw(ax, rows, series)` fills each panel."""
     kept = [r for r in rows if _finite(r.get(y))]
     if not kept:
         raise ValueError(f"no row has a finite value for {y!r}: nothing to plot")
     by_panel = _groups(kept, panels)
-    fig, axes = _figure(len(by_panel))
+    fig, axes = _figure(len(by_panel), panel_size=(panel_width, _PANEL_SIZE[1]))
     for ax, (panel, panel_rows) in zip(axes, by_panel.items(), strict=True):
         draw(ax, panel_rows, series)
         if logy:
+            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # on first use
+
             ax.set_yscale("log")
+            # Plain numbers at 1, 2 and 5 of each decade, none on the minor ticks: no "4×10¹".
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
         _label_panel(
             ax,
             xlabel=xlabel or x,
@@ -246,16 +258,22 @@ def bar_plot(
             xs = [j + offset for j in range(len(categories))]
             ax.bar(xs, [heights.get(c, math.nan) for c in categories], width=width, label=name)
         labels = [str(c) for c in categories]
-        # Long category names (implementation names, say) would overlap: slant them.
+        # Long category names (configurations, say) would overlap: slant them, smaller.
         slant = sum(map(len, labels)) > 40
         ax.set_xticks(
             range(len(categories)),
             labels,
-            rotation=30 if slant else 0,
+            rotation=35 if slant else 0,
             ha="right" if slant else "center",
+            rotation_mode="anchor",
+            fontsize="small" if slant else "medium",
         )
 
-    return _panel_plot(rows, draw, x=x, y=y, path=path, grid="y", **options)
+    # Wider panels for many categories: about 0.6 inch per category keeps slanted
+    # labels from running into each other.
+    largest = max(len({r.get(x) for r in g}) for g in _groups(rows, options.get("panels")).values())
+    width = max(_PANEL_SIZE[0], _INCHES_PER_CATEGORY * largest)
+    return _panel_plot(rows, draw, x=x, y=y, path=path, grid="y", panel_width=width, **options)
 
 
 def hbar_plot(
@@ -299,7 +317,7 @@ def hbar_plot(
     ax.set_yticks(range(len(rows)), [str(row[label]) for row in rows])
     ax.invert_yaxis()
     _label_panel(ax, xlabel=xlabel, ylabel=None, title=None, legend=False, grid="x")
-    ax.legend(fontsize="small", loc="lower right")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _save(fig, path, title, title_size="small")
 
 

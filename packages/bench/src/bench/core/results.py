@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from bench.core.oom import OK, OOM
 
 __all__ = [
     "SCHEMA",
+    "Keys",
     "Run",
     "format_value",
     "load_json",
@@ -69,6 +70,39 @@ def format_value(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}" if abs(value) >= 10_000 else str(value)
     return str(value)
+
+
+class Keys:
+    """The row keys a tool writes, each an attribute named after itself (`KEYS.fwd_ms == "fwd_ms"`).
+
+    A tool declares its keys once and readers (bench-report) import them from it instead of
+    typing the strings again, so a key renamed in the tool fails loudly in the reader (an
+    `AttributeError`) rather than silently reading nothing.
+
+    Example::
+
+        KEYS = Keys("impl", "fwd_ms")
+        row[KEYS.fwd_ms]
+    """
+
+    __slots__ = ("_names",)
+
+    def __init__(self, *names: str) -> None:
+        bad = [n for n in names if not n.isidentifier()]
+        if bad:
+            raise ValueError(f"row keys must be identifiers, got {bad}")
+        object.__setattr__(self, "_names", tuple(dict.fromkeys(names)))
+
+    def __getattr__(self, name: str) -> str:
+        if name in self._names:
+            return name
+        raise AttributeError(f"no row key {name!r}; the tool writes {', '.join(self._names)}")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Keys are read-only")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
 
 
 def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -193,6 +227,12 @@ class Run:
             ]
             parts.append(f"**{value}**\n\n{to_markdown(rows, columns=filled)}")
         return "\n\n".join(parts)
+
+    @property
+    def plot_title(self) -> str:
+        """The title with the device it ran on, for a figure that leaves the table behind."""
+        device = str(self.env.get("device_name") or self.env.get("device") or "")
+        return self.title if not device or device in self.title else f"{self.title}, {device}"
 
     def header(self) -> str:
         """One Markdown paragraph naming device, versions, date and command."""

@@ -52,11 +52,12 @@ from bench.core.launch import (
 from bench.core.memory import free_memory
 from bench.core.oom import OK, OOM, skipped
 from bench.core.plots import line_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 from bench.core.timing import elapsed_ms, synchronize
 
 __all__ = [
     "COLUMNS",
+    "KEYS",
     "TOOL",
     "AllReduceConfig",
     "bus_bandwidth_factor",
@@ -82,6 +83,8 @@ COLUMNS = (
     "busbw_gbps",
     "status",
 )
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -294,7 +297,7 @@ def plot_allreduce(run: Run, path: str | Path) -> Path:
         series="world_size",
         panels="backend",
         path=path,
-        title="all-reduce of float32 (median of the slowest rank)",
+        title=f"all-reduce of float32 (median of the slowest rank), {run.env.get('device_name')}",
         xlabel="size (MB)",
         ylabel="bus bandwidth (GB/s)",
         logx=True,

@@ -51,11 +51,12 @@ from bench.core.env import device_name
 from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.oom import OK, guarded
 from bench.core.plots import line_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 from bench.core.timing import summarize, time_fn, time_with_setup
 
 __all__ = [
     "IMPLS",
+    "KEYS",
     "TOOL",
     "AttnConfig",
     "default_attn_config",
@@ -263,6 +264,8 @@ COLUMNS = [
 _LIVE_COLUMNS = ["impl", "d", "seq", "fwd_ms", "bwd_ms", "peak_mib", "n", "status"]
 
 _METRICS = [c for c in COLUMNS if c not in ("impl", "d", "seq", "status")]
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS, "batch", "dtype", "causal")
 
 
 def run_attention(
@@ -356,7 +359,14 @@ def run_attention(
 
 def plot_attention(run: Run, path: Path) -> list[Path]:
     """Forward (at `path`) and backward (`<stem>_bwd.png`) time against seq, a panel per d."""
-    common = {"x": "seq", "series": "impl", "panels": "d", "logx": True, "logy": True}
+    common = {
+        "x": "seq",
+        "series": "impl",
+        "panels": "d",
+        "logx": True,
+        "logy": True,
+        "title": run.plot_title,
+    }
     return [
         line_plot(run.rows, y="fwd_ms", path=path, ylabel="forward (ms)", **common),
         line_plot(

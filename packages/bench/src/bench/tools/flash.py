@@ -45,10 +45,11 @@ from bench.core.cli import (
 from bench.core.memory import free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import bar_plot, line_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 from bench.core.timing import do_bench, summarize
 
 __all__ = [
+    "KEYS",
     "PRESETS",
     "TOOL",
     "FlashCase",
@@ -241,6 +242,8 @@ COLUMNS = [
     "fwd_bwd_speedup",
     "status",
 ]
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS, "causal", "baseline")
 
 _METRICS = [f"{p}_{m}" for m in ("ms", "tflops") for p in _PASSES]
 
@@ -356,6 +359,7 @@ def plot_flash(run: Run, path: Path) -> list[Path]:
                 path=path,
                 logx=True,
                 ylabel="forward+backward TFLOP/s",
+                title=run.plot_title,
             )
         )
     fixed = [r for r in run.rows if len(seqs_per_case[r["case"]]) == 1]
@@ -368,6 +372,7 @@ def plot_flash(run: Run, path: Path) -> list[Path]:
                 panels="case",
                 path=path if not grids else path.with_name(f"{path.stem}_presets{path.suffix}"),
                 ylabel="forward+backward TFLOP/s",
+                title=run.plot_title,
             )
         )
     return written

@@ -17,8 +17,12 @@ Options multiply: several `--size`, `--context-length`, `--mode`, `--dtype` (fp3
 autocast), `--attention` and `--compile both` run every combination. `--nvtx` marks warm-up,
 steps, forward/backward/optimizer and, inside attention, scores/softmax/output for Nsight
 Systems. `--memory-snapshot PATH` records the allocator's history over the timed steps and writes
-the pickle (for pytorch.org/memory_viz) and a PNG timeline made here. `--profile PATH` runs the
-timed steps under `torch.profiler`, writes a Chrome/Perfetto trace and prints the top kernels.
+the pickle (for pytorch.org/memory_viz) and a PNG timeline made here. `--profile DIR` runs the
+timed steps under `torch.profiler` and writes, per configuration, a Chrome/Perfetto trace
+(`<configuration>.pt.trace.json`) and the top kernels by CUDA time (operators by CPU time on a
+CPU) as text, plus `DIR/<DIR name>.json`: a run (tool `profile`) with those kernels and the
+time inside the steps' ranges (forward, backward, optimizer and, inside naive attention, scores
+/ softmax / output: softmax against the matmuls), which bench-report reads.
 `--warmup-study` re-runs the configuration in fresh processes with 0, 1, 2 and 5 warm-up steps.
 
 Without a GPU a tiny model runs on the CPU by default (and says so).
@@ -55,7 +59,7 @@ from bench.core.memviz import render_memory_snapshot
 from bench.core.nvtx import annotated_attention, nvtx_range
 from bench.core.oom import guarded
 from bench.core.plots import bar_plot
-from bench.core.results import Run, load_json
+from bench.core.results import Keys, Run, load_json, save_json
 from bench.core.shapes import CPU_SIZE, Shape, shape_named
 from bench.core.timing import elapsed_ms, summarize
 from lmcore import (
@@ -73,7 +77,10 @@ from lmcore import (
 )
 
 __all__ = [
+    "KEYS",
     "MODES",
+    "PROFILE_COLUMNS",
+    "PROFILE_KEYS",
     "TOOL",
     "ModelBenchConfig",
     "config_argv",
@@ -184,7 +191,12 @@ def _recording_memory(path: Path | None, device: torch.device) -> Iterator[None]
     if path is None or device.type != "cuda":
         yield
         return
-    torch.cuda.memory._record_memory_history(max_entries=_SNAPSHOT_MAX_ENTRIES)
+    # Python frames only: they name the forward's and the optimizer's allocations; C++ stacks
+    # would name the backward's too (autograd runs it on a thread without Python frames), but
+    # symbolising them makes dumping a large model's snapshot take minutes.
+    torch.cuda.memory._record_memory_history(
+        max_entries=_SNAPSHOT_MAX_ENTRIES, context="all", stacks="python"
+    )
     try:
         yield
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,10 +205,68 @@ def _recording_memory(path: Path | None, device: torch.device) -> Iterator[None]
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
+# The ranges the profile reports time for (see `bench.core.nvtx.annotated_attention`).
+PROFILE_RANGES = (
+    "forward",
+    "backward",
+    "optimizer",
+    "attention: scores",
+    "attention: softmax",
+    "attention: output",
+)
+PROFILE_COLUMNS = ["cell", "kind", "name", "calls", "self_ms", "total_ms", "share"]
+PROFILE_KEYS = Keys(*PROFILE_COLUMNS)  # every key of a profile row, for readers
+
+
+def _profile_rows(prof: torch.profiler.profile, device: torch.device, cell: _Cell) -> list[dict]:
+    """The profile's ranges and top kernels (top operators on a CPU) as rows; times in ms."""
+    on_cuda = device.type == "cuda"
+    events = prof.key_averages()
+
+    def self_us(e: Any) -> float:
+        return e.self_device_time_total if on_cuda else e.self_cpu_time_total
+
+    def total_us(e: Any) -> float:
+        return e.device_time_total if on_cuda else e.cpu_time_total
+
+    ranked = sorted((e for e in events if self_us(e) > 0), key=self_us, reverse=True)
+    all_us = sum(self_us(e) for e in ranked) or 1.0
+    rows = [
+        {
+            "cell": cell.label,
+            "kind": "range",
+            "name": e.key,
+            "calls": e.count,
+            "self_ms": None,
+            "total_ms": total_us(e) / 1e3,
+            "share": None,
+        }
+        for name in (*PROFILE_RANGES, f"attention: {cell.attention}")
+        for e in events
+        if e.key == name
+    ]
+    rows += [
+        {
+            "cell": cell.label,
+            "kind": "kernel" if on_cuda else "operator",
+            "name": e.key,
+            "calls": e.count,
+            "self_ms": self_us(e) / 1e3,
+            "total_ms": total_us(e) / 1e3,
+            "share": self_us(e) / all_us,
+        }
+        for e in ranked[:_PROFILE_ROWS]
+    ]
+    return rows
+
+
 @contextlib.contextmanager
-def _profiling(path: Path | None, device: torch.device) -> Iterator[None]:
-    """Profile the block; write the Chrome trace to `path`, its top operations beside it."""
-    if path is None:
+def _profiling(
+    directory: Path | None, cell: _Cell, device: torch.device, rows: list[dict]
+) -> Iterator[None]:
+    """Profile the block; write its Chrome trace and top-kernels table into `directory`, and
+    append its ranges and top kernels to `rows`."""
+    if directory is None:
         yield
         return
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -204,13 +274,13 @@ def _profiling(path: Path | None, device: torch.device) -> Iterator[None]:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         yield
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(path))
+    directory.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(directory / f"{cell.label}.pt.trace.json"))
     # Own time (children excluded), so kernels and leaf operations rank by what they cost.
     sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort_by, row_limit=_PROFILE_ROWS)
-    path.with_suffix(".txt").write_text(table + "\n")
-    print(f"Top operations of {path} (by {sort_by}):\n{table}")
+    (directory / f"{cell.label}_kernels.txt").write_text(table + "\n")
+    rows.extend(_profile_rows(prof, device, cell))
 
 
 def _measure(
@@ -220,9 +290,11 @@ def _measure(
     *,
     snapshot: Path | None,
     profile: Path | None,
+    profile_rows: list[dict],
 ) -> dict[str, Any]:
     """Build the cell's model, warm it up, time `config.steps` steps; the row's metrics."""
-    attention = annotated_attention(cell.attention) if config.nvtx else cell.attention
+    ranges = config.nvtx or profile is not None  # a profile reports time per range
+    attention = annotated_attention(cell.attention) if ranges else cell.attention
     size = cell.shape[1]
     with torch.device(device):
         model = TransformerLM(
@@ -250,7 +322,7 @@ def _measure(
         return torch.autocast(device_type=device.type, dtype=autocast_dtype)
 
     def region(name: str, fn: Any) -> tuple[Any, float]:
-        with nvtx_range(name, enabled=config.nvtx):
+        with nvtx_range(name, enabled=ranges):
             return elapsed_ms(fn, device=device)
 
     def step() -> dict[str, float]:
@@ -271,14 +343,14 @@ def _measure(
         model.zero_grad(set_to_none=True)
         return times
 
-    with nvtx_range("warmup", enabled=config.nvtx):
+    with nvtx_range("warmup", enabled=ranges):
         for _ in range(config.warmup):
             step()
     reset_peak_memory(device)
     samples = []
-    with _recording_memory(snapshot, device), _profiling(profile, device):
+    with _recording_memory(snapshot, device), _profiling(profile, cell, device, profile_rows):
         for i in range(config.steps):
-            with nvtx_range(f"step {i}", enabled=config.nvtx):
+            with nvtx_range(f"step {i}", enabled=ranges):
                 samples.append(step())
     return _metrics(samples, cell, config, model_config, device)
 
@@ -353,6 +425,19 @@ _METRICS = [
     "peak_mib",
     "n",
 ]
+# Every key of a row (a warm-up study's too), for readers (bench-report).
+KEYS = Keys(
+    *COLUMNS,
+    *_METRICS,
+    "batch",
+    "vocab_size",
+    "context_length",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "d_ff",
+    "warmup",
+)
 
 
 def _per_cell_path(path: str | Path | None, cell: _Cell, num_cells: int) -> Path | None:
@@ -382,8 +467,10 @@ def run_model(
         memory_snapshot: record the allocator over the timed steps and dump the pickle here
             (with a `.png` timeline beside it); CUDA only. Several configurations get one file
             each, named `<stem>_<configuration><suffix>`.
-        profile: run the timed steps under `torch.profiler` and write a Chrome trace here (and
-            the top-operations table as `.txt` beside it); named per configuration likewise.
+        profile: a directory: run the timed steps under `torch.profiler` and write there, per
+            configuration, a Chrome trace (`<configuration>.pt.trace.json`) and the top-kernels
+            table (`<configuration>_kernels.txt`), and for all of them `<directory name>.json`
+            (a `Run` of tool `profile`: time per range and the top kernels, `PROFILE_COLUMNS`).
         command: the command line to record; the process's own when None.
         show_progress: draw a progress bar on stderr.
 
@@ -405,13 +492,16 @@ def run_model(
     if config.nvtx and device.type != "cuda":
         notes.append("--nvtx has no effect without CUDA.")
     cells = _cells(config)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    profile_rows: list[dict[str, Any]] = []
+    profile = None if profile is None else Path(profile)
     snapshot_on = memory_snapshot is not None and device.type == "cuda"
     for cell in progress(cells, desc="bench-model", enabled=show_progress):
         snapshot = _per_cell_path(memory_snapshot, cell, len(cells)) if snapshot_on else None
-        trace = _per_cell_path(profile, cell, len(cells))
         outcome = guarded(
-            lambda c=cell, s=snapshot, t=trace: _measure(c, config, device, snapshot=s, profile=t),
+            lambda c=cell, s=snapshot: _measure(
+                c, config, device, snapshot=s, profile=profile, profile_rows=profile_rows
+            ),
             device=device,
         )
         rows.append(_row(cell, config, outcome.value if outcome.ok else None, outcome.status))
@@ -421,7 +511,11 @@ def run_model(
     if memory_snapshot is not None and not snapshot_on:
         notes.append("No memory snapshot: recording the allocator's history needs CUDA.")
     if profile is not None:
-        notes.append("The timed steps ran under torch.profiler, which slows them down.")
+        notes.append(
+            f"The timed steps ran under torch.profiler, which slows them down; traces and "
+            f"kernel tables in {profile}."
+        )
+        _save_profile(profile, profile_rows, device=device, command=command, config=config)
     peaks = {r["mfu_peak_tflops"] for r in rows if r.get("mfu_peak_tflops")}
     if peaks:
         notes.append(
@@ -439,6 +533,36 @@ def run_model(
         columns=COLUMNS,
         notes=notes,
     )
+
+
+def _save_profile(
+    directory: Path,
+    rows: list[dict[str, Any]],
+    *,
+    device: torch.device,
+    command: str | None,
+    config: ModelBenchConfig,
+) -> Path:
+    """`directory/<directory name>.json`: the profile's rows as a run of tool `profile`."""
+    what = "kernels by CUDA time" if device.type == "cuda" else "operators by CPU time"
+    run = Run.create(
+        "profile",
+        rows,
+        device=device,
+        config=asdict(config),
+        command=command,
+        title=f"torch.profiler: time per range and top {what}, {config.steps} profiled steps, "
+        f"batch {config.batch}, {device_name(device)}",
+        columns=PROFILE_COLUMNS,
+        group_by="cell",
+        notes=[
+            "range rows: total time inside the range over the profiled steps (CUDA time of the "
+            "kernels it launched on a GPU, CPU time on a CPU); the attention ranges split naive "
+            "attention into scores (q·kᵀ matmul and mask), softmax and output (weights·v "
+            "matmul). kernel/operator rows: own time, and share of all own time.",
+        ],
+    )
+    return save_json(run, directory / f"{directory.name}.json")
 
 
 def _snapshot_note(snapshot: Path, cell: _Cell) -> str:
@@ -593,6 +717,7 @@ def plot_model(run: Run, path: Path) -> Path:
         return " ".join(parts + (["compiled"] if r.get("compiled") else []))
 
     rows = [dict(r, configuration=label(r)) for r in run.rows]
+    dtypes = "/".join(dict.fromkeys(r["dtype"] for r in run.rows))
     return bar_plot(
         rows,
         x="configuration",
@@ -601,6 +726,7 @@ def plot_model(run: Run, path: Path) -> Path:
         path=path,
         ylabel="step (ms)",
         logy=True,
+        title=f"{run.plot_title} ({dtypes})",
     )
 
 
@@ -636,7 +762,9 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     tools = parser.add_argument_group("profiling")
     tools.add_argument("--nvtx", action="store_true", help="NVTX ranges for Nsight Systems")
     tools.add_argument("--memory-snapshot", type=Path, metavar="PATH", help="allocator pickle")
-    tools.add_argument("--profile", type=Path, metavar="PATH", help="torch.profiler trace")
+    tools.add_argument(
+        "--profile", type=Path, metavar="DIR", help="torch.profiler traces and kernel tables"
+    )
     tools.add_argument(
         "--warmup-study",
         type=int,

@@ -25,9 +25,10 @@ from torch import nn
 
 from bench.core.cli import Invocation, Tool, as_device
 from bench.core.plots import bar_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 
 __all__ = [
+    "KEYS",
     "TOOL",
     "ToyModel",
     "accumulation_rows",
@@ -143,6 +144,8 @@ def autocast_rows(device: torch.device | str, dtype: torch.dtype) -> list[dict[s
 
 
 COLUMNS = ["part", "case", "printed", "abs_error", "rel_error", "autocast", "tensor", "dtype"]
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS)
 
 
 def run_precision(*, device: torch.device | str | None = None, command: str | None = None) -> Run:
@@ -179,7 +182,8 @@ def plot_precision(run: Run, path: Path) -> Path:
         x="case",
         y="abs_error",
         path=path,
-        title=f"|sum - {EXACT_SUM}| after {NUM_ADDS} additions of {ADDEND}",
+        title=f"|sum - {EXACT_SUM}| after {NUM_ADDS} additions of {ADDEND}, "
+        f"{run.env.get('device_name')}",
         ylabel="absolute error",
         logy=True,
     )

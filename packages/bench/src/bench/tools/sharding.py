@@ -12,6 +12,8 @@ context 128, in these variants:
 - `fsdp`: `zero.FSDP` with one unit per `TransformerBlock` + the unsharded optimizer over the
   shards, one row per `--fsdp-dtypes` compute dtype (fp32; bf16: weights cast to bf16 before the
   all-gather, gradients reduced in bf16, fp32 masters and optimizer state).
+- `fsdp-no-prefetch` (on request): `fsdp` gathering each unit only when needed, to measure
+  what issuing the next unit's all-gather one unit ahead buys.
 - `torch-fsdp`: torch's FSDP2, `fully_shard` on every `TransformerBlock` and at the root, one row
   per compute dtype (bf16: `MixedPrecisionPolicy(param_dtype=torch.bfloat16)`, whose gradients
   are reduced in bf16 too).
@@ -53,7 +55,7 @@ from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
 from bench.core.plots import Bars, stacked_bar_plot
-from bench.core.results import Run
+from bench.core.results import Keys, Run
 from bench.core.timing import elapsed_ms
 from bench.core.training import (
     ADAMW_OPTIONS,
@@ -72,6 +74,7 @@ from zero import DEFAULT_BUCKET_MB, FSDP, ShardedOptimizer
 __all__ = [
     "COLUMNS",
     "COMPUTE_DTYPES",
+    "KEYS",
     "OPTIMIZERS",
     "TOOL",
     "VARIANTS",
@@ -83,9 +86,17 @@ __all__ = [
     "run_zero",
 ]
 
-VARIANTS = ("ddp", "sharded", "torch-zero", "bucketed-sharded", "fsdp", "torch-fsdp")
+VARIANTS = (
+    "ddp",
+    "sharded",
+    "torch-zero",
+    "bucketed-sharded",
+    "fsdp",
+    "torch-fsdp",
+    "fsdp-no-prefetch",
+)
 DEFAULT_VARIANTS = ("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp")
-FSDP_VARIANTS = ("fsdp", "torch-fsdp")
+FSDP_VARIANTS = ("fsdp", "torch-fsdp", "fsdp-no-prefetch")
 BASELINE = "ddp"
 FSDP_BASELINE = "torch-fsdp"
 COMPUTE_DTYPES: Mapping[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -121,6 +132,8 @@ COLUMNS = (
     "time_vs_torch_fsdp",
     "status",
 )
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -199,7 +212,12 @@ def _wrap(case: ZeroCase, model: lmcore.TransformerLM, device: torch.device) -> 
         dtype = COMPUTE_DTYPES[case.compute_dtype or "fp32"]
         if case.variant == "torch-fsdp":
             return _torch_fsdp(model, dtype)
-        return FSDP(model, compute_dtype=dtype, units=(lmcore.TransformerBlock,))
+        return FSDP(
+            model,
+            compute_dtype=dtype,
+            units=(lmcore.TransformerBlock,),
+            prefetch=case.variant == "fsdp",
+        )
     return DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
@@ -443,7 +461,9 @@ def plot_zero(run: Run, path: str | Path) -> Path:
     time = Bars(
         keys=(("step_ms", "step"),), ylabel="ms", title="median step time", err="step_ms_std"
     )
-    return stacked_bar_plot(rows, label="label", panels=(memory, time), path=path, title=run.title)
+    return stacked_bar_plot(
+        rows, label="label", panels=(memory, time), path=path, title=run.plot_title
+    )
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:

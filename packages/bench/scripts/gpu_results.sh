@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The GPU results of bench that a CPU cannot produce, in one run of about five minutes on one
+# H100, each written under $1 with the standard result names (<topic>_<device>_<date>):
+#
+#   attn_*       bench-attn's default (fa2-triton vs SDPA and naive)              about 1 min
+#   memory_fp32_*, memory_bf16_*
+#                2.7B memory snapshots at context 128/256/512, forward-only and
+#                full training step (a cell that runs out of memory says OOM);
+#                PNG timelines beside the json, the allocator pickles (large:
+#                copy them only if wanted) under $1/snapshots/                    about 1 min each
+#   warmup_*     the warm-up study (0, 1, 2, 5 warm-up steps, fresh processes)    about 40 s
+#   compile_*    the small model, eager and torch.compile'd, a training step      about 1 min
+#   profile_*/   torch.profiler traces, kernel tables and profile_*.json           about 20 s
+#
+# The times are expectations, not measurements. Each part has its own time limit; a part that
+# fails or runs out of time is reported and the others still run. Usage, from the repository
+# root (no installation needed):
+#
+#   packages/bench/scripts/gpu_results.sh docs/results
+#   uv run bench-report docs/results -o docs/results/REPORT.md   # then, on any machine
+set -u
+out=${1:?usage: gpu_results.sh OUT_DIR}
+root=$(cd "$(dirname "$0")/../../.." && pwd)
+export PYTHONPATH=$(ls -d "$root"/packages/*/src | paste -sd:)
+mkdir -p "$out/snapshots"
+stem() {  # the standard result name of a topic on this machine today
+    python3 -c "import sys, torch; from bench.core.env import collect_env; \
+from bench.core.results import result_stem; \
+print(result_stem(sys.argv[1], collect_env(torch.device('cuda'))))" "$1"
+}
+run() {  # run LIMIT_S NAME COMMAND...: one part, timed, never fatal
+    local limit=$1 name=$2
+    shift 2
+    local start=$SECONDS
+    echo "== $name (limit ${limit} s): $*" >&2
+    if timeout "$limit" "$@"; then
+        echo "== $name done in $((SECONDS - start)) s" >&2
+    else
+        echo "== $name FAILED or timed out after $((SECONDS - start)) s (exit $?)" >&2
+    fi
+}
+files() {  # --json/--markdown/--plot of a result name
+    echo --json "$out/$1.json" --markdown "$out/$1.md" --plot "$out/$1.png"
+}
+
+attn=$(stem attn)
+run 120 bench-attn python3 -m bench.attn --no-progress $(files "$attn")
+
+for dtype in fp32 bf16; do  # one result each, so that a slow half cannot cost the other
+    memory=$(stem "memory_$dtype")
+    run 120 "memory $dtype" python3 -m bench.model --size 2.7B --context-length 128 256 512 \
+        --mode forward train-step --dtype "$dtype" --warmup 1 --steps 1 --no-progress \
+        --memory-snapshot "$out/snapshots/${memory}_snapshot.pickle" $(files "$memory")
+done
+mv "$out"/snapshots/*.png "$out"/ 2>/dev/null
+
+warmup=$(stem warmup)
+run 90 warm-up python3 -m bench.model --size small --context-length 256 \
+    --mode forward-backward --steps 5 --warmup-study --no-progress $(files "$warmup")
+
+compiled=$(stem compile)
+run 150 compile python3 -m bench.model --size small --context-length 256 --mode train-step \
+    --compile both --warmup 3 --steps 5 --no-progress $(files "$compiled")
+
+profile=$(stem profile)
+run 60 profile python3 -m bench.model --size small --context-length 256 \
+    --mode forward train-step --warmup 2 --steps 3 --no-progress \
+    --profile "$out/$profile" --json "$out/${profile}_timing.json"
+
+echo "== all parts finished in $SECONDS s; results in $out" >&2
