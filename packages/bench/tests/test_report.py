@@ -184,3 +184,20 @@ def test_profile_answers_section_1_1_4(tmp_path, tiny_model_config):
     assert "the most expensive operator is" in section
     assert "inside naive attention, softmax takes" in section
     assert "Source: `profile_cpu.json`" in section
+
+
+def test_every_key_a_tool_writes_is_declared_in_its_keys(tool_results, ddp_run, zero_run):
+    from bench.tools import attn, data_parallel, flash, model, precision, sharding
+
+    keys = {
+        "model": model.KEYS,
+        "attn": attn.KEYS,
+        "flash": flash.KEYS,
+        "precision": precision.KEYS,
+        "ddp": data_parallel.KEYS,
+        "zero": sharding.KEYS,
+    }
+    runs = [r for _, r in collect_runs(tool_results)[0]] + [ddp_run, zero_run]
+    for run in runs:
+        written = {key for row in run.rows for key in row}
+        assert written <= set(keys[run.tool]), (run.tool, written - set(keys[run.tool]))

@@ -111,3 +111,16 @@ def test_run_to_markdown_has_title_header_notes_and_table():
 def test_result_stem_slugs_device_and_date():
     env = {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "date": "2025-05-01T1"}
     assert result_stem("attn", env) == "attn_nvidia-h100-80gb-hbm3_2025-05-01"
+
+
+def test_keys_name_themselves_and_refuse_unknown_names():
+    from bench.core.results import Keys
+
+    keys = Keys("impl", "fwd_ms", "impl")
+    assert keys.fwd_ms == "fwd_ms" and list(keys) == ["impl", "fwd_ms"]
+    with pytest.raises(AttributeError, match=r"no row key 'bwd_ms'.*impl, fwd_ms"):
+        _ = keys.bwd_ms
+    with pytest.raises(AttributeError):
+        keys.impl = "other"
+    with pytest.raises(ValueError, match="identifiers"):
+        Keys("fwd-ms")

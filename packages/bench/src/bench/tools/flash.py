@@ -243,7 +243,7 @@ COLUMNS = [
     "status",
 ]
 # Every key of a row, for readers (bench-report).
-KEYS = Keys(*COLUMNS, "causal", "baseline")
+KEYS = Keys(*COLUMNS, "causal", "baseline", "grad")
 
 _METRICS = [f"{p}_{m}" for m in ("ms", "tflops") for p in _PASSES]
 

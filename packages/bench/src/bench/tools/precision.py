@@ -145,7 +145,7 @@ def autocast_rows(device: torch.device | str, dtype: torch.dtype) -> list[dict[s
 
 COLUMNS = ["part", "case", "printed", "abs_error", "rel_error", "autocast", "tensor", "dtype"]
 # Every key of a row, for readers (bench-report).
-KEYS = Keys(*COLUMNS)
+KEYS = Keys(*COLUMNS, "value")
 
 
 def run_precision(*, device: torch.device | str | None = None, command: str | None = None) -> Run:
