@@ -46,7 +46,10 @@ run_speed sdpa-compile --attention sdpa --compile
 run_speed torch-baseline --baseline torch
 
 python3 - "$OUT" "$RUNS" "${labels[@]}" <<'PY'
-import json, re, shutil, sys
+import json
+import re
+import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -64,7 +67,7 @@ date = summary["date"][:10]
 
 # (a) the real-text run: summary + metrics as JSON, the loss curve, the sample, in Markdown
 stem = out / f"train_text_{device}_{date}"
-metrics = [json.loads(l) for l in (runs / "text" / "metrics.jsonl").read_text().splitlines()]
+metrics = [json.loads(line) for line in (runs / "text" / "metrics.jsonl").read_text().splitlines()]
 stem.with_suffix(".json").write_text(json.dumps({"summary": summary, "metrics": metrics}, indent=1))
 shutil.copyfile(runs / "text" / "loss.png", stem.with_suffix(".png"))
 c = summary["config"]
@@ -87,7 +90,8 @@ stem.with_suffix(".md").write_text("\n\n".join(lines) + "\n")
 
 # (b) the speed table, the matmul ceiling and the profile
 if "torch-baseline" in labels:
-    run = speed_comparison([(l, runs / f"speed-{l}") for l in labels], baseline="torch-baseline")
+    pairs = [(label, runs / f"speed-{label}") for label in labels]
+    run = speed_comparison(pairs, baseline="torch-baseline")
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         a @ a
