@@ -23,7 +23,16 @@ PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:)${PYTHONPATH:+:$PYTHONPATH
 export PYTHONPATH
 mkdir -p "$OUT"
 CACHE="$RUNS/cache"
-train() { python3 -m bench.train --data "$TEXT" --cache-dir "$CACHE" --no-progress "$@"; }
+# BPE needs the `tokenizers` library; without it every run uses the UTF-8 bytes (and says so).
+TOKENIZER=${TOKENIZER:-bpe}
+if ! python3 -c "import tokenizers" 2>/dev/null; then
+  echo "no tokenizers library here: --tokenizer bytes" >&2
+  TOKENIZER=bytes
+fi
+train() {
+  python3 -m bench.train --data "$TEXT" --tokenizer "$TOKENIZER" --cache-dir "$CACHE" \
+    --no-progress "$@"
+}
 
 # (a) the real-text run
 train --size small --context-length 256 --batch-size 32 --precision bf16 \
