@@ -168,5 +168,5 @@ def test_short_held_out_tail_is_reported(tmp_path):
 
 def test_bpe_without_the_tokenizers_library_says_what_to_do(monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # makes `import tokenizers` fail
-    with pytest.raises(ValueError, match="pip install tokenizers.*--tokenizer bytes"):
+    with pytest.raises(ValueError, match=r"pip install tokenizers.*--tokenizer bytes"):
         BPETokenizer.train(TEXT, 300)
