@@ -3,6 +3,8 @@ held-out tail, and the clear errors on bad data."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from generated_text import generated_text
@@ -162,3 +164,9 @@ def test_short_held_out_tail_is_reported(tmp_path):
     # 40 bytes: the 36-byte head holds a sequence of 16, the 4-byte tail does not.
     with pytest.raises(ValueError, match="held-out tail"):
         _corpus(tmp_path, _write(tmp_path, "d.txt", "x" * 40))
+
+
+def test_bpe_without_the_tokenizers_library_says_what_to_do(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # makes `import tokenizers` fail
+    with pytest.raises(ValueError, match=r"pip install tokenizers.*--tokenizer bytes"):
+        BPETokenizer.train(TEXT, 300)

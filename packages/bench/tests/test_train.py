@@ -244,9 +244,11 @@ def test_trains_on_cuda_in_bf16_with_fa2(text_file, tmp_path):
 
 
 def test_two_fsdp_ranks_match_one_process_across_a_resume(text_file, tmp_path, one_process):
-    # Weights, gradients and optimizer state sharded; the clipping norm spans the shards.
+    # Weights, gradients and optimizer state sharded; the clipping norm spans the shards; an
+    # evaluation (forward passes without backward) between training steps.
     out = tmp_path / "run"
-    extra = [*RUN_4, "--nproc", "2", "--parallel", "fsdp"]
+    extra = [*RUN_4, "--nproc", "2", "--parallel", "fsdp", "--eval-every", "1"]
+    extra += ["--eval-batches", "2"]
     assert main(_args(text_file, out, *extra, "--stop-after", "2", "--generate", "0")) == 0
     assert (out / "checkpoint-rank1.pt").is_file()
     assert main(_args(text_file, out, *extra, "--resume", "--generate", "8")) == 0

@@ -101,6 +101,7 @@ class BPETokenizer:
                 f"a byte-level BPE needs a vocabulary in (256, {MAX_VOCAB_SIZE}] (the 256 bytes "
                 f"plus merges; ids are stored as uint16), got --vocab-size {vocab_size}"
             )
+        _require_tokenizers()
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -118,6 +119,7 @@ class BPETokenizer:
     @classmethod
     def load(cls, path: str | Path) -> BPETokenizer:
         """The tokenizer saved at `path` (a `tokenizer.json`)."""
+        _require_tokenizers()
         from tokenizers import Tokenizer as HFTokenizer
 
         return cls(HFTokenizer.from_file(str(path)))
@@ -140,6 +142,17 @@ class BPETokenizer:
     def fingerprint(self) -> str:
         """The hash of the tokenizer's JSON: same merges, same fingerprint."""
         return hashlib.sha256(self._tokenizer.to_str().encode()).hexdigest()[:16]
+
+
+def _require_tokenizers() -> None:
+    """Raise a `ValueError` that says what to do when the `tokenizers` library is missing."""
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "--tokenizer bpe needs the Hugging Face `tokenizers` library (pip install tokenizers); "
+            "or use --tokenizer bytes"
+        ) from None
 
 
 def _chunks(text: str) -> Iterator[str]:

@@ -270,6 +270,8 @@ class TrainConfig:
             raise ValueError(f"--profile-step must be in [1, the last step {self.last_step}]")
         if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
             raise ValueError(f"--stop-after must be in [1, --steps = {self.steps}]")
+        if self.generate and not self.prompt:
+            raise ValueError("--generate needs a non-empty --prompt to continue")
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}")
         for name, value, choices in (
