@@ -63,7 +63,6 @@ import dataclasses
 import functools
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -347,25 +346,6 @@ class TrainConfig:
 
 
 # ----------------------------------------------------------------------------- run records
-
-
-def _git_revision() -> dict[str, Any]:
-    """The code's git commit and whether the tree had uncommitted changes (None outside git)."""
-    here = Path(__file__).resolve().parent
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return {"git_revision": None, "git_dirty": None}
-    return {"git_revision": rev, "git_dirty": bool(status.strip())}
 
 
 def _resume_state(config: TrainConfig) -> dict[str, Any] | None:
@@ -897,7 +877,9 @@ def _write_outputs(config: TrainConfig, result: dict[str, Any], command: str) ->
         "device_name": env["device_name"],
         "date": env["date"],
         "command": command,
-        **_git_revision(),
+        "git_revision": env["git_revision"],
+        "git_dirty": env["git_dirty"],
+        "packages": env["packages"],
     }
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     if result["sample"] is not None:
