@@ -208,7 +208,22 @@ def _two_rank_worker(rank: int, world_size: int, device_type: str) -> dict[str, 
     )
     w = torch.randn(4, requires_grad=True, device=device)
     out["duplicate_error"] = _error(lambda: ShardedOptimizer([w, w], torch.optim.AdamW))
+    out["frozen_heavy_state_numel"] = _frozen_heavy_state_numel(device)
     return out
+
+
+def _frozen_heavy_state_numel(device: torch.device) -> int:
+    """This rank's AdamW state after one step of a model dominated by a frozen embedding."""
+    torch.manual_seed(1)
+    frozen = nn.Embedding(300, 10).requires_grad_(False).to(device)  # 3,000 frozen elements
+    trainable = [nn.Linear(10, 10).to(device) for _ in range(3)]  # 330 trainable elements
+    params = [*frozen.parameters(), *(p for layer in trainable for p in layer.parameters())]
+    optimizer = ShardedOptimizer(params, torch.optim.AdamW, **OPTIONS)
+    for p in params:
+        if p.requires_grad:
+            p.grad = torch.randn_like(p)
+    optimizer.step()
+    return _state_numel(optimizer.local_optimizer)
 
 
 def _three_rank_worker(rank: int, world_size: int, checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -269,6 +284,13 @@ def test_local_state_is_about_half_of_the_whole(two_ranks):
     assert sum(out["state_numel"] for out in two_ranks) == total
     for out in two_ranks:
         assert 0.35 * total <= out["state_numel"] <= 0.65 * total  # a tiny model splits coarsely
+
+
+def test_frozen_parameters_do_not_unbalance_the_state(two_ranks):
+    numels = [out["frozen_heavy_state_numel"] for out in two_ranks]
+    assert sum(numels) == 2 * 330  # two moments per trainable element
+    # LPT over the trainable tensors (100, 100, 100, 10, 10, 10): 200 and 130 elements
+    assert sorted(numels) == [2 * 130, 2 * 200]
 
 
 def test_param_groups_carry_the_inner_optimizer_options(two_ranks):

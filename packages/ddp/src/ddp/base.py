@@ -28,6 +28,7 @@ class DataParallelOptions(TypedDict, total=False):
     grad_dtype: torch.dtype | None
     unused_grads: UnusedGrads
     record_comm_stats: bool
+    broadcast_buffers: bool
 
 
 def _validate_arguments(module: object, grad_dtype: object, unused_grads: object) -> None:
@@ -168,12 +169,28 @@ class DataParallelBase(nn.Module):
             gradient for a parameter that other ranks have contributes zeros to the average.
         record_comm_stats: keep a `CommStats` record of every synchronised step, read from
             `comm_stats`.
+        broadcast_buffers: broadcast rank 0's buffers to every rank at the start of every
+            `forward` (one ``broadcast`` per buffer), as torch DDP does by default, so that
+            buffers a forward updates from local data (BatchNorm's running statistics) stay
+            rank 0's everywhere. Off by default: buffers are broadcast once, at construction.
+            Most buffers of a Transformer (RoPE tables, masks) are constants, for which the
+            per-forward broadcast is a collective per forward with nothing to carry, and a
+            collective in `forward` hangs any code that runs a forward on some ranks only (an
+            evaluation on rank 0). Turn it on for models with running statistics.
 
     Raises:
         TypeError: `module` is not an `nn.Module`.
         ValueError: a bad option, or the module's state is spread over several devices or is
             not on CUDA under nccl.
         RuntimeError: the process group is not initialised, or the ranks' models differ.
+
+    .. warning::
+        The trainable parameters are fixed at construction: those with ``requires_grad`` then.
+        Changing ``requires_grad`` afterwards (unfreezing a layer, freezing one) makes the next
+        `finish_gradient_synchronization()` raise ``RuntimeError`` on every rank: wrap the
+        module again after such a change. Averaging a different set silently would let ranks
+        diverge (a parameter unfrozen later) or hand weight decay zero gradients of a parameter
+        frozen later.
     """
 
     def __init__(
@@ -184,6 +201,7 @@ class DataParallelBase(nn.Module):
         grad_dtype: torch.dtype | None = None,
         unused_grads: UnusedGrads = "zeros",
         record_comm_stats: bool = False,
+        broadcast_buffers: bool = False,
     ) -> None:
         _validate_arguments(module, grad_dtype, unused_grads)
         _require_process_group()
@@ -199,6 +217,9 @@ class DataParallelBase(nn.Module):
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         self._param_names = [name for name, _ in named]
         self._params = [p for _, p in named]
+        self._named_params = list(module.named_parameters())
+        self._trainable = self._requires_grad_flags()
+        self.broadcast_buffers = bool(broadcast_buffers)
         self._require_sync = True
         self._nvtx = self.device.type == "cuda"
         self._recorder = CommRecorder(self.device) if record_comm_stats else None
@@ -206,14 +227,47 @@ class DataParallelBase(nn.Module):
         self._broadcast_state()
 
     def _broadcast_state(self) -> None:
+        self._broadcast((*self.module.parameters(), *self.module.buffers()))
+
+    def _broadcast(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        """Give every rank rank 0's values of `tensors`: asynchronous broadcasts, then one wait."""
         src = dist.get_global_rank(self.process_group, 0)
         with torch.no_grad(), nvtx_range("ddp.broadcast", enabled=self._nvtx):
-            for tensor in (*self.module.parameters(), *self.module.buffers()):
-                dist.broadcast(tensor.detach(), src=src, group=self.process_group)
+            works = [
+                dist.broadcast(t.detach(), src=src, group=self.process_group, async_op=True)
+                for t in tensors
+            ]
+            for work in works:
+                work.wait()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the wrapped module; gradient hooks (if any) fire during the backward pass."""
+        """Run the wrapped module; gradient hooks (if any) fire during the backward pass.
+
+        With `broadcast_buffers`, rank 0's buffers are first broadcast to every rank.
+        """
+        if self.broadcast_buffers:
+            self._broadcast(tuple(self.module.buffers()))
         return self.module(*args, **kwargs)
+
+    def _requires_grad_flags(self) -> tuple[bool, ...]:
+        return tuple(p.requires_grad for _, p in self._named_params)
+
+    def _check_trainable_unchanged(self) -> None:
+        """Raise if ``requires_grad`` changed since wrapping; the wrapper would average the rest."""
+        flags = self._requires_grad_flags()
+        if flags == self._trainable:
+            return
+        changed = [
+            f"{name!r} ({'unfrozen' if now else 'frozen'})"
+            for (name, _), now, then in zip(self._named_params, flags, self._trainable, strict=True)
+            if now != then
+        ]
+        raise RuntimeError(
+            "requires_grad changed after wrapping for " + ", ".join(changed) + ": the wrapper "
+            "averages the parameters that required a gradient when it was built. Wrap the "
+            "module again after changing requires_grad (on every rank), e.g. "
+            "model = type(model)(model.module, ...)"
+        )
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -245,9 +299,14 @@ class DataParallelBase(nn.Module):
 
         Call after ``backward()`` and before ``optimizer.step()``. When it returns (on CUDA:
         once the current stream reaches this point) each gradient equals the average over ranks.
+
+        Raises:
+            RuntimeError: a parameter's ``requires_grad`` changed since wrapping (see the class
+                warning); raised before this call communicates anything.
         """
         if not self._require_sync:
             return
+        self._check_trainable_unchanged()
         if self._recorder is not None:
             self._recorder.begin_wait()
         keep_none = self.unused_grads == "none"

@@ -65,7 +65,8 @@ class DDPBucketed(OverlappedDataParallel):
         module: the model replica of this rank.
         bucket_size_mb: bucket capacity in MiB of communicated bytes (in `grad_dtype` if given);
             `None` puts all gradients in one bucket, `0` each in its own.
-        **options: `process_group`, `grad_dtype`, `unused_grads`, `record_comm_stats`.
+        **options: `process_group`, `grad_dtype`, `unused_grads`, `record_comm_stats`,
+            `broadcast_buffers`.
 
     Raises:
         TypeError, ValueError: `bucket_size_mb` is not a number >= 0 or None, or see

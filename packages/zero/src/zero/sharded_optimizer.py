@@ -24,11 +24,18 @@ def _options(group: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in group.items() if k not in PARAM_KEYS}
 
 
+def _state_size(param: torch.Tensor) -> int:
+    """The weight of a parameter in the partition: its elements if trainable, else nothing."""
+    return param.numel() if param.requires_grad else 0
+
+
 class ShardedOptimizer(Optimizer):
     r"""Wrap any ``torch.optim.Optimizer`` so each rank keeps state only for its shard (ZeRO-1).
 
-    The parameters are partitioned across the ranks of ``process_group`` by number of elements
-    (greedy largest-first, see :func:`zero.partition_by_numel`; parameters stay whole, so any
+    The parameters are partitioned across the ranks of ``process_group`` by number of trainable
+    elements (greedy largest-first, see :func:`zero.partition_by_numel`; parameters that do not
+    require a gradient at construction weigh nothing, since they get no state; parameters stay
+    whole, so any
     optimizer works, including ones that need a full matrix). Each rank builds an inner
     ``optimizer_cls(**kwargs)`` over the parameters it owns only, :attr:`local_optimizer`, so
     optimizer state such as AdamW's two moments takes about ``1 / world_size`` of its unsharded
@@ -151,7 +158,7 @@ class ShardedOptimizer(Optimizer):
         self._backend = dist.get_backend(process_group)
         self._bucket_bytes = bucket_mb * 2**20
         self._owners: list[list[int]] = []  # owner rank of each parameter, per group
-        self._loads = [0] * self._world_size  # elements owned by each rank
+        self._loads = [0] * self._world_size  # trainable elements owned by each rank
         self._buckets: list[Bucket] = []
         self._buckets_key: tuple[bool, ...] | None = None  # requires_grad flags the plan is for
         self._local_optimizer: Optimizer | None = None
@@ -245,11 +252,13 @@ class ShardedOptimizer(Optimizer):
             self.param_groups.pop()
             raise
 
-        owners = partition_by_numel(
-            [p.numel() for p in group["params"]], self._world_size, loads=self._loads
-        )
-        for param, owner in zip(group["params"], owners, strict=True):
-            self._loads[owner] += param.numel()
+        # Balance what costs memory: the state of trainable parameters. A frozen parameter gets
+        # no gradient and so no state; counting it would let a large frozen embedding push all
+        # the trainable state onto the other ranks.
+        sizes = [_state_size(p) for p in group["params"]]
+        owners = partition_by_numel(sizes, self._world_size, loads=self._loads)
+        for size, owner in zip(sizes, owners, strict=True):
+            self._loads[owner] += size
         self._owners.append(owners)
         self._buckets_key = None
         if self._local_optimizer is not None:
