@@ -109,9 +109,9 @@ def test_table_json_and_plot(run, tmp_path):
     "bad",
     [
         {"variants": ("fsdp",)},
-        {"bucket_mbs": (-1.0,)},
+        {"bucket_sizes_mb": (-1.0,)},
         {"torch_bucket_mbs": (0.0,)},
-        {"bucket_mbs": (float("inf"),)},
+        {"bucket_sizes_mb": (float("inf"),)},
         {"world_size": 1},
         {"warmup": 0},
     ],
@@ -123,10 +123,10 @@ def test_invalid_config_raises(bad):
 
 def test_options_override_the_device_default():
     parser = TOOL.parser()
-    argv = ["--size", "small", "--bucket-mb", "5", "--torch-bucket-mb", "default", "50"]
+    argv = ["--size", "small", "--bucket-mb", "5", "none", "--torch-bucket-mb", "default", "50"]
     config = TOOL.config(parser.parse_args(argv), parser, torch.device("cpu"))
     assert config.size == "small"
-    assert config.bucket_mbs == (5.0,) and config.torch_bucket_mbs == (None, 50.0)
+    assert config.bucket_sizes_mb == (5.0, None) and config.torch_bucket_mbs == (None, 50.0)
 
 
 def test_help_describes_the_tool(help_text):

@@ -169,6 +169,16 @@ def test_baseline_torch_is_sdpa_fused_adamw_compiled():
         TrainConfig.create(data="x", out="y", device="cpu", baseline="torch", attention="naive")
 
 
+def test_bucket_size_speaks_ddps_vocabulary():
+    parser = bench_train.build_parser()
+    base = ["--data", "x", "--out", "y", "--device", "cpu"]
+    for extra, size in (([], 25.0), (["--bucket-mb", "none"], None), (["--bucket-mb", "4"], 4.0)):
+        args = parser.parse_args([*base, *extra])
+        assert bench_train.config_from_args(args).bucket_size_mb == size
+    with pytest.raises(ValueError, match="bucket_size_mb"):
+        TrainConfig.create(data="x", out="y", device="cpu", bucket_size_mb=math.inf)
+
+
 def _usage_error(capsys, argv) -> str:
     with pytest.raises(SystemExit) as exc:
         main(argv)

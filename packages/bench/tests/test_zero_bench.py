@@ -106,10 +106,10 @@ def test_help(help_text):
 def test_options_override_the_cpu_default():
     parser = TOOL.parser()
     args = parser.parse_args(
-        ["--size", "tiny", "--zero-bucket-mb", "0", "inf", "--steps", "4", "--fsdp-dtypes", "bf16"]
+        ["--size", "tiny", "--zero-bucket-mb", "0", "none", "--steps", "4", "--fsdp-dtypes", "bf16"]
     )
     config = TOOL.config(args, parser, torch.device("cpu"))
-    assert config.bucket_mbs == (0.0, float("inf"))
+    assert config.bucket_sizes_mb == (0.0, None)
     assert config.fsdp_dtypes == ("bf16",)
     assert config.steps == 4
     assert config.size == "tiny"
@@ -125,7 +125,9 @@ def test_no_options_keep_the_announced_default():
     [
         {"variants": ("nope",)},
         {"optimizer": "sgd"},
-        {"bucket_mbs": (-1.0,)},
+        {"bucket_sizes_mb": (-1.0,)},
+        {"bucket_sizes_mb": (float("inf"),)},
+        {"bucket_sizes_mb": ()},
         {"world_size": 1},
         {"fsdp_dtypes": ("fp16",)},
         {"fsdp_dtypes": ()},

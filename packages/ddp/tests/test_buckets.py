@@ -1,8 +1,10 @@
-"""Bucket assignment, without any process group."""
+"""Bucket sizes and bucket assignment, without any process group."""
+
+import math
 
 import pytest
 
-from ddp import assign_buckets
+from ddp import DEFAULT_BUCKET_SIZE_MB, assign_buckets, bucket_bytes
 
 
 def test_none_puts_everything_in_one_bucket_in_reverse_order():
@@ -67,3 +69,34 @@ def test_negative_size_is_rejected():
 def test_keys_of_the_wrong_length_are_rejected():
     with pytest.raises(ValueError, match="keys has 1"):
         assign_buckets([4, 4], max_bytes=8, keys=["a"])
+
+
+def test_forward_walk_fills_greedily_in_registration_order():
+    # 2+3 fit under 12, 9 does not join them; 9 alone, then 5+7 = 12.
+    assert assign_buckets([2, 3, 9, 5, 7], max_bytes=12, reverse=False) == [[0, 1], [2], [3, 4]]
+
+
+def test_forward_walk_orders_buckets_by_their_first_parameter():
+    keys = ["a", "b", "a", "b", "a"]
+    buckets = assign_buckets([4, 4, 4, 4, 4], max_bytes=8, keys=keys, reverse=False)
+    assert buckets == [[0, 2], [1, 3], [4]]
+    assert assign_buckets([4, 4, 4], max_bytes=None, reverse=False) == [[0, 1, 2]]
+
+
+def test_bucket_bytes_speaks_mib_with_none_for_one_bucket():
+    assert bucket_bytes(None) is None
+    assert bucket_bytes(0) == 0
+    assert bucket_bytes(1.5) == 3 * 2**19
+    assert bucket_bytes(DEFAULT_BUCKET_SIZE_MB) == 25 * 2**20
+
+
+@pytest.mark.parametrize("size", [-1, math.nan, math.inf])
+def test_bucket_bytes_rejects_sizes_that_are_not_finite_and_non_negative(size):
+    with pytest.raises(ValueError, match="bucket_size_mb"):
+        bucket_bytes(size)
+
+
+@pytest.mark.parametrize("size", ["25", True])
+def test_bucket_bytes_rejects_what_is_not_a_number(size):
+    with pytest.raises(TypeError, match="bucket_size_mb"):
+        bucket_bytes(size)

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from spawn_ranks import run_ranks
 from torch import nn
 
-from zero import DEFAULT_BUCKET_MB, ShardedOptimizer
+from ddp import DEFAULT_BUCKET_SIZE_MB
+from zero import ShardedOptimizer
 
 VOCAB, DIM, HIDDEN = 13, 6, 7  # odd sizes: nothing divides evenly
 BATCH, SEQ = 3, 5
@@ -27,9 +28,9 @@ ADD_AT = 2  # the adapter's parameter group joins at this step
 HALVE_AT = 3  # group 1's lr is halved by hand at this step
 RESUME_AT = 4  # checkpoint taken before this step; resumed runs start here
 OPTIONS = {"lr": 1e-2, "betas": (0.9, 0.95), "weight_decay": 0.01}
-# 0: one broadcast per parameter; 2e-4 MB (~200 bytes): a few parameters per bucket;
-# the default: each owner's whole shard in one bucket at these sizes.
-BUCKET_MBS = (0.0, 2e-4, DEFAULT_BUCKET_MB)
+# 0: one broadcast per parameter; 2e-4 MB (~200 bytes): a few parameters per bucket; None: one
+# bucket per owner; the default: each owner's whole shard in one bucket at these sizes too.
+BUCKET_SIZES_MB = (0.0, 2e-4, None, DEFAULT_BUCKET_SIZE_MB)
 
 
 class _Net(nn.Module):
@@ -165,10 +166,10 @@ def _two_rank_worker(rank: int, world_size: int, device_type: str) -> dict[str, 
     batches = _batches(device)
     out: dict[str, Any] = {"reference": _reference(device, batches), "params": {}}
 
-    for bucket_mb in BUCKET_MBS:
+    for bucket_size_mb in BUCKET_SIZES_MB:
         net = _net(device)
         optimizer = ShardedOptimizer(
-            _groups(net), torch.optim.AdamW, bucket_mb=bucket_mb, **OPTIONS
+            _groups(net), torch.optim.AdamW, bucket_size_mb=bucket_size_mb, **OPTIONS
         )
         scheduler = _scheduler(optimizer)
         _train(net, optimizer, scheduler, batches, range(RESUME_AT))
@@ -178,7 +179,7 @@ def _two_rank_worker(rank: int, world_size: int, device_type: str) -> dict[str, 
             "scheduler": scheduler.state_dict(),
         }
         _train(net, optimizer, scheduler, batches, range(RESUME_AT, STEPS))
-        out["params"][bucket_mb] = _params(net)
+        out["params"][bucket_size_mb] = _params(net)
 
     index = {p: i for i, p in enumerate(net.parameters())}
     out["owned"] = sorted(
@@ -265,10 +266,10 @@ def _assert_same(actual: list[torch.Tensor], expected: list[torch.Tensor], **tol
         torch.testing.assert_close(a, e, **(tol or {"rtol": 0.0, "atol": 0.0}))
 
 
-@pytest.mark.parametrize("bucket_mb", BUCKET_MBS)
-def test_training_equals_unsharded_adamw(two_ranks, bucket_mb: float):
+@pytest.mark.parametrize("bucket_size_mb", BUCKET_SIZES_MB)
+def test_training_equals_unsharded_adamw(two_ranks, bucket_size_mb: float | None):
     for out in two_ranks:
-        _assert_same(out["params"][bucket_mb], out["reference"]["params"])
+        _assert_same(out["params"][bucket_size_mb], out["reference"]["params"])
 
 
 def test_local_state_covers_only_the_owned_shard(two_ranks):
@@ -364,11 +365,11 @@ def test_rejects_what_is_not_an_optimizer_class(optimizer_cls):
         ShardedOptimizer([torch.randn(3, requires_grad=True)], optimizer_cls)
 
 
-@pytest.mark.parametrize("bucket_mb", [-1.0, math.nan])
-def test_rejects_a_negative_bucket_size(bucket_mb: float):
-    with pytest.raises(ValueError, match="bucket_mb"):
+@pytest.mark.parametrize("bucket_size_mb", [-1.0, math.nan, math.inf])
+def test_rejects_a_negative_or_infinite_bucket_size(bucket_size_mb: float | None):
+    with pytest.raises(ValueError, match="bucket_size_mb"):
         ShardedOptimizer(
-            [torch.randn(3, requires_grad=True)], torch.optim.AdamW, bucket_mb=bucket_mb
+            [torch.randn(3, requires_grad=True)], torch.optim.AdamW, bucket_size_mb=bucket_size_mb
         )
 
 
@@ -381,7 +382,7 @@ def test_nccl_training_equals_unsharded_adamw():
     # cuBLAS may tile differently; allow a few ulps of fp32.
     tol = {"rtol": 1e-5, "atol": 1e-6}
     for out in outs:
-        for bucket_mb in BUCKET_MBS:
-            _assert_same(out["params"][bucket_mb], out["reference"]["params"], **tol)
+        for bucket_size_mb in BUCKET_SIZES_MB:
+            _assert_same(out["params"][bucket_size_mb], out["reference"]["params"], **tol)
         _assert_same(out["resumed"], out["reference"]["params"], **tol)
         assert "differs" in out["mismatch_error"]

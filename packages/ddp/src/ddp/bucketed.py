@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from typing import Unpack
 
 import torch.distributed as dist
 from torch import nn
 
 from ddp.base import DataParallelOptions
-from ddp.buckets import assign_buckets
+from ddp.buckets import _BYTES_PER_MB, DEFAULT_BUCKET_SIZE_MB, assign_buckets, bucket_bytes
 from ddp.grad_bucket import GradBucket
 from ddp.overlap import OverlappedDataParallel
 
 __all__ = ["DDPBucketed"]
-
-# Bucket capacities are in MiB, like torch DDP's `bucket_cap_mb`.
-_BYTES_PER_MB = 1024 * 1024
-# torch DDP's default `bucket_cap_mb`.
-_DEFAULT_BUCKET_SIZE_MB = 25.0
-
-
-def _bucket_bytes(bucket_size_mb: float | None) -> int | None:
-    if bucket_size_mb is None:
-        return None
-    if isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, int | float):
-        raise TypeError(
-            f"bucket_size_mb must be a number of MiB or None, got {type(bucket_size_mb).__name__}"
-        )
-    if not (bucket_size_mb >= 0 and math.isfinite(bucket_size_mb)):
-        raise ValueError(
-            f"bucket_size_mb must be a finite number >= 0 (0 gives every parameter its own "
-            f"bucket) or None (one bucket), got {bucket_size_mb}"
-        )
-    return int(bucket_size_mb * _BYTES_PER_MB)
 
 
 class DDPBucketed(OverlappedDataParallel):
@@ -64,7 +43,8 @@ class DDPBucketed(OverlappedDataParallel):
     Args:
         module: the model replica of this rank.
         bucket_size_mb: bucket capacity in MiB of communicated bytes (in `grad_dtype` if given);
-            `None` puts all gradients in one bucket, `0` each in its own.
+            `None` puts all gradients in one bucket, `0` each in its own. Default:
+            `DEFAULT_BUCKET_SIZE_MB` (25, torch DDP's default `bucket_cap_mb`).
         **options: `process_group`, `grad_dtype`, `unused_grads`, `record_comm_stats`,
             `broadcast_buffers`.
 
@@ -94,10 +74,10 @@ class DDPBucketed(OverlappedDataParallel):
     def __init__(
         self,
         module: nn.Module,
-        bucket_size_mb: float | None = _DEFAULT_BUCKET_SIZE_MB,
+        bucket_size_mb: float | None = DEFAULT_BUCKET_SIZE_MB,
         **options: Unpack[DataParallelOptions],
     ) -> None:
-        max_bytes = _bucket_bytes(bucket_size_mb)
+        max_bytes = bucket_bytes(bucket_size_mb)
         super().__init__(module, **options)
         self.bucket_size_mb = bucket_size_mb
         comm_dtypes = [self._comm_dtype(p) for p in self._params]

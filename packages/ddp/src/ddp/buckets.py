@@ -1,14 +1,51 @@
-"""Bucket assignment: which parameters' gradients travel together in one all-reduce.
+"""Bucket sizes and bucket assignment: which tensors travel together in one collective.
 
-A pure function of sizes, with no tensors and no process group, so the plan can be tested (and
-printed) on its own.
+The one bucket vocabulary of the workspace: a bucket size is `bucket_size_mb` MiB (like torch
+DDP's `bucket_cap_mb`), `None` puts everything in one bucket and `0` gives every tensor its own.
+`DDPBucketed` (gradient all-reduces) and `zero.ShardedOptimizer` (parameter broadcasts) both
+validate their size with `bucket_bytes` and plan with `assign_buckets`, a pure function of sizes
+with no tensors and no process group, so the plan can be tested (and printed) on its own.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 
-__all__ = ["assign_buckets"]
+__all__ = ["DEFAULT_BUCKET_SIZE_MB", "assign_buckets", "bucket_bytes"]
+
+# Bucket sizes are in MiB, like torch DDP's `bucket_cap_mb`.
+_BYTES_PER_MB = 1024 * 1024
+# torch DDP's default `bucket_cap_mb`. At NVLink speeds a 25 MB collective takes on the order of
+# 100 µs, several times a collective's ~10 µs launch cost, while buckets stay small next to the
+# model.
+DEFAULT_BUCKET_SIZE_MB = 25.0
+
+
+def bucket_bytes(bucket_size_mb: float | None) -> int | None:
+    """The capacity in bytes of a bucket of `bucket_size_mb` MiB, for `assign_buckets`.
+
+    Raises:
+        TypeError: `bucket_size_mb` is neither a number nor None.
+        ValueError: `bucket_size_mb` is negative, nan or infinite (`None` is the one bucket).
+
+    Example::
+
+        >>> bucket_bytes(25), bucket_bytes(0), bucket_bytes(None)
+        (26214400, 0, None)
+    """
+    if bucket_size_mb is None:
+        return None
+    if isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, int | float):
+        raise TypeError(
+            f"bucket_size_mb must be a number of MiB or None, got {type(bucket_size_mb).__name__}"
+        )
+    if not (bucket_size_mb >= 0 and math.isfinite(bucket_size_mb)):
+        raise ValueError(
+            f"bucket_size_mb must be a finite number >= 0 (0 gives every tensor its own "
+            f"bucket) or None (one bucket), got {bucket_size_mb}"
+        )
+    return int(bucket_size_mb * _BYTES_PER_MB)
 
 
 def assign_buckets(
@@ -16,6 +53,7 @@ def assign_buckets(
     *,
     max_bytes: int | None,
     keys: Sequence[Hashable] | None = None,
+    reverse: bool = True,
 ) -> list[list[int]]:
     """Group parameters into buckets of at most `max_bytes`, in reverse registration order.
 
@@ -24,7 +62,9 @@ def assign_buckets(
     gradients that backward produces first, and its all-reduce can start while the rest of
     backward still runs. The walk is greedy: a parameter joins the open bucket of its key unless
     that would take the bucket past `max_bytes`, in which case the bucket is closed and a new one
-    starts. A parameter larger than `max_bytes` therefore gets a bucket of its own.
+    starts. A parameter larger than `max_bytes` therefore gets a bucket of its own. With
+    `reverse=False` the walk goes forwards instead (broadcasts after an optimizer step, which
+    have no backward to follow).
 
     Args:
         sizes: bytes each parameter's gradient occupies on the wire, in registration order.
@@ -32,11 +72,12 @@ def assign_buckets(
             bucket; `0` gives every parameter its own bucket.
         keys: optional per-parameter keys (e.g. the dtype); parameters with different keys never
             share a bucket, because a bucket is one flat buffer of one dtype.
+        reverse: walk the parameters backwards (the default, for gradients) or forwards.
 
     Returns:
-        Buckets in the order their all-reduces should be launched (by the position of their first
-        parameter in the backwards walk); each bucket lists indices into `sizes`, in reverse
-        registration order.
+        Buckets in the order their collectives should be launched (by the position of their
+        first parameter in the walk); each bucket lists indices into `sizes` in walk order
+        (reverse registration order unless `reverse=False`).
 
     Raises:
         ValueError: a size or `max_bytes` is negative, or `keys` has a different length.
@@ -47,6 +88,8 @@ def assign_buckets(
         [[3], [2], [1, 0]]
         >>> assign_buckets([4, 4, 8, 4], max_bytes=None)
         [[3, 2, 1, 0]]
+        >>> assign_buckets([4, 4, 8, 4], max_bytes=8, reverse=False)
+        [[0, 1], [2], [3]]
     """
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
@@ -60,7 +103,8 @@ def assign_buckets(
     closed: list[list[int]] = []
     open_buckets: dict[Hashable, list[int]] = {}
     open_bytes: dict[Hashable, int] = {}
-    for index in reversed(range(len(sizes))):
+    order = reversed(range(len(sizes))) if reverse else range(len(sizes))
+    for index in order:
         key, size = keys[index], sizes[index]
         bucket = open_buckets.get(key)
         if bucket and max_bytes is not None and open_bytes[key] + size > max_bytes:
@@ -72,5 +116,5 @@ def assign_buckets(
         bucket.append(index)
         open_bytes[key] += size
     buckets = closed + [bucket for bucket in open_buckets.values() if bucket]
-    # Launch order: the bucket whose first gradient comes earliest in the backwards walk first.
-    return sorted(buckets, key=lambda bucket: -bucket[0])
+    # Launch order: the bucket whose first parameter comes earliest in the walk first.
+    return sorted(buckets, key=lambda bucket: -bucket[0] if reverse else bucket[0])

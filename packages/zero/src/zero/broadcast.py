@@ -1,11 +1,13 @@
 """Making every rank's parameters equal again after each rank stepped its own shard.
 
 Each owner broadcasts the parameters it updated. Parameters of one owner, dtype and device are
-coalesced into buckets of at most ``bucket_bytes``: a bucket is packed into one flat buffer on the
-owner, broadcast once, and unpacked on the other ranks. ``bucket_bytes=0`` gives one broadcast per
-parameter straight into the parameter's storage (no staging copies, many small collectives); a very
-large cap gives one broadcast per (owner, dtype, device) (few collectives, staging buffers as large
-as a whole shard). The cap trades collective count against transient memory and copies.
+coalesced into buckets of at most ``max_bytes``: a bucket is packed into one flat buffer on the
+owner, broadcast once, and unpacked on the other ranks. ``max_bytes=0`` gives one broadcast per
+parameter straight into the parameter's storage (no staging copies, many small collectives);
+``max_bytes=None`` gives one broadcast per (owner, dtype, device) (few collectives, staging buffers
+as large as a whole shard). The cap trades collective count against transient memory and copies.
+The greedy plan is ``ddp.assign_buckets``, the one that groups DDPBucketed's gradients, walked
+forwards.
 
 Why not one all-gather over a flat buffer: shards are whole parameters, so they differ in size and
 an all-gather would need padding to the largest shard plus a gather buffer as large as the whole
@@ -24,15 +26,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DEFAULT_BUCKET_MB", "Bucket", "broadcast_buckets", "plan_buckets"]
+from ddp import assign_buckets
 
-# torch DDP's default bucket cap. At NVLink speeds a 25 MB broadcast takes on the order of 100 µs,
-# several times a collective's ~10 µs launch cost, while the staging buffers (at most
-# _MAX_IN_FLIGHT + 1 buckets) stay negligible next to the optimizer state that sharding saves.
-DEFAULT_BUCKET_MB = 25.0
+__all__ = ["Bucket", "broadcast_buckets", "plan_buckets"]
 
 # Buckets staged at once: one on the wire while the next is packed (double buffering); waiting for
-# the oldest beyond that bounds the transient memory to a few buckets.
+# the oldest beyond that bounds the transient memory to a few buckets, negligible at the default
+# size (ddp.DEFAULT_BUCKET_SIZE_MB) next to the optimizer state that sharding saves.
 _MAX_IN_FLIGHT = 2
 
 
@@ -56,46 +56,38 @@ def plan_buckets(
     params: Sequence[torch.Tensor],
     owners: Sequence[int],
     *,
-    bucket_bytes: float,
+    max_bytes: int | None,
 ) -> list[Bucket]:
     """Group parameters into broadcast buckets of one owner, dtype and device, capped in size.
 
     A pure function of the parameters' order, sizes, dtypes and owners, so every rank plans the
-    same buckets in the same order (collectives must match across ranks). A parameter larger than
-    the cap gets a bucket of its own.
+    same buckets in the same order (collectives must match across ranks): ``ddp.assign_buckets``
+    walked forwards, keyed by (owner, dtype, device). A parameter larger than the cap gets a
+    bucket of its own.
 
     Args:
         params: the parameters to keep in sync, in a fixed order shared by all ranks.
         owners: the owner rank of each parameter (see :func:`zero.partition_by_numel`).
-        bucket_bytes: the cap on a bucket's size in bytes; ``0`` puts every parameter in its own
-            bucket, ``math.inf`` one bucket per (owner, dtype, device).
+        max_bytes: the cap on a bucket's size in bytes (``ddp.bucket_bytes`` of a size in MiB);
+            ``0`` puts every parameter in its own bucket, ``None`` one bucket per (owner, dtype,
+            device).
 
     Returns:
-        The buckets, in the order in which they fill up.
+        The buckets, ordered by their first parameter; each bucket's parameters in ``params``
+        order.
 
     Raises:
-        ValueError: if ``params`` and ``owners`` differ in length or ``bucket_bytes`` is negative.
+        ValueError: if ``params`` and ``owners`` differ in length or ``max_bytes`` is negative.
     """
     if len(params) != len(owners):
         raise ValueError(f"got {len(params)} parameters but {len(owners)} owners")
-    if bucket_bytes < 0:
-        raise ValueError(f"bucket_bytes must be non-negative, got {bucket_bytes}")
-    buckets: list[Bucket] = []
-    open_buckets: dict[tuple[int, torch.dtype, torch.device], list[torch.Tensor]] = {}
-    open_bytes: dict[tuple[int, torch.dtype, torch.device], int] = {}
-    for param, owner in zip(params, owners, strict=True):
-        key = (owner, param.dtype, param.device)
-        current = open_buckets.setdefault(key, [])
-        nbytes = param.numel() * param.element_size()
-        if current and open_bytes[key] + nbytes > bucket_bytes:
-            buckets.append(Bucket(owner, tuple(current)))
-            current = open_buckets[key] = []
-        if not current:
-            open_bytes[key] = 0
-        current.append(param)
-        open_bytes[key] += nbytes
-    buckets.extend(Bucket(owner, tuple(ps)) for (owner, _, _), ps in open_buckets.items() if ps)
-    return buckets
+    plan = assign_buckets(
+        [p.numel() * p.element_size() for p in params],
+        max_bytes=max_bytes,
+        keys=[(owner, p.dtype, p.device) for p, owner in zip(params, owners, strict=True)],
+        reverse=False,
+    )
+    return [Bucket(owners[unit[0]], tuple(params[i] for i in unit)) for unit in plan]
 
 
 def _stage(bucket: Bucket, rank: int) -> tuple[torch.Tensor, bool]:

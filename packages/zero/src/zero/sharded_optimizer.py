@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from copy import deepcopy
 from typing import Any, cast
@@ -12,7 +11,8 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
-from zero.broadcast import DEFAULT_BUCKET_MB, Bucket, broadcast_buckets, plan_buckets
+from ddp import DEFAULT_BUCKET_SIZE_MB, bucket_bytes
+from zero.broadcast import Bucket, broadcast_buckets, plan_buckets
 from zero.partition import partition_by_numel
 from zero.state_dict import PARAM_KEYS, check_state_dict, gather_state, shard_state_dict
 
@@ -44,10 +44,10 @@ class ShardedOptimizer(Optimizer):
     gradients (``torch.nn.parallel.DistributedDataParallel`` or any ``ddp`` wrapper).
 
     :meth:`step` runs the inner optimizer on this rank's shard, then every owner broadcasts the
-    parameters it updated, coalesced into buckets of at most ``bucket_mb`` MB per owner, dtype and
-    device; afterwards all ranks hold identical parameters, equal to what the unsharded optimizer
-    computes on one process. Parameters without a gradient are skipped by the inner optimizer as
-    usual; parameters that do not require a gradient are not broadcast at all.
+    parameters it updated, coalesced into buckets of at most ``bucket_size_mb`` MiB per owner,
+    dtype and device; afterwards all ranks hold identical parameters, equal to what the unsharded
+    optimizer computes on one process. Parameters without a gradient are skipped by the inner
+    optimizer as usual; parameters that do not require a gradient are not broadcast at all.
 
     :attr:`param_groups` lists every parameter of the model with the options of the inner
     optimizer (including its defaults), so learning-rate schedulers and per-group changes work as
@@ -84,17 +84,20 @@ class ShardedOptimizer(Optimizer):
         optimizer_cls: the optimizer class to run on each shard, a ``torch.optim.Optimizer``
             subclass (``torch.optim.AdamW``, ``lmcore.AdamW``, ...).
         process_group: the group whose ranks share the state; ``None`` for the default group.
-        bucket_mb: cap in MB on the parameters one broadcast carries after a step. ``0`` sends
-            each parameter in its own broadcast straight into its storage (no staging copy, most
-            collectives); ``math.inf`` sends each owner's shard in one broadcast per dtype and
-            device (fewest collectives, staging buffers as large as a shard). Default: 25 MB,
-            torch DDP's default bucket cap.
+        bucket_size_mb: cap in MiB on the parameters one broadcast carries after a step, in the
+            bucket vocabulary of ``ddp.DDPBucketed``. ``0`` sends each parameter in its own
+            broadcast straight into its storage (no staging copy, most collectives); ``None``
+            sends each owner's shard in one broadcast per dtype and device (fewest collectives,
+            staging buffers as large as a shard). Default: ``ddp.DEFAULT_BUCKET_SIZE_MB`` (25,
+            torch DDP's default bucket cap).
         **kwargs: options for ``optimizer_cls`` (``lr``, ``betas``, ``weight_decay``, ...).
 
     Raises:
-        TypeError: if ``optimizer_cls`` is not an ``Optimizer`` subclass.
-        ValueError: if ``bucket_mb`` is negative, a parameter is repeated in a group, parameters
-            are not on a CUDA device under NCCL, or the ranks pass different parameters.
+        TypeError: if ``optimizer_cls`` is not an ``Optimizer`` subclass, or ``bucket_size_mb``
+            is neither a number nor ``None``.
+        ValueError: if ``bucket_size_mb`` is negative or not finite, a parameter is repeated in a
+            group, parameters are not on a CUDA device under NCCL, or the ranks pass different
+            parameters.
         RuntimeError: if ``torch.distributed`` is not initialised.
 
     Example::
@@ -131,7 +134,7 @@ class ShardedOptimizer(Optimizer):
         optimizer_cls: type[Optimizer],
         *,
         process_group: dist.ProcessGroup | None = None,
-        bucket_mb: float = DEFAULT_BUCKET_MB,
+        bucket_size_mb: float | None = DEFAULT_BUCKET_SIZE_MB,
         **kwargs: Any,
     ) -> None:
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, Optimizer)):
@@ -141,10 +144,7 @@ class ShardedOptimizer(Optimizer):
             )
         if issubclass(optimizer_cls, ShardedOptimizer):
             raise TypeError("optimizer_cls cannot itself be a ShardedOptimizer")
-        if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, int | float):
-            raise TypeError(f"bucket_mb must be a number of megabytes, got {bucket_mb!r}")
-        if math.isnan(bucket_mb) or bucket_mb < 0:
-            raise ValueError(f"bucket_mb must be >= 0 (0 for no coalescing), got {bucket_mb}")
+        max_bytes = bucket_bytes(bucket_size_mb)
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
                 "ShardedOptimizer needs a process group: call torch.distributed.init_process_group "
@@ -156,7 +156,7 @@ class ShardedOptimizer(Optimizer):
             raise ValueError("this process is not a member of process_group")
         self._world_size = dist.get_world_size(process_group)
         self._backend = dist.get_backend(process_group)
-        self._bucket_bytes = bucket_mb * 2**20
+        self._bucket_bytes = max_bytes
         self._owners: list[list[int]] = []  # owner rank of each parameter, per group
         self._loads = [0] * self._world_size  # trainable elements owned by each rank
         self._buckets: list[Bucket] = []
@@ -283,7 +283,7 @@ class ShardedOptimizer(Optimizer):
             self._buckets = plan_buckets(
                 [p for p, _ in trainable],
                 [owner for _, owner in trainable],
-                bucket_bytes=self._bucket_bytes,
+                max_bytes=self._bucket_bytes,
             )
             self._buckets_key = flags
         return self._buckets

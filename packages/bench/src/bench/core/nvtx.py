@@ -1,8 +1,9 @@
 """NVTX ranges for Nsight Systems, and an attention backend annotated inside.
 
-`nvtx_range(name)` marks a region on the Nsight Systems timeline when CUDA is present, and in
-`torch.profiler` traces on any device (`enabled=False` makes it a no-op, so code keeps its
-ranges on any machine). `annotated_attention(name)` registers,
+`nvtx_range(name)` (ddp's, re-exported: one definition for the wrappers and the tools) marks a
+region on the Nsight Systems timeline when CUDA is present, and in `torch.profiler` traces on any
+device (`enabled=False` makes it a no-op, so code keeps its ranges on any machine).
+`annotated_attention(name)` registers,
 in lmcore's attention registry, a variant of backend `name` with ranges around its stages: for
 `naive`, the scores (q·kᵀ/√d and the mask), the softmax and the output (weights·v); for any
 other backend one range around the whole call. The model is then built with the returned name;
@@ -18,33 +19,12 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 
+from ddp import nvtx_range
 from lmcore import attention_scores, get_attention, register_attention
 
 __all__ = ["annotated_attention", "nvtx_range"]
-
-
-@contextlib.contextmanager
-def nvtx_range(name: str, *, enabled: bool = True) -> Iterator[None]:
-    """A range called `name` around the block, when `enabled`: an NVTX range (for Nsight
-    Systems, when CUDA is available) and a `torch.profiler.record_function` range (for
-    `torch.profiler` traces, on any device)."""
-    if not enabled:
-        yield
-        return
-    with torch.profiler.record_function(name):
-        if not torch.cuda.is_available():
-            yield
-            return
-        torch.cuda.nvtx.range_push(name)
-        try:
-            yield
-        finally:
-            torch.cuda.nvtx.range_pop()
 
 
 def _annotated_naive(

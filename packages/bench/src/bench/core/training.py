@@ -12,8 +12,8 @@ bench-zero share.
 - `Case`: one measured row, a variant and its bucket size.
 - On each rank: `build_model` (an XL model materialised from the meta device on the GPU),
   `token_batches` (each rank its own data), `ADAMW_OPTIONS`.
-- On the command line: `add_training_args`, `training_overrides`, `bucket_mb` (the type of the
-  `--*-bucket-mb` options).
+- On the command line: `add_training_args`, `training_overrides`, `bucket_size_mb` (the type of
+  the `--*-bucket-mb` options).
 
 The ranks themselves are run by `bench.core.distributed.measure_cases`.
 """
@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import ddp
 import lmcore
 from bench.core.cli import add_timing_args, config_or_default, distinct
 from bench.core.distributed import add_timeout_arg
@@ -40,7 +41,7 @@ __all__ = [
     "Case",
     "TrainingBenchConfig",
     "add_training_args",
-    "bucket_mb",
+    "bucket_size_mb",
     "build_lm",
     "build_model",
     "clip_grad_norm",
@@ -134,10 +135,11 @@ class TrainingBenchConfig:
 
 @dataclass(frozen=True)
 class Case:
-    """One measured row of a training benchmark: a variant, and its bucket size where it has one."""
+    """One measured row of a training benchmark: a variant, and its bucket size where it has one
+    (in ddp's vocabulary, `None` = one bucket, for the variants that take a size)."""
 
     variant: str
-    bucket_mb: float | None = None
+    bucket_size_mb: float | None = None
 
 
 def build_lm(
@@ -311,11 +313,14 @@ def train_step(
     return loss
 
 
-def bucket_mb(text: str) -> float:
-    """A `--*-bucket-mb` value: MB, at least 0 (`inf` passes here; the tool's config decides)."""
-    value = float(text)
-    if not value >= 0:  # rejects negatives and nan
-        raise ValueError(text)
+def bucket_size_mb(text: str) -> float | None:
+    """A `--*-bucket-mb` value in ddp's bucket vocabulary: MiB, finite and at least 0, or `none`
+    for one bucket (`ddp.bucket_bytes` checks it)."""
+    value = None if text.lower() == "none" else float(text)
+    try:
+        ddp.bucket_bytes(value)
+    except (TypeError, ValueError):
+        raise ValueError(text) from None
     return value
 
 

@@ -7,7 +7,8 @@ or under torchrun), in these variants, all in one launch so that they share the 
 
 - `single`: the model alone on each rank, no communication: the compute-only baseline.
 - `naive`, `flat`, `individual`: `ddp.NaiveDDP`, `ddp.FlatDDP`, `ddp.DDPIndividualParameters`.
-- `bucketed`: `ddp.DDPBucketed`, a row per `--bucket-mb` (1, 10, 100, 1000 MB).
+- `bucketed`: `ddp.DDPBucketed`, a row per `--bucket-mb` (1, 10, 100, 1000 MB; `none`: one
+  bucket).
 - `torch-ddp`: torch's `DistributedDataParallel`, a row per `--torch-bucket-mb` (its default
   `bucket_cap_mb`, 25 MB, and 100 MB). The default-cap row is the baseline of `vs_torch`.
 - `all-reduce`: no training: one all-reduce of a flat fp32 buffer as large as all the model's
@@ -68,7 +69,7 @@ from bench.core.training import (
     Case,
     TrainingBenchConfig,
     add_training_args,
-    bucket_mb,
+    bucket_size_mb,
     build_model,
     token_batches,
     train_step,
@@ -93,8 +94,8 @@ _WRAPPERS: dict[str, type[ddp.DataParallelBase]] = {
     "flat": ddp.FlatDDP,
     "individual": ddp.DDPIndividualParameters,
 }
-# torch DDP's `bucket_cap_mb` when left unset (None).
-TORCH_DEFAULT_BUCKET_MB = 25.0
+# torch DDP's `bucket_cap_mb` when left unset (None): ddp's default is torch DDP's by design.
+TORCH_DEFAULT_BUCKET_MB = ddp.DEFAULT_BUCKET_SIZE_MB
 # Issue 4's target: DDPBucketed at its best bucket size within 5% of torch DDP's step time.
 TARGET_VS_TORCH = 1.05
 COLUMNS = (
@@ -123,7 +124,7 @@ class DDPBenchConfig(TrainingBenchConfig):
         variants: from `VARIANTS`, in the order they run (all by default).
         warmup: untimed steps per variant (the first creates the optimizer state); 3.
         attention: lmcore attention backend.
-        bucket_mbs: `DDPBucketed` bucket sizes (MiB), a row each.
+        bucket_sizes_mb: `DDPBucketed` bucket sizes (MiB; None = one bucket), a row each.
         torch_bucket_mbs: torch DDP `bucket_cap_mb` values, a row each; None is its default.
     """
 
@@ -132,20 +133,19 @@ class DDPBenchConfig(TrainingBenchConfig):
     variants: tuple[str, ...] = VARIANTS
     warmup: int = 3
     attention: str = "naive"
-    bucket_mbs: tuple[float, ...] = (1.0, 10.0, 100.0, 1000.0)
+    bucket_sizes_mb: tuple[float | None, ...] = (1.0, 10.0, 100.0, 1000.0)
     torch_bucket_mbs: tuple[float | None, ...] = (None, 100.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        # Both wrappers turn the size into a whole number of bytes, so it must be finite.
-        if any(not 0 <= b < math.inf for b in self.bucket_mbs) or any(
-            b is not None and not 0 < b < math.inf for b in self.torch_bucket_mbs
-        ):
+        for size in self.bucket_sizes_mb:
+            ddp.bucket_bytes(size)  # finite and >= 0, or None
+        # torch turns the size into a whole number of bytes, so it must be finite.
+        if any(b is not None and not 0 < b < math.inf for b in self.torch_bucket_mbs):
             raise ValueError(
-                f"bucket sizes must be finite and >= 0 (torch's > 0 or None), got "
-                f"{self.bucket_mbs} and {self.torch_bucket_mbs}"
+                f"torch bucket sizes must be finite and > 0 or None, got {self.torch_bucket_mbs}"
             )
-        if "bucketed" in self.variants and not self.bucket_mbs:
+        if "bucketed" in self.variants and not self.bucket_sizes_mb:
             raise ValueError("the bucketed variant needs at least one bucket size")
         if "torch-ddp" in self.variants and not self.torch_bucket_mbs:
             raise ValueError("the torch-ddp variant needs at least one bucket_cap_mb")
@@ -160,10 +160,12 @@ def _label(case: Case) -> str:
     if case.variant == "all-reduce":
         return "all-reduce alone"
     if case.variant == "bucketed":
-        return f"bucketed {case.bucket_mb:g} MB"
+        if case.bucket_size_mb is None:
+            return "bucketed one bucket"
+        return f"bucketed {case.bucket_size_mb:g} MB"
     if case.variant == "torch-ddp":
-        mb = TORCH_DEFAULT_BUCKET_MB if case.bucket_mb is None else case.bucket_mb
-        return f"torch-ddp {mb:g} MB" + (" (default)" if case.bucket_mb is None else "")
+        mb = TORCH_DEFAULT_BUCKET_MB if case.bucket_size_mb is None else case.bucket_size_mb
+        return f"torch-ddp {mb:g} MB" + (" (default)" if case.bucket_size_mb is None else "")
     return case.variant
 
 
@@ -171,7 +173,7 @@ def _cases(config: DDPBenchConfig) -> list[Case]:
     cases = []
     for variant in config.variants:
         if variant == "bucketed":
-            cases += [Case(variant, mb) for mb in config.bucket_mbs]
+            cases += [Case(variant, mb) for mb in config.bucket_sizes_mb]
         elif variant == "torch-ddp":
             cases += [Case(variant, mb) for mb in config.torch_bucket_mbs]
         else:
@@ -184,9 +186,11 @@ def _wrap(case: Case, model: nn.Module, device: torch.device) -> nn.Module:
         return model
     if case.variant == "torch-ddp":
         device_ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=case.bucket_mb)
+        return DistributedDataParallel(
+            model, device_ids=device_ids, bucket_cap_mb=case.bucket_size_mb
+        )
     if case.variant == "bucketed":
-        return ddp.DDPBucketed(model, case.bucket_mb, record_comm_stats=True)
+        return ddp.DDPBucketed(model, case.bucket_size_mb, record_comm_stats=True)
     return _WRAPPERS[case.variant](model, record_comm_stats=True)
 
 
@@ -252,7 +256,7 @@ def _row(case: Case, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "case": _label(case),
         "variant": case.variant,
-        "bucket_mb": case.bucket_mb,
+        "bucket_mb": case.bucket_size_mb,
     }
     if any(r["status"] != OK for r in per_rank):
         return {**row, "status": OOM}
@@ -374,14 +378,24 @@ def plot_ddp(run: Run, path: str | Path) -> Path:
 
 
 def _torch_bucket_mb(text: str) -> float | None:
-    return None if text == "default" else bucket_mb(text)
+    """A `--torch-bucket-mb` value: torch DDP's `bucket_cap_mb`, `default` for its own."""
+    if text == "default":
+        return None
+    value = bucket_size_mb(text)
+    if value is None:  # torch DDP has no "one bucket"
+        raise ValueError(text)
+    return value
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
     model, run = add_training_args(parser, variants=VARIANTS)
     model.add_argument("--attention", help="lmcore attention backend (naive)")
     run.add_argument(
-        "--bucket-mb", type=bucket_mb, nargs="+", metavar="MB", help="DDPBucketed (1 10 100 1000)"
+        "--bucket-mb",
+        type=bucket_size_mb,
+        nargs="+",
+        metavar="MB",
+        help="DDPBucketed bucket sizes, a row each (1 10 100 1000; none: one bucket)",
     )
     run.add_argument(
         "--torch-bucket-mb",
@@ -396,7 +410,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
         **training_overrides(args),
         "attention": args.attention,
-        "bucket_mbs": distinct(args.bucket_mb),
+        "bucket_sizes_mb": distinct(args.bucket_mb),
         "torch_bucket_mbs": distinct(args.torch_bucket_mb),
     }
 

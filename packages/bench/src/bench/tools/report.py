@@ -333,7 +333,10 @@ def _allreduce_answers(runs: Sequence[Run]) -> list[str]:
 
 
 def _bucket(row: dict[str, Any]) -> str:
-    return f" {_fmt(row[D.bucket_mb])} MB" if _num(row, D.bucket_mb) else ""
+    if _num(row, D.bucket_mb) is not None:
+        return f" {_fmt(row[D.bucket_mb])} MB"
+    # a sharded row without a size broadcasts one bucket per owner (ddp's vocabulary: None)
+    return " one bucket" if str(row.get(Z.variant, "")).endswith("sharded") else ""
 
 
 def _ddp_answers(runs: Sequence[Run]) -> list[str]:

@@ -6,7 +6,8 @@ context 128, in these variants:
 
 - `ddp`: torch `DistributedDataParallel` + the unsharded optimizer (the baseline).
 - `sharded`: torch DDP + `zero.ShardedOptimizer`, one row per `--zero-bucket-mb` cap (the cap on
-  the parameters one post-step broadcast carries: 0 is one broadcast per parameter).
+  the parameters one post-step broadcast carries: 0 is one broadcast per parameter, `none` one
+  per owner).
 - `torch-zero`: torch DDP + torch's `ZeroRedundancyOptimizer`.
 - `bucketed-sharded` (on request): `ddp.DDPBucketed` + `zero.ShardedOptimizer`.
 - `fsdp`: `zero.FSDP` with one unit per `TransformerBlock` + the unsharded optimizer over the
@@ -62,14 +63,15 @@ from bench.core.training import (
     Case,
     TrainingBenchConfig,
     add_training_args,
-    bucket_mb,
+    bucket_size_mb,
     build_model,
     forward_backward,
     token_batches,
     train_step,
     training_overrides,
 )
-from zero import DEFAULT_BUCKET_MB, FSDP, ShardedOptimizer
+from ddp import DEFAULT_BUCKET_SIZE_MB, bucket_bytes
+from zero import FSDP, ShardedOptimizer
 
 __all__ = [
     "COLUMNS",
@@ -143,7 +145,8 @@ class ZeroBenchConfig(TrainingBenchConfig):
     Args:
         variants: from `VARIANTS`; `ddp` is the baseline of the ratios.
         optimizer: `"torch"` (`torch.optim.AdamW`) or `"lmcore"` (`lmcore.AdamW`).
-        bucket_mbs: `ShardedOptimizer` broadcast caps in MB, one `sharded` row each.
+        bucket_sizes_mb: `ShardedOptimizer` broadcast caps in MiB (None = one bucket per owner),
+            one row each of the `*sharded` variants.
         fsdp_dtypes: compute dtypes from `COMPUTE_DTYPES`, one `fsdp` and `torch-fsdp` row each.
     """
 
@@ -151,7 +154,7 @@ class ZeroBenchConfig(TrainingBenchConfig):
 
     variants: tuple[str, ...] = DEFAULT_VARIANTS
     optimizer: str = "torch"
-    bucket_mbs: tuple[float, ...] = (DEFAULT_BUCKET_MB,)
+    bucket_sizes_mb: tuple[float | None, ...] = (DEFAULT_BUCKET_SIZE_MB,)
     fsdp_dtypes: tuple[str, ...] = tuple(COMPUTE_DTYPES)
 
     def __post_init__(self) -> None:
@@ -160,8 +163,10 @@ class ZeroBenchConfig(TrainingBenchConfig):
             raise ValueError(
                 f"optimizer must be one of {tuple(OPTIMIZERS)}, got {self.optimizer!r}"
             )
-        if not self.bucket_mbs or any(not b >= 0 for b in self.bucket_mbs):
-            raise ValueError(f"bucket_mbs must be non-empty and >= 0, got {self.bucket_mbs}")
+        if not self.bucket_sizes_mb:
+            raise ValueError("bucket_sizes_mb must be non-empty")
+        for size in self.bucket_sizes_mb:
+            bucket_bytes(size)  # finite and >= 0, or None
         if not self.fsdp_dtypes or not set(self.fsdp_dtypes) <= set(COMPUTE_DTYPES):
             raise ValueError(
                 f"fsdp_dtypes must be non-empty, from {tuple(COMPUTE_DTYPES)}; "
@@ -185,7 +190,7 @@ def _cases(config: ZeroBenchConfig) -> list[ZeroCase]:
     cases = []
     for variant in config.variants:
         if variant.endswith("sharded"):
-            cases += [ZeroCase(variant, b) for b in config.bucket_mbs]
+            cases += [ZeroCase(variant, b) for b in config.bucket_sizes_mb]
         elif variant in FSDP_VARIANTS:
             cases += [ZeroCase(variant, compute_dtype=d) for d in config.fsdp_dtypes]
         else:
@@ -236,7 +241,7 @@ def _optimizer(case: Case, params: Iterable[nn.Parameter], config: ZeroBenchConf
 
         optimizer = ZeroRedundancyOptimizer(params, optimizer_class=cls, **ADAMW_OPTIONS)
         return optimizer, lambda: optimizer.optim.state
-    optimizer = ShardedOptimizer(params, cls, bucket_mb=case.bucket_mb, **ADAMW_OPTIONS)
+    optimizer = ShardedOptimizer(params, cls, bucket_size_mb=case.bucket_size_mb, **ADAMW_OPTIONS)
     return optimizer, lambda: optimizer.local_optimizer.state
 
 
@@ -300,7 +305,7 @@ def _mib(values: Sequence[int | None]) -> float | None:
 def _row(case: ZeroCase, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "variant": case.variant,
-        "bucket_mb": case.bucket_mb,
+        "bucket_mb": case.bucket_size_mb,
         "compute_dtype": case.compute_dtype,
     }
     if any(r["status"] != OK for r in per_rank):
@@ -358,7 +363,7 @@ def _target_notes(rows: Sequence[dict[str, Any]], world_size: int) -> list[str]:
         verdicts = [
             _verdict(row, col, limit, col.removesuffix("_vs_ddp")) for col, limit in TARGETS
         ]
-        notes.append(f"{row['variant']} (bucket {row['bucket_mb']:g} MB): {'; '.join(verdicts)}.")
+        notes.append(f"{row['variant']} ({_bucket_text(row, 'bucket ')}): {'; '.join(verdicts)}.")
     return notes
 
 
@@ -437,12 +442,18 @@ def run_zero(
     )
 
 
+def _bucket_text(row: Mapping[str, Any], prefix: str = "") -> str:
+    """A `*sharded` row's broadcast bucket size, in words (None: one bucket per owner)."""
+    size = row.get("bucket_mb")
+    return "one bucket per owner" if size is None else f"{prefix}{size:g} MB"
+
+
 def _label(row: Mapping[str, Any]) -> str:
     if row.get("compute_dtype") is not None:
         return f"{row['variant']}\n{row['compute_dtype']}"
-    if row.get("bucket_mb") is None:
+    if not str(row["variant"]).endswith("sharded"):
         return str(row["variant"])
-    return f"{row['variant']}\n{row['bucket_mb']:g} MB"
+    return f"{row['variant']}\n{_bucket_text(row)}"
 
 
 def plot_zero(run: Run, path: str | Path) -> Path:
@@ -471,11 +482,11 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--optimizer", choices=list(OPTIMIZERS), help="AdamW implementation (torch)")
     run.add_argument(
         "--zero-bucket-mb",
-        type=bucket_mb,
+        type=bucket_size_mb,
         nargs="+",
         metavar="MB",
-        help=f"ShardedOptimizer broadcast caps, a row each ({DEFAULT_BUCKET_MB:g}; 0: one "
-        "broadcast per parameter; inf: one per rank)",
+        help=f"ShardedOptimizer broadcast caps, a row each ({DEFAULT_BUCKET_SIZE_MB:g}; 0: one "
+        "broadcast per parameter; none: one per rank)",
     )
     run.add_argument(
         "--fsdp-dtypes",
@@ -489,7 +500,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
         **training_overrides(args),
         "optimizer": args.optimizer,
-        "bucket_mbs": distinct(args.zero_bucket_mb),
+        "bucket_sizes_mb": distinct(args.zero_bucket_mb),
         "fsdp_dtypes": distinct(args.fsdp_dtypes),
     }
 

@@ -90,7 +90,7 @@ from bench.core.results import Run
 from bench.core.shapes import CPU_SIZE
 from bench.core.token_data import Corpus, default_cache_dir, load_corpus
 from bench.core.tokenizer import TOKENIZERS, load_tokenizer
-from bench.core.training import build_lm, train_step
+from bench.core.training import bucket_size_mb, build_lm, train_step
 
 __all__ = [
     "PARALLEL_MODES",
@@ -133,7 +133,7 @@ _HOW_TO_RUN = frozenset(
         "compile",
         "parallel",
         "nproc",
-        "bucket_mb",
+        "bucket_size_mb",
         "out",
         "log_every",
         "eval_every",
@@ -192,7 +192,7 @@ class TrainConfig:
     baseline: str | None = None
     parallel: str = "none"
     nproc: int = 1
-    bucket_mb: float = 25.0
+    bucket_size_mb: float | None = ddp.DEFAULT_BUCKET_SIZE_MB
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 10
@@ -208,12 +208,14 @@ class TrainConfig:
 
     @classmethod
     def create(cls, **options: Any) -> TrainConfig:
-        """A validated configuration; options left out or None take the device's default.
+        """A validated configuration; options left out or None take the device's default
+        (`bucket_size_mb=None` is one bucket, as in ddp).
 
         Raises:
             ValueError: an option out of range or options that do not go together.
         """
-        options = {k: v for k, v in options.items() if v is not None}
+        # bucket_size_mb=None is a size (one bucket), not an option left out.
+        options = {k: v for k, v in options.items() if v is not None or k == "bucket_size_mb"}
         device = resolve_device(options.get("device", "auto"))
         cuda = device.type == "cuda"
         options["device"] = str(device)
@@ -258,6 +260,7 @@ class TrainConfig:
         for name in ("eval_every", "save_every", "generate", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0 turns it off)")
+        ddp.bucket_bytes(self.bucket_size_mb)  # --bucket-mb: finite and >= 0, or None
         if not self.lr > 0 or (self.min_lr is not None and not 0 <= self.min_lr <= self.lr):
             raise ValueError("--lr must be positive and --min-lr in [0, --lr]")
         if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
@@ -486,7 +489,7 @@ def _wrap(config: TrainConfig, model: nn.Module, device: torch.device) -> nn.Mod
         dtype = PRECISIONS[config.precision]
         return zero.FSDP(inner, compute_dtype=dtype, units=(lmcore.TransformerBlock,))
     if config.parallel in ("bucketed", "zero"):
-        return ddp.DDPBucketed(inner, config.bucket_mb)
+        return ddp.DDPBucketed(inner, config.bucket_size_mb)
     return _DDP_WRAPPERS[config.parallel](inner)
 
 
@@ -1063,7 +1066,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--baseline", choices=BASELINES, help="torch: the torch-native step instead")
     run.add_argument("--parallel", choices=PARALLEL_MODES, help="data parallelism (none; bucketed)")
     run.add_argument("--nproc", type=int, help="ranks to start (1; torchrun's world size)")
-    run.add_argument("--bucket-mb", type=float, default=25.0, help="DDPBucketed buckets (25)")
+    run.add_argument(
+        "--bucket-mb",
+        dest="bucket_size_mb",
+        type=bucket_size_mb,
+        default=ddp.DEFAULT_BUCKET_SIZE_MB,
+        metavar="MB",
+        help=f"DDPBucketed bucket size ({ddp.DEFAULT_BUCKET_SIZE_MB:g}; none: one bucket)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--out", default="runs/bench-train", help="output folder (runs/bench-train)")
     out.add_argument("--log-every", type=int, default=10, help="steps between metrics (10)")
