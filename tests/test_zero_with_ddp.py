@@ -110,3 +110,18 @@ def test_nccl_sharded_lmcore_adamw_under_wrappers_equals_one_process():
     results = run_ranks(_worker, world_size=2, backend="nccl", args=("cuda",))
     for name in WRAPPERS:
         _assert_matches_reference(results, name)
+
+
+def test_zero_and_ddp_speak_one_bucket_vocabulary():
+    """zero keeps its own copy of the bucket size helpers (it installs without ddp): same default,
+    same sizes in bytes, same refusals."""
+    import zero.broadcast
+
+    assert zero.DEFAULT_BUCKET_SIZE_MB == ddp.DEFAULT_BUCKET_SIZE_MB
+    for size in (None, 0, 0.5, 25, ddp.DEFAULT_BUCKET_SIZE_MB):
+        assert zero.broadcast.bucket_bytes(size) == ddp.bucket_bytes(size)
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(ValueError):
+            zero.broadcast.bucket_bytes(bad)
+        with pytest.raises(ValueError):
+            ddp.bucket_bytes(bad)

@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from spawn_ranks import run_ranks
 from torch import nn
 
-from ddp import DEFAULT_BUCKET_SIZE_MB
-from zero import ShardedOptimizer
+from zero import DEFAULT_BUCKET_SIZE_MB, ShardedOptimizer
 
 VOCAB, DIM, HIDDEN = 13, 6, 7  # odd sizes: nothing divides evenly
 BATCH, SEQ = 3, 5

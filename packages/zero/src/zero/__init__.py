@@ -6,6 +6,7 @@ state for its shard of the parameters only, steps that shard, and broadcasts the
 :class:`FSDP` wraps a module so that weights, gradients and optimizer state are all sharded.
 """
 
+from zero.broadcast import DEFAULT_BUCKET_SIZE_MB
 from zero.fsdp import FSDP
 from zero.partition import partition_by_numel
 from zero.sharded_optimizer import ShardedOptimizer
@@ -13,4 +14,4 @@ from zero.sharded_optimizer import ShardedOptimizer
 # The package version; pyproject.toml reads it from here (hatch's version source).
 __version__ = "0.1.0"
 
-__all__ = ["FSDP", "ShardedOptimizer", "partition_by_numel"]
+__all__ = ["DEFAULT_BUCKET_SIZE_MB", "FSDP", "ShardedOptimizer", "partition_by_numel"]

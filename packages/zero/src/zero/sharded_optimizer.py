@@ -11,8 +11,13 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 from torch.optim.optimizer import ParamsT
 
-from ddp import DEFAULT_BUCKET_SIZE_MB, bucket_bytes
-from zero.broadcast import Bucket, broadcast_buckets, plan_buckets
+from zero.broadcast import (
+    DEFAULT_BUCKET_SIZE_MB,
+    Bucket,
+    broadcast_buckets,
+    bucket_bytes,
+    plan_buckets,
+)
 from zero.partition import partition_by_numel
 from zero.state_dict import PARAM_KEYS, check_state_dict, gather_state, shard_state_dict
 
@@ -88,7 +93,7 @@ class ShardedOptimizer(Optimizer):
             bucket vocabulary of ``ddp.DDPBucketed``. ``0`` sends each parameter in its own
             broadcast straight into its storage (no staging copy, most collectives); ``None``
             sends each owner's shard in one broadcast per dtype and device (fewest collectives,
-            staging buffers as large as a shard). Default: ``ddp.DEFAULT_BUCKET_SIZE_MB`` (25,
+            staging buffers as large as a shard). Default: ``zero.DEFAULT_BUCKET_SIZE_MB`` (25,
             torch DDP's default bucket cap).
         **kwargs: options for ``optimizer_cls`` (``lr``, ``betas``, ``weight_decay``, ...).
 
