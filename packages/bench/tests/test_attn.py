@@ -122,6 +122,23 @@ def test_slow_cells_time_fewer_calls_and_say_why(tiny_attn_config):
     assert row["note"].startswith("3 of 50 calls") and "budget" in row["note"]
 
 
+def test_a_slow_first_call_does_not_size_the_timing(tiny_attn_config, monkeypatch):
+    """The first call builds kernels (seconds on a GPU); the calls after it set the count."""
+    import bench.tools.attn as attn
+
+    calls = []
+
+    def fake_time_fn(fn, *, device, warmup, repeats):
+        calls.append(repeats)
+        fn()
+        return [5_000.0 if len(calls) == 1 else 1.0] * repeats
+
+    monkeypatch.setattr(attn, "time_fn", fake_time_fn)
+    config = tiny_attn_config(seqs=(32,), impls=("naive",), steps=50, max_seconds=1.0)
+    (row,) = run_attention(config, device="cpu", show_progress=False).rows
+    assert row["n"] == 50 and row["note"] is None
+
+
 def test_rows_print_as_they_complete_without_a_bar(capsys):
     argv = ["--device", "cpu", "--d", "16", "--seq", "16", "32", "--impls", "naive", "sdpa"]
     assert main([*argv, "--steps", "2", "--warmup", "0", "--no-progress"]) == 0

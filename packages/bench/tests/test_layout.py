@@ -28,6 +28,7 @@ RUNNERS = {
     "zero": "sharding",
     "report": "report",
     "train": "train",
+    "train_results": "train_results",
 }
 
 

@@ -110,7 +110,10 @@ def test_run_to_markdown_has_title_header_notes_and_table():
 
 def test_result_stem_slugs_device_and_date():
     env = {"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "date": "2025-05-01T1"}
-    assert result_stem("attn", env) == "attn_nvidia-h100-80gb-hbm3_2025-05-01"
+    assert result_stem("attn", env) == "attn_h100_2025-05-01"
+    env["device_name"] = "NVIDIA GeForce RTX 4090"
+    assert result_stem("attn", env) == "attn_nvidia-geforce-rtx-4090_2025-05-01"
+    assert result_stem("attn", {**env, "device_type": "cpu"}) == "attn_cpu_2025-05-01"
 
 
 def test_keys_name_themselves_and_refuse_unknown_names():

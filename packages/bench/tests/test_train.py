@@ -169,6 +169,34 @@ def test_baseline_torch_is_sdpa_fused_adamw_compiled():
         TrainConfig.create(data="x", out="y", device="cpu", baseline="torch", attention="naive")
 
 
+def test_baseline_torch_from_the_command_line():
+    """The parser's defaults must not read as choices that contradict --baseline torch."""
+    parser = bench_train.build_parser()
+    args = parser.parse_args(
+        ["--data", "x", "--out", "y", "--device", "cpu", "--baseline", "torch"]
+    )
+    config = bench_train.config_from_args(args)
+    assert (config.attention, config.optimizer, config.compile) == ("sdpa", "torch", True)
+    config = bench_train.config_from_args(parser.parse_args(["--data", "x", "--device", "cpu"]))
+    assert (config.optimizer, config.compile) == ("lmcore", False)
+
+
+def test_speed_leaves_out_the_first_and_the_profiled_interval(tmp_path):
+    config = TrainConfig.create(
+        data="x", out=str(tmp_path), device="cpu", steps=40, batch_size=2, context_length=8
+    )
+    recorder = bench_train._Recorder(config, start=0, primary=True, mfu=None)
+    for step, seconds in ((10, 100.0), (20, 1.0), (30, 3.0), (40, 50.0)):
+        if step == 40:
+            recorder.exclude_interval()
+        recorder.log(step, 1.0, 1e-3, None, seconds)
+    recorder.close()
+    tokens_per_s, _ = recorder.speed()
+    assert tokens_per_s == 20 * 2 * 8 / 4.0  # steps 11-30 only
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens_per_s"] for r in logged] == [10 * 16 / s for s in (100.0, 1.0, 3.0, 50.0)]
+
+
 def test_bucket_size_speaks_ddps_vocabulary():
     parser = bench_train.build_parser()
     base = ["--data", "x", "--out", "y", "--device", "cpu"]
@@ -281,3 +309,27 @@ def test_speed_comparison_table_and_plot(text_file, tmp_path):
     assert plot_speed(run, tmp_path / "speed.png").stat().st_size > 0
     with pytest.raises(ValueError, match="baseline"):
         speed_comparison(list(runs.items()), baseline="missing")
+    assert run.env["git_revision"] == ours["env"]["git_revision"]  # the runs' machine, not ours
+
+
+def test_result_files_from_run_folders(text_file, tmp_path):
+    """bench-train-results: train_text_* and train_speed_* from finished runs, on any machine."""
+    from bench.tools import train_results
+
+    run = tmp_path / "run"
+    argv = _args(text_file, run, "--steps", "6", "--log-every", "2", "--eval-every", "2")
+    assert main([*argv, "--generate", "8", "--eval-batches", "1", "--profile-step", "5"]) == 0
+    results = tmp_path / "results"
+    speed = [f"a={run}", f"b={run}"]
+    args = ["--out", str(results), "--text", str(run), "--speed", *speed, "--baseline", "b"]
+    assert train_results.main([*args, "--note", "same run twice"]) == 0
+    text = next(results.glob("train_text_cpu_*.md")).read_text()
+    best = min(r["val_loss"] for r in _metrics(run) if "val_loss" in r)
+    assert f"lowest validation loss {best:.4f}" in text and (run / "sample.txt").read_text() in text
+    speed_md = next(results.glob("train_speed_cpu_*.md")).read_text()
+    assert "same run twice" in speed_md and "One step of `a` under torch.profiler" in speed_md
+    saved = json.loads(next(results.glob("train_speed_cpu_*.json")).read_text())
+    assert [row["vs_baseline"] for row in saved["rows"]] == [1.0, 1.0]
+    assert {p.suffix for p in results.iterdir()} == {".md", ".json", ".png"}
+    with pytest.raises(SystemExit):
+        train_results.main(["--out", str(results), "--speed", *speed])  # no --baseline

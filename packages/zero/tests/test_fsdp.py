@@ -332,11 +332,19 @@ def test_replicated_gradients_are_equal_on_every_rank(two_ranks):
 def _assert_within_twice_the_plain_error(
     got: dict[str, torch.Tensor], plain: dict[str, torch.Tensor], want: dict[str, torch.Tensor]
 ) -> None:
-    """`got` is at most twice as far from `want` (fp32) as plain bf16 training on one process."""
-    for key, value in want.items():
-        plain_error = (plain[key] - value).abs().max().item()
-        error = (got[key] - value).abs().max().item()
-        assert error <= 2 * plain_error + 1e-6, key
+    """`got` is at most twice as far from `want` (fp32) as plain bf16 training on one process.
+
+    Measured over the whole model (the norm of every parameter's difference together): one
+    tensor's worst element is bf16 rounding noise, which can land either way between two
+    equally valid roundings; a real fault (a wrong scale, a stale shard) moves the whole norm.
+    """
+
+    def distance(a: dict[str, torch.Tensor]) -> float:
+        return sum(((a[k].double() - v.double()) ** 2).sum().item() for k, v in want.items()) ** 0.5
+
+    error, plain_error = distance(got), distance(plain)
+    assert plain_error > 0  # bf16 training differs from fp32, or the check means nothing
+    assert error <= 2 * plain_error, f"{error:.3g} vs plain bf16's {plain_error:.3g}"
 
 
 def test_bf16_compute_is_within_bf16_rounding_of_fp32(two_ranks):

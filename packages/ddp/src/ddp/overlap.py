@@ -43,6 +43,15 @@ class OverlappedDataParallel(DataParallelBase):
     (a parameter one rank did not use never fires). `finish_gradient_synchronization()` launches
     the units still waiting (a missing gradient contributes zeros), then waits for all of them.
 
+    A parameter's gradient may be accumulated several times within one backward: a parameter
+    shared by two reentrant-checkpointed segments (`torch.utils.checkpoint(...,
+    use_reentrant=True)`) receives one accumulation per segment, each firing its hook. The first
+    synchronised step therefore learns how many accumulations each parameter receives in one
+    backward and launches nothing early (its units all go at
+    `finish_gradient_synchronization()`); every later step launches a unit once each of its
+    parameters has received that many. More than that in a later step is an error: a backward
+    outside `no_sync()` during accumulation, or a graph that changed after the first step.
+
     The hooks live as long as the wrapper: once it is garbage-collected they are removed and
     the module can be wrapped again.
 
@@ -62,10 +71,12 @@ class OverlappedDataParallel(DataParallelBase):
             for index, p in enumerate(self._params)
         ]
         weakref.finalize(self, _remove_hooks, handles)
+        self._expected: list[int] | None = None  # accumulations per backward, from step one
         self._reset_step()
 
     def _reset_step(self) -> None:
         self._ready = [False] * len(self._params)
+        self._accumulated = [0] * len(self._params)
         self._pending = [len(indices) for indices in self._units]
         self._next_unit = 0
         self._works: list[dist.Work] = []
@@ -73,13 +84,20 @@ class OverlappedDataParallel(DataParallelBase):
     def _on_grad_ready(self, index: int, param: torch.Tensor) -> None:
         if not self._require_sync:
             return
-        if self._ready[index]:
+        self._accumulated[index] += 1
+        if self._expected is None:  # the first step: learn, launch at the end
+            return
+        if self._accumulated[index] > self._expected[index]:
             raise RuntimeError(
-                f"parameter {self._param_names[index]!r} received a second gradient in one "
-                "synchronised step: run every backward but the last of an accumulation inside "
-                "no_sync(), and call finish_gradient_synchronization() after each synchronised "
-                "backward"
+                f"parameter {self._param_names[index]!r} received more gradients in this "
+                f"synchronised step ({self._accumulated[index]}) than in the first one "
+                f"({self._expected[index]}): run every backward but the last of an accumulation "
+                "inside no_sync(), and call finish_gradient_synchronization() after each "
+                "synchronised backward; a model whose graph changes after the first step "
+                "(e.g. a parameter shared by more checkpointed segments) needs a new wrapper"
             )
+        if self._accumulated[index] < self._expected[index]:
+            return
         self._ready[index] = True
         self._on_param_ready(index)
         unit = self._unit_of[index]
@@ -89,6 +107,8 @@ class OverlappedDataParallel(DataParallelBase):
             self._next_unit += 1
 
     def _reduce_gradients(self) -> None:
+        if self._expected is None:  # a parameter unused in step one may be used once later
+            self._expected = [max(count, 1) for count in self._accumulated]
         for unit in range(self._next_unit, len(self._units)):
             self._fill_unit(unit)
             self._works.append(self._launch_unit(unit))
@@ -104,7 +124,7 @@ class OverlappedDataParallel(DataParallelBase):
             RuntimeError: gradients of the previous step were launched but never waited for,
                 i.e. `finish_gradient_synchronization()` was not called after its backward.
         """
-        if self._next_unit or any(self._ready):
+        if self._next_unit or any(self._accumulated):
             raise RuntimeError(
                 "the previous step's gradient synchronisation is still in flight: call "
                 "finish_gradient_synchronization() after backward() and before the next batch"

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -308,11 +309,13 @@ def load_json(path: str | os.PathLike[str]) -> Run:
 def result_stem(topic: str, env: Mapping[str, Any]) -> str:
     """The conventional file stem `<topic>_<device>_<date>` for `docs/results/`.
 
-    The device part is the device name lower-cased with runs of non-alphanumerics as `-`
-    (`"NVIDIA H100 80GB HBM3"` → `nvidia-h100-80gb-hbm3`); the date is the run's day.
+    The device part is the chip's model number where the name has one (`"NVIDIA H100 80GB
+    HBM3"` → `h100`, as the committed results are named), else the name lower-cased with runs
+    of non-alphanumerics as `-`; `cpu` on a CPU. The date is the run's day.
     """
     name = str(env.get("device_name", env.get("device", "device"))).lower()
-    slug = "-".join("".join(c if c.isalnum() else " " for c in name).split()) or "device"
+    chip = re.search(r"\b[abhl]\d{2,3}\b", name)
+    slug = chip.group(0) if chip else "-".join(re.sub(r"[^a-z0-9]+", " ", name).split())
     if env.get("device_type") == "cpu":
         slug = "cpu"
     return f"{topic}_{slug}_{str(env.get('date', ''))[:10]}"

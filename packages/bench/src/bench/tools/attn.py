@@ -203,11 +203,11 @@ def _measure_cell(
     in_use: list[int | None] = []
     reset_peak_memory(device)
     # The first call (always run: it builds kernels) sizes the warm-up: as many more calls as
-    # fit a quarter of the budget, up to `warmup` in all. The last warm-up call sizes the timing.
+    # fit a quarter of the budget, up to `warmup` in all, and at least one, since a call that
+    # compiled says nothing about the calls after it. The last warm-up call sizes the timing.
     (one_call,) = time_fn(step, device=device, warmup=0, repeats=1)
     more = min(config.warmup - 1, int(config.max_seconds / 4 * 1e3 / max(one_call, 1e-6)))
-    if more > 0:
-        (one_call,) = time_fn(step, device=device, warmup=more - 1, repeats=1)
+    (one_call,) = time_fn(step, device=device, warmup=max(more, 1) - 1, repeats=1)
     steps = _steps_within(config.max_seconds, one_call, config.steps)
     fwd = summarize(time_fn(forward, device=device, warmup=0, repeats=steps))
     bwd = summarize(

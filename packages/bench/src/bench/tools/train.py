@@ -32,8 +32,9 @@ The output folder (`--out`) holds
   evaluation steps (`--eval-every`, and always after the last step);
 - `summary.json`: `final_train_loss`, `final_val_loss`, `steps`, `tokens_per_s` and `mfu` (over
   every logged interval but the first, which holds compilation and warm-up, when there are
-  several), the configuration, the software versions, the device, the code's git revision and
-  whether the tree had uncommitted changes;
+  several, and but the one holding `--profile-step`; evaluations are never timed), the
+  configuration, the machine and software (`env`), the code's git revision and whether the tree
+  had uncommitted changes;
 - `checkpoint.pt`: model, optimizer (the consolidated state of a sharded one), step, random
   number generator states and data position, every `--save-every` steps, at `--stop-after` and
   at the end. `--resume` continues from it exactly: a stopped and resumed run reproduces the
@@ -614,6 +615,7 @@ class _Recorder:
         self.steady = [0, 0.0]  # steps and seconds of the intervals after the first
         self.first = [0, 0.0]
         self.intervals = 0
+        self.excluded = False  # the current interval holds a profiled step: not a speed sample
         self.last_step, self.started = start, time.perf_counter()
         if primary:
             self.records = self._previous(start)
@@ -634,17 +636,29 @@ class _Recorder:
         """Leave the time since the last log (evaluation, saving) out of the next interval."""
         self.started = time.perf_counter()
 
-    def log(self, step: int, loss: float, lr: float, val_loss: float | None) -> None:
-        seconds = time.perf_counter() - self.started
+    def exclude_interval(self) -> None:
+        """Leave the current interval out of the summary's speed (it ran under the profiler)."""
+        self.excluded = True
+
+    def elapsed(self) -> float:
+        """Seconds since the last log: read it before an evaluation, which is not training."""
+        return time.perf_counter() - self.started
+
+    def log(
+        self, step: int, loss: float, lr: float, val_loss: float | None, seconds: float
+    ) -> None:
+        """Record `step`; `seconds` is the interval's training time (see `elapsed`)."""
         steps = step - self.last_step
         tokens_per_s = steps * self.config.batch_size * self.config.context_length / seconds
         record = {"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}
         record["mfu"] = None if self.mfu is None else self.mfu(steps, seconds)
         if val_loss is not None:
             record["val_loss"] = val_loss
-        bucket = self.first if self.intervals == 0 else self.steady
-        bucket[0] += steps
-        bucket[1] += seconds
+        if not self.excluded:
+            bucket = self.first if self.intervals == 0 else self.steady
+            bucket[0] += steps
+            bucket[1] += seconds
+        self.excluded = False
         self.intervals += 1
         self.last_step = step
         self.bar.update(steps)
@@ -720,6 +734,8 @@ def _train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
     if distributed and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     elif device.type == "cuda":
+        if device.index is None:  # "cuda": the current device, named so later calls agree
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     primary = rank == 0
     if distributed and not primary:
@@ -789,12 +805,15 @@ def _train(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
                     autocast_dtype=autocast_dtype,
                     max_grad_norm=config.grad_clip or None,
                 )
+            if step == config.profile_step:
+                recorder.exclude_interval()
             last = step == config.last_step
             evaluating = config.eval_every and step % config.eval_every == 0
             if step % config.log_every == 0 or last or evaluating:
-                loss = _mean_over_ranks(step_loss, distributed)
+                loss = _mean_over_ranks(step_loss, distributed)  # waits for the step to end
+                seconds = recorder.elapsed()  # before evaluating (a compiled model recompiles)
                 val_loss = evaluate() if evaluating or last else None
-                recorder.log(step, loss, lr, val_loss)
+                recorder.log(step, loss, lr, val_loss, seconds)
                 if config.save_every and step % config.save_every == 0 and not last:
                     save(step)
                 recorder.restart_clock()
@@ -883,6 +902,7 @@ def _write_outputs(config: TrainConfig, result: dict[str, Any], command: str) ->
         "git_revision": env["git_revision"],
         "git_dirty": env["git_dirty"],
         "packages": env["packages"],
+        "env": env,
     }
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     if result["sample"] is not None:
@@ -949,6 +969,8 @@ def speed_comparison(
     Returns:
         A `Run` (tool `"train_speed"`): a row per run with `tokens_per_s`, `mfu`, `vs_baseline`,
         `final_train_loss` and what the run used (attention, compile, optimizer, precision).
+        Its environment is the baseline run's (device, versions, date, git revision), so the
+        table can be built on any machine from run folders copied off the GPU.
 
     Raises:
         ValueError: `baseline` is not one of the labels.
@@ -985,15 +1007,38 @@ def speed_comparison(
         "MFU: lmcore.training_flops per step (6·N_matmul + 12·L·T·d per token, PaLM appendix B) "
         "/ step time / the GPU's dense bf16 peak (bench.core.hardware).",
     ]
-    return Run.create(
-        "train_speed",
-        rows,
-        device=c["device"],
+    env = run_env(summaries[baseline])
+    return Run(
+        tool="train_speed",
+        rows=rows,
         config={"runs": {label: str(d) for label, d in runs}, "baseline": baseline},
-        command=command,
+        env=env,
+        command=command if command is not None else env["command"],
+        date=env["date"],
         title=title,
         notes=notes,
     )
+
+
+def run_env(summary: dict[str, Any]) -> dict[str, Any]:
+    """The `collect_env` record of the machine a run's `summary.json` was written on.
+
+    Summaries from before the record was stored whole rebuild the part they kept.
+    """
+    if "env" in summary:
+        return summary["env"]
+    device = summary["config"]["device"]
+    return {
+        "device": device,
+        "device_type": torch.device(device).type,
+        "device_name": summary["device_name"],
+        **summary["versions"],
+        "date": summary["date"],
+        "command": summary["command"],
+        "git_revision": summary["git_revision"],
+        "git_dirty": summary["git_dirty"],
+        "packages": summary["packages"],
+    }
 
 
 def plot_speed(run: Run, path: str | Path) -> Path:
@@ -1058,7 +1103,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--weight-decay", type=float, default=0.1, help="AdamW's, on matrices (0.1)")
     train.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm; 0: off (1)")
     train.add_argument("--seed", type=int, default=0, help="model initialisation and data (0)")
-    train.add_argument("--optimizer", choices=OPTIMIZERS, default="lmcore", help="AdamW (lmcore)")
+    train.add_argument("--optimizer", choices=OPTIMIZERS, help="AdamW (lmcore)")
     run = parser.add_argument_group("how to run")
     run.add_argument("--device", default="auto", help="auto, cpu, cuda (auto)")
     run.add_argument("--precision", choices=list(PRECISIONS), help="bf16 autocast (CUDA) or fp32")
