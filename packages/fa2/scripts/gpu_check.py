@@ -219,6 +219,18 @@ def sweep(rows: list[dict]) -> None:
               sorted(times.items(), key=lambda item: item[1])), flush=True)  # fmt: skip
 
 
+class _SavedRows(list):
+    """The result rows, written out after each one: a run stopped at a time limit keeps them."""
+
+    def __init__(self, path: Path, meta: dict) -> None:
+        super().__init__()
+        self.path, self.meta = path, meta
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        self.path.write_text(json.dumps(dict(meta=self.meta, rows=list(self)), indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
@@ -238,7 +250,8 @@ def main() -> int:
         python=platform.python_version(), date=datetime.date.today().isoformat(),
         command=" ".join(sys.argv),
     )  # fmt: skip
-    rows: list[dict] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = _SavedRows(args.out / "gpu_check.json", meta)
     sections = [accuracy] + ([sweep] if args.sweep else [])
     sections += [] if args.skip_bench else [timings, leaderboard]
     if args.sections:
@@ -250,8 +263,6 @@ def main() -> int:
         except Exception as exc:  # keep what the other sections measure
             print(f"{section.__name__} failed: {type(exc).__name__}: {exc}", flush=True)
             rows.append(dict(section=section.__name__, error=f"{type(exc).__name__}: {exc}"))
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_check.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
     print(f"\n{meta['device']}, torch {meta['torch']}, triton {meta['triton']}")
     print("| case | impl | fwd ms | bwd ms | fwd+bwd ms | vs cuDNN / SDPA |")
