@@ -117,7 +117,7 @@ class DDPBucketed(OverlappedDataParallel):
     def _fill_unit(self, unit: int) -> None:
         bucket = self._buckets[unit]
         for slot, index in enumerate(self._units[unit]):
-            if not self._ready[index]:
+            if not self._is_ready(index):
                 bucket.load(slot)
 
     def _launch_unit(self, unit: int) -> dist.Work:

@@ -75,7 +75,6 @@ class OverlappedDataParallel(DataParallelBase):
         self._reset_step()
 
     def _reset_step(self) -> None:
-        self._ready = [False] * len(self._params)
         self._accumulated = [0] * len(self._params)
         self._pending = [len(indices) for indices in self._units]
         self._next_unit = 0
@@ -96,9 +95,8 @@ class OverlappedDataParallel(DataParallelBase):
                 "synchronised backward; a model whose graph changes after the first step "
                 "(e.g. a parameter shared by more checkpointed segments) needs a new wrapper"
             )
-        if self._accumulated[index] < self._expected[index]:
+        if not self._is_ready(index):
             return
-        self._ready[index] = True
         self._on_param_ready(index)
         unit = self._unit_of[index]
         self._pending[unit] -= 1
@@ -106,15 +104,19 @@ class OverlappedDataParallel(DataParallelBase):
             self._works.append(self._launch_unit(self._next_unit))
             self._next_unit += 1
 
+    def _is_ready(self, index: int) -> bool:
+        """Parameter `index` holds its whole local gradient of this step (never in step one)."""
+        return self._expected is not None and self._accumulated[index] == self._expected[index]
+
     def _reduce_gradients(self) -> None:
-        if self._expected is None:  # a parameter unused in step one may be used once later
-            self._expected = [max(count, 1) for count in self._accumulated]
         for unit in range(self._next_unit, len(self._units)):
             self._fill_unit(unit)
             self._works.append(self._launch_unit(unit))
         for unit, work in enumerate(self._works):
             work.wait()
             self._unload_unit(unit)
+        if self._expected is None:  # a parameter unused in step one may be used once later
+            self._expected = [max(count, 1) for count in self._accumulated]
         self._reset_step()
 
     def on_train_batch_start(self) -> None:

@@ -180,8 +180,9 @@ class Run:
         columns: Sequence[str] | None = None,
         group_by: str | None = None,
         notes: Iterable[str] = (),
+        env: Mapping[str, Any] | None = None,
     ) -> Run:
-        """Build a run, collecting the environment of `device` now.
+        """Build a run, collecting the environment of `device` now (or taking `env`).
 
         Args:
             tool: short tool name.
@@ -193,8 +194,13 @@ class Run:
             columns: table columns in order (None: every key).
             group_by: split the table by this key's values.
             notes: sentences that must travel with the numbers.
+            env: the `collect_env` record of a measurement made elsewhere (e.g. read back from
+                its files), used instead of this machine's; `command` still replaces its command.
         """
-        env = collect_env(device, command=command)
+        if env is None:
+            env = collect_env(device, command=command)
+        else:
+            env = {**env, "command": command if command is not None else env["command"]}
         return cls(
             tool=tool,
             rows=[dict(r) for r in rows],

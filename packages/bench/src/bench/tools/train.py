@@ -1007,16 +1007,15 @@ def speed_comparison(
         "MFU: lmcore.training_flops per step (6·N_matmul + 12·L·T·d per token, PaLM appendix B) "
         "/ step time / the GPU's dense bf16 peak (bench.core.hardware).",
     ]
-    env = run_env(summaries[baseline])
-    return Run(
-        tool="train_speed",
-        rows=rows,
+    return Run.create(
+        "train_speed",
+        rows,
+        device=c["device"],
         config={"runs": {label: str(d) for label, d in runs}, "baseline": baseline},
-        env=env,
-        command=command if command is not None else env["command"],
-        date=env["date"],
+        command=command,
         title=title,
         notes=notes,
+        env=run_env(summaries[baseline]),
     )
 
 
