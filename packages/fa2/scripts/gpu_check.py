@@ -6,14 +6,15 @@ Run from the repository root on a CUDA machine (no install needed)::
     python3 packages/fa2/scripts/gpu_check.py --out results/ [--sweep] [--skip-bench]
 
 1. Accuracy: every variant (bf16, fp16, fp32 with each dot precision, grouped-query heads,
-   transposed layouts) against a float64 oracle, beside SDPA's error on the same inputs; the
-   ratio ours / SDPA's is what the tests bound (<= 2).
+   transposed layouts; fp32 also with `deterministic=False`) against a float64 oracle, beside
+   SDPA's error on the same inputs; the ratio ours / SDPA's is what the tests bound (<= 2).
 2. `--sweep`: FA2_AUTOTUNE's per-tile timings for the kernels at the issue's shapes, the data
    that chooses the default tiles in `fa2/triton/configs.py`.
 3. Timings: `triton.testing.do_bench` medians of forward and forward+backward (random output
    gradient) for fa2, SDPA's cuDNN and FlashAttention-2 backends (bf16) and SDPA's default
-   (fp32), plus the leaderboard harness (3-D (16, 16384, 64) bf16 causal,
-   `torch.compile(FlashAttention2Triton.apply)`, `o.sum().backward()`, do_bench mean).
+   (fp32; fa2 also with `deterministic=False` and with "ieee" dots), plus the leaderboard
+   harness (3-D (16, 16384, 64) bf16 causal, `torch.compile(FlashAttention2Triton.apply)`,
+   `o.sum().backward()`, do_bench mean).
 
 Writes `gpu_check.json` (rows with device, versions, date) under `--out` and prints a table.
 """
@@ -21,6 +22,7 @@ Writes `gpu_check.json` (rows with device, versions, date) under `--out` and pri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -37,6 +39,7 @@ from fa2 import FlashAttention2Triton, attention_reference
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CASE_FILTER = [""]  # --cases
+SWEEP_KERNELS = ["forward", "dq", "dkdv", "single-pass"]  # --sweep-kernels
 
 
 def _error(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -84,12 +87,12 @@ def accuracy(rows: list[dict]) -> None:
             q = torch.randn(shape, device="cuda", dtype=dtype)
             k, v = (torch.randn(b, kv_heads, n, d, device="cuda", dtype=dtype) for _ in range(2))
         do = torch.randn_like(q)
-        ours = _outputs(
-            lambda q, k, v, c=causal, p=precision: FlashAttention2Triton.apply(
-                q, k, v, c, None, False, p
-            ),
-            q, k, v, do,
-        )  # fmt: skip
+        variants = {}  # deterministic=False changes the backward of fp32 inputs only
+        for impl, det in (("fa2", True), ("fa2-nondet", False))[: 2 if dt == "fp32" else 1]:
+            fn = lambda q, k, v, c=causal, p=precision, det=det: FlashAttention2Triton.apply(  # noqa: E731
+                q, k, v, c, None, False, p, det
+            )
+            variants[impl] = _outputs(fn, q, k, v, do)
         sdpa = _outputs(lambda q, k, v, c=causal: _sdpa(q, k, v, c), q, k, v, do)
         group = h // kv_heads
         k64, v64 = (t.double().repeat_interleave(group, 1) for t in (k, v))
@@ -98,14 +101,15 @@ def accuracy(rows: list[dict]) -> None:
             q.double(), k64, v64, do.double(),
         )  # fmt: skip
         exact = (*exact[:2], *(g.unflatten(1, (kv_heads, group)).sum(2) for g in exact[2:]))
-        for part, x, s, e in zip(("o", "dq", "dk", "dv"), ours, sdpa, exact, strict=True):
-            err, sdpa_err = _error(x, e), _error(s, e)
-            rows.append(
-                dict(section="accuracy", case=name, part=part, fa2_err=err, sdpa_err=sdpa_err,
-                     ratio=err / sdpa_err if sdpa_err else math.inf)
-            )  # fmt: skip
-        worst = max(r["ratio"] for r in rows if r.get("case") == name)
-        print(f"accuracy {name:22s} worst ratio fa2/sdpa {worst:.2f}", flush=True)
+        for impl, ours in variants.items():
+            for part, x, s, e in zip(("o", "dq", "dk", "dv"), ours, sdpa, exact, strict=True):
+                err, sdpa_err = _error(x, e), _error(s, e)
+                rows.append(
+                    dict(section="accuracy", case=name, impl=impl, part=part, fa2_err=err,
+                         sdpa_err=sdpa_err, ratio=err / sdpa_err if sdpa_err else math.inf)
+                )  # fmt: skip
+            worst = max(r["ratio"] for r in rows if r.get("case") == name and r["impl"] == impl)
+            print(f"accuracy {name:22s} {impl:10s} worst ratio vs sdpa {worst:.2f}", flush=True)
 
 
 def _bench(fn, *, mean=False):
@@ -140,14 +144,17 @@ def timings(rows: list[dict]) -> None:
     ]
     torch.backends.cuda.matmul.allow_tf32 = False
     for name, (b, h, n, d), kv_heads, dt, causal in cases:
-        if CASE_FILTER[0] not in name:
+        if not any(part in name for part in CASE_FILTER[0].split("|")):
             continue
         dtype = DTYPES[dt]
         q = torch.randn(b, h, n, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, kv_heads, n, d, device="cuda", dtype=dtype) for _ in range(2))
         do = torch.randn_like(q)
         impls = {"fa2": lambda q, k, v, c=causal: FlashAttention2Triton.apply(q, k, v, c)}
-        if dtype == torch.float32:
+        if dtype == torch.float32:  # deterministic=False: the single-pass backward
+            impls["fa2-nondet"] = lambda q, k, v, c=causal: FlashAttention2Triton.apply(
+                q, k, v, c, None, False, None, False
+            )
             impls["fa2-ieee"] = lambda q, k, v, c=causal: FlashAttention2Triton.apply(
                 q, k, v, c, None, False, "ieee"
             )
@@ -189,24 +196,49 @@ def leaderboard(rows: list[dict]) -> None:
     print(f"leaderboard compiled fwd+bwd mean {ms:.3f} ms", flush=True)
 
 
-def sweep(rows: list[dict]) -> None:
-    """FA2_AUTOTUNE's timing of every listed tile at the shapes that choose the defaults."""
+@contextlib.contextmanager
+def _single_pass_for_every_dtype():
+    """Let `deterministic=False` take the single-pass backward for any dtype, for timing it."""
     from fa2.triton import configs
 
+    chosen = configs.single_pass_backward
+    configs.single_pass_backward = lambda dtype: True
+    try:
+        yield
+    finally:
+        configs.single_pass_backward = chosen
+
+
+def sweep(rows: list[dict]) -> None:
+    """FA2_AUTOTUNE's timing of every listed tile at the shapes that choose the defaults, for
+    the kernels named by --sweep-kernels (forward, dq, dkdv, single-pass: the fused backward
+    of `deterministic=False`, timed for 16-bit inputs too, which do not use it by default)."""
+    from fa2.triton import configs
+    from fa2.triton.configs import dot_precision
+    from fa2.triton.function import run_backward, run_forward
+
     tuned = os.environ.get("FA2_AUTOTUNE", "0")
-    os.environ["FA2_AUTOTUNE"] = "1"
     shapes = [
+        ((16, 1, 16384, 64), torch.bfloat16, None),
         ((16, 1, 16384, 128), torch.bfloat16, None),
         ((8, 1, 4096, 64), torch.float32, "tf32x3"),
         ((4, 1, 8192, 128), torch.float32, "tf32x3"),
     ]
     for shape, dtype, precision in shapes:
-        q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
-                   for _ in range(3))  # fmt: skip
-        o = FlashAttention2Triton.apply(q, k, v, True, None, False, precision)
-        o.backward(torch.randn_like(o))
+        q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
+        precision = dot_precision(dtype, precision)
+        scale = shape[-1] ** -0.5
+        os.environ["FA2_AUTOTUNE"] = "1" if "forward" in SWEEP_KERNELS else "0"
+        o, lse = run_forward(q, k, v, True, scale, precision)
+        do = torch.randn_like(o)
+        os.environ["FA2_AUTOTUNE"] = "1" if {"dq", "dkdv"} & set(SWEEP_KERNELS) else "0"
+        run_backward(q, k, v, o, lse, do, True, scale, precision, True)
+        os.environ["FA2_AUTOTUNE"] = "1" if "single-pass" in SWEEP_KERNELS else "0"
+        with _single_pass_for_every_dtype():
+            run_backward(q, k, v, o, lse, do, True, scale, precision, False)
     os.environ["FA2_AUTOTUNE"] = tuned
-    names = {id(configs.FORWARD): "forward", id(configs.DQ): "dq", id(configs.DKDV): "dkdv"}
+    names = {id(configs.FORWARD): "forward", id(configs.DQ): "dq", id(configs.DKDV): "dkdv",
+             id(configs.DKDV_ATOMIC): "single-pass"}  # fmt: skip
     for key, times in configs.timings.items():
         table, d_block, dtype, precision, _causal, bucket = key
         for tile, ms in sorted(times.items(), key=lambda item: item[1]):
@@ -237,12 +269,18 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="time every listed tile")
     parser.add_argument("--skip-bench", action="store_true", help="accuracy only")
     parser.add_argument("--sections", default="", help="comma-separated subset to run")
-    parser.add_argument("--cases", default="", help="time only cases whose name has this")
+    parser.add_argument(
+        "--cases", default="", help="time only cases whose name has one of these, |-separated"
+    )
     parser.add_argument("--tuned", action="store_true", help="time with FA2_AUTOTUNE=1")
+    parser.add_argument(
+        "--sweep-kernels", default=",".join(SWEEP_KERNELS), help="kernels the sweep times"
+    )
     args = parser.parse_args()
     if args.tuned:
         os.environ["FA2_AUTOTUNE"] = "1"
     CASE_FILTER[0] = args.cases
+    SWEEP_KERNELS[:] = args.sweep_kernels.split(",")
     import triton
 
     meta = dict(

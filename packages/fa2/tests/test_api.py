@@ -65,6 +65,15 @@ def test_flash_attention_uses_pytorch_path_on_cpu_and_for_float64():
     assert o.grad_fn.name().startswith("FlashAttention2PyTorch")
 
 
+def test_deterministic_false_is_accepted_and_keeps_the_pytorch_path_exact():
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 30, 16, dtype=torch.float64, device="cpu"))
+    o = flash_attention(q, k, v, causal=True, deterministic=False)
+    grads = torch.autograd.grad(o.sum(), (q, k, v))
+    o2 = flash_attention(q, k, v, causal=True)
+    assert torch.equal(o, o2)
+    assert all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(o2.sum(), (q, k, v))))
+
+
 @pytest.mark.gpu
 def test_flash_attention_uses_triton_on_cuda():
     q, k, v = _qkv(1, 20, 16, dtype=torch.bfloat16, device="cuda")

@@ -50,7 +50,7 @@ def _error(x, ref):
 def _assert_close_to_oracle(impl, q, k, v, causal):
     """Each of o, dq, dk, dv: error vs fp64 at most 2x plain PyTorch's in this dtype, + a floor."""
     do = torch.randn_like(q)
-    ours = _run(IMPLS[impl].apply, q, k, v, causal, do)
+    ours = _run((IMPLS | SINGLE_PASS)[impl].apply, q, k, v, causal, do)
     oracle, _ = _oracle(q, k, v, causal, do)
     plain = _plain(q, k, v, causal, do)
     floor = 1e-5 if q.dtype in (torch.float32, torch.float64) else 1e-3
@@ -259,3 +259,91 @@ def test_triton_rejects_unknown_precision_and_bad_scale():
         FlashAttention2Triton.apply(q, k, v, True, None, False, "fp8")
     with pytest.raises(ValueError, match="positive softmax scale"):
         FlashAttention2Triton.apply(q, k, v, True, -0.5)
+
+
+class _SinglePass:
+    """FlashAttention2Triton with `deterministic=False`: fp32 takes the single-pass backward."""
+
+    @staticmethod
+    def apply(q, k, v, causal=False, scale=None, return_lse=False):
+        return FlashAttention2Triton.apply(q, k, v, causal, scale, return_lse, None, False)
+
+
+SINGLE_PASS = {"triton-single-pass": _SinglePass}  # not in IMPLS: only the tests below
+
+
+@pytest.fixture
+def single_pass_for_16_bit(monkeypatch):
+    """Let 16-bit inputs take the single-pass backward too (by default they keep two passes)."""
+    from fa2.triton import configs
+
+    monkeypatch.setattr(configs, "single_pass_backward", lambda dtype: True)
+
+
+def test_single_pass_is_chosen_for_fp32_only():
+    from fa2.triton.backward import BackwardPlan
+
+    for dtype, single in ((torch.float32, True), (torch.bfloat16, False)):
+        q, k, v = (t.detach() for t in _inputs((1, 2, 40, 16), 40, dtype))
+        o, lse = torch.empty_like(q), torch.empty(1, 2, 40, device=DEVICE)
+        args = (q, k, v, o, lse, torch.randn_like(q), True, "tf32x3")
+        assert ("fused" in BackwardPlan(*args, False, False).launches) == single
+        assert "fused" not in BackwardPlan(*args, True, False).launches
+
+
+@pytest.mark.parametrize("impl", SINGLE_PASS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q, n_k", [(64, 64), (100, 37), (37, 100)], ids=str)
+def test_single_pass_matches_oracle(impl, causal, n_q, n_k):
+    q, k, v = _inputs((2, 3, n_q, 32), n_k, torch.float32)
+    _assert_close_to_oracle(impl, q, k, v, causal)
+
+
+@pytest.mark.parametrize("impl", SINGLE_PASS)
+@pytest.mark.parametrize("d", [24, 64])
+def test_single_pass_matches_oracle_for_padded_and_full_head_dims(impl, d):
+    q, k, v = _inputs((2, 45, d), 45, torch.float32)
+    _assert_close_to_oracle(impl, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("impl", SINGLE_PASS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_single_pass_in_16_bit(impl, dtype, single_pass_for_16_bit):
+    q, k, v = _inputs((2, 2, 70, 64), 53, dtype)
+    _assert_close_to_oracle(impl, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("impl", SINGLE_PASS)
+def test_single_pass_with_grouped_heads_and_transposed_layout(impl):
+    # (batch, seq, heads, d) transposed, 4 query heads per key/value head
+    q = torch.randn(2, 33, 4, 16, device=DEVICE).transpose(1, 2).requires_grad_()
+    k, v = (torch.randn(2, 41, 1, 16, device=DEVICE).transpose(1, 2).requires_grad_()
+            for _ in range(2))  # fmt: skip
+    do = torch.randn_like(q)
+    ours = _run(SINGLE_PASS[impl].apply, q, k, v, True, do)
+    oracle, _ = _oracle(q, _expand_heads(k, 4), _expand_heads(v, 4), True, do)
+    oracle = (*oracle[:2], *(g.unflatten(-3, (1, 4)).sum(-3) for g in oracle[2:]))
+    for name, x, ref in zip(("o", "dq", "dk", "dv"), ours, oracle, strict=True):
+        assert x.shape == ref.shape and x.dtype == q.dtype, name
+        assert _error(x, ref) < 1e-5, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape_q, n_k, dtype, causal",
+    [
+        ((2, 4, 1000, 64), 1000, torch.float32, True),
+        ((1, 2, 1024, 128), 1024, torch.float32, False),
+        ((2, 4, 1000, 96), 1500, torch.bfloat16, True),
+        ((1, 2, 777, 128), 777, torch.bfloat16, False),
+    ],
+    ids=str,
+)
+def test_single_pass_matches_oracle_at_real_sizes(shape_q, n_k, dtype, causal, monkeypatch):
+    # On a Hopper GPU dQ tiles go through TMA reductions; rows past the end and padded columns
+    # (d = 96) are clipped by the TMA unit. 16-bit inputs are forced onto the single pass.
+    from fa2.triton import configs
+
+    monkeypatch.setattr(configs, "single_pass_backward", lambda dtype: True)
+    q, k, v = _inputs(shape_q, n_k, dtype)
+    _assert_close_to_oracle("triton-single-pass", q, k, v, causal)

@@ -50,6 +50,15 @@ def test_compiled_function_takes_transposed_inputs(kv_heads):
         assert _error(x, ref) < 1e-5
 
 
+def test_compiled_single_pass_backward_takes_transposed_inputs():
+    fn = torch.compile(FlashAttention2Triton.apply, backend=BACKEND, fullgraph=True)
+    q, k, v = (_transposed(2, 40, 3, 16) for _ in range(3))
+    o = fn(q, k, v, True, None, False, None, False)  # deterministic=False
+    o.sum().backward()
+    for x, ref in _grads_vs_oracle(q, k, v, o, True):
+        assert _error(x, ref) < 1e-5
+
+
 def _fake_inputs(mode, symbolic):
     """Fake q, k, v transposed from (batch, seq, heads, d), with symbolic sizes if asked."""
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
@@ -77,8 +86,11 @@ def test_launch_plans_build_from_fake_tensors(symbolic):
         assert forward.copies is None  # read in place, not copied
         assert forward.meta["GROUP"] == 3 and not forward.meta["LARGE"]
         o, lse = forward.outputs(q)
-        backward = BackwardPlan(q, k, v, o, lse, torch.empty_like(o), True, "tf32x3", True)
+        args = (q, k, v, o, lse, torch.empty_like(o), True, "tf32x3")
+        backward = BackwardPlan(*args, True, True)
         assert backward.copies is None
+        single = BackwardPlan(*args, False, True)  # deterministic=False: fp32 takes one pass
+        assert "fused" in single.launches and not single.tma  # traced: no TMA descriptors
     # strides of q as the kernels index it: (batch, head, row)
     assert [int(s) for s in forward.ints[:3]] == [256 * 12 * 64, 64, 12 * 64]
 
@@ -99,11 +111,15 @@ def test_import_does_not_load_the_compiler_stack():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_compiled_transposed_layout_on_gpu(dtype):
+@pytest.mark.parametrize(
+    "dtype, deterministic",
+    [(torch.bfloat16, True), (torch.float32, True), (torch.float32, False)],
+    ids=str,
+)
+def test_compiled_transposed_layout_on_gpu(dtype, deterministic):
     fn = torch.compile(FlashAttention2Triton.apply, fullgraph=True)
     q, k, v = (_transposed(4, 256, 12, 64, dtype) for _ in range(3))
-    o = fn(q, k, v, True)
+    o = fn(q, k, v, True, None, False, None, deterministic)
     o.sum().backward()
     budget = 1e-2 if dtype == torch.bfloat16 else 1e-5
     for x, ref in _grads_vs_oracle(q, k, v, o, True):

@@ -2,10 +2,12 @@
 
 Public API:
     flash_attention(q, k, v, *, causal=False, is_causal=None, scale=None, return_lse=False,
-        precision=None): the front door; Triton on CUDA, tiled PyTorch elsewhere.
+        precision=None, deterministic=True): the front door; Triton on CUDA, tiled PyTorch
+        elsewhere.
         k and v may have fewer heads than q (grouped-query attention).
     FlashAttention2Triton, FlashAttention2PyTorch: the autograd Functions,
-        `.apply(q, k, v, is_causal=False, scale=None, return_lse=False[, precision=None])`
+        `.apply(q, k, v, is_causal=False, scale=None, return_lse=False[, precision=None,
+        deterministic=True])`
         with positional options.
     attention_reference(q, k, v, causal=False, scale=None): the materialised oracle.
 """

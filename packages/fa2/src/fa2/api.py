@@ -32,6 +32,7 @@ def flash_attention(
     scale: float | None = None,
     return_lse: bool = False,
     precision: str | None = None,
+    deterministic: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact softmax attention, softmax(q kᵀ · scale) v, in O(n) memory; differentiable.
 
@@ -64,6 +65,10 @@ def flash_attention(
         precision: fp32 on the Triton path only: "tf32x3" (default; tensor cores with an
             error-compensated split, about fp32's accuracy), "ieee" (exact fp32 FMA, slower)
             or "tf32" (the default where `torch.backends.cuda.matmul.allow_tf32` is set).
+        deterministic: the Triton backward gives the same bits on every run (default). False
+            lets fp32 inputs take its single-pass form, which adds dQ atomically: fewer
+            matmuls and faster (see `FlashAttention2Triton`), but dQ's last bits vary between
+            runs. 16-bit inputs and the PyTorch path are deterministic either way.
 
     Returns:
         o, `(..., heads, n_queries, d)` in the dtype of q; with `return_lse`, `(o, lse)` with
@@ -99,7 +104,9 @@ def flash_attention(
         and (scale is None or scale > 0)
         and _triton_available()
     ):
-        return FlashAttention2Triton.apply(q, k, v, causal, scale, return_lse, precision)
+        return FlashAttention2Triton.apply(
+            q, k, v, causal, scale, return_lse, precision, deterministic
+        )
     if precision is not None:
         from fa2.triton.configs import dot_precision
 

@@ -15,6 +15,7 @@ so its row says `skipped: <reason>` instead of failing the sweep.
 | `fa2-pytorch` | `fa2.FlashAttention2PyTorch.apply`: the tiled PyTorch reference |
 | `fa2-triton` | `fa2.FlashAttention2Triton.apply`: the Triton kernels (CUDA only) |
 | `fa2-triton-compiled` | `torch.compile(fa2.FlashAttention2Triton.apply)`, the leaderboard call |
+| `fa2-triton-nondet` | the Triton kernels with `deterministic=False` (fp32: single-pass backward) |
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ IMPL_NAMES = (
     "fa2-pytorch",
     "fa2-triton",
     "fa2-triton-compiled",
+    "fa2-triton-nondet",
 )
 
 _SDPA_BACKENDS = {
@@ -120,6 +122,13 @@ def attention_impl(name: str, *, device: torch.device | str) -> AttentionFn:
         return require_fa2("FlashAttention2PyTorch").apply
     if name == "fa2-triton":
         return _fa2_triton(device).apply
+    if name == "fa2-triton-nondet":
+        apply = _fa2_triton(device).apply
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+            return apply(q, k, v, causal, None, False, None, False)
+
+        return attend
     if name == "fa2-triton-compiled":
         function = _fa2_triton(device)
         torch.compiler.reset()

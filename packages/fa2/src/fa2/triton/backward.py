@@ -1,13 +1,19 @@
 """FlashAttention-2 backward kernels and their launcher.
 
-Two launches, neither of which materialises the score matrix nor races:
+By default two launches, neither of which materialises the score matrix nor races:
 1. dQ: a program owns BLOCK_M queries and walks the key tiles they can see, recomputing
    P = exp(S - L) tile by tile. It also computes D = rowsum(dO ∘ O) for its rows, which it needs
    itself, and stores it for the next pass (this replaces a separate preprocess launch).
 2. dK/dV: a program owns BLOCK_N keys of one key/value head and walks the query tiles that
    can see them, of every query head that shares the key/value head (grouped-query attention).
-Each output row is written by exactly one program. Recomputing S in both passes costs one
-matmul more than an atomic-add design but keeps dQ deterministic and needs no fp32 buffer.
+Each output row is written by exactly one program. Recomputing S in both passes costs two
+matmuls per tile pair more than an atomic-add design but keeps dQ deterministic.
+
+The single-pass form, which `deterministic=False` allows and `configs.single_pass_backward`
+picks where it is faster (fp32 inputs): a small pass computes D and zeroes an fp32 dQ buffer,
+then the dK/dV pass also computes dQ and adds it into the buffer (TMA bulk reductions on
+Hopper, atomic adds elsewhere): 5 matmuls per tile pair instead of 7, but dQ's last bits
+depend on the order the additions land in.
 """
 
 from __future__ import annotations
@@ -19,14 +25,18 @@ import torch
 import triton
 import triton.language as tl
 
+from fa2.triton import configs
 from fa2.triton.configs import (
     DKDV,
+    DKDV_ATOMIC,
     DQ,
+    INTERPRET,
     LOG2E,
     Tile,
     autotuning,
     cdiv,
     choose_tile,
+    delta_rows,
     head_counts,
     kernel_meta,
     seq_bucket,
@@ -39,7 +49,7 @@ from fa2.triton.launch import (
     plan_cache,
     read_layouts,
 )
-from fa2.triton.tiles import load_tile, store_tile, visible
+from fa2.triton.tiles import add_tile, load_tile, store_tile, visible
 
 __all__ = ["flash_backward"]
 
@@ -54,6 +64,7 @@ def _dkdv_tiles(
     do_base,
     l_base,
     delta_base,
+    dq_base,
     stride_qn,
     stride_don,
     offs_n,
@@ -62,6 +73,7 @@ def _dkdv_tiles(
     end,
     N_Q,
     qk_scale,
+    sm_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -70,8 +82,10 @@ def _dkdv_tiles(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     LARGE: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
-    """Accumulate into (dk, dv) of one key tile the query tiles [start, end) of one query head."""
+    """Accumulate into (dk, dv) of one key tile the query tiles [start, end) of one query head;
+    with ATOMIC_DQ also add this key tile's share of dQ into the fp32 rows at dq_base."""
     for start_m in tl.range(start, end, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         if MASKED:
@@ -100,6 +114,12 @@ def _dkdv_tiles(
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION) * sm_scale
+            if ATOMIC_DQ == 2:  # one bulk reduction of the tile from shared memory (TMA)
+                dq_base.atomic_add([start_m, 0], dq)
+            else:
+                add_tile(dq_base, rows, HEAD_DIM, offs_d, N_Q, dq, MASKED, HEAD_DIM, BLOCK_D, LARGE)
     return dk, dv
 
 
@@ -113,6 +133,7 @@ def _dkdv_kernel(
     Delta,
     DK,
     DV,
+    DQ,
     stride_qb,
     stride_qh,
     stride_qn,
@@ -146,7 +167,10 @@ def _dkdv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EVEN_Q: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
+    """dK and dV of BLOCK_N keys; with ATOMIC_DQ also dQ, added atomically into DQ: fp32,
+    zeroed, `(batch, heads, N_Q, HEAD_DIM)` contiguous (unread otherwise)."""
     # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
     pid_n = tl.program_id(0)
@@ -179,25 +203,30 @@ def _dkdv_kernel(
         do_base = DO + b * stride_dob + h * stride_doh
         l_base = L + (bh * GROUP + g) * N_Q  # (batch, query head) rows of L and Delta
         delta_base = Delta + (bh * GROUP + g) * N_Q
+        dq_base = DQ + (bh * GROUP + g) * N_Q * HEAD_DIM
+        if ATOMIC_DQ == 2:  # rows past N_Q and columns past HEAD_DIM are clipped by the TMA unit
+            dq_base = tl.make_tensor_descriptor(
+                dq_base, [N_Q, HEAD_DIM], [HEAD_DIM, 1], block_shape=[BLOCK_M, BLOCK_D]
+            )
         lo = first
         if IS_CAUSAL:
             dk, dv = _dkdv_tiles(
-                dk, dv, k, v, q_base, do_base, l_base, delta_base, stride_qn, stride_don,
-                offs_n, offs_d, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale,
-                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+                dk, dv, k, v, q_base, do_base, l_base, delta_base, dq_base, stride_qn, stride_don,
+                offs_n, offs_d, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale, sm_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE, ATOMIC_DQ,
             )  # fmt: skip
             lo = lo + BLOCK_N
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, l_base, delta_base, stride_qn, stride_don,
-            offs_n, offs_d, lo, full_end, N_Q, qk_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+            dk, dv, k, v, q_base, do_base, l_base, delta_base, dq_base, stride_qn, stride_don,
+            offs_n, offs_d, lo, full_end, N_Q, qk_scale, sm_scale,
+            HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE, ATOMIC_DQ,
         )  # fmt: skip
         if not EVEN_Q:  # a ragged last query tile. Compiled out otherwise: on an H100 the mere
             # presence of this (empty) loop made the whole kernel 25% slower (measured).
             dk, dv = _dkdv_tiles(
-                dk, dv, k, v, q_base, do_base, l_base, delta_base, stride_qn, stride_don,
-                offs_n, offs_d, tl.maximum(lo, full_end), N_Q, N_Q, qk_scale,
-                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+                dk, dv, k, v, q_base, do_base, l_base, delta_base, dq_base, stride_qn, stride_don,
+                offs_n, offs_d, tl.maximum(lo, full_end), N_Q, N_Q, qk_scale, sm_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE, ATOMIC_DQ,
             )  # fmt: skip
 
     store_tile(
@@ -348,9 +377,76 @@ def _dq_kernel(
     )  # fmt: skip
 
 
+@triton.jit
+def _delta_kernel(
+    O,
+    DO,
+    Delta,
+    DQ,
+    stride_ob,
+    stride_oh,
+    stride_on,
+    stride_dob,
+    stride_doh,
+    stride_don,
+    HEADS,
+    N_Q,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    LARGE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """D = rowsum(dO ∘ O) of BLOCK_M query rows, and those rows of the fp32 dQ accumulator
+    zeroed, ahead of the single-pass backward (which needs D from its first tile on)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)  # (batch, query head)
+    b, h = bh // HEADS, bh % HEADS
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = load_tile(
+        O + b * stride_ob + h * stride_oh, rows, stride_on, offs_d, N_Q,
+        HEAD_DIM, BLOCK_D, True, True, LARGE,
+    )  # fmt: skip
+    do = load_tile(
+        DO + b * stride_dob + h * stride_doh, rows, stride_don, offs_d, N_Q,
+        HEAD_DIM, BLOCK_D, True, True, LARGE,
+    )  # fmt: skip
+    tl.store(Delta + bh * N_Q + rows, tl.sum(o * do, 1), mask=rows < N_Q)
+    zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    store_tile(DQ + bh * N_Q * HEAD_DIM, rows, HEAD_DIM, offs_d, N_Q, zeros, HEAD_DIM, LARGE)
+
+
+# The single-pass backward adds dQ tiles with TMA bulk reductions where it can (see
+# `tma_reduce_available`); False forces per-element atomics (for comparisons).
+USE_TMA_REDUCE = True
+
+
+def tma_reduce_available(q: torch.Tensor) -> bool:
+    """Whether the single-pass backward can add dQ tiles with the TMA unit's bulk reductions:
+    a Hopper or newer GPU, outside the interpreter, with fp32 dQ rows 16-byte aligned."""
+    return (
+        USE_TMA_REDUCE
+        and not INTERPRET
+        and q.is_cuda
+        and torch.cuda.get_device_capability(q.device)[0] >= 9
+        and q.shape[-1] % 4 == 0
+    )
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global memory Triton asks for at launch: where the kernel builds its TMA descriptors."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 class BackwardPlan:
-    """The two backward launches for one combination of shapes, strides, dtype, causality and
-    precision.
+    """The backward launches for one combination of shapes, strides, dtype, causality,
+    precision and determinism.
+
+    Two-pass (deterministic, and the choice for 16-bit inputs): the dQ pass, then the dK/dV
+    pass. Single-pass (`deterministic=False` where `configs.single_pass_backward` says so): a
+    small pass for D = rowsum(dO ∘ O), then one pass that computes dK, dV and dQ together and
+    adds dQ into an fp32 buffer (5 matmuls per tile pair instead of 7; the order of the
+    additions, hence dQ's last bits, varies between runs).
 
     Call as `plan(q, k, v, o, lse, do, scale, traced) -> (dq, dk, dv)` with tensors like the
     ones it was built from; `flash_backward` finds or builds it. Gradients are allocated
@@ -367,12 +463,14 @@ class BackwardPlan:
         do: torch.Tensor,
         causal: bool,
         precision: str,
+        deterministic: bool,
         traced: bool,
     ) -> None:
         *lead, n_q, d = q.shape
         n_k = k.shape[-2]
         heads, group = head_counts(q, k)
         self.shapes = (q.shape, k.shape, v.shape)
+        self.dtype = q.dtype
         self.batch_heads, self.n_q, self.n_k = math.prod(lead), n_q, n_k
         self.batch_kv_heads = self.batch_heads // group
         tensors = (q, k, v, o, do)
@@ -385,6 +483,9 @@ class BackwardPlan:
         sdq, sdk = dense_strides(q.shape), dense_strides(k.shape)  # gradients: contiguous
         self.dq_ints = (*sq, *sk, *sv, *so, *sdo, *sdq, heads, n_q, n_k)
         self.dkdv_ints = (*sq, *sk, *sv, *sdo, *sdk, *sdk, heads // group, n_q, n_k)
+        self.delta_ints = (*so, *sdo, heads, n_q)
+        self.single_pass = not deterministic and configs.single_pass_backward(q.dtype)
+        self.tma = self.single_pass and not traced and tma_reduce_available(q)
         self.meta = kernel_meta(d, causal, q.dtype, precision)
         shapes = [t.shape for t in tensors]
         self.meta.update(GROUP=group, LARGE=needs_int64(shapes, strides))
@@ -402,21 +503,31 @@ class BackwardPlan:
             precision=precision,
             key=lambda: (causal, seq_bucket(n_q, n_k)),
         )
-        self.launches = {
-            which: self._launch(
-                which, choose_tile(table, run=None if traced else tuning_run(which), **choice)
-            )
-            for which, table in (("dq", DQ), ("dkdv", DKDV))  # dq first: it writes delta
-        }
+        # In launch order: the first pass writes D, which the second reads.
+        passes = (("fused", DKDV_ATOMIC),) if self.single_pass else (("dq", DQ), ("dkdv", DKDV))
+        self.launches = {}
+        if self.single_pass:
+            self.launches["delta"] = self._launch("delta", Tile(delta_rows(d), 0, 4, 1))
+        for which, table in passes:
+            tile = choose_tile(table, run=None if traced else tuning_run(which), **choice)
+            self.launches[which] = self._launch(which, tile)
 
     def _launch(self, which: str, tile: Tile) -> CachedLaunch:
-        """The dQ (`which="dq"`) or dK/dV (`"dkdv"`) kernel with `tile`."""
+        """The launch of one pass with `tile`: "dq" or "dkdv" (the deterministic passes),
+        "delta" or "fused" (the single-pass backward)."""
+        if which == "delta":
+            meta = {name: self.meta[name] for name in ("HEAD_DIM", "BLOCK_D", "LARGE")}
+            grid = (cdiv(self.n_q, tile.block_m), self.batch_heads)
+            return CachedLaunch(
+                _delta_kernel, grid, dict(meta, BLOCK_M=tile.block_m), num_warps=4, num_stages=1
+            )
         constexprs = dict(self.meta, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
         if which == "dq":
             kernel, grid = _dq_kernel, (cdiv(self.n_q, tile.block_m), self.batch_heads)
         else:
             kernel, grid = _dkdv_kernel, (cdiv(self.n_k, tile.block_n), self.batch_kv_heads)
             constexprs["EVEN_Q"] = self.n_q % tile.block_m == 0
+            constexprs["ATOMIC_DQ"] = 0 if which == "dkdv" else (2 if self.tma else 1)
         return CachedLaunch(kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages)
 
     def _run(
@@ -432,14 +543,20 @@ class BackwardPlan:
         delta, dq, dk, dv = outputs
         if which == "dq":
             launch((q, k, v, o, do, lse, delta, dq), (*self.dq_ints, scale * LOG2E, scale))
-        else:
-            launch((q, k, v, do, lse, delta, dk, dv), (*self.dkdv_ints, scale * LOG2E, scale))
+        elif which == "delta":
+            launch((o, do, delta, dq), self.delta_ints)
+        else:  # dkdv, or fused (which also adds into dq)
+            if which == "fused" and self.tma:  # per call: the allocator is per thread
+                triton.set_allocator(_scratch)
+            launch((q, k, v, do, lse, delta, dk, dv, dq), (*self.dkdv_ints, scale * LOG2E, scale))
 
     def outputs(self, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """delta = rowsum(dO ∘ O) (written by the dQ pass), dq, dk, dv."""
+        """delta = rowsum(dO ∘ O), dq (fp32 in the single pass, for its atomic additions), dk,
+        dv."""
         q_shape, k_shape, v_shape = self.shapes
         delta = q.new_empty((self.batch_heads, self.n_q), dtype=torch.float32)
-        return delta, q.new_empty(q_shape), q.new_empty(k_shape), q.new_empty(v_shape)
+        dq = q.new_empty(q_shape, dtype=torch.float32 if self.single_pass else q.dtype)
+        return delta, dq, q.new_empty(k_shape), q.new_empty(v_shape)
 
     def __call__(
         self,
@@ -454,9 +571,10 @@ class BackwardPlan:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         inputs = contiguous_where((q, k, v, o, lse, do), self.copies)
         outputs = self.outputs(q)
-        for which, launch in self.launches.items():  # dq first: it writes delta
+        for which, launch in self.launches.items():
             self._run(which, launch.traceable if traced else launch, inputs, outputs, scale)
-        return outputs[1:]
+        _, dq, dk, dv = outputs
+        return dq.to(self.dtype), dk, dv
 
 
 _plans = plan_cache(BackwardPlan)
@@ -473,18 +591,22 @@ def flash_backward(
     scale: float,
     precision: str,
     *,
+    deterministic: bool = True,
     traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of attention on `(..., heads, n, d)` tensors (lse: `(..., heads, n_q)` fp32),
     n_q, n_k >= 1; k and v may have fewer heads than q (a divisor of q's).
 
-    `traced`: launch in the form torch.compile traces into (see `CachedLaunch.traceable`), from
-    a plan built afresh (shapes may be symbolic there, and tracing happens once)."""
+    `deterministic=False`: allow the single-pass backward, with dQ added atomically, where it
+    is the faster one (see `BackwardPlan`). `traced`: launch in the form torch.compile traces
+    into (see `CachedLaunch.traceable`), from a plan built afresh (shapes may be symbolic
+    there, and tracing happens once)."""
     args = (q, k, v, o, lse, do)
     if traced:
-        return BackwardPlan(*args, causal, precision, traced)(*args, scale, traced)
+        plan = BackwardPlan(*args, causal, precision, deterministic, traced)
+        return plan(*args, scale, traced)
     key = (
         q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), o.stride(), do.stride(),
-        lse.stride(), q.dtype, q.device, causal, precision, autotuning(),
+        lse.stride(), q.dtype, q.device, causal, precision, deterministic, autotuning(),
     )  # fmt: skip
-    return _plans(key, *args, causal, precision, traced)(*args, scale, traced)
+    return _plans(key, *args, causal, precision, deterministic, traced)(*args, scale, traced)

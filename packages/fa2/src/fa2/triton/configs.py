@@ -19,6 +19,7 @@ import torch
 
 __all__ = [
     "DKDV",
+    "DKDV_ATOMIC",
     "DQ",
     "FORWARD",
     "INTERPRET",
@@ -29,10 +30,12 @@ __all__ = [
     "block_d",
     "cdiv",
     "choose_tile",
+    "delta_rows",
     "dot_precision",
     "head_counts",
     "kernel_meta",
     "seq_bucket",
+    "single_pass_backward",
     "timings",
     "upcast",
 ]
@@ -183,6 +186,54 @@ DQ = {
     "tf32_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "tf32_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
 }
+
+# The single-pass backward (dK/dV with dQ added atomically; `deterministic=False`). Same
+# constraint as DKDV (block_n % block_m == 0). Candidates chosen to compile without spilling
+# registers for sm_90 (ptxas), before the H100 sweep.
+DKDV_ATOMIC = {
+    "interpreter": [Tile(16, 32, 1, 1)],
+    "16bit_d64": [
+        Tile(64, 128, 8, 3),
+        Tile(64, 64, 4, 3),
+        Tile(32, 128, 8, 2),
+        Tile(64, 128, 8, 2),
+        Tile(32, 64, 4, 2),
+    ],
+    "16bit_d128": [
+        Tile(32, 128, 8, 2),
+        Tile(32, 64, 8, 2),
+        Tile(16, 128, 8, 2),
+        Tile(32, 128, 8, 3),
+    ],
+    "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
+    "32bit_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2), Tile(16, 32, 4, 2), Tile(16, 64, 4, 2)],
+    "32bit_d128": [Tile(32, 32, 4, 2), Tile(16, 32, 4, 2), Tile(32, 64, 8, 2), Tile(16, 64, 4, 2)],
+    "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
+    "tf32_d64": [
+        Tile(32, 32, 4, 2),
+        Tile(16, 32, 4, 2),
+        Tile(32, 32, 8, 2),
+        Tile(16, 64, 4, 2),
+        Tile(32, 32, 4, 3),
+    ],
+    "tf32_d128": [Tile(32, 32, 4, 2), Tile(16, 32, 8, 2), Tile(32, 32, 8, 2), Tile(16, 32, 4, 2)],
+    "tf32_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
+}
+
+
+def single_pass_backward(dtype: torch.dtype) -> bool:
+    """Whether a backward allowed to be nondeterministic takes the single-pass form. Measured
+    on an H100: faster for fp32 inputs, whose every matmul is three tensor-core products
+    under "tf32x3" (so the two matmuls it saves weigh more than its atomic additions), slower
+    for 16-bit ones (docs/results/fa2_single_pass_h100_2026-11-23.md)."""
+    return dtype == torch.float32
+
+
+def delta_rows(head_dim: int) -> int:
+    """Query rows per program of the pass computing D = rowsum(dO ∘ O) (memory-bound: about 64
+    fp32 values per thread of 4 warps; 16 in the interpreter, to cover several programs)."""
+    return 16 if INTERPRET else min(128, max(16, 8192 // block_d(head_dim)))
+
 
 _fastest: dict[tuple, Tile] = {}
 # FA2_AUTOTUNE's measurements, by (kernel table, head-dim block, dtype, precision, causal,

@@ -45,13 +45,16 @@ def _backward(
     causal: bool,
     scale: float,
     precision: str,
+    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from fa2.triton.function import run_backward
 
-    return run_backward(q, k, v, o, lse, do, causal, scale, precision, traced=TRACEABLE)
+    return run_backward(
+        q, k, v, o, lse, do, causal, scale, precision, deterministic, traced=TRACEABLE
+    )
 
 
-def _backward_fake(q, k, v, o, lse, do, causal, scale, precision):
+def _backward_fake(q, k, v, o, lse, do, causal, scale, precision, deterministic):
     return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 

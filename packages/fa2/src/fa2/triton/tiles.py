@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["load_tile", "row_offsets", "store_tile", "visible"]
+__all__ = ["add_tile", "load_tile", "row_offsets", "store_tile", "visible"]
 
 
 @triton.jit
@@ -55,6 +55,34 @@ def store_tile(base, rows, stride, offs_d, n_rows, x, HEAD_DIM: tl.constexpr, LA
     mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
     ptrs = base + row_offsets(rows, stride, LARGE)[:, None] + offs_d[None, :]
     tl.store(ptrs, x.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def add_tile(
+    base,
+    rows,
+    stride,
+    offs_d,
+    n_rows,
+    x,
+    MASK_ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    LARGE: tl.constexpr,
+):
+    """Atomically add a (len(rows), BLOCK_D) fp32 tile into a row-major fp32 matrix, skipping
+    rows >= n_rows (with MASK_ROWS) and padded columns. Relaxed ordering: only the sums matter,
+    and their order (hence the last bits) varies from run to run."""
+    ptrs = base + row_offsets(rows, stride, LARGE)[:, None] + offs_d[None, :]
+    if MASK_ROWS:
+        mask = rows[:, None] < n_rows
+        if HEAD_DIM != BLOCK_D:
+            mask = mask & (offs_d[None, :] < HEAD_DIM)
+        tl.atomic_add(ptrs, x, mask=mask, sem="relaxed")
+    elif HEAD_DIM != BLOCK_D:
+        tl.atomic_add(ptrs, x, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
+    else:
+        tl.atomic_add(ptrs, x, sem="relaxed")
 
 
 @triton.jit
