@@ -103,8 +103,8 @@ class FlashAttention2Triton(torch.autograd.Function):
             dQ atomically into an fp32 buffer, issuing 5 matmuls per tile pair instead of 7;
             dQ's last bits then vary from run to run. It is taken where it is faster: for
             fp32 inputs (on an H100, 0.58-0.91x the two-pass backward's time at d=64, about
-            equal at d=128 with "tf32x3"); 16-bit inputs keep the two passes, which are faster
-            for them.
+            equal at d=128 with "tf32x3"; docs/results/fa2_single_pass_h100_2026-11-23.md);
+            16-bit inputs keep the two passes, which are faster for them.
 
     Returns:
         o: `(..., heads, n_queries, d)` in the input dtype, or `(o, lse)` with `return_lse`,
