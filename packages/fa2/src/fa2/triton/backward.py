@@ -240,6 +240,27 @@ def _dkdv_kernel(
 
 
 @triton.jit
+def _store_delta(
+    o_base,
+    stride_on,
+    do,
+    delta_base,
+    rows,
+    offs_d,
+    N_Q,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    LARGE: tl.constexpr,
+):
+    """D = rowsum(dO ∘ O) in fp32 of the query rows `rows` (dO already loaded), stored at
+    delta_base and returned."""
+    o = load_tile(o_base, rows, stride_on, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, True, LARGE)
+    delta = tl.sum(o * do.to(tl.float32), 1)
+    tl.store(delta_base + rows, delta, mask=rows < N_Q)
+    return delta
+
+
+@triton.jit
 def _dq_tiles(
     dq,
     q,
@@ -345,12 +366,10 @@ def _dq_kernel(
         HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
     )  # fmt: skip
     lse2 = tl.load(L + bh * N_Q + rows, mask=rows < N_Q, other=0.0) * 1.4426950408889634
-    o = load_tile(
-        O + b * stride_ob + h * stride_oh, rows, stride_on, offs_d, N_Q,
-        HEAD_DIM, BLOCK_D, True, True, LARGE,
+    delta = _store_delta(  # for this pass and the next
+        O + b * stride_ob + h * stride_oh, stride_on, do, Delta + bh * N_Q, rows, offs_d, N_Q,
+        HEAD_DIM, BLOCK_D, LARGE,
     )  # fmt: skip
-    delta = tl.sum(o * do.to(tl.float32), 1)  # D = rowsum(dO ∘ O), for this pass and the next
-    tl.store(Delta + bh * N_Q + rows, delta, mask=rows < N_Q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = K + b * stride_kb + (h // GROUP) * stride_kh
     v_base = V + b * stride_vb + (h // GROUP) * stride_vh
@@ -403,15 +422,14 @@ def _delta_kernel(
     b, h = bh // HEADS, bh % HEADS
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = load_tile(
-        O + b * stride_ob + h * stride_oh, rows, stride_on, offs_d, N_Q,
-        HEAD_DIM, BLOCK_D, True, True, LARGE,
-    )  # fmt: skip
     do = load_tile(
         DO + b * stride_dob + h * stride_doh, rows, stride_don, offs_d, N_Q,
-        HEAD_DIM, BLOCK_D, True, True, LARGE,
+        HEAD_DIM, BLOCK_D, True, False, LARGE,
     )  # fmt: skip
-    tl.store(Delta + bh * N_Q + rows, tl.sum(o * do, 1), mask=rows < N_Q)
+    _store_delta(
+        O + b * stride_ob + h * stride_oh, stride_on, do, Delta + bh * N_Q, rows, offs_d, N_Q,
+        HEAD_DIM, BLOCK_D, LARGE,
+    )  # fmt: skip
     zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     store_tile(DQ + bh * N_Q * HEAD_DIM, rows, HEAD_DIM, offs_d, N_Q, zeros, HEAD_DIM, LARGE)
 
