@@ -90,7 +90,7 @@ def test_launch_plans_build_from_fake_tensors(symbolic):
         backward = BackwardPlan(*args, True, True)
         assert backward.copies is None
         single = BackwardPlan(*args, False, True)  # deterministic=False: fp32 takes one pass
-        assert "fused" in single.launches and not single.tma  # traced: no TMA descriptors
+        assert "fused" in single.launches and not single.tma_reduce  # traced: no TMA descriptors
     # strides of q as the kernels index it: (batch, head, row)
     assert [int(s) for s in forward.ints[:3]] == [256 * 12 * 64, 64, 12 * 64]
 

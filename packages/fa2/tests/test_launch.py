@@ -1,5 +1,6 @@
 """The Triton path's launch plans: layouts read in place or copied, plans reused across calls,
-misaligned tensors, and (on a GPU) the cached-binary launch agreeing with Triton's own."""
+misaligned tensors, tiles read through TMA descriptors, and (on a GPU) the cached-binary launch
+agreeing with Triton's own."""
 
 import pytest
 import torch
@@ -105,6 +106,7 @@ def test_cached_binary_launch_matches_tritons_own_launch():
     first = FlashAttention2Triton.apply(q, k, v, True)  # through Triton: compiles, keeps binary
     plan = next(p for key, p in forward._plans.cache.items() if key[0] == q.shape)
     assert plan.launch._binary is not None
+    plan.launch.kernel = None  # the next call must not go through Triton's launch path
     again = FlashAttention2Triton.apply(q, k, v, True)  # straight to the binary
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     _assert_matches_oracle(*(_leaf(t.float()) for t in (q, k, v)), causal=True)
@@ -155,3 +157,93 @@ def test_grouped_heads_in_transposed_layouts_are_read_in_place():
     shared = lambda g: g.unflatten(1, (2, 2)).sum(2)  # noqa: E731  sum over sharing heads
     for x, ref in ((o, ref_o), (q.grad, dq), (k.grad, shared(dk)), (v.grad, shared(dv))):
         assert ((x.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_fast_launch_path_is_left_only_while_a_profiler_hooks_launches():
+    # Triton 3.6 keeps its launch hooks as chains that are empty, not None, when unset.
+    from triton import knobs
+
+    assert not launch._hooked()
+    hook = lambda *args: None  # noqa: E731
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        chain.add(hook)
+        try:
+            assert launch._hooked()
+        finally:
+            chain.remove(hook)
+    else:  # an older Triton: a single hook or None
+        knobs.runtime.launch_enter_hook = hook
+        try:
+            assert launch._hooked()
+        finally:
+            knobs.runtime.launch_enter_hook = None
+    assert not launch._hooked()
+
+
+@pytest.fixture
+def tma_tiles(monkeypatch):
+    """Every kernel takes a tile that reads through TMA descriptors (on the CPU, Triton's
+    interpreter runs the descriptors too)."""
+    from fa2.triton import backward, forward
+
+    monkeypatch.setattr(launch, "tma_capable", lambda device: True)
+    for module in (forward, backward):
+        chosen = module.choose_tile
+        monkeypatch.setattr(
+            module, "choose_tile", lambda table, _c=chosen, **kw: _c(table, **kw)._replace(tma=True)
+        )
+    forward._plans.cache.clear(), backward._plans.cache.clear()
+    yield
+    forward._plans.cache.clear(), backward._plans.cache.clear()
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [16, 24])
+def test_tiles_read_through_tma_descriptors(tma_tiles, d, causal, deterministic):
+    # Ragged rows and (d = 24) padded columns, which the copy unit fills with 0; grouped heads
+    # in the transposed (batch, seq, heads, d) layout; deterministic=False: the single pass.
+    from fa2.triton import backward, forward
+
+    q = _leaf(torch.randn(2, 45, 4, d, device=DEVICE).transpose(1, 2))
+    k, v = (_leaf(torch.randn(2, 38, 2, d, device=DEVICE).transpose(1, 2)) for _ in range(2))
+    o = FlashAttention2Triton.apply(q, k, v, causal, None, False, None, deterministic)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    (fwd,), (bwd,) = forward._plans.cache.values(), backward._plans.cache.values()
+    assert fwd.launch.options["TMA"]
+    assert all(launch.options.get("TMA", True) for launch in bwd.launches.values())
+    k2, v2 = (t.detach().repeat_interleave(2, 1) for t in (k, v))
+    ref_o, dq, dk, dv = _oracle_grads(q, k2, v2, causal, do)
+    shared = lambda g: g.unflatten(1, (2, 2)).sum(2)  # noqa: E731  sum over sharing heads
+    for x, ref in zip((o, *grads), (ref_o, dq, shared(dk), shared(dv)), strict=True):
+        assert ((x.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_tma_tiles_take_plain_loads_for_misaligned_tensors(tma_tiles):
+    from fa2.triton import forward
+
+    flat = torch.randn(3 * 2 * 30 * 16 + 4, device=DEVICE)
+    q, k, v = (_leaf(flat[1 + i * 960 : 1 + (i + 1) * 960].view(2, 30, 16)) for i in range(3))
+    assert q.data_ptr() % 16
+    _assert_matches_oracle(q, k, v, causal=True)  # builds the plans
+    plan = next(p for key, p in forward._plans.cache.items() if key[0] == q.shape)
+    plain = plan.launch.unaligned
+    assert plan.launch.options["TMA"] and not plain.options["TMA"]
+    calls = []
+    plan.launch.unaligned = lambda *args: (calls.append(1), plain(*args))
+    _assert_matches_oracle(q, k, v, causal=True)
+    assert calls == [1]
+
+
+def test_tma_needs_every_stride_in_whole_16_bytes(monkeypatch):
+    from fa2.triton.launch import read_layouts, tma_layouts
+
+    assert not tma_layouts((torch.randn(2, 8, 16),), [(128, 16, 1)])  # a CPU tensor
+    monkeypatch.setattr(launch, "tma_capable", lambda device: True)
+    for d, ok in ((8, True), (6, False), (12, False)):
+        t = torch.randn(2, 3, 10, d, dtype=torch.bfloat16)
+        assert tma_layouts((t,), read_layouts((t,))[1]) == ok, d
+    every_other_row = torch.randn(2, 3, 20, 8, dtype=torch.bfloat16)[:, :, ::2]
+    assert tma_layouts((every_other_row,), read_layouts((every_other_row,))[1])

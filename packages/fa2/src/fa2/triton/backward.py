@@ -48,8 +48,9 @@ from fa2.triton.launch import (
     needs_int64,
     plan_cache,
     read_layouts,
+    tma_layouts,
 )
-from fa2.triton.tiles import add_tile, load_tile, store_tile, visible
+from fa2.triton.tiles import add_tile, load_row_pair, load_tile, row_source, store_tile, visible
 
 __all__ = ["flash_backward"]
 
@@ -60,8 +61,8 @@ def _dkdv_tiles(
     dv,
     k,
     v,
-    q_base,
-    do_base,
+    q_src,
+    do_src,
     l_base,
     delta_base,
     dq_base,
@@ -83,6 +84,7 @@ def _dkdv_tiles(
     PRECISION: tl.constexpr,
     LARGE: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Accumulate into (dk, dv) of one key tile the query tiles [start, end) of one query head;
     with ATOMIC_DQ also add this key tile's share of dQ into the fp32 rows at dq_base."""
@@ -94,12 +96,10 @@ def _dkdv_tiles(
         else:
             lse = tl.load(l_base + rows)
             delta = tl.load(delta_base + rows)
-        q = load_tile(
-            q_base, rows, stride_qn, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
-        )
-        do = load_tile(
-            do_base, rows, stride_don, offs_d, N_Q, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
-        )
+        q, do = load_row_pair(
+            q_src, stride_qn, do_src, stride_don, start_m, offs_d, N_Q,
+            HEAD_DIM, BLOCK_M, BLOCK_D, MASKED, UPCAST, LARGE, TMA,
+        )  # fmt: skip
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M), raw
         # Issued before the exponentials so the tensor cores work while they are computed
         # (measured: 6-7% faster on an H100 than after the dV update).
@@ -168,6 +168,7 @@ def _dkdv_kernel(
     BLOCK_N: tl.constexpr,
     EVEN_Q: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """dK and dV of BLOCK_N keys; with ATOMIC_DQ also dQ, added atomically into DQ: fp32,
     zeroed, `(batch, heads, N_Q, HEAD_DIM)` contiguous (unread otherwise)."""
@@ -199,8 +200,12 @@ def _dkdv_kernel(
         first = pid_n * BLOCK_N
     for g in range(GROUP):
         h = hk * GROUP + g  # a query head reading this key/value head
-        q_base = Q + b * stride_qb + h * stride_qh
-        do_base = DO + b * stride_dob + h * stride_doh
+        q_src = row_source(
+            Q + b * stride_qb + h * stride_qh, N_Q, stride_qn, HEAD_DIM, BLOCK_M, BLOCK_D, TMA
+        )
+        do_src = row_source(
+            DO + b * stride_dob + h * stride_doh, N_Q, stride_don, HEAD_DIM, BLOCK_M, BLOCK_D, TMA
+        )
         l_base = L + (bh * GROUP + g) * N_Q  # (batch, query head) rows of L and Delta
         delta_base = Delta + (bh * GROUP + g) * N_Q
         dq_base = DQ + (bh * GROUP + g) * N_Q * HEAD_DIM
@@ -211,22 +216,25 @@ def _dkdv_kernel(
         lo = first
         if IS_CAUSAL:
             dk, dv = _dkdv_tiles(
-                dk, dv, k, v, q_base, do_base, l_base, delta_base, dq_base, stride_qn, stride_don,
+                dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
                 offs_n, offs_d, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale, sm_scale,
-                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE, ATOMIC_DQ,
+                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+                ATOMIC_DQ, TMA,
             )  # fmt: skip
             lo = lo + BLOCK_N
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, l_base, delta_base, dq_base, stride_qn, stride_don,
+            dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
             offs_n, offs_d, lo, full_end, N_Q, qk_scale, sm_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE, ATOMIC_DQ,
+            HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+            ATOMIC_DQ, TMA,
         )  # fmt: skip
         if not EVEN_Q:  # a ragged last query tile. Compiled out otherwise: on an H100 the mere
             # presence of this (empty) loop made the whole kernel 25% slower (measured).
             dk, dv = _dkdv_tiles(
-                dk, dv, k, v, q_base, do_base, l_base, delta_base, dq_base, stride_qn, stride_don,
+                dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
                 offs_n, offs_d, tl.maximum(lo, full_end), N_Q, N_Q, qk_scale, sm_scale,
-                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE, ATOMIC_DQ,
+                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+                ATOMIC_DQ, TMA,
             )  # fmt: skip
 
     store_tile(
@@ -267,8 +275,8 @@ def _dq_tiles(
     do,
     lse2,
     delta,
-    k_base,
-    v_base,
+    k_src,
+    v_src,
     stride_kn,
     stride_vn,
     rows,
@@ -285,16 +293,15 @@ def _dq_tiles(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     LARGE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Accumulate into dq of one query tile the key tiles [start, end)."""
     for start_n in tl.range(start, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(
-            k_base, cols, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
-        )
-        v = load_tile(
-            v_base, cols, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
-        )
+        k, v = load_row_pair(
+            k_src, stride_kn, v_src, stride_vn, start_n, offs_d, N_K,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, UPCAST, LARGE, TMA,
+        )  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), raw
         p = tl.math.exp2(s * qk_scale - lse2[:, None])  # one fused multiply-add per exponent
         if MASKED:
@@ -345,6 +352,7 @@ def _dq_kernel(
     PRECISION: tl.constexpr,
     GROUP: tl.constexpr,
     LARGE: tl.constexpr,
+    TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -371,8 +379,10 @@ def _dq_kernel(
         HEAD_DIM, BLOCK_D, LARGE,
     )  # fmt: skip
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
-    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
+    k_src = row_source(K + b * stride_kb + (h // GROUP) * stride_kh, N_K, stride_kn,
+                       HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # fmt: skip
+    v_src = row_source(V + b * stride_vb + (h // GROUP) * stride_vh, N_K, stride_vn,
+                       HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # fmt: skip
 
     full_end = (N_K // BLOCK_N) * BLOCK_N
     end = N_K
@@ -380,14 +390,14 @@ def _dq_kernel(
         full_end = tl.minimum(full_end, pid_m * BLOCK_M)
         end = tl.minimum(end, (pid_m + 1) * BLOCK_M)
     dq = _dq_tiles(
-        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, offs_d,
+        dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_vn, rows, offs_d,
         0, full_end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE, TMA,
     )  # fmt: skip
     dq = _dq_tiles(
-        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, offs_d,
+        dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_vn, rows, offs_d,
         full_end, end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE, TMA,
     )  # fmt: skip
 
     store_tile(
@@ -451,11 +461,6 @@ def tma_reduce_available(q: torch.Tensor) -> bool:
     )
 
 
-def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Global memory Triton asks for at launch: where the kernel builds its TMA descriptors."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 class BackwardPlan:
     """The backward launches for one combination of shapes, strides, dtype, causality,
     precision and determinism.
@@ -503,7 +508,11 @@ class BackwardPlan:
         self.dkdv_ints = (*sq, *sk, *sv, *sdo, *sdk, *sdk, heads // group, n_q, n_k)
         self.delta_ints = (*so, *sdo, heads, n_q)
         self.single_pass = not deterministic and configs.single_pass_backward(q.dtype)
-        self.tma = self.single_pass and not traced and tma_reduce_available(q)
+        self.tma_reduce = self.single_pass and not traced and tma_reduce_available(q)
+        # Tiles with `tma` read the inner loop's rows through TMA descriptors where the
+        # layouts allow: keys and values in the dQ pass, queries and output gradients in the
+        # dK/dV pass. Not when traced: a compiled graph's tensors are not checked for alignment.
+        self.tma_loads = not traced and tma_layouts(tensors, strides)
         self.meta = kernel_meta(d, causal, q.dtype, precision)
         shapes = [t.shape for t in tensors]
         self.meta.update(GROUP=group, LARGE=needs_int64(shapes, strides))
@@ -539,14 +548,19 @@ class BackwardPlan:
             return CachedLaunch(
                 _delta_kernel, grid, dict(meta, BLOCK_M=tile.block_m), num_warps=4, num_stages=1
             )
-        constexprs = dict(self.meta, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
+        tma = tile.tma and self.tma_loads
+        constexprs = dict(self.meta, TMA=tma, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
         if which == "dq":
             kernel, grid = _dq_kernel, (cdiv(self.n_q, tile.block_m), self.batch_heads)
         else:
             kernel, grid = _dkdv_kernel, (cdiv(self.n_k, tile.block_n), self.batch_kv_heads)
             constexprs["EVEN_Q"] = self.n_q % tile.block_m == 0
-            constexprs["ATOMIC_DQ"] = 0 if which == "dkdv" else (2 if self.tma else 1)
-        return CachedLaunch(kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages)
+            constexprs["ATOMIC_DQ"] = 0 if which == "dkdv" else (2 if self.tma_reduce else 1)
+        return CachedLaunch(
+            kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages,
+            scratch=tma or constexprs.get("ATOMIC_DQ") == 2,
+            unaligned=self._launch(which, tile._replace(tma=False)) if tma else None,
+        )  # fmt: skip
 
     def _run(
         self,
@@ -564,8 +578,6 @@ class BackwardPlan:
         elif which == "delta":
             launch((o, do, delta, dq), self.delta_ints)
         else:  # dkdv, or fused (which also adds into dq)
-            if which == "fused" and self.tma:  # per call: the allocator is per thread
-                triton.set_allocator(_scratch)
             launch((q, k, v, do, lse, delta, dk, dv, dq), (*self.dkdv_ints, scale * LOG2E, scale))
 
     def outputs(self, q: torch.Tensor) -> tuple[torch.Tensor, ...]:

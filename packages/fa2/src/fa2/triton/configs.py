@@ -122,6 +122,9 @@ class Tile(NamedTuple):
     block_n: int  # key rows per tile
     warps: int
     stages: int
+    # Read the tiles of the inner loop through TMA descriptors (Hopper's copy unit) where the
+    # device and the layout allow (`fa2.triton.launch.tma_layouts`); plain loads elsewhere.
+    tma: bool = False
 
 
 # Candidates by (head-dim block, 16-bit or fp32 and its dot precision); the first is the default.
@@ -142,6 +145,12 @@ class Tile(NamedTuple):
 # 32x32/4w/2s 3.555 (32x64/4w/2s 6.310); larger d=128 tiles need more shared memory than an
 # H100 has. The same run re-timed the 16-bit d=128 dK/dV tiles: 64x64/4w/2s 3.799 stays
 # (32x64/4w/3s 3.936, 32x128/8w/2s 4.853; 64x64 with 8 warps 7.4-8.8).
+# TMA loads (tile.tma), one H100 run (bf16 causal unless noted, ms, plain loads -> TMA;
+# docs/results/fa2_tma_h100_2026-11-23.md): forward d=128 at (16, 16384) 2.182 -> 2.075 (at
+# (4, 32, 2048) 0.366 -> 0.372), dQ d=64 1.431 -> 1.384 (non-causal (16, 4096) 0.174 ->
+# 0.168); slower for forward d=64 (1.263 -> 1.279), dQ d=128 (2.405 -> 2.579) and dK/dV d=128
+# (3.736 -> 3.868 at best); about equal for dK/dV d=64. TMA frees registers (sm_90: forward
+# d=128 184 -> 154 per thread) but each program first builds its descriptors in global memory.
 # Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
 # diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
 # shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
@@ -153,7 +162,12 @@ FORWARD = {
         Tile(64, 64, 4, 3),
         Tile(128, 64, 4, 3),
     ],
-    "16bit_d128": [Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(64, 64, 4, 3)],
+    "16bit_d128": [
+        Tile(128, 64, 8, 3, tma=True),
+        Tile(128, 64, 8, 3),
+        Tile(128, 64, 8, 4, tma=True),
+        Tile(128, 64, 8, 2),
+    ],
     "16bit_d256": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
@@ -176,7 +190,12 @@ DKDV = {
 }
 DQ = {
     "interpreter": [Tile(32, 16, 1, 1)],
-    "16bit_d64": [Tile(128, 64, 8, 3), Tile(64, 64, 4, 3), Tile(128, 64, 4, 3)],
+    "16bit_d64": [
+        Tile(128, 64, 8, 3, tma=True),
+        Tile(128, 64, 8, 3),
+        Tile(64, 64, 4, 3),
+        Tile(128, 64, 4, 3),
+    ],
     "16bit_d128": [Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(64, 32, 4, 3)],
     "16bit_d256": [Tile(64, 16, 4, 2), Tile(64, 32, 8, 1)],
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],

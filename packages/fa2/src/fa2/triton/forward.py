@@ -32,8 +32,9 @@ from fa2.triton.launch import (
     needs_int64,
     plan_cache,
     read_layouts,
+    tma_layouts,
 )
-from fa2.triton.tiles import load_tile, store_tile, visible
+from fa2.triton.tiles import load_row_pair, load_tile, row_source, store_tile, visible
 
 __all__ = ["flash_forward"]
 
@@ -44,8 +45,8 @@ def _fwd_tiles(
     l_i,
     m_i,
     q,
-    k_base,
-    v_base,
+    k_src,
+    v_src,
     stride_kn,
     stride_vn,
     offs_m,
@@ -62,6 +63,7 @@ def _fwd_tiles(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     LARGE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Fold key tiles [start, end) into the running (acc, l_i, m_i) of one query tile.
 
@@ -69,12 +71,10 @@ def _fwd_tiles(
     positive) so that each exponent is one fused multiply-add, s * qk_scale - m."""
     for start_n in tl.range(start, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(
-            k_base, cols, stride_kn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
-        )
-        v = load_tile(
-            v_base, cols, stride_vn, offs_d, N_K, HEAD_DIM, BLOCK_D, MASKED, UPCAST, LARGE
-        )
+        k, v = load_row_pair(
+            k_src, stride_kn, v_src, stride_vn, start_n, offs_d, N_K,
+            HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, UPCAST, LARGE, TMA,
+        )  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) raw scores
         if MASKED:
             s = tl.where(visible(offs_m, cols, 0, N_K, False, IS_CAUSAL), s, float("-inf"))
@@ -118,6 +118,7 @@ def _fwd_kernel(
     PRECISION: tl.constexpr,
     GROUP: tl.constexpr,
     LARGE: tl.constexpr,
+    TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -136,8 +137,10 @@ def _fwd_kernel(
         Q + b * stride_qb + h * stride_qh, offs_m, stride_qn, offs_d, N_Q,
         HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
     )  # fmt: skip
-    k_base = K + b * stride_kb + (h // GROUP) * stride_kh
-    v_base = V + b * stride_vb + (h // GROUP) * stride_vh
+    k_src = row_source(K + b * stride_kb + (h // GROUP) * stride_kh, N_K, stride_kn,
+                       HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # fmt: skip
+    v_src = row_source(V + b * stride_vb + (h // GROUP) * stride_vh, N_K, stride_vn,
+                       HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # fmt: skip
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -151,14 +154,14 @@ def _fwd_kernel(
         full_end = tl.minimum(full_end, pid_m * BLOCK_M)
         end = tl.minimum(end, (pid_m + 1) * BLOCK_M)
     acc, l_i, m_i = _fwd_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
         0, full_end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE, TMA,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
         full_end, end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
+        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE, TMA,
     )  # fmt: skip
 
     # Key 0 is visible to every row, so l_i >= 1 here and the division is safe.
@@ -198,6 +201,9 @@ class ForwardPlan:
         self.meta.update(
             GROUP=group, LARGE=needs_int64([q.shape, k.shape, v.shape, q.shape], strides)
         )
+        # Tiles with `tma` read keys and values through TMA descriptors where the layout
+        # allows. Not when traced: a compiled graph's tensors are not checked for alignment.
+        self.tma_loads = not traced and tma_layouts((k, v), strides[1:3])
 
         def run(tile: Tile) -> None:  # for FA2_AUTOTUNE's timing only
             inputs = contiguous_where((q, k, v), self.copies)
@@ -214,11 +220,13 @@ class ForwardPlan:
         self.launch = self._launch(tile)
 
     def _launch(self, tile: Tile) -> CachedLaunch:
+        tma = tile.tma and self.tma_loads
         grid = (cdiv(self.n_q, tile.block_m), self.batch_heads)
-        constexprs = dict(self.meta, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
+        constexprs = dict(self.meta, TMA=tma, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
         return CachedLaunch(
-            _fwd_kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages
-        )
+            _fwd_kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages,
+            scratch=tma, unaligned=self._launch(tile._replace(tma=False)) if tma else None,
+        )  # fmt: skip
 
     def outputs(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         o_shape, lse_shape = self.shapes

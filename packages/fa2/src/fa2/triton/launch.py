@@ -27,7 +27,10 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
+import triton
 from triton import knobs
+
+from fa2.triton.configs import INTERPRET
 
 __all__ = [
     "INT32_MAX",
@@ -38,6 +41,8 @@ __all__ = [
     "needs_int64",
     "plan_cache",
     "read_layouts",
+    "tma_capable",
+    "tma_layouts",
 ]
 
 _MAX_PLANS = 512
@@ -110,6 +115,45 @@ def needs_int64(shapes: list[torch.Size], strides: list[tuple[int, int, int]]) -
     )
 
 
+def tma_capable(device: torch.device) -> bool:
+    """Whether kernels on `device` can use the TMA unit (Hopper or newer, not the interpreter)."""
+    return (
+        not INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    )
+
+
+def tma_layouts(tensors: tuple[torch.Tensor, ...], strides: list[tuple[int, int, int]]) -> bool:
+    """Whether the kernels may read `tensors` (with these (batch, head, row) strides) through
+    TMA descriptors: a capable device, and every stride a multiple of 16 bytes, so that each
+    head's rows start 16-byte aligned whenever the tensor itself is (checked per call by
+    `CachedLaunch`)."""
+    return tma_capable(tensors[0].device) and all(
+        stride * t.element_size() % 16 == 0
+        for t, layout in zip(tensors, strides, strict=True)
+        for stride in layout
+    )
+
+
+_scratch_buffers: dict[tuple[int, int | None], torch.Tensor] = {}
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global memory Triton asks for at launch: where a kernel builds its TMA descriptors.
+
+    One buffer per device and stream is kept and handed out again: kernels on one stream run
+    one after another, so a launch never finds the buffer still in use. Not while a CUDA graph
+    is being captured, whose memory belongs to the graph."""
+    device = torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(size, dtype=torch.int8, device=device)
+    buffer = _scratch_buffers.get((device, stream))
+    if buffer is None or buffer.numel() < size:
+        buffer = _scratch_buffers[(device, stream)] = torch.empty(
+            size, dtype=torch.int8, device=device
+        )
+    return buffer
+
+
 def contiguous_where(
     tensors: tuple[torch.Tensor, ...], copies: tuple[bool, ...] | None
 ) -> tuple[torch.Tensor, ...]:
@@ -136,8 +180,15 @@ class CachedLaunch:
         *,
         num_warps: int,
         num_stages: int,
+        scratch: bool = False,
+        unaligned: CachedLaunch | None = None,
     ) -> None:
+        """`scratch`: the kernel builds TMA descriptors, in global memory that Triton's launcher
+        asks an allocator for. `unaligned`: the launch to use instead when a tensor is not
+        16-byte aligned (a kernel reading through TMA descriptors needs that)."""
         self.kernel = kernel
+        self.scratch = scratch
+        self.unaligned = unaligned
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.options = dict(constexprs, num_warps=num_warps, num_stages=num_stages)
         params = getattr(kernel, "params", None)
@@ -150,20 +201,24 @@ class CachedLaunch:
         self._binary: tuple | None = None
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], scalars: tuple) -> None:
+        aligned = True
+        for t in tensors:
+            if t.data_ptr() % 16:
+                aligned = False
+                break
+        if not aligned and self.unaligned is not None:
+            self.unaligned(tensors, scalars)
+            return
+        if self.scratch:  # per call: the allocator is per thread (autograd runs its own)
+            triton.set_allocator(_scratch)
         binary = self._binary
-        if binary is not None and not _hooked():
-            aligned = True
-            for t in tensors:
-                if t.data_ptr() % 16:
-                    aligned = False
-                    break
-            if aligned:
-                run, function, metadata, device = binary
-                run(
-                    *self.grid, _stream(device), function, metadata, None, None, None,
-                    *tensors, *scalars, *self._tail,
-                )  # fmt: skip
-                return
+        if binary is not None and aligned and not _hooked():
+            run, function, metadata, device = binary
+            run(
+                *self.grid, _stream(device), function, metadata, None, None, None,
+                *tensors, *scalars, *self._tail,
+            )  # fmt: skip
+            return
         compiled = self.kernel[self.grid](*tensors, *scalars, **self.options)
         if binary is None and self._tail is not None:
             self._keep(compiled, tensors)
@@ -193,7 +248,13 @@ class CachedLaunch:
 def _hooked() -> bool:
     """A profiler (e.g. Triton's proton) set a launch hook: it needs Triton's launch path."""
     hooks = knobs.runtime
-    return hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None
+    return _active(hooks.launch_enter_hook) or _active(hooks.launch_exit_hook)
+
+
+def _active(hook: Any) -> bool:
+    """Whether a launch hook does anything. Older Tritons leave an unset hook None; newer ones
+    (3.6) always hold a chain of hooks, empty until a profiler adds one."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _stream(device: int) -> int:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["add_tile", "load_tile", "row_offsets", "store_tile", "visible"]
+__all__ = [
+    "add_tile",
+    "load_row_pair",
+    "load_tile",
+    "row_offsets",
+    "row_source",
+    "store_tile",
+    "visible",
+]
 
 
 @triton.jit
@@ -47,6 +55,63 @@ def load_tile(
     if UPCAST:
         x = x.to(tl.float32)
     return x
+
+
+@triton.jit
+def row_source(
+    base,
+    n_rows,
+    stride,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Where `load_row_pair` reads (BLOCK_ROWS, BLOCK_D) tiles of an (n_rows, HEAD_DIM) row-major
+    matrix from: with TMA a tensor descriptor, so Hopper's copy unit fetches each tile with no
+    per-thread address arithmetic and fills rows and columns out of range with 0 (the host
+    checks the 16-byte alignment it needs); otherwise the base pointer itself."""
+    if TMA:
+        return tl.make_tensor_descriptor(
+            base, [n_rows, HEAD_DIM], [stride, 1], block_shape=[BLOCK_ROWS, BLOCK_D]
+        )
+    else:
+        return base
+
+
+@triton.jit
+def load_row_pair(
+    source_a,
+    stride_a,
+    source_b,
+    stride_b,
+    start,
+    offs_d,
+    n_rows,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASK_ROWS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    LARGE: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """`load_tile` of the rows [start, start + BLOCK_ROWS) of two matrices (k and v, or q and
+    dO, as every inner loop reads them), each from a `row_source`."""
+    if TMA:
+        a = source_a.load([start, 0])
+        b = source_b.load([start, 0])
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+    else:
+        rows = start + tl.arange(0, BLOCK_ROWS)
+        a = load_tile(
+            source_a, rows, stride_a, offs_d, n_rows, HEAD_DIM, BLOCK_D, MASK_ROWS, UPCAST, LARGE
+        )
+        b = load_tile(
+            source_b, rows, stride_b, offs_d, n_rows, HEAD_DIM, BLOCK_D, MASK_ROWS, UPCAST, LARGE
+        )
+    return a, b
 
 
 @triton.jit
