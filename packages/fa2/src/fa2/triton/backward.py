@@ -30,7 +30,6 @@ from fa2.triton.configs import (
     DKDV,
     DKDV_ATOMIC,
     DQ,
-    INTERPRET,
     LOG2E,
     Tile,
     autotuning,
@@ -48,6 +47,7 @@ from fa2.triton.launch import (
     needs_int64,
     plan_cache,
     read_layouts,
+    tma_capable,
     tma_layouts,
 )
 from fa2.triton.tiles import add_tile, load_row_pair, load_tile, row_source, store_tile, visible
@@ -248,24 +248,27 @@ def _dkdv_kernel(
 
 
 @triton.jit
-def _store_delta(
+def _load_do_store_delta(
+    do_base,
+    stride_don,
     o_base,
     stride_on,
-    do,
     delta_base,
     rows,
     offs_d,
     N_Q,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
     LARGE: tl.constexpr,
 ):
-    """D = rowsum(dO ∘ O) in fp32 of the query rows `rows` (dO already loaded), stored at
-    delta_base and returned."""
+    """dO of the query rows `rows`, and D = rowsum(dO ∘ O) of them in fp32, which is stored at
+    delta_base: returns (dO, D)."""
+    do = load_tile(do_base, rows, stride_don, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE)
     o = load_tile(o_base, rows, stride_on, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, True, LARGE)
     delta = tl.sum(o * do.to(tl.float32), 1)
     tl.store(delta_base + rows, delta, mask=rows < N_Q)
-    return delta
+    return do, delta
 
 
 @triton.jit
@@ -369,14 +372,10 @@ def _dq_kernel(
         Q + b * stride_qb + h * stride_qh, rows, stride_qn, offs_d, N_Q,
         HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
     )  # fmt: skip
-    do = load_tile(
-        DO + b * stride_dob + h * stride_doh, rows, stride_don, offs_d, N_Q,
-        HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
-    )  # fmt: skip
     lse2 = tl.load(L + bh * N_Q + rows, mask=rows < N_Q, other=0.0) * 1.4426950408889634
-    delta = _store_delta(  # for this pass and the next
-        O + b * stride_ob + h * stride_oh, stride_on, do, Delta + bh * N_Q, rows, offs_d, N_Q,
-        HEAD_DIM, BLOCK_D, LARGE,
+    do, delta = _load_do_store_delta(  # D: for this pass and the next
+        DO + b * stride_dob + h * stride_doh, stride_don, O + b * stride_ob + h * stride_oh,
+        stride_on, Delta + bh * N_Q, rows, offs_d, N_Q, HEAD_DIM, BLOCK_D, UPCAST, LARGE,
     )  # fmt: skip
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_src = row_source(K + b * stride_kb + (h // GROUP) * stride_kh, N_K, stride_kn,
@@ -432,13 +431,9 @@ def _delta_kernel(
     b, h = bh // HEADS, bh % HEADS
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    do = load_tile(
-        DO + b * stride_dob + h * stride_doh, rows, stride_don, offs_d, N_Q,
-        HEAD_DIM, BLOCK_D, True, False, LARGE,
-    )  # fmt: skip
-    _store_delta(
-        O + b * stride_ob + h * stride_oh, stride_on, do, Delta + bh * N_Q, rows, offs_d, N_Q,
-        HEAD_DIM, BLOCK_D, LARGE,
+    _load_do_store_delta(
+        DO + b * stride_dob + h * stride_doh, stride_don, O + b * stride_ob + h * stride_oh,
+        stride_on, Delta + bh * N_Q, rows, offs_d, N_Q, HEAD_DIM, BLOCK_D, False, LARGE,
     )  # fmt: skip
     zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     store_tile(DQ + bh * N_Q * HEAD_DIM, rows, HEAD_DIM, offs_d, N_Q, zeros, HEAD_DIM, LARGE)
@@ -452,13 +447,7 @@ USE_TMA_REDUCE = True
 def tma_reduce_available(q: torch.Tensor) -> bool:
     """Whether the single-pass backward can add dQ tiles with the TMA unit's bulk reductions:
     a Hopper or newer GPU, outside the interpreter, with fp32 dQ rows 16-byte aligned."""
-    return (
-        USE_TMA_REDUCE
-        and not INTERPRET
-        and q.is_cuda
-        and torch.cuda.get_device_capability(q.device)[0] >= 9
-        and q.shape[-1] % 4 == 0
-    )
+    return USE_TMA_REDUCE and tma_capable(q.device) and q.shape[-1] % 4 == 0
 
 
 class BackwardPlan:
