@@ -221,10 +221,19 @@ def sweep(rows: list[dict]) -> None:
     shapes = [
         ((16, 1, 16384, 64), torch.bfloat16, None),
         ((16, 1, 16384, 128), torch.bfloat16, None),
+        ((4, 32, 2048, 128), torch.bfloat16, None),
+        ((2, 32, 4096, 128), torch.bfloat16, None),  # where short sequences' tiles stop paying
+        ((1, 32, 8192, 128), torch.bfloat16, None),
         ((8, 1, 4096, 64), torch.float32, "tf32x3"),
         ((4, 1, 8192, 128), torch.float32, "tf32x3"),
     ]
+    names = {id(configs.FORWARD): "forward", id(configs.DQ): "dq", id(configs.DKDV): "dkdv",
+             id(configs.DKDV_ATOMIC): "single-pass"}  # fmt: skip
+    reported: set[tuple] = set()
     for shape, dtype, precision in shapes:
+        name = f"{'bf16' if dtype == torch.bfloat16 else 'fp32'} {shape}"
+        if not any(part in name for part in CASE_FILTER[0].split("|")):
+            continue
         q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
         precision = dot_precision(dtype, precision)
         scale = shape[-1] ** -0.5
@@ -233,22 +242,25 @@ def sweep(rows: list[dict]) -> None:
         do = torch.randn_like(o)
         os.environ["FA2_AUTOTUNE"] = "1" if {"dq", "dkdv"} & set(SWEEP_KERNELS) else "0"
         run_backward(q, k, v, o, lse, do, True, scale, precision, True)
-        os.environ["FA2_AUTOTUNE"] = "1" if "single-pass" in SWEEP_KERNELS else "0"
-        with _single_pass_for_every_dtype():
-            run_backward(q, k, v, o, lse, do, True, scale, precision, False)
-    os.environ["FA2_AUTOTUNE"] = tuned
-    names = {id(configs.FORWARD): "forward", id(configs.DQ): "dq", id(configs.DKDV): "dkdv",
-             id(configs.DKDV_ATOMIC): "single-pass"}  # fmt: skip
-    for key, times in configs.timings.items():
-        table, d_block, dtype, precision, _causal, bucket = key
-        for tile, ms in sorted(times.items(), key=lambda item: item[1]):
-            rows.append(dict(section="sweep", kernel=names[table], d_block=d_block,
-                             dtype=str(dtype), precision=precision, seq_bucket=bucket,
-                             tile=list(tile), ms=ms))  # fmt: skip
-        best = min(times, key=times.get)
-        print(f"sweep {names[table]:7s} d{d_block} {dtype} {precision}: best {tuple(best)} "
-              f"{times[best]:.3f} ms; " + ", ".join(f"{tuple(t)} {m:.3f}" for t, m in
-              sorted(times.items(), key=lambda item: item[1])), flush=True)  # fmt: skip
+        if "single-pass" in SWEEP_KERNELS:
+            with _single_pass_for_every_dtype():
+                run_backward(q, k, v, o, lse, do, True, scale, precision, False)
+        os.environ["FA2_AUTOTUNE"] = tuned
+        for key, times in configs.timings.items():  # this shape's, as they come
+            if key in reported:
+                continue
+            reported.add(key)
+            table, d_block, tuned_dtype, tuned_precision, _causal, bucket = key
+            for tile, ms in sorted(times.items(), key=lambda item: item[1]):
+                rows.append(dict(section="sweep", case=name, kernel=names[table],
+                                 d_block=d_block, dtype=str(tuned_dtype),
+                                 precision=tuned_precision,
+                                 seq_bucket=bucket, tile=list(tile), ms=ms))  # fmt: skip
+            best = min(times, key=times.get)
+            print(f"sweep {name} {names[table]:7s}: best {tuple(best)} {times[best]:.3f} ms; "
+                  + ", ".join(f"{tuple(t)} {m:.3f}" for t, m in
+                              sorted(times.items(), key=lambda item: item[1])),
+                  flush=True)  # fmt: skip
 
 
 class _SavedRows(list):
@@ -270,7 +282,10 @@ def main() -> int:
     parser.add_argument("--skip-bench", action="store_true", help="accuracy only")
     parser.add_argument("--sections", default="", help="comma-separated subset to run")
     parser.add_argument(
-        "--cases", default="", help="time only cases whose name has one of these, |-separated"
+        "--cases",
+        default="",
+        help="time (and sweep) only cases whose name has one of these, |-separated; a sweep "
+        "case is named like 'bf16 (4, 32, 2048, 128)'",
     )
     parser.add_argument("--tuned", action="store_true", help="time with FA2_AUTOTUNE=1")
     parser.add_argument(

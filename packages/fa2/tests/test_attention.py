@@ -162,6 +162,9 @@ def test_fp32_error_is_at_fp32_rounding_level():
         ((1, 2, 1500, 128), 1024, torch.float16, False),
         ((1, 2, 777, 256), 777, torch.bfloat16, True),
         ((1, 2, 1024, 128), 1024, torch.float32, True),
+        ((2, 2, 1000, 64), 1000, torch.float32, True),
+        # past configs.SHORT_SEQ: the general tiles, with a ragged last tile
+        ((1, 2, 5000, 128), 5000, torch.bfloat16, True),
     ],
     ids=str,
 )

@@ -1,6 +1,7 @@
 """The Triton path inside torch.compile: any strides the eager path takes, fake-tensor planning,
 and `import fa2` without torch's compiler stack. On a GPU: a Transformer under torch.compile."""
 
+import math
 import os
 import subprocess
 import sys
@@ -60,28 +61,34 @@ def test_compiled_single_pass_backward_takes_transposed_inputs():
 
 
 def _fake_inputs(mode, symbolic):
-    """Fake q, k, v transposed from (batch, seq, heads, d), with symbolic sizes if asked."""
+    """Fake q, k, v transposed from (batch, seq, heads, d), with symbolic sizes if asked (all
+    but the head dim, a constant of the model)."""
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
-    dims = [DimDynamic.DYNAMIC if symbolic else DimDynamic.STATIC] * 4
+    dims = [DimDynamic.DYNAMIC if symbolic else DimDynamic.STATIC] * 3 + [DimDynamic.STATIC]
     context = StatelessSymbolicContext(dynamic_sizes=dims)
     real = [torch.randn(4, 256, heads, 64) for heads in (12, 4, 4)]
     return [mode.from_tensor(t, symbolic_context=context).transpose(1, 2) for t in real]
 
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
-def test_launch_plans_build_from_fake_tensors(symbolic):
+def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
     # What torch.compile does with the `triton_op` bodies on a GPU: plan the launches on fake
-    # tensors (strides (196608, 64, 768, 1) here), possibly with symbolic sizes.
+    # tensors (strides (196608, 64, 768, 1) here), possibly with symbolic sizes. As Inductor
+    # would (it sets its fake mode), on a device taken to have a TMA unit: tiles may read
+    # through descriptors, the strides being whole 16 bytes for every size (d = 64 is static).
+    from torch._inductor.virtualized import V
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    from fa2.triton import launch
     from fa2.triton.backward import BackwardPlan
     from fa2.triton.forward import ForwardPlan
 
+    monkeypatch.setattr(launch, "tma_capable", lambda device: True)
     mode = FakeTensorMode(shape_env=ShapeEnv())
     q, k, v = _fake_inputs(mode, symbolic)
-    with mode:
+    with mode, V.set_fake_mode(mode):
         forward = ForwardPlan(q, k, v, True, "tf32x3", traced=True)
         assert forward.copies is None  # read in place, not copied
         assert forward.meta["GROUP"] == 3 and not forward.meta["LARGE"]
@@ -90,7 +97,10 @@ def test_launch_plans_build_from_fake_tensors(symbolic):
         backward = BackwardPlan(*args, True, True)
         assert backward.copies is None
         single = BackwardPlan(*args, False, True)  # deterministic=False: fp32 takes one pass
-        assert "fused" in single.launches and not single.tma_reduce  # traced: no TMA descriptors
+        assert "fused" in single.launches and not single.tma_reduce  # traced: no TMA reduce
+    assert forward.tma_loads and all(backward.tma_loads.values())
+    with mode:  # traced by another backend, which does not keep its inputs aligned
+        assert not ForwardPlan(q, k, v, True, "tf32x3", traced=True).tma_loads
     # strides of q as the kernels index it: (batch, head, row)
     assert [int(s) for s in forward.ints[:3]] == [256 * 12 * 64, 64, 12 * 64]
 
@@ -124,6 +134,38 @@ def test_compiled_transposed_layout_on_gpu(dtype, deterministic):
     budget = 1e-2 if dtype == torch.bfloat16 else 1e-5
     for x, ref in _grads_vs_oracle(q, k, v, o, True):
         assert _error(x, ref) < budget
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_compiled_graph_reads_through_tma_and_copes_with_misaligned_inputs(d, monkeypatch):
+    # Traced with aligned inputs, the graph's kernels read through TMA descriptors where the
+    # default tiles do (Hopper: the dQ pass at d=64, the forward at d=128); run again with
+    # inputs one element off 16 bytes, which Inductor must copy before those kernels see them.
+    from fa2.triton import launch
+
+    traced_tma = []
+    traceable = launch.CachedLaunch.traceable
+
+    def recording(self, tensors, scalars):
+        traced_tma.append(self.options.get("TMA", False))
+        return traceable(self, tensors, scalars)
+
+    monkeypatch.setattr(launch.CachedLaunch, "traceable", recording)
+    torch._dynamo.reset()  # static shapes (after other tests' recompiles they turn dynamic)
+    fn = torch.compile(FlashAttention2Triton.apply, fullgraph=True)
+    shape = (2, 3, 256, d)
+    size = math.prod(shape)
+    flat = torch.randn(3 * size + 8, device="cuda", dtype=torch.bfloat16)
+    for offset in (0, 1):
+        q, k, v = (flat[offset + i * size : offset + (i + 1) * size].view(shape) for i in range(3))
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        assert (q.data_ptr() % 16 == 0) == (offset == 0)
+        o = fn(q, k, v, True)
+        o.sum().backward()
+        for x, ref in _grads_vs_oracle(q, k, v, o, True):
+            assert _error(x, ref) < 1e-2
+    assert any(traced_tma) == launch.tma_capable(flat.device)
 
 
 @pytest.mark.gpu

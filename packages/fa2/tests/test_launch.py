@@ -237,13 +237,101 @@ def test_tma_tiles_take_plain_loads_for_misaligned_tensors(tma_tiles):
     assert calls == [1]
 
 
+def test_short_sequences_take_the_short_tiles_and_symbolic_lengths_add_no_guard(monkeypatch):
+    # A table may hold a `_short` list for sequences of at most SHORT_SEQ tokens. Traced with
+    # dynamic shapes, a length that could pass it keeps the general list without guarding on
+    # it (which would specialise the compiled graph).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    from fa2.triton import configs
+
+    monkeypatch.setattr(configs, "_family", lambda *args: "family")
+    general, short = configs.Tile(64, 32, 4, 2), configs.Tile(32, 16, 4, 2)
+
+    def choose(seq_len, table=None):
+        table = table or {"family": [general], "family_short": [short]}
+        return configs.choose_tile(
+            table, head_dim_block=64, dtype=torch.bfloat16, precision="tf32",
+            seq_len=seq_len, key=lambda: (), run=None,
+        )  # fmt: skip
+
+    assert choose(configs.SHORT_SEQ) == short and choose(configs.SHORT_SEQ + 1) == general
+    assert choose(16, {"family": [general]}) == general  # no short list: the general one
+    shape_env = ShapeEnv()
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    fake = FakeTensorMode(shape_env=shape_env).from_tensor(
+        torch.randn(100, 8), symbolic_context=context
+    )
+    n = fake.shape[0]
+    assert not isinstance(n, int)
+    assert choose(torch.sym_max(n, n + 1)) == general
+    assert not shape_env.guards
+
+
 def test_tma_needs_every_stride_in_whole_16_bytes(monkeypatch):
     from fa2.triton.launch import read_layouts, tma_layouts
 
-    assert not tma_layouts((torch.randn(2, 8, 16),), [(128, 16, 1)])  # a CPU tensor
+    cpu = torch.randn(2, 8, 16)
+    assert not tma_layouts((cpu,), [(128, 16, 1)], traced=False)  # no copy unit on a CPU
     monkeypatch.setattr(launch, "tma_capable", lambda device: True)
     for d, ok in ((8, True), (6, False), (12, False)):
         t = torch.randn(2, 3, 10, d, dtype=torch.bfloat16)
-        assert tma_layouts((t,), read_layouts((t,))[1]) == ok, d
+        assert tma_layouts((t,), read_layouts((t,))[1], traced=False) == ok, d
     every_other_row = torch.randn(2, 3, 20, 8, dtype=torch.bfloat16)[:, :, ::2]
-    assert tma_layouts((every_other_row,), read_layouts((every_other_row,))[1])
+    assert tma_layouts((every_other_row,), read_layouts((every_other_row,))[1], traced=False)
+    # The gradient of o.sum(): one row repeated (row stride 0), left to plain loads.
+    repeated = torch.ones(1, 1, 1, 8, dtype=torch.bfloat16).expand(2, 3, 10, 8)
+    assert not tma_layouts((repeated,), read_layouts((repeated,))[1], traced=False)
+
+
+def test_traced_tensors_take_tma_only_where_inductor_keeps_them_aligned(monkeypatch):
+    # A compiled graph launches without checking pointers, so a traced (fake) tensor counts as
+    # aligned only when its storage offset is whole 16 bytes and Inductor, which copies
+    # misaligned inputs when the graph runs, is the compiler.
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    from fa2.triton.launch import aligned_when_run, read_layouts, tma_layouts
+
+    monkeypatch.setattr(launch, "tma_capable", lambda device: True)
+    flat = torch.randn(1 + 8 + 2 * 3 * 10 * 8, dtype=torch.bfloat16)
+    real = {offset: flat[offset : offset + 480].view(2, 3, 10, 8) for offset in (1, 8)}
+    assert aligned_when_run(real[8]) == (real[8].data_ptr() % 16 == 0)
+    mode = FakeTensorMode()  # static shapes, offsets and strides
+    fake = {offset: mode.from_tensor(t) for offset, t in real.items()}
+    assert fake[1].storage_offset() == 1 and fake[8].storage_offset() == 8
+    assert not aligned_when_run(fake[8])  # another backend (aot_eager): no promise
+    strides = read_layouts((fake[8],))[1]
+    assert not tma_layouts((fake[8],), strides, traced=True)
+    with V.set_fake_mode(mode):
+        assert aligned_when_run(fake[8]) and not aligned_when_run(fake[1])
+        assert tma_layouts((fake[8],), strides, traced=True)
+        assert not tma_layouts((fake[1],), strides, traced=True)
+    # Dynamic shapes (all but the head dim): symbolic sizes, strides and storage offset; only
+    # what holds for every size counts (the strides here, 16 bytes times a size; not the
+    # offset, nor strides of a symbolic head dim).
+    dynamic = FakeTensorMode(shape_env=ShapeEnv())
+    for d_dim, ok in ((DimDynamic.STATIC, True), (DimDynamic.DYNAMIC, False)):
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 3 + [d_dim])
+        t = dynamic.from_tensor(
+            torch.randn(2, 3, 10, 8, dtype=torch.bfloat16), symbolic_context=context
+        )
+        with V.set_fake_mode(dynamic):
+            assert tma_layouts((t,), read_layouts((t,))[1], traced=True) == ok
+    static_d = StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC] * 3 + [DimDynamic.STATIC]
+    )
+    sliced = dynamic.from_tensor(real[8], symbolic_context=static_d)
+    assert not isinstance(sliced.storage_offset(), int)
+    with V.set_fake_mode(dynamic):
+        assert not tma_layouts((sliced,), read_layouts((sliced,))[1], traced=True)

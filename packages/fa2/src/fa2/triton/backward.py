@@ -499,9 +499,12 @@ class BackwardPlan:
         self.single_pass = not deterministic and configs.single_pass_backward(q.dtype)
         self.tma_reduce = self.single_pass and not traced and tma_reduce_available(q)
         # Tiles with `tma` read the inner loop's rows through TMA descriptors where the
-        # layouts allow: keys and values in the dQ pass, queries and output gradients in the
-        # dK/dV pass. Not when traced: a compiled graph's tensors are not checked for alignment.
-        self.tma_loads = not traced and tma_layouts(tensors, strides)
+        # layouts of those rows allow (and, when traced, their alignment is known: see
+        # `tma_layouts`): keys and values in the dQ pass, queries and output gradients in the
+        # dK/dV pass and the single pass.
+        kv_tma = tma_layouts((k, v), [sk, sv], traced=traced)
+        q_do_tma = tma_layouts((q, do), [sq, sdo], traced=traced)
+        self.tma_loads = dict(dq=kv_tma, dkdv=q_do_tma, fused=q_do_tma)
         self.meta = kernel_meta(d, causal, q.dtype, precision)
         shapes = [t.shape for t in tensors]
         self.meta.update(GROUP=group, LARGE=needs_int64(shapes, strides))
@@ -517,6 +520,7 @@ class BackwardPlan:
             head_dim_block=self.meta["BLOCK_D"],
             dtype=q.dtype,
             precision=precision,
+            seq_len=torch.sym_max(n_q, n_k),  # no guard when traced with symbolic lengths
             key=lambda: (causal, seq_bucket(n_q, n_k)),
         )
         # In launch order: the first pass writes D, which the second reads.
@@ -537,7 +541,7 @@ class BackwardPlan:
             return CachedLaunch(
                 _delta_kernel, grid, dict(meta, BLOCK_M=tile.block_m), num_warps=4, num_stages=1
             )
-        tma = tile.tma and self.tma_loads
+        tma = tile.tma and self.tma_loads[which]
         constexprs = dict(self.meta, TMA=tma, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
         if which == "dq":
             kernel, grid = _dq_kernel, (cdiv(self.n_q, tile.block_m), self.batch_heads)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -25,6 +25,7 @@ __all__ = [
     "INTERPRET",
     "LOG2E",
     "PRECISIONS",
+    "SHORT_SEQ",
     "Tile",
     "autotuning",
     "block_d",
@@ -34,6 +35,7 @@ __all__ = [
     "dot_precision",
     "head_counts",
     "kernel_meta",
+    "known_true",
     "seq_bucket",
     "single_pass_backward",
     "timings",
@@ -151,9 +153,25 @@ class Tile(NamedTuple):
 # 0.168); slower for forward d=64 (1.263 -> 1.279), dQ d=128 (2.405 -> 2.579) and dK/dV d=128
 # (3.736 -> 3.868 at best); about equal for dK/dV d=64. TMA frees registers (sm_90: forward
 # d=128 184 -> 154 per thread) but each program first builds its descriptors in global memory.
+# 2026-11-25 sweeps (docs/results/fa2_tiles_h100_2026-11-25.md; ms, causal; candidates first
+# screened for register spills by compiling for sm_90): bf16 d=128 forward 128x64/8w/4s+TMA
+# 1.992 at (16, 16384) (3 stages 2.005, 64x64/4w/3s+TMA 2.099) and 1.107 at (1, 32, 8192)
+# (64x64/4w/3s+TMA 1.170), but 64x64/4w/3s+TMA wins at (4, 32, 2048) 0.335 (128x64/8w/3s+TMA
+# 0.372) and (2, 32, 4096) 0.589 (0.628): hence `SHORT_SEQ` and the `_short` lists. dK/dV
+# d=128 32x64/4w/3s+TMA 3.649 at (16, 16384) (64x64/4w/2s, which spills registers, 3.754);
+# 32x64/4w/3s 0.568 at (4, 32, 2048) (64x64/4w/2s 0.580, with TMA 0.590). Capping registers
+# (Triton's maxnreg) so that two 8-warp programs share a multiprocessor was slower everywhere.
+# fp32 tf32x3 with TMA, which frees the registers that 32x32 tiles spilled: d=128 at (4, 8192)
+# forward 32x32/4w/3s 1.530 (plain 1.650), dQ 2.362 (2.407), dK/dV 2.942 (3.556), single pass
+# 5.084 (5.881); d=64 at (8, 4096) dK/dV 0.905 (1.053).
 # Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
 # diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
 # shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
+# Sequences of at most this many tokens take a table's `_short` list where it has one: there
+# a program's loop is short, so its fixed costs (loading its queries, filling the pipeline,
+# storing its output) weigh more, and a smaller tile, of which two programs fit on one
+# multiprocessor, hides them behind the other program's loop (measured above).
+SHORT_SEQ = 4096
 FORWARD = {
     "interpreter": [Tile(32, 16, 1, 1)],
     "16bit_d64": [
@@ -163,29 +181,65 @@ FORWARD = {
         Tile(128, 64, 4, 3),
     ],
     "16bit_d128": [
+        Tile(128, 64, 8, 4, tma=True),
         Tile(128, 64, 8, 3, tma=True),
         Tile(128, 64, 8, 3),
-        Tile(128, 64, 8, 4, tma=True),
-        Tile(128, 64, 8, 2),
+        Tile(64, 64, 4, 3, tma=True),
+    ],
+    "16bit_d128_short": [
+        Tile(64, 64, 4, 3, tma=True),
+        Tile(128, 64, 8, 3, tma=True),
     ],
     "16bit_d256": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
-    "tf32_d64": [Tile(128, 64, 8, 2), Tile(64, 64, 4, 2), Tile(64, 32, 4, 3), Tile(64, 64, 8, 3)],
-    "tf32_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],
+    "tf32_d64": [
+        Tile(128, 64, 8, 2),
+        Tile(64, 64, 4, 2),
+        Tile(64, 32, 4, 3),
+        Tile(128, 64, 8, 2, tma=True),
+    ],
+    "tf32_d128": [
+        Tile(32, 32, 4, 3, tma=True),
+        Tile(32, 32, 4, 2),
+        Tile(32, 32, 4, 2, tma=True),
+    ],
     "tf32_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
 }
 DKDV = {
     "interpreter": [Tile(16, 32, 1, 1)],
-    "16bit_d64": [Tile(64, 64, 4, 3), Tile(64, 64, 4, 4), Tile(32, 64, 4, 4), Tile(32, 128, 4, 4)],
-    "16bit_d128": [Tile(64, 64, 4, 2), Tile(32, 64, 4, 3), Tile(32, 128, 8, 2)],
+    "16bit_d64": [
+        Tile(64, 64, 4, 3),
+        Tile(64, 64, 4, 4),
+        Tile(32, 64, 4, 4),
+        Tile(64, 64, 4, 3, tma=True),
+    ],
+    "16bit_d128": [
+        Tile(32, 64, 4, 3, tma=True),
+        Tile(64, 64, 4, 2),
+        Tile(32, 64, 4, 3),
+    ],
+    "16bit_d128_short": [
+        Tile(32, 64, 4, 3),
+        Tile(64, 64, 4, 2),
+        Tile(32, 64, 4, 3, tma=True),
+    ],
     "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
     "32bit_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2), Tile(32, 64, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2)],
     "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
-    "tf32_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 4, 2), Tile(64, 64, 4, 2), Tile(64, 64, 8, 2)],
-    "tf32_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 4, 2), Tile(16, 64, 4, 2)],
+    "tf32_d64": [
+        Tile(32, 32, 4, 2, tma=True),
+        Tile(32, 32, 4, 2),
+        Tile(32, 64, 4, 2),
+        Tile(64, 64, 4, 2),
+    ],
+    "tf32_d128": [
+        Tile(32, 32, 4, 2, tma=True),
+        Tile(32, 32, 4, 2),
+        Tile(32, 32, 8, 2, tma=True),
+    ],
     "tf32_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
 }
 DQ = {
@@ -196,13 +250,22 @@ DQ = {
         Tile(64, 64, 4, 3),
         Tile(128, 64, 4, 3),
     ],
-    "16bit_d128": [Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(64, 32, 4, 3)],
+    "16bit_d128": [
+        Tile(128, 64, 8, 3),
+        Tile(64, 64, 4, 2, tma=True),
+        Tile(64, 32, 4, 3, tma=True),
+    ],
     "16bit_d256": [Tile(64, 16, 4, 2), Tile(64, 32, 8, 1)],
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
     "32bit_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
-    "tf32_d64": [Tile(128, 64, 8, 2), Tile(64, 64, 4, 2), Tile(64, 32, 4, 2), Tile(64, 64, 8, 3)],
-    "tf32_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
+    "tf32_d64": [
+        Tile(128, 64, 8, 2),
+        Tile(64, 64, 4, 2),
+        Tile(64, 32, 4, 2),
+        Tile(128, 64, 8, 2, tma=True),
+    ],
+    "tf32_d128": [Tile(32, 32, 4, 2, tma=True), Tile(32, 32, 4, 2), Tile(32, 16, 4, 2, tma=True)],
     "tf32_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
 }
 
@@ -235,7 +298,12 @@ DKDV_ATOMIC = {
         Tile(16, 64, 4, 2),
         Tile(32, 32, 4, 3),
     ],
-    "tf32_d128": [Tile(32, 32, 4, 2), Tile(16, 32, 8, 2), Tile(32, 32, 8, 2), Tile(16, 32, 4, 2)],
+    "tf32_d128": [
+        Tile(32, 32, 4, 2, tma=True),
+        Tile(32, 32, 4, 2),
+        Tile(16, 32, 8, 2),
+        Tile(32, 32, 8, 2),
+    ],
     "tf32_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
 }
 
@@ -271,19 +339,39 @@ def _family(head_dim_block: int, element_size: int, precision: str) -> str:
     return f"{width}_d256"
 
 
+def known_true(condition: Any) -> bool:
+    """Whether `condition` holds: a plain bool, or, while torch.compile traces with dynamic
+    shapes, a symbolic one that holds for every size the graph may run with. Adds no guard,
+    so a traced graph is not specialised on it (Inductor decides its inputs' alignment the
+    same way)."""
+    if isinstance(condition, bool):
+        return condition
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(condition)
+
+
 def choose_tile(
     table: dict[str, list[Tile]],
     *,
     head_dim_block: int,
     dtype: torch.dtype,
     precision: str,
+    seq_len: int,
     key: Callable[[], tuple],
     run: Callable[[Tile], object] | None,
 ) -> Tile:
     """The tile to launch with: the table's default, or with FA2_AUTOTUNE=1 the fastest of the
     list for `key()`, found once by timing `run(tile)` for each candidate (never without
-    a `run`, e.g. while torch.compile traces with tensors that hold no data)."""
-    candidates = table[_family(head_dim_block, dtype.itemsize, precision)]
+    a `run`, e.g. while torch.compile traces with tensors that hold no data).
+
+    `seq_len` (the longer of the query and key lengths) picks a family's `_short` list where
+    the table has one and the sequences are at most `SHORT_SEQ` long (when traced with
+    symbolic lengths: only where that holds for every length)."""
+    family = _family(head_dim_block, dtype.itemsize, precision)
+    if f"{family}_short" in table and known_true(seq_len <= SHORT_SEQ):
+        family += "_short"
+    candidates = table[family]
     if run is None or not autotuning() or len(candidates) == 1:
         return candidates[0]
     full_key = (id(table), head_dim_block, dtype, precision, *key())

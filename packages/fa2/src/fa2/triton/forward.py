@@ -202,8 +202,8 @@ class ForwardPlan:
             GROUP=group, LARGE=needs_int64([q.shape, k.shape, v.shape, q.shape], strides)
         )
         # Tiles with `tma` read keys and values through TMA descriptors where the layout
-        # allows. Not when traced: a compiled graph's tensors are not checked for alignment.
-        self.tma_loads = not traced and tma_layouts((k, v), strides[1:3])
+        # allows (and, when traced, the alignment is known: see `tma_layouts`).
+        self.tma_loads = tma_layouts((k, v), strides[1:3], traced=traced)
 
         def run(tile: Tile) -> None:  # for FA2_AUTOTUNE's timing only
             inputs = contiguous_where((q, k, v), self.copies)
@@ -214,6 +214,7 @@ class ForwardPlan:
             head_dim_block=self.meta["BLOCK_D"],
             dtype=q.dtype,
             precision=precision,
+            seq_len=torch.sym_max(n_q, n_k),  # no guard when traced with symbolic lengths
             key=lambda: (causal, seq_bucket(n_q, n_k)),
             run=None if traced else run,
         )

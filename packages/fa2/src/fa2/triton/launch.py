@@ -30,11 +30,12 @@ import torch
 import triton
 from triton import knobs
 
-from fa2.triton.configs import INTERPRET
+from fa2.triton.configs import INTERPRET, known_true
 
 __all__ = [
     "INT32_MAX",
     "CachedLaunch",
+    "aligned_when_run",
     "contiguous_where",
     "dense_strides",
     "head_strides",
@@ -122,16 +123,50 @@ def tma_capable(device: torch.device) -> bool:
     )
 
 
-def tma_layouts(tensors: tuple[torch.Tensor, ...], strides: list[tuple[int, int, int]]) -> bool:
+def tma_layouts(
+    tensors: tuple[torch.Tensor, ...], strides: list[tuple[int, int, int]], *, traced: bool
+) -> bool:
     """Whether the kernels may read `tensors` (with these (batch, head, row) strides) through
-    TMA descriptors: a capable device, and every stride a multiple of 16 bytes, so that each
-    head's rows start 16-byte aligned whenever the tensor itself is (checked per call by
-    `CachedLaunch`)."""
-    return tma_capable(tensors[0].device) and all(
-        stride * t.element_size() % 16 == 0
-        for t, layout in zip(tensors, strides, strict=True)
-        for stride in layout
-    )
+    TMA descriptors: a capable device; every stride a whole number of 16 bytes, so that each
+    head's rows start 16-byte aligned whenever the tensor does; rows that are not repeated
+    (an expanded tensor's row stride of 0 is left to plain loads).
+
+    The tensors' own alignment is checked on every call by `CachedLaunch` in eager mode. A
+    compiled graph launches without that check, so when `traced` the alignment must be known
+    now (see `aligned_when_run`)."""
+    if not tma_capable(tensors[0].device):
+        return False
+    for t, layout in zip(tensors, strides, strict=True):
+        if not all(known_true(s * t.element_size() % 16 == 0) for s in layout):
+            return False
+        if not known_true(layout[2] != 0) or (traced and not aligned_when_run(t)):
+            return False
+    return True
+
+
+def aligned_when_run(t: torch.Tensor) -> bool:
+    """Whether `t`'s data will start on a 16-byte boundary when the kernels read it.
+
+    A real tensor: read from its pointer. A fake one, which torch.compile traces with: only
+    under Inductor, which allocates its buffers aligned and, when the graph runs, copies
+    any input that is not aligned although its traced storage offset is; so an offset of
+    whole 16 bytes then holds at run time. Other backends promise nothing: False."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if not is_fake(t):
+        return t.data_ptr() % 16 == 0
+    return known_true(t.storage_offset() * t.element_size() % 16 == 0) and _inductor_tracing()
+
+
+def _inductor_tracing() -> bool:
+    """Whether Inductor is compiling the graph being traced (it sets its fake mode then)."""
+    try:
+        from torch._inductor.virtualized import V
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        return isinstance(V.fake_mode, FakeTensorMode)
+    except (ImportError, AttributeError):  # a torch that keeps this elsewhere: assume not
+        return False
 
 
 _scratch_buffers: dict[tuple[int, int | None], torch.Tensor] = {}
@@ -228,6 +263,8 @@ class CachedLaunch:
         compiled graph then launches the kernel with its own generated launcher."""
         from torch.library import wrap_triton
 
+        if self.scratch:  # where the op runs outside a compiled graph, with real tensors
+            triton.set_allocator(_scratch)
         wrap_triton(self.kernel)[self.grid](*tensors, *scalars, **self.options)
 
     def _keep(self, compiled: Any, tensors: tuple[torch.Tensor, ...]) -> None:
