@@ -250,7 +250,7 @@ def test_short_sequences_take_the_short_tiles_and_symbolic_lengths_add_no_guard(
 
     from fa2.triton import configs
 
-    monkeypatch.setattr(configs, "_family", lambda *args: "family")
+    monkeypatch.setattr(configs, "_families", lambda *args: ["family"])
     general, short = configs.Tile(64, 32, 4, 2), configs.Tile(32, 16, 4, 2)
 
     def choose(seq_len, table=None):
@@ -271,6 +271,29 @@ def test_short_sequences_take_the_short_tiles_and_symbolic_lengths_add_no_guard(
     assert not isinstance(n, int)
     assert choose(torch.sym_max(n, n + 1)) == general
     assert not shape_env.guards
+
+
+def test_tiles_are_looked_up_by_head_dim_width_and_length(monkeypatch):
+    # As on a GPU (not the interpreter's single tile): head dims up to 32 take a "_d32" list
+    # where a table has one and share the d=64 list otherwise; short sequences at d=128 take
+    # the forward's "_short" list.
+    from fa2.triton import configs
+    from fa2.triton.configs import DKDV, DQ, FORWARD
+
+    monkeypatch.setattr(configs, "INTERPRET", False)
+
+    def chosen(table, d, dtype=torch.float32, seq_len=8192):
+        return configs.choose_tile(
+            table, head_dim_block=configs.block_d(d), dtype=dtype, precision="tf32x3",
+            seq_len=seq_len, key=lambda: (), run=None,
+        )  # fmt: skip
+
+    assert chosen(DKDV, 16) == chosen(DKDV, 32) == DKDV["tf32_d32"][0]
+    assert chosen(DKDV, 64) == DKDV["tf32_d64"][0] != DKDV["tf32_d32"][0]
+    assert chosen(DQ, 32) == DQ["tf32_d64"][0]
+    assert chosen(FORWARD, 128, torch.bfloat16) == FORWARD["16bit_d128"][0]
+    short = chosen(FORWARD, 128, torch.bfloat16, seq_len=2048)
+    assert short == FORWARD["16bit_d128_short"][0] != FORWARD["16bit_d128"][0]
 
 
 def test_tma_needs_every_stride_in_whole_16_bytes(monkeypatch):

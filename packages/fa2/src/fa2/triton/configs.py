@@ -163,7 +163,10 @@ class Tile(NamedTuple):
 # (Triton's maxnreg) so that two 8-warp programs share a multiprocessor was slower everywhere.
 # fp32 tf32x3 with TMA, which frees the registers that 32x32 tiles spilled: d=128 at (4, 8192)
 # forward 32x32/4w/3s 1.530 (plain 1.650), dQ 2.362 (2.407), dK/dV 2.942 (3.556), single pass
-# 5.084 (5.881); d=64 at (8, 4096) dK/dV 0.905 (1.053).
+# 5.084 (5.881); d=64 at (8, 4096) dK/dV 0.905 (1.053), but at d=16 and 32 the batch-1 fp32
+# sweep's backward from 16k tokens up took 3-8% longer with that TMA tile than the plain one
+# (flash_sweep_fp32_h100_2026-11-25 against _2026-11-23; the single pass, unchanged, within 1%),
+# hence the "tf32_d32" list.
 # Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
 # diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
 # shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
@@ -229,6 +232,7 @@ DKDV = {
     "32bit_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2), Tile(32, 64, 4, 2)],
     "32bit_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2)],
     "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
+    "tf32_d32": [Tile(32, 32, 4, 2), Tile(32, 32, 4, 2, tma=True)],
     "tf32_d64": [
         Tile(32, 32, 4, 2, tma=True),
         Tile(32, 32, 4, 2),
@@ -328,15 +332,19 @@ _fastest: dict[tuple, Tile] = {}
 timings: dict[tuple, dict[Tile, float]] = {}
 
 
-def _family(head_dim_block: int, element_size: int, precision: str) -> str:
+def _families(head_dim_block: int, element_size: int, precision: str) -> list[str]:
+    """The table keys that may hold these kernels' tiles, the most specific first: head dims
+    up to 32 may have a list of their own ("_d32") and otherwise share the one up to 64."""
     if INTERPRET:
-        return "interpreter"
+        return ["interpreter"]
     width = "16bit" if element_size == 2 else ("32bit" if precision == "ieee" else "tf32")
+    if head_dim_block <= 32:
+        return [f"{width}_d32", f"{width}_d64"]
     if head_dim_block <= 64:
-        return f"{width}_d64"
+        return [f"{width}_d64"]
     if head_dim_block == 128:
-        return f"{width}_d128"
-    return f"{width}_d256"
+        return [f"{width}_d128"]
+    return [f"{width}_d256"]
 
 
 def known_true(condition: Any) -> bool:
@@ -368,10 +376,10 @@ def choose_tile(
     `seq_len` (the longer of the query and key lengths) picks a family's `_short` list where
     the table has one and the sequences are at most `SHORT_SEQ` long (when traced with
     symbolic lengths: only where that holds for every length)."""
-    family = _family(head_dim_block, dtype.itemsize, precision)
-    if f"{family}_short" in table and known_true(seq_len <= SHORT_SEQ):
-        family += "_short"
-    candidates = table[family]
+    short = known_true(seq_len <= SHORT_SEQ)
+    keys = [k for f in _families(head_dim_block, dtype.itemsize, precision)
+            for k in ((f"{f}_short", f) if short else (f,))]  # fmt: skip
+    candidates = next(table[k] for k in keys if k in table)
     if run is None or not autotuning() or len(candidates) == 1:
         return candidates[0]
     full_key = (id(table), head_dim_block, dtype, precision, *key())
