@@ -158,15 +158,21 @@ class Tile(NamedTuple):
 # 1.992 at (16, 16384) (3 stages 2.005, 64x64/4w/3s+TMA 2.099) and 1.107 at (1, 32, 8192)
 # (64x64/4w/3s+TMA 1.170), but 64x64/4w/3s+TMA wins at (4, 32, 2048) 0.335 (128x64/8w/3s+TMA
 # 0.372) and (2, 32, 4096) 0.589 (0.628): hence `SHORT_SEQ` and the `_short` lists. dK/dV
-# d=128 32x64/4w/3s+TMA 3.649 at (16, 16384) (64x64/4w/2s, which spills registers, 3.754);
-# 32x64/4w/3s 0.568 at (4, 32, 2048) (64x64/4w/2s 0.580, with TMA 0.590). Capping registers
-# (Triton's maxnreg) so that two 8-warp programs share a multiprocessor was slower everywhere.
-# fp32 tf32x3 with TMA, which frees the registers that 32x32 tiles spilled: d=128 at (4, 8192)
-# forward 32x32/4w/3s 1.530 (plain 1.650), dQ 2.362 (2.407), dK/dV 2.942 (3.556), single pass
-# 5.084 (5.881); d=64 at (8, 4096) dK/dV 0.905 (1.053), but at d=16 and 32 the batch-1 fp32
-# sweep's backward from 16k tokens up took 3-8% longer with that TMA tile than the plain one
-# (flash_sweep_fp32_h100_2026-11-25 against _2026-11-23; the single pass, unchanged, within 1%),
-# hence the "tf32_d32" list.
+# d=128 32x64/4w/3s+TMA 3.649 at (16, 16384) (64x64/4w/2s, which spills registers, 3.754),
+# the same end to end (fa2_tiles_h100_2026-11-25.md: A/B of the whole backward), and taken
+# because it does not spill; at (4, 32, 2048) the kernels alone ranked 32x64/4w/3s 0.568,
+# 64x64/4w/2s 0.580, but the whole backward was 0.04-0.06 ms faster with 64x64/4w/2s, which
+# the short list keeps. Capping registers (Triton's maxnreg) so that two 8-warp programs share
+# a multiprocessor was slower everywhere.
+# fp32 tf32x3 tiles with TMA spill fewer registers (sm_90, d=128: the forward none instead of
+# 16 bytes a thread, dQ 56 instead of 120, dK/dV 184 instead of 312; 32x32/8w and 16x32/8w,
+# which spill 8 and 0, ran 1.6x and 2.9x slower): d=128 at (4, 8192) forward 32x32/4w/3s
+# 1.530 (plain 1.650), dQ 2.362 (2.407), dK/dV 2.942 (3.556), single pass 5.084 (5.881); d=64
+# at (8, 4096) dK/dV 0.905 (1.053). At d=16 and 32 that dK/dV tile spills where the plain one
+# does not, and the batch-1 fp32 sweep's backward took 3-8% longer with it from 16k tokens up
+# (docs/results/history: 2026-11-25/flash_sweep_fp32_h100_2026-11-25_run1 against
+# 2026-11-23/flash_sweep_fp32_h100_2026-11-23; the single pass, not changed, within 1%):
+# hence the "tf32_d32" list. Registers: docs/results/fa2_tiles_h100_2026-11-25.md.
 # Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
 # diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
 # shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
@@ -224,8 +230,8 @@ DKDV = {
         Tile(32, 64, 4, 3),
     ],
     "16bit_d128_short": [
-        Tile(32, 64, 4, 3),
         Tile(64, 64, 4, 2),
+        Tile(32, 64, 4, 3),
         Tile(32, 64, 4, 3, tma=True),
     ],
     "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
