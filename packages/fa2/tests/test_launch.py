@@ -237,6 +237,16 @@ def test_tma_tiles_take_plain_loads_for_misaligned_tensors(tma_tiles):
     assert calls == [1]
 
 
+def _default_tile(table, head_dim_block, dtype, seq_len):
+    """The tile `configs.choose_tile` launches with by default (no autotuning run)."""
+    from fa2.triton import configs
+
+    return configs.choose_tile(
+        table, head_dim_block=head_dim_block, dtype=dtype, precision="tf32x3",
+        seq_len=seq_len, key=lambda: (), run=None,
+    )  # fmt: skip
+
+
 def test_short_sequences_take_the_short_tiles_and_symbolic_lengths_add_no_guard(monkeypatch):
     # A table may hold a `_short` list for sequences of at most SHORT_SEQ tokens. Traced with
     # dynamic shapes, a length that could pass it keeps the general list without guarding on
@@ -252,16 +262,13 @@ def test_short_sequences_take_the_short_tiles_and_symbolic_lengths_add_no_guard(
 
     monkeypatch.setattr(configs, "_families", lambda *args: ["family"])
     general, short = configs.Tile(64, 32, 4, 2), configs.Tile(32, 16, 4, 2)
+    table = {"family": [general], "family_short": [short]}
 
-    def choose(seq_len, table=None):
-        table = table or {"family": [general], "family_short": [short]}
-        return configs.choose_tile(
-            table, head_dim_block=64, dtype=torch.bfloat16, precision="tf32",
-            seq_len=seq_len, key=lambda: (), run=None,
-        )  # fmt: skip
+    def choose(seq_len):
+        return _default_tile(table, 64, torch.bfloat16, seq_len)
 
     assert choose(configs.SHORT_SEQ) == short and choose(configs.SHORT_SEQ + 1) == general
-    assert choose(16, {"family": [general]}) == general  # no short list: the general one
+    assert _default_tile({"family": [general]}, 64, torch.bfloat16, 16) == general  # no short list
     shape_env = ShapeEnv()
     context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
     fake = FakeTensorMode(shape_env=shape_env).from_tensor(
@@ -283,10 +290,7 @@ def test_tiles_are_looked_up_by_head_dim_width_and_length(monkeypatch):
     monkeypatch.setattr(configs, "INTERPRET", False)
 
     def chosen(table, d, dtype=torch.float32, seq_len=8192):
-        return configs.choose_tile(
-            table, head_dim_block=configs.block_d(d), dtype=dtype, precision="tf32x3",
-            seq_len=seq_len, key=lambda: (), run=None,
-        )  # fmt: skip
+        return _default_tile(table, configs.block_d(d), dtype, seq_len)
 
     assert chosen(DKDV, 16) == chosen(DKDV, 32) == DKDV["tf32_d32"][0]
     assert chosen(DKDV, 64) == DKDV["tf32_d64"][0] != DKDV["tf32_d32"][0]

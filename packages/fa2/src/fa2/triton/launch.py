@@ -244,8 +244,7 @@ class CachedLaunch:
         if not aligned and self.unaligned is not None:
             self.unaligned(tensors, scalars)
             return
-        if self.scratch:  # per call: the allocator is per thread (autograd runs its own)
-            triton.set_allocator(_scratch)
+        self._set_allocator()
         binary = self._binary
         if binary is not None and aligned and not _hooked():
             run, function, metadata, device = binary
@@ -263,9 +262,14 @@ class CachedLaunch:
         compiled graph then launches the kernel with its own generated launcher."""
         from torch.library import wrap_triton
 
-        if self.scratch:  # where the op runs outside a compiled graph, with real tensors
-            triton.set_allocator(_scratch)
+        self._set_allocator()  # for where the op runs outside a compiled graph
         wrap_triton(self.kernel)[self.grid](*tensors, *scalars, **self.options)
+
+    def _set_allocator(self) -> None:
+        """Point Triton at the scratch buffers if the kernel builds TMA descriptors. Per call:
+        the allocator is per thread, and autograd runs the backward in a thread of its own."""
+        if self.scratch:
+            triton.set_allocator(_scratch)
 
     def _keep(self, compiled: Any, tensors: tuple[torch.Tensor, ...]) -> None:
         """Remember the binary Triton just launched, if it is one built for aligned tensors."""
