@@ -30,24 +30,34 @@ def _declared(project: dict) -> set[str]:
     return {Requirement(s).name for s in specs}
 
 
-def _imported_top_level(name: str) -> set[str]:
-    """Top-level modules that the package's sources import, at any depth of the file."""
+def _top_level_imports(folder: Path) -> set[str]:
+    """Top-level modules that the Python files under `folder` import, at any depth of a file."""
     found: set[str] = set()
-    for path in (ROOT / "packages" / name / "src" / name).rglob("*.py"):
+    for path in folder.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
                 found.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
-    return found - set(sys.stdlib_module_names) - {name}
+    return found - set(sys.stdlib_module_names)
+
+
+def _imported_top_level(name: str) -> set[str]:
+    """Top-level modules that the package's sources import, other than itself."""
+    return _top_level_imports(ROOT / "packages" / name / "src" / name) - {name}
+
+
+def _distributions() -> dict[str, list[str]]:
+    """Import name -> distribution names; the workspace's own packages are editable installs,
+    which importlib's mapping does not list."""
+    return importlib.metadata.packages_distributions() | {
+        other: [f"cs336sys-{other}"] for other in PACKAGES
+    }
 
 
 @pytest.mark.parametrize("name", PACKAGES)
 def test_every_third_party_import_is_declared(name):
-    # The workspace's own packages are editable installs, which this mapping does not list.
-    distributions = importlib.metadata.packages_distributions() | {
-        other: [f"cs336sys-{other}"] for other in PACKAGES
-    }
+    distributions = _distributions()
     declared = _declared(_pyproject(name)["project"])
     missing = {
         module: distributions.get(module)
@@ -80,6 +90,29 @@ def test_version_is_single_sourced_from_init(name):
 def test_has_its_own_pytest_for_uv_run_package(name):
     dev = _pyproject(name)["dependency-groups"]["dev"]
     assert "pytest" in {Requirement(s).name for s in dev}
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_its_tests_import_only_what_its_own_test_environment_holds(name):
+    # `uv run --package cs336sys-<name> pytest packages/<name>` installs the package, its
+    # dependencies and its `dev` group, nothing else; a test importing anything more fails there
+    # (at collection, or later inside a test), though it passes in the full workspace. Modules
+    # under tests/support are on pytest's path for every package.
+    distributions = _distributions()
+    pyproject = _pyproject(name)
+    available = _declared(pyproject["project"]) | {
+        Requirement(s).name for s in pyproject["dependency-groups"]["dev"]
+    }
+    support = {p.stem for p in (ROOT / "tests" / "support").glob("*.py")}
+    missing = {
+        module: distributions.get(module)
+        for module in _top_level_imports(ROOT / "packages" / name / "tests") - {name} - support
+        if not available & set(distributions.get(module, [module]))
+    }
+    assert not missing, (
+        f"packages/{name}/tests import {missing}, which `uv run --package cs336sys-{name}` does "
+        f"not install: add them to the dev group of packages/{name}/pyproject.toml"
+    )
 
 
 def test_every_package_accepts_the_same_torch_range():

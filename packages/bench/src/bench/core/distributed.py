@@ -83,7 +83,7 @@ def measure_cases(
     *,
     device: torch.device,
     env: Mapping[str, str] | None = None,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> list[tuple[K, list[dict[str, Any]]]]:
     """Run `measure(case, config, rank, device)` for every case on `config.world_size` ranks.
 
@@ -97,7 +97,7 @@ def measure_cases(
         config: passed to `measure`; its `world_size` is the number of ranks.
         device: `cuda` or `cpu`: where the ranks run.
         env: environment variables each rank sets before the process group is created.
-        timeout: seconds the ranks may take in all.
+        timeout: seconds the ranks may take in all (None: no bound).
 
     Returns:
         `(case, results)` per case, in order, with every rank's result in rank order:
@@ -135,10 +135,14 @@ def slowest_rank(per_rank: Sequence[Sequence[float]]) -> Summary:
 
 
 def add_timeout_arg(container: Any, *, scope: str) -> None:
-    """Add `--timeout S` to a parser or group: seconds `scope` may take before ranks are stopped."""
+    """Add `--timeout S` to a parser or group: seconds `scope` may take before ranks are stopped.
+
+    Without it a run has no bound: long runs are not killed by a default.
+    """
     container.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
-        help=f"seconds {scope} ({DEFAULT_TIMEOUT_S:g})",
+        metavar="S",
+        help=f"seconds {scope} before the ranks are stopped (default: no limit)",
     )

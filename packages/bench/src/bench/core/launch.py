@@ -6,8 +6,11 @@ order, to the caller:
 
 - Started normally, it spawns `world_size` processes: gloo ranks on the CPU (threads split
   between them), or NCCL ranks with rank r on `cuda:r` (`torch.cuda.set_device`). Rendezvous
-  is on a free local port; results come back through files; a rank that fails re-raises here
-  with its traceback; a run that outlasts `timeout` is stopped with `TimeoutError`.
+  is on a free local port; results come back through files. When ranks fail, the one that
+  failed first re-raises here with its traceback (`RankFailed`): a rank that raises takes its
+  peers down a moment later in their collectives ("Connection closed by peer"), and those are
+  consequences, not the cause. A run is unbounded in time unless `timeout` is given; then one
+  that outlasts it is stopped with `TimeoutError`.
 - Started under `torchrun` (its environment variables are set), this process already is one
   rank: the worker runs here, on the process group torchrun describes, and every rank receives
   everyone's results (`all_gather_object`). `is_primary()` tells the tool whether to print.
@@ -34,6 +37,7 @@ import socket
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +47,7 @@ import torch.multiprocessing as mp
 
 __all__ = [
     "BACKENDS",
+    "RankFailed",
     "all_ranks_ok",
     "backend_for",
     "is_primary",
@@ -55,10 +60,27 @@ __all__ = [
 # The device type each backend's ranks run on: gloo ranks share the CPU, nccl ranks own a GPU.
 DEVICE_TYPES = {"gloo": "cpu", "nccl": "cuda"}
 BACKENDS = tuple(DEVICE_TYPES)
-# What a default `launch` may take in all; a 1 GB all-reduce grid or an XL DDP sweep fits.
-DEFAULT_TIMEOUT_S = 1800.0
+# A launch runs until its ranks end: a training run may take hours, and a rank that hangs in a
+# collective is already stopped by the process group's own timeout. A caller that wants a bound
+# passes `timeout`.
+DEFAULT_TIMEOUT_S: float | None = None
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _JOIN_POLL_S = 1.0  # how often the parent checks on its ranks
+_FAILURE_FILE = "rank{rank}.failed"
+
+
+class RankFailed(mp.ProcessRaisedException):
+    """A rank raised: the rank that failed first, with its traceback.
+
+    Attributes:
+        rank: the rank whose exception is reported (the earliest to fail).
+        later: the ranks that failed after it (usually in a collective, because it had left).
+    """
+
+    def __init__(self, msg: str, *, rank: int, pid: int, later: Sequence[int]) -> None:
+        super().__init__(msg, rank, pid)
+        self.rank = rank
+        self.later = tuple(later)
 
 
 def under_torchrun() -> bool:
@@ -143,6 +165,9 @@ def _child(
     try:
         result = worker(rank, world_size, *args)
         torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
+    except BaseException as error:
+        _record_failure(result_dir, rank, error)
+        raise
     finally:
         dist.destroy_process_group()
     # End without finalising the interpreter: a gloo thread of a group that something still
@@ -152,6 +177,49 @@ def _child(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _record_failure(result_dir: str, rank: int, error: BaseException) -> None:
+    """Leave this rank's failure, with the moment it happened, for the parent to rank."""
+    record = {
+        "time": time.time(),
+        "rank": rank,
+        "pid": os.getpid(),
+        "error": f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(error)),
+    }
+    torch.save(record, os.path.join(result_dir, _FAILURE_FILE.format(rank=rank)))
+
+
+def _first_failure(
+    result_dir: str, world_size: int, raised: mp.ProcessRaisedException | mp.ProcessExitedException
+) -> BaseException:
+    """The failure to report: the earliest rank's recorded exception, else what torch raised.
+
+    A rank that was killed (out of memory, a signal) records nothing; then torch's own
+    exception, which names the exit code, is the best account there is.
+    """
+    records = []
+    for rank in range(world_size):
+        path = os.path.join(result_dir, _FAILURE_FILE.format(rank=rank))
+        if os.path.exists(path):
+            records.append(torch.load(path, weights_only=False))
+    if not records:
+        return raised
+    records.sort(key=lambda r: r["time"])
+    first, later = records[0], [r["rank"] for r in records[1:]]
+    also = ""
+    if later:
+        ranks = ", ".join(map(str, later))
+        also = (
+            f"\n(rank {ranks} failed after it, most likely because rank {first['rank']} had "
+            "left their collectives)"
+        )
+    message = (
+        f"rank {first['rank']} of {world_size} failed first: {first['error']}{also}\n\n"
+        f"-- its traceback:\n{first['traceback']}"
+    )
+    return RankFailed(message, rank=first["rank"], pid=first["pid"], later=later)
 
 
 def _validate(worker: Callable[..., Any], world_size: int, backend: str) -> None:
@@ -202,7 +270,7 @@ def launch(
     backend: str = "gloo",
     args: Sequence[Any] = (),
     env: Mapping[str, str] | None = None,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> list[Any]:
     """Run `worker(rank, world_size, *args)` on `world_size` ranks; return their results.
 
@@ -215,7 +283,8 @@ def launch(
         args: extra positional arguments for `worker` (picklable).
         env: environment variables each rank sets before the process group is created, unless
             already set (e.g. ``{"TORCH_NCCL_ENABLE_TIMING": "1"}``).
-        timeout: seconds the whole run may take before its processes are killed.
+        timeout: seconds the whole run may take before its processes are killed; None (the
+            default) sets no bound.
 
     Returns:
         The workers' return values, indexed by rank (on every rank, under torchrun).
@@ -225,8 +294,10 @@ def launch(
         ValueError: unknown backend, world size below 1, too few GPUs for nccl, or a torchrun
             world size other than `world_size`.
         TimeoutError: the ranks did not finish within `timeout` seconds.
-        torch.multiprocessing.ProcessRaisedException: a rank raised (its traceback included).
-        torch.multiprocessing.ProcessExitedException: a rank died (e.g. killed for memory).
+        RankFailed: a rank raised; the first rank to fail, with its traceback (a
+            `torch.multiprocessing.ProcessRaisedException`).
+        torch.multiprocessing.ProcessExitedException: a rank died without raising (e.g. killed
+            for memory).
     """
     _validate(worker, world_size, backend)
     env = dict(env or {})
@@ -251,15 +322,18 @@ def launch(
             join=False,
             start_method="spawn",
         )
-        deadline = time.monotonic() + timeout
-        while not context.join(timeout=_JOIN_POLL_S):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                raise TimeoutError(
-                    f"the {world_size} ranks did not finish within {timeout:.0f} s; raise the "
-                    "timeout for larger runs"
-                )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not context.join(timeout=_JOIN_POLL_S):
+                if deadline is not None and time.monotonic() > deadline:
+                    for process in context.processes:
+                        process.kill()
+                    raise TimeoutError(
+                        f"the {world_size} ranks did not finish within {timeout:.0f} s; raise "
+                        "--timeout, or leave it out for no bound"
+                    )
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as raised:
+            raise _first_failure(result_dir, world_size, raised) from None
         return [
             torch.load(os.path.join(result_dir, f"rank{rank}.pt"), weights_only=False)
             for rank in range(world_size)

@@ -213,7 +213,7 @@ def run_allreduce(
     *,
     device: torch.device | str | None = None,
     command: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
     show_progress: bool = True,
 ) -> Run:
     """Measure every cell of `config`, one launch per (backend, world size).

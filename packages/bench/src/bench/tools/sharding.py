@@ -391,7 +391,7 @@ def run_zero(
     *,
     device: torch.device | str | None = None,
     command: str | None = None,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> Run:
     """Measure every variant of `config` on `config.world_size` ranks.
 

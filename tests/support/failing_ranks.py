@@ -1,0 +1,27 @@
+"""Rank workers that fail on purpose, for tests of the launchers (importable by spawned ranks)."""
+
+from __future__ import annotations
+
+import atexit
+import time
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["rank0_fails_and_lingers", "sleeps"]
+
+
+def rank0_fails_and_lingers(rank: int, world_size: int) -> None:
+    """Rank 0 raises the real error; the other ranks then fail in a collective and exit first."""
+    if rank == 0:
+        # Keep rank 0's process alive after it raised, so that a peer's consequential failure
+        # is the first to reach the parent: a launcher must still name rank 0.
+        atexit.register(time.sleep, 3.0)
+        raise ValueError("the real cause, on rank 0")
+    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1))
+
+
+def sleeps(rank: int, world_size: int) -> None:
+    """Outlasts any short timeout."""
+    time.sleep(30)
