@@ -18,7 +18,9 @@
 #     train_speed_<device>_<date>.{md,json,png}.
 # Runs from the repository root without installing (PYTHONPATH = every package's src/). The run
 # folders (checkpoints) go to RUNS (a temporary folder by default); OUT_DIR gets only results.
-# PARTS=a or PARTS=b runs one part alone (both by default), e.g. under a per-command time limit.
+# PARTS=a or PARTS=b runs one part alone (both by default), and SPEED_RUNS="default torch-baseline"
+# some of (b)'s runs, e.g. under a per-command time limit: with the same RUNS, each call's result
+# files hold every run finished there so far.
 set -euo pipefail
 
 TEXT=${1:?usage: train_gpu.sh TEXT_FILE OUT_DIR}
@@ -53,25 +55,25 @@ fi
 # (b) the speed table: BPE (TOKENIZER; trained once, then read from the cache), short runs
 SPEED=(--tokenizer "$TOKENIZER" --size small --context-length 512 --batch-size "$BATCH"
   --steps "$SPEED_STEPS" --log-every 10 --eval-every 0 --eval-batches 1 --generate 0)
-labels=()
-run_speed() {  # label, options...; a run that fails is reported and left out of the table
-  local label=$1; shift
-  if train "${SPEED[@]}" --out "$RUNS/speed-$label" "$@"; then labels+=("$label")
-  else echo "speed run $label failed" >&2; fi
-}
+LABELS=(default torch-baseline eager lmcore-adamw sdpa)  # the table's runs, in its order
+declare -A OPTIONS=([default]="--profile-step $((SPEED_STEPS - 5))" [torch-baseline]="--baseline torch"
+  [eager]="--no-compile" [lmcore-adamw]="--optimizer lmcore" [sdpa]="--attention sdpa")
+SPEED_RUNS=${SPEED_RUNS:-${LABELS[*]}}  # a subset runs now; the table takes every run in RUNS
 if [[ $PARTS == *b* ]]; then
-  run_speed default --profile-step $((SPEED_STEPS - 5))
-  run_speed torch-baseline --baseline torch
-  run_speed eager --no-compile
-  run_speed lmcore-adamw --optimizer lmcore
-  run_speed sdpa --attention sdpa
+  for label in $SPEED_RUNS; do  # a run that fails is reported and left out of the table
+    # shellcheck disable=SC2086  # the options are words
+    train "${SPEED[@]}" --out "$RUNS/speed-$label" ${OPTIONS[$label]} ||
+      echo "speed run $label failed" >&2
+  done
 fi
 
 speed=()
-for label in "${labels[@]+"${labels[@]}"}"; do speed+=("$label=$RUNS/speed-$label"); done
+for label in "${LABELS[@]}"; do
+  [[ -f $RUNS/speed-$label/summary.json ]] && speed+=("$label=$RUNS/speed-$label")
+done
 results=(--out "$OUT")
 [[ -f $RUNS/text/summary.json ]] && results+=(--text "$RUNS/text")
 [[ -f $RUNS/text-baseline/summary.json ]] && results+=(--text-baseline "$RUNS/text-baseline")
-[[ " ${labels[*]+"${labels[*]}"} " == *" torch-baseline "* ]] &&
+[[ -f $RUNS/speed-torch-baseline/summary.json ]] &&
   results+=(--speed "${speed[@]}" --baseline torch-baseline --measure-ceiling)
 python3 -m bench train-results "${results[@]}"
