@@ -44,26 +44,26 @@ files() {  # --json/--markdown/--plot of a result name
 }
 
 attn=$(stem attn)
-run 120 bench-attn python3 -m bench.attn --no-progress $(files "$attn")
+run 120 bench-attn python3 -m bench attn --no-progress $(files "$attn")
 
 for dtype in fp32 bf16; do  # one result each, so that a slow half cannot cost the other
     memory=$(stem "memory_$dtype")
-    run 120 "memory $dtype" python3 -m bench.model --size 2.7B --context-length 128 256 512 \
+    run 120 "memory $dtype" python3 -m bench model --size 2.7B --context-length 128 256 512 \
         --mode forward train-step --dtype "$dtype" --warmup 1 --steps 1 --no-progress \
         --memory-snapshot "$out/snapshots/${memory}_snapshot.pickle" $(files "$memory")
 done
 mv "$out"/snapshots/*.png "$out"/ 2>/dev/null
 
 warmup=$(stem warmup)
-run 90 warm-up python3 -m bench.model --size small --context-length 256 \
+run 90 warm-up python3 -m bench model --size small --context-length 256 \
     --mode forward-backward --steps 5 --warmup-study --no-progress $(files "$warmup")
 
 compiled=$(stem compile)
-run 150 compile python3 -m bench.model --size small --context-length 256 --mode train-step \
+run 150 compile python3 -m bench model --size small --context-length 256 --mode train-step \
     --compile both --warmup 3 --steps 5 --no-progress $(files "$compiled")
 
 profile=$(stem profile)
-run 60 profile python3 -m bench.model --size small --context-length 256 \
+run 60 profile python3 -m bench model --size small --context-length 256 \
     --mode forward train-step --warmup 2 --steps 3 --no-progress \
     --profile "$out/$profile" --json "$out/${profile}_timing.json"
 

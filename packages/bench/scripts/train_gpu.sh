@@ -3,18 +3,24 @@
 #
 #   packages/bench/scripts/train_gpu.sh TEXT_FILE OUT_DIR
 #
-# (a) trains `small` at context 256 in bf16 with fa2-triton for STEPS steps on the UTF-8 bytes
-#     (eval every 50, a generated sample at the end): train_text_<device>_<date>.{md,json,png}.
-#     Bytes, not BPE: a 1.1 MB text is about 0.3M BPE tokens, which the 128M-parameter `small`
-#     memorises within a few hundred steps (validation loss rising from step 200 on); as 1M
+# (a) the README's GPU command: `small` at context 256, batch 32, on the UTF-8 bytes, STEPS
+#     steps with the fast default (compiled, bf16, fa2-triton, fused AdamW; eval every 50, a
+#     sample at the end), then the same command with `--baseline torch` (torch's own step: SDPA,
+#     F.cross_entropy, fused torch.optim.AdamW, compiled), for train_text_<device>_<date>.{md,json,png}
+#     with the run's tokens/s beside the baseline's. Bytes, not BPE: a 1.1 MB text is about 0.3M
+#     BPE tokens, which the 128M-parameter `small` memorises within a few hundred steps; as 1M
 #     bytes it trains for several epochs before it overfits;
-# (b) the speed table: `small` at context 512, batch BATCH, bf16, fa2-triton and sdpa, eager and
-#     compiled, beside `--baseline torch` (SDPA + torch.optim.AdamW(fused=True) + compile), SPEED_STEPS
-#     steps each, with a torch.profiler table of one step of fa2-triton eager and the bf16 matmul
-#     ceiling measured on the same GPU: train_speed_<device>_<date>.{md,json,png}.
+# (b) the speed table: `small` at context 512, batch BATCH, bf16, SPEED_STEPS steps each: the
+#     fast default (`default`, with a torch.profiler table of one step), `--baseline torch`
+#     (`torch-baseline`, the ratios' denominator), and what each part of the default buys:
+#     `--no-compile` (`eager`), `--optimizer lmcore` (`lmcore-adamw`), `--attention sdpa`
+#     (`sdpa`); with the bf16 matmul ceiling measured on the same GPU:
+#     train_speed_<device>_<date>.{md,json,png}.
 # Runs from the repository root without installing (PYTHONPATH = every package's src/). The run
 # folders (checkpoints) go to RUNS (a temporary folder by default); OUT_DIR gets only results.
-# PARTS=a or PARTS=b runs one part alone (both by default), e.g. under a per-command time limit.
+# PARTS=a or PARTS=b runs one part alone (both by default), and SPEED_RUNS="default torch-baseline"
+# some of (b)'s runs, e.g. under a per-command time limit: with the same RUNS, each call's result
+# files hold every run finished there so far.
 set -euo pipefail
 
 TEXT=${1:?usage: train_gpu.sh TEXT_FILE OUT_DIR}
@@ -35,35 +41,39 @@ if ! python3 -c "import tokenizers" 2>/dev/null; then
   TOKENIZER=bytes
 fi
 train() {
-  python3 -m bench.train --data "$TEXT" --cache-dir "$CACHE" --no-progress "$@"
+  python3 -m bench train --data "$TEXT" --cache-dir "$CACHE" --no-progress "$@"
 }
 
-# (a) the real-text run
-[[ $PARTS == *a* ]] && train --tokenizer bytes --size small --context-length 256 --batch-size 32 \
-  --precision bf16 --attention fa2-triton --steps "$STEPS" --log-every 25 --eval-every 50 \
-  --eval-batches 20 --generate 500 --out "$RUNS/text"
+# (a) the README's GPU command, then the same under --baseline torch
+TEXT_RUN=(--size small --tokenizer bytes --context-length 256 --steps "$STEPS" --log-every 25
+  --eval-every 50 --eval-batches 20)
+if [[ $PARTS == *a* ]]; then
+  train "${TEXT_RUN[@]}" --generate 500 --out "$RUNS/text"
+  train "${TEXT_RUN[@]}" --generate 0 --baseline torch --out "$RUNS/text-baseline"
+fi
 
 # (b) the speed table: BPE (TOKENIZER; trained once, then read from the cache), short runs
-SPEED=(--tokenizer "$TOKENIZER" --size small --context-length 512 --batch-size "$BATCH" --precision bf16
+SPEED=(--tokenizer "$TOKENIZER" --size small --context-length 512 --batch-size "$BATCH"
   --steps "$SPEED_STEPS" --log-every 10 --eval-every 0 --eval-batches 1 --generate 0)
-labels=()
-run_speed() {  # label, options...; a run that fails is reported and left out of the table
-  local label=$1; shift
-  if train "${SPEED[@]}" --out "$RUNS/speed-$label" "$@"; then labels+=("$label")
-  else echo "speed run $label failed" >&2; fi
-}
+LABELS=(default torch-baseline eager lmcore-adamw sdpa)  # the table's runs, in its order
+declare -A OPTIONS=([default]="--profile-step $((SPEED_STEPS - 5))" [torch-baseline]="--baseline torch"
+  [eager]="--no-compile" [lmcore-adamw]="--optimizer lmcore" [sdpa]="--attention sdpa")
+SPEED_RUNS=${SPEED_RUNS:-${LABELS[*]}}  # a subset runs now; the table takes every run in RUNS
 if [[ $PARTS == *b* ]]; then
-  run_speed fa2-triton --attention fa2-triton --profile-step $((SPEED_STEPS - 5))
-  run_speed fa2-triton-compile --attention fa2-triton --compile
-  run_speed sdpa --attention sdpa
-  run_speed sdpa-compile --attention sdpa --compile
-  run_speed torch-baseline --baseline torch
+  for label in $SPEED_RUNS; do  # a run that fails is reported and left out of the table
+    # shellcheck disable=SC2086  # the options are words
+    train "${SPEED[@]}" --out "$RUNS/speed-$label" ${OPTIONS[$label]} ||
+      echo "speed run $label failed" >&2
+  done
 fi
 
 speed=()
-for label in "${labels[@]+"${labels[@]}"}"; do speed+=("$label=$RUNS/speed-$label"); done
+for label in "${LABELS[@]}"; do
+  [[ -f $RUNS/speed-$label/summary.json ]] && speed+=("$label=$RUNS/speed-$label")
+done
 results=(--out "$OUT")
 [[ -f $RUNS/text/summary.json ]] && results+=(--text "$RUNS/text")
-[[ " ${labels[*]+"${labels[*]}"} " == *" torch-baseline "* ]] &&
+[[ -f $RUNS/text-baseline/summary.json ]] && results+=(--text-baseline "$RUNS/text-baseline")
+[[ -f $RUNS/speed-torch-baseline/summary.json ]] &&
   results+=(--speed "${speed[@]}" --baseline torch-baseline --measure-ceiling)
-python3 -m bench.train_results "${results[@]}"
+python3 -m bench train-results "${results[@]}"

@@ -1,13 +1,17 @@
 """Fixtures shared by the bench tests: one thread per test, tiny configurations, results made by
-the real tools, an injected out-of-memory error and the `--help` of a tool."""
+the real tools, an injected out-of-memory error, the `--help` of a tool, and bench-train's text,
+command lines and one-process reference run."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from generated_text import generated_text
 
 import bench.tools.attn
 from bench.core.results import Run, save_json
@@ -17,6 +21,8 @@ from bench.tools.flash import FlashCase, run_flash
 from bench.tools.model import ModelBenchConfig, run_model
 from bench.tools.precision import run_precision
 from bench.tools.sharding import ZeroBenchConfig, run_zero
+from bench.train.record import read_metrics
+from bench.train.run import main as bench_train
 from lmcore import ModelSize
 
 # A model small enough that a training step takes milliseconds on one CPU thread.
@@ -186,3 +192,80 @@ def ddp_run() -> Run:
 def zero_run() -> Run:
     """bench-zero's ddp, sharded (two caps), torch-zero and the FSDP rows on 2 gloo ranks."""
     return run_zero(TINY_ZERO_CONFIG, device="cpu", command="bench-zero --test")
+
+
+# bench-train on the CPU: a model of one narrow layer, whose step takes milliseconds on one thread.
+TRAIN_TINY = ("--size", "tiny", "--d-model", "32", "--num-layers", "1", "--num-heads", "2")
+TRAIN_TINY += ("--d-ff", "64")
+# 4 steps, a loss each; a clipping norm below the tiny model's gradient norm, so that the
+# clipping (over shards, with FSDP) is part of what several ranks must get right.
+RUN_4 = ("--steps", "4", "--log-every", "1", "--grad-clip", "0.1", "--generate", "0")
+
+
+@pytest.fixture(scope="session")
+def train_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated text file bench-train learns within a few dozen steps."""
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text(generated_text(1500, seed=3), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def train_argv(train_text: Path) -> Callable[..., list[str]]:
+    """`argv(out, *extra)`: a bench-train command line of the tiny model on `train_text`, UTF-8
+    bytes, context 32, batch 8, on the CPU (the token cache beside `out`)."""
+
+    def argv(out: Path, *extra: str, data: Path | None = None) -> list[str]:
+        common = ["--data", str(data or train_text), "--out", str(out), "--device", "cpu"]
+        common += ["--cache-dir", str(out.parent / "cache"), "--tokenizer", "bytes"]
+        common += ["--context-length", "32", "--batch-size", "8", "--no-progress"]
+        return [*common, *TRAIN_TINY, *extra]
+
+    return argv
+
+
+def _losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(out)}
+
+
+@pytest.fixture(scope="session")
+def losses_of() -> Callable[[Path], dict[int, float]]:
+    """`losses_of(run)`: step → loss of a run folder's metrics.jsonl."""
+    return _losses
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A one-process run of `RUN_4` (`run`, its `losses`) and a copy of the same run stopped
+    after step 2 (`halfway`), to resume under other modes."""
+
+    run: Path
+    losses: dict[int, float]
+    halfway: Path
+
+
+@pytest.fixture(scope="session")
+def one_process(
+    train_argv: Callable[..., list[str]], tmp_path_factory: pytest.TempPathFactory
+) -> Reference:
+    """What every multi-rank run must reproduce: 4 steps in one process, and its halfway point."""
+    root = tmp_path_factory.mktemp("one-process")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert bench_train(train_argv(root / "run", *RUN_4)) == 0
+        assert bench_train(train_argv(root / "halfway", *RUN_4, "--stop-after", "2")) == 0
+    finally:
+        torch.set_num_threads(before)
+    return Reference(root / "run", _losses(root / "run"), root / "halfway")
+
+
+@pytest.fixture
+def copy_of() -> Callable[[Path, Path], Path]:
+    """`copy_of(run, to)`: a copy of a run folder (to resume it elsewhere); returns `to`."""
+
+    def copy(run: Path, to: Path) -> Path:
+        shutil.copytree(run, to)
+        return to
+
+    return copy

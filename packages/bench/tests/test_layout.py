@@ -1,5 +1,7 @@
-"""The package's layout: plumbing (`bench.core`) never imports a tool, tools do not take the names
-of the packages they measure, and every tool runs as a `bench-*` command and `python -m`."""
+"""The package's layout: plumbing (`bench.core`) imports neither a tool nor the trainer; tools
+(`bench.tools`) and the trainer (`bench.train`) never import each other (the report may read
+both); no module takes the name of a package it measures; every trainer file stays under 400
+lines; and every command runs as a console script and as `python -m bench <command>`."""
 
 from __future__ import annotations
 
@@ -13,73 +15,106 @@ from pathlib import Path
 import pytest
 
 import bench
+from bench.__main__ import commands
+from bench.__main__ import main as dispatch
 
 SRC = Path(bench.__file__).parent
 PYPROJECT = SRC.parents[1] / "pyproject.toml"
 MEASURED_PACKAGES = {"lmcore", "fa2", "ddp", "zero"}
-# `python -m bench.<name>` -> the tool module it runs.
-RUNNERS = {
-    "attn": "attn",
-    "model": "model",
-    "flash": "flash",
-    "precision": "precision",
-    "allreduce": "allreduce",
-    "ddp": "data_parallel",
-    "zero": "sharding",
-    "report": "report",
-    "train": "train",
-    "train_results": "train_results",
-}
+LAYERS = ("core", "tools", "train")
+REPORT = "bench.tools.report"  # the one module that may read both tools and the trainer
+MAX_TRAINER_LINES = 400
 
 
 def _imported_modules(path: Path) -> set[str]:
-    """Every module `path` imports, at any depth (also inside functions), as absolute names."""
+    """Every bench module `path` imports, at any depth (also inside functions)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{path.name}: relative import; use absolute `bench.` names"
-            names.add(node.module or "")
-    return names
+            module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)  # `from bench import x`
+    return {n for n in names if n == "bench" or n.startswith("bench.")}
 
 
-@pytest.mark.parametrize("path", sorted((SRC / "core").glob("*.py")), ids=lambda p: p.name)
-def test_plumbing_imports_no_tool(path):
-    bench_imports = {m for m in _imported_modules(path) if m == "bench" or m.startswith("bench.")}
-    assert all(m.startswith("bench.core.") for m in bench_imports), (
-        f"bench/core/{path.name} imports {sorted(bench_imports)}; plumbing may import only "
-        "bench.core modules"
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def _modules(layer: str) -> list[Path]:
+    return sorted((SRC / layer).glob("*.py"))
+
+
+@pytest.mark.parametrize("path", _modules("core"), ids=lambda p: p.name)
+def test_plumbing_imports_neither_a_tool_nor_the_trainer(path):
+    others = {m for m in _imported_modules(path) if _layer(m) != "core"}
+    assert not others, (
+        f"bench/core/{path.name} imports {sorted(others)}; plumbing may import only bench.core"
     )
+
+
+@pytest.mark.parametrize(
+    ("layer", "other"), [("tools", "train"), ("train", "tools")], ids=["tools", "train"]
+)
+def test_tools_and_the_trainer_never_import_each_other(layer, other):
+    for path in _modules(layer):
+        if f"bench.{layer}.{path.stem}" == REPORT:
+            continue
+        crossing = {m for m in _imported_modules(path) if _layer(m) == other}
+        assert not crossing, f"bench/{layer}/{path.name} imports {sorted(crossing)}"
+
+
+def test_only_the_layers_and_the_dispatcher_sit_at_the_package_root():
+    assert {p.name for p in SRC.glob("*.py")} == {"__init__.py", "__main__.py"}
+    folders = {p.name for p in SRC.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(LAYERS)
 
 
 def test_no_module_is_named_after_a_measured_package():
-    modules = {p.stem for folder in ("core", "tools") for p in (SRC / folder).glob("*.py")}
+    modules = {p.stem for layer in LAYERS for p in _modules(layer)}
     assert not modules & MEASURED_PACKAGES
 
 
-def test_runners_only_call_their_tool():
-    for runner, tool in RUNNERS.items():
-        path = SRC / f"{runner}.py"
-        assert _imported_modules(path) == {f"bench.tools.{tool}"}, path.name
-        module = importlib.import_module(f"bench.{runner}")
-        assert module.main is importlib.import_module(f"bench.tools.{tool}").main
+@pytest.mark.parametrize("path", _modules("train"), ids=lambda p: p.name)
+def test_every_trainer_file_is_under_400_lines(path):
+    assert len(path.read_text().splitlines()) < MAX_TRAINER_LINES
 
 
-def test_every_tool_has_a_runner_and_a_command():
-    tools = {p.stem for p in (SRC / "tools").glob("*.py")} - {"__init__"}
-    assert tools == set(RUNNERS.values())
+def test_every_tool_is_a_command_and_every_command_a_main():
     scripts = tomllib.loads(PYPROJECT.read_text())["project"]["scripts"]
+    assert commands() == scripts  # what `python -m bench` dispatches to
+    targets = {}
     for command, target in scripts.items():
         module, _, function = target.partition(":")
-        assert module.startswith("bench.tools."), command
+        assert command.startswith("bench-") and _layer(module) in ("tools", "train"), command
         assert callable(getattr(importlib.import_module(module), function)), command
-    assert {t.removeprefix("bench.tools.").split(":")[0] for t in scripts.values()} == tools
+        targets.setdefault(_layer(module), set()).add(module.rsplit(".", 1)[1])
+    tools = {p.stem for p in _modules("tools")} - {"__init__"}
+    assert targets["tools"] == tools
 
 
-def test_python_dash_m_runs_the_tool():
+def test_python_dash_m_bench_runs_a_command():
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.ddp", "--help"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "bench", "ddp", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: bench-ddp")
+
+
+def test_the_dispatcher_lists_its_commands_and_refuses_unknown_ones(capsys):
+    assert dispatch(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name.removeprefix("bench-") in listed for name in commands())
+    assert dispatch(["no-such-tool"]) == 2
+    assert "unknown command 'no-such-tool'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # both spellings of a name reach the command
+        dispatch(["train_results", "--help"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: bench-train-results")

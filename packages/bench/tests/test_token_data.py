@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from generated_text import generated_text
 
-from bench.core import tokenizer as tokenizer_module
-from bench.core.token_data import VAL_FRACTION, load_corpus, read_token_file, tokens_of_text
-from bench.core.tokenizer import TOKENIZER_FILE, BPETokenizer, ByteTokenizer, make_tokenizer
+from bench.train import tokenizer as tokenizer_module
+from bench.train.data import VAL_FRACTION, load_corpus, read_token_file, tokens_of_text
+from bench.train.tokenizer import TOKENIZER_FILE, BPETokenizer, ByteTokenizer, make_tokenizer
 
 TEXT = generated_text(300, seed=1)
 

@@ -23,6 +23,7 @@ from lmcore.backends import (
 )
 from lmcore.clip import clip_grad_norm
 from lmcore.config import (
+    DEFAULT_ATTENTION,
     HANDOUT_SIZES,
     MODEL_SIZES,
     VOCAB_SIZE,
@@ -53,6 +54,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "DEFAULT_ATTENTION",
     "HANDOUT_SIZES",
     "MODEL_SIZES",
     "VOCAB_SIZE",

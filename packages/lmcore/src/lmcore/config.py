@@ -6,13 +6,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["HANDOUT_SIZES", "MODEL_SIZES", "VOCAB_SIZE", "ModelConfig", "ModelSize", "model_config"]
+__all__ = [
+    "DEFAULT_ATTENTION",
+    "HANDOUT_SIZES",
+    "MODEL_SIZES",
+    "VOCAB_SIZE",
+    "ModelConfig",
+    "ModelSize",
+    "model_config",
+]
 
 # The handout trains every size on a BPE tokenizer with a 10,000-token vocabulary.
 VOCAB_SIZE = 10_000
 
 # RoPE's base wavelength, as in RoFormer and the handout.
 DEFAULT_ROPE_THETA = 10_000.0
+
+# The attention backend a model gets when none is named: plain PyTorch, the handout's own.
+DEFAULT_ATTENTION = "naive"
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,7 @@ class ModelConfig:
     num_heads: int
     d_ff: int
     rope_theta: float = DEFAULT_ROPE_THETA
-    attention: str = "naive"
+    attention: str = DEFAULT_ATTENTION
     num_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
@@ -111,7 +122,7 @@ class ModelSize:
         context_length: int,
         vocab_size: int = VOCAB_SIZE,
         rope_theta: float = DEFAULT_ROPE_THETA,
-        attention: str = "naive",
+        attention: str = DEFAULT_ATTENTION,
         num_kv_heads: int | None = None,
     ) -> ModelConfig:
         """The full `ModelConfig` of this size for a context length, vocabulary and backend."""
@@ -151,7 +162,7 @@ def model_config(
     context_length: int,
     vocab_size: int = VOCAB_SIZE,
     rope_theta: float = DEFAULT_ROPE_THETA,
-    attention: str = "naive",
+    attention: str = DEFAULT_ATTENTION,
     num_kv_heads: int | None = None,
 ) -> ModelConfig:
     """The `ModelConfig` of a named size from `MODEL_SIZES`.

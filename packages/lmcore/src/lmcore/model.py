@@ -6,7 +6,13 @@ import torch
 from torch import nn
 
 from lmcore.attention import CausalSelfAttention
-from lmcore.config import DEFAULT_ROPE_THETA, VOCAB_SIZE, ModelConfig, model_config
+from lmcore.config import (
+    DEFAULT_ATTENTION,
+    DEFAULT_ROPE_THETA,
+    VOCAB_SIZE,
+    ModelConfig,
+    model_config,
+)
 from lmcore.ffn import SwiGLU
 from lmcore.linear import Embedding, Linear
 from lmcore.norm import RMSNorm
@@ -88,7 +94,7 @@ class TransformerLM(nn.Module):
         d_ff: int,
         *,
         rope_theta: float = DEFAULT_ROPE_THETA,
-        attention: str = "naive",
+        attention: str = DEFAULT_ATTENTION,
         num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
@@ -135,7 +141,7 @@ class TransformerLM(nn.Module):
         context_length: int,
         vocab_size: int = VOCAB_SIZE,
         rope_theta: float = DEFAULT_ROPE_THETA,
-        attention: str = "naive",
+        attention: str = DEFAULT_ATTENTION,
         num_kv_heads: int | None = None,
     ) -> TransformerLM:
         """Build a named size of `MODEL_SIZES` ("small", "medium", "large", "xl", "2.7B", "tiny").

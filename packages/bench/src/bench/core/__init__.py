@@ -1,1 +1,2 @@
-"""The plumbing every `bench` tool is built from; it never imports a tool (`bench.tools`)."""
+"""The plumbing every `bench` tool and the trainer are built from; it imports neither
+(`bench.tools`, `bench.train`)."""

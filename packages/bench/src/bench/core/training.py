@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -165,7 +165,7 @@ def build_model(
     device: torch.device,
     *,
     seed: int,
-    attention: str = "naive",
+    attention: str = lmcore.DEFAULT_ATTENTION,
 ) -> lmcore.TransformerLM:
     """`config`'s `lmcore.TransformerLM` on `device`, initialised from `seed` (see `build_lm`)."""
     model_config = config.model_size.config(
@@ -193,6 +193,7 @@ def forward_backward(
     micro_batches: Sequence[torch.Tensor],
     *,
     autocast_dtype: torch.dtype | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
 ) -> torch.Tensor:
     """Forward and backward of next-token cross-entropy over `micro_batches`; the mean loss.
 
@@ -208,6 +209,7 @@ def forward_backward(
         micro_batches: one or more token tensors.
         autocast_dtype: run forward and loss under `torch.autocast` in this dtype (e.g.
             `torch.bfloat16`); None runs in the parameters' dtype.
+        loss_fn: `(logits, targets) -> mean loss`; `lmcore.cross_entropy` (or a compiled one).
 
     Returns:
         The mean loss over the micro-batches, detached: a 0-d tensor in at least fp32, left on the
@@ -230,7 +232,7 @@ def forward_backward(
                 device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None
             ):
                 logits = model(tokens[:, :-1])  # (batch, seq, vocab)
-                loss = lmcore.cross_entropy(logits, tokens[:, 1:]) / len(micro_batches)
+                loss = loss_fn(logits, tokens[:, 1:]) / len(micro_batches)
             loss.backward()
         losses.append(loss.detach())
     if hasattr(model, "finish_gradient_synchronization"):
@@ -284,6 +286,7 @@ def train_step(
     max_grad_norm: float | None = None,
     sharded_params: Collection[torch.Tensor] = (),
     set_to_none: bool = True,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
 ) -> torch.Tensor:
     """One training step: `forward_backward`, optional clipping, the optimizer step, zero_grad.
 
@@ -301,11 +304,12 @@ def train_step(
             (`zero.FSDP`'s weights of two or more dimensions), for the clipping norm.
         set_to_none: `optimizer.zero_grad(set_to_none=...)` after the step; False keeps the
             gradient tensors allocated from step to step.
+        loss_fn: the loss of logits and targets (see `forward_backward`).
 
     Returns:
         The step's mean loss, detached (see `forward_backward`).
     """
-    loss = forward_backward(model, micro_batches, autocast_dtype=autocast_dtype)
+    loss = forward_backward(model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
     if max_grad_norm is not None:
         clip_grad_norm(list(model.parameters()), max_grad_norm, sharded=sharded_params)
     optimizer.step()

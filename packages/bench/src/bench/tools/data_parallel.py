@@ -132,7 +132,7 @@ class DDPBenchConfig(TrainingBenchConfig):
 
     variants: tuple[str, ...] = VARIANTS
     warmup: int = 3
-    attention: str = "naive"
+    attention: str = lmcore.DEFAULT_ATTENTION
     bucket_sizes_mb: tuple[float | None, ...] = (1.0, 10.0, 100.0, 1000.0)
     torch_bucket_mbs: tuple[float | None, ...] = (None, 100.0)
 

@@ -63,6 +63,8 @@ from bench.core.results import Keys, Run, load_json, save_json
 from bench.core.shapes import CPU_SIZE, Shape, shape_named
 from bench.core.timing import elapsed_ms, summarize
 from lmcore import (
+    ATTENTION_BACKENDS,
+    DEFAULT_ATTENTION,
     HANDOUT_SIZES,
     MODEL_SIZES,
     VOCAB_SIZE,
@@ -93,7 +95,6 @@ __all__ = [
 
 MODES = ("forward", "forward-backward", "train-step")
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast, fp32 throughout
-ATTENTIONS = ("naive", "sdpa", "fa2-pytorch", "fa2-triton")
 WARMUP_STUDY = (0, 1, 2, 5)  # the handout's §1.1.3 (c)
 
 # Allocator events kept while recording a memory snapshot: enough for several training steps
@@ -126,7 +127,7 @@ class ModelBenchConfig:
     vocab_size: int = VOCAB_SIZE
     modes: tuple[str, ...] = MODES
     dtypes: tuple[str, ...] = ("fp32",)
-    attention: tuple[str, ...] = ("naive",)
+    attention: tuple[str, ...] = (DEFAULT_ATTENTION,)
     compile: tuple[bool, ...] = (False,)
     warmup: int = 5
     steps: int = 10
@@ -680,7 +681,8 @@ def run_warmup_study(
                 [
                     sys.executable,
                     "-m",
-                    "bench.model",
+                    "bench",
+                    "model",
                     *argv,
                     "--no-progress",
                     "--json",
@@ -753,7 +755,12 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--context-length", type=int, nargs="+", help="sequence lengths")
     model.add_argument("--batch", type=int, help="batch size (4)")
     model.add_argument("--vocab-size", type=int, help=f"vocabulary ({VOCAB_SIZE:,})")
-    model.add_argument("--attention", nargs="+", choices=ATTENTIONS, help="backends (naive)")
+    model.add_argument(
+        "--attention",
+        nargs="+",
+        choices=list(ATTENTION_BACKENDS),
+        help=f"backends ({DEFAULT_ATTENTION})",
+    )
     run = parser.add_argument_group("run")
     run.add_argument("--mode", nargs="+", choices=MODES, help="modes (all three)")
     run.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="fp32 and/or bf16 autocast")

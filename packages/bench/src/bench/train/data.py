@@ -1,8 +1,9 @@
-"""Training and validation tokens from a text file or a token file, cached as uint16 memmaps.
+"""Training and validation tokens from a text file or a token file, cached as uint16 memmaps, and
+the batches drawn from them.
 
 `load_corpus(data, ...)` is the front door. `data` is either
 
-- a UTF-8 text file (any suffix but the two below): it is tokenised (`bench.core.tokenizer`)
+- a UTF-8 text file (any suffix but the two below): it is tokenised (`bench.train.tokenizer`)
   and the ids written to the token cache, a flat uint16 file named after the hash of the text
   and the tokenizer, so that a second run on the same text opens the cached file (memory-mapped)
   instead of tokenising again;
@@ -15,6 +16,8 @@ The model never trains on the tail, and a BPE tokenizer is trained on the head a
 
 Every problem is reported before any training, with what to do: a missing or empty file, text
 that is not UTF-8, too few tokens for one sequence, ids the vocabulary does not cover.
+
+`Batches` draws a run's batches: the same global batch on every rank, each rank its own rows.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from bench.core.tokenizer import MAX_VOCAB_SIZE, Tokenizer, load_tokenizer, make_tokenizer
+import lmcore
+from bench.train.tokenizer import MAX_VOCAB_SIZE, Tokenizer, load_tokenizer, make_tokenizer
 
 __all__ = [
     "BPE_VOCAB_SIZE",
     "TOKEN_SUFFIXES",
     "VAL_FRACTION",
+    "Batches",
     "Corpus",
     "default_cache_dir",
     "load_corpus",
@@ -257,3 +263,47 @@ def load_corpus(
         _check_length(train, context_length, f"--data {data}")
         _check_length(val, context_length, f"--val-data {val_path}")
     return Corpus(train=train, val=val, vocab_size=vocab, tokenizer=tok, val_source=source)
+
+
+class Batches:
+    """The global batch of every micro-step, drawn from one seeded generator; this rank's rows.
+
+    Every rank draws the same starts (`lmcore.get_batch` with the same generator state) and
+    keeps rows `[rank·b, (rank+1)·b)`, so the ranks together train on exactly the batch one
+    process would. The generator (`generator`) is the data position a checkpoint saves.
+
+    Args:
+        tokens: the token ids to draw sequences from.
+        batch_size: sequences per optimizer step over all ranks and micro-batches.
+        grad_accum: micro-batches per step.
+        context_length: tokens per sequence.
+        rank: this rank.
+        world_size: the number of ranks.
+        seed: the generator's seed (the same on every rank).
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        *,
+        batch_size: int,
+        grad_accum: int,
+        context_length: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+    ) -> None:
+        self.tokens, self.context_length = tokens, context_length
+        self.micro = batch_size // grad_accum  # sequences per micro-step, all ranks
+        self.rows = slice(rank * self.micro // world_size, (rank + 1) * self.micro // world_size)
+        self.generator = np.random.default_rng(seed)
+
+    def next(self, device: torch.device) -> torch.Tensor:
+        """This rank's tokens `(micro / world_size, context_length + 1)` of the next micro-step."""
+        x, y = lmcore.get_batch(
+            self.tokens, self.micro, self.context_length, "cpu", generator=self.generator
+        )
+        tokens = torch.cat((x, y[:, -1:]), dim=1)[self.rows]  # (rows, seq + 1)
+        if device.type == "cuda":
+            return tokens.pin_memory().to(device, non_blocking=True)
+        return tokens

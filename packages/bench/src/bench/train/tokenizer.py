@@ -7,7 +7,7 @@
   generation and `--resume` decode with the same vocabulary.
 
 `make_tokenizer(kind, ...)` is the front door: it trains (or takes from the cache) and saves.
-Token ids are stored as uint16 (`bench.core.token_data`), so a vocabulary holds at most 65,536
+Token ids are stored as uint16 (`bench.train.data`), so a vocabulary holds at most 65,536
 tokens.
 """
 

@@ -1,0 +1,26 @@
+"""bench-train: train `lmcore.TransformerLM` on a text or token file with every part of the project.
+
+One owner per concern, in the order a run meets them:
+
+- `config`: `TrainConfig`, every option once (default, help, group, whether a resume may change
+  it); `options`: the command line and config files generated from it;
+- `data` (token files, the cache, `Batches`) and `tokenizer` (bytes, BPE);
+- `lm`: the model, its loss and its optimizer as lmcore makes them (where new lmcore options
+  plug in);
+- `parallel`: the one reader of `--parallel`: wrapping and compiling, the optimizer, who writes
+  which checkpoint, gathering the full weights;
+- `checkpoint`: resume checks, saving and restoring; `record`: metrics, TensorBoard, speed, MFU,
+  the profiler; `baseline`: torch's own step (`--baseline torch`);
+- `loop`: `Trainer`, which builds the parts once and steps; `run`: the `bench-train` entry
+  point and the run's outputs; `generate`: `bench-generate`, sampling from a saved run;
+  `results`: `bench-train-results`, result files and the speed table from run folders.
+
+The trainer and the tools (`bench.tools`) never import each other; both build on `bench.core`.
+"""
+
+from bench.train.config import TrainConfig
+from bench.train.generate import load_run, sample
+from bench.train.loop import Trainer
+from bench.train.run import prepare, run_train
+
+__all__ = ["TrainConfig", "Trainer", "load_run", "prepare", "run_train", "sample"]

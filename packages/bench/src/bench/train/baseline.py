@@ -1,0 +1,59 @@
+"""`--baseline torch`: the training step written with torch's own pieces only, as a user would.
+
+SDPA attention, `torch.nn.functional.cross_entropy`, `torch.nn.utils.clip_grad_norm_`,
+`torch.optim.AdamW(fused=True)`, the model compiled (`bench.train.config.BASELINES` sets those
+options): the strongest plain-PyTorch set-up a user could pick, to compare speed with side by
+side. Deliberately independent of `bench.core.training.train_step`: the reference the project's
+step is compared with, not a second training step of the project.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["torch_native_step"]
+
+
+def torch_native_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[torch.Tensor],
+    *,
+    autocast_dtype: torch.dtype | None = None,
+    max_grad_norm: float | None = None,
+) -> torch.Tensor:
+    """One optimizer step over `micro_batches` (token tensors `(batch, seq + 1)`); the mean loss.
+
+    Args:
+        model: a language model returning logits, or torch's DistributedDataParallel around one.
+        optimizer: its optimizer.
+        micro_batches: inputs `[:, :-1]`, next-token targets `[:, 1:]`.
+        autocast_dtype: autocast dtype of forward and loss; None for none.
+        max_grad_norm: clip the gradients' total norm to this; None: no clipping.
+
+    Returns:
+        The mean loss over the micro-batches, detached, on the device.
+    """
+    no_sync = getattr(model, "no_sync", contextlib.nullcontext)
+    total = torch.zeros((), device=micro_batches[0].device)
+    for index, tokens in enumerate(micro_batches):
+        last = index == len(micro_batches) - 1
+        with contextlib.nullcontext() if last else no_sync():
+            with torch.autocast(
+                tokens.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
+                logits = model(tokens[:, :-1])  # (batch, seq, vocab)
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+                loss = loss / len(micro_batches)
+            loss.backward()
+        total += loss.detach()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total

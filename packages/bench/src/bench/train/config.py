@@ -1,0 +1,348 @@
+"""bench-train's options, each written once: a field of `TrainConfig` with its default, its help,
+its group, and whether a resumed run may change it (its group's rule, or its own).
+
+Everything else is generated from those fields (`bench.train.options`): the command line, the
+config file a run writes and `--config` reads, the check a resume makes against its checkpoint.
+Defaults that depend on the device are a pair (CUDA, CPU) in the field's option; defaults that
+follow another option are rules on the class (`warmup`, `final_lr`, `last_step`) or in `create`
+(the number of ranks, the parallel mode, `--baseline`'s settings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import ddp
+import lmcore
+from bench.core.cli import resolve_device
+from bench.core.launch import torchrun_world_size
+from bench.core.shapes import CPU_SIZE
+from bench.core.training import bucket_size_mb
+from bench.train import lm, parallel
+from bench.train.options import Group, flag_of, option, option_of, parse_duration
+from bench.train.tokenizer import TOKENIZERS
+
+__all__ = ["BASELINES", "PRECISIONS", "TrainConfig"]
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast, fp32 throughout
+# `--baseline NAME`: the options a baseline runs with (given otherwise, they are an error).
+BASELINES = {"torch": {"attention": "sdpa", "optimizer": "torch-fused", "compile": True}}
+# The groups, in the order of `--help` and of config files.
+DATA = Group("data", "what to train on")
+MODEL = Group("model", "the Transformer (lmcore.TransformerLM)")
+TRAINING = Group("training", "the optimisation")
+_RESUMABLE = "(a resumed run may change these)"
+RUN = Group("run", f"how to run: device, speed, ranks, when to stop {_RESUMABLE}", True)
+OUTPUT = Group("output", f"what the run writes to --out, and when {_RESUMABLE}", True)
+SAMPLING = Group("sampling", f"the sample at the end, and bench-generate's {_RESUMABLE}", True)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a `bench-train` run needs: the options, resolved for the device.
+
+    Build one with `TrainConfig.create(...)`, which fills the defaults that depend on the device
+    and on other options, then validates. Each field is the option of the same name (see
+    `bench-train --help`, or the `Option` in the field's metadata).
+    """
+
+    data: str | None = option(
+        None,
+        "UTF-8 text file, or .bin (uint16) / .npy tokens (required)",
+        group=DATA,
+        metavar="FILE",
+    )
+    val_data: str | None = option(
+        None,
+        "held-out text or tokens",
+        group=DATA,
+        default_text="the last 10% of --data",
+        metavar="FILE",
+    )
+    tokenizer: str = option("bpe", "how text becomes tokens", group=DATA, choices=TOKENIZERS)
+    vocab_size: int | None = option(
+        None,
+        "BPE vocabulary; for token files the model's vocabulary",
+        group=DATA,
+        default_text="10000; 256 for bytes",
+    )
+    cache_dir: str | None = option(
+        None,
+        "token and tokenizer cache",
+        group=DATA,
+        may_change=True,
+        default_text="$XDG_CACHE_HOME/cs336sys-bench, or ~/.cache/cs336sys-bench",
+        metavar="DIR",
+    )
+    size: str | None = option(
+        None,
+        "model size",
+        group=MODEL,
+        choices=lambda: list(lmcore.MODEL_SIZES),
+        device_default=("small", CPU_SIZE),
+    )
+    d_model: int | None = option(None, "override the size's width", group=MODEL)
+    num_layers: int | None = option(None, "override the size's depth", group=MODEL)
+    num_heads: int | None = option(None, "override the size's attention heads", group=MODEL)
+    num_kv_heads: int | None = option(
+        None,
+        "key/value heads, each shared by num_heads / num_kv_heads query heads (grouped-query "
+        "attention; 1: multi-query)",
+        group=MODEL,
+        default_text="one per head",
+    )
+    d_ff: int | None = option(None, "override the size's feed-forward width", group=MODEL)
+    context_length: int = option(256, "tokens per sequence", group=MODEL)
+    attention: str | None = option(
+        None,
+        "attention backend",
+        group=MODEL,
+        may_change=True,
+        choices=lambda: list(lmcore.ATTENTION_BACKENDS),
+        device_default=("fa2-triton", "sdpa"),
+    )
+    batch_size: int = option(
+        32, "sequences per optimizer step, over all ranks and micro-batches", group=TRAINING
+    )
+    grad_accum: int = option(1, "micro-batches per step", group=TRAINING)
+    steps: int = option(1000, "optimizer steps (the schedule's length)", group=TRAINING)
+    lr: float = option(6e-4, "peak learning rate", group=TRAINING)
+    min_lr: float | None = option(
+        None, "learning rate at the last step", group=TRAINING, default_text="--lr / 10"
+    )
+    warmup_steps: int | None = option(
+        None,
+        "linear warm-up steps",
+        group=TRAINING,
+        default_text="a tenth of --steps, at most 100",
+    )
+    weight_decay: float = option(0.1, "AdamW's, on matrices", group=TRAINING)
+    grad_clip: float = option(1.0, "max gradient norm; 0: off", group=TRAINING)
+    seed: int = option(0, "model initialisation, data order and sample", group=TRAINING)
+    optimizer: str | None = option(
+        None,
+        "AdamW: lmcore.AdamW, or torch.optim.AdamW(fused=True)",
+        group=TRAINING,
+        may_change=True,
+        choices=lm.OPTIMIZERS,
+        device_default=("torch-fused", "lmcore"),
+    )
+    device: str = option(
+        "auto",
+        "auto (CUDA when present), cpu, cuda",
+        group=RUN,
+        metavar="DEVICE",
+    )
+    precision: str | None = option(
+        None,
+        "bf16 autocast (fp32 master weights) or fp32",
+        group=TRAINING,
+        choices=list(PRECISIONS),
+        device_default=("bf16", "fp32"),
+    )
+    compile: bool | None = option(
+        None,
+        "torch.compile the model and the loss; the first step's time is printed",
+        group=RUN,
+        device_default=(True, False),
+    )
+    baseline: str | None = option(
+        None,
+        "run torch's own step instead (SDPA, fused torch AdamW, compiled), to compare speed",
+        group=TRAINING,
+        choices=list(BASELINES),
+        default_text="off",
+    )
+    parallel: str | None = option(
+        None,
+        "data parallelism: the ddp wrappers, torch DDP, ZeRO-1, zero.FSDP, torch's FSDP2",
+        group=RUN,
+        choices=parallel.MODES,
+        default_text="none; bucketed with several ranks",
+    )
+    nproc: int | None = option(
+        None,
+        "ranks to start (one GPU each on CUDA, gloo on a CPU)",
+        group=RUN,
+        default_text="1; torchrun's world size under torchrun",
+    )
+    bucket_size_mb: float | None = option(
+        ddp.DEFAULT_BUCKET_SIZE_MB,
+        "bucket size (MiB) of DDPBucketed and of ShardedOptimizer's broadcasts; none: one bucket",
+        group=RUN,
+        flag="bucket-mb",
+        parse=bucket_size_mb,
+        none="none",
+        metavar="MB",
+    )
+    time_budget: float | None = option(
+        None,
+        "end cleanly (evaluation, checkpoint, sample) once training has run this long: 20m, "
+        "90s, 1h30m",
+        group=RUN,
+        parse=parse_duration,
+        default_text="none",
+        metavar="DURATION",
+    )
+    stop_after: int | None = option(
+        None,
+        "end with a checkpoint after this step (resume later)",
+        group=RUN,
+        saved=False,
+        default_text="--steps",
+    )
+    resume: bool = option(
+        False, "continue the run in --out from its checkpoint", group=RUN,
+        saved=False,
+    )  # fmt: skip
+    out: str = option("runs/bench-train", "output folder", group=OUTPUT, metavar="DIR")
+    log_every: int = option(10, "steps between metrics lines", group=OUTPUT)
+    eval_every: int = option(100, "steps between evaluations; 0: only at the end", group=OUTPUT)
+    eval_batches: int = option(10, "batches per evaluation", group=OUTPUT)
+    save_every: int = option(0, "steps between checkpoints; 0: only at the end", group=OUTPUT)
+    progress: bool = option(True, "a progress bar (else log lines)", group=OUTPUT)
+    profile_step: int | None = option(
+        None,
+        "torch.profiler around this step, its table to profile.txt",
+        group=OUTPUT,
+        default_text="off",
+    )
+    tensorboard: bool = option(
+        False,
+        "also log the metrics to --out/tensorboard (needs the tensorboard extra)",
+        group=OUTPUT,
+    )
+    generate: int = option(200, "tokens to sample at the end; 0: none", group=SAMPLING)
+    prompt: str = option("\n", "the sample's prompt", group=SAMPLING)
+    temperature: float = option(0.8, "sampling temperature; 0: greedy", group=SAMPLING)
+    top_p: float = option(0.95, "nucleus sampling mass, in (0, 1]", group=SAMPLING)
+
+    @classmethod
+    def create(cls, **options: Any) -> TrainConfig:
+        """A validated configuration; options left out (or None) take their defaults.
+
+        `bucket_size_mb=None` is a size (one bucket), not an option left out.
+
+        Raises:
+            ValueError: a missing `--data`, an option out of range, or options that do not go
+                together.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = {
+            k: v
+            for k, v in options.items()
+            if v is not None or (k in names and option_of(cls, k).none is not None)
+        }
+        if given.get("data") is None:
+            raise ValueError("give --data FILE (on the command line or in --config)")
+        device = resolve_device(given.get("device", "auto"))
+        given["device"] = str(device)
+        for name, value in BASELINES.get(given.get("baseline"), {}).items():
+            if given.setdefault(name, value) != value:
+                flag = flag_of(cls, name)
+                raise ValueError(f"--baseline {given['baseline']} runs --{flag} {value}; drop it")
+        given.setdefault("nproc", torchrun_world_size() or 1)
+        given.setdefault("parallel", parallel.default_mode(given["nproc"]))
+        if not parallel.can_compile(given["parallel"]):
+            given.setdefault("compile", False)
+        for f in dataclasses.fields(cls):
+            pair = option_of(cls, f.name).device_default
+            if pair is not None:
+                given.setdefault(f.name, pair[0] if device.type == "cuda" else pair[1])
+        config = cls(**given)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Check every option alone and together (see `create`)."""
+        flag = functools.partial(flag_of, type(self))
+        for f in dataclasses.fields(self):
+            allowed, value = option_of(type(self), f.name).allowed(), getattr(self, f.name)
+            if allowed is not None and value is not None and value not in allowed:
+                raise ValueError(f"--{flag(f.name)} {value!r}: choose one of {', '.join(allowed)}")
+        positive = ("context_length", "batch_size", "grad_accum", "steps", "nproc", "log_every")
+        for name in (*positive, "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{flag(name)} must be at least 1")
+        for name in ("eval_every", "save_every", "generate", "weight_decay", "grad_clip"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{flag(name)} must be >= 0 (0 turns it off)")
+        ddp.bucket_bytes(self.bucket_size_mb)  # --bucket-mb: finite and >= 0, or None
+        if not 0 < self.lr < math.inf or (
+            self.min_lr is not None and not 0 <= self.min_lr <= self.lr
+        ):
+            raise ValueError("--lr must be positive and finite, and --min-lr in [0, --lr]")
+        if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(
+                f"--warmup-steps must be in [0, --steps) = [0, {self.steps}): the cosine decay "
+                "needs at least one step"
+            )
+        if self.profile_step is not None and not 1 <= self.profile_step <= self.last_step:
+            raise ValueError(f"--profile-step must be in [1, the last step {self.last_step}]")
+        if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
+            raise ValueError(f"--stop-after must be in [1, --steps = {self.steps}]")
+        if self.time_budget is not None and not 0 < self.time_budget < math.inf:
+            raise ValueError("--time-budget must be a positive duration, e.g. 20m")
+        if self.generate and not self.prompt:
+            raise ValueError("--generate needs a non-empty --prompt to continue")
+        if not (self.temperature >= 0 and 0 < self.top_p <= 1):
+            raise ValueError("--temperature must be >= 0 and --top-p in (0, 1]")
+        if self.batch_size % (self.grad_accum * self.nproc):
+            raise ValueError(
+                f"--batch-size {self.batch_size} must be a multiple of --grad-accum × ranks = "
+                f"{self.grad_accum} × {self.nproc}, so that every rank's micro-batches are equal"
+            )
+        parallel.check(
+            self.parallel,
+            nproc=self.nproc,
+            compile=self.compile,
+            baseline=self.baseline,
+            device=torch.device(self.device),
+        )
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ValueError(
+                "--tensorboard needs the tensorboard package: pip install 'cs336sys-bench"
+                "[tensorboard]' (in the workspace: uv sync --extra tensorboard); or drop it"
+            )
+        self.model_config(vocab_size=256)  # checks the model's shape
+
+    def model_config(self, *, vocab_size: int) -> lmcore.ModelConfig:
+        """The model: the named size with the `--d-model`, ... overrides applied."""
+        overrides = ("d_model", "num_layers", "num_heads", "d_ff")
+        shape = dataclasses.replace(
+            lmcore.MODEL_SIZES[self.size],
+            **{k: v for k in overrides if (v := getattr(self, k)) is not None},
+        )
+        return shape.config(
+            context_length=self.context_length,
+            vocab_size=vocab_size,
+            attention=self.attention,
+            num_kv_heads=self.num_kv_heads,
+        )
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The autocast dtype of `--precision`; None for fp32 (no autocast)."""
+        return PRECISIONS[self.precision]
+
+    @property
+    def warmup(self) -> int:
+        """Warm-up steps: `--warmup-steps`, else a tenth of the run, at most 100."""
+        return self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
+
+    @property
+    def final_lr(self) -> float:
+        """The learning rate at the last step: `--min-lr`, else a tenth of `--lr`."""
+        return self.min_lr if self.min_lr is not None else self.lr / 10
+
+    @property
+    def last_step(self) -> int:
+        """The step this invocation ends after at the latest: `--stop-after`, else `--steps`."""
+        return self.stop_after if self.stop_after is not None else self.steps

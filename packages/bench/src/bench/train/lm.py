@@ -1,0 +1,84 @@
+"""The model, its loss and its optimizer, as lmcore provides them: the one place where bench-train
+turns its model and optimizer options into objects.
+
+A new lmcore option reaches the trainer here and nowhere else: an option of the model's shape
+goes into `TrainConfig.model_config`; one applied to a built model (activation checkpointing)
+into `build_model`; another loss into `loss_function`; another optimizer into `OPTIMIZERS` and
+`optimizer_class`. Parallelism is applied afterwards (`bench.train.parallel`, torchtitan's order:
+the model's own options, then compile, then the wrappers), so the model it receives is complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+import lmcore
+from bench.core.training import build_lm
+
+__all__ = [
+    "BETAS",
+    "OPTIMIZERS",
+    "LossFn",
+    "build_model",
+    "decayed_names",
+    "loss_function",
+    "optimizer_class",
+    "param_groups",
+]
+
+# `--optimizer`: lmcore.AdamW (multi-tensor on CUDA; bit-equal to torch's AdamW), or torch's
+# fused AdamW (one kernel per group), the fastest correct AdamW the project has today.
+OPTIMIZERS = ("lmcore", "torch-fused")
+# AdamW's moment decay rates: GPT-3's (Brown et al., 2020), which nanoGPT and the handout use.
+BETAS = (0.9, 0.95)
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def build_model(
+    model_config: lmcore.ModelConfig, device: torch.device, *, seed: int
+) -> lmcore.TransformerLM:
+    """The `lmcore.TransformerLM` of `model_config` on `device`, initialised from `seed`, with
+    the options applied to a built model (none yet), unwrapped."""
+    return build_lm(model_config, device, seed=seed)
+
+
+def decayed_names(model: nn.Module) -> set[str]:
+    """The parameters weight decay applies to: the matrices (linear and embedding weights).
+
+    Taken before wrapping: a sharding wrapper replaces them by flat shards under the same names.
+    """
+    return {name for name, p in model.named_parameters() if p.dim() >= 2}
+
+
+def param_groups(model: nn.Module, decayed: set[str], weight_decay: float) -> list[dict[str, Any]]:
+    """Two groups of `model`'s parameters: the `decayed` ones with `weight_decay`, the rest
+    (norm gains) without."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [
+        {"params": [p for n, p in named if n in decayed], "weight_decay": weight_decay},
+        {"params": [p for n, p in named if n not in decayed], "weight_decay": 0.0},
+    ]
+
+
+def optimizer_class(name: str, *, lr: float) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The optimizer of `OPTIMIZERS` called `name` and its options (weight decay is per group).
+
+    Both load each other's state dicts, so a resumed run may change `--optimizer`.
+    """
+    options: dict[str, Any] = {"lr": lr, "betas": BETAS}
+    if name == "torch-fused":
+        return torch.optim.AdamW, options | {"fused": True}
+    return lmcore.AdamW, options
+
+
+def loss_function(*, compile: bool) -> LossFn:
+    """Next-token cross-entropy `(logits, targets) -> mean loss`: `lmcore.cross_entropy`,
+    compiled with `--compile` (its max, exp, sum and gather fuse into a few kernels)."""
+    if compile:
+        return torch.compile(lmcore.cross_entropy)
+    return lmcore.cross_entropy

@@ -1,0 +1,273 @@
+"""The training loop on one rank: `Trainer` builds its parts once, then steps.
+
+As torchtitan's Trainer does, the constructor builds every part in a fixed order and keeps it by
+name: the data (`bench.train.data`), the model and its loss (`bench.train.lm`), the parallel mode
+that wraps the model and builds the optimizer (`bench.train.parallel`), the checkpointer (which
+restores a resumed run), the recorder, and the mode's training step. `train()` then steps: the
+learning rate of `lmcore.cosine_lr` (linear warm-up, cosine decay to `--min-lr` at `--steps`),
+the micro-batches, the step, and on schedule a log line with an evaluation, a checkpoint; it ends
+after `--stop-after`, `--steps` or `--time-budget`, whichever comes first, with an evaluation, a
+checkpoint and a sample.
+
+Every step is the project's one training step (`bench.core.training.train_step`: autocast,
+gradient accumulation with the wrapper's `no_sync`, the wrapper's synchronisation, clipping, the
+optimizer step), or torch's own under `--baseline torch` (`bench.train.baseline`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import lmcore
+from bench.core.training import train_step
+from bench.train import lm
+from bench.train.baseline import torch_native_step
+from bench.train.checkpoint import Checkpointer
+from bench.train.config import TrainConfig
+from bench.train.data import Batches, Corpus, default_cache_dir, load_corpus
+from bench.train.generate import sample
+from bench.train.parallel import Parallel
+from bench.train.record import Recorder, mfu_function, profiled
+from bench.train.tokenizer import load_tokenizer
+
+__all__ = ["Trainer", "corpus_of", "train_on_rank"]
+
+
+def corpus_of(config: TrainConfig) -> Corpus:
+    """The run's tokens (tokenised now, or read from the cache) and tokenizer."""
+    return load_corpus(
+        config.data,
+        val_data=config.val_data,
+        tokenizer=config.tokenizer,
+        vocab_size=config.vocab_size,
+        context_length=config.context_length,
+        out_dir=config.out,
+        cache_dir=config.cache_dir or default_cache_dir(),
+    )
+
+
+def _mean_over_ranks(value: torch.Tensor) -> float:
+    """`value` averaged over the ranks (equal shares, so the mean over the global batch)."""
+    if dist.is_initialized():
+        value = value.clone()
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return value.item()
+
+
+def _device(config: TrainConfig) -> torch.device:
+    device = torch.device(config.device)
+    if device.type != "cuda":
+        return device
+    if dist.is_initialized() or device.index is None:  # the rank's GPU, named so calls agree
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    return device
+
+
+class Trainer:
+    """One rank of a bench-train run (the whole run when there is one process).
+
+    Args:
+        config: the run.
+        rank: this rank.
+        world_size: the number of ranks.
+    """
+
+    def __init__(self, config: TrainConfig, *, rank: int = 0, world_size: int = 1) -> None:
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.primary = rank == 0
+        self.device = device = _device(config)
+        if dist.is_initialized() and not self.primary:
+            dist.barrier()  # rank 0 tokenises (or finds the cache) first
+        self.corpus = corpus_of(config)
+        if dist.is_initialized() and self.primary:
+            dist.barrier()
+        self.batches = self._batches(self.corpus.train, seed=config.seed)
+
+        self.model_config = config.model_config(vocab_size=self.corpus.vocab_size)
+        self.raw = lm.build_model(self.model_config, device, seed=config.seed)
+        decayed = lm.decayed_names(self.raw)
+        self.loss_fn = lm.loss_function(compile=config.compile)
+        self.parallel = Parallel(
+            config.parallel,
+            rank=rank,
+            compile=config.compile,
+            bucket_size_mb=config.bucket_size_mb,
+            compute_dtype=config.autocast_dtype,
+            device=device,
+        )
+        self.model = self.parallel.wrap(self.raw)
+        optimizer_cls, options = lm.optimizer_class(config.optimizer, lr=config.lr)
+        groups = lm.param_groups(self.raw, decayed, config.weight_decay)
+        self.optimizer = self.parallel.build_optimizer(groups, optimizer_cls, options)
+
+        self.checkpointer = Checkpointer(
+            config, self.parallel, rank=rank, model_config=self.model_config, device=device
+        )
+        self.start = self.checkpointer.load(
+            self.model, self.raw, self.optimizer, self.batches.generator
+        )
+        mfu = mfu_function(config, self.model_config, device, world_size)
+        self.recorder = Recorder(config, start=self.start, primary=self.primary, mfu=mfu)
+        if config.baseline == "torch":
+            self.step_fn = torch_native_step
+        else:
+            sharded = self.parallel.sharded_params(self.raw, decayed)
+            self.step_fn = functools.partial(
+                train_step, sharded_params=sharded, loss_fn=self.loss_fn
+            )
+
+    def _batches(self, tokens: Any, *, seed: int) -> Batches:
+        c = self.config
+        return Batches(
+            tokens,
+            batch_size=c.batch_size,
+            grad_accum=c.grad_accum,
+            context_length=c.context_length,
+            rank=self.rank,
+            world_size=self.world_size,
+            seed=seed,
+        )
+
+    def step(self, step: int) -> tuple[torch.Tensor, float]:
+        """Optimizer step `step` (counted from 1): its mean loss (on the device) and its lr."""
+        c = self.config
+        lr = lmcore.cosine_lr(step - 1, c.lr, c.final_lr, c.warmup, c.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro_batches = [self.batches.next(self.device) for _ in range(c.grad_accum)]
+        with profiled(c, step, self.device, self.primary):
+            loss = self.step_fn(
+                self.model,
+                self.optimizer,
+                micro_batches,
+                autocast_dtype=c.autocast_dtype,
+                max_grad_norm=c.grad_clip or None,
+            )
+        return loss, lr
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean validation loss over `--eval-batches` global batches, the same ones every time."""
+        c = self.config
+        batches = self._batches(self.corpus.val, seed=c.seed + 1)
+        dtype = c.autocast_dtype
+        total = torch.zeros((), device=self.device)
+        for _ in range(c.eval_batches):
+            tokens = batches.next(self.device)
+            with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+                logits = self.model(tokens[:, :-1])
+            total += self.loss_fn(logits, tokens[:, 1:])
+        return _mean_over_ranks(total / c.eval_batches)
+
+    def save(self, step: int) -> None:
+        """Write the checkpoint of `step` (every rank calls it)."""
+        self.checkpointer.save(step, self.model, self.raw, self.optimizer, self.batches.generator)
+
+    def _out_of_time(self, started: float, *, logging: bool) -> bool:
+        """Whether `--time-budget` has run out since `started`: by this process's clock at every
+        step, or with several ranks by rank 0's at the logged steps (where they synchronise
+        anyway), so that all stop after the same step."""
+        budget = self.config.time_budget
+        if budget is None:
+            return False
+        over = time.perf_counter() - started >= budget
+        if not dist.is_initialized():
+            return over
+        if not logging:
+            return False
+        flag = torch.tensor(float(over), device=self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def train(self) -> dict[str, Any]:
+        """Train from the checkpoint (or the start) to the last step; rank 0's result."""
+        c, recorder = self.config, self.recorder
+        loss = val_loss = None
+        step, stopped_by, first_step_s = self.start, None, None
+        started = time.perf_counter()
+        try:
+            for step in range(self.start + 1, c.last_step + 1):
+                step_loss, lr = self.step(step)
+                if step == self.start + 1:
+                    _mean_over_ranks(step_loss)  # waits for the step (compilation included)
+                    first_step_s = time.perf_counter() - started
+                    compiled = " (compilation included)" if c.compile else ""
+                    recorder.say(f"first step: {first_step_s:.1f} s{compiled}")
+                if step == c.profile_step:
+                    recorder.exclude_interval()
+                evaluating = c.eval_every and step % c.eval_every == 0
+                logging = step % c.log_every == 0 or evaluating
+                if self._out_of_time(started, logging=logging):
+                    stopped_by = "time-budget"
+                last = step == c.last_step or stopped_by is not None
+                if logging or last:
+                    loss = _mean_over_ranks(step_loss)  # waits for the step to end
+                    seconds = recorder.elapsed()  # before evaluating (a compiled model recompiles)
+                    val_loss = self.evaluate() if evaluating or last else None
+                    recorder.log(step, loss, lr, val_loss, seconds)
+                if c.save_every and step % c.save_every == 0 and not last:
+                    self.save(step)
+                if logging or last or (c.save_every and step % c.save_every == 0):
+                    recorder.restart_clock()
+                if last:
+                    break
+            self.save(step)
+        finally:
+            recorder.close()
+        if stopped_by is None and step < c.steps:
+            stopped_by = "stop-after"
+        tokens_per_s, mfu = recorder.speed()
+        return {
+            "final_train_loss": loss,
+            "final_val_loss": val_loss,
+            "steps": step,
+            "stopped_by": stopped_by,
+            "first_step_s": first_step_s,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu,
+            "sample": self.sample(),
+            "parameters": lmcore.count_parameters(self.model_config),
+            "vocab_size": self.corpus.vocab_size,
+            "val_source": self.corpus.val_source,
+            "records": recorder.records,
+            "world_size": self.world_size,
+        }
+
+    def sample(self) -> str | None:
+        """`--generate` tokens after `--prompt` on rank 0 (None elsewhere, or without a tokenizer).
+
+        In the sharded modes the full weights are gathered first (every rank calls).
+        """
+        c = self.config
+        if not c.generate:
+            return None
+
+        def build() -> torch.nn.Module:
+            return lm.build_model(self.model_config, self.device, seed=c.seed)
+
+        model = self.parallel.gathered_model(self.model, self.raw, build)
+        tokenizer = self.corpus.tokenizer or load_tokenizer(c.tokenizer, c.out)
+        if model is None or tokenizer is None:
+            return None
+        return sample(
+            model,
+            tokenizer,
+            prompt=c.prompt,
+            tokens=c.generate,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            seed=c.seed,
+            autocast_dtype=c.autocast_dtype,
+        )
+
+
+def train_on_rank(rank: int, world_size: int, config: TrainConfig) -> dict[str, Any]:
+    """`Trainer(config, ...).train()` on one rank: `bench.core.launch`'s worker."""
+    return Trainer(config, rank=rank, world_size=world_size).train()

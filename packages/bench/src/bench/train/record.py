@@ -1,0 +1,192 @@
+"""What a run records while it trains: metrics lines, a progress bar or log lines, the interval
+timer behind tokens/s and MFU, optional TensorBoard, and one step under torch.profiler.
+
+Only rank 0 writes (`primary`); every rank keeps the same timer, so all agree on the intervals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+import lmcore
+from bench.core.env import device_name
+from bench.core.hardware import matmul_format, peak_tflops
+
+if TYPE_CHECKING:
+    from bench.train.config import TrainConfig
+
+__all__ = [
+    "METRICS",
+    "PROFILE",
+    "TENSORBOARD",
+    "Recorder",
+    "mfu_function",
+    "profiled",
+    "read_metrics",
+]
+
+METRICS = "metrics.jsonl"
+PROFILE = "profile.txt"
+TENSORBOARD = "tensorboard"  # the event files' folder in the run's output folder
+
+MfuFn = Callable[[int, float], float]
+
+
+def read_metrics(out: str | Path) -> list[dict[str, Any]]:
+    """The records of a run's `metrics.jsonl`, in order."""
+    lines = (Path(out) / METRICS).read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def mfu_function(
+    config: TrainConfig, model_config: lmcore.ModelConfig, device: torch.device, world: int
+) -> MfuFn | None:
+    """(steps, seconds) → model FLOP utilisation; None off CUDA or where the peak is unknown.
+
+    The model's training FLOPs per step (`lmcore.training_flops`: PaLM's count, 6·N_matmul +
+    12·L·T·d per token, Chowdhery et al. 2022, appendix B) over the step time and the peak dense
+    matmul FLOP/s of all the GPUs in use (`bench.core.hardware`).
+    """
+    if device.type != "cuda":
+        return None
+    dtype = config.autocast_dtype or torch.float32
+    peak = peak_tflops(device_name(device), matmul_format(dtype))
+    if peak is None:
+        return None
+    flops = lmcore.training_flops(model_config, batch_size=config.batch_size)
+    return lambda steps, seconds: flops * steps / seconds / (peak * 1e12 * world)
+
+
+@contextlib.contextmanager
+def profiled(config: TrainConfig, step: int, device: torch.device, primary: bool) -> Iterator[None]:
+    """torch.profiler around `--profile-step`'s step; its table (by device time) to a file."""
+    if step != config.profile_step or not primary:
+        yield
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        yield
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    sort_by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    table = profiler.key_averages().table(sort_by=sort_by, row_limit=30, max_name_column_width=60)
+    (Path(config.out) / PROFILE).write_text(f"step {step}, sorted by {sort_by}\n\n{table}\n")
+
+
+class Recorder:
+    """A run's metrics: `metrics.jsonl` (and TensorBoard), the bar or log lines, the speed.
+
+    Args:
+        config: the run.
+        start: the step training starts after (0, or the resumed checkpoint's).
+        primary: this rank writes and prints.
+        mfu: (steps, seconds) → MFU, or None where it is not known.
+    """
+
+    def __init__(
+        self, config: TrainConfig, *, start: int, primary: bool, mfu: MfuFn | None
+    ) -> None:
+        self.config, self.primary, self.mfu = config, primary, mfu
+        self.out = Path(config.out)
+        self.records: list[dict[str, Any]] = []
+        self.steady = [0, 0.0]  # steps and seconds of the intervals after the first
+        self.first = [0, 0.0]
+        self.intervals = 0
+        self.excluded = False  # the current interval holds a profiled step: not a speed sample
+        self.last_step, self.started = start, time.perf_counter()
+        self.writer = None
+        if primary:
+            self.records = self._previous(start)
+            with open(self.out / METRICS, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in self.records)
+            if config.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                # purge_step: events a killed run logged after its checkpoint are dropped.
+                purge = start if start else None
+                self.writer = SummaryWriter(str(self.out / TENSORBOARD), purge_step=purge)
+        show = primary and config.progress
+        total = config.last_step - start
+        self.bar = tqdm(total=total, desc="bench-train", file=sys.stderr, disable=not show)
+
+    def _previous(self, start: int) -> list[dict[str, Any]]:
+        if start == 0 or not (self.out / METRICS).is_file():
+            return []
+        return [r for r in read_metrics(self.out) if r["step"] <= start]
+
+    def say(self, text: str) -> None:
+        """Print a line on rank 0 (above the progress bar, if there is one)."""
+        if self.primary:
+            tqdm.write(text, file=sys.stderr)
+
+    def restart_clock(self) -> None:
+        """Leave the time since the last log (evaluation, saving) out of the next interval."""
+        self.started = time.perf_counter()
+
+    def exclude_interval(self) -> None:
+        """Leave the current interval out of the summary's speed (it ran under the profiler)."""
+        self.excluded = True
+
+    def elapsed(self) -> float:
+        """Seconds since the last log: read it before an evaluation, which is not training."""
+        return time.perf_counter() - self.started
+
+    def log(
+        self, step: int, loss: float, lr: float, val_loss: float | None, seconds: float
+    ) -> None:
+        """Record `step`; `seconds` is the interval's training time (see `elapsed`)."""
+        steps = step - self.last_step
+        tokens_per_s = steps * self.config.batch_size * self.config.context_length / seconds
+        record = {"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}
+        record["mfu"] = None if self.mfu is None else self.mfu(steps, seconds)
+        if val_loss is not None:
+            record["val_loss"] = val_loss
+        if not self.excluded:
+            bucket = self.first if self.intervals == 0 else self.steady
+            bucket[0] += steps
+            bucket[1] += seconds
+        self.excluded = False
+        self.intervals += 1
+        self.last_step = step
+        self.bar.update(steps)
+        if not self.primary:
+            return
+        self.records.append(record)
+        with open(self.out / METRICS, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and value is not None:
+                    self.writer.add_scalar(key, value, step)
+        shown = f"loss {loss:.4f}" + ("" if val_loss is None else f" val {val_loss:.4f}")
+        if self.config.progress:
+            self.bar.set_postfix_str(f"{shown} {tokens_per_s:,.0f} tok/s")
+        else:
+            self.say(
+                f"step {step}/{self.config.steps}: {shown}, lr {lr:.3g}, {tokens_per_s:,.0f} tok/s"
+            )
+
+    def speed(self) -> tuple[float | None, float | None]:
+        """tokens/s and MFU over the intervals after the first (all of them if only one)."""
+        steps, seconds = self.steady if self.steady[0] else self.first
+        if not steps:
+            return None, None
+        tokens_per_s = steps * self.config.batch_size * self.config.context_length / seconds
+        return tokens_per_s, None if self.mfu is None else self.mfu(steps, seconds)
+
+    def close(self) -> None:
+        """End the bar and flush TensorBoard's events."""
+        self.bar.close()
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,315 @@
+"""bench-train-results: result files for `docs/results/` from finished `bench-train` runs.
+
+Two kinds, each `.md` + `.json` + `.png` under the standard names (`result_stem`):
+
+- `train_text_<device>_<date>`: one real-text run: its summary and metrics, the loss curve,
+  the best validation loss and where it fell, the generated sample, and (`--text-baseline`)
+  its speed beside the same command's under `--baseline torch`;
+- `train_speed_<device>_<date>`: several short runs side by side (`speed_comparison`), each
+  run's ratio to a baseline run, and the profiler table of one step when a run wrote one.
+
+Everything is read from the run folders (`summary.json`, `metrics.jsonl`, `loss.png`,
+`sample.txt`, `profile.txt`), so the files can be built on any machine from folders copied off
+the GPU. Only `--measure-ceiling` needs CUDA: it times a bf16 matmul on this GPU, the ceiling a
+step made only of matmuls would meet. Usage (also `python -m bench train-results`)::
+
+    bench-train-results --out docs/results --text RUN --text-baseline RUN_UNDER_BASELINE \\
+        --speed default=RUN_A torch-baseline=RUN_B --baseline torch-baseline
+
+`speed_comparison` builds the speed table itself (a `Run`), `plot_speed` its bars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.core.hardware import peak_tflops
+from bench.core.plots import hbar_plot
+from bench.core.results import Run, result_stem, save_json
+from bench.train.record import PROFILE, read_metrics
+from bench.train.run import LOSS_PLOT, SAMPLE, SUMMARY
+
+__all__ = [
+    "matmul_tflops",
+    "plot_speed",
+    "run_env",
+    "speed_comparison",
+    "speed_result",
+    "text_result",
+]
+
+
+def _summary(folder: str | Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / SUMMARY).read_text())
+
+
+def run_env(summary: dict[str, Any]) -> dict[str, Any]:
+    """The `collect_env` record of the machine a run's `summary.json` was written on.
+
+    Summaries from before the record was stored whole rebuild the part they kept.
+    """
+    if "env" in summary:
+        return summary["env"]
+    device = summary["config"]["device"]
+    return {
+        "device": device,
+        "device_type": torch.device(device).type,
+        "device_name": summary["device_name"],
+        **summary["versions"],
+        "date": summary["date"],
+        "command": summary["command"],
+        "git_revision": summary["git_revision"],
+        "git_dirty": summary["git_dirty"],
+        "packages": summary["packages"],
+    }
+
+
+def speed_comparison(
+    runs: Sequence[tuple[str, str | Path]], *, baseline: str, command: str | None = None
+) -> Run:
+    """One table of finished runs' speed side by side, with each run's ratio to `baseline`.
+
+    Args:
+        runs: (label, output folder) of runs whose `summary.json` to read, in table order.
+        baseline: the label of the run the `vs_baseline` ratios divide by (tokens/s).
+        command: the command line to record; the process's own when None.
+
+    Returns:
+        A `Run` (tool `"train_speed"`): a row per run with `tokens_per_s`, `mfu`, `vs_baseline`,
+        `final_train_loss`, the first step's time and what the run used (attention, compile,
+        optimizer, precision). Its environment is the baseline run's (device, versions, date,
+        git revision), so the table can be built on any machine from run folders copied off
+        the GPU.
+
+    Raises:
+        ValueError: `baseline` is not one of the labels.
+    """
+    summaries = {label: _summary(folder) for label, folder in runs}
+    if baseline not in summaries:
+        raise ValueError(f"baseline {baseline!r} is not one of the runs {list(summaries)}")
+    reference = summaries[baseline]["tokens_per_s"]
+    rows = []
+    for label, summary in summaries.items():
+        c = summary["config"]
+        rows.append(
+            {
+                "run": label,
+                "attention": c["attention"],
+                "compile": c["compile"],
+                "optimizer": c["optimizer"],
+                "step": "torch-native" if c["baseline"] else "bench.core.training",
+                "tokens_per_s": summary["tokens_per_s"],
+                "mfu": summary["mfu"],
+                "vs_baseline": summary["tokens_per_s"] / reference,
+                "first_step_s": summary.get("first_step_s"),
+                "final_train_loss": summary["final_train_loss"],
+            }
+        )
+    first = summaries[runs[0][0]]
+    c = first["config"]
+    title = (
+        f"bench-train speed: {c['size']}, context {c['context_length']}, batch {c['batch_size']}, "
+        f"{c['precision']}, {first['world_size']} rank(s)"
+    )
+    notes = [
+        f"tokens/s and MFU over the steps after the first logged interval of each run; "
+        f"vs_baseline = tokens/s over the `{baseline}` run's; first_step_s: the first step's "
+        "wall time, compilation included.",
+        "MFU: lmcore.training_flops per step (6·N_matmul + 12·L·T·d per token, PaLM appendix B) "
+        "/ step time / the GPU's dense bf16 peak (bench.core.hardware).",
+    ]
+    return Run.create(
+        "train_speed",
+        rows,
+        device=c["device"],
+        config={"runs": {label: str(d) for label, d in runs}, "baseline": baseline},
+        command=command,
+        title=title,
+        notes=notes,
+        env=run_env(summaries[baseline]),
+    )
+
+
+def plot_speed(run: Run, path: str | Path) -> Path:
+    """Bars of tokens/s per run of a `speed_comparison`."""
+    return hbar_plot(
+        run.rows,
+        label="run",
+        values=(("tokens_per_s", "tokens/s"),),
+        path=path,
+        title=run.title,
+        xlabel="tokens per second (higher is better)",
+    )
+
+
+def text_result(run: str | Path, out: str | Path, *, baseline: str | Path | None = None) -> Path:
+    """Write `train_text_*` for the run folder `run` under `out`; returns the `.md` path.
+
+    Args:
+        run: the run's folder.
+        out: the results folder.
+        baseline: the folder of the same command run with `--baseline torch`, whose tokens/s
+            the run's is compared with.
+    """
+    folder, out = Path(run), Path(out)
+    summary, metrics = _summary(folder), read_metrics(folder)
+    stem = out / result_stem("train_text", run_env(summary))
+    stem.with_suffix(".json").write_text(json.dumps({"summary": summary, "metrics": metrics}))
+    shutil.copyfile(folder / LOSS_PLOT, stem.with_suffix(".png"))
+    c, mfu = summary["config"], summary["mfu"]
+    evaluated = [m for m in metrics if m.get("val_loss") is not None]
+    best = min(evaluated, key=lambda m: m["val_loss"])
+    mfu_text = "unknown (GPU not in the peak table)" if mfu is None else f"{mfu:.1%}"
+    parts = [
+        f"### bench-train on {Path(c['data']).name}: {c['size']}, context {c['context_length']}, "
+        f"batch {c['batch_size']}, {c['precision']}, {c['attention']}, {c['tokenizer']} "
+        f"tokens, {summary['steps']} steps",
+        f"Device: {summary['device_name']}; torch {summary['versions']['torch']}, triton "
+        f"{summary['versions']['triton']}; {summary['date']}; git {summary['git_revision']} "
+        f"(uncommitted changes: {summary['git_dirty']}). Command: `{summary['command']}`",
+        f"- final train loss {summary['final_train_loss']:.4f}, validation loss "
+        f"{summary['final_val_loss']:.4f} ({summary['validation']}); lowest validation loss "
+        f"{best['val_loss']:.4f} at step {best['step']}",
+        f"- {summary['parameters']:,} parameters, vocabulary {summary['vocab_size']:,}",
+        f"- {summary['tokens_per_s']:,.0f} tokens/s, MFU {mfu_text} (after the first logged "
+        f"interval; evaluation time left out); compile {_shown(c['compile'])}, optimizer "
+        f"{c['optimizer']}, first step {_seconds(summary.get('first_step_s'))}",
+        *([] if baseline is None else [_against(summary, _summary(baseline))]),
+        f"![loss]({stem.with_suffix('.png').name})",
+        f"Sample ({c['generate']} tokens after the prompt {c['prompt']!r}, temperature "
+        f"{c['temperature']}, top-p {c['top_p']}):",
+        "```text\n" + (folder / SAMPLE).read_text() + "\n```",
+    ]
+    stem.with_suffix(".md").write_text("\n\n".join(parts) + "\n")
+    return stem.with_suffix(".md")
+
+
+def _shown(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _seconds(value: float | None) -> str:
+    return "not recorded" if value is None else f"{value:.1f} s"
+
+
+def _against(summary: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """The run's tokens/s beside the same command's under `--baseline torch`."""
+    ratio = summary["tokens_per_s"] / theirs["tokens_per_s"]
+    return (
+        f"- the same command with `--baseline torch` (torch's own step: SDPA, fused "
+        f"torch.optim.AdamW, compiled) ran at {theirs['tokens_per_s']:,.0f} tokens/s: this run "
+        f"is {ratio:.2f}× that (final train loss there {theirs['final_train_loss']:.4f})"
+    )
+
+
+def matmul_tflops(n: int = 8192, calls: int = 20) -> float:
+    """TFLOP/s of a bf16 n×n×n `torch.matmul` on the current CUDA device."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        a @ a
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * n**3 * calls / (start.elapsed_time(end) / 1e3) / 1e12
+
+
+def speed_result(
+    runs: Sequence[tuple[str, str | Path]],
+    out: str | Path,
+    *,
+    baseline: str,
+    ceiling_tflops: float | None = None,
+    notes: Sequence[str] = (),
+) -> Path:
+    """Write `train_speed_*` for the (label, run folder) pairs under `out`; returns the `.md`.
+
+    Args:
+        runs: the runs in table order; the rows are sorted fastest first.
+        out: the results folder.
+        baseline: the label whose tokens/s the ratios divide by.
+        ceiling_tflops: a bf16 matmul's TFLOP/s measured on the same GPU (`matmul_tflops`).
+        notes: sentences to add (e.g. how the runs were scheduled).
+    """
+    run = speed_comparison(runs, baseline=baseline)
+    run.notes.extend(notes)
+    name = run.env["device_name"]
+    peak = peak_tflops(name, "bf16")
+    if ceiling_tflops and peak:
+        run.notes.append(
+            f"Matmul ceiling: a bf16 8192³ torch.matmul runs at {ceiling_tflops:.0f} TFLOP/s on "
+            f"this GPU, {ceiling_tflops / peak:.1%} of the {peak:g} TFLOP/s peak: the MFU a step "
+            "made only of such matmuls would show."
+        )
+    run.rows.sort(key=lambda r: -r["tokens_per_s"])
+    stem = Path(out) / result_stem("train_speed", run.env)
+    run.plots.append(plot_speed(run, stem.with_suffix(".png")).name)
+    save_json(run, stem.with_suffix(".json"))
+    text = run.to_markdown()
+    for label, folder in runs:
+        profile = Path(folder) / PROFILE
+        if profile.is_file():
+            text += f"\n\nOne step of `{label}` under torch.profiler:\n\n```text\n"
+            text += profile.read_text() + "```"
+    stem.with_suffix(".md").write_text(text + "\n")
+    return stem.with_suffix(".md")
+
+
+def _labelled(value: str) -> tuple[str, str]:
+    label, sep, folder = value.partition("=")
+    if not sep or not label or not folder:
+        raise argparse.ArgumentTypeError(f"expected LABEL=RUN_FOLDER, got {value!r}")
+    return label, folder
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: see the module docstring."""
+    parser = argparse.ArgumentParser(
+        prog="bench-train-results",
+        description="Result files (Markdown, JSON, PNG) from finished bench-train run folders.",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="results folder")
+    parser.add_argument("--text", type=Path, help="a real-text run's folder: train_text_*")
+    parser.add_argument(
+        "--text-baseline", type=Path, help="the --text run's command under --baseline torch"
+    )
+    parser.add_argument(
+        "--speed", nargs="+", type=_labelled, default=[], metavar="LABEL=RUN",
+        help="runs for the speed table, in order: train_speed_*",
+    )  # fmt: skip
+    parser.add_argument("--baseline", help="the --speed label the ratios divide by")
+    parser.add_argument(
+        "--measure-ceiling", action="store_true", help="time a bf16 matmul here (needs CUDA)"
+    )
+    parser.add_argument("--note", action="append", default=[], help="a sentence for the table")
+    args = parser.parse_args(argv)
+    if args.speed and args.baseline is None:
+        parser.error("--speed needs --baseline LABEL")
+    if args.text_baseline is not None and args.text is None:
+        parser.error("--text-baseline needs --text RUN")
+    if args.measure_ceiling and not torch.cuda.is_available():
+        parser.error("--measure-ceiling needs a CUDA device")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.text is not None:
+        print(text_result(args.text, args.out, baseline=args.text_baseline))
+    if args.speed:
+        ceiling = matmul_tflops() if args.measure_ceiling else None
+        try:
+            print(speed_result(args.speed, args.out, baseline=args.baseline,
+                               ceiling_tflops=ceiling, notes=args.note))  # fmt: skip
+        except ValueError as exc:
+            parser.error(str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,234 @@
+"""bench-train's entry point: check the inputs, train (in this process, on the ranks it starts, or
+as one rank of a `torchrun` launch), then write the run's summary, loss plot and sample.
+
+One process trains on one device; `--nproc N` starts N ranks itself (NCCL, one GPU each, or
+gloo ranks on the CPU), and under `torchrun` each process is one rank (multi-node too:
+torchrun's `--nnodes`, `--rdzv-endpoint`). Only rank 0 checks the inputs first and writes the
+outputs. The output folder (`--out`) holds
+
+- `config.toml`: the resolved options (`bench-train --config` reads it back);
+- `metrics.jsonl`: per logged step `step`, `loss` (the mean over the global batch), `lr`,
+  `tokens_per_s` and `mfu` since the last log, and `val_loss` on evaluation steps;
+- `summary.json`: final losses, tokens/s and MFU (over the logged intervals after the first,
+  which holds compilation and warm-up, and without the profiled one), the first step's time,
+  why the run stopped early (if it did), the configuration, the machine and software (`env`);
+- `checkpoint.pt` (and with `fsdp` one file per rank; `bench.train.checkpoint`), every
+  `--save-every` steps and at the end: `--resume` continues from it exactly;
+- `tokenizer.json` (BPE), `loss.png`, `sample.txt`, `profile.txt` (`--profile-step`) and
+  `tensorboard/` (`--tensorboard`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.core.cli import usage_errors
+from bench.core.env import collect_env, command_line
+from bench.core.launch import backend_for, is_primary, launch, under_torchrun
+from bench.core.plots import line_plot
+from bench.train.checkpoint import resume_point
+from bench.train.config import TrainConfig
+from bench.train.data import Corpus
+from bench.train.loop import corpus_of, train_on_rank
+from bench.train.options import add_options, given_options, read_config_file, write_config_file
+
+__all__ = [
+    "CONFIG_FILE",
+    "LOSS_PLOT",
+    "SAMPLE",
+    "SUMMARY",
+    "build_parser",
+    "config_from_args",
+    "main",
+    "prepare",
+    "run_train",
+]
+
+CONFIG_FILE = "config.toml"
+SUMMARY = "summary.json"
+LOSS_PLOT = "loss.png"
+SAMPLE = "sample.txt"
+
+DESCRIPTION = """\
+Train lmcore.TransformerLM on a text or token file with any attention backend, optimizer and
+parallel mode. On CUDA the default run is the fast one: small, bf16, fa2-triton, compiled, fused
+AdamW. Writes metrics.jsonl, summary.json, loss.png, sample.txt, checkpoint.pt and config.toml
+(the resolved options) to --out. Options come from the command line and from --config FILE
+(TOML or JSON, each option under its flag's name, e.g. context-length = 512); the command line
+wins. See packages/bench/README.md for the outputs, resuming and the parallel modes.
+"""
+EXAMPLES = """\
+examples:
+  bench-train --data input.txt --size tiny --steps 300 --out runs/tiny         # a CPU
+  bench-train --data input.txt --steps 500 --out runs/small                    # a GPU: fast
+  bench-train --data input.txt --steps 500 --baseline torch --out runs/torch   # torch's step
+  bench-train --data input.txt --time-budget 20m --steps 5000 --out runs/fast  # 20 minutes
+  bench-train --config runs/small/config.toml --out runs/again                 # repeat a run
+  bench-train --config runs/small/config.toml --resume                         # continue it
+  bench-train --data input.txt --nproc 2 --parallel torch-fsdp --out runs/f2   # 2 GPUs, FSDP2
+  torchrun --nproc-per-node 8 -m bench train --data input.txt --out runs/big    # torchrun
+"""
+_CONFIG_HEADER = (
+    "bench-train's resolved configuration: `bench-train --config FILE` repeats this run",
+    "(add --out DIR to write elsewhere, or --resume to continue it; flags win over the file).",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `bench-train` command line: `--config FILE`, then every option in its group."""
+    parser = argparse.ArgumentParser(
+        prog="bench-train",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"options from a TOML or JSON file (a run's {CONFIG_FILE} repeats the run); "
+        "options given on the command line win",
+    )
+    return add_options(parser, TrainConfig)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The `TrainConfig` of parsed options: `--config`'s file, then the flags given.
+
+    Raises:
+        ValueError: a bad config file, options out of range or that do not go together.
+    """
+    options = read_config_file(TrainConfig, args.config) if args.config else {}
+    return TrainConfig.create(**(options | given_options(args, TrainConfig)))
+
+
+def prepare(config: TrainConfig) -> Corpus:
+    """Everything checked before training: the output folder, the resume point and the data.
+
+    Writes the resolved configuration (`config.toml`), and tokenises the text (and trains a BPE
+    tokenizer) if the cache does not hold it yet, so the ranks started afterwards find it there.
+
+    Raises:
+        ValueError: any bad input.
+    """
+    resume_point(config)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_config_file(config, out / CONFIG_FILE, header=_CONFIG_HEADER)
+    return corpus_of(config)
+
+
+def run_train(config: TrainConfig, *, command: str | None = None) -> dict[str, Any] | None:
+    """Check the inputs (`prepare`), train as `config` says, and write the output folder.
+
+    Returns:
+        The summary (see the module docstring); None on the other ranks of a torchrun launch.
+
+    Raises:
+        ValueError: bad input, before any training.
+    """
+    if is_primary():
+        prepare(config)
+    return _train_and_write(config, command=command)
+
+
+def _train_and_write(config: TrainConfig, *, command: str | None) -> dict[str, Any] | None:
+    command = command if command is not None else command_line()
+    if config.nproc == 1 and config.parallel == "none" and not under_torchrun():
+        result = train_on_rank(0, 1, config)
+    else:
+        backend = backend_for(torch.device(config.device))
+        result = launch(train_on_rank, world_size=config.nproc, backend=backend, args=(config,))[0]
+    if under_torchrun() and int(os.environ["RANK"]) != 0:
+        return None
+    return _write_outputs(config, result, command)
+
+
+def _write_outputs(config: TrainConfig, result: dict[str, Any], command: str) -> dict[str, Any]:
+    out = Path(config.out)
+    env = collect_env(config.device, command=command)
+    summary = {
+        key: result[key]
+        for key in ("final_train_loss", "final_val_loss", "steps", "tokens_per_s", "mfu")
+    }
+    summary |= {
+        "stopped_early": result["steps"] < config.steps,
+        "stopped_by": result["stopped_by"],
+        "first_step_s": result["first_step_s"],
+        "parameters": result["parameters"],
+        "vocab_size": result["vocab_size"],
+        "validation": result["val_source"],
+        "world_size": result["world_size"],
+        "config": dataclasses.asdict(config),
+        "versions": {
+            "torch": env["torch"],
+            "triton": env["triton"],
+            "python": env["python"],
+            "cuda": env["cuda"],
+        },
+        "device_name": env["device_name"],
+        "date": env["date"],
+        "command": command,
+        "git_revision": env["git_revision"],
+        "git_dirty": env["git_dirty"],
+        "packages": env["packages"],
+        "env": env,
+    }
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    if result["sample"] is not None:
+        (out / SAMPLE).write_text(result["sample"])
+    rows = [{"step": r["step"], "loss": r["loss"], "split": "train"} for r in result["records"]]
+    rows += [
+        {"step": r["step"], "loss": r["val_loss"], "split": "validation"}
+        for r in result["records"]
+        if r.get("val_loss") is not None
+    ]
+    if rows:
+        line_plot(
+            rows,
+            x="step",
+            y="loss",
+            series="split",
+            path=out / LOSS_PLOT,
+            title=f"bench-train: {config.size}, context {config.context_length}",
+            xlabel="step",
+            ylabel="cross-entropy loss (nats/token)",
+        )
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-train` (`bench-train --help`)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    with usage_errors(parser):  # bad input ends here, as a usage error, before any training
+        config = config_from_args(args)
+        if is_primary():
+            prepare(config)
+    summary = _train_and_write(config, command=command_line(argv, prog=parser.prog))
+    if summary is not None:
+        stopped = f" (stopped by --{summary['stopped_by']})" if summary["stopped_by"] else ""
+        print(
+            f"{summary['steps']} steps{stopped}: train loss {summary['final_train_loss']:.4f}, "
+            f"validation loss {summary['final_val_loss']:.4f}; results in {config.out}"
+        )
+    if under_torchrun():
+        # A rank torchrun started ends as the ranks `launch` spawns do: without finalising the
+        # interpreter, where a gloo thread that outlives it aborts the process (SIGABRT,
+        # "terminate called without an active exception"). Everything is written by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

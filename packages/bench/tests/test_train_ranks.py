@@ -1,0 +1,112 @@
+"""bench-train on 2 gloo ranks: the parallel modes reproduce the one-process run's losses (and
+weights), across resumes and changes of mode, and under `torchrun` as two nodes.
+
+Each 2-rank launch costs tens of seconds on two shared cores, so the consolidated modes resume
+the one-process run's checkpoint after step 2 (`one_process.halfway`) and run steps 3-4 only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from spawn_ranks import free_port
+
+import lmcore
+from bench.train.run import main
+
+# The ranks average means of equal halves of each batch, and their gradients: the same sums in
+# another order, so float32 rounding (not the method) separates them from one process.
+RANKS_ATOL = 1e-5
+RUN_4 = ["--steps", "4", "--log-every", "1", "--grad-clip", "0.1", "--generate", "0"]
+
+
+def _assert_matches(losses: dict[int, float], expected: dict[int, float]) -> None:
+    assert losses.keys() == expected.keys()
+    for step, loss in expected.items():
+        assert abs(losses[step] - loss) <= RANKS_ATOL, step
+
+
+def _assert_same_weights_and_consolidated(out, reference) -> None:
+    """The final checkpoint holds the one-process run's weights and every parameter's moments."""
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    expected = torch.load(reference / "checkpoint.pt", weights_only=True)
+    assert saved["iteration"] == 4
+    assert saved["model"].keys() == expected["model"].keys()
+    for name, weight in expected["model"].items():
+        torch.testing.assert_close(saved["model"][name], weight, atol=RANKS_ATOL, rtol=0)
+    assert len(saved["optimizer"]["state"]) == len(saved["model"])
+    model = lmcore.TransformerLM(**saved["extra"]["model_config"])
+    decayed = [p for p in model.parameters() if p.dim() >= 2]
+    plain = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = lmcore.AdamW([{"params": decayed}, {"params": plain}])
+    lmcore.load_checkpoint(saved, model, optimizer)  # loads into one process as it is
+
+
+@pytest.mark.parametrize("mode", ["zero", "torch-fsdp"])
+def test_two_ranks_continue_a_one_process_checkpoint(
+    mode, train_argv, one_process, losses_of, copy_of, tmp_path
+):
+    # Steps 1-2 in one process, 3-4 on 2 ranks: the mode loads the consolidated state (ZeRO-1
+    # shards it, FSDP2 shards weights and state), trains, samples from the gathered weights and
+    # saves the consolidated state again.
+    out = copy_of(one_process.halfway, tmp_path / "run")
+    extra = [*RUN_4, "--nproc", "2", "--parallel", mode, "--resume", "--generate", "8"]
+    assert main(train_argv(out, *extra)) == 0
+    _assert_matches(losses_of(out), one_process.losses)
+    _assert_same_weights_and_consolidated(out, one_process.run)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["config"]["parallel"] == mode
+    assert (out / "sample.txt").read_text()
+
+
+def _torchrun_two_nodes(argv: list[str]) -> list[str]:
+    """bench-train as two torchrun node processes on this machine, one rank each, meeting at a
+    c10d rendezvous on localhost (multi-node as a cluster runs it); their logs."""
+    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    rendezvous += ["--rdzv-id", "bench-train-test", "--nnodes", "2", "--nproc-per-node", "1"]
+    command = [sys.executable, "-m", "torch.distributed.run", *rendezvous, "-m", "bench", "train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [
+        subprocess.Popen(
+            [*command, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for _ in range(2)
+    ]
+    try:
+        logs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+    return logs
+
+
+def test_fsdp_on_two_torchrun_nodes_then_two_ranks_matches_one_process(
+    train_argv, one_process, losses_of, tmp_path
+):
+    # Steps 1-2 on two torchrun nodes, steps 3-4 resumed on two ranks bench-train starts itself.
+    # Weights, gradients and optimizer state sharded, a checkpoint file per rank; the clipping
+    # norm spans the shards; an evaluation (forward passes without backward) after every step.
+    out = tmp_path / "run"
+    extra = [*RUN_4, "--parallel", "fsdp", "--eval-every", "1", "--eval-batches", "2"]
+    logs = _torchrun_two_nodes(train_argv(out, *extra, "--stop-after", "2"))
+    assert sum("2 steps (stopped by --stop-after)" in log for log in logs) == 1  # rank 0's
+    assert (out / "checkpoint-rank1.pt").is_file()
+    assert main(train_argv(out, *extra, "--nproc", "2", "--resume", "--generate", "8")) == 0
+    _assert_matches(losses_of(out), one_process.losses)
+    assert (out / "sample.txt").read_text()
+
+
+@pytest.mark.gpu
+def test_torch_fsdp_compiles_per_block_on_a_gpu(train_argv, tmp_path):
+    """The fast default (compiled, bf16) under FSDP2: `compile` per block, then `fully_shard`."""
+    out = tmp_path / "run"
+    argv = train_argv(out, "--steps", "10", "--log-every", "5", "--generate", "8")
+    assert main([*argv, "--device", "cuda", "--nproc", "1", "--parallel", "torch-fsdp"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["compile"] and summary["config"]["precision"] == "bf16"
+    assert summary["final_train_loss"] < 5.0 and (out / "sample.txt").read_text()
