@@ -432,5 +432,5 @@ def _check_headline(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "not split a cached block when less than 1 MiB would remain, so an allocation can hold "
         "up to 1 MiB more than its tensor), cuBLAS workspaces, and the transients it only "
         "estimates.",
-        f"{uncovered} rows carry no prediction; their note says why.",
+        f"Rows without a prediction: {uncovered}; the note says why.",
     ]

@@ -76,7 +76,7 @@ from bench.core.fit import (
 )
 from bench.core.memory import GIB
 from bench.core.plan_check import CHECK_COLUMNS, check_results
-from bench.core.plots import Bars, scatter_plot, stacked_bar_plot
+from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
 from bench.core.residuals import ATTENTION_KINDS, LOSSES
 from bench.core.results import Keys, Run
 from bench.core.shapes import size_label
@@ -639,6 +639,9 @@ def run_check(folder: str | Path, *, command: str | None = None) -> Run:
 # --- plots ------------------------------------------------------------------------------------
 
 
+_LOSS_SHORT = {"materialized": "mat. loss", "fused": "fused loss"}
+
+
 def plot_plan(run: Run, path: Path) -> Path:
     """The figure of any bench-plan run: memory breakdown bars (plan, leaderboard) or predicted
     against measured (check).
@@ -654,16 +657,14 @@ def plot_plan(run: Run, path: Path) -> Path:
         )  # fmt: skip
     if run.tool == "plan_leaderboard":
         rows = [
-            dict(r, label=f"{r['precision']} {r['layout']}\n{r['loss']}, {r['optimizer']}")
+            dict(
+                r, label=f"{r['precision']} {r['layout']} {_LOSS_SHORT[r['loss']]} {r['optimizer']}"
+            )
             for r in run.rows
         ]
-        panels = (
-            Bars((("peak_80gb", "80 GB choice"),), ylabel="GiB per GPU",
-                 title="peak with the least recomputation that fits 80 GB"),
-            Bars((("min_peak_gib", "smallest"),), ylabel="GiB per GPU",
-                 title="smallest peak of any checkpointing"),
-        )  # fmt: skip
-        return stacked_bar_plot(rows, label="label", panels=panels, path=path, title=run.title)
+        values = (("min_peak_gib", "smallest peak"), ("peak_80gb", "80 GB choice"))
+        return hbar_plot(rows, label="label", values=values, path=path, title=run.title,
+                         xlabel="GiB per GPU (80 GB = 74.5 GiB)")  # fmt: skip
     if run.tool != "plan":
         raise ValueError("the §8 answers are a table; nothing to plot")
     rows = [r for r in run.rows if r.get("peak_gib") is not None]
