@@ -16,6 +16,7 @@ from bench.core.fit import (
     checkpointing_candidates,
     largest_batch,
     largest_seq_len,
+    least_memory,
     least_recompute_fit,
     parse_memory,
 )
@@ -264,6 +265,24 @@ def test_least_recompute_fit_picks_the_cheapest_form_that_fits():
     chosen = least_recompute_fit(plan, smallest)
     assert chosen.peak.total == smallest and chosen.plan.activation_checkpointing != "none"
     assert least_recompute_fit(plan, smallest - 1) is None
+
+
+def test_least_memory_balances_checkpoints_against_one_recomputed_segment():
+    # One level of recomputation over L blocks: segments of K blocks keep ⌈L/K⌉ inputs X and
+    # rebuild K blocks' residuals A at once, about (L/K)·X + K·A, least near K = √(L·X/A).
+    # Here A ≈ 14·X (fp32, a fused attention kernel, d = f) and L = 128: K ≈ 3, so neither every
+    # block (K = 1) nor one segment (K = L) is best.
+    config = lmcore.ModelConfig(vocab_size=11, context_length=64, d_model=8, num_layers=128,
+                                num_heads=2, d_ff=8, attention="sdpa")  # fmt: skip
+    plan = TrainingPlan(config, batch=2, mode="forward-backward", loss="fused")
+    single_level = ["blocks", *(f"segments:{k}" for k in (2, 3, 4, 8, 128))]
+    best = least_memory(plan, candidates=single_level)
+    peaks = {
+        c: estimate_memory(dataclasses.replace(plan, activation_checkpointing=c)).peak.total
+        for c in single_level
+    }
+    assert best.peak.total == min(peaks.values())
+    assert best.plan.activation_checkpointing not in ("blocks", "segments:128")
 
 
 def test_plan_refuses_what_does_not_exist():

@@ -24,6 +24,7 @@ __all__ = [
     "checkpointing_candidates",
     "largest_batch",
     "largest_seq_len",
+    "least_memory",
     "least_recompute",
     "least_recompute_fit",
     "parse_memory",
@@ -134,3 +135,19 @@ def least_recompute_fit(
     forms = candidates or checkpointing_candidates(plan.model.num_layers)
     estimates = (estimate_memory(replace(plan, activation_checkpointing=c)) for c in forms)
     return least_recompute(estimates, memory_bytes)
+
+
+def least_memory(plan: TrainingPlan, *, candidates: Iterable[str] | None = None) -> MemoryEstimate:
+    """`plan` under the checkpointing form with the smallest predicted peak.
+
+    With `candidates` = `["blocks", "segments:2", …, "segments:L"]` this answers the handout's
+    §3 gradient_checkpointing (b) (one level of recomputation, the best segment size); its
+    neighbours are `segments:K±1`.
+
+    Args:
+        plan: the configuration; its own checkpointing is replaced.
+        candidates: the forms to try (default: `checkpointing_candidates`).
+    """
+    forms = candidates or checkpointing_candidates(plan.model.num_layers)
+    estimates = (estimate_memory(replace(plan, activation_checkpointing=c)) for c in forms)
+    return min(estimates, key=lambda e: e.peak.total)
