@@ -132,7 +132,20 @@ def _synthetic_results(folder: Path) -> dict[str, float]:
            "peak_mib": 1.05 * predicted, "status": "ok"}  # fmt: skip
     env = {"device": "cuda", "device_type": "cuda", "device_name": "GPU", "command": "bench-model",
            "date": "2026-11-20T00:00:00+00:00"}  # fmt: skip
-    save_json(Run.create("model", [row], device="cpu", config={}, env=env), folder / "m.json")
+    # a row of the 2025 `xl` recorded by name alone, before the 2026 sizes took the name
+    by_name = {
+        "size": "xl",
+        "ctx": 8,
+        "batch": 1,
+        "mode": "forward",
+        "dtype": "fp32",
+        "attention": "naive",
+        "vocab_size": 97,
+        "peak_mib": 8000.0,
+        "status": "ok",
+    }
+    runs = Run.create("model", [row, by_name], device="cpu", config={}, env=env)
+    save_json(runs, folder / "m.json")  # fmt: skip
     lacking = {"impl": "ours", "peak_mib": 10.0, "status": "ok"}
     fsdp = TrainingPlan(
         config,
@@ -161,6 +174,8 @@ def test_check_sets_prediction_beside_measurement(tmp_path):
     peak = next(r for r in run.rows if r["source"] == "m" and r["quantity"] == "peak")
     assert peak["predicted_mib"] == pytest.approx(predicted["peak"])
     assert peak["error_pct"] == pytest.approx(100 * (1 / 1.05 - 1))
+    xl = next(r for r in run.rows if r["config"].startswith("xl"))
+    assert xl["config"].startswith("xl-2025 (1600/6400/48L/25H; recorded as xl)")
     lacking, complete = [r for r in run.rows if r["source"] == "s"]
     assert lacking["predicted_mib"] is None and lacking["note"].startswith("lacks d_model")
     assert complete["predicted_mib"] == pytest.approx(predicted["step"])
