@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PEAK_TFLOPS", "matmul_format", "peak_tflops"]
+__all__ = ["MEASURED_MATMUL_TFLOPS", "PEAK_TFLOPS", "matmul_format", "peak_tflops"]
 
 # (name fragment, {format: dense TFLOP/s}); the first fragment found in the device name wins,
 # so the more specific names come first.
@@ -21,6 +21,11 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
     ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
 )
+
+# Matmul throughput measured on this project's GPUs (not a data sheet's): the best of three runs
+# of a bf16 8192³ torch.matmul on an H100 80GB HBM3
+# (docs/results/matmul_ceiling_h100_2026-11-23.json).
+MEASURED_MATMUL_TFLOPS: dict[str, dict[str, float]] = {"H100": {"bf16": 800.9}}
 
 
 def matmul_format(dtype: torch.dtype) -> str:

@@ -19,9 +19,18 @@ import gc
 
 import torch
 
-__all__ = ["MIB", "free_memory", "memory_in_use", "peak_memory", "reset_peak_memory", "to_mib"]
+__all__ = [
+    "GIB",
+    "MIB",
+    "free_memory",
+    "memory_in_use",
+    "peak_memory",
+    "reset_peak_memory",
+    "to_mib",
+]
 
 MIB = 1 << 20  # bytes per mebibyte; tables report MiB
+GIB = 1 << 30  # bytes per gibibyte
 
 
 def _is_cuda(device: torch.device | str) -> bool:

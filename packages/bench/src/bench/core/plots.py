@@ -9,6 +9,8 @@ Every function takes the tidy rows a tool returns and names the keys to draw:
   stay readable down the side, where `bar_plot` would overlap them along the bottom.
 - `stacked_bar_plot`: panels of bars side by side over the same rows, each bar stacked from
   several keys (a memory breakdown, say), with optional error bars.
+- `scatter_plot`: one value against another, a colour per `series` value, with the line y = x
+  (a prediction against its measurement).
 
 `line_plot` and `bar_plot` leave out rows without a finite `y` (out of memory, skipped);
 `hbar_plot` and `stacked_bar_plot` draw a missing value as a gap. Drawing goes through
@@ -35,7 +37,15 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["Bars", "PanelOptions", "bar_plot", "hbar_plot", "line_plot", "stacked_bar_plot"]
+__all__ = [
+    "Bars",
+    "PanelOptions",
+    "bar_plot",
+    "hbar_plot",
+    "line_plot",
+    "scatter_plot",
+    "stacked_bar_plot",
+]
 
 Row = Mapping[str, Any]
 
@@ -370,3 +380,55 @@ def stacked_bar_plot(
             grid="y",
         )
     return _save(fig, path, title, title_size="small")
+
+
+def scatter_plot(
+    rows: Sequence[Row],
+    *,
+    x: str,
+    y: str,
+    path: str | os.PathLike[str],
+    series: str | None = None,
+    identity: bool = True,
+    log: bool = True,
+    title: str | None = None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+) -> Path:
+    """Points of `y` against `x`, a colour per `series` value, with the diagonal y = x.
+
+    Args:
+        rows: tidy result rows; rows without a finite, positive (on log axes) `x` and `y` are
+            left out.
+        x, y: keys of the two values (a measurement and its prediction, say).
+        path: where to write the PNG (folders are created).
+        series: key whose values get a colour each (and a legend entry).
+        identity: draw the line y = x across the points' range.
+        log: logarithmic axes (both).
+        title, xlabel, ylabel: labels; the keys when absent.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: if no row has both values.
+    """
+    kept = [
+        r
+        for r in rows
+        if _finite(r.get(x)) and _finite(r.get(y)) and (not log or min(r[x], r[y]) > 0)
+    ]
+    if not kept:
+        raise ValueError(f"no row has finite values for both {x!r} and {y!r}: nothing to plot")
+    fig, (ax,) = _figure(1, panel_size=(6.0, 5.0))
+    for name, points in _groups(kept, series).items():
+        ax.scatter([r[x] for r in points], [r[y] for r in points], s=18, label=name)
+    if identity:
+        low = min(min(r[x], r[y]) for r in kept)
+        high = max(max(r[x], r[y]) for r in kept)
+        ax.plot([low, high], [low, high], color="grey", linewidth=1, linestyle="--", label="y = x")
+    if log:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    _label_panel(ax, xlabel=xlabel or x, ylabel=ylabel or y, title=None, legend=True, grid="both")
+    return _save(fig, path, title)

@@ -7,9 +7,11 @@ A shape is `(name, lmcore.ModelSize)`: a size of `lmcore.MODEL_SIZES` under its 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lmcore import MODEL_SIZES, ModelSize
 
-__all__ = ["CPU_SIZE", "Shape", "shape_named"]
+__all__ = ["CPU_SIZE", "Shape", "shape_named", "size_label"]
 
 Shape = tuple[str, ModelSize]
 
@@ -26,3 +28,10 @@ def shape_named(name: str) -> Shape:
     if name not in MODEL_SIZES:
         raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}")
     return name, MODEL_SIZES[name]
+
+
+def size_label(name: str | None, dims: Sequence[int]) -> str:
+    """A size's name with its dimensions (d_model/d_ff/layers/heads): `small (768/3072/12L/12H)`."""
+    d, f, layers, heads = dims
+    text = f"{d}/{f}/{layers}L/{heads}H"
+    return f"{name} ({text})" if name else text

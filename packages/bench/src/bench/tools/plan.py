@@ -1,0 +1,855 @@
+"""bench-plan: predict memory per device and communication per step of training, without a GPU.
+
+For `lmcore.TransformerLM` of a named size or explicit dimensions, a batch and context, a
+precision, a parallel layout (one device, DDP, ZeRO-1, FSDP, tensor parallelism, FSDP x TP),
+activation checkpointing and a loss, bench-plan predicts the busiest device's memory at the
+moment of its peak (parameters, gradients, optimizer state, activations, the loss's logits,
+communication buffers, temporaries), whether it fits `--memory`, the largest batch and context
+that would, and the bytes each device sends per step with their time beside the step's compute
+time. Every number comes with the formula that gives it (the second table, per configuration).
+Options with several values multiply. The model behind it is `bench.core.capacity` and
+`bench.core.step_traffic`; the assumptions are in their docstrings.
+
+Three other modes:
+  --check DIR          every bench-model, bench-zero (and bench-step) result row in DIR that the
+                       model covers: predicted against measured, side by side, with the error
+  --preset leaderboard-2026
+                       the CS336 2026 leaderboard step (8B, context 32,768, batch 2, bf16, on 2
+                       GPUs): which options fit in 80 GB and in 141 GB per GPU
+  --section8           the handout's §8 FFN-layer answers (DP, FSDP, TP, FSDP + TP) for the
+                       model's d_model and d_ff, B = batch x context tokens, --dp / --tp devices
+
+Examples:
+  bench-plan --size xl --context-length 2048 --batch 4 --precision fp32 bf16-autocast
+  bench-plan --size 2.7B --context-length 512 --batch 8 --layout ddp zero1 fsdp --dp 2 \\
+      --precision bf16-master --memory 80GB
+  bench-plan --d-model 4096 --d-ff 11008 --num-layers 34 --num-heads 32 --vocab-size 151936 \\
+      --context-length 32768 --batch 2 --precision bf16 --layout fsdp --dp 2 \\
+      --attention fa2-triton --activation-checkpointing blocks nested --loss fused --memory 80GB
+  bench-plan --preset leaderboard-2026 --json plan_leaderboard.json --plot plan_leaderboard.png
+  bench-plan --check docs/results --json check.json --markdown check.md --plot check.png
+  bench-plan --section8 --size xl --context-length 128 --batch 8 --dp 8 --tp 4
+
+Memory sizes read as `80GB` (10^9 bytes), `80GiB` (2^30) or `512MiB`. Bandwidth and FLOP rate
+default to measured numbers (the run's notes say which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import lmcore
+from bench.core import ffn_parallelism as ffn
+from bench.core.capacity import (
+    CHECKPOINTING_FORMS,
+    DATA_PARALLEL_LAYOUTS,
+    DDP_BUCKETS,
+    LAYOUTS,
+    MODES,
+    OPTIMIZERS,
+    PRECISIONS,
+    TENSOR_PARALLEL_LAYOUTS,
+    Checkpointing,
+    MemoryEstimate,
+    Phase,
+    TrainingPlan,
+    estimate_memory,
+)
+from bench.core.cli import Invocation, Tool, distinct, usage_errors
+from bench.core.collectives import (
+    BANDWIDTH_SOURCE,
+    DEFAULT_BANDWIDTH_GBPS,
+    alternate_ring_all_reduce_seconds,
+    ring_all_reduce_seconds,
+)
+from bench.core.fit import (
+    checkpointing_candidates,
+    largest_batch,
+    largest_seq_len,
+    least_recompute,
+    parse_memory,
+)
+from bench.core.memory import GIB
+from bench.core.plan_check import CHECK_COLUMNS, check_results
+from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
+from bench.core.residuals import ATTENTION_KINDS, LOSSES
+from bench.core.results import Keys, Run
+from bench.core.shapes import size_label
+from bench.core.step_traffic import StepTraffic, default_tflops, estimate_traffic
+
+__all__ = [
+    "KEYS",
+    "LEADERBOARD_2026",
+    "PLAN_COLUMNS",
+    "TOOL",
+    "PlanSweep",
+    "main",
+    "plot_plan",
+    "run_check",
+    "run_leaderboard",
+    "run_plan",
+    "run_section8",
+]
+
+# The CS336 spring-2026 leaderboard's model and step (the handout's `Config`): vocabulary
+# 151,936, d_model 4096, d_ff 11,008, 34 layers, 32 heads, context 32,768, batch 2, bf16, causal,
+# on two GPUs. Attention through fa2's Triton kernels (a fused kernel; naive attention would hold
+# 2·32·32,768² scores per block).
+LEADERBOARD_2026 = lmcore.ModelConfig(
+    vocab_size=151_936,
+    context_length=32_768,
+    d_model=4096,
+    num_layers=34,
+    num_heads=32,
+    d_ff=11_008,
+    attention="fa2-triton",
+)
+LEADERBOARD_BATCH = 2
+LEADERBOARD_DEVICES = 2
+# Memory per GPU the leaderboard prediction is asked for: an 80 GB H100 and a 141 GB H200.
+LEADERBOARD_MEMORY = {"80 GB": parse_memory("80GB"), "141 GB": parse_memory("141GB")}
+PRESETS = ("leaderboard-2026",)
+
+# The categories a peak is broken into, as (column, the capacity terms it sums).
+_CATEGORIES = (
+    ("params_gib", ("parameters", "master weights")),
+    ("grads_gib", ("gradients",)),
+    ("state_gib", ("optimizer state",)),
+    ("activations_gib", ("activations", "autocast weight cache")),
+    ("loss_gib", ("loss",)),
+    ("buffers_gib", ("communication buffers", "buffers")),
+    ("temporaries_gib", ("backward working set", "optimizer temporaries")),
+)
+
+PLAN_COLUMNS = [
+    "table",
+    "size",
+    "ctx",
+    "batch",
+    "precision",
+    "layout",
+    "mesh",
+    "attention",
+    "checkpointing",
+    "loss",
+    "optimizer",
+    *(c for c, _ in _CATEGORIES),
+    "peak_gib",
+    "peak_phase",
+    "memory_gib",
+    "fits",
+    "max_batch",
+    "max_ctx",
+    "sent_gb",
+    "comm_ms",
+    "compute_ms",
+    "phase",
+    "term",
+    "gib",
+    "formula",
+]
+LEADERBOARD_COLUMNS = [
+    "precision",
+    "layout",
+    "loss",
+    "optimizer",
+    "ckpt_80gb",
+    "peak_80gb",
+    "ckpt_141gb",
+    "peak_141gb",
+    "min_peak_gib",
+    "min_peak_ckpt",
+    "sent_gb",
+    "comm_ms",
+    "compute_ms",
+]
+SECTION8_COLUMNS = ["strategy", "quantity", "formula", "value", "why"]
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*PLAN_COLUMNS, *CHECK_COLUMNS, *LEADERBOARD_COLUMNS, *SECTION8_COLUMNS)
+
+
+# --- predictions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanSweep:
+    """What `run_plan` predicts; every tuple is a sweep dimension (all combinations).
+
+    Args:
+        models: (label, `lmcore.ModelConfig`) pairs; the config's context length is the
+            sequence length and its `attention` is replaced by each of `attentions`.
+        batches: sequences per step in all.
+        precisions, layouts, checkpointing, losses, optimizers, attentions: names from
+            `bench.core.capacity` (see `TrainingPlan`).
+        dp, tp: data- and tensor-parallel ranks (a layout uses the ones it has).
+        mode: `train-step`, `forward-backward` or `forward`.
+        hold_logits: the step keeps the logits through backward.
+        ddp_buckets: torch DDP's bucket copy or ddp.DDPBucketed's views.
+        memory_bytes: the device memory to fit (None: no fit columns).
+        bandwidth_gbps: W per device.
+        tflops: the FLOP rate (None: `default_tflops`).
+    """
+
+    models: tuple[tuple[str, lmcore.ModelConfig], ...]
+    batches: tuple[int, ...] = (4,)
+    precisions: tuple[str, ...] = ("fp32",)
+    layouts: tuple[str, ...] = ("single",)
+    dp: int = 2
+    tp: int = 2
+    checkpointing: tuple[str, ...] = ("none",)
+    losses: tuple[str, ...] = ("materialized",)
+    optimizers: tuple[str, ...] = ("lmcore",)
+    attentions: tuple[str, ...] = ("naive",)
+    mode: str = "train-step"
+    hold_logits: bool = True
+    ddp_buckets: str = "torch"
+    memory_bytes: int | None = None
+    bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
+    tflops: float | None = None
+
+    def __post_init__(self) -> None:
+        named = {
+            "models": self.models,
+            "batches": self.batches,
+            "precisions": self.precisions,
+            "layouts": self.layouts,
+            "checkpointing": self.checkpointing,
+            "losses": self.losses,
+            "optimizers": self.optimizers,
+            "attentions": self.attentions,
+        }
+        empty = [name for name, values in named.items() if not values]
+        if empty:
+            raise ValueError(f"{', '.join(empty)} must not be empty")
+
+    def plans(self) -> list[tuple[str, TrainingPlan]]:
+        """Every combination as a validated `TrainingPlan` with its model's label.
+
+        Raises:
+            ValueError: a combination the plan refuses (the message names it).
+        """
+        out = []
+        combos = itertools.product(
+            self.models, self.attentions, self.batches, self.precisions, self.layouts,
+            self.checkpointing, self.losses, self.optimizers,
+        )  # fmt: skip
+        for (label, model), attention, batch, precision, layout, ckpt, loss, opt in combos:
+            dp = self.dp if layout in DATA_PARALLEL_LAYOUTS else 1
+            tp = self.tp if layout in TENSOR_PARALLEL_LAYOUTS else 1
+            plan = TrainingPlan(
+                replace(model, attention=attention),
+                batch=batch,
+                precision=precision,
+                layout=layout,
+                dp=dp,
+                tp=tp,
+                activation_checkpointing=ckpt,
+                loss=loss,
+                optimizer=opt,
+                mode=self.mode,
+                hold_logits=self.hold_logits,
+                ddp_buckets=self.ddp_buckets,
+            )
+            out.append((label, plan))
+        return out
+
+
+def _gib(num_bytes: float | None) -> float | None:
+    return None if num_bytes is None else num_bytes / GIB
+
+
+def _categories(phase: Phase) -> dict[str, float]:
+    return {
+        column: sum(phase.bytes_of(name) for name in names) / GIB for column, names in _CATEGORIES
+    }
+
+
+def _mesh(plan: TrainingPlan) -> str:
+    if plan.layout == "single":
+        return "1"
+    if plan.layout == "tp":
+        return f"tp{plan.tp}"
+    if plan.layout == "fsdp-tp":
+        return f"dp{plan.dp}×tp{plan.tp}"
+    return f"dp{plan.dp}"
+
+
+def _fits_text(estimate: MemoryEstimate, memory_bytes: int) -> str:
+    peak = estimate.peak.total
+    if peak <= memory_bytes:
+        return f"yes ({(memory_bytes - peak) / GIB:,.1f} GiB free)"
+    top = max(estimate.peak.terms, key=lambda t: t.num_bytes)
+    return f"no: {(peak - memory_bytes) / GIB:,.1f} GiB over; largest: {top.name}"
+
+
+def _plan_row(
+    label: str,
+    plan: TrainingPlan,
+    estimate: MemoryEstimate,
+    traffic: StepTraffic,
+    memory_bytes: int | None,
+) -> dict[str, Any]:
+    peak = estimate.peak
+    row: dict[str, Any] = {
+        "table": "Predictions (GiB per device at its peak)",
+        "size": label,
+        "ctx": plan.tokens_per_sequence,
+        "batch": plan.batch,
+        "precision": plan.precision,
+        "layout": plan.layout,
+        "mesh": _mesh(plan),
+        "attention": plan.model.attention,
+        "checkpointing": plan.activation_checkpointing,
+        "loss": plan.loss,
+        "optimizer": plan.optimizer,
+        **_categories(peak),
+        "peak_gib": peak.total / GIB,
+        "peak_phase": peak.name,
+        "sent_gb": traffic.sent_bytes / 1e9,
+        "comm_ms": traffic.communication_s * 1e3,
+        "compute_ms": traffic.compute_s * 1e3,
+    }
+    if memory_bytes is not None:
+        row["memory_gib"] = memory_bytes / GIB
+        row["fits"] = _fits_text(estimate, memory_bytes)
+        row["max_batch"] = largest_batch(plan, memory_bytes)
+        row["max_ctx"] = largest_seq_len(plan, memory_bytes)
+    return row
+
+
+def _term_rows(label: str, estimate: MemoryEstimate, traffic: StepTraffic) -> list[dict]:
+    table = f"Formulas: {label}, {estimate.plan.describe()}"
+    rows = [
+        {
+            "table": table,
+            "phase": "where",
+            "term": term.name,
+            "gib": term.num_bytes / GIB if term.num_bytes else None,
+            "formula": term.formula,
+        }
+        for term in estimate.definitions
+    ]
+    rows += [
+        {
+            "table": table,
+            "phase": estimate.peak.name,
+            "term": term.name,
+            "gib": term.num_bytes / GIB,
+            "formula": term.formula,
+        }
+        for term in estimate.peak.terms
+        if term.num_bytes
+    ]
+    rows += [
+        {
+            "table": table,
+            "phase": "step communication",
+            "term": f"{c.kind}: {c.what}" + (f" [{c.axis}]" if c.axis != "dp" else ""),
+            "gib": c.sent_bytes / GIB,
+            "formula": f"{c.formula}; {c.seconds(traffic.bandwidth_gbps) * 1e3:,.2f} ms",
+        }
+        for c in traffic.collectives
+    ]
+    return rows
+
+
+def run_plan(sweep: PlanSweep, *, command: str | None = None, formulas: bool = True) -> Run:
+    """Predict every configuration of `sweep`.
+
+    Args:
+        sweep: the configurations.
+        command: the command line to record; the process's own when None.
+        formulas: add each configuration's peak terms and collectives with their formulas.
+
+    Returns:
+        A `Run` (tool `"plan"`): a row per configuration (table "Predictions ...") with the peak
+        broken into `_CATEGORIES` in GiB, the peak's phase, fit, largest batch and context, GB
+        sent per device and ms of communication and compute; and, with `formulas`, a row per term
+        of each peak and per collective (`term`, `gib`, `formula`).
+    """
+    rows: list[dict[str, Any]] = []
+    terms: list[dict[str, Any]] = []
+    sources: set[str] = set()
+    default_bandwidth = sweep.bandwidth_gbps == DEFAULT_BANDWIDTH_GBPS
+    bandwidth_source = BANDWIDTH_SOURCE if default_bandwidth else "given"
+    for label, plan in sweep.plans():
+        estimate = estimate_memory(plan)
+        traffic = estimate_traffic(plan, bandwidth_gbps=sweep.bandwidth_gbps, tflops=sweep.tflops)
+        sources.add(f"{traffic.tflops:g} TFLOP/s ({traffic.tflops_source})")
+        rows.append(_plan_row(label, plan, estimate, traffic, sweep.memory_bytes))
+        if formulas:
+            terms += _term_rows(label, estimate, traffic)
+    notes = [
+        "Memory: the busiest device at the moment of its peak (peak_phase), in GiB (2^30 B); "
+        "what torch.cuda.max_memory_allocated would report, without the CUDA context or the "
+        "allocator's cache. params includes fp32 master weights; activations the saved "
+        "residuals and autocast's bf16 weight copies; buffers DDP buckets, FSDP gathers and "
+        "RoPE tables; temporaries a block's backward working set or the optimizer's.",
+        f"Communication: GB (10^9 B) sent per device per step at W = {sweep.bandwidth_gbps:g} "
+        f"GB/s ({bandwidth_source}); compute: lmcore's matmul FLOPs at "
+        f"{'; '.join(sorted(sources))}.",
+    ]
+    if sweep.memory_bytes is not None:
+        notes.append(
+            f"fits: against {sweep.memory_bytes / 1e9:g} GB ({sweep.memory_bytes / GIB:,.1f} GiB) "
+            "per device; max_batch and max_ctx: the largest batch (a multiple of dp) and context "
+            "that fit with everything else unchanged."
+        )
+    return Run.create(
+        "plan",
+        [*rows, *terms],
+        device="cpu",
+        config=_sweep_config(sweep),
+        command=command,
+        title=f"bench-plan: predicted memory and communication ({sweep.mode})",
+        columns=PLAN_COLUMNS,
+        group_by="table",
+        notes=notes,
+    )
+
+
+def _sweep_config(sweep: PlanSweep) -> dict[str, Any]:
+    config = asdict(sweep)
+    config["models"] = [[label, asdict(model)] for label, model in sweep.models]
+    return config
+
+
+# --- the leaderboard --------------------------------------------------------------------------
+
+
+def run_leaderboard(
+    *,
+    command: str | None = None,
+    bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS,
+    tflops: float | None = None,
+    checkpointing: Sequence[str] | None = None,
+) -> Run:
+    """The leaderboard's step on 2 GPUs: what fits in 80 GB and in 141 GB per GPU, and with what.
+
+    For each precision (`bf16`: the handout's model in bf16 with AdamW's moments in bf16;
+    `bf16-master`: float32 master weights and moments), layout over the 2 GPUs (DDP, ZeRO-1,
+    FSDP, TP), loss and optimizer, every activation-checkpointing form is predicted; each memory
+    gets the one that recomputes least among those that fit (ties: the smaller peak), and the
+    row gives the smallest peak any form reaches.
+
+    Args:
+        command: the command line to record; the process's own when None.
+        bandwidth_gbps, tflops: W and the FLOP rate for the communication and compute columns.
+        checkpointing: the forms to try (default: every form, `_checkpointing_candidates`).
+
+    Returns:
+        A `Run` (tool `"plan_leaderboard"`), a row per (precision, layout, loss, optimizer).
+        The default checkpointing forms are `bench.core.fit.checkpointing_candidates`.
+    """
+    config = LEADERBOARD_2026
+    candidates = list(checkpointing or checkpointing_candidates(config.num_layers))
+    rows = []
+    for precision, layout, loss, optimizer in itertools.product(
+        ("bf16", "bf16-master"), ("ddp", "zero1", "fsdp", "tp"), LOSSES, ("lmcore", "lmcore-fused")
+    ):
+        degrees = {"tp": LEADERBOARD_DEVICES} if layout == "tp" else {"dp": LEADERBOARD_DEVICES}
+        base = TrainingPlan(
+            config, batch=LEADERBOARD_BATCH, precision=precision, layout=layout, loss=loss,
+            optimizer=optimizer, **degrees,
+        )  # fmt: skip
+        estimates = [estimate_memory(replace(base, activation_checkpointing=c)) for c in candidates]
+        row: dict[str, Any] = {
+            "precision": precision,
+            "layout": layout,
+            "loss": loss,
+            "optimizer": optimizer,
+        }
+        for key, memory in LEADERBOARD_MEMORY.items():
+            best = least_recompute(estimates, memory)
+            suffix = key.replace(" ", "").lower()
+            row[f"ckpt_{suffix}"] = best.plan.activation_checkpointing if best else "does not fit"
+            row[f"peak_{suffix}"] = _gib(best.peak.total) if best else None
+        smallest = min(estimates, key=lambda e: e.peak.total)
+        row["min_peak_gib"] = smallest.peak.total / GIB
+        row["min_peak_ckpt"] = smallest.plan.activation_checkpointing
+        chosen = next(
+            (e.plan for e in estimates if e.plan.activation_checkpointing == row["ckpt_80gb"]),
+            smallest.plan,
+        )
+        traffic = estimate_traffic(chosen, bandwidth_gbps=bandwidth_gbps, tflops=tflops)
+        row["sent_gb"] = traffic.sent_bytes / 1e9
+        row["comm_ms"] = traffic.communication_s * 1e3
+        row["compute_ms"] = traffic.compute_s * 1e3
+        rows.append(row)
+    rate, rate_source = (tflops, "given") if tflops else default_tflops("bf16")
+    notes = [
+        f"Model: the handout's leaderboard Config, {config.d_model}/{config.d_ff}/"
+        f"{config.num_layers}L/{config.num_heads}H, vocabulary {config.vocab_size:,}, "
+        f"{lmcore.count_parameters(config):,} parameters; batch {LEADERBOARD_BATCH} × "
+        f"{config.context_length:,} tokens on {LEADERBOARD_DEVICES} GPUs (DDP, ZeRO-1, FSDP: one "
+        "sequence per GPU; TP: both on each), causal attention through fa2's Triton kernels.",
+        "ckpt_80gb / ckpt_141gb: the activation checkpointing that recomputes least among those "
+        "whose predicted peak fits 80 GB / 141 GB (decimal) per GPU, and its peak in GiB; "
+        "min_peak: the smallest peak any form reaches. bf16: weights, gradients and AdamW "
+        "moments in bf16 (the handout's torch_dtype); bf16-master: float32 masters and moments.",
+        f"Communication and compute for the 80 GB choice (or the smallest peak) at W = "
+        f"{bandwidth_gbps:g} GB/s ({BANDWIDTH_SOURCE}) and {rate:g} TFLOP/s ({rate_source}); "
+        "the leaderboard itself runs on B200s.",
+        *_leaderboard_summary(rows),
+    ]
+    return Run.create(
+        "plan_leaderboard",
+        rows,
+        device="cpu",
+        config={"model": asdict(config), "batch": LEADERBOARD_BATCH,
+                "devices": LEADERBOARD_DEVICES,
+                "memory_bytes": dict(LEADERBOARD_MEMORY), "bandwidth_gbps": bandwidth_gbps,
+                "tflops": rate},
+        command=command,
+        title="bench-plan: the CS336 2026 leaderboard step (8B, 32,768 tokens, batch 2) on 2 GPUs",
+        columns=LEADERBOARD_COLUMNS,
+        notes=notes,
+    )  # fmt: skip
+
+
+def _leaderboard_summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One sentence per memory: how many combinations fit, the one that recomputes least (ties:
+    the least communication), what never fits; and the near misses of the smaller memory."""
+    out = []
+    layers = LEADERBOARD_2026.num_layers
+    for key, memory in LEADERBOARD_MEMORY.items():
+        suffix = key.replace(" ", "").lower()
+        fitting = [r for r in rows if r[f"peak_{suffix}"] is not None]
+        if not fitting:
+            out.append(f"{key} per GPU: nothing fits.")
+            continue
+
+        def cost(r: Mapping[str, Any], suffix: str = suffix) -> tuple[int, float, float]:
+            spec = Checkpointing.parse(r[f"ckpt_{suffix}"], layers)
+            return (spec.recomputed_block_forwards, r["sent_gb"], r[f"peak_{suffix}"])
+
+        best = min(fitting, key=cost)
+        pairs = {f"{r['precision']} {r['layout']}" for r in rows}
+        never = sorted(pairs - {f"{r['precision']} {r['layout']}" for r in fitting})
+        out.append(
+            f"{key} per GPU: {len(fitting)} of {len(rows)} combinations fit; the least "
+            f"recomputation: {best['precision']}, {best['layout'].upper()}, {best['loss']} loss, "
+            f"{best['optimizer']}, checkpointing {best[f'ckpt_{suffix}']} (peak "
+            f"{best[f'peak_{suffix}']:,.1f} GiB)"
+            + (f"; never fits: {', '.join(never)}" if never else "")
+            + "."
+        )
+        near = [
+            r for r in rows
+            if memory / GIB < r["min_peak_gib"] <= memory / 1e9
+        ]  # fmt: skip
+        if near:
+            listed = ", ".join(
+                f"{r['precision']} {r['layout']} {r['loss']} {r['optimizer']} "
+                f"({r['min_peak_gib']:,.1f} GiB)"
+                for r in near
+            )
+            out.append(
+                f"{key} read as {memory / 1e9:g} GiB (a GPU's capacity is often quoted in GiB): "
+                f"also {listed}, with no headroom for the CUDA context and fragmentation."
+            )
+    return out
+
+
+# --- the handout's §8 -------------------------------------------------------------------------
+
+
+def run_section8(
+    setting: ffn.FFNSetting, *, num_dp: int, num_tp: int, command: str | None = None
+) -> Run:
+    """The handout's §8 answers for `setting`, with `num_dp` data-parallel (or FSDP) and
+    `num_tp` tensor-parallel devices: each quantity's formula, value and justification."""
+    rows = []
+
+    def add(strategy: str, quantity: str, d: ffn.Derivation) -> None:
+        rows.append(
+            {"strategy": strategy, "quantity": quantity, "formula": d.formula, "value": d.value,
+             "why": d.why}
+        )  # fmt: skip
+
+    s = setting
+    size = s.weight_bytes
+    add("ring", f"alternate all-reduce of S = {size:,.0f} B on N = {num_dp} (s)", ffn.Derivation(
+        alternate_ring_all_reduce_seconds(size, num_dp, s.bandwidth), "(N-1)·S/W",
+        "each of N-1 steps forwards a whole S-byte tensor instead of an S/N chunk, "
+        f"N/2 times the ring all-reduce's "
+        f"{ring_all_reduce_seconds(size, num_dp, s.bandwidth):.3g} s",
+    ))  # fmt: skip
+    for calcs in (
+        ffn.data_parallel(s, num_dp),
+        ffn.fsdp(s, num_dp),
+        ffn.tensor_parallel(s, num_tp),
+        ffn.fsdp_tp(s, num_dp, num_tp),
+        ffn.fsdp_tp(s, num_dp, num_tp, overlap=False),
+    ):
+        name = calcs.strategy
+        for field_name in ("forward_flops", "backward_flops", "forward_comm_s", "backward_comm_s"):
+            add(name, field_name, getattr(calcs, field_name))
+    add("DP", "max devices", ffn.data_parallel_max_devices(s))
+    backward, forward = ffn.fsdp_max_devices(s)
+    add("FSDP", "max devices (backward)", backward)
+    add("FSDP", "max devices (forward)", forward)
+    backward, forward = ffn.tensor_parallel_max_devices(s)
+    add("TP", "max devices (backward)", backward)
+    add("TP", "max devices (forward)", forward)
+    add("FSDP+TP", "max devices, axes overlapped", ffn.fsdp_tp_max_devices(s, overlap=True))
+    add("FSDP+TP", "max devices, shared network", ffn.fsdp_tp_max_devices(s, overlap=False))
+    for line in ffn.tensor_parallel_backward_equations():
+        rows.append({"strategy": "TP", "quantity": "backward equation", "formula": line})
+    return Run.create(
+        "plan_section8",
+        rows,
+        device="cpu",
+        config=asdict(setting) | {"num_dp": num_dp, "num_tp": num_tp},
+        command=command,
+        title=f"bench-plan: the handout's §8 FFN analysis, B={s.batch:,}, D={s.d_model:,}, "
+        f"F={s.d_ff:,}, C={s.flops_per_s / 1e12:g} TFLOP/s, W={s.bandwidth / 1e9:g} GB/s",
+        columns=SECTION8_COLUMNS,
+        notes=[
+            "Values in FLOPs, seconds or devices; weights and activations in FP16 (2 bytes); "
+            "communication overlapped with compute unless said otherwise.",
+        ],
+    )
+
+
+def run_check(folder: str | Path, *, command: str | None = None) -> Run:
+    """`bench.core.plan_check.check_results` of `folder` as a run (tool `"plan_check"`).
+
+    Raises:
+        ValueError: `folder` is not a directory.
+    """
+    result = check_results(folder)
+    return Run.create(
+        "plan_check",
+        result.rows,
+        device="cpu",
+        config={"folder": str(folder), "files": result.files},
+        command=command,
+        title="bench-plan against measurement: predicted and measured memory per device",
+        columns=CHECK_COLUMNS,
+        notes=result.notes,
+    )
+
+
+# --- plots ------------------------------------------------------------------------------------
+
+
+_LOSS_SHORT = {"materialized": "mat. loss", "fused": "fused loss"}
+
+
+def plot_plan(run: Run, path: Path) -> Path:
+    """The figure of any bench-plan run: memory breakdown bars (plan, leaderboard) or predicted
+    against measured (check).
+
+    Raises:
+        ValueError: a section-8 run (nothing to draw) or no rows.
+    """
+    if run.tool == "plan_check":
+        rows = [dict(r, kind=r["quantity"].replace(" (implied)", "")) for r in run.rows]
+        return scatter_plot(
+            rows, x="measured_mib", y="predicted_mib", series="kind", path=path,
+            title=run.title, xlabel="measured (MiB)", ylabel="predicted (MiB)",
+        )  # fmt: skip
+    if run.tool == "plan_leaderboard":
+        rows = [
+            dict(
+                r, label=f"{r['precision']} {r['layout']} {_LOSS_SHORT[r['loss']]} {r['optimizer']}"
+            )
+            for r in run.rows
+        ]
+        values = (("min_peak_gib", "smallest peak"), ("peak_80gb", "80 GB choice"))
+        return hbar_plot(rows, label="label", values=values, path=path, title=run.title,
+                         xlabel="GiB per GPU (80 GB = 74.5 GiB)")  # fmt: skip
+    if run.tool != "plan":
+        raise ValueError("the §8 answers are a table; nothing to plot")
+    rows = [r for r in run.rows if r.get("peak_gib") is not None]
+    labelled = [
+        dict(r, label=f"{r['size'].split(' ')[0]} {r['precision']} {r['layout']} {r['mesh']}\n"
+             f"b{r['batch']} ctx{r['ctx']} {r['checkpointing']} {r['loss']}")
+        for r in rows
+    ]  # fmt: skip
+    panels = (
+        Bars(tuple((c, c.removesuffix("_gib")) for c, _ in _CATEGORIES), ylabel="GiB per device",
+             title="memory at the peak"),
+        Bars((("comm_ms", "communication"), ("compute_ms", "compute")), ylabel="ms per step",
+             title="communication and compute (stacked)"),
+    )  # fmt: skip
+    return stacked_bar_plot(labelled, label="label", panels=panels, path=path, title=run.title)
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def _models_from_args(args: argparse.Namespace) -> tuple[tuple[str, lmcore.ModelConfig], ...]:
+    dims = [args.d_model, args.d_ff, args.num_layers, args.num_heads]
+    contexts = distinct(args.context_length) or (None,)
+    vocab = args.vocab_size or lmcore.VOCAB_SIZE
+    out = []
+    for ctx in contexts:
+        for name in dict.fromkeys(args.size or ()):
+            size = lmcore.MODEL_SIZES[name]
+            config = size.config(context_length=ctx or 512, vocab_size=vocab,
+                                 num_kv_heads=args.num_kv_heads)  # fmt: skip
+            out.append((size_label(name, (size.d_model, size.d_ff, size.num_layers,
+                                          size.num_heads)), config))  # fmt: skip
+        if any(d is not None for d in dims):
+            if any(d is None for d in dims):
+                raise ValueError(
+                    "explicit dimensions need all of --d-model --d-ff --num-layers --num-heads"
+                )
+            config = lmcore.ModelConfig(
+                vocab_size=vocab, context_length=ctx or 512, d_model=dims[0], d_ff=dims[1],
+                num_layers=dims[2], num_heads=dims[3], num_kv_heads=args.num_kv_heads,
+            )  # fmt: skip
+            out.append((size_label(args.name, dims), config))
+    if not out:
+        raise ValueError("name a model: --size NAME, or --d-model --d-ff --num-layers --num-heads")
+    return tuple(out)
+
+
+def _memory_size(text: str) -> int:
+    """`--memory`'s type: `parse_memory`, its message kept in the usage error."""
+    try:
+        return parse_memory(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_argument_group("mode (default: predict the configurations below)")
+    what.add_argument("--check", type=Path, metavar="DIR",
+                      help="predict every bench-model/bench-zero/bench-step row of the results in "
+                      "DIR beside its measurement")  # fmt: skip
+    what.add_argument("--preset", choices=PRESETS,
+                      help="leaderboard-2026: what fits the CS336 2026 leaderboard step on 2 GPUs "
+                      "of 80 GB and of 141 GB")  # fmt: skip
+    what.add_argument(
+        "--section8",
+        action="store_true",
+        help="the handout's §8 FFN answers (B = batch x context, D, F of the model)",
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument("--size", nargs="+", choices=list(lmcore.MODEL_SIZES), help="named sizes")
+    model.add_argument("--d-model", type=int, help="explicit width (with the three below)")
+    model.add_argument("--d-ff", type=int, help="explicit feed-forward width")
+    model.add_argument("--num-layers", type=int, help="explicit depth")
+    model.add_argument("--num-heads", type=int, help="explicit head count")
+    model.add_argument("--num-kv-heads", type=int, help="key/value heads (grouped-query attention)")
+    model.add_argument("--name", default="custom", help="table name of explicit dimensions")
+    model.add_argument("--vocab-size", type=int, help=f"vocabulary ({lmcore.VOCAB_SIZE:,})")
+    model.add_argument(
+        "--context-length",
+        type=int,
+        nargs="+",
+        help="sequence lengths (each also the context length; 512)",
+    )
+    model.add_argument(
+        "--attention",
+        nargs="+",
+        choices=list(ATTENTION_KINDS),
+        help="attention backends (naive: materialises the scores)",
+    )
+    step = parser.add_argument_group("training step")
+    step.add_argument("--batch", type=int, nargs="+", help="sequences per step in all (4)")
+    step.add_argument(
+        "--precision",
+        nargs="+",
+        choices=list(PRECISIONS),
+        help="; ".join(f"{p.name}: {p.description}" for p in PRECISIONS.values()),
+    )
+    step.add_argument("--layout", nargs="+", choices=LAYOUTS, help="parallel layouts (single)")
+    step.add_argument(
+        "--dp", type=int, default=2, help="data-parallel ranks of ddp, zero1, fsdp (2)"
+    )
+    step.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of tp, fsdp-tp (2)")
+    step.add_argument(
+        "--activation-checkpointing",
+        nargs="+",
+        metavar="SPEC",
+        help=f"checkpointing forms: {' | '.join(CHECKPOINTING_FORMS)} (none)",
+    )
+    step.add_argument("--loss", nargs="+", choices=LOSSES, help="materialized (default) or fused")
+    step.add_argument(
+        "--optimizer",
+        nargs="+",
+        choices=list(OPTIMIZERS),
+        help="lmcore (foreach, default), lmcore-fused, torch-fused, torch (foreach)",
+    )
+    step.add_argument(
+        "--mode",
+        choices=MODES,
+        default="train-step",
+        help="train-step (default), forward-backward, or forward (inference)",
+    )
+    step.add_argument(
+        "--no-hold-logits",
+        action="store_true",
+        help="the step does not keep the logits through backward (bench-model's)",
+    )
+    step.add_argument("--ddp-buckets", choices=DDP_BUCKETS, default="torch",
+                      help="torch: DDP keeps a flat copy of the gradients (default); views: "
+                      "ddp.DDPBucketed's gradients are views of its buckets")  # fmt: skip
+    hw = parser.add_argument_group("hardware")
+    hw.add_argument(
+        "--memory",
+        type=_memory_size,
+        metavar="SIZE",
+        help="device memory to fit, e.g. 80GB, 141GB, 80GiB",
+    )
+    hw.add_argument("--bandwidth", type=float, default=DEFAULT_BANDWIDTH_GBPS, metavar="GBPS",
+                    help=f"egress per device in GB/s ({DEFAULT_BANDWIDTH_GBPS:g}: "
+                    f"{BANDWIDTH_SOURCE})")  # fmt: skip
+    hw.add_argument("--tflops", type=float, help="matmul rate in TFLOP/s (default: measured bf16 "
+                    "ceiling of an H100; the data sheet's fp32 peak for fp32)")  # fmt: skip
+
+
+def _run(config: object, cli: Invocation) -> Run:
+    args = cli.args
+    if args.check is not None:
+        return run_check(args.check, command=cli.command)
+    if args.preset == "leaderboard-2026":
+        return run_leaderboard(command=cli.command, bandwidth_gbps=args.bandwidth,
+                               tflops=args.tflops)  # fmt: skip
+    with usage_errors(cli.parser):
+        models = _models_from_args(args)
+        if args.section8:
+            _, model = models[0]
+            rate = args.tflops or default_tflops("bf16")[0]
+            setting = ffn.FFNSetting(
+                batch=(args.batch or [4])[0] * model.context_length, d_model=model.d_model,
+                d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=args.bandwidth * 1e9,
+            )  # fmt: skip
+            return run_section8(setting, num_dp=args.dp, num_tp=args.tp, command=cli.command)
+        sweep = PlanSweep(
+            models=models,
+            batches=distinct(args.batch) or (4,),
+            precisions=distinct(args.precision) or ("fp32",),
+            layouts=distinct(args.layout) or ("single",),
+            dp=args.dp,
+            tp=args.tp,
+            checkpointing=distinct(args.activation_checkpointing) or ("none",),
+            losses=distinct(args.loss) or ("materialized",),
+            optimizers=distinct(args.optimizer) or ("lmcore",),
+            attentions=distinct(args.attention) or ("naive",),
+            mode=args.mode,
+            hold_logits=not args.no_hold_logits,
+            ddp_buckets=args.ddp_buckets,
+            memory_bytes=args.memory,
+            bandwidth_gbps=args.bandwidth,
+            tflops=args.tflops,
+        )
+        sweep.plans()  # validate every combination before predicting any
+    return run_plan(sweep, command=cli.command)
+
+
+TOOL = Tool("bench-plan", __doc__, add_options=_add_options, run=_run, plot=plot_plan)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-plan` (see the module docstring)."""
+    return TOOL.main(argv)

@@ -1,0 +1,339 @@
+"""bench.core's memory model against hand computations, against the tensors a real lmcore model's
+autograd graph holds, and against bench-zero's measured tensor sizes."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+
+import lmcore
+import zero
+from bench.core.capacity import Checkpointing, TrainingPlan, estimate_memory
+from bench.core.fit import (
+    checkpointing_candidates,
+    largest_batch,
+    largest_seq_len,
+    least_memory,
+    least_recompute_fit,
+    parse_memory,
+)
+from bench.core.lm_params import model_parameters
+from bench.core.residuals import (
+    block_residuals,
+    combined_formula,
+    fused_loss_chunk_tokens,
+    head_residuals,
+    loss_memory,
+    total_bytes,
+)
+
+# A model small enough to count by hand: V=11, d=8, f=12, 2 layers of 2 heads (head dim 4).
+HAND = lmcore.ModelConfig(
+    vocab_size=11, context_length=4, d_model=8, num_layers=2, num_heads=2, d_ff=12
+)
+HAND_PARAMS = (
+    11 * 8  # token embedding
+    + 2 * (8 + 4 * 8 * 8 + 8 + 3 * 8 * 12)  # per block: ln1, q k v o, ln2, w1 w2 w3 = 560
+    + 8  # final norm
+    + 8 * 11  # LM head
+)  # = 1304
+
+
+def test_parameter_list_is_the_models():
+    params = model_parameters(HAND)
+    assert sum(p.numel for p in params) == HAND_PARAMS == lmcore.count_parameters(HAND)
+    roles = {p.name.split(".")[-2]: p.role for p in params}
+    assert roles["q_proj"] == "column" and roles["output_proj"] == "row"
+    assert roles["w2"] == "row" and roles["token_embeddings"] == "vocab"
+    assert [p.block for p in params if p.kind == "norm"] == [0, 0, 1, 1, None]
+
+
+def test_single_device_fp32_step_by_hand():
+    # fp32, lmcore's foreach AdamW: at the optimizer step the weights (4 B), gradients (4 B),
+    # two moments (8 B) and sqrt(v) (4 B) are alive, 20 B per parameter, plus RoPE's cos and sin
+    # tables (2 × context 4 × head_dim/2 2 × 4 B = 64 B).
+    estimate = estimate_memory(TrainingPlan(HAND, batch=2))
+    step = estimate.phase("optimizer step")
+    assert step.bytes_of("parameters") == 4 * 1304
+    assert step.bytes_of("gradients") == 4 * 1304
+    assert step.bytes_of("optimizer state") == 8 * 1304
+    assert step.bytes_of("optimizer temporaries") == 4 * 1304
+    assert step.total == 20 * 1304 + 64
+    fused = estimate_memory(TrainingPlan(HAND, batch=2, optimizer="lmcore-fused"))
+    assert fused.phase("optimizer step").total == 16 * 1304 + 64
+
+
+def test_block_residuals_by_hand():
+    # fp32, naive attention, b=2, s=4 (T=8 tokens), d=8, f=12, h=2:
+    #   norms: input, x·rms, output: 3 × 4·T·d, twice          = 6 × 256 = 1536
+    #          rsqrt: 4·T, twice                               = 64
+    #   attention: q, k, contiguous v, merged output: 4·4·T·d  = 1024
+    #              softmax output 4·b·h·s² = 4·2·2·16          = 256
+    #              causal mask s² (bool)                       = 16
+    #   FFN: w1 x, SiLU, w3 x, product: 4 × 4·T·f = 4 × 384    = 1536
+    residuals = block_residuals(HAND, batch=2, seq_len=4, regime="fp32")
+    assert total_bytes(residuals) == 1536 + 64 + 1024 + 256 + 16 + 1536
+    assert combined_formula(residuals) == "40·T·d + 8·T + s² + 4·b·h·s² + 16·T·f"
+
+
+def test_checkpointing_forms():
+    assert Checkpointing.parse("none", 3).segments == ((0, 1, "plain"), (1, 2, "plain"),
+                                                       (2, 3, "plain"))  # fmt: skip
+    assert Checkpointing.parse("every:2", 4).segments == (
+        (0, 1, "plain"), (1, 2, "segment"), (2, 3, "plain"), (3, 4, "segment"),
+    )  # fmt: skip
+    assert Checkpointing.parse("segments:3", 7).segments == (
+        (0, 3, "segment"), (3, 6, "segment"), (6, 7, "segment"),
+    )  # fmt: skip
+    assert Checkpointing.parse("nested", 9).segments == (
+        (0, 3, "nested"), (3, 6, "nested"), (6, 9, "nested"),
+    )  # fmt: skip
+    assert Checkpointing.parse("blocks", 5).recomputed_block_forwards == 5
+    assert Checkpointing.parse("nested:2", 5).recomputed_block_forwards == 10
+    for bad in ("segments", "every:0", "blocks:2", "sqrt", "segments:x"):
+        with pytest.raises(ValueError, match="activation checkpointing"):
+            Checkpointing.parse(bad, 4)
+
+
+def test_checkpointed_forward_keeps_only_the_checkpoints():
+    # Every block checkpointed: the forward keeps each block's input X = 4·T·d = 256 B (fp32),
+    # and backward rebuilds one block (A_block = 4432 B by hand, above) at a time.
+    plan = TrainingPlan(HAND, batch=2, activation_checkpointing="blocks", mode="forward-backward")
+    estimate = estimate_memory(plan)
+    head = total_bytes(head_residuals(HAND, batch=2, seq_len=4, regime="fp32"))
+    assert estimate.phase("forward end").bytes_of("activations") == 2 * 256 + head
+    worst = max((p for p in estimate.phases if p.name.startswith("backward, block")),
+                key=lambda p: p.total)  # fmt: skip
+    # block 1 (the first through backward): X of block 0, its own X and rebuilt residuals, ids
+    assert worst.bytes_of("activations") in (2 * 256 + 4432 + 8 * 8, 256 + 4432 + 8 * 8)
+
+
+def test_materialized_loss_by_hand():
+    # T = 8 tokens, V = 11, fp32, logits held: logits 4·T·V, logits − max 4·T·V, exp 4·T·V,
+    # targets 8·T, logsumexp input 4·T; backward adds one fp32 gradient 4·T·V.
+    loss = loss_memory(HAND, batch=2, seq_len=4, regime="fp32", loss="materialized")
+    tv = 8 * 11
+    assert loss.saved_bytes == 12 * tv + 12 * 8
+    assert loss.backward_peak == 16 * tv + 12 * 8
+    fused = loss_memory(HAND, batch=2, seq_len=4, regime="fp32", loss="fused", chunk_tokens=3)
+    assert fused.saved_bytes == 12 * 8  # targets and one logsumexp per token
+    assert fused.backward_peak == 12 * 8 + 8 * 3 * 11  # a chunk of fp32 logits and gradient
+
+
+def test_fused_loss_chunk_follows_liger():
+    # T = 32,768, V / d = 151,936 / 4096 -> 38: ceil(32,768 / 38) = 863 -> 1024
+    assert fused_loss_chunk_tokens(32_768, 151_936, 4096) == 1024
+    # T = 8, V / d = 11 / 8 -> 2: 4 tokens; T = 9, V / d = 11 / 8 -> 2: ceil(4.5) = 5 -> 8
+    assert fused_loss_chunk_tokens(8, 11, 8) == 4
+    assert fused_loss_chunk_tokens(9, 11, 8) == 8
+    assert fused_loss_chunk_tokens(3, 1000, 8) == 1
+
+
+def _graph_residual_bytes(root: torch.autograd.graph.Node, exclude: set[int]) -> int:
+    """Bytes of the distinct storages the autograd graph under `root` keeps for backward (0-d
+    tensors and storages in `exclude` left out)."""
+    seen: dict[int, int] = {}
+    nodes, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in nodes:
+            continue
+        nodes.add(node)
+        tensors = []
+        for name in dir(node):
+            if name.startswith("_saved_"):
+                with contextlib.suppress(RuntimeError):
+                    value = getattr(node, name)
+                    tensors += value if isinstance(value, tuple | list) else [value]
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.dim() > 0:
+                key = t.untyped_storage().data_ptr()
+                if key not in exclude:
+                    seen[key] = t.untyped_storage().nbytes()
+        stack += [n for n, _ in node.next_functions]
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize(
+    ("regime", "attention", "kv_heads"),
+    [
+        ("fp32", "naive", None),
+        ("fp32", "naive", 1),
+        ("fp32", "sdpa", None),
+        ("fp32", "sdpa", 1),
+        ("bf16", "naive", None),
+        ("bf16", "sdpa", 1),
+        # CPU autocast keeps softmax in bf16 (CUDA's runs it in fp32), so the autocast case uses
+        # a fused kernel, where the two agree.
+        ("autocast", "sdpa", None),
+    ],
+)
+def test_residuals_equal_what_the_autograd_graph_holds(regime, attention, kv_heads):
+    torch.manual_seed(0)
+    config = lmcore.ModelConfig(
+        vocab_size=37, context_length=12, d_model=24, num_layers=2, num_heads=4, d_ff=40,
+        attention=attention, num_kv_heads=kv_heads,
+    )  # fmt: skip
+    model = lmcore.TransformerLM.from_config(config)
+    if regime == "bf16":
+        model = model.to(torch.bfloat16)
+    b, s = 3, 11
+    x, y = torch.randint(37, (b, s)), torch.randint(37, (b, s))
+    exclude = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=regime == "autocast")
+    with autocast:
+        loss = lmcore.cross_entropy(model(x), y)
+    held = _graph_residual_bytes(loss.grad_fn, exclude)
+    kw = {"batch": b, "seq_len": s, "regime": regime}
+    predicted = (
+        config.num_layers * total_bytes(block_residuals(config, **kw))
+        + total_bytes(head_residuals(config, **kw))
+        + loss_memory(config, **kw, loss="materialized", hold_logits=False).saved_bytes
+    )
+    assert held == predicted
+
+
+def test_fsdp_shards_by_hand():
+    # 3 ranks: every weight flattened and padded to a multiple of 3, norm gains whole.
+    #   embedding 88 -> 30; q, k, v, o 64 -> 22 each; w1, w2, w3 96 -> 32 each; head 88 -> 30
+    plan = TrainingPlan(HAND, batch=3, layout="fsdp", dp=3)
+    per_device = 30 + 2 * (4 * 22 + 3 * 32 + 2 * 8) + 8 + 30
+    step = estimate_memory(plan).phase("optimizer step")
+    assert step.bytes_of("parameters") == 4 * per_device
+    assert step.bytes_of("gradients") == 4 * per_device
+    assert step.bytes_of("optimizer state") == 8 * per_device
+
+
+def test_zero1_shards_optimizer_state_by_owner():
+    plan = TrainingPlan(HAND, batch=4, layout="zero1", dp=2, optimizer="lmcore-fused")
+    step = estimate_memory(plan).phase("optimizer step")
+    sizes = [p.numel for p in model_parameters(HAND)]
+    owners = zero.partition_by_numel(sizes, 2)
+    busiest = max(sum(n for n, o in zip(sizes, owners, strict=True) if o == r) for r in (0, 1))
+    assert HAND_PARAMS / 2 <= busiest <= HAND_PARAMS / 2 + max(sizes)
+    assert step.bytes_of("optimizer state") == 8 * busiest
+    assert step.bytes_of("parameters") == step.bytes_of("gradients") == 4 * HAND_PARAMS
+
+
+def test_tensor_parallel_splits_by_hand():
+    # TP 2: q, k, v, w1, w3 split by rows, o and w2 by columns, embedding and head by vocabulary
+    # (11 -> 6 rows each), norms whole.
+    plan = TrainingPlan(HAND, batch=2, layout="tp", tp=2)
+    per_device = 6 * 8 + 2 * (8 + 4 * 32 + 8 + 3 * 48) + 8 + 6 * 8
+    step = estimate_memory(plan).phase("optimizer step")
+    assert step.bytes_of("parameters") == 4 * per_device
+
+
+def test_mixed_precision_master_weights():
+    # bf16-master: bf16 weights and gradients (2 B each), fp32 masters (4 B) and moments (8 B)
+    step = estimate_memory(
+        TrainingPlan(HAND, batch=2, precision="bf16-master", optimizer="lmcore-fused")
+    ).phase("optimizer step")
+    assert step.total - 64 == (2 + 2 + 4 + 8) * HAND_PARAMS
+
+
+def test_largest_batch_and_context_fit_and_the_next_does_not():
+    config = lmcore.model_config("tiny", context_length=64)
+    plan = TrainingPlan(config, batch=2, layout="ddp", dp=2)
+    memory = estimate_memory(plan).peak.total * 3
+    batch = largest_batch(plan, memory)
+    assert batch % 2 == 0
+    assert estimate_memory(dataclasses.replace(plan, batch=batch)).fits(memory)
+    assert not estimate_memory(dataclasses.replace(plan, batch=batch + 2)).fits(memory)
+    seq = largest_seq_len(plan, memory)
+    longer = dataclasses.replace(config, context_length=seq + 1)
+    assert not estimate_memory(dataclasses.replace(plan, model=longer, seq_len=seq + 1)).fits(
+        memory
+    )
+    assert largest_batch(plan, 1000) is None
+
+
+def test_least_recompute_fit_picks_the_cheapest_form_that_fits():
+    plan = TrainingPlan(HAND, batch=2, mode="forward-backward")
+    peaks = {
+        c: estimate_memory(dataclasses.replace(plan, activation_checkpointing=c)).peak.total
+        for c in checkpointing_candidates(2)
+    }
+    assert set(peaks) == {"none", "every:2", "blocks", "segments:2", "nested"}
+    # enough for everything: nothing recomputed
+    assert least_recompute_fit(plan, max(peaks.values())).plan.activation_checkpointing == "none"
+    # just enough for the smallest peak: some checkpointing, and one with that peak
+    smallest = min(peaks.values())
+    chosen = least_recompute_fit(plan, smallest)
+    assert chosen.peak.total == smallest and chosen.plan.activation_checkpointing != "none"
+    assert least_recompute_fit(plan, smallest - 1) is None
+
+
+def test_least_memory_balances_checkpoints_against_one_recomputed_segment():
+    # One level of recomputation over L blocks: segments of K blocks keep ⌈L/K⌉ inputs X and
+    # rebuild K blocks' residuals A at once, about (L/K)·X + K·A, least near K = √(L·X/A).
+    # Here A ≈ 14·X (fp32, a fused attention kernel, d = f) and L = 128: K ≈ 3, so neither every
+    # block (K = 1) nor one segment (K = L) is best.
+    config = lmcore.ModelConfig(vocab_size=11, context_length=64, d_model=8, num_layers=128,
+                                num_heads=2, d_ff=8, attention="sdpa")  # fmt: skip
+    plan = TrainingPlan(config, batch=2, mode="forward-backward", loss="fused")
+    single_level = ["blocks", *(f"segments:{k}" for k in (2, 3, 4, 8, 128))]
+    best = least_memory(plan, candidates=single_level)
+    peaks = {
+        c: estimate_memory(dataclasses.replace(plan, activation_checkpointing=c)).peak.total
+        for c in single_level
+    }
+    assert best.peak.total == min(peaks.values())
+    assert best.plan.activation_checkpointing not in ("blocks", "segments:128")
+
+
+def test_plan_refuses_what_does_not_exist():
+    with pytest.raises(ValueError, match="does not split over 2"):
+        TrainingPlan(HAND, batch=3, layout="ddp", dp=2)
+    with pytest.raises(ValueError, match="no data-parallel ranks"):
+        TrainingPlan(HAND, batch=2, dp=2)
+    with pytest.raises(ValueError, match="tp=3 must divide"):
+        TrainingPlan(HAND, batch=2, layout="tp", tp=3)
+    with pytest.raises(ValueError, match="bf16-master"):
+        TrainingPlan(HAND, batch=2, layout="fsdp", precision="bf16-autocast")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        TrainingPlan(HAND, batch=2, precision="fp8")
+    with pytest.raises(ValueError, match="unknown attention"):
+        estimate_memory(TrainingPlan(dataclasses.replace(HAND, attention="mine"), batch=2))
+
+
+def test_parse_memory():
+    assert parse_memory("80GB") == 80 * 10**9
+    assert parse_memory("80 GiB") == 80 * 2**30
+    assert parse_memory("1.5tb") == 1.5e12
+    for bad in ("80", "-3GB", "lots", "80XB"):
+        with pytest.raises(ValueError, match="memory size"):
+            parse_memory(bad)
+
+
+def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
+    # bench-zero on 2 gloo ranks reports the bytes of each rank's parameter, gradient and
+    # optimizer-state tensors (the largest rank); the plan of each variant predicts them.
+    config = zero_run.config
+    model = lmcore.model_config(
+        config["size"], context_length=config["context_length"], vocab_size=config["vocab_size"]
+    )
+    layouts = {"ddp": "ddp", "sharded": "zero1", "fsdp": "fsdp", "fsdp-no-prefetch": "fsdp"}
+    # bench-zero counts whole storages, and on the CPU two kinds of 4-byte bookkeeping ride
+    # along: torch AdamW's step counter per parameter (on the GPU it lives on the host) and
+    # zero.FSDP's "any rank had a gradient" flag beside each replicated gain's gradient. So the
+    # measured bytes may exceed the prediction by at most 4 B per parameter tensor.
+    slack = 4 * len(model_parameters(model))
+    checked = 0
+    for row in zero_run.rows:
+        if row["variant"] not in layouts:
+            continue
+        plan = TrainingPlan(
+            model, batch=config["batch"] * 2, layout=layouts[row["variant"]], dp=2,
+            precision="bf16-master" if row["compute_dtype"] == "bf16" else "fp32",
+        )  # fmt: skip
+        step = estimate_memory(plan).phase("optimizer step")
+        assert row["param_mib"] * 2**20 == step.bytes_of("parameters"), row
+        for key, name in (("grad", "gradients"), ("state", "optimizer state")):
+            extra = row[f"{key}_mib"] * 2**20 - step.bytes_of(name)
+            assert 0 <= extra <= slack, (row, key, extra)
+        checked += 1
+    assert checked == 7  # ddp, sharded at two caps, fsdp and fsdp-no-prefetch in two dtypes

@@ -1,0 +1,196 @@
+"""bench-plan: its command line, its tables, the check against the committed measurements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import lmcore
+from bench.core.capacity import TrainingPlan, estimate_memory
+from bench.core.memory import GIB
+from bench.core.plan_check import recorded_size_label
+from bench.core.results import Run, load_json, save_json
+from bench.core.shapes import size_label
+from bench.tools.plan import (
+    PlanSweep,
+    main,
+    plot_plan,
+    run_check,
+    run_leaderboard,
+    run_plan,
+    run_section8,
+)
+
+RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+TINY = lmcore.model_config("tiny", context_length=32)
+
+
+def test_help_explains_with_examples(help_text):
+    text = help_text(main)
+    assert text.startswith("usage: bench-plan")
+    for needle in ("Examples:", "--check", "leaderboard-2026", "--memory", "segments:K"):
+        assert needle in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--size", "tiny", "--layout", "ddp", "--batch", "3"], "does not split over 2"),
+        (["--size", "tiny", "--memory", "80"], "memory size"),
+        (["--d-model", "64"], "need all of --d-model"),
+        ([], "name a model"),
+        (["--size", "tiny", "--activation-checkpointing", "sqrt"], "activation checkpointing"),
+        (["--size", "tiny", "--layout", "tp", "--tp", "3"], "tp=3 must divide"),
+    ],
+)
+def test_bad_input_is_a_usage_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--no-progress"])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_sweep_predicts_each_configuration_with_its_formulas(tmp_path):
+    sweep = PlanSweep(
+        models=(("tiny", TINY),),
+        batches=(4,),
+        layouts=("single", "fsdp"),
+        checkpointing=("none", "blocks"),
+        memory_bytes=2**30,
+    )
+    run = run_plan(sweep, command="bench-plan --test")
+    plans = [r for r in run.rows if r["table"].startswith("Predictions")]
+    assert [(r["layout"], r["checkpointing"]) for r in plans] == [
+        ("single", "none"), ("single", "blocks"), ("fsdp", "none"), ("fsdp", "blocks"),
+    ]  # fmt: skip
+    for row, (_, plan) in zip(plans, sweep.plans(), strict=True):
+        assert row["peak_gib"] == estimate_memory(plan).peak.total / GIB
+        assert row["fits"].startswith("yes")
+        assert row["max_batch"] >= 4 and row["max_batch"] % plan.dp == 0
+    assert plans[2]["sent_gb"] > 0 and plans[0]["sent_gb"] == 0  # FSDP gathers, one GPU not
+    formulas = [r for r in run.rows if r["table"].startswith("Formulas")]
+    assert any(r["term"].startswith("A_block") and "·T·d" in r["formula"] for r in formulas)
+    assert any(r["term"].startswith("all-gather") for r in formulas)
+    save_json(run, tmp_path / "plan.json")
+    assert load_json(tmp_path / "plan.json").rows == run.rows
+    assert plot_plan(run, tmp_path / "plan.png").is_file()
+
+
+def test_command_line_writes_its_files(tmp_path, capsys):
+    argv = ["--size", "tiny", "--context-length", "32", "--precision", "fp32", "bf16-autocast",
+            "--memory", "1GiB", "--json", str(tmp_path / "p.json"), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert "Predictions" in capsys.readouterr().out
+    assert len([r for r in load_json(tmp_path / "p.json").rows if "fits" in r]) == 2
+
+
+def test_leaderboard_rows_and_verdicts():
+    run = run_leaderboard(command="x", checkpointing=("none", "blocks"))
+    assert len(run.rows) == 2 * 4 * 2 * 2  # precisions × layouts × losses × optimizers
+    fsdp = next(
+        r for r in run.rows
+        if (r["precision"], r["layout"], r["loss"]) == ("bf16", "fsdp", "fused")
+    )  # fmt: skip
+    # 8.1B parameters in bf16 with bf16 moments, sharded over 2 GPUs, block checkpointing and
+    # the fused loss: the prediction says it fits an 80 GB GPU; without checkpointing nothing
+    # does (34 blocks of 32,768 tokens' residuals).
+    assert fsdp["ckpt_80gb"] == "blocks" and fsdp["peak_80gb"] < 80e9 / GIB
+    assert all(r["ckpt_80gb"] != "none" for r in run.rows)
+    assert any("80 GB per GPU" in n for n in run.notes)
+
+
+def test_section8_rows_carry_formula_value_and_reason():
+    from bench.core.ffn_parallelism import FFNSetting, data_parallel_max_devices
+
+    setting = FFNSetting(batch=100, d_model=8, d_ff=200, flops_per_s=1500.0, bandwidth=45.0)
+    run = run_section8(setting, num_dp=4, num_tp=2, command="x")
+    row = next(r for r in run.rows if (r["strategy"], r["quantity"]) == ("DP", "max devices"))
+    assert row["value"] == data_parallel_max_devices(setting).value == 4
+    assert row["formula"] == "N ≤ 1 + B·W/C" and row["why"]
+    alternate = run.rows[0]
+    assert alternate["formula"] == "(N-1)·S/W"
+
+
+def test_size_labels_read_the_2025_xl_by_its_dimensions():
+    assert size_label("small", (768, 3072, 12, 12)) == "small (768/3072/12L/12H)"
+    assert recorded_size_label("xl", (1600, 6400, 48, 25)).startswith("xl-2025 (1600/6400/48L")
+    assert recorded_size_label("xl", (2560, 10240, 32, 32)) == "xl (2560/10240/32L/32H)"
+
+
+def _synthetic_results(folder: Path) -> dict[str, float]:
+    """A bench-model run measured 5 % above the prediction, a bench-step row without its
+    configuration, and a file that is not a result; returns the model row's prediction (MiB)."""
+    config = lmcore.model_config("tiny", context_length=16, vocab_size=97)
+    plan = TrainingPlan(config, batch=2, mode="train-step", hold_logits=False)
+    predicted = estimate_memory(plan).peak.total / 2**20
+    size = lmcore.MODEL_SIZES["tiny"]
+    row = {"size": "tiny", "ctx": 16, "batch": 2, "mode": "train-step", "dtype": "fp32",
+           "attention": "naive", "compiled": False, "vocab_size": 97, "d_model": size.d_model,
+           "d_ff": size.d_ff, "num_layers": size.num_layers, "num_heads": size.num_heads,
+           "peak_mib": 1.05 * predicted, "status": "ok"}  # fmt: skip
+    env = {"device": "cuda", "device_type": "cuda", "device_name": "GPU", "command": "bench-model",
+           "date": "2026-11-20T00:00:00+00:00"}  # fmt: skip
+    # a row of the 2025 `xl` recorded by name alone, before the 2026 sizes took the name
+    by_name = {
+        "size": "xl",
+        "ctx": 8,
+        "batch": 1,
+        "mode": "forward",
+        "dtype": "fp32",
+        "attention": "naive",
+        "vocab_size": 97,
+        "peak_mib": 8000.0,
+        "status": "ok",
+    }
+    runs = Run.create("model", [row, by_name], device="cpu", config={}, env=env)
+    save_json(runs, folder / "m.json")  # fmt: skip
+    lacking = {"impl": "ours", "peak_mib": 10.0, "status": "ok"}
+    fsdp = TrainingPlan(
+        config,
+        batch=4,
+        layout="fsdp",
+        dp=2,
+        precision="bf16-master",
+        activation_checkpointing="blocks",
+        loss="fused",
+        optimizer="lmcore-fused",
+    )
+    complete = {"size": "tiny", "d_model": size.d_model, "d_ff": size.d_ff,
+                "num_layers": size.num_layers, "num_heads": size.num_heads, "vocab_size": 97,
+                "ctx": 16, "batch": 2, "precision": "bf16-master", "attention": "naive",
+                "loss": "fused", "optimizer": "lmcore-fused", "activation_checkpointing": "blocks",
+                "layout": "fsdp", "world_size": 2, "peak_mib": 1.0, "status": "ok"}  # fmt: skip
+    save_json(Run.create("step", [lacking, complete], device="cpu", config={}, env=env),
+              folder / "s.json")  # fmt: skip
+    (folder / "other.json").write_text(json.dumps({"not": "a result"}))
+    return {"peak": predicted, "step": estimate_memory(fsdp).peak.total / 2**20}
+
+
+def test_check_sets_prediction_beside_measurement(tmp_path):
+    predicted = _synthetic_results(tmp_path)
+    run = run_check(tmp_path, command="x")
+    peak = next(r for r in run.rows if r["source"] == "m" and r["quantity"] == "peak")
+    assert peak["predicted_mib"] == pytest.approx(predicted["peak"])
+    assert peak["error_pct"] == pytest.approx(100 * (1 / 1.05 - 1))
+    xl = next(r for r in run.rows if r["config"].startswith("xl"))
+    assert xl["config"].startswith("xl-2025 (1600/6400/48L/25H; recorded as xl)")
+    lacking, complete = [r for r in run.rows if r["source"] == "s"]
+    assert lacking["predicted_mib"] is None and lacking["note"].startswith("lacks d_model")
+    assert complete["predicted_mib"] == pytest.approx(predicted["step"])
+    assert run.config["files"] == ["m.json", "s.json"]
+    assert plot_plan(run, tmp_path / "check.png").is_file()
+
+
+def test_check_of_the_committed_results_meets_the_targets():
+    run = run_check(RESULTS, command="x")
+    tensors = [r for r in run.rows if r["quantity"] in ("param", "grad", "state")]
+    assert tensors and all(abs(r["error_pct"]) < 10 for r in tensors)
+    peaks = [r for r in run.rows if r["quantity"].endswith("peak") and r["error_pct"] is not None]
+    assert peaks and all(abs(r["error_pct"]) < 15 for r in peaks)
+
+
+def test_check_refuses_a_missing_folder(tmp_path):
+    with pytest.raises(ValueError, match="not a directory"):
+        run_check(tmp_path / "nowhere")
