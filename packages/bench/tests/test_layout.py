@@ -53,8 +53,18 @@ def test_plumbing_imports_no_tool(path):
     )
 
 
+def test_only_the_report_reads_the_handout_answers():
+    """`bench.handout` (the report's sections) may read the tools' row keys; only the report
+    tool imports it, and plumbing never does."""
+    for path in [*(SRC / "core").glob("*.py"), *(SRC / "tools").glob("*.py")]:
+        uses = {m for m in _imported_modules(path) if m.startswith("bench.handout")}
+        assert not uses or path == SRC / "tools" / "report.py", path.name
+
+
 def test_no_module_is_named_after_a_measured_package():
-    modules = {p.stem for folder in ("core", "tools") for p in (SRC / folder).glob("*.py")}
+    modules = {
+        p.stem for folder in ("core", "tools", "handout") for p in (SRC / folder).glob("*.py")
+    }
     assert not modules & MEASURED_PACKAGES
 
 

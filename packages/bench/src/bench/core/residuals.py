@@ -339,7 +339,9 @@ RESIDUAL_COLUMNS = [
     "status",
 ]
 # Every key of a residuals row, for readers (bench-report).
-RESIDUAL_KEYS = Keys(*RESIDUAL_COLUMNS, "batch", "d_model", "d_ff", "num_heads", "cell")
+RESIDUAL_KEYS = Keys(
+    *RESIDUAL_COLUMNS, "batch", "d_model", "d_ff", "num_heads", "num_layers", "cell"
+)
 
 
 def _block_rows(base: dict[str, Any], result: BlockResiduals) -> list[dict[str, Any]]:
@@ -423,6 +425,7 @@ def run_residual_study(
             "d_model": size.d_model,
             "d_ff": size.d_ff,
             "num_heads": size.num_heads,
+            "num_layers": size.num_layers,
             "dtype": dtype,
             "attention": backend,
             "checkpointing": mode,
