@@ -39,33 +39,7 @@ export PYTHONPATH=$(ls -d "$root"/packages/*/src | paste -sd:)
 dry=${DRY_RUN:-0}
 PY=python3
 
-stem() {  # the standard result name of a topic on this machine today
-    if [ "$dry" = 1 ]; then
-        echo "${1}_dryrun_$(date -u +%F)"
-        return
-    fi
-    $PY -c "import sys, torch; from bench.core.env import collect_env; \
-from bench.core.results import result_stem; \
-print(result_stem(sys.argv[1], collect_env(torch.device('cuda'))))" "$1"
-}
-run() {  # run LIMIT_S NAME COMMAND...: one command, timed, never fatal
-    local limit=$1 name=$2
-    shift 2
-    if [ "$dry" = 1 ]; then
-        printf '%s\t%s\t%s\n' "$limit" "$name" "$*"
-        return
-    fi
-    local start=$SECONDS
-    echo "== $name (limit ${limit} s): $*" >&2
-    if timeout "$limit" "$@"; then
-        echo "== $name done in $((SECONDS - start)) s" >&2
-    else
-        echo "== $name FAILED or timed out after $((SECONDS - start)) s (exit $?)" >&2
-    fi
-}
-files() {  # --json/--markdown/--plot of a result name
-    echo --json "$out/$1.json" --markdown "$out/$1.md" --plot "$out/$1.png"
-}
+. "$(dirname "$0")/gpu_lib.sh"
 check_sizes() {  # the 2026 names: xl is 2560 wide and 10B exists (lmcore's 2026 table)
     [ "$dry" = 1 ] && return
     $PY -c "from lmcore import MODEL_SIZES as S; import sys; \

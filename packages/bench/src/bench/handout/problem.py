@@ -92,17 +92,7 @@ def record_blocks(record: Record, report_dir: Path, stems: set[str]) -> list[Blo
 
 
 def _tables(record: Record) -> Sequence[Block]:
-    run = record.run
-    columns = run.columns or list(dict.fromkeys(k for r in run.rows for k in r))
-    if run.group_by is None:
-        return [Table(run.rows, columns)]
-    groups: dict[object, list[dict]] = {}
-    for row in run.rows:
-        groups.setdefault(row.get(run.group_by), []).append(row)
-    out = []
-    for value, rows in groups.items():
-        filled = [
-            c for c in columns if c != run.group_by and any(r.get(c) is not None for r in rows)
-        ]
-        out.append(Table(rows, filled, caption=str(value)))
-    return out
+    return [
+        Table(rows, columns, caption="" if value is None else str(value))
+        for value, rows, columns in record.run.groups()
+    ]

@@ -187,9 +187,16 @@ def answer_profile(res: Results) -> list[Block]:
     if any(PR.phase not in r for r in res.rows("profile")):
         out.append(
             Paragraph(
-                "Profiles written before kernel tables ranked kernels only (their tables put "
-                "`record_function` ranges beside kernels) are shown in full below but not "
-                "quoted; `handout_gpu.sh part2` and `part3` re-run them."
+                "Profiles written before the kernel tables ranked kernels only (their tables "
+                "put `record_function` ranges beside kernels) are listed below without their "
+                "tables and are not quoted."
+            )
+        )
+    if not rows:
+        out.append(
+            Paragraph(
+                "Not measured with kernel-only tables yet: it needs one GPU, "
+                "`handout_gpu.sh part2` (small at contexts 256, 512, 1024) and `part3` (xl)."
             )
         )
     timing = {
