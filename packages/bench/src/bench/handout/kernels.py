@@ -205,11 +205,21 @@ def answer_flash_tests(prefix: str, what: str):
 
 def answer_flash_benchmarking(res: Results) -> list[Block]:
     """flash_benchmarking: fa2-triton against PyTorch attention and SDPA over the sweep."""
-    rows = [r for r in ok(res.rows("flash")) if r[F.case] == "sweep"]
+    # the newest sweep of each dtype (one file per dtype), else every sweep row
+    latest = [
+        r
+        for dtype in ("bf16", "fp32")
+        for r in res.rows("flash", stem=f"flash_sweep_{dtype}", latest=True)
+    ]
+    rows = [r for r in ok(latest or res.rows("flash")) if r[F.case] == "sweep"]
     out: list[Block] = []
     for impl in ("naive", "sdpa"):
         found = pairs(
-            rows, vary=F.impl, a=impl, b="fa2-triton", match=(F.dtype, F.seq, F.d, F.batch)
+            rows,
+            vary=F.impl,
+            a=impl,
+            b="fa2-triton",
+            match=(F.dtype, F.seq, F.d, F.batch),
         )
         found = [(a, b) for a, b in found if num(a, F.fwd_bwd_ms) and num(b, F.fwd_bwd_ms)]
         if not found:

@@ -188,14 +188,16 @@ def grouped(rows: Rows, *keys: str) -> dict[tuple, Rows]:
 
 
 def pairs(
-    rows: Rows, *, vary: str, a: Any, b: Any, match: Sequence[str]
+    rows: Rows, *, vary: str, a: Any, b: Any, match: Sequence[str], same_file: bool = True
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Rows that differ only in `vary` (value `a` against `b`), matched on the keys `match`."""
-    left = {tuple(r.get(k) for k in match): r for r in rows if r.get(vary) == a}
+    """Rows that differ only in `vary` (value `a` against `b`), matched on the keys `match`
+    and, with `same_file`, measured in the same run (a comparison within one run)."""
+    keys = (*match, SOURCE) if same_file else tuple(match)
+    left = {tuple(r.get(k) for k in keys): r for r in rows if r.get(vary) == a}
     return [
         (left[key], r)
         for r in rows
-        if r.get(vary) == b and (key := tuple(r.get(k) for k in match)) in left
+        if r.get(vary) == b and (key := tuple(r.get(k) for k in keys)) in left
     ]
 
 
