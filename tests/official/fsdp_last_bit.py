@@ -17,7 +17,7 @@ difference survives the SGD update (lr 0.01). The suite's model and data come fr
 itself (`tests/test_fsdp.py`), nothing of it is copied here::
 
     uv run --with einops --with einx --with jaxtyping python tests/official/fsdp_last_bit.py \\
-        /tmp/a2 --json docs/results/fsdp_last_bit_cpu_<date>.json --markdown ...md
+        ../a2 --json docs/results/fsdp_last_bit_cpu_<date>.json --markdown ...md
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ is only read; nothing of the course's is copied into this repository.
 Usage, from the repository root (the suites import einops, and the 2026 `cs336_basics` also
 einx and jaxtyping, which this workspace does not install)::
 
-    git clone https://github.com/stanford-cs336/assignment2-systems /tmp/a2
+    git clone https://github.com/stanford-cs336/assignment2-systems ../a2
     uv run --with einops --with einx --with jaxtyping \\
-        python tests/official/run.py /tmp/a2 [--json out.json --markdown out.md] [-- -k fsdp]
+        python tests/official/run.py ../a2 [--json out.json --markdown out.md] [-- -k fsdp]
 
 Without a GPU the Triton tests skip (the suite's own `skipif`). The exit status is pytest's.
 `--json`/`--markdown` write one row per test (suite, version, commit, outcome, seconds, the
