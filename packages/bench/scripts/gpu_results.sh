@@ -23,25 +23,7 @@ out=${1:?usage: gpu_results.sh OUT_DIR}
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 export PYTHONPATH=$(ls -d "$root"/packages/*/src | paste -sd:)
 mkdir -p "$out/snapshots"
-stem() {  # the standard result name of a topic on this machine today
-    python3 -c "import sys, torch; from bench.core.env import collect_env; \
-from bench.core.results import result_stem; \
-print(result_stem(sys.argv[1], collect_env(torch.device('cuda'))))" "$1"
-}
-run() {  # run LIMIT_S NAME COMMAND...: one part, timed, never fatal
-    local limit=$1 name=$2
-    shift 2
-    local start=$SECONDS
-    echo "== $name (limit ${limit} s): $*" >&2
-    if timeout "$limit" "$@"; then
-        echo "== $name done in $((SECONDS - start)) s" >&2
-    else
-        echo "== $name FAILED or timed out after $((SECONDS - start)) s (exit $?)" >&2
-    fi
-}
-files() {  # --json/--markdown/--plot of a result name
-    echo --json "$out/$1.json" --markdown "$out/$1.md" --plot "$out/$1.png"
-}
+. "$(dirname "$0")/gpu_lib.sh"
 
 attn=$(stem attn)
 run 120 bench-attn python3 -m bench attn --no-progress $(files "$attn")

@@ -21,7 +21,8 @@ from bench.__main__ import main as dispatch
 SRC = Path(bench.__file__).parent
 PYPROJECT = SRC.parents[1] / "pyproject.toml"
 MEASURED_PACKAGES = {"lmcore", "fa2", "ddp", "zero"}
-LAYERS = ("core", "tools", "train")
+# plumbing, tools, the trainer, and the handout answers (which only the report reads)
+LAYERS = ("core", "tools", "train", "handout")
 REPORT = "bench.tools.report"  # the one module that may read both tools and the trainer
 MAX_TRAINER_LINES = 400
 
@@ -72,6 +73,14 @@ def test_only_the_layers_and_the_dispatcher_sit_at_the_package_root():
     assert {p.name for p in SRC.glob("*.py")} == {"__init__.py", "__main__.py"}
     folders = {p.name for p in SRC.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders == set(LAYERS)
+
+
+def test_only_the_report_reads_the_handout_answers():
+    """`bench.handout` (the report's sections) may read the tools' row keys; only the report
+    tool imports it, and plumbing never does."""
+    for path in [*_modules("core"), *_modules("tools"), *_modules("train")]:
+        uses = {m for m in _imported_modules(path) if m.startswith("bench.handout")}
+        assert not uses or path == SRC / "tools" / "report.py", path.name
 
 
 def test_no_module_is_named_after_a_measured_package():

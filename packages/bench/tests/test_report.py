@@ -1,128 +1,188 @@
-"""bench-report: a report built from results the tools wrote."""
+"""bench-report: the 2026 handout's problems answered from results the tools wrote."""
 
 import json
 
 import pytest
 
-from bench.core.results import save_json
+from bench.core.document import Heading, Image, Paragraph, Table, render
+from bench.core.results import Run, save_json
+from bench.core.saved_tensors import run_residual_study
+from bench.handout.results import Results
 from bench.tools.attn import run_attention
-from bench.tools.report import (
-    NOT_MEASURED,
-    SECTIONS,
-    build_report,
-    collect_runs,
-    main,
-    report_links,
-)
+from bench.tools.report import PROBLEMS, build_report, main, report_links
+from lmcore import ModelSize
+
+NOT_MEASURED = "Not measured: no result answers it yet."
+
+
+def _section(text: str, key: str) -> str:
+    """The body of the problem `key`'s section."""
+    return text.split(f"`{key}`)\n")[1].split("\n## ")[0]
 
 
 def test_collects_every_tool_result(tool_results):
-    runs, skipped = collect_runs(tool_results)
-    assert sorted(r.tool for _, r in runs) == ["attn", "flash", "model", "precision"]
-    assert skipped == []
+    res = Results.collect(tool_results)
+    assert sorted(r.run.tool for r in res.records) == ["attn", "flash", "model", "precision"]
+    assert res.skipped == []
 
 
-def test_sections_in_handout_order_with_tables(tool_results):
+def test_every_problem_of_the_2026_handout_in_order(tool_results):
     text = build_report(tool_results)
-    positions = [text.index(f"{s.title} (") for s in SECTIONS]
+    keys = [p.key for p in PROBLEMS]
+    assert keys[:3] == ["benchmarking_script", "benchmarking_script (c)", "nsys_profile"]
+    assert {
+        "memory_profiling",
+        "gradient_checkpointing",
+        "fsdp_accounting",
+        "fsdp_tp_calcs",
+    } <= set(keys)
+    positions = [text.index(f"`{key}`)\n") for key in keys]
     assert positions == sorted(positions)
-    assert text.count("Source: `") == 4
-    assert "| impl" in text and "| size" in text
+    for problem in PROBLEMS:
+        assert f"*Asks.* {problem.asks}" in _section(text, problem.key)
 
 
-def test_unmeasured_sections_say_so(tool_results):
+def test_unmeasured_problems_say_what_they_need(tool_results):
     text = build_report(tool_results)
-    for title in ("Warm-up", "Communication: all-reduce", "Data-parallel training"):
-        section = text.split(f"{title} (")[1].split("\n## ")[0]
-        assert NOT_MEASURED in section
+    for key in ("naive_ddp_benchmarking", "leaderboard", "distributed_communication_single_node"):
+        section = _section(text, key)
+        assert NOT_MEASURED in section and "It needs" in section
+    assert "two B200 GPUs" in _section(text, "leaderboard")
 
 
-def test_answers_come_from_the_rows(tool_results):
+def test_answers_quote_the_rows_with_file_and_revision(tool_results):
     text = build_report(tool_results)
-    runs = {r.tool: r for _, r in collect_runs(tool_results)[0]}
-    fb = next(r for r in runs["model"].rows if r["mode"] == "forward-backward")
-    assert "Backward time / forward time:" in text
-    assert f"{fb['size']} ctx {fb['ctx']} fp32:" in text
-    assert "bf16 autocast speed-up (fp32 step / bf16 step):" in text
-    fp16 = next(r for r in runs["precision"].rows if r.get("case") == "fp16 += fp16")
-    assert f"fp16 += fp16: {fp16['printed']}" in text
-    assert "fa2-pytorch forward+backward vs sdpa" in text
+    res = Results.collect(tool_results)
+    model = next(r for r in res.records if r.run.tool == "model")
+    revision = model.run.env["git_revision"][:12]
+    section = _section(text, "benchmarking_script")
+    assert f"(source: `model.json` at `{revision}`)" in section
+    fwd = next(r for r in model.run.rows if r["mode"] == "forward" and r["dtype"] == "fp32")
+    assert f"{fwd['fwd_ms']:.3g} ms" in section
+    precision = next(r for r in res.records if r.run.tool == "precision")
+    fp16 = next(r for r in precision.run.rows if r.get("case") == "fp16 += fp16")
+    assert f"fp16 += fp16: {fp16['printed']}" in _section(text, "mixed_precision_accumulation")
+    assert "bf16 autocast makes a step" in _section(text, "benchmarking_mixed_precision")
 
 
-def test_oom_boundary_is_reported(tmp_path, tiny_attn_config, naive_attention_oom):
+def test_analytic_problems_are_left_to_bench_plan(tool_results):
+    text = build_report(tool_results)
+    for key in ("alternate_ring_all_reduce", "data_parallel_calcs", "fsdp_calcs", "tp_calcs"):
+        assert "Answered by bench-plan" in _section(text, key)
+
+
+def test_oom_boundary_and_memory_accounting(tmp_path, tiny_attn_config, naive_attention_oom):
     run = run_attention(tiny_attn_config(), device="cpu", show_progress=False)
     save_json(run, tmp_path / "attn.json")
-    text = build_report(tmp_path)
-    assert "d=16: naive attention fits up to seq 17, out of memory from seq 32." in text
+    section = _section(build_report(tmp_path), "pytorch_attention")
+    assert "Out of memory from seq 32 (d=16)" in section
+    assert "| d " in section and "OOM" in section
 
 
-def test_plots_are_linked_relative_to_the_report(tmp_path):
-    from bench.tools.precision import main as precision_main
+def test_profile_section_quotes_kernels_per_phase_never_ranges(tmp_path, tiny_model_config):
+    from bench.tools.model import run_model
 
-    results = tmp_path / "results"
-    assert (
-        precision_main(
-            ["--device", "cpu", "--json", str(results / "p.json"), "--plot", str(results / "p.png")]
-        )
-        == 0
+    run_model(
+        tiny_model_config(modes=("forward", "train-step"), steps=1),
+        device="cpu",
+        profile=tmp_path / "profile_cpu",
+        show_progress=False,
     )
-    text = build_report(results, output=tmp_path / "docs" / "report.md")
-    assert "![p](../results/p.png)" in text
-    assert (tmp_path / "docs" / "report.md").read_text() == text
+    section = _section(build_report(tmp_path), "nsys_profile")
+    assert "(a) the forward pass takes" in section
+    assert "(b) the operator with the most forward time is `aten::" in section
+    assert "(d) over a training step matmuls take" in section
+    assert "(e) inside attention softmax takes" in section and "their FLOPs" in section
+    assert "Source: `profile_cpu.json`" in section
 
 
-def test_foreign_json_is_skipped(tmp_path):
-    (tmp_path / "other.json").write_text(json.dumps({"hello": 1}))
+def test_residuals_answer_memory_question_f_and_checkpointing(tmp_path):
+    shape = ("odd", ModelSize(d_model=12, d_ff=20, num_layers=4, num_heads=3))
+    run = run_residual_study([shape], context_lengths=(2048,), batch=1)
+    save_json(run, tmp_path / "residuals_cpu.json")
     text = build_report(tmp_path)
-    assert "Skipped files: other.json" in text
-    assert text.count(NOT_MEASURED) == len(SECTIONS)
+    memory = _section(text, "memory_profiling")
+    block = next(r for r in run.rows if r["kind"] == "block" and r["checkpointing"] == "none")
+    assert f"keeps {block['mib']:.3g} MiB for backward" in memory
+    assert "the five largest contributors:" in memory and "(100%)" not in memory
+    checkpointing = _section(text, "gradient_checkpointing")
+    assert "least at K = √(N·input/residuals)" in checkpointing
+    assert "K=1:" in checkpointing and "K=4:" in checkpointing
 
 
-def test_missing_folder_is_an_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="--json"):
-        build_report(tmp_path / "nope")
-
-
-def test_main_help_exits_zero(help_text):
-    assert "folder" in help_text(main)
-
-
-def test_main_writes_output(tool_results, tmp_path, capsys):
-    out = tmp_path / "report.md"
-    assert main([str(tool_results), "-o", str(out)]) == 0
-    assert out.read_text().startswith("# Benchmark report")
-
-
-def test_communication_answers_from_an_allreduce_run(tmp_path):
-    from bench.tools.allreduce import AllReduceConfig, run_allreduce
-
-    config = AllReduceConfig(backends=("gloo",), sizes_mb=(1.0,), world_sizes=(2,), steps=2)
-    run = run_allreduce(config, device="cpu", show_progress=False)
-    save_json(run, tmp_path / "allreduce.json")
-    (row,) = run.rows
+def test_official_suites_and_the_fsdp_last_bit(tmp_path):
+    rows = [
+        {"suite": "spring2026", "version": "26.1.1", "test": t, "outcome": o, "seconds": 1.0}
+        for t, o in (
+            ("test_fsdp::test_fsdp_correctness[fp32]", "failed"),
+            ("test_fsdp::test_fsdp_correctness[fp16]", "passed"),
+            ("test_attention::test_flash_forward_pass_pytorch", "passed"),
+        )
+    ]
+    save_json(Run.create("official_tests", rows, device="cpu", config={}), tmp_path / "o.json")
+    last_bit = {"threads": 1, "step": 0, "parameter": "linear1.weight", "numel": 8192}
+    last_bit |= {"grad_differ": 4000, "grad_max_abs": 1.5e-8, "param_differ": 40}
+    save_json(Run.create("fsdp_last_bit", [last_bit], device="cpu", config={}), tmp_path / "f.json")
     text = build_report(tmp_path)
-    assert f"gloo, 2 ranks (median): 1 MB {row['ms']:.3g} ms" in text
+    fsdp = _section(text, "fsdp")
+    assert "spring2026: 1 of 2 passed (failed: test_fsdp::test_fsdp_correctness[fp32])" in fsdp
+    assert "in 4,000 of 8,192 elements of linear1.weight" in fsdp
+    assert "1 passed, 0 failed" in _section(text, "flash_forward")
 
 
-def _assert_links_exist(text, report_dir):
-    links = report_links(text)
-    assert links
-    missing = [link for link in links if not (report_dir / link).exists()]
-    assert missing == []
+def test_real_ddp_and_zero_output_goes_through_the_report(tmp_path, ddp_run, zero_run):
+    save_json(ddp_run, tmp_path / "ddp_cpu.json")
+    save_json(zero_run, tmp_path / "zero_cpu.json")
+    text = build_report(tmp_path)
+    naive = next(r for r in ddp_run.rows if r["variant"] == "naive")
+    assert f"{naive['step_ms']:.3g} ms per step" in _section(text, "naive_ddp_benchmarking")
+    sharded = next(r for r in zero_run.rows if r["variant"] == "sharded")
+    section = _section(text, "optimizer_state_sharding_accounting")
+    assert f"{sharded['state_vs_ddp']:.2f}× plain DDP's" in section
+
+
+def test_latex_and_typst_export_the_tables(tool_results, tmp_path):
+    latex = build_report(tool_results, fmt="latex", output=tmp_path / "r.tex")
+    assert latex.startswith(r"\documentclass{article}") and latex.rstrip().endswith(
+        r"\end{document}"
+    )
+    assert r"\toprule" in latex and r"\section*{1. Benchmarking Script" in latex
+    assert r"\texttt{benchmarking\_script}" in latex
+    typst = build_report(tool_results, fmt="typst")
+    assert "#table(columns:" in typst and "== 1. Benchmarking Script" in typst
+
+
+def test_document_renderers_escape_and_keep_every_cell():
+    doc = [
+        Heading(1, "R"),
+        Paragraph("a_b costs 5% of `x_y` and **much** more"),
+        Table([{"name": "mm_kernel", "ms": 1.5}, {"name": "#2", "status": "OOM"}], ["name", "ms"]),
+        Image("p.png", "plot"),
+    ]
+    latex = render(doc, "latex")
+    assert r"a\_b costs 5\% of \texttt{x\_y} and \textbf{much}" in latex
+    assert r"mm\_kernel & 1.5 \\" in latex and r"\#2 & OOM \\" in latex
+    assert r"\includegraphics[width=\linewidth]{p.png}" in latex
+    typst = render(doc, "typst")
+    assert "[mm\\_kernel], [1.5]" in typst and '#image("p.png"' in typst
+    markdown = render(doc, "markdown")
+    assert "![plot](p.png)" in markdown and "| mm_kernel" in markdown
+    with pytest.raises(ValueError, match="typst"):
+        render(doc, "html")
 
 
 def test_every_link_in_the_report_exists(tool_results, tmp_path):
     from bench.tools.attn import plot_attention
 
-    attn_run = next(r for _, r in collect_runs(tool_results)[0] if r.tool == "attn")
+    attn = next(r for r in Results.collect(tool_results).records if r.run.tool == "attn")
     results = tmp_path / "results"
-    save_json(attn_run, results / "attn_cpu.json")
-    plot_attention(attn_run, results / "attn_cpu.png")
+    save_json(attn.run, results / "attn_cpu.json")
+    plot_attention(attn.run, results / "attn_cpu.png")
     out = tmp_path / "docs" / "REPORT.md"
     text = build_report(results, output=out)
     assert "![attn_cpu](../results/attn_cpu.png)" in text
-    assert "![attn_cpu_bwd](../results/attn_cpu_bwd.png)" in text
-    _assert_links_exist(text, out.parent)
+    links = report_links(text)
+    assert links and [link for link in links if not (out.parent / link).exists()] == []
 
 
 def test_images_follow_a_renamed_result(tmp_path):
@@ -133,57 +193,24 @@ def test_images_follow_a_renamed_result(tmp_path):
     assert precision_main(argv) == 0
     (results / "p.json").rename(results / "precision_cpu_2026-01-01.json")
     (results / "p.png").rename(results / "precision_cpu_2026-01-01.png")
-    (results / "precision_cpu_2026-01-01_extra.png").write_bytes(
-        (results / "precision_cpu_2026-01-01.png").read_bytes()
-    )
     text = build_report(results)
     assert "![precision_cpu_2026-01-01](precision_cpu_2026-01-01.png)" in text
-    assert "![precision_cpu_2026-01-01_extra](precision_cpu_2026-01-01_extra.png)" in text
     assert "(p.png)" not in text  # the recorded name no longer exists
-    _assert_links_exist(text, results)
 
 
-def test_report_opens_with_a_summary_and_asks_each_question(tool_results):
-    text = build_report(tool_results)
-    summary = text.split("## Summary")[1].split("\n## ")[0]
-    assert "from 4 result file(s)" in summary and "attn on" in summary
-    assert "Triton FlashAttention-2" not in summary  # fa2-triton is skipped on the CPU
-    for section in SECTIONS:
-        body = text.split(f"{section.title} ({section.handout})")[1].split("\n## ")[0]
-        assert f"*Question.* {section.question}" in body
-
-
-def test_real_ddp_and_zero_output_goes_through_the_report(tmp_path, ddp_run, zero_run):
-    save_json(ddp_run, tmp_path / "ddp_cpu.json")
-    save_json(zero_run, tmp_path / "zero_cpu.json")
+def test_foreign_json_is_skipped_and_a_missing_folder_is_an_error(tmp_path):
+    (tmp_path / "other.json").write_text(json.dumps({"hello": 1}))
     text = build_report(tmp_path)
-    rows = {r["case"]: r for r in ddp_run.rows}
-    bucketed = rows["bucketed 0.01 MB"]
-    assert f"hides {bucketed['hidden_e2e']:.0%} of that all-reduce end to end" in text
-    assert "A standalone all-reduce of all gradient bytes (all-reduce alone" in text
-    assert f"takes {bucketed['vs_torch']:.2f}× torch DDP's step time" in text
-    sharded = next(r for r in zero_run.rows if r["variant"] == "sharded")
-    assert f"keeps {sharded['state_vs_ddp']:.2f}× the optimizer state of plain DDP" in text
-    for title in ("Data-parallel training", "Optimizer-state sharding"):
-        section = text.split(f"{title} (")[1].split("\n## ")[0]
-        assert NOT_MEASURED not in section and "Source: `" in section
+    assert "Skipped files: other.json" in text
+    with pytest.raises(FileNotFoundError, match="--json"):
+        build_report(tmp_path / "nope")
 
 
-def test_profile_answers_section_1_1_4(tmp_path, tiny_model_config):
-    from bench.tools.model import run_model
-
-    run_model(
-        tiny_model_config(modes=("train-step",), steps=1),
-        device="cpu",
-        profile=tmp_path / "profile_cpu",
-        show_progress=False,
-    )
-    text = build_report(tmp_path)
-    section = text.split("Profiling (§1.1.4")[1].split("\n## ")[0]
-    assert "under the profiler, forward" in section
-    assert "the most expensive operator is" in section
-    assert "inside naive attention, softmax takes" in section
-    assert "Source: `profile_cpu.json`" in section
+def test_main_help_and_output(help_text, tool_results, tmp_path):
+    assert "--format" in help_text(main)
+    out = tmp_path / "report.typ"
+    assert main([str(tool_results), "-o", str(out), "--format", "typst"]) == 0
+    assert out.read_text().startswith("#set page")
 
 
 def test_every_key_a_tool_writes_is_declared_in_its_keys(tool_results, ddp_run, zero_run):
@@ -197,7 +224,7 @@ def test_every_key_a_tool_writes_is_declared_in_its_keys(tool_results, ddp_run, 
         "ddp": data_parallel.KEYS,
         "zero": sharding.KEYS,
     }
-    runs = [r for _, r in collect_runs(tool_results)[0]] + [ddp_run, zero_run]
+    runs = [r.run for r in Results.collect(tool_results).records] + [ddp_run, zero_run]
     for run in runs:
         written = {key for row in run.rows for key in row}
         assert written <= set(keys[run.tool]), (run.tool, written - set(keys[run.tool]))

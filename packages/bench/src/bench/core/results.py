@@ -223,17 +223,33 @@ class Run:
         """The rows as a Markdown table in `columns` order (one table per `group_by` value)."""
         if self.group_by is None:
             return to_markdown(self.rows, columns=self.columns)
+        parts = [
+            f"**{value}**\n\n{to_markdown(rows, columns=columns)}"
+            for value, rows, columns in self.groups()
+        ]
+        return "\n\n".join(parts)
+
+    def groups(self) -> list[tuple[Any, list[dict[str, Any]], list[str]]]:
+        """The table's parts: `(group_by value, rows, columns they fill)`; one part, value
+        None and all `columns`, when the run is not grouped."""
         columns = self.columns if self.columns is not None else _columns(self.rows)
+        if self.group_by is None:
+            return [(None, self.rows, list(columns))]
         groups: dict[Any, list[dict[str, Any]]] = {}
         for row in self.rows:
             groups.setdefault(row.get(self.group_by), []).append(row)
-        parts = []
-        for value, rows in groups.items():
-            filled = [
-                c for c in columns if c != self.group_by and any(r.get(c) is not None for r in rows)
-            ]
-            parts.append(f"**{value}**\n\n{to_markdown(rows, columns=filled)}")
-        return "\n\n".join(parts)
+        return [
+            (
+                value,
+                rows,
+                [
+                    c
+                    for c in columns
+                    if c != self.group_by and any(r.get(c) is not None for r in rows)
+                ],
+            )
+            for value, rows in groups.items()
+        ]
 
     @property
     def plot_title(self) -> str:

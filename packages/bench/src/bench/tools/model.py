@@ -19,11 +19,23 @@ steps, forward/backward/optimizer and, inside attention, scores/softmax/output f
 Systems. `--memory-snapshot PATH` records the allocator's history over the timed steps and writes
 the pickle (for pytorch.org/memory_viz) and a PNG timeline made here. `--profile DIR` runs the
 timed steps under `torch.profiler` and writes, per configuration, a Chrome/Perfetto trace
-(`<configuration>.pt.trace.json`) and the top kernels by CUDA time (operators by CPU time on a
-CPU) as text, plus `DIR/<DIR name>.json`: a run (tool `profile`) with those kernels and the
-time inside the steps' ranges (forward, backward, optimizer and, inside naive attention, scores
-/ softmax / output: softmax against the matmuls), which bench-report reads.
+(`<configuration>.pt.trace.json`) and kernel tables (`<configuration>_kernels.md`), plus
+`DIR/<DIR name>.json`, a run of tool `profile` that bench-report reads: CUDA kernels only (CPU
+operators without a GPU), ranked by total time per phase (forward, backward, optimizer, whole
+step) with the share of matmuls, softmax, elementwise kernels and the optimizer, and the
+`record_function` ranges reported separately, as ranges: softmax against the two matmuls inside
+naive attention comes from the same profile (see `bench.core.profiling`).
 `--warmup-study` re-runs the configuration in fresh processes with 0, 1, 2 and 5 warm-up steps.
+`--study residuals` measures what one TransformerBlock of each size saves for backward (the
+handout's §2.1.6 (f) and §3.1): the bytes by operation, the five largest with their share, with
+and without activation checkpointing, and the gradient bytes the block produces in backward
+(`bench.core.saved_tensors`; no GPU or Nsight needed). Examples::
+
+    bench-model --size small --context-length 128 256 --mode forward train-step --dtype fp32 bf16
+    bench-model --size xl --context-length 128 2048 --mode forward train-step --warmup 1 \\
+        --steps 1 --memory-snapshot memory.pickle
+    bench-model --size small --context-length 256 --mode forward train-step --profile profile
+    bench-model --size xl --context-length 128 2048 --dtype fp32 bf16 --study residuals
 
 Without a GPU a tiny model runs on the CPU by default (and says so).
 """
@@ -59,7 +71,15 @@ from bench.core.memviz import render_memory_snapshot
 from bench.core.nvtx import annotated_attention, nvtx_range
 from bench.core.oom import guarded
 from bench.core.plots import bar_plot
-from bench.core.results import Keys, Run, load_json, save_json
+from bench.core.profiling import (
+    PROFILE_COLUMNS,
+    PROFILE_KEYS,
+    AttentionShape,
+    profiled,
+    save_profile,
+)
+from bench.core.results import Keys, Run, load_json
+from bench.core.saved_tensors import run_residual_study
 from bench.core.shapes import CPU_SIZE, Shape, shape_named
 from bench.core.timing import elapsed_ms, summarize
 from lmcore import (
@@ -95,12 +115,13 @@ __all__ = [
 
 MODES = ("forward", "forward-backward", "train-step")
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast, fp32 throughout
-WARMUP_STUDY = (0, 1, 2, 5)  # the handout's §1.1.3 (c)
+ATTENTIONS = ("naive", "sdpa", "fa2-pytorch", "fa2-triton")
+WARMUP_STUDY = (0, 1, 2, 5)  # the handout's §2.1.3 (c)
+STUDIES = ("residuals",)
 
 # Allocator events kept while recording a memory snapshot: enough for several training steps
 # of the largest model (each step allocates a few thousand blocks per layer).
 _SNAPSHOT_MAX_ENTRIES = 1_000_000
-_PROFILE_ROWS = 20  # rows of the profiler's top-kernels table
 
 
 @dataclass(frozen=True)
@@ -206,84 +227,6 @@ def _recording_memory(path: Path | None, device: torch.device) -> Iterator[None]
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
-# The ranges the profile reports time for (see `bench.core.nvtx.annotated_attention`).
-PROFILE_RANGES = (
-    "forward",
-    "backward",
-    "optimizer",
-    "attention: scores",
-    "attention: softmax",
-    "attention: output",
-)
-PROFILE_COLUMNS = ["cell", "kind", "name", "calls", "self_ms", "total_ms", "share"]
-PROFILE_KEYS = Keys(*PROFILE_COLUMNS)  # every key of a profile row, for readers
-
-
-def _profile_rows(prof: torch.profiler.profile, device: torch.device, cell: _Cell) -> list[dict]:
-    """The profile's ranges and top kernels (top operators on a CPU) as rows; times in ms."""
-    on_cuda = device.type == "cuda"
-    events = prof.key_averages()
-
-    def self_us(e: Any) -> float:
-        return e.self_device_time_total if on_cuda else e.self_cpu_time_total
-
-    def total_us(e: Any) -> float:
-        return e.device_time_total if on_cuda else e.cpu_time_total
-
-    ranked = sorted((e for e in events if self_us(e) > 0), key=self_us, reverse=True)
-    all_us = sum(self_us(e) for e in ranked) or 1.0
-    rows = [
-        {
-            "cell": cell.label,
-            "kind": "range",
-            "name": e.key,
-            "calls": e.count,
-            "self_ms": None,
-            "total_ms": total_us(e) / 1e3,
-            "share": None,
-        }
-        for name in (*PROFILE_RANGES, f"attention: {cell.attention}")
-        for e in events
-        if e.key == name
-    ]
-    rows += [
-        {
-            "cell": cell.label,
-            "kind": "kernel" if on_cuda else "operator",
-            "name": e.key,
-            "calls": e.count,
-            "self_ms": self_us(e) / 1e3,
-            "total_ms": total_us(e) / 1e3,
-            "share": self_us(e) / all_us,
-        }
-        for e in ranked[:_PROFILE_ROWS]
-    ]
-    return rows
-
-
-@contextlib.contextmanager
-def _profiling(
-    directory: Path | None, cell: _Cell, device: torch.device, rows: list[dict]
-) -> Iterator[None]:
-    """Profile the block; write its Chrome trace and top-kernels table into `directory`, and
-    append its ranges and top kernels to `rows`."""
-    if directory is None:
-        yield
-        return
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        yield
-    directory.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(directory / f"{cell.label}.pt.trace.json"))
-    # Own time (children excluded), so kernels and leaf operations rank by what they cost.
-    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort_by, row_limit=_PROFILE_ROWS)
-    (directory / f"{cell.label}_kernels.txt").write_text(table + "\n")
-    rows.extend(_profile_rows(prof, device, cell))
-
-
 def _measure(
     cell: _Cell,
     config: ModelBenchConfig,
@@ -349,7 +292,11 @@ def _measure(
             step()
     reset_peak_memory(device)
     samples = []
-    with _recording_memory(snapshot, device), _profiling(profile, cell, device, profile_rows):
+    shape = AttentionShape(config.batch, size.num_heads, cell.context_length, model_config.head_dim)
+    with (
+        _recording_memory(snapshot, device),
+        profiled(profile, cell.label, device, profile_rows, attention=shape),
+    ):
         for i in range(config.steps):
             with nvtx_range(f"step {i}", enabled=ranges):
                 samples.append(step())
@@ -516,7 +463,15 @@ def run_model(
             f"The timed steps ran under torch.profiler, which slows them down; traces and "
             f"kernel tables in {profile}."
         )
-        _save_profile(profile, profile_rows, device=device, command=command, config=config)
+        save_profile(
+            profile,
+            profile_rows,
+            device=device,
+            command=command,
+            config=asdict(config),
+            steps=config.steps,
+            batch=config.batch,
+        )
     peaks = {r["mfu_peak_tflops"] for r in rows if r.get("mfu_peak_tflops")}
     if peaks:
         notes.append(
@@ -534,36 +489,6 @@ def run_model(
         columns=COLUMNS,
         notes=notes,
     )
-
-
-def _save_profile(
-    directory: Path,
-    rows: list[dict[str, Any]],
-    *,
-    device: torch.device,
-    command: str | None,
-    config: ModelBenchConfig,
-) -> Path:
-    """`directory/<directory name>.json`: the profile's rows as a run of tool `profile`."""
-    what = "kernels by CUDA time" if device.type == "cuda" else "operators by CPU time"
-    run = Run.create(
-        "profile",
-        rows,
-        device=device,
-        config=asdict(config),
-        command=command,
-        title=f"torch.profiler: time per range and top {what}, {config.steps} profiled steps, "
-        f"batch {config.batch}, {device_name(device)}",
-        columns=PROFILE_COLUMNS,
-        group_by="cell",
-        notes=[
-            "range rows: total time inside the range over the profiled steps (CUDA time of the "
-            "kernels it launched on a GPU, CPU time on a CPU); the attention ranges split naive "
-            "attention into scores (q·kᵀ matmul and mask), softmax and output (weights·v "
-            "matmul). kernel/operator rows: own time, and share of all own time.",
-        ],
-    )
-    return save_json(run, directory / f"{directory.name}.json")
 
 
 def _snapshot_note(snapshot: Path, cell: _Cell) -> str:
@@ -773,6 +698,11 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         "--profile", type=Path, metavar="DIR", help="torch.profiler traces and kernel tables"
     )
     tools.add_argument(
+        "--study",
+        choices=STUDIES,
+        help="residuals: what one block saves for backward, by operation (no timing)",
+    )
+    tools.add_argument(
         "--warmup-study",
         type=int,
         nargs="*",
@@ -800,6 +730,18 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(config: ModelBenchConfig | None, cli: Invocation) -> Run:
+    if cli.args.study == "residuals":
+        config = config if config is not None else default_model_config(cli.device)
+        return run_residual_study(
+            config.shapes,
+            context_lengths=config.context_lengths,
+            batch=config.batch,
+            dtypes=config.dtypes,
+            attention=config.attention,
+            device=cli.device,
+            command=cli.command,
+            config=asdict(config),
+        )
     if cli.args.warmup_study is not None:
         return run_warmup_study(
             config,

@@ -1,0 +1,275 @@
+"""§4 of the 2026 handout: attention benchmarks, torch.compile, FlashAttention-2."""
+
+from __future__ import annotations
+
+from bench.core.document import Block, Paragraph, Table
+from bench.handout.results import (
+    OOM,
+    Record,
+    Results,
+    Rows,
+    fmt,
+    grouped,
+    num,
+    ok,
+    pairs,
+    size_label,
+    span,
+)
+from bench.handout.single_gpu import said
+from bench.tools import attn, flash, model
+
+__all__ = [
+    "answer_attention",
+    "answer_compile",
+    "answer_flash_benchmarking",
+    "answer_flash_tests",
+    "is_compile",
+]
+
+A, F, M = attn.KEYS, flash.KEYS, model.KEYS
+
+
+def is_compile(record: Record) -> bool:
+    """A torch.compile comparison: attention naive vs compiled only, or a compiled model run."""
+    run = record.run
+    if run.tool == "attn":
+        return {r.get(A.impl) for r in run.rows} <= {"naive", "compiled"}
+    return run.tool == "model" and any(r.get(M.compiled) for r in run.rows)
+
+
+def answer_attention(res: Results) -> list[Block]:
+    """pytorch_attention: the grid, where it runs out of memory, the memory accounting."""
+    rows = [r for r in res.rows("attn") if r[A.impl] == "naive"]
+    if not rows:
+        return []
+    out: list[Block] = []
+    cells = {(r[A.d], r[A.seq]) for r in rows}
+    table = [
+        {
+            "d": r[A.d],
+            "seq": r[A.seq],
+            "fwd_ms": r.get(A.fwd_ms),
+            "bwd_ms": r.get(A.bwd_ms),
+            "mem_before_bwd_mib": r.get(A.mem_before_bwd_mib),
+            "status": r[A.status],
+        }
+        for r in sorted(rows, key=lambda r: (r[A.d], r[A.seq]))
+    ]
+    out.append(
+        said(
+            res,
+            f"Naive (PyTorch) attention, batch 8, one head, {len(cells)} of the handout's 20 "
+            "(d, seq) cells measured; forward and backward ms per call and the memory in use "
+            "before the backward:",
+            rows,
+        )
+    )
+    out.append(Table(table, list(table[0])))
+    ooms = sorted((r for r in rows if r[A.status] == OOM), key=lambda r: (r[A.seq], r[A.d]))
+    fits = [r for r in ok(rows) if num(r, A.mem_before_bwd_mib)]
+    if ooms:
+        first = ooms[0]
+        b, s, d = first.get(A.batch, 8), first[A.seq], first[A.d]
+        itemsize = 4 if first.get(A.dtype, "fp32") == "fp32" else 2
+        scores = b * s * s * itemsize / 2**20
+        text = (
+            f"Out of memory from seq {s} (d={d}). Accounting for that cell: q, k, v and the "
+            f"output are 4·{b}·{s}·{d}·{itemsize} bytes = {fmt(4 * b * s * d * itemsize / 2**20)} "
+            f"MiB, but every seq × seq matrix is {b}·{s}²·{itemsize} bytes = {fmt(scores)} MiB, "
+            "and the backward needs the softmax output saved (plus the scores, the mask and "
+            f"the masked scores as the forward computes them): several of those, "
+            f"{fmt(4 * scores / 1024)} GiB for four, beyond what the GPU holds with the "
+            "backward's own seq × seq gradients."
+        )
+        out.append(said(res, text, [first]))
+    if len(fits) >= 2:
+        a, z = min(fits, key=lambda r: r[A.seq]), max(fits, key=lambda r: r[A.seq])
+        growth = z[A.mem_before_bwd_mib] / a[A.mem_before_bwd_mib]
+        text = (
+            f"The memory saved for backward grows with the square of the sequence: from "
+            f"{fmt(a[A.mem_before_bwd_mib])} MiB at seq {a[A.seq]} to "
+            f"{fmt(z[A.mem_before_bwd_mib])} MiB at seq {z[A.seq]} ({growth:,.0f}× for "
+            f"{z[A.seq] / a[A.seq]:g}× the length). FlashAttention removes it: it never "
+            "materialises the seq × seq matrices, saves only the output and the logsumexp "
+            "(linear in seq) and recomputes the scores tile by tile in the backward."
+        )
+        out.append(said(res, text, [a, z]))
+    return out
+
+
+def answer_compile(res: Results) -> list[Block]:
+    """torch_compile: (a) compiled attention vs eager, every head dim; (b) the whole model."""
+    out: list[Block] = []
+    rows = ok(res.rows("attn"))
+    found = pairs(rows, vary=A.impl, a="naive", b="compiled", match=(A.d, A.seq, A.batch))
+    if found:
+        table = [
+            {
+                "d": a[A.d],
+                "seq": a[A.seq],
+                "eager_fwd_ms": a[A.fwd_ms],
+                "compiled_fwd_ms": b[A.fwd_ms],
+                "eager_bwd_ms": a[A.bwd_ms],
+                "compiled_bwd_ms": b[A.bwd_ms],
+            }
+            for a, b in found
+        ]
+        fwd = [a[A.fwd_ms] / b[A.fwd_ms] for a, b in found if num(b, A.fwd_ms)]
+        bwd = [a[A.bwd_ms] / b[A.bwd_ms] for a, b in found if num(b, A.bwd_ms)]
+        ds = sorted({t["d"] for t in table})
+        text = (
+            f"(a) torch.compile'd attention against eager, head dims {', '.join(map(str, ds))}: "
+            f"forward {span(fwd)} faster, backward {span(bwd)} faster (compiled fuses the "
+            "scale, mask and softmax into one kernel, but still writes the seq × seq matrix)."
+        )
+        out += [said(res, text, [r for p in found for r in p]), Table(table, list(table[0]))]
+    models = ok(r for r in res.rows("model") if is_compile(res.record_of(r)))
+    found_m = pairs(
+        models, vary=M.compiled, a=False, b=True, match=(M.size, M.ctx, M.mode, M.dtype, M.d_model)
+    )
+    if found_m:
+        table = [
+            {
+                "size": size_label(a),
+                "ctx": a[M.ctx],
+                "mode": a[M.mode],
+                "dtype": a[M.dtype],
+                "eager_ms": a[M.step_ms],
+                "compiled_ms": b[M.step_ms],
+                "speedup": a[M.step_ms] / b[M.step_ms],
+            }
+            for a, b in found_m
+            if num(a, M.step_ms) and num(b, M.step_ms)
+        ]
+        by_mode = grouped(table, "mode")
+        text = (
+            "(b) The whole model compiled against eager: "
+            + "; ".join(
+                f"{mode}: {span([t['speedup'] for t in group])}"
+                for (mode,), group in by_mode.items()
+            )
+            + (
+                ". The forward gains most from fusing the elementwise work (norms, RoPE, SwiGLU, "
+                "the attention mask and softmax); a training step gains less in proportion, since "
+                "its backward's matmuls and the optimizer (not compiled here) stay as they were."
+            )
+        )
+        out += [said(res, text, [r for p in found_m for r in p]), Table(table, list(table[0]))]
+    return out
+
+
+def _official(res: Results, prefix: str) -> Rows:
+    return [
+        r
+        for r in res.rows("official_tests")
+        if r.get("test", "").split("::")[-1].startswith(prefix)
+    ]
+
+
+def answer_flash_tests(prefix: str, what: str):
+    """An answer that quotes the official suites' results for tests named `prefix*`, and the
+    project's GPU test records."""
+
+    def answer(res: Results) -> list[Block]:
+        rows = _official(res, prefix)
+        out: list[Block] = []
+        if rows:
+            counts = {
+                o: sum(r["outcome"] == o for r in rows) for o in ("passed", "failed", "skipped")
+            }
+            suites = ", ".join(sorted({r["suite"] for r in rows}))
+            text = (
+                f"{what}: the official {suites} tests `{prefix}*` run against fa2 "
+                f"(`tests/official`): {counts['passed']} passed, {counts['failed']} failed, "
+                f"{counts['skipped']} skipped on a machine without a GPU (the Triton ones)."
+            )
+            out.append(said(res, text, rows))
+        gpu = [r for r in res.rows("gpu_tests") if "fa2" in str(r.get("command", ""))]
+        if gpu:
+            last = gpu[-1]
+            out.append(
+                said(
+                    res,
+                    f"On an H100 fa2's own GPU tests (the Triton forward and backward against "
+                    f"a float64 oracle) last passed {last.get('passed')} of "
+                    f"{last.get('passed', 0) + last.get('failed', 0)} at "
+                    f"`{str(last.get('revision'))[:12]}`.",
+                    [last],
+                )
+            )
+        return out
+
+    return answer
+
+
+def answer_flash_benchmarking(res: Results) -> list[Block]:
+    """flash_benchmarking: fa2-triton against PyTorch attention and SDPA over the sweep."""
+    # the newest sweep of each dtype (one file per dtype), else every sweep row
+    latest = [
+        r
+        for dtype in ("bf16", "fp32")
+        for r in res.rows("flash", stem=f"flash_sweep_{dtype}", latest=True)
+    ]
+    rows = [r for r in ok(latest or res.rows("flash")) if r[F.case] == "sweep"]
+    out: list[Block] = []
+    for impl in ("naive", "sdpa"):
+        found = pairs(
+            rows,
+            vary=F.impl,
+            a=impl,
+            b="fa2-triton",
+            match=(F.dtype, F.seq, F.d, F.batch),
+        )
+        found = [(a, b) for a, b in found if num(a, F.fwd_bwd_ms) and num(b, F.fwd_bwd_ms)]
+        if not found:
+            continue
+        name = "plain PyTorch attention" if impl == "naive" else "SDPA"
+        parts = []
+        for key, label in (
+            (F.fwd_ms, "forward"),
+            (F.bwd_ms, "backward"),
+            (F.fwd_bwd_ms, "end to end"),
+        ):
+            ratios = [a[key] / b[key] for a, b in found if num(a, key) and num(b, key)]
+            if ratios:
+                parts.append(f"{label} {span(ratios)}")
+        text = (
+            f"fa2-triton against {name} (their time / fa2's, batch 1, causal): "
+            + ", ".join(parts)
+            + "."
+        )
+        if impl == "naive":
+            ooms = sorted(
+                {
+                    (r[F.dtype], r[F.seq])
+                    for r in res.rows("flash")
+                    if r.get(F.impl) == "naive" and r.get(F.status) == OOM
+                }
+            )
+            if ooms:
+                text += (
+                    " Plain attention runs out of memory from "
+                    + ", ".join(f"seq {s} in {d}" for d, s in ooms[:2])
+                    + "; fa2 runs every length."
+                )
+        out.append(said(res, text, [r for p in found for r in p]))
+    best = [r for r in rows if r[F.impl] == "fa2-triton" and num(r, F.fwd_bwd_tflops)]
+    if best:
+        top = max(best, key=lambda r: r[F.fwd_bwd_tflops])
+        out.append(
+            said(
+                res,
+                f"fa2-triton peaks at {fmt(top[F.fwd_bwd_tflops])} TFLOP/s forward + backward "
+                f"(seq {top[F.seq]}, d {top[F.d]}, {top[F.dtype]}); the full tables are below.",
+                [top],
+            )
+        )
+    if rows and not any(r[F.impl] == "naive" for r in rows):
+        out.append(
+            Paragraph(
+                "The committed sweeps compare with SDPA only; `handout_gpu.sh part6` adds plain "
+                "PyTorch attention (`--impls fa2-triton naive sdpa`)."
+            )
+        )
+    return out
