@@ -6,7 +6,6 @@ import importlib
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,10 +38,10 @@ def test_every_command_parses_and_the_part_fits_one_call(part):
     commands = _commands(part)
     assert commands and sum(limit for limit, _, _ in commands) <= CALL_LIMIT_S
     for _, name, argv in commands:
-        assert argv[:2] == ["python3", "-m"] and argv[2].startswith("bench."), name
-        runner = importlib.import_module(argv[2])
-        tool = sys.modules[runner.main.__module__].TOOL
-        args = argv[3:]
+        assert argv[:3] == ["python3", "-m", "bench"], name
+        module = bench_commands()["bench-" + argv[3]].partition(":")[0]
+        tool = importlib.import_module(module).TOOL
+        args = argv[4:]
         if "--size" in args:
             start = args.index("--size") + 1
             end = next((i for i in range(start, len(args)) if args[i].startswith("-")), len(args))
