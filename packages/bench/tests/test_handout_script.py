@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.__main__ import commands as bench_commands
 from lmcore import MODEL_SIZES
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "handout_gpu.sh"
