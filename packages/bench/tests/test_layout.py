@@ -29,6 +29,7 @@ RUNNERS = {
     "report": "report",
     "train": "train",
     "train_results": "train_results",
+    "ops": "ops",
 }
 
 
