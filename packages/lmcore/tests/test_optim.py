@@ -139,6 +139,36 @@ def test_fused_adamw_with_parameters_at_different_steps():
     assert mine.state[ours[1]]["step"].item() == 2
 
 
+def test_fused_adamw_follows_gradients_written_in_place_and_moved():
+    # Gradients kept at one address (copied into) reuse the launch's address table; a gradient
+    # replaced by a new tensor moves it, and the table is rebuilt.
+    ours, theirs = _fused_params(6), _fused_params(6)
+    mine = AdamW(ours, lr=1e-2, weight_decay=0.1, fused=True)
+    reference = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, fused=True)
+    for a in ours:
+        a.grad = torch.zeros_like(a)
+    g = torch.Generator().manual_seed(7)
+    for step in range(4):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            grad = torch.randn(a.shape, generator=g)
+            if step == 2 and i == 0:
+                a.grad = grad.clone()  # a new address
+            else:
+                a.grad.copy_(grad)
+            b.grad = grad
+        mine.step()
+        reference.step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_fused_adamw_refuses_a_gradient_that_is_not_contiguous():
+    param = torch.randn(4, 5, requires_grad=True)
+    param.grad = torch.randn(5, 4).t()
+    with pytest.raises(ValueError, match="contiguous gradients of the parameters' dtype"):
+        AdamW([param], fused=True).step()
+
+
 def _adamw_float64(param, grads, *, lr, weight_decay, betas=(0.9, 0.999), eps=1e-8):
     """AdamW in float64 on a bf16 parameter, rounding it back to bf16 after every step."""
     m = torch.zeros_like(param, dtype=torch.float64)

@@ -12,8 +12,8 @@ __all__ = ["AdamW"]
 
 # Parameter dtypes the fused kernel updates (its moments are float32 for all three).
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Block tables kept per optimizer (one per set of parameter sizes that had gradients together).
-_MAX_BLOCK_TABLES = 8
+# Launch tables kept per optimizer: one per set of parameters that had gradients together.
+_MAX_LAUNCHES = 16
 
 
 def _step_dtype() -> torch.dtype:
@@ -115,7 +115,7 @@ class AdamW(torch.optim.Optimizer):
             "foreach": foreach,
             "fused": fused,
         }
-        self._block_tables: dict[tuple[Any, ...], Any] = {}
+        self._launches: dict[tuple[int, ...], Any] = {}
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -158,6 +158,7 @@ class AdamW(torch.optim.Optimizer):
                 entry = state_dict["state"].get(index, {})
                 saved[param] = {k: entry[k] for k in ("exp_avg", "exp_avg_sq") if k in entry}
         super().load_state_dict(state_dict)
+        self._launches.clear()  # the moments are new tensors
         for param, moments in saved.items():
             state = self.state[param]
             for key, value in moments.items():
@@ -246,48 +247,47 @@ class AdamW(torch.optim.Optimizer):
         torch._foreach_addcdiv_(params, exp_avgs, denom, neg_step_sizes)
 
     def _step_fused(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
-        """One fused-kernel launch per (parameter dtype, step count) of the group's `params`."""
+        """One kernel launch per (parameter dtype, step count) of the group's `params`."""
         from lmcore.kernels.adamw import adamw_step_
 
-        for p in params:
-            if not (p.grad.is_contiguous() and p.grad.dtype == p.dtype):
-                raise ValueError(
-                    "fused AdamW needs contiguous gradients of the parameters' dtype; got "
-                    f"{p.grad.dtype} of strides {p.grad.stride()} for a {p.dtype} parameter"
-                )
         states = [self._init_state(p, fused=True) for p in params]
         steps = [s["step"] for s in states]
         torch._foreach_add_(steps, 1)
+        counts = torch.stack(steps).tolist()
         launches: dict[tuple[torch.dtype, float], list[int]] = {}
-        for i, (p, step) in enumerate(zip(params, steps, strict=True)):
-            launches.setdefault((p.dtype, step.item()), []).append(i)
+        for i, (p, count) in enumerate(zip(params, counts, strict=True)):
+            launches.setdefault((p.dtype, count), []).append(i)
         beta1, beta2 = group["betas"]
-        for (_, step), indices in launches.items():
+        for (_, count), indices in launches.items():
             chosen = [params[i] for i in indices]
-            adamw_step_(
+            tensors = (
                 chosen,
                 [p.grad for p in chosen],
                 [states[i]["exp_avg"] for i in indices],
                 [states[i]["exp_avg_sq"] for i in indices],
-                self._block_table(chosen),
+            )
+            adamw_step_(
+                self._launch(chosen),
+                tensors,
                 lr=group["lr"],
                 beta1=beta1,
                 beta2=beta2,
                 eps=group["eps"],
                 weight_decay=group["weight_decay"],
-                step=int(step),
+                step=int(count),
             )
 
-    def _block_table(self, params: list[torch.Tensor]) -> Any:
-        from lmcore.kernels.adamw import BlockTable
+    def _launch(self, params: list[torch.Tensor]) -> Any:
+        """The kept `lmcore.kernels.adamw.Launch` of these parameters (built on first use)."""
+        from lmcore.kernels.adamw import Launch
 
-        key = (params[0].device, tuple(p.numel() for p in params))
-        table = self._block_tables.get(key)
-        if table is None:
-            if len(self._block_tables) >= _MAX_BLOCK_TABLES:
-                self._block_tables.clear()
-            table = self._block_tables[key] = BlockTable(key[1], key[0])
-        return table
+        key = tuple(map(id, params))
+        launch = self._launches.get(key)
+        if launch is None:
+            if len(self._launches) >= _MAX_LAUNCHES:
+                self._launches.clear()
+            launch = self._launches[key] = Launch(params)
+        return launch
 
 
 def _check_fused_params(params: list[torch.Tensor]) -> None:

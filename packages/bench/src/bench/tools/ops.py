@@ -37,6 +37,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -169,18 +170,16 @@ def _unfused(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) 
     return F.cross_entropy(hidden @ weight.T, targets)
 
 
-_compiled_unfused: Callable[..., torch.Tensor] | None = None
+@functools.cache
+def _compiled_unfused() -> Callable[..., torch.Tensor]:
+    """One compiled function for the run; each new shape compiles once (static shapes)."""
+    return torch.compile(_unfused, dynamic=False)
 
 
 def _loss_fn(impl: str) -> Callable[..., torch.Tensor]:
-    global _compiled_unfused
     if impl == "fused":
         return lmcore.fused_linear_cross_entropy
-    if impl == "eager":
-        return _unfused
-    if _compiled_unfused is None:  # one compiled function; each new shape compiles once
-        _compiled_unfused = torch.compile(_unfused, dynamic=False)
-    return _compiled_unfused
+    return _unfused if impl == "eager" else _compiled_unfused()
 
 
 def _loss_inputs(
@@ -228,43 +227,19 @@ def _measure_loss(
     }
 
 
-def _loss_rows(config: OpsConfig, device: torch.device, show, show_progress: bool) -> list[dict]:
-    rows = []
-    dtype = DTYPES[config.dtype]
-    cells = [(s, i) for s in config.loss_shapes for i in config.loss_impls]
-    inputs: dict[str, Any] = {}
-    for name, impl in progress(cells, desc="bench-ops loss", enabled=show_progress):
-        shape = LOSS_SHAPES[name]
-        if name not in inputs:
-            inputs.clear()
-            free_memory(device)
-            inputs[name] = _loss_inputs(shape, dtype, device)
-        size = lmcore.MODEL_SIZES[shape.size]
-        outcome = guarded(
-            lambda impl=impl, name=name: _measure_loss(impl, inputs[name], config, device),
-            device=device,
-        )
-        logits_mib = to_mib(shape.tokens * size.vocab_size * torch.empty((), dtype=dtype).itemsize)
-        rows.append(
-            {
-                "study": "loss",
-                "shape": name,
-                "size": lmcore.describe_size(shape.size),
-                "about": shape.about,
-                "tokens": shape.tokens,
-                "features": size.d_model,
-                "vocab": size.vocab_size,
-                "dtype": config.dtype,
-                "impl": impl,
-                **(outcome.value if outcome.ok else dict.fromkeys(_LOSS_METRICS)),
-                "logits_mib": logits_mib,
-                "status": outcome.status,
-            }
-        )
-        show(rows[-1])
-    inputs.clear()
-    free_memory(device)
-    return rows
+def _describe_loss(name: str, dtype: str) -> dict[str, Any]:
+    shape = LOSS_SHAPES[name]
+    size = lmcore.MODEL_SIZES[shape.size]
+    logits = shape.tokens * size.vocab_size * DTYPES[dtype].itemsize
+    return {
+        "size": lmcore.describe_size(shape.size),
+        "about": shape.about,
+        "tokens": shape.tokens,
+        "features": size.d_model,
+        "vocab": size.vocab_size,
+        "dtype": dtype,
+        "logits_mib": to_mib(logits),
+    }
 
 
 # ---- the optimizer step --------------------------------------------------------------------
@@ -298,44 +273,57 @@ def _measure_adamw(
     return {"ms": times.mean, "std": times.std, "n": times.n}
 
 
-def _adamw_rows(config: OpsConfig, device: torch.device, show, show_progress: bool) -> list[dict]:
+def _adamw_inputs(size: str, device: torch.device) -> list[torch.Tensor]:
+    """Every parameter of `size`, float32 with a random gradient, on `device`."""
+    g = torch.Generator(device=device).manual_seed(0)
+    params = [torch.randn(s, device=device, generator=g) for s in _parameter_shapes(size)]
+    for p in params:
+        p.grad = torch.randn(p.shape, device=device, generator=g)
+    return params
+
+
+# ---- the sweep, ratios, the run ------------------------------------------------------------
+
+
+def _sweep(
+    study: str,
+    cells: list[tuple[str, str]],
+    *,
+    prepare: Callable[[str], Any],
+    measure: Callable[[str, Any], dict[str, Any]],
+    describe: Callable[[str, Any], dict[str, Any]],
+    metrics: Sequence[str],
+    device: torch.device,
+    show: Callable[[dict[str, Any]], None],
+    show_progress: bool,
+) -> list[dict[str, Any]]:
+    """A row per (shape, implementation) cell: each shape's inputs built once (`prepare`),
+    each measurement guarded, so that out of memory or `Unavailable` is its row's status."""
     rows = []
-    cells = [(s, i) for s in config.adamw_sizes for i in config.adamw_impls]
-    params: dict[str, list[torch.Tensor]] = {}
-    for size, impl in progress(cells, desc="bench-ops adamw", enabled=show_progress):
-        if size not in params:
-            params.clear()
+    inputs: dict[str, Any] = {}
+    for shape, impl in progress(cells, desc=f"bench-ops {study}", enabled=show_progress):
+        if shape not in inputs:
+            inputs.clear()
             free_memory(device)
-            g = torch.Generator(device=device).manual_seed(0)
-            params[size] = [
-                torch.randn(s, device=device, generator=g) for s in _parameter_shapes(size)
-            ]
-            for p in params[size]:
-                p.grad = torch.randn(p.shape, device=device, generator=g)
+            inputs[shape] = prepare(shape)
         outcome = guarded(
-            lambda impl=impl, size=size: _measure_adamw(impl, params[size], config, device),
-            device=device,
+            lambda impl=impl, shape=shape: measure(impl, inputs[shape]), device=device
         )
         free_memory(device)
         rows.append(
             {
-                "study": "adamw",
-                "shape": size,
-                "size": lmcore.describe_size(size),
-                "params": sum(p.numel() for p in params[size]),
-                "dtype": "fp32",
+                "study": study,
+                "shape": shape,
+                **describe(shape, inputs[shape]),
                 "impl": impl,
-                **(outcome.value if outcome.ok else dict.fromkeys(_ADAMW_METRICS)),
+                **(outcome.value if outcome.ok else dict.fromkeys(metrics)),
                 "status": outcome.status,
             }
         )
         show(rows[-1])
-    params.clear()
+    inputs.clear()
     free_memory(device)
     return rows
-
-
-# ---- rows, ratios, the run -----------------------------------------------------------------
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -428,12 +416,33 @@ def run_ops(
         f"{LOSS_BASELINE} one's; extra_vs_logits: over the bytes of the materialised logits "
         "(logits_mib, tokens × vocabulary in the loss's dtype)."
     )
-    show = live_rows(_LIVE_COLUMNS, title="bench-ops")
+    sweep = functools.partial(
+        _sweep, device=device, show=live_rows(_LIVE_COLUMNS, title="bench-ops"),
+        show_progress=show_progress,
+    )  # fmt: skip
     rows: list[dict[str, Any]] = []
     if "loss" in config.studies:
-        rows += _loss_rows(config, device, show, show_progress)
+        rows += sweep(
+            "loss",
+            [(s, i) for s in config.loss_shapes for i in config.loss_impls],
+            prepare=lambda name: _loss_inputs(LOSS_SHAPES[name], DTYPES[config.dtype], device),
+            measure=lambda impl, inputs: _measure_loss(impl, inputs, config, device),
+            describe=lambda name, _: _describe_loss(name, config.dtype),
+            metrics=_LOSS_METRICS,
+        )
     if "adamw" in config.studies:
-        rows += _adamw_rows(config, device, show, show_progress)
+        rows += sweep(
+            "adamw",
+            [(s, i) for s in config.adamw_sizes for i in config.adamw_impls],
+            prepare=lambda size: _adamw_inputs(size, device),
+            measure=lambda impl, params: _measure_adamw(impl, params, config, device),
+            describe=lambda size, params: {
+                "size": lmcore.describe_size(size),
+                "params": sum(p.numel() for p in params),
+                "dtype": "fp32",
+            },
+            metrics=_ADAMW_METRICS,
+        )
     _add_ratios(rows)
     return Run.create(
         "ops",

@@ -2,11 +2,12 @@
 
 The host writes, for the tensors of one launch, a table of four addresses each (parameter,
 gradient, first and second moment) and their sizes, and splits every tensor into blocks of
-`BLOCK` elements. Program `i` looks up which tensor its block belongs to (`block_tensor[i]`)
-and where that tensor's blocks start (`first_block[t]`), casts the addresses to pointers, and
-updates its block: one read of each of the four tensors and one write of the parameter and the
-two moments, in float32 (the moments are float32 whatever the parameter's dtype), with torch's
-fused AdamW's arithmetic and correctly rounded square root and division.
+`BLOCK` elements (`Launch`, kept between steps). Program `i` looks up which tensor its block
+belongs to (`block_tensor[i]`) and where that tensor's blocks start (`first_block[t]`), casts
+the addresses to pointers, and updates its block: one read of each of the four tensors and one
+write of the parameter and the two moments, in float32 (the moments are float32 whatever the
+parameter's dtype), with torch's fused AdamW's arithmetic and correctly rounded square root and
+division.
 
 Addresses loaded from memory carry no alignment the compiler can see; when every tensor of the
 launch starts on a 16-byte boundary (torch's allocator gives 512), the host says so
@@ -22,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["BLOCK", "BlockTable", "adamw_step_"]
+__all__ = ["BLOCK", "Launch", "adamw_step_"]
 
 # Elements per program: 2,048 float32 values are 16 per thread at 4 warps, four 16-byte loads of
 # each tensor in flight per thread, enough to keep the memory system busy on a streaming update
@@ -87,44 +88,61 @@ def _adamw_kernel(
     tl.store(exp_avg_sq_ptr + offsets, exp_avg_sq, mask=mask)
 
 
-class BlockTable:
-    """Which tensor each program's block belongs to, for one list of tensor sizes (on a device).
+class Launch:
+    """What one launch needs that follows from its tensors, kept between steps.
 
-    Built once per list of sizes (the parameters do not change shape) and kept by `AdamW`.
+    The block map follows from the tensors' sizes, which never change; the address table from
+    where the tensors live, which changes only when a gradient is allocated elsewhere (or a
+    parameter's data or a moment is replaced). Each step compares the addresses (4 per tensor,
+    host integers) and rebuilds and copies the table only when one moved, so a steady training
+    loop pays one Python pass over the tensors and one kernel launch per step.
 
-    Attributes:
-        numels: `(tensors,)` int64 sizes.
-        block_tensor: `(blocks,)` int32, the tensor of each block.
-        first_block: `(tensors,)` int32, the index of each tensor's first block.
-        num_blocks: the grid size.
+    Args:
+        params: the launch's parameters, all of one dtype, on one device.
     """
 
-    def __init__(self, numels: Sequence[int], device: torch.device) -> None:
-        counts = [triton.cdiv(n, BLOCK) for n in numels]
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        device = params[0].device
+        counts = [triton.cdiv(p.numel(), BLOCK) for p in params]
         first = [0, *itertools.accumulate(counts)][:-1]
         self.num_blocks = sum(counts)
-        self.numels = torch.tensor(numels, dtype=torch.int64).to(device)
+        self.numels = torch.tensor([p.numel() for p in params], dtype=torch.int64).to(device)
         self.first_block = torch.tensor(first, dtype=torch.int32).to(device)
         owner = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
-        self.block_tensor = owner.to(device=device, dtype=torch.int32)
+        self.block_tensor = owner.to(device=device, dtype=torch.int32)  # (blocks,)
+        self.param_dtype = _TRITON_DTYPES[params[0].dtype]
+        self._pointers: list[int] = []
+        self._addresses: torch.Tensor | None = None
+        self.aligned = False
 
+    def addresses(self, tensors: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+        """`(tensors, 4)` int64 addresses of (param, grad, exp_avg, exp_avg_sq), on the device.
 
-def _addresses(tensors: Sequence[Sequence[torch.Tensor]], device: torch.device) -> torch.Tensor:
-    """`(tensors, 4)` int64 addresses on `device`, copied without waiting for the device."""
-    flat = [t.data_ptr() for group in zip(*tensors, strict=True) for t in group]
-    table = torch.tensor(flat, dtype=torch.int64)
-    if device.type == "cpu":
-        return table
-    # From pinned memory the copy is asynchronous, so the host never waits for the device here.
-    return table.pin_memory().to(device, non_blocking=True)
+        Raises:
+            ValueError: a rebuilt table finds a gradient that is not contiguous or not of its
+                parameter's dtype.
+        """
+        pointers = [t.data_ptr() for row in zip(*tensors, strict=True) for t in row]
+        if pointers != self._pointers or self._addresses is None:
+            for param, grad in zip(tensors[0], tensors[1], strict=True):
+                if not (grad.is_contiguous() and grad.dtype == param.dtype):
+                    raise ValueError(
+                        "fused AdamW needs contiguous gradients of the parameters' dtype; got "
+                        f"{grad.dtype} of strides {grad.stride()} for a {param.dtype} parameter"
+                    )
+            table = torch.tensor(pointers, dtype=torch.int64)
+            device = tensors[0][0].device
+            if device.type != "cpu":
+                # from pinned memory the copy is asynchronous: the host does not wait here
+                table = table.pin_memory().to(device, non_blocking=True)
+            self._pointers, self._addresses = pointers, table
+            self.aligned = all(ptr % _ALIGNMENT == 0 for ptr in pointers)
+        return self._addresses
 
 
 def adamw_step_(
-    params: Sequence[torch.Tensor],
-    grads: Sequence[torch.Tensor],
-    exp_avgs: Sequence[torch.Tensor],
-    exp_avg_sqs: Sequence[torch.Tensor],
-    table: BlockTable,
+    launch: Launch,
+    tensors: Sequence[Sequence[torch.Tensor]],
     *,
     lr: float,
     beta1: float,
@@ -133,32 +151,30 @@ def adamw_step_(
     weight_decay: float,
     step: int,
 ) -> None:
-    """One AdamW step of every tensor in one launch (in place).
+    """One AdamW step of every tensor of `launch` in one kernel launch (in place).
 
     Args:
-        params: contiguous parameters, all of one dtype (float32, bfloat16 or float16).
-        grads: their gradients, contiguous, of the parameters' dtype.
-        exp_avgs, exp_avg_sqs: contiguous float32 moments.
-        table: the `BlockTable` of the parameters' sizes on their device.
+        launch: the `Launch` of these parameters.
+        tensors: `(params, grads, exp_avgs, exp_avg_sqs)`: contiguous parameters of one dtype
+            (float32, bfloat16 or float16), their gradients (same dtype, contiguous) and
+            contiguous float32 moments.
         lr, beta1, beta2, eps, weight_decay: the hyper-parameters.
         step: the step count after this step (1 for the first), shared by all the tensors.
     """
-    tensors = (params, grads, exp_avgs, exp_avg_sqs)
-    device = params[0].device
-    aligned = all(t.data_ptr() % _ALIGNMENT == 0 for group in tensors for t in group)
-    _adamw_kernel[(table.num_blocks,)](
-        _addresses(tensors, device),
-        table.numels,
-        table.block_tensor,
-        table.first_block,
+    addresses = launch.addresses(tensors)
+    _adamw_kernel[(launch.num_blocks,)](
+        addresses,
+        launch.numels,
+        launch.block_tensor,
+        launch.first_block,
         lr * weight_decay,
         beta1,
         beta2,
         eps,
         lr / (1 - beta1**step),
         (1 - beta2**step) ** 0.5,
-        PARAM=_TRITON_DTYPES[params[0].dtype],
-        ALIGNED=aligned,
+        PARAM=launch.param_dtype,
+        ALIGNED=launch.aligned,
         BLOCK=BLOCK,
         num_warps=_NUM_WARPS,
     )
