@@ -36,6 +36,56 @@ _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.
 
 
 @triton.jit
+def _load(ptr, offsets, numel, MASKED: tl.constexpr):
+    if MASKED:
+        x = tl.load(ptr + offsets, mask=offsets < numel)
+    else:
+        x = tl.load(ptr + offsets)
+    return x
+
+
+@triton.jit
+def _store(ptr, offsets, x, numel, MASKED: tl.constexpr):
+    if MASKED:
+        tl.store(ptr + offsets, x, mask=offsets < numel)
+    else:
+        tl.store(ptr + offsets, x)
+
+
+@triton.jit
+def _update(
+    param_ptr,
+    grad_ptr,
+    exp_avg_ptr,
+    exp_avg_sq_ptr,
+    offsets,
+    numel,
+    lr_weight_decay,
+    beta1,
+    beta2,
+    eps,
+    step_size,
+    bias_correction2_sqrt,
+    MASKED: tl.constexpr,
+):
+    """AdamW on one block (torch's fused arithmetic, in float32)."""
+    param = _load(param_ptr, offsets, numel, MASKED).to(tl.float32)
+    grad = _load(grad_ptr, offsets, numel, MASKED).to(tl.float32)
+    exp_avg = _load(exp_avg_ptr, offsets, numel, MASKED)
+    exp_avg_sq = _load(exp_avg_sq_ptr, offsets, numel, MASKED)
+
+    param = param - lr_weight_decay * param  # decoupled weight decay
+    exp_avg = beta1 * exp_avg + (1 - beta1) * grad
+    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad * grad
+    denom = tl.div_rn(tl.sqrt_rn(exp_avg_sq), bias_correction2_sqrt) + eps
+    param = param - step_size * tl.div_rn(exp_avg, denom)
+
+    _store(param_ptr, offsets, param.to(param_ptr.dtype.element_ty), numel, MASKED)
+    _store(exp_avg_ptr, offsets, exp_avg, numel, MASKED)
+    _store(exp_avg_sq_ptr, offsets, exp_avg_sq, numel, MASKED)
+
+
+@triton.jit
 def _adamw_kernel(
     addresses_ptr,
     numels_ptr,
@@ -55,37 +105,29 @@ def _adamw_kernel(
     t = tl.load(block_tensor_ptr + pid).to(tl.int64)
     start = (pid - tl.load(first_block_ptr + t)).to(tl.int64) * BLOCK
     offsets = start + tl.arange(0, BLOCK)
-    mask = offsets < tl.load(numels_ptr + t)
+    numel = tl.load(numels_ptr + t)
 
     row = addresses_ptr + 4 * t
-    param_address = tl.load(row)
-    grad_address = tl.load(row + 1)
-    exp_avg_address = tl.load(row + 2)
-    exp_avg_sq_address = tl.load(row + 3)
-    if ALIGNED:  # 16-byte aligned addresses: vector loads and stores
-        param_address = tl.multiple_of(param_address, 16)
-        grad_address = tl.multiple_of(grad_address, 16)
-        exp_avg_address = tl.multiple_of(exp_avg_address, 16)
-        exp_avg_sq_address = tl.multiple_of(exp_avg_sq_address, 16)
-    param_ptr = param_address.to(tl.pointer_type(PARAM))
-    grad_ptr = grad_address.to(tl.pointer_type(PARAM))
-    exp_avg_ptr = exp_avg_address.to(tl.pointer_type(tl.float32))
-    exp_avg_sq_ptr = exp_avg_sq_address.to(tl.pointer_type(tl.float32))
+    param_ptr = tl.load(row).to(tl.pointer_type(PARAM))
+    grad_ptr = tl.load(row + 1).to(tl.pointer_type(PARAM))
+    exp_avg_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+    exp_avg_sq_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+    if ALIGNED:  # 16-byte aligned pointers (declared on the pointers: vector loads and stores)
+        param_ptr = tl.multiple_of(param_ptr, 16)
+        grad_ptr = tl.multiple_of(grad_ptr, 16)
+        exp_avg_ptr = tl.multiple_of(exp_avg_ptr, 16)
+        exp_avg_sq_ptr = tl.multiple_of(exp_avg_sq_ptr, 16)
 
-    param = tl.load(param_ptr + offsets, mask=mask).to(tl.float32)
-    grad = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
-    exp_avg = tl.load(exp_avg_ptr + offsets, mask=mask)
-    exp_avg_sq = tl.load(exp_avg_sq_ptr + offsets, mask=mask)
-
-    param = param - lr_weight_decay * param  # decoupled weight decay
-    exp_avg = beta1 * exp_avg + (1 - beta1) * grad
-    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad * grad
-    denom = tl.div_rn(tl.sqrt_rn(exp_avg_sq), bias_correction2_sqrt) + eps
-    param = param - step_size * tl.div_rn(exp_avg, denom)
-
-    tl.store(param_ptr + offsets, param.to(PARAM), mask=mask)
-    tl.store(exp_avg_ptr + offsets, exp_avg, mask=mask)
-    tl.store(exp_avg_sq_ptr + offsets, exp_avg_sq, mask=mask)
+    # Every block but a tensor's last is whole: no mask, so that loads stay 16 bytes wide (a
+    # mask compared with a size read from memory would split them into single elements).
+    if start + BLOCK <= numel:
+        _update(param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets, numel,
+                lr_weight_decay, beta1, beta2, eps, step_size, bias_correction2_sqrt,
+                MASKED=False)  # fmt: skip
+    else:
+        _update(param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets, numel,
+                lr_weight_decay, beta1, beta2, eps, step_size, bias_correction2_sqrt,
+                MASKED=True)  # fmt: skip
 
 
 class Launch:
