@@ -293,3 +293,11 @@ def test_leaderboard_shape_extra_memory_is_an_eighth_of_the_materialised_logits_
     analytic = vocab * features * 4 + chunk_rows(tokens, vocab, torch.bfloat16) * vocab * 2
     assert extra <= 2 * logits / 8, f"{extra / 2**30:.2f} GiB"
     assert extra <= analytic + (64 << 20), f"{extra / 2**30:.2f} GiB vs {analytic / 2**30:.2f}"
+
+
+@pytest.mark.gpu
+def test_this_torch_accumulates_16_bit_products_in_float32_inside_the_gemm():
+    # Without it the weight gradient takes the slower fallback (a product rounded per chunk).
+    from lmcore.linear_cross_entropy import _addmm_accumulates_in_float32
+
+    assert _addmm_accumulates_in_float32(torch.device("cuda", torch.cuda.current_device()))

@@ -94,17 +94,24 @@ def _rows_torch_(
         logits.copy_(grad)
 
 
+def _addmm_float32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: int) -> None:
+    """`acc = beta·acc + a @ b` for 16-bit `a`, `b` and a float32 `acc`, inside one GEMM."""
+    torch.addmm(acc, a, b, beta=beta, out_dtype=torch.float32, out=acc)
+
+
 @functools.cache
 def _addmm_accumulates_in_float32(device: torch.device) -> bool:
     """Whether this torch's `addmm(..., out_dtype=float32)` adds bf16 products into a float32
-    matrix inside the GEMM (newer releases allow a float32 `self`; older ones refuse it)."""
-    c = torch.zeros(2, 2, device=device)
+    matrix inside the GEMM (newer releases allow a float32 `self`; older ones refuse it).
+    Tried once per device on 2 × 2 matrices, in the very call the loss makes."""
+    c = torch.full((2, 2), 7.0, device=device)
     a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
     try:
-        torch.addmm(c, a, a, out_dtype=torch.float32, out=c)
-    except (RuntimeError, TypeError):
+        _addmm_float32_(c, a, a, beta=0)  # 2, whatever c held
+        _addmm_float32_(c, a, a, beta=1)  # 4
+    except Exception:  # any refusal means: not in this torch
         return False
-    return bool(torch.all(c == 2))
+    return bool(torch.all(c == 4))
 
 
 def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -122,14 +129,14 @@ def _addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, first: b
     beta = 0 if first else 1  # beta 0 ignores acc's (uninitialised) contents
     if acc.dtype == a.dtype:
         torch.addmm(acc, a, b, beta=beta, out=acc)
-    elif acc.is_cuda and _addmm_accumulates_in_float32(acc.device):
-        torch.addmm(acc, a, b, beta=beta, out_dtype=acc.dtype, out=acc)
-    elif acc.is_cuda:
-        # Older torch: the chunk's product rounded to a's dtype once, then added in float32.
-        product = torch.mm(a, b)
-        acc.copy_(product) if first else acc.add_(product)
-    else:
+    elif not acc.is_cuda:
         torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), beta=beta, out=acc)
+    elif _addmm_accumulates_in_float32(acc.device):
+        _addmm_float32_(acc, a, b, beta=beta)
+    elif first:  # older torch: the chunk's product is rounded to a's dtype once
+        acc.copy_(torch.mm(a, b))
+    else:
+        acc.add_(torch.mm(a, b))
 
 
 def _rows_step(use_triton: bool):
