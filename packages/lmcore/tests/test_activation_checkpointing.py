@@ -313,6 +313,27 @@ def test_saved_activation_bytes_counts_each_storage_once_and_skips_parameters():
     assert saved_activation_bytes(linear, x) == x.numel() * 4
 
 
+def test_saved_activation_bytes_leaves_out_buffers(tiny_model):
+    block = tiny_model.layers[0]
+    x = torch.randn(2, 7, tiny_model.config.d_model, requires_grad=True)
+    params = {p.untyped_storage()._cdata for p in block.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage()._cdata not in params:
+            storages[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    rope = block.attn.rope
+    tables = {
+        t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in (rope.cos, rope.sin)
+    }
+    assert tables.keys() <= storages.keys()  # RoPE saves its tables for backward
+    assert saved_activation_bytes(block, x) == sum(storages.values()) - sum(tables.values())
+
+
 def test_saved_activation_bytes_measures_a_big_block_on_the_meta_device():
     with torch.device("meta"):
         model = TransformerLM(10, 256, 64, 1, 4, 128)

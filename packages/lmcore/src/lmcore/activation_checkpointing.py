@@ -248,7 +248,9 @@ def saved_activation_bytes(module: Callable[..., Any], *inputs: Any) -> int:
 
     Every tensor autograd packs during the call is counted once per storage (a tensor saved by
     two operations, or views of one buffer, count once), except storages of the module's own
-    parameters. Run it on the meta device to measure a block of any size without memory::
+    parameters and buffers (the RoPE tables): those live anyway, as the handout's hook leaves
+    out `nn.Parameter`s. Run it on the meta device to measure a block of any size without
+    memory::
 
         >>> with torch.device("meta"):
         ...     block = TransformerLM.from_size("xl", context_length=2048).layers[0]
@@ -258,8 +260,8 @@ def saved_activation_bytes(module: Callable[..., Any], *inputs: Any) -> int:
     Returns:
         The bytes; the output is dropped (so is the graph) before returning.
     """
-    params = module.parameters() if isinstance(module, nn.Module) else ()
-    skip = {p.untyped_storage()._cdata for p in params}
+    kept = [*module.parameters(), *module.buffers()] if isinstance(module, nn.Module) else []
+    skip = {t.untyped_storage()._cdata for t in kept}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
