@@ -1,17 +1,34 @@
-"""Activation checkpointing recomputes the chosen blocks and changes no gradient."""
+"""Activation checkpointing: the spec parser, what autograd keeps, what is recomputed, and that no
+gradient changes."""
 
 import copy
+import math
+import weakref
 
 import pytest
 import torch
+from torch import nn
 
-from lmcore import TransformerLM, apply_activation_checkpointing, cross_entropy
+from lmcore import (
+    ActivationCheckpointing,
+    BlockStack,
+    CheckpointedBlockStack,
+    TransformerLM,
+    apply_activation_checkpointing,
+    cross_entropy,
+    memory_optimal_segment_size,
+    peak_activation_bytes,
+    saved_activation_bytes,
+)
+
+NUM_BLOCKS = 5  # odd, so that segments of 2 and 3 leave a shorter last one
+POLICIES = ["none", "blocks", "every:2", "segments:2", "segments:3", "nested", "nested:2"]
 
 
 @pytest.fixture
 def model(tiny_config) -> TransformerLM:
     torch.manual_seed(0)
-    config = tiny_config.__class__(**{**tiny_config.__dict__, "num_layers": 4})
+    config = tiny_config.__class__(**{**tiny_config.__dict__, "num_layers": NUM_BLOCKS})
     return TransformerLM.from_config(config)
 
 
@@ -21,11 +38,51 @@ def _gradients(model: TransformerLM, tokens: torch.Tensor) -> list[torch.Tensor]
     return [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("every", [1, 2, 3])
-def test_gradients_are_unchanged(model, every):
+# ---- the spec strings ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "plan"),
+    [
+        ("none", (0, 1, 2, 3, 4)),
+        ("blocks", ((0,), (1,), (2,), (3,), (4,))),
+        ("every:1", ((0,), (1,), (2,), (3,), (4,))),
+        ("every:2", (0, (1,), 2, (3,), 4)),
+        ("segments:2", ((0, 1), (2, 3), (4,))),
+        ("segments:5", ((0, 1, 2, 3, 4),)),
+        ("nested:2", (((0,), (1,)), ((2,), (3,)), ((4,),))),
+        ("nested:3", (((0,), (1,), (2,)), ((3,), (4,)))),
+    ],
+)
+def test_spec_strings_parse_to_their_plans(spec, plan):
+    policy = ActivationCheckpointing.parse(spec)
+    assert policy.plan(NUM_BLOCKS) == plan
+    assert str(policy) == spec
+    assert ActivationCheckpointing.parse(policy) is policy
+
+
+@pytest.mark.parametrize(
+    "spec", ["", "all", "segments", "every", "segments:0", "every:-1", "nested:x", "blocks:2"]
+)
+def test_bad_spec_strings_say_what_is_accepted(spec):
+    with pytest.raises(ValueError, match=r"segments|K"):
+        ActivationCheckpointing.parse(spec)
+
+
+@pytest.mark.parametrize(("num_blocks", "k"), [(4, 2), (9, 3), (16, 4), (32, 6), (34, 6)])
+def test_nested_picks_segments_of_about_the_square_root(num_blocks, k):
+    assert ActivationCheckpointing.parse("nested").nested_segment_size(num_blocks) == k
+    assert abs(k - math.sqrt(num_blocks)) < 1
+
+
+# ---- the model: gradients, recomputation, parameters ----------------------------------------
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_gradients_are_unchanged(model, policy):
     tokens = torch.randint(0, model.config.vocab_size, (3, 20))
     expected = _gradients(model, tokens)
-    checkpointed = apply_activation_checkpointing(copy.deepcopy(model), every=every)
+    checkpointed = apply_activation_checkpointing(copy.deepcopy(model), policy=policy)
     actual = _gradients(checkpointed, tokens)
     names = list(model.state_dict())  # parameters only: the model has no persistent buffers
     # Recomputation repeats the same float32 operations, so the results are identical.
@@ -33,24 +90,44 @@ def test_gradients_are_unchanged(model, every):
         assert torch.equal(a, e), name
 
 
-@pytest.mark.parametrize(("every", "recomputed"), [(1, [0, 1, 2, 3]), (2, [1, 3]), (3, [2])])
-def test_every_kth_block_runs_forward_again_in_backward(model, every, recomputed):
+@pytest.mark.parametrize(
+    ("policy", "runs"),
+    [
+        ("none", [1, 1, 1, 1, 1]),
+        ("blocks", [2, 2, 2, 2, 2]),
+        ("every:2", [1, 2, 1, 2, 1]),
+        ("segments:2", [2, 2, 2, 2, 2]),
+        # forward, the outer recomputation, the inner one; the outer recomputation stops
+        # once it has what the segment's backward needs: the last block's input (early stop)
+        ("nested:2", [3, 2, 3, 2, 2]),
+    ],
+)
+def test_blocks_run_forward_again_in_backward(model, policy, runs):
     calls = [0] * len(model.layers)
     for index, layer in enumerate(model.layers):
         layer.register_forward_pre_hook(lambda *_, i=index: calls.__setitem__(i, calls[i] + 1))
-    apply_activation_checkpointing(model, every=every)
+    apply_activation_checkpointing(model, policy=policy)
     _gradients(model, torch.randint(0, model.config.vocab_size, (2, 10)))
-    assert calls == [2 if i in recomputed else 1 for i in range(len(calls))]
+    assert calls == runs
 
 
-def test_state_dict_keys_are_unchanged(model):
-    keys = list(model.state_dict())
-    apply_activation_checkpointing(model)
+@pytest.mark.parametrize("policy", ["segments:2", "nested"])
+def test_parameters_names_and_state_dict_keys_are_unchanged(model, policy):
+    names, keys = [n for n, _ in model.named_parameters()], list(model.state_dict())
+    blocks = list(model.layers)
+    apply_activation_checkpointing(model, policy=policy)
+    assert [n for n, _ in model.named_parameters()] == names
     assert list(model.state_dict()) == keys
+    assert list(model.layers) == blocks and isinstance(model.layers, CheckpointedBlockStack)
+
+
+def test_every_keyword_is_the_every_spec(model):
+    apply_activation_checkpointing(model, every=2)
+    assert str(model.layers.policy) == "every:2"
 
 
 def test_applying_twice_is_rejected(model):
-    apply_activation_checkpointing(model, every=2)
+    apply_activation_checkpointing(model, policy="segments:2")
     with pytest.raises(RuntimeError, match="already applied"):
         apply_activation_checkpointing(model)
 
@@ -59,3 +136,243 @@ def test_applying_twice_is_rejected(model):
 def test_bad_every_is_rejected(model, every):
     with pytest.raises(ValueError, match="every"):
         apply_activation_checkpointing(model, every=every)
+
+
+def test_a_model_without_a_block_stack_is_rejected():
+    with pytest.raises(TypeError, match="BlockStack"):
+        apply_activation_checkpointing(nn.Linear(2, 2))
+
+
+# ---- what autograd keeps ----------------------------------------------------------------------
+
+
+def _saved_by_the_stack(model: TransformerLM, x: torch.Tensor) -> list[torch.Tensor]:
+    """The non-empty tensors autograd keeps when the blocks run on `x` (the handout's hooks)."""
+    saved = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() and not isinstance(t, nn.Parameter):
+            saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.layers(x)
+    return saved
+
+
+def _block_inputs(model: TransformerLM) -> list[torch.Tensor]:
+    inputs: list[torch.Tensor] = []
+    for layer in model.layers:
+        layer.register_forward_pre_hook(lambda _, args: inputs.append(args[0]))
+    return inputs
+
+
+@pytest.mark.parametrize(
+    ("policy", "first_blocks"),
+    [("segments:2", [0, 2, 4]), ("segments:3", [0, 3]), ("blocks", [0, 1, 2, 3, 4])],
+)
+def test_only_the_segment_inputs_stay_saved(model, policy, first_blocks):
+    inputs = _block_inputs(model)
+    apply_activation_checkpointing(model, policy=policy)
+    x = torch.randn(2, 7, model.config.d_model, requires_grad=True)
+    saved = _saved_by_the_stack(model, x)
+    expected = [inputs[i] for i in first_blocks]
+    assert len(saved) == len(expected)
+    for got, want in zip(saved, expected, strict=True):
+        assert got.untyped_storage()._cdata == want.untyped_storage()._cdata
+        assert torch.equal(got, want)
+
+
+def test_nested_keeps_only_the_outer_segment_inputs(model):
+    inputs = _block_inputs(model)
+    apply_activation_checkpointing(model, policy="nested:2")
+    saved = _saved_by_the_stack(model, torch.randn(2, 7, model.config.d_model))
+    assert [t.untyped_storage()._cdata for t in saved] == [
+        inputs[i].untyped_storage()._cdata for i in (0, 2, 4)
+    ]
+
+
+def test_without_checkpoints_every_block_keeps_its_activations(model):
+    x = torch.randn(2, 7, model.config.d_model, requires_grad=True)
+    saved_bytes = sum(t.untyped_storage().nbytes() for t in _saved_by_the_stack(model, x))
+    assert saved_bytes > NUM_BLOCKS * 5 * x.numel() * x.element_size()
+
+
+# ---- peak memory: live tensors counted as they are created and freed ---------------------------
+
+
+class _Ledger:
+    """Counts live tensors of two kinds as weak references die: block activations and outputs."""
+
+    def __init__(self) -> None:
+        self.live = {"activations": 0, "outputs": 0}
+        self.peak = dict(self.live)
+
+    def track(self, tensor: torch.Tensor, kind: str) -> None:
+        self.live[kind] += 1
+        self.peak[kind] = max(self.peak[kind], self.live[kind])
+        weakref.finalize(tensor, self._release, kind)
+
+    def _release(self, kind: str) -> None:
+        self.live[kind] -= 1
+
+
+class _SaveActivations(torch.autograd.Function):
+    """A block's stand-in: saves a fresh tensor (its activations), returns a fresh output."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, ledger: _Ledger) -> torch.Tensor:
+        activations = x.detach().repeat(4)
+        ledger.track(activations, "activations")
+        ctx.save_for_backward(activations)
+        out = x * 2
+        ledger.track(out, "outputs")
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (activations,) = ctx.saved_tensors  # unpacked: recomputed here under a checkpoint
+        return grad * 2 + 0 * activations[: grad.numel()], None
+
+
+class _Block(nn.Module):
+    def __init__(self, ledger: _Ledger) -> None:
+        super().__init__()
+        self.ledger = ledger
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SaveActivations.apply(x, self.ledger)
+
+
+def _peaks(policy: str, num_blocks: int) -> dict[str, int]:
+    ledger = _Ledger()
+    stack = BlockStack(_Block(ledger) for _ in range(num_blocks))
+    stack = CheckpointedBlockStack(stack, policy)
+    stack(torch.randn(3, requires_grad=True)).sum().backward()
+    assert ledger.live["activations"] == 0
+    return ledger.peak
+
+
+@pytest.mark.parametrize(
+    ("policy", "activations"),
+    [("none", 16), ("blocks", 1), ("segments:2", 2), ("segments:5", 5), ("nested", 1)],
+)
+def test_peak_block_activations_are_one_segments_worth(policy, activations):
+    assert _peaks(policy, 16)["activations"] == activations
+
+
+def test_nested_holds_about_twice_the_square_root_of_the_blocks_inputs():
+    for num_blocks in (16, 36):
+        nested, blocks = _peaks("nested", num_blocks), _peaks("blocks", num_blocks)
+        assert blocks["outputs"] >= num_blocks
+        assert nested["outputs"] <= 2 * math.isqrt(num_blocks) + 2
+
+
+# ---- the memory model and the measure ----------------------------------------------------------
+
+
+def test_peak_model_of_the_simple_policies():
+    a, b = 100, 3
+    assert peak_activation_bytes("none", 8, input_bytes=b, saved_bytes=a) == 8 * a
+    assert peak_activation_bytes("blocks", 8, input_bytes=b, saved_bytes=a) == 7 * b + a
+    # segments of 3, 3, 2: the second segment's backward holds one input and 3 blocks
+    assert peak_activation_bytes("segments:3", 8, input_bytes=b, saved_bytes=a) == b + 3 * a
+    # nested:3 over 3, 3, 2: two outer inputs held, then 1 inner input and one block
+    assert peak_activation_bytes("nested:3", 8, input_bytes=b, saved_bytes=a) == 3 * b + a
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "input_bytes", "saved_bytes", "k"),
+    [
+        (32, 80, 3651, 1),  # the handout's xl: residuals dominate, one block per checkpoint
+        (32, 80, 1040, 2),
+        (32, 100, 100, 6),
+        (100, 1, 1, 10),
+    ],
+)
+def test_memory_optimal_segment_size(num_blocks, input_bytes, saved_bytes, k):
+    got = memory_optimal_segment_size(num_blocks, input_bytes=input_bytes, saved_bytes=saved_bytes)
+    assert got == k
+
+    def peak(size: int) -> int:
+        spec = f"segments:{size}"
+        return peak_activation_bytes(
+            spec, num_blocks, input_bytes=input_bytes, saved_bytes=saved_bytes
+        )
+
+    assert all(peak(k) <= peak(other) for other in range(1, num_blocks + 1))
+    assert abs(k - math.sqrt(num_blocks * input_bytes / saved_bytes)) < 1.5
+
+
+def test_saved_activation_bytes_counts_each_storage_once_and_skips_parameters():
+    linear = nn.Linear(6, 4)
+    x = torch.randn(5, 6, requires_grad=True)
+    # linear saves x (and its weight, a parameter); x * x saves x twice: one storage in all
+    assert saved_activation_bytes(lambda t: linear(t) * linear(t), x) > 0
+    assert saved_activation_bytes(lambda t: (t * t).sum(), x) == x.numel() * 4
+    assert saved_activation_bytes(linear, x) == x.numel() * 4
+
+
+def test_saved_activation_bytes_leaves_out_buffers(tiny_model):
+    block = tiny_model.layers[0]
+    x = torch.randn(2, 7, tiny_model.config.d_model, requires_grad=True)
+    params = {p.untyped_storage()._cdata for p in block.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage()._cdata not in params:
+            storages[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    rope = block.attn.rope
+    tables = {
+        t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in (rope.cos, rope.sin)
+    }
+    assert tables.keys() <= storages.keys()  # RoPE saves its tables for backward
+    assert saved_activation_bytes(block, x) == sum(storages.values()) - sum(tables.values())
+
+
+def test_saved_activation_bytes_measures_a_big_block_on_the_meta_device():
+    with torch.device("meta"):
+        model = TransformerLM(10, 256, 64, 1, 4, 128)
+        x = torch.empty(2, 256, 64, requires_grad=True)
+    saved = saved_activation_bytes(model.layers[0], x)
+    # the naive backend keeps two (batch, heads, seq, seq) float32 score matrices, and more
+    assert saved > 2 * 2 * 4 * 256 * 256 * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["segments:2", "segments:3", "segments:4", "nested", "none"])
+def test_measured_peaks_follow_the_memory_model(policy):
+    """The derivation on a GPU: 32 `medium`-wide blocks (frozen, so that no weight gradient
+    grows during backward), batch 4, context 512, bf16 autocast, SDPA. A and b are measured on
+    one block; each policy's measured peak, less the model's prediction, must equal blocks'
+    (the transients of one block's backward, the same for every policy) to within half a
+    block's activations."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        blocks = TransformerLM(10_000, 512, 1024, 32, 16, 4096, attention="sdpa").layers
+        x = torch.randn(4, 512, 1024, requires_grad=True)
+    blocks.requires_grad_(False)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        saved = saved_activation_bytes(blocks[0], x)
+    input_bytes = x.numel() * x.element_size()
+
+    def offset(spec: str) -> int:
+        stack = blocks if spec == "none" else CheckpointedBlockStack(blocks, spec)
+        x.grad = None
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = stack(x)
+        out.float().square().mean().backward()
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated() - base
+        return measured - peak_activation_bytes(
+            spec, 32, input_bytes=input_bytes, saved_bytes=saved
+        )
+
+    assert abs(offset(policy) - offset("blocks")) <= saved / 2, (saved, input_bytes)

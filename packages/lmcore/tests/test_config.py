@@ -11,17 +11,20 @@ from lmcore import (
     TransformerLM,
     count_parameters,
     cross_entropy,
+    describe_size,
     model_config,
 )
 
-# Table 1 of the CS336 assignment 2 handout: d_model, d_ff, num_layers, num_heads.
+# Table 1 of the CS336 assignment 2 handout (spring 2026): d_model, d_ff, num_layers, num_heads.
 HANDOUT_TABLE_1 = {
     "small": (768, 3072, 12, 12),
     "medium": (1024, 4096, 24, 16),
     "large": (1280, 5120, 36, 20),
-    "xl": (1600, 6400, 48, 25),
-    "2.7B": (2560, 10240, 32, 32),
+    "xl": (2560, 10240, 32, 32),
+    "10B": (4608, 12288, 50, 36),
 }
+# Sizes of the 2025 handout, kept under names that cannot be read as the 2026 ones.
+HANDOUT_2025 = {"xl-2025": (1600, 6400, 48, 25), "2.7B": (2560, 10240, 32, 32)}
 
 
 def _meta_model(size: str, **kwargs) -> TransformerLM:
@@ -39,6 +42,47 @@ def test_model_sizes_match_handout_table():
     assert tuple(HANDOUT_TABLE_1) == HANDOUT_SIZES
 
 
+def test_the_2025_sizes_stay_reachable():
+    for name, dims in HANDOUT_2025.items():
+        s = MODEL_SIZES[name]
+        assert (s.d_model, s.d_ff, s.num_layers, s.num_heads) == dims
+
+
+def test_leaderboard_model_carries_its_vocabulary_and_context():
+    # The leaderboard's Config (handout §9): 151,936 tokens, context 32,768, 4096/11008/34/32.
+    config = model_config("leaderboard-8b")
+    assert (config.vocab_size, config.context_length) == (151_936, 32_768)
+    assert (config.d_model, config.d_ff, config.num_layers, config.num_heads) == (
+        4096, 11008, 34, 32
+    )  # fmt: skip
+    assert model_config("leaderboard-8b", context_length=1024).context_length == 1024
+    assert count_parameters(config) == sum(
+        p.numel() for p in _meta_model("leaderboard-8b").parameters()
+    )
+
+
+def test_a_size_without_a_context_length_asks_for_one():
+    with pytest.raises(ValueError, match="pass context_length"):
+        model_config("small")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("xl", "xl (2560/10240/32L/32H)"),
+        ("xl-2025", "xl-2025 (1600/6400/48L/25H)"),
+        ("leaderboard-8b", "leaderboard-8b (4096/11008/34L/32H/V151936)"),
+    ],
+)
+def test_describe_size_shows_the_dimensions(name, text):
+    assert describe_size(name) == text
+
+
+def test_describe_size_rejects_unknown_sizes():
+    with pytest.raises(ValueError, match="unknown model size 'xxl'"):
+        describe_size("xxl")
+
+
 def test_tiny_size_trains_a_step_on_the_cpu():
     model = TransformerLM.from_size("tiny", context_length=16)
     tokens = torch.randint(0, model.config.vocab_size, (2, 17))
@@ -52,7 +96,7 @@ def test_default_vocabulary_is_ten_thousand():
     assert model_config("small", context_length=8).vocab_size == VOCAB_SIZE == 10_000
 
 
-@pytest.mark.parametrize("size", list(HANDOUT_TABLE_1))
+@pytest.mark.parametrize("size", [*HANDOUT_TABLE_1, *HANDOUT_2025])
 def test_count_parameters_matches_built_model(size):
     model = _meta_model(size, context_length=128)
     assert count_parameters(model.config) == sum(p.numel() for p in model.parameters())

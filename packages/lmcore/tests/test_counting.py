@@ -47,8 +47,8 @@ def test_training_flops_match_torch_flop_counter():
 
 def test_forward_flops_per_token_follows_palm_formula_for_xl():
     cfg = model_config("xl", context_length=1024)
-    matmul_params = 48 * (4 * 1600**2 + 3 * 1600 * 6400) + 1600 * 10_000
-    assert forward_flops_per_token(cfg) == 2 * matmul_params + 4 * 48 * 1024 * 1600
+    matmul_params = 32 * (4 * 2560**2 + 3 * 2560 * 10240) + 2560 * 10_000
+    assert forward_flops_per_token(cfg) == 2 * matmul_params + 4 * 32 * 1024 * 2560
     assert forward_flops_per_token(cfg, seq_len=256) < forward_flops_per_token(cfg)
 
 

@@ -1,5 +1,6 @@
 """The model against an independent float64 functional reference; causality; input checks."""
 
+import copy
 import dataclasses
 import math
 
@@ -7,7 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmcore import ModelConfig, TransformerLM
+from lmcore import (
+    ModelConfig,
+    RotaryEmbedding,
+    TransformerLM,
+    apply_activation_checkpointing,
+    cross_entropy,
+)
 
 
 def _reference_forward(state: dict[str, torch.Tensor], config: ModelConfig, tokens: torch.Tensor):
@@ -130,3 +137,39 @@ def test_compiles_to_one_graph(tiny_config):
     model(tokens).sum().backward()
     for compiled_grad, p in zip(compiled_grads, model.parameters(), strict=True):
         torch.testing.assert_close(compiled_grad, p.grad)
+
+
+# Importing torch.compile's machinery the first time triggers a deprecation warning inside torch.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_compiled_segments_and_fused_loss_give_the_eager_gradients(tiny_config):
+    # One compilation covers both: the checkpoints become the compiler's recomputation regions,
+    # the fused loss one opaque custom op (its chunk loop is never traced).
+    torch.manual_seed(0)
+    config = dataclasses.replace(tiny_config, num_layers=3)
+    model = TransformerLM.from_config(config)
+    tokens = torch.randint(0, config.vocab_size, (2, 9))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    expected = cross_entropy(model(x), y)
+    expected.backward()
+
+    checkpointed = apply_activation_checkpointing(copy.deepcopy(model), policy="segments:2")
+    checkpointed.zero_grad()
+    compiled = torch.compile(checkpointed, backend="aot_eager", fullgraph=True)
+    loss = compiled(x, targets=y)
+    loss.backward()
+    torch.testing.assert_close(loss, expected)
+    for got, want in zip(checkpointed.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("cast", [lambda m: m.to(torch.bfloat16), lambda m: m.half()])
+def test_rope_tables_stay_float32_when_the_model_is_cast(tiny_model, cast):
+    rope = tiny_model.layers[0].attn.rope
+    assert isinstance(rope, RotaryEmbedding)
+    cos, sin = rope.cos.clone(), rope.sin.clone()
+    cast(tiny_model)
+    assert rope.cos.dtype == rope.sin.dtype == torch.float32
+    assert torch.equal(rope.cos, cos) and torch.equal(rope.sin, sin)
+    assert tiny_model.lm_head.weight.dtype != torch.float32  # the weights were cast
+    logits = tiny_model(torch.randint(0, tiny_model.config.vocab_size, (1, 5)))
+    assert logits.dtype == tiny_model.lm_head.weight.dtype

@@ -88,6 +88,192 @@ def test_adamw_matches_torch_on_cuda(foreach, torch_foreach):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+# ---- the fused path (Triton's interpreter on a CPU) ---------------------------------------------
+
+# Sizes that cross the kernel's 2,048-element blocks (6,147 elements: four blocks, the last
+# ragged) and tiny ones.
+FUSED_SHAPES = [(3, 2049), (5,), (7, 13), (1,)]
+
+
+def _fused_params(seed: int, dtype=torch.float32, device="cpu"):
+    torch.manual_seed(seed)
+    return [torch.randn(s, dtype=dtype, device=device, requires_grad=True) for s in FUSED_SHAPES]
+
+
+def _train_fused_pair(ours, theirs, steps, *, skip=None, **kwargs):
+    """Step our fused AdamW and torch's fused AdamW on the same fresh random gradients."""
+    groups = [
+        lambda ps: [{"params": ps[:2]}, {"params": ps[2:], "lr": 3e-2, "weight_decay": 0.0}],
+    ][0]
+    mine = AdamW(groups(ours), lr=1e-2, weight_decay=0.1, fused=True, **kwargs)
+    reference = torch.optim.AdamW(groups(theirs), lr=1e-2, weight_decay=0.1, fused=True)
+    g = torch.Generator().manual_seed(123)
+    for step in range(steps):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            if skip is not None and skip(step, i):
+                a.grad = b.grad = None
+                continue
+            grad = torch.randn(a.shape, generator=g).to(a)
+            a.grad, b.grad = grad, grad.clone()
+        mine.step()
+        reference.step()
+    return mine, reference
+
+
+def test_fused_adamw_matches_torch_fused_adamw():
+    ours, theirs = _fused_params(0), _fused_params(0)
+    mine, reference = _train_fused_pair(ours, theirs, steps=5)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)  # float32 tolerances: rounding, not arithmetic
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(mine.state[a][key], reference.state[b][key])
+        assert mine.state[a]["step"].item() == reference.state[b]["step"].item() == 5
+
+
+def test_fused_adamw_with_parameters_at_different_steps():
+    ours, theirs = _fused_params(1), _fused_params(1)
+    # parameter 1 has no gradient on even steps: it is one step behind the others, its own launch
+    mine, _ = _train_fused_pair(ours, theirs, steps=4, skip=lambda step, i: i == 1 and step % 2)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+    assert mine.state[ours[1]]["step"].item() == 2
+
+
+def test_fused_adamw_follows_gradients_written_in_place_and_moved():
+    # Gradients kept at one address (copied into) reuse the launch's address table; a gradient
+    # replaced by a new tensor moves it, and the table is rebuilt.
+    ours, theirs = _fused_params(6), _fused_params(6)
+    mine = AdamW(ours, lr=1e-2, weight_decay=0.1, fused=True)
+    reference = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, fused=True)
+    for a in ours:
+        a.grad = torch.zeros_like(a)
+    g = torch.Generator().manual_seed(7)
+    for step in range(4):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            grad = torch.randn(a.shape, generator=g)
+            if step == 2 and i == 0:
+                a.grad = grad.clone()  # a new address
+            else:
+                a.grad.copy_(grad)
+            b.grad = grad
+        mine.step()
+        reference.step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_fused_adamw_refuses_a_gradient_that_is_not_contiguous():
+    param = torch.randn(4, 5, requires_grad=True)
+    param.grad = torch.randn(5, 4).t()
+    with pytest.raises(ValueError, match="contiguous gradients of the parameters' dtype"):
+        AdamW([param], fused=True).step()
+
+
+def _adamw_float64(param, grads, *, lr, weight_decay, betas=(0.9, 0.999), eps=1e-8):
+    """AdamW in float64 on a bf16 parameter, rounding it back to bf16 after every step."""
+    m = torch.zeros_like(param, dtype=torch.float64)
+    v = torch.zeros_like(m)
+    for t, grad in enumerate(grads, start=1):
+        p, g = param.double(), grad.double()
+        p = p - lr * weight_decay * p
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        denom = v.sqrt() / (1 - betas[1] ** t) ** 0.5 + eps
+        param = (p - lr / (1 - betas[0] ** t) * m / denom).to(param.dtype)
+    return param, m, v
+
+
+def _bf16_run(steps: int, device: str = "cpu"):
+    torch.manual_seed(2)
+    param = torch.randn(3, 2049, device=device).to(torch.bfloat16).requires_grad_()
+    start = param.detach().clone()
+    grads = [torch.randn_like(param, dtype=torch.float32).to(param.dtype) for _ in range(steps)]
+    optimizer = AdamW([param], lr=1e-2, weight_decay=0.1, fused=True)
+    for grad in grads:
+        param.grad = grad
+        optimizer.step()
+    return (
+        param.detach(),
+        optimizer.state[param],
+        _adamw_float64(start, grads, lr=1e-2, weight_decay=0.1),
+    )
+
+
+def test_fused_adamw_keeps_float32_moments_for_bf16_parameters():
+    _, state, (_, m, v) = _bf16_run(steps=4)
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+    torch.testing.assert_close(state["exp_avg"], m.float(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(state["exp_avg_sq"], v.float(), rtol=1e-5, atol=1e-7)
+
+
+def test_fused_adamw_rounds_a_bf16_parameter_once_per_step():
+    # One ulp: the update in float32 against float64, rounded once. (Triton's interpreter
+    # truncates where the GPU rounds to nearest, so the CPU checks one step; the GPU test five.)
+    param, _, (want, _, _) = _bf16_run(steps=1)
+    torch.testing.assert_close(param, want, rtol=2**-7, atol=0)
+
+
+def test_fused_state_dict_loads_into_torch_and_back_keeping_float32_moments():
+    ours, theirs = _fused_params(3), _fused_params(3)
+    mine, _ = _train_fused_pair(ours, theirs, steps=2)
+    saved = mine.state_dict()
+    fresh = _fused_params(3)
+    other = torch.optim.AdamW([{"params": fresh[:2]}, {"params": fresh[2:]}])
+    other.load_state_dict(copy.deepcopy(saved))
+    assert torch.equal(other.state[fresh[0]]["exp_avg"], mine.state[ours[0]]["exp_avg"])
+    # into bf16 parameters: torch's loading would round the moments to bf16
+    params = _fused_params(3, torch.bfloat16)
+    resumed = AdamW([{"params": params[:2]}, {"params": params[2:]}], fused=True)
+    resumed.load_state_dict(copy.deepcopy(saved))
+    for p, q in zip(params, ours, strict=True):
+        state = resumed.state[p]
+        assert state["exp_avg"].dtype == torch.float32 and state["step"].device.type == "cpu"
+        assert torch.equal(state["exp_avg_sq"], mine.state[q]["exp_avg_sq"])
+
+
+@pytest.mark.parametrize(
+    ("params", "kwargs", "match"),
+    [
+        (lambda: _fused_params(0), {"foreach": True}, "pick one"),
+        (lambda: _fused_params(0, torch.float64), {}, "float32, bfloat16 and float16"),
+        (lambda: [torch.randn(4, 3).t().requires_grad_()], {}, "contiguous parameters"),
+    ],
+)
+def test_fused_adamw_rejects_what_its_kernel_cannot_update(params, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AdamW(params(), fused=True, **kwargs)
+
+
+def test_fused_adamw_on_a_cpu_without_the_interpreter_says_so(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs CUDA parameters"):
+        AdamW(_fused_params(0), fused=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_adamw_matches_torch_fused_on_cuda(dtype):
+    ours, theirs = _fused_params(4, device="cuda"), _fused_params(4, device="cuda")
+    mine, reference = _train_fused_pair(ours, theirs, steps=5)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(mine.state[a]["exp_avg_sq"], reference.state[b]["exp_avg_sq"])
+    if dtype == torch.bfloat16:  # rounded to nearest once per step: within two ulps after five
+        param, _, (want, _, _) = _bf16_run(steps=5, device="cuda")
+        torch.testing.assert_close(param, want, rtol=2**-6, atol=0)
+
+
+@pytest.mark.gpu
+def test_fused_adamw_with_a_misaligned_parameter_on_cuda():
+    # A view 4 bytes into its buffer: the kernel's 16-byte vector path is off for this launch.
+    base = torch.randn(3 * 2049 + 1, device="cuda")
+    ours = [base[1:].view(3, 2049).requires_grad_(), *_fused_params(8, device="cuda")[1:]]
+    theirs = [p.detach().clone().requires_grad_() for p in ours]
+    _train_fused_pair(ours, theirs, steps=3)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_adamw_state_dict_has_torch_layout():
     ours = _train(AdamW, _make_params(0), steps=2).state_dict()
     theirs = _train(torch.optim.AdamW, _make_params(0), steps=2).state_dict()

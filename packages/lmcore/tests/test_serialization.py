@@ -1,6 +1,8 @@
 """Checkpoints: a run resumed from a checkpoint is bit-for-bit the uninterrupted run."""
 
+import dataclasses
 import io
+import warnings
 
 import numpy as np
 import pytest
@@ -112,3 +114,96 @@ def test_loading_optimizer_from_weights_only_checkpoint_is_rejected(tiny_config,
 def test_negative_iteration_is_rejected(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="iteration"):
         save_checkpoint(tiny_model, None, -1, tmp_path / "ckpt.pt")
+
+
+def _snapshot(model, optimizer):
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
+    return weights, state
+
+
+def _assert_untouched(model, optimizer, snapshot):
+    weights, state = snapshot
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    assert {id(p) for p in optimizer.state} == set(state)
+    for p, s in optimizer.state.items():
+        for key, value in s.items():
+            assert torch.equal(value, state[id(p)][key]), key
+
+
+def _trained(config, tokens, tmp_path):
+    model, optimizer = _fresh(config, seed=0)
+    _train(model, optimizer, tokens, 0, 1)
+    save_checkpoint(model, optimizer, 1, tmp_path / "ckpt.pt")
+    return torch.load(tmp_path / "ckpt.pt", weights_only=True)
+
+
+def test_checkpoint_carries_the_model_configuration(tiny_config, tokens, tmp_path):
+    checkpoint = _trained(tiny_config, tokens, tmp_path)
+    assert checkpoint["model_config"] == dataclasses.asdict(tiny_config)
+
+
+def test_weights_of_another_configuration_are_refused_naming_the_difference(
+    tiny_config, tokens, tmp_path
+):
+    checkpoint = _trained(tiny_config, tokens, tmp_path)
+    # 6 heads of 4 features instead of 3 of 8: every weight has the same shape
+    other = dataclasses.replace(tiny_config, num_heads=6)
+    model, optimizer = _fresh(other, seed=1)
+    _train(model, optimizer, tokens, 0, 1)
+    before = _snapshot(model, optimizer)
+    with pytest.raises(ValueError, match=r"num_heads 3 \(checkpoint\) vs 6 \(model\)"):
+        load_checkpoint(checkpoint, model, optimizer)
+    _assert_untouched(model, optimizer, before)
+
+
+def test_context_length_and_attention_backend_may_differ(tiny_config, tokens, tmp_path):
+    checkpoint = _trained(tiny_config, tokens, tmp_path)
+    other = dataclasses.replace(tiny_config, context_length=48, attention="sdpa")
+    model, optimizer = _fresh(other, seed=1)
+    assert load_checkpoint(checkpoint, model, optimizer) == 1
+
+
+def test_an_old_checkpoint_without_configuration_loads_with_a_warning(
+    tiny_config, tokens, tmp_path
+):
+    checkpoint = _trained(tiny_config, tokens, tmp_path)
+    del checkpoint["model_config"]
+    model, optimizer = _fresh(tiny_config, seed=1)
+    with pytest.warns(UserWarning, match="no model configuration"):
+        assert load_checkpoint(checkpoint, model, optimizer) == 1
+    for name, value in checkpoint["model"].items():
+        assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_a_new_checkpoint_loads_without_a_warning(tiny_config, tokens, tmp_path):
+    checkpoint = _trained(tiny_config, tokens, tmp_path)
+    model, optimizer = _fresh(tiny_config, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_checkpoint(checkpoint, model, optimizer)
+
+
+def test_a_weight_that_does_not_fit_changes_nothing(tiny_config, tokens, tmp_path):
+    checkpoint = _trained(tiny_config, tokens, tmp_path)
+    del checkpoint["model_config"]  # an old checkpoint: only the shapes can tell
+    checkpoint["model"]["lm_head.weight"] = checkpoint["model"]["lm_head.weight"][:-1]
+    model, optimizer = _fresh(tiny_config, seed=1)
+    _train(model, optimizer, tokens, 0, 1)
+    before = _snapshot(model, optimizer)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=r"lm_head\.weight"):
+        load_checkpoint(checkpoint, model, optimizer)
+    _assert_untouched(model, optimizer, before)
+
+
+def test_optimizer_state_for_other_groups_changes_nothing(tiny_config, tokens, tmp_path):
+    checkpoint = _trained(tiny_config, tokens, tmp_path)
+    model, _ = _fresh(tiny_config, seed=1)
+    params = list(model.parameters())
+    optimizer = AdamW([{"params": params[:3]}, {"params": params[3:]}])
+    _train(model, optimizer, tokens, 0, 1)
+    before = _snapshot(model, optimizer)
+    with pytest.raises(ValueError, match="parameter groups of sizes"):
+        load_checkpoint(checkpoint, model, optimizer)
+    _assert_untouched(model, optimizer, before)

@@ -10,9 +10,9 @@ they see the same kernels and thread settings as FSDP):
   than per half, so the same math rounds differently: compared to 1e-6.
 
 One spawned run does many things, each checked by its own test below. Models: a small
-`lmcore.TransformerLM` (also with activation checkpointing, whose recomputation re-enters the
-units' forward hooks during backward) and a hand-made module with tied, frozen, sometimes unused,
-non-contiguous and odd-sized parameters.
+`lmcore.TransformerLM` (also with activation checkpointing per block, by segments and nested,
+whose recomputation re-enters the units' forward hooks during backward) and a hand-made module
+with tied, frozen, sometimes unused, non-contiguous and odd-sized parameters.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from torch import nn
 from lmcore import TransformerLM, apply_activation_checkpointing
 from lmcore.model import TransformerBlock
 from zero import FSDP
+from zero.fsdp import _State
 
 VOCAB, DIM, HIDDEN = 13, 5, 7  # 65- and 35-element weights: 2 ranks need padding
 BATCH, SEQ = 4, 6
@@ -66,10 +67,10 @@ def _net(*, contiguous: bool = False) -> _Net:
     return _Net(contiguous_mix=contiguous)
 
 
-def _lm(*, contiguous: bool = False) -> TransformerLM:
+def _lm(*, contiguous: bool = False, num_layers: int = 2) -> TransformerLM:
     torch.manual_seed(0)
     return TransformerLM(
-        vocab_size=VOCAB, context_length=SEQ, d_model=8, num_layers=2, num_heads=2, d_ff=11
+        vocab_size=VOCAB, context_length=SEQ, d_model=8, num_layers=num_layers, num_heads=2, d_ff=11
     )
 
 
@@ -77,7 +78,21 @@ def _checkpointed_lm(*, contiguous: bool = False) -> TransformerLM:
     return apply_activation_checkpointing(_lm())
 
 
-MODELS = {"net": _net, "lm": _lm, "checkpointed": _checkpointed_lm}
+def _segments_lm(*, contiguous: bool = False) -> TransformerLM:
+    return apply_activation_checkpointing(_lm(num_layers=3), policy="segments:2")
+
+
+def _nested_lm(*, contiguous: bool = False) -> TransformerLM:
+    return apply_activation_checkpointing(_lm(num_layers=3), policy="nested:2")
+
+
+MODELS = {
+    "net": _net,
+    "lm": _lm,
+    "checkpointed": _checkpointed_lm,
+    "segments": _segments_lm,
+    "nested": _nested_lm,
+}
 
 
 def _batches(seed: int = 1) -> list[torch.Tensor]:
@@ -160,6 +175,8 @@ def _two_rank_worker(rank: int, world_size: int) -> dict[str, Any]:
         ("net", "adamw", None),
         ("net", "sgd", None),
         ("checkpointed", "adamw", (TransformerBlock,)),
+        ("segments", "adamw", (TransformerBlock,)),
+        ("nested", "sgd", (TransformerBlock,)),
     ]:
         key = f"{model}-{optimizer}-{'blocks' if units else 'default'}"
         fsdp = FSDP(MODELS[model](), units=units)
@@ -228,11 +245,44 @@ def _two_rank_worker(rank: int, world_size: int) -> dict[str, Any]:
     reference.load_state_dict(start)
     results["resumed_on_two-half"] = _train_reference(reference, "sgd", halves=2, seed=2)
 
+    # activation checkpointing: units gathered at once during backward
+    for policy in ("blocks", "segments:6", "nested:3"):
+        results[f"gathered-{policy}"] = _most_units_gathered(policy, rank, world_size)
+
+    # a state dict with one weight of another shape loads nothing
+    fsdp = FSDP(_lm(), units=(TransformerBlock,))
+    before = {n: p.detach().clone() for n, p in fsdp.module.named_parameters()}
+    bad = dict(_lm().state_dict())
+    bad["lm_head.weight"] = bad["lm_head.weight"][:-1]
+    results["bad_shape"] = _error(lambda: fsdp.load_state_dict(bad))
+    results["bad_shape_untouched"] = all(
+        torch.equal(p, before[n]) for n, p in fsdp.module.named_parameters()
+    )
+
     # bad input: models that differ across ranks
     torch.manual_seed(rank)
     results["different_values"] = _error(lambda: FSDP(_Net()))
     results["different_shapes"] = _error(lambda: FSDP(nn.Linear(3, 3 + rank)))
     return results
+
+
+def _most_units_gathered(policy: str, rank: int, world_size: int) -> int:
+    """The most units (the root included) whose weights are gathered at once in one step."""
+    fsdp = FSDP(
+        apply_activation_checkpointing(_lm(num_layers=6), policy=policy), units=(TransformerBlock,)
+    )
+    most = 0
+    start_gather = fsdp._start_gather
+
+    def counting(unit) -> None:
+        nonlocal most
+        start_gather(unit)
+        most = max(most, sum(u.state is not _State.FREE for u in fsdp._units))
+
+    fsdp._start_gather = counting
+    _loss(fsdp, _batches()[0].chunk(world_size)[rank], 0).backward()
+    fsdp.finish_gradient_synchronization()
+    return most
 
 
 def _one_rank_worker(rank: int, world_size: int, checkpoint: bytes) -> dict[str, Any]:
@@ -278,6 +328,8 @@ CASES = [
     "net-adamw-default",
     "net-sgd-default",
     "checkpointed-adamw-blocks",
+    "segments-adamw-blocks",
+    "nested-sgd-blocks",
 ]
 
 
@@ -390,6 +442,20 @@ def test_two_rank_checkpoint_loads_into_a_plain_module_and_one_rank(two_ranks, o
     _lm().load_state_dict(saved)  # strict: every key, every shape
     _assert_equal(one_rank["round_trip"], saved)
     _assert_equal(one_rank["resumed"], one_rank["resumed-whole"])
+
+
+@pytest.mark.parametrize(("policy", "most"), [("blocks", 3), ("segments:6", 4), ("nested:3", 4)])
+def test_recomputed_units_are_gathered_again_and_freed(two_ranks, policy, most):
+    # The root, the unit computing and the one prefetched; a recomputation adds one more. A
+    # segment of six blocks would otherwise hold all six gathered through its recomputation.
+    for rank in two_ranks:
+        assert rank[f"gathered-{policy}"] == most
+
+
+def test_a_state_dict_with_a_wrong_shape_loads_nothing(two_ranks):
+    for rank in two_ranks:
+        assert "lm_head.weight" in rank["bad_shape"] and "nothing was loaded" in rank["bad_shape"]
+        assert rank["bad_shape_untouched"]
 
 
 def test_ranks_with_different_values_raise(two_ranks):

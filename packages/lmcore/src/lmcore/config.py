@@ -1,4 +1,4 @@
-"""Model configurations: the full `ModelConfig` and the handout's named sizes (Table 1)."""
+"""`ModelConfig` and the named model sizes (Table 1 of the handout and more)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ __all__ = [
     "VOCAB_SIZE",
     "ModelConfig",
     "ModelSize",
+    "describe_size",
     "model_config",
 ]
 
@@ -103,31 +104,69 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ModelSize:
-    """The shape of one named model size: widths, depth and head count (no vocabulary or length).
+    """The shape of one named model size: widths, depth and head count, and its own defaults.
+
+    Most sizes take the handout's vocabulary (`VOCAB_SIZE`) and leave the context length to the
+    caller; a size made for one setting (the leaderboard's model) carries its own vocabulary and
+    context length, used when the caller gives none.
 
     Example::
 
         >>> MODEL_SIZES["small"].config(context_length=256).num_layers
         12
+        >>> MODEL_SIZES["xl"].dimensions
+        '2560/10240/32L/32H'
     """
 
     d_model: int
     d_ff: int
     num_layers: int
     num_heads: int
+    vocab_size: int = VOCAB_SIZE
+    context_length: int | None = None
+
+    @property
+    def dimensions(self) -> str:
+        """`d_model/d_ff/layersL/headsH`, plus the vocabulary where it is not the handout's.
+
+        Tables print it beside the size's name (see `describe_size`), so a result never reads
+        as another size of the same name (the 2025 handout's `xl` was 1600 wide, the 2026 one's
+        is 2560).
+        """
+        text = f"{self.d_model}/{self.d_ff}/{self.num_layers}L/{self.num_heads}H"
+        return text if self.vocab_size == VOCAB_SIZE else f"{text}/V{self.vocab_size}"
 
     def config(
         self,
         *,
-        context_length: int,
-        vocab_size: int = VOCAB_SIZE,
+        context_length: int | None = None,
+        vocab_size: int | None = None,
         rope_theta: float = DEFAULT_ROPE_THETA,
         attention: str = DEFAULT_ATTENTION,
         num_kv_heads: int | None = None,
     ) -> ModelConfig:
-        """The full `ModelConfig` of this size for a context length, vocabulary and backend."""
+        """The full `ModelConfig` of this size for a context length, vocabulary and backend.
+
+        Args:
+            context_length: the longest sequence; the size's own when None (an error if it has
+                none).
+            vocab_size: the vocabulary; the size's own (the handout's 10,000 for most) when None.
+            rope_theta: RoPE base wavelength.
+            attention: attention backend name.
+            num_kv_heads: key/value heads for grouped-query attention (None: one per head).
+
+        Raises:
+            ValueError: no context length given and the size has none of its own.
+        """
+        if context_length is None:
+            context_length = self.context_length
+        if context_length is None:
+            raise ValueError(
+                f"this size ({self.dimensions}) has no context length of its own: pass "
+                "context_length=..."
+            )
         return ModelConfig(
-            vocab_size=vocab_size,
+            vocab_size=self.vocab_size if vocab_size is None else vocab_size,
             context_length=context_length,
             d_model=self.d_model,
             num_layers=self.num_layers,
@@ -139,28 +178,59 @@ class ModelSize:
         )
 
 
-# Table 1 of the CS336 assignment 2 handout, then `tiny`: two narrow layers, so that a training
-# step takes milliseconds on a CPU (tests, CPU defaults, a first `bench-train --size tiny`).
-# Read-only, so that no caller can change a size.
+# Table 1 of the CS336 assignment 2 handout (spring 2026), in its order; then the sizes kept
+# from the 2025 handout under names that cannot be mistaken for the 2026 ones (`xl-2025`, the
+# 1600-wide xl of 2025; `2.7B`, the 2025 name of today's xl, so old results still read); the
+# leaderboard's 8B model (§9: its own vocabulary and context); and `tiny`: two narrow layers, so
+# that a training step takes milliseconds on a CPU (tests, CPU defaults, a first
+# `bench-train --size tiny`). Read-only, so that no caller can change a size.
 MODEL_SIZES: Mapping[str, ModelSize] = MappingProxyType(
     {
         "small": ModelSize(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
         "medium": ModelSize(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
         "large": ModelSize(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
-        "xl": ModelSize(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
+        "xl": ModelSize(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+        "10B": ModelSize(d_model=4608, d_ff=12288, num_layers=50, num_heads=36),
+        "xl-2025": ModelSize(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
         "2.7B": ModelSize(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+        "leaderboard-8b": ModelSize(
+            d_model=4096,
+            d_ff=11008,
+            num_layers=34,
+            num_heads=32,
+            vocab_size=151_936,
+            context_length=32_768,
+        ),
         "tiny": ModelSize(d_model=64, d_ff=256, num_layers=2, num_heads=4),
     }
 )
-# The sizes of the handout's Table 1 (all but `tiny`), in its order.
-HANDOUT_SIZES: tuple[str, ...] = ("small", "medium", "large", "xl", "2.7B")
+# The sizes of the 2026 handout's Table 1, in its order.
+HANDOUT_SIZES: tuple[str, ...] = ("small", "medium", "large", "xl", "10B")
+
+
+def _size(name: str) -> ModelSize:
+    try:
+        return MODEL_SIZES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}"
+        ) from None
+
+
+def describe_size(name: str) -> str:
+    """A size's name with its dimensions, for tables and plots: `"xl (2560/10240/32L/32H)"`.
+
+    Raises:
+        ValueError: `name` is not a key of `MODEL_SIZES` (the message lists them).
+    """
+    return f"{name} ({_size(name).dimensions})"
 
 
 def model_config(
     size: str,
     *,
-    context_length: int,
-    vocab_size: int = VOCAB_SIZE,
+    context_length: int | None = None,
+    vocab_size: int | None = None,
     rope_theta: float = DEFAULT_ROPE_THETA,
     attention: str = DEFAULT_ATTENTION,
     num_kv_heads: int | None = None,
@@ -168,24 +238,20 @@ def model_config(
     """The `ModelConfig` of a named size from `MODEL_SIZES`.
 
     Args:
-        size: one of the keys of `MODEL_SIZES` ("small", "medium", "large", "xl", "2.7B",
-            "tiny").
-        context_length: the longest sequence the model will see.
-        vocab_size: vocabulary size (the handout's 10,000 by default).
+        size: one of the keys of `MODEL_SIZES`.
+        context_length: the longest sequence the model will see; the size's own when None
+            (only `leaderboard-8b` has one).
+        vocab_size: vocabulary size; the size's own when None (the handout's 10,000 for all but
+            `leaderboard-8b`).
         rope_theta: RoPE base wavelength.
         attention: attention backend name.
         num_kv_heads: key/value heads for grouped-query attention (None: one per head).
 
     Raises:
-        ValueError: `size` is not a known size (the message lists the valid ones).
+        ValueError: `size` is not a known size (the message lists the valid ones), or no
+            context length is given for a size without one.
     """
-    try:
-        shape = MODEL_SIZES[size]
-    except KeyError:
-        raise ValueError(
-            f"unknown model size {size!r}; choose one of {', '.join(MODEL_SIZES)}"
-        ) from None
-    return shape.config(
+    return _size(size).config(
         context_length=context_length,
         vocab_size=vocab_size,
         rope_theta=rope_theta,

@@ -7,7 +7,9 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["Embedding", "Linear"]
+from lmcore.linear_cross_entropy import fused_linear_cross_entropy
+
+__all__ = ["Embedding", "LMHead", "Linear"]
 
 # Initial weights are drawn from a normal distribution truncated at three standard deviations,
 # as the CS336 handout prescribes, so no weight starts far out in the tail.
@@ -60,3 +62,21 @@ class Embedding(nn.Embedding):
     def reset_parameters(self) -> None:
         """Redraw the table from the truncated unit normal."""
         _trunc_normal_(self.weight, std=1.0)
+
+
+class LMHead(Linear):
+    """The LM head: logits `x W^T`, or, given targets, their cross-entropy without the logits.
+
+    With `targets` the forward returns `fused_linear_cross_entropy(x, W, targets)` (mean over
+    the tokens whose target is not `ignore_index`). Computing the loss inside the head's own
+    forward keeps it where wrappers look: FSDP and similar wrappers gather a module's weights
+    around its forward call, so the fused loss sees the whole weight under them too.
+    """
+
+    def forward(
+        self, x: torch.Tensor, targets: torch.Tensor | None = None, *, ignore_index: int = -100
+    ) -> torch.Tensor:
+        """Logits `(..., out_features)`, or the mean loss (0-dim float32) when given targets."""
+        if targets is None:
+            return super().forward(x)
+        return fused_linear_cross_entropy(x, self.weight, targets, ignore_index=ignore_index)

@@ -6,19 +6,13 @@ import torch
 from torch import nn
 
 from lmcore.attention import CausalSelfAttention
-from lmcore.config import (
-    DEFAULT_ATTENTION,
-    DEFAULT_ROPE_THETA,
-    VOCAB_SIZE,
-    ModelConfig,
-    model_config,
-)
+from lmcore.config import DEFAULT_ATTENTION, DEFAULT_ROPE_THETA, ModelConfig, model_config
 from lmcore.ffn import SwiGLU
-from lmcore.linear import Embedding, Linear
+from lmcore.linear import Embedding, LMHead
 from lmcore.norm import RMSNorm
 from lmcore.rope import RotaryEmbedding
 
-__all__ = ["TransformerBlock", "TransformerLM"]
+__all__ = ["BlockStack", "TransformerBlock", "TransformerLM"]
 
 # The index dtypes torch's embedding lookup accepts.
 _TOKEN_DTYPES = (torch.int64, torch.int32)
@@ -44,6 +38,22 @@ class TransformerBlock(nn.Module):
         """Map the residual stream `(batch, seq, d_model)` to the same shape."""
         x = x + self.attn(self.ln1(x))
         x = x + self.ffn(self.ln2(x))
+        return x
+
+
+class BlockStack(nn.ModuleList):
+    """The model's blocks, run in order: `x ← block(x)` for each.
+
+    A `ModuleList` (blocks are `layers[i]`, state-dict keys `layers.i.…`) that is also callable,
+    so that what runs the stack can be swapped without renaming a parameter:
+    `apply_activation_checkpointing` replaces it with a subclass that runs segments of blocks
+    under checkpoints.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Run every block in order on `x` `(batch, seq, d_model)`."""
+        for block in self:
+            x = block(x)
         return x
 
 
@@ -75,11 +85,12 @@ class TransformerLM(nn.Module):
 
         >>> model = TransformerLM.from_size("small", context_length=256, attention="sdpa")
         >>> logits = model(torch.randint(0, 10_000, (4, 256)))  # (4, 256, 10000)
+        >>> loss = model(tokens[:, :-1], targets=tokens[:, 1:])  # fused: no logits held
 
     Building on the meta device and materialising later skips the slow CPU initialisation::
 
         >>> with torch.device("meta"):
-        ...     model = TransformerLM.from_size("xl", context_length=1024)
+        ...     model = TransformerLM.from_size("xl", context_length=2048)
         >>> model = model.to_empty(device="cuda")
         >>> model.reset_parameters()
     """
@@ -112,11 +123,11 @@ class TransformerLM(nn.Module):
         self.config = config
         rope = RotaryEmbedding(config.head_dim, config.context_length, theta=config.rope_theta)
         self.token_embeddings = Embedding(config.vocab_size, config.d_model)
-        self.layers = nn.ModuleList(
+        self.layers = BlockStack(
             TransformerBlock(config, rope=rope) for _ in range(config.num_layers)
         )
         self.ln_final = RMSNorm(config.d_model)
-        self.lm_head = Linear(config.d_model, config.vocab_size)
+        self.lm_head = LMHead(config.d_model, config.vocab_size)
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> TransformerLM:
@@ -138,16 +149,17 @@ class TransformerLM(nn.Module):
         cls,
         size: str,
         *,
-        context_length: int,
-        vocab_size: int = VOCAB_SIZE,
+        context_length: int | None = None,
+        vocab_size: int | None = None,
         rope_theta: float = DEFAULT_ROPE_THETA,
         attention: str = DEFAULT_ATTENTION,
         num_kv_heads: int | None = None,
     ) -> TransformerLM:
-        """Build a named size of `MODEL_SIZES` ("small", "medium", "large", "xl", "2.7B", "tiny").
+        """Build a named size of `MODEL_SIZES` (see `model_config` for the arguments).
 
         Raises:
-            ValueError: unknown size (the message lists the valid ones) or attention backend.
+            ValueError: unknown size (the message lists the valid ones) or attention backend,
+                or no context length for a size without its own.
         """
         return cls.from_config(
             model_config(
@@ -167,30 +179,47 @@ class TransformerLM(nn.Module):
             if module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
-    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Next-token logits for every position.
+    def forward(self, token_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits for every position, or, given targets, the loss without the logits.
 
         Args:
             token_ids: integer tensor `(batch, seq)` with `1 <= seq <= context_length`.
+            targets: integer tensor `(batch, seq)` of next-token ids (or -100 for a position
+                to leave out), or None.
 
         Returns:
-            Logits `(batch, seq, vocab_size)`; position `i` depends only on tokens `0 … i`.
+            Without targets, logits `(batch, seq, vocab_size)`; position `i` depends only on
+            tokens `0 … i`. With targets, the mean cross-entropy (0-dim float32) computed by
+            `fused_linear_cross_entropy`, which never holds the `(batch, seq, vocab_size)`
+            logits: the same value as `cross_entropy(model(token_ids), targets)`.
 
         Raises:
-            TypeError: `token_ids` is not an integer tensor.
-            ValueError: `token_ids` is not 2-D or the sequence is empty or too long.
+            TypeError: `token_ids` or `targets` is not an integer tensor.
+            ValueError: `token_ids` is not 2-D, the sequence is empty or too long, or
+                `targets` has another shape.
         """
-        if not isinstance(token_ids, torch.Tensor) or token_ids.dtype not in _TOKEN_DTYPES:
-            raise TypeError(
-                "token_ids must be an int64 or int32 tensor of shape (batch, seq), got "
-                f"{getattr(token_ids, 'dtype', type(token_ids).__name__)}"
-            )
+        _check_tokens("token_ids", token_ids)
         if token_ids.dim() != 2 or not 1 <= token_ids.shape[1] <= self.config.context_length:
             raise ValueError(
                 f"token_ids must have shape (batch, seq) with 1 <= seq <= context_length "
                 f"({self.config.context_length}), got {tuple(token_ids.shape)}"
             )
+        if targets is not None:
+            _check_tokens("targets", targets)
+            if targets.shape != token_ids.shape:
+                raise ValueError(
+                    f"targets must have the shape of token_ids {tuple(token_ids.shape)}, got "
+                    f"{tuple(targets.shape)}"
+                )
         x = self.token_embeddings(token_ids)  # (batch, seq, d_model)
-        for layer in self.layers:
-            x = layer(x)
-        return self.lm_head(self.ln_final(x))  # (batch, seq, vocab_size)
+        x = self.layers(x)
+        # (batch, seq, vocab_size) logits, or the loss of the targets under them
+        return self.lm_head(self.ln_final(x), targets)
+
+
+def _check_tokens(name: str, tokens: object) -> None:
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype not in _TOKEN_DTYPES:
+        raise TypeError(
+            f"{name} must be an int64 or int32 tensor of shape (batch, seq), got "
+            f"{getattr(tokens, 'dtype', type(tokens).__name__)}"
+        )

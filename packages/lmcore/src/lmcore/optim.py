@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 __all__ = ["AdamW"]
+
+# Parameter dtypes the fused kernel updates (its moments are float32 for all three).
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Launch tables kept per optimizer: one per set of parameters that had gradients together.
+_MAX_LAUNCHES = 16
 
 
 def _step_dtype() -> torch.dtype:
@@ -30,21 +36,30 @@ class AdamW(torch.optim.Optimizer):
     (v), with the names and layout torch uses, so state dicts load in either direction.
     Parameters whose `grad` is None are skipped (their step count does not advance).
 
-    Two implementations of the same arithmetic, chosen by `foreach`:
+    Three implementations of the same arithmetic:
 
-    - multi-tensor: `torch._foreach_*` operations over each parameter group, which on a GPU
-      launch a handful of kernels per group instead of a handful per parameter. The operations
-      and their order are those of torch's own foreach AdamW.
+    - multi-tensor (`foreach`): `torch._foreach_*` operations over each parameter group, which
+      on a GPU launch a handful of kernels per group instead of a handful per parameter, each
+      a pass over every tensor. The operations and their order are those of torch's own
+      foreach AdamW.
     - per-parameter: a loop over the parameters, torch's single-tensor AdamW written out; the
       readable one, and the reference the multi-tensor path is tested against.
+    - fused (`fused=True`): one Triton kernel launch per parameter group (per parameter dtype
+      and step count within it, normally one) that reads each parameter, gradient and moment
+      once and writes the parameter and moments once (`lmcore.kernels.adamw`: a table of the
+      tensors' addresses, one program per block of 2,048 elements). The moments are float32
+      also for bf16 and fp16 parameters; the parameter is updated in float32 and rounded once.
 
-    By default (`foreach=None`) a group whose parameters are all on CUDA takes the multi-tensor
-    path and any other the per-parameter one, torch's own rule: on the CPU the `_foreach_`
-    operations run as a loop over the tensors anyway and save nothing.
+    By default (`foreach=None`, `fused=False`) a group whose parameters are all on CUDA takes
+    the multi-tensor path and any other the per-parameter one, torch's own rule: on the CPU the
+    `_foreach_` operations run as a loop over the tensors anyway and save nothing.
 
-    Both give bit-for-bit the results of `torch.optim.AdamW` (either of its paths) in fp32 and
-    fp64: every elementwise operation is the same IEEE operation in the same order, and the bias
-    corrections are the same Python-float expressions.
+    The multi-tensor and per-parameter paths give bit-for-bit the results of
+    `torch.optim.AdamW` (either of its paths) in fp32 and fp64: every elementwise operation is
+    the same IEEE operation in the same order, and the bias corrections are the same
+    Python-float expressions. The fused path agrees with `torch.optim.AdamW(fused=True)` to
+    within rounding (its arithmetic, with correctly rounded square root and division, in
+    another order of operations than the multi-tensor path's).
 
     Args:
         params: parameters or parameter groups (dicts), as for any `torch.optim.Optimizer`.
@@ -54,9 +69,14 @@ class AdamW(torch.optim.Optimizer):
         weight_decay: decoupled weight decay λ (multiplied by `lr`).
         foreach: True for the multi-tensor path, False for the per-parameter loop, None (the
             default) for multi-tensor on CUDA and per-parameter elsewhere.
+        fused: True for the fused Triton kernel; its parameters must be CUDA tensors of
+            float32, bfloat16 or float16 (on a CPU only under Triton's interpreter,
+            `TRITON_INTERPRET=1`, which is how the tests run it), contiguous, with contiguous
+            gradients.
 
     Raises:
-        ValueError: a hyper-parameter is out of range.
+        ValueError: a hyper-parameter is out of range, both `fused` and `foreach` are True, or
+            a fused group has parameters the kernel cannot update (the message says why).
 
     Example::
 
@@ -75,6 +95,7 @@ class AdamW(torch.optim.Optimizer):
         weight_decay: float = 1e-2,
         *,
         foreach: bool | None = None,
+        fused: bool = False,
     ) -> None:
         if not lr >= 0.0:
             raise ValueError(f"learning rate must be >= 0, got {lr}")
@@ -84,22 +105,66 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"eps must be >= 0, got {eps}")
         if not weight_decay >= 0.0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if fused and foreach:
+            raise ValueError("fused and foreach are two implementations: pick one")
         defaults = {
             "lr": lr,
             "betas": tuple(betas),
             "eps": eps,
             "weight_decay": weight_decay,
             "foreach": foreach,
+            "fused": fused,
         }
+        self._launches: dict[tuple[int, ...], Any] = {}
         super().__init__(params, defaults)
 
-    def _init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (as `torch.optim.Optimizer` does); a fused group's parameters are checked.
+
+        Raises:
+            ValueError: a fused group holds parameters the fused kernel cannot update.
+        """
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        if group["fused"]:
+            if group["foreach"]:
+                raise ValueError("fused and foreach are two implementations: pick one")
+            _check_fused_params(group["params"])
+
+    def _init_state(self, param: torch.Tensor, *, fused: bool = False) -> dict[str, torch.Tensor]:
         state = self.state[param]
         if not state:
+            # The fused kernel keeps float32 moments also for bf16 and fp16 parameters.
+            dtype = torch.float32 if fused else param.dtype
             state["step"] = torch.tensor(0.0, dtype=_step_dtype())
-            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = torch.zeros_like(
+                    param, dtype=dtype, memory_format=torch.preserve_format
+                )
         return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict (torch's layout), keeping fused groups' moments in float32.
+
+        `torch.optim.Optimizer.load_state_dict` casts every state tensor to its parameter's
+        dtype and, for a group marked fused, moves `step` onto the parameter's device; a fused
+        group here keeps float32 moments and CPU step counts, as its `step` made them.
+        """
+        saved: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+        for group, saved_group in zip(self.param_groups, state_dict["param_groups"], strict=False):
+            if not group["fused"]:
+                continue
+            for param, index in zip(group["params"], saved_group["params"], strict=False):
+                entry = state_dict["state"].get(index, {})
+                saved[param] = {k: entry[k] for k in ("exp_avg", "exp_avg_sq") if k in entry}
+        super().load_state_dict(state_dict)
+        self._launches.clear()  # the moments are new tensors
+        for param, moments in saved.items():
+            state = self.state[param]
+            for key, value in moments.items():
+                state[key] = value.to(device=param.device, dtype=torch.float32)
+            if "step" in state:
+                state["step"] = state["step"].to(device="cpu", dtype=_step_dtype())
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -124,6 +189,9 @@ class AdamW(torch.optim.Optimizer):
             raise RuntimeError(
                 "AdamW does not support sparse gradients; use torch.optim.SparseAdam"
             )
+        if group.get("fused"):
+            self._step_fused(params, group)
+            return
         foreach = group.get("foreach")
         if foreach is None:
             foreach = all(p.is_cuda for p in params)
@@ -177,3 +245,67 @@ class AdamW(torch.optim.Optimizer):
         torch._foreach_div_(denom, bias_correction2_sqrt)
         torch._foreach_add_(denom, eps)
         torch._foreach_addcdiv_(params, exp_avgs, denom, neg_step_sizes)
+
+    def _step_fused(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+        """One kernel launch per (parameter dtype, step count) of the group's `params`."""
+        from lmcore.kernels.adamw import adamw_step_
+
+        states = [self._init_state(p, fused=True) for p in params]
+        steps = [s["step"] for s in states]
+        torch._foreach_add_(steps, 1)
+        counts = torch.stack(steps).tolist()
+        launches: dict[tuple[torch.dtype, float], list[int]] = {}
+        for i, (p, count) in enumerate(zip(params, counts, strict=True)):
+            launches.setdefault((p.dtype, count), []).append(i)
+        beta1, beta2 = group["betas"]
+        for (_, count), indices in launches.items():
+            chosen = [params[i] for i in indices]
+            tensors = (
+                chosen,
+                [p.grad for p in chosen],
+                [states[i]["exp_avg"] for i in indices],
+                [states[i]["exp_avg_sq"] for i in indices],
+            )
+            adamw_step_(
+                self._launch(chosen),
+                tensors,
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                step=int(count),
+            )
+
+    def _launch(self, params: list[torch.Tensor]) -> Any:
+        """The kept `lmcore.kernels.adamw.Launch` of these parameters (built on first use)."""
+        from lmcore.kernels.adamw import Launch
+
+        key = tuple(map(id, params))
+        launch = self._launches.get(key)
+        if launch is None:
+            if len(self._launches) >= _MAX_LAUNCHES:
+                self._launches.clear()
+            launch = self._launches[key] = Launch(params)
+        return launch
+
+
+def _check_fused_params(params: list[torch.Tensor]) -> None:
+    """Raise unless the fused kernel can update every parameter (the front door's check)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    for p in params:
+        if p.dtype not in _FUSED_DTYPES:
+            raise ValueError(
+                f"fused AdamW updates float32, bfloat16 and float16 parameters, got {p.dtype}; "
+                "use fused=False"
+            )
+        if not (p.is_cuda or (interpreted and p.device.type == "cpu")):
+            raise ValueError(
+                f"fused AdamW runs a Triton kernel and needs CUDA parameters, got one on "
+                f"{p.device} (a CPU runs it only under TRITON_INTERPRET=1); use fused=False"
+            )
+        if not p.is_contiguous():
+            raise ValueError(
+                f"fused AdamW needs contiguous parameters, got strides {p.stride()}; make the "
+                "parameter contiguous or use fused=False"
+            )

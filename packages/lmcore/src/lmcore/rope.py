@@ -14,7 +14,10 @@ class RotaryEmbedding(nn.Module):
     Position `i` is the token's index in the sequence, so the dot product of a rotated query
     and key depends only on their distance. The cosine and sine tables are precomputed in
     float32 for `context_length` positions and kept as non-persistent buffers: they follow the
-    module across devices but are not part of the state dict.
+    module across devices but are not part of the state dict, and they stay float32 when the
+    module is cast to a narrower dtype (`model.to(torch.bfloat16)` would otherwise round angles
+    of up to `context_length` radians to 8 bits of mantissa); the rotation is computed in
+    float32 and its result cast to the input's dtype.
 
     Args:
         head_dim: features per head `d`; must be even.
@@ -46,6 +49,18 @@ class RotaryEmbedding(nn.Module):
         angles = torch.outer(positions, inv_freq)  # (context_length, head_dim // 2)
         self.cos.copy_(angles.cos())
         self.sin.copy_(angles.sin())
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        # `module.to(dtype)`, `.half()`, `.bfloat16()` reach buffers through `_apply`: let them
+        # move the tables to another device, but keep them at least float32 by taking the
+        # float32 values (moved) rather than the rounded ones.
+        tables = {"cos": self.cos, "sin": self.sin}
+        super()._apply(fn, recurse)
+        for name, before in tables.items():
+            after = self._buffers[name]
+            if after.dtype in (torch.float16, torch.bfloat16):
+                self._buffers[name] = before.to(device=after.device)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Rotate `x` `(..., seq, head_dim)` for positions `0 … seq-1`; same shape and dtype."""

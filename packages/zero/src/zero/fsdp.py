@@ -69,6 +69,9 @@ class _Unit:
     flat: torch.Tensor
     full_views: list[torch.Tensor]
     state: _State = _State.FREE
+    # Set once the unit's backward has begun (or its gather for it was prefetched) until its
+    # gradients are reduced: an activation-checkpoint recomputation then keeps its weights.
+    needed_in_backward: bool = False
     gather_work: dist.Work | None = None
     gather_out: torch.Tensor | None = None
     shadowed: list[tuple[nn.Module, str]] = field(default_factory=list)
@@ -213,6 +216,14 @@ class FSDP(nn.Module):
     to the end of its backward. So at most the root and two other units are ever gathered: the
     one computing and the one prefetched.
 
+    Activation checkpointing (``lmcore.apply_activation_checkpointing``, any non-reentrant
+    ``torch.utils.checkpoint``) runs a unit's forward again during backward. A unit whose own
+    backward has already begun (or was prefetched for it) keeps its gathered weights through
+    the recomputation; any other, such as the earlier blocks of a checkpointed segment of
+    several blocks, is gathered for the recomputation and freed right after it, then gathered
+    again for its backward. So a segment of any length holds at most the root and three other
+    units gathered: the one recomputing, the one whose backward runs, the one prefetched.
+
     Collectives and synchronisation points (every rank of the default process group must make
     them, in the same order; they are issued asynchronously unless said otherwise):
 
@@ -223,6 +234,8 @@ class FSDP(nn.Module):
       ``compute_dtype`` first (half the bytes in bf16), waited for at the unit's forward
       pre-hook; the next unit's all-gather (in the previous forward's unit order) is issued at
       that pre-hook too, **one unit ahead**, so it travels while this unit computes;
+    * backward, per recomputation of a unit not yet claimed by its backward (activation
+      checkpointing): one more all-gather, waited for at once, and the unit freed after it;
     * backward, per unit call: the same all-gather again, waited for when the first gradient
       of the unit's output arrives; the next unit in backward order (this forward's order,
       reversed) is gathered one unit ahead from that hook; when all gradients of the unit's
@@ -464,7 +477,11 @@ class FSDP(nn.Module):
         unit.shadowed.clear()
 
     def _pre_forward(self, unit: _Unit) -> None:
-        """Gather a (non-root) unit, prefetch the one the previous forward called next."""
+        """Gather a (non-root) unit, prefetch the one the previous forward called next.
+
+        In backward this is an activation-checkpoint recomputation: the unit is gathered
+        again (if its backward has not claimed it yet) and freed by `_post_forward`.
+        """
         self._unshard(unit)
         if not self._in_backward:  # a re-run for activation checkpointing is not a new call
             position = len(self._calls)
@@ -480,6 +497,11 @@ class FSDP(nn.Module):
     def _post_forward(self, unit: _Unit, output: Any) -> None:
         self._uninstall(unit)
         if self._in_backward:
+            # A recomputation: free the weights unless the unit's own backward has begun (or
+            # its gather was prefetched for it). A segment of k checkpointed blocks recomputes
+            # all k before the backward of the last; keeping them would hold k units gathered.
+            if unit.index != 0 and not unit.needed_in_backward:
+                self._reshard(unit)
             return
         needs_grad = [t for t in _tensors(output) if t.requires_grad]
         if unit.index != 0 or not needs_grad:  # the root stays gathered for its backward
@@ -502,6 +524,7 @@ class FSDP(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module, gathering each unit's weights around its forward."""
         for unit in self._units:  # weights gathered earlier may be stale after a step
+            unit.needed_in_backward = False
             if unit.state is not _State.FREE:
                 self._reshard(unit)
         self._previous_calls, self._calls = self._calls or self._previous_calls, []
@@ -527,6 +550,7 @@ class FSDP(nn.Module):
         forward called last. Each other unit prefetches the one called before it.
         """
         self._in_backward = True
+        unit.needed_in_backward = True
         self._unshard(unit)  # a no-op for the root unless a later forward freed it
         position = self._backward_position
         if unit.index != 0:
@@ -537,7 +561,10 @@ class FSDP(nn.Module):
                 return
             self._backward_position = position
         if position > 0:
-            self._prefetch(self._calls[position - 1])
+            previous = self._calls[position - 1]
+            if self.prefetch:
+                previous.needed_in_backward = True
+            self._prefetch(previous)
 
     def _reduce_scatter(self, unit: _Unit, grads: Sequence[torch.Tensor]) -> None:
         """All gradients of the unit's weights are ready: average them into the shards."""
@@ -547,6 +574,7 @@ class FSDP(nn.Module):
             out, send, op=dist.ReduceOp.AVG, group=self.group, async_op=True
         )
         self._reductions.append((unit, work, out))
+        unit.needed_in_backward = False
         self._reshard(unit)
         while len(self._reductions) > _MAX_REDUCTIONS_IN_FLIGHT:
             self._complete_oldest_reduction()
@@ -594,6 +622,7 @@ class FSDP(nn.Module):
             self._complete_oldest_reduction()
         self._reduce_replicated()
         for unit in self._units:
+            unit.needed_in_backward = False
             if unit.state is not _State.FREE:
                 self._reshard(unit)
         self._in_backward = False
@@ -662,6 +691,9 @@ class FSDP(nn.Module):
         host memory low) and copies its chunk of each sharded parameter, and the whole of every
         replicated parameter and buffer.
 
+        Every key and shape is checked before anything is copied, so a dict that does not fit
+        leaves the shards as they were.
+
         Raises:
             RuntimeError: ``strict`` and keys are missing or unexpected, or a shape differs.
         """
@@ -680,16 +712,16 @@ class FSDP(nn.Module):
                 f"state dict does not match the wrapped module: missing keys {missing}, "
                 f"unexpected keys {unexpected}"
             )
-        for key, target in own.items():
-            if key not in state_dict:
-                continue
-            value = torch.as_tensor(state_dict[key])
-            expected = full_shape.get(id(target), target.shape)
+        present = {key: torch.as_tensor(state_dict[key]) for key in own if key in state_dict}
+        for key, value in present.items():  # every shape first: a mismatch copies nothing
+            expected = full_shape.get(id(own[key]), own[key].shape)
             if value.shape != expected:
                 raise RuntimeError(
                     f"{key!r} has shape {tuple(value.shape)} in the state dict but "
-                    f"{tuple(expected)} in the module"
+                    f"{tuple(expected)} in the module; nothing was loaded"
                 )
+        for key, value in present.items():
+            target = own[key]
             if id(target) in full_shape:
                 value = rank_chunk(value, self.world_size, self.rank)
             target.copy_(value)

@@ -1,0 +1,522 @@
+"""bench-ops: lmcore's fused LM-head loss and fused AdamW against torch's best, op by op.
+
+Two studies, side by side in one run:
+
+- `loss`: one forward and backward of the LM head and the cross-entropy, the hidden states and
+  the head weight in bf16:
+    - `fused`: `lmcore.fused_linear_cross_entropy` (chunks of tokens, a Triton row kernel, the
+      full logits never held);
+    - `compiled`: `torch.compile` of `F.cross_entropy(hidden @ W.T, y)`, the baseline of the
+      ratios;
+    - `eager`: the same, not compiled.
+  At `small`'s shape (64 × 512 = 32,768 tokens, 768 features, vocabulary 10,000) and the
+  leaderboard's (2 × 32,768 = 65,536 tokens, 4096 features, vocabulary 151,936; the logits
+  alone are 19.9 GB in bf16). Reported: ms per call; the peak memory; the extra memory, the
+  peak beyond the inputs and the two gradients every implementation returns; and that extra
+  over the compiled baseline's and over the materialised logits' bytes (tokens × V × 2).
+- `adamw`: one optimizer step over every parameter of `small` and the 2026 `xl`, float32
+  parameters and random gradients: `lmcore` (lmcore.AdamW's multi-tensor path), `lmcore-fused`
+  (`lmcore.AdamW(fused=True)`, one Triton launch per group) and `torch-fused`
+  (`torch.optim.AdamW(fused=True)`, the baseline of the ratios).
+
+Out of memory is a row (`OOM`), not the end of the run. The compiled baseline compiles during
+its warm-up calls (untimed). On a GPU the default takes a few minutes, most of it the
+leaderboard shape and the `xl` optimizer step (54 GB of parameters, gradients and moments).
+
+Without a GPU a tiny CPU default runs instead and says so: `compiled` is left out (building CPU
+code takes about a minute; ask for it with --loss-impls), the fused loss runs its torch row
+step instead of the Triton kernel, and `lmcore-fused` runs only under Triton's interpreter
+(TRITON_INTERPRET=1), slowly; otherwise its rows say why they were skipped.
+
+Examples:
+  bench-ops                                  # both studies, the default shapes
+  bench-ops --study loss --loss-shapes leaderboard --json docs/results/ops.json --plot ops.png
+  bench-ops --study adamw --adamw-sizes small xl --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import lmcore
+from bench.core.cli import (
+    Invocation,
+    Tool,
+    add_timing_args,
+    as_device,
+    config_or_default,
+    distinct,
+    live_rows,
+    progress,
+)
+from bench.core.env import device_name
+from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
+from bench.core.oom import OK, Unavailable, guarded
+from bench.core.plots import bar_plot
+from bench.core.results import Keys, Run
+from bench.core.timing import summarize, time_fn
+
+__all__ = [
+    "ADAMW_IMPLS",
+    "KEYS",
+    "LOSS_IMPLS",
+    "LOSS_SHAPES",
+    "TOOL",
+    "LossShape",
+    "OpsConfig",
+    "default_ops_config",
+    "main",
+    "plot_ops",
+    "run_ops",
+]
+
+STUDIES = ("loss", "adamw")
+LOSS_IMPLS = ("fused", "compiled", "eager")
+ADAMW_IMPLS = ("lmcore", "lmcore-fused", "torch-fused")
+LOSS_BASELINE = "compiled"
+ADAMW_BASELINE = "torch-fused"
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class LossShape:
+    """A loss shape: the model size whose width and vocabulary it takes, and how many tokens."""
+
+    size: str
+    tokens: int
+    about: str
+
+
+LOSS_SHAPES = {
+    "small": LossShape("small", 64 * 512, "batch 64 × context 512"),
+    "leaderboard": LossShape("leaderboard-8b", 2 * 32_768, "batch 2 × context 32,768"),
+    "tiny": LossShape("tiny", 96, "96 tokens"),
+}
+
+# The CPU default: seconds on two cores.
+CPU_LOSS_IMPLS = ("fused", "eager")
+CPU_STEPS, CPU_WARMUP = 3, 1
+
+
+@dataclass(frozen=True)
+class OpsConfig:
+    """What `run_ops` measures.
+
+    Args:
+        studies: `loss`, `adamw` or both.
+        loss_shapes: names from `LOSS_SHAPES`.
+        loss_impls: from `LOSS_IMPLS`.
+        adamw_sizes: sizes of `lmcore.MODEL_SIZES` whose parameters the optimizer steps.
+        adamw_impls: from `ADAMW_IMPLS`.
+        dtype: dtype of the loss's hidden states and head weight (`bf16` or `fp32`).
+        steps: timed calls per row.
+        warmup: untimed calls first (compilation, autotuning, allocator growth).
+    """
+
+    studies: tuple[str, ...] = STUDIES
+    loss_shapes: tuple[str, ...] = ("small", "leaderboard")
+    loss_impls: tuple[str, ...] = LOSS_IMPLS
+    adamw_sizes: tuple[str, ...] = ("small", "xl")
+    adamw_impls: tuple[str, ...] = ADAMW_IMPLS
+    dtype: str = "bf16"
+    steps: int = 10
+    warmup: int = 3
+
+    def __post_init__(self) -> None:
+        choices = {
+            "studies": (self.studies, STUDIES),
+            "loss_shapes": (self.loss_shapes, tuple(LOSS_SHAPES)),
+            "loss_impls": (self.loss_impls, LOSS_IMPLS),
+            "adamw_sizes": (self.adamw_sizes, tuple(lmcore.MODEL_SIZES)),
+            "adamw_impls": (self.adamw_impls, ADAMW_IMPLS),
+        }
+        for name, (given, allowed) in choices.items():
+            unknown = [v for v in given if v not in allowed]
+            if unknown or not given:
+                raise ValueError(f"{name} must be names from {list(allowed)}, got {list(given)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.steps < 1 or self.warmup < 0:
+            raise ValueError(f"steps must be positive and warmup >= 0, got {self}")
+
+
+def default_ops_config(device: torch.device | str) -> OpsConfig:
+    """The issue's shapes on CUDA; on the CPU the tiny model in float32, in seconds."""
+    if torch.device(device).type == "cuda":
+        return OpsConfig()
+    return OpsConfig(
+        loss_shapes=("tiny",),
+        loss_impls=CPU_LOSS_IMPLS,
+        adamw_sizes=("tiny",),
+        dtype="fp32",  # CPU bf16 matmuls are emulated and slow; they are not what is measured
+        steps=CPU_STEPS,
+        warmup=CPU_WARMUP,
+    )
+
+
+# ---- the loss ------------------------------------------------------------------------------
+
+
+def _unfused(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(hidden @ weight.T, targets)
+
+
+@functools.cache
+def _compiled_unfused() -> Callable[..., torch.Tensor]:
+    """One compiled function for the run; each new shape compiles once (static shapes)."""
+    return torch.compile(_unfused, dynamic=False)
+
+
+def _loss_fn(impl: str) -> Callable[..., torch.Tensor]:
+    if impl == "fused":
+        return lmcore.fused_linear_cross_entropy
+    return _unfused if impl == "eager" else _compiled_unfused()
+
+
+def _loss_inputs(
+    shape: LossShape, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    size = lmcore.MODEL_SIZES[shape.size]
+    g = torch.Generator(device=device).manual_seed(0)
+    hidden = torch.randn(shape.tokens, size.d_model, device=device, generator=g).to(dtype)
+    # logits of order one, as a trained model's: weights of std 1/√d
+    weight = torch.randn(size.vocab_size, size.d_model, device=device, generator=g)
+    weight = (weight / size.d_model**0.5).to(dtype)
+    targets = torch.randint(0, size.vocab_size, (shape.tokens,), device=device, generator=g)
+    return hidden.requires_grad_(), weight.requires_grad_(), targets
+
+
+def _measure_loss(
+    impl: str,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    config: OpsConfig,
+    device: torch.device,
+) -> dict[str, Any]:
+    hidden, weight, targets = inputs
+    fn = _loss_fn(impl)
+
+    def step() -> None:
+        hidden.grad = weight.grad = None
+        fn(hidden, weight, targets).backward()
+
+    times = summarize(time_fn(step, device=device, warmup=config.warmup, repeats=config.steps))
+    hidden.grad = weight.grad = None
+    free_memory(device)
+    base = memory_in_use(device)
+    reset_peak_memory(device)
+    step()
+    peak = peak_memory(device)
+    returned = hidden.numel() * hidden.element_size() + weight.numel() * weight.element_size()
+    extra = None if peak is None or base is None else peak - base - returned
+    hidden.grad = weight.grad = None
+    return {
+        "ms": times.mean,
+        "std": times.std,
+        "peak_mib": to_mib(peak),
+        "extra_mib": to_mib(extra),
+        "n": times.n,
+    }
+
+
+def _describe_loss(name: str, dtype: str) -> dict[str, Any]:
+    shape = LOSS_SHAPES[name]
+    size = lmcore.MODEL_SIZES[shape.size]
+    logits = shape.tokens * size.vocab_size * DTYPES[dtype].itemsize
+    return {
+        "size": lmcore.describe_size(shape.size),
+        "about": shape.about,
+        "tokens": shape.tokens,
+        "features": size.d_model,
+        "vocab": size.vocab_size,
+        "dtype": dtype,
+        "logits_mib": to_mib(logits),
+    }
+
+
+# ---- the optimizer step --------------------------------------------------------------------
+
+
+def _parameter_shapes(size: str) -> list[torch.Size]:
+    with torch.device("meta"):
+        model = lmcore.TransformerLM.from_size(size, context_length=128)
+    return [p.shape for p in model.parameters()]
+
+
+def _optimizer(impl: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    options = {"lr": 1e-4, "weight_decay": 0.1}
+    if impl == "torch-fused":
+        return torch.optim.AdamW(params, fused=True, **options)
+    if impl == "lmcore-fused":
+        if params[0].device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise Unavailable("the fused kernel needs CUDA (or TRITON_INTERPRET=1 on a CPU)")
+        return lmcore.AdamW(params, fused=True, **options)
+    return lmcore.AdamW(params, foreach=params[0].is_cuda, **options)
+
+
+def _measure_adamw(
+    impl: str, params: list[torch.Tensor], config: OpsConfig, device: torch.device
+) -> dict[str, Any]:
+    optimizer = _optimizer(impl, params)
+    times = summarize(
+        time_fn(optimizer.step, device=device, warmup=config.warmup, repeats=config.steps)
+    )
+    del optimizer
+    return {"ms": times.mean, "std": times.std, "n": times.n}
+
+
+def _adamw_inputs(size: str, device: torch.device) -> list[torch.Tensor]:
+    """Every parameter of `size`, float32 with a random gradient, on `device`."""
+    g = torch.Generator(device=device).manual_seed(0)
+    params = [torch.randn(s, device=device, generator=g) for s in _parameter_shapes(size)]
+    for p in params:
+        p.grad = torch.randn(p.shape, device=device, generator=g)
+    return params
+
+
+# ---- the sweep, ratios, the run ------------------------------------------------------------
+
+
+def _sweep(
+    study: str,
+    cells: list[tuple[str, str]],
+    *,
+    prepare: Callable[[str], Any],
+    measure: Callable[[str, Any], dict[str, Any]],
+    describe: Callable[[str, Any], dict[str, Any]],
+    metrics: Sequence[str],
+    device: torch.device,
+    show: Callable[[dict[str, Any]], None],
+    show_progress: bool,
+) -> list[dict[str, Any]]:
+    """A row per (shape, implementation) cell: each shape's inputs built once (`prepare`),
+    each measurement guarded, so that out of memory or `Unavailable` is its row's status."""
+    rows = []
+    inputs: dict[str, Any] = {}
+    for shape, impl in progress(cells, desc=f"bench-ops {study}", enabled=show_progress):
+        if shape not in inputs:
+            inputs.clear()
+            free_memory(device)
+            inputs[shape] = prepare(shape)
+        outcome = guarded(
+            lambda impl=impl, shape=shape: measure(impl, inputs[shape]), device=device
+        )
+        free_memory(device)
+        rows.append(
+            {
+                "study": study,
+                "shape": shape,
+                **describe(shape, inputs[shape]),
+                "impl": impl,
+                **(outcome.value if outcome.ok else dict.fromkeys(metrics)),
+                "status": outcome.status,
+            }
+        )
+        show(rows[-1])
+    inputs.clear()
+    free_memory(device)
+    return rows
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """`vs_baseline`: the baseline's ms over this row's (above 1: faster); for the loss also
+    `extra_vs_baseline` (extra memory over the baseline's) and `extra_vs_logits`."""
+    baselines = {"loss": LOSS_BASELINE, "adamw": ADAMW_BASELINE}
+    base = {
+        (r["study"], r["shape"]): r
+        for r in rows
+        if r["impl"] == baselines[r["study"]] and r["status"] == OK
+    }
+    for row in rows:
+        ref = base.get((row["study"], row["shape"]))
+        ok = row["status"] == OK and ref is not None
+        row["vs_baseline"] = ref["ms"] / row["ms"] if ok and row["ms"] else None
+        if row["study"] != "loss":
+            continue
+        extra, ref_extra = row.get("extra_mib"), ref.get("extra_mib") if ref else None
+        row["extra_vs_baseline"] = extra / ref_extra if ok and extra and ref_extra else None
+        logits = row["logits_mib"]
+        row["extra_vs_logits"] = extra / logits if extra is not None and logits else None
+
+
+_LOSS_METRICS = ["ms", "std", "peak_mib", "extra_mib", "n"]
+_ADAMW_METRICS = ["ms", "std", "n"]
+COLUMNS = [
+    "study",
+    "shape",
+    "size",
+    "about",
+    "tokens",
+    "params",
+    "impl",
+    "ms",
+    "std",
+    "vs_baseline",
+    "peak_mib",
+    "extra_mib",
+    "extra_vs_baseline",
+    "extra_vs_logits",
+    "logits_mib",
+    "n",
+    "status",
+]
+_LIVE_COLUMNS = ["study", "shape", "impl", "ms", "peak_mib", "extra_mib", "status"]
+# Every key of a row, for readers (bench-report).
+KEYS = Keys(*COLUMNS, "features", "vocab", "dtype")
+
+
+def run_ops(
+    config: OpsConfig | None = None,
+    *,
+    device: torch.device | str | None = None,
+    command: str | None = None,
+    show_progress: bool = True,
+) -> Run:
+    """Measure the studies of `config` on `device` and return the run.
+
+    Args:
+        config: what to measure; `default_ops_config(device)` when None.
+        device: where to run; CUDA when available, else the CPU, when None.
+        command: the command line to record; the process's own when None.
+        show_progress: draw a progress bar on stderr.
+
+    Returns:
+        A `Run` (tool `"ops"`, grouped by `study`) whose rows have the keys of `COLUMNS`
+        (ms per call, MiB; memory None off CUDA) and `status` (`ok`, `OOM`, `skipped: why`).
+
+    Example::
+
+        >>> run = run_ops(OpsConfig(studies=("adamw",), adamw_sizes=("tiny",),
+        ...                         adamw_impls=("lmcore", "torch-fused"), steps=2),
+        ...               device="cpu", show_progress=False)
+        >>> [(r["impl"], r["status"]) for r in run.rows]
+        [('lmcore', 'ok'), ('torch-fused', 'ok')]
+    """
+    device = as_device(device)
+    config, notes = config_or_default(
+        config,
+        device,
+        default=default_ops_config,
+        tool="bench-ops",
+        describe=lambda c: f"loss at {c.loss_shapes}, AdamW over {c.adamw_sizes}",
+    )
+    notes.append(
+        "Times are ms per call (mean and std over n timed calls after warm-up; the compiled "
+        "baseline compiles during warm-up). vs_baseline: the baseline's time / this time "
+        f"(above 1: faster; loss: {LOSS_BASELINE}, adamw: {ADAMW_BASELINE}). extra_mib: the "
+        "peak beyond the inputs and the returned gradients; extra_vs_baseline: that over the "
+        f"{LOSS_BASELINE} one's; extra_vs_logits: over the bytes of the materialised logits "
+        "(logits_mib, tokens × vocabulary in the loss's dtype)."
+    )
+    sweep = functools.partial(
+        _sweep, device=device, show=live_rows(_LIVE_COLUMNS, title="bench-ops"),
+        show_progress=show_progress,
+    )  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    if "loss" in config.studies:
+        rows += sweep(
+            "loss",
+            [(s, i) for s in config.loss_shapes for i in config.loss_impls],
+            prepare=lambda name: _loss_inputs(LOSS_SHAPES[name], DTYPES[config.dtype], device),
+            measure=lambda impl, inputs: _measure_loss(impl, inputs, config, device),
+            describe=lambda name, _: _describe_loss(name, config.dtype),
+            metrics=_LOSS_METRICS,
+        )
+    if "adamw" in config.studies:
+        rows += sweep(
+            "adamw",
+            [(s, i) for s in config.adamw_sizes for i in config.adamw_impls],
+            prepare=lambda size: _adamw_inputs(size, device),
+            measure=lambda impl, params: _measure_adamw(impl, params, config, device),
+            describe=lambda size, params: {
+                "size": lmcore.describe_size(size),
+                "params": sum(p.numel() for p in params),
+                "dtype": "fp32",
+            },
+            metrics=_ADAMW_METRICS,
+        )
+    _add_ratios(rows)
+    return Run.create(
+        "ops",
+        rows,
+        device=device,
+        config=asdict(config),
+        command=command,
+        title=f"Fused LM-head loss and fused AdamW against torch, {device_name(device)}",
+        columns=COLUMNS,
+        group_by="study",
+        notes=notes,
+    )
+
+
+def plot_ops(run: Run, path: Path) -> Path:
+    """ms per call, a group per shape and a bar per implementation, a panel per study."""
+    return bar_plot(
+        run.ok_rows,
+        x="shape",
+        y="ms",
+        path=path,
+        series="impl",
+        panels="study",
+        logy=True,
+        ylabel="ms per call",
+        title=run.plot_title,
+    )
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--study", nargs="+", choices=STUDIES, help="loss, adamw (both)")
+    parser.add_argument(
+        "--loss-shapes", nargs="+", choices=list(LOSS_SHAPES), help="small, leaderboard (tiny)"
+    )
+    parser.add_argument("--loss-impls", nargs="+", choices=LOSS_IMPLS, help="implementations")
+    parser.add_argument(
+        "--adamw-sizes",
+        nargs="+",
+        choices=list(lmcore.MODEL_SIZES),
+        help="model sizes whose parameters AdamW steps (small xl)",
+    )
+    parser.add_argument("--adamw-impls", nargs="+", choices=ADAMW_IMPLS, help="implementations")
+    parser.add_argument("--dtype", choices=list(DTYPES), help="the loss's dtype (bf16)")
+    add_timing_args(parser, warmup=None, steps=None)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "studies": distinct(args.study),
+        "loss_shapes": distinct(args.loss_shapes),
+        "loss_impls": distinct(args.loss_impls),
+        "adamw_sizes": distinct(args.adamw_sizes),
+        "adamw_impls": distinct(args.adamw_impls),
+        "dtype": args.dtype,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+
+
+def _run(config: OpsConfig | None, cli: Invocation) -> Run:
+    return run_ops(config, device=cli.device, command=cli.command, show_progress=cli.show_progress)
+
+
+TOOL = Tool(
+    "bench-ops",
+    __doc__,
+    add_options=_add_options,
+    run=_run,
+    default=default_ops_config,
+    overrides=_overrides,
+    plot=plot_ops,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `bench-ops` (see the module docstring)."""
+    return TOOL.main(argv)
