@@ -7,6 +7,7 @@ import pytest
 from bench.core.document import Heading, Image, Paragraph, Table, render
 from bench.core.results import Run, save_json
 from bench.core.saved_tensors import run_residual_study
+from bench.handout.analysis import ANALYTIC_PROBLEMS
 from bench.handout.results import Results
 from bench.tools.attn import run_attention
 from bench.tools.report import PROBLEMS, build_report, main, report_links
@@ -65,10 +66,27 @@ def test_answers_quote_the_rows_with_file_and_revision(tool_results):
     assert "bf16 autocast makes a step" in _section(text, "benchmarking_mixed_precision")
 
 
-def test_analytic_problems_are_left_to_bench_plan(tool_results):
+def test_analytic_problems_give_bench_plans_formulas_and_example_values(tool_results):
     text = build_report(tool_results)
-    for key in ("alternate_ring_all_reduce", "data_parallel_calcs", "fsdp_calcs", "tp_calcs"):
-        assert "Answered by bench-plan" in _section(text, key)
+    expected = {
+        "alternate_ring_all_reduce": ["(N − 1)·S/W"],
+        "data_parallel_calcs": ["12·B·D·F / N", "N ≤ 1 + B·W/C"],
+        "fsdp_calcs": ["(a) forward FLOPs", "(c) largest N_FSDP, backward"],
+        "tp_calcs": ["(a) backward pass", "(d) largest N_TP, forward"],
+        "fsdp_tp_calcs": ["(c) largest N, axes overlapped", "(d) largest N, shared network"],
+    }
+    for key, pieces in expected.items():
+        section = _section(text, key)
+        for piece in pieces:
+            assert piece in section, (key, piece)
+        assert "800.9 TFLOP/s" in section and "allreduce_2xh200_2026-11-22.json" in section
+
+
+def test_the_data_parallel_example_value_is_the_hand_computed_one():
+    # B = 8192 tokens, C = 800.9e12 FLOP/s, W = 320.2e9 B/s: N_DP ≤ 1 + B·W/C.
+    rows = ANALYTIC_PROBLEMS["data_parallel_calcs"][0]()
+    bound = next(r for r in rows if r["part"] == "(c) largest N_DP")
+    assert bound["example"] == f"N ≤ {1 + 8192 * 320.2e9 / 800.9e12:.4g}"
 
 
 def test_oom_boundary_and_memory_accounting(tmp_path, tiny_attn_config, naive_attention_oom):

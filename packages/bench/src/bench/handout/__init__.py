@@ -256,13 +256,39 @@ PROBLEMS: tuple[Problem, ...] = (
         needs=TWO_GPUS + "; (b) needs Nsight Systems on two GPUs, not run",
     ),
     *(
-        Problem(key, title, where, "Analytic: see bench-plan.", analytic_answers(key))
-        for key, title, where in (
-            ("alternate_ring_all_reduce", "Alternate ring all-reduce", "8.1"),
-            ("data_parallel_calcs", "Data parallel calculations", "8.2"),
-            ("fsdp_calcs", "Fully sharded data parallel calculations", "8.3"),
-            ("tp_calcs", "Tensor parallel calculations", "8.4"),
-            ("fsdp_tp_calcs", "2D parallelism calculations", "8.5"),
+        Problem(key, title, where, asks, analytic_answers(key))
+        for key, title, where, asks in (
+            (
+                "alternate_ring_all_reduce",
+                "Alternate ring all-reduce",
+                "8.1",
+                "The time of the all-reduce that forwards whole tensors, in S, N and W.",
+            ),
+            (
+                "data_parallel_calcs",
+                "Data parallel calculations",
+                "8.2",
+                "(a) backward FLOPs, (b) backward communication, (c) the largest N_DP.",
+            ),
+            (
+                "fsdp_calcs",
+                "Fully sharded data parallel calculations",
+                "8.3",
+                "(a) FLOPs, (b) communication, (c) the largest N_FSDP, forward and backward.",
+            ),
+            (
+                "tp_calcs",
+                "Tensor parallel calculations",
+                "8.4",
+                "(a) the backward equations, (b) FLOPs, (c) communication, (d) the largest N_TP.",
+            ),
+            (
+                "fsdp_tp_calcs",
+                "2D parallelism calculations",
+                "8.5",
+                "(a) forward FLOPs, (b) forward communication, (c)/(d) the largest N with the "
+                "axes overlapped or sharing the network.",
+            ),
         )
     ),
     Problem(
