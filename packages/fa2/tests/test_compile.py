@@ -81,6 +81,8 @@ def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    from fa2.checks import Call
+    from fa2.masks import make_band
     from fa2.triton import launch
     from fa2.triton.backward import BackwardPlan
     from fa2.triton.forward import ForwardPlan
@@ -88,19 +90,20 @@ def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
     monkeypatch.setattr(launch, "tma_capable", lambda device: True)
     mode = FakeTensorMode(shape_env=ShapeEnv())
     q, k, v = _fake_inputs(mode, symbolic)
+    call = Call(make_band(causal=True), 0.0, 0.125, "bhsd")
     with mode, V.set_fake_mode(mode):
-        forward = ForwardPlan(q, k, v, True, "tf32x3", traced=True)
+        forward = ForwardPlan(q, k, v, call, "tf32x3", True, traced=True)
         assert forward.copies is None  # read in place, not copied
         assert forward.meta["GROUP"] == 3 and not forward.meta["LARGE"]
         o, lse = forward.outputs(q)
-        args = (q, k, v, o, lse, torch.empty_like(o), True, "tf32x3")
+        args = (forward, q, k, v, o, lse, torch.empty_like(o))
         backward = BackwardPlan(*args, True, True)
         assert backward.copies is None
         single = BackwardPlan(*args, False, True)  # deterministic=False: fp32 takes one pass
         assert "fused" in single.launches and not single.tma_reduce  # traced: no TMA reduce
     assert forward.tma_loads and all(backward.tma_loads.values())
     with mode:  # traced by another backend, which does not keep its inputs aligned
-        assert not ForwardPlan(q, k, v, True, "tf32x3", traced=True).tma_loads
+        assert not ForwardPlan(q, k, v, call, "tf32x3", True, traced=True).tma_loads
     # strides of q as the kernels index it: (batch, head, row)
     assert [int(s) for s in forward.ints[:3]] == [256 * 12 * 64, 64, 12 * 64]
 

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fa2.masks import Band
+
 __all__ = [
     "DKDV",
     "DKDV_ATOMIC",
@@ -35,6 +37,7 @@ __all__ = [
     "dot_precision",
     "head_counts",
     "kernel_meta",
+    "kernel_scales",
     "known_true",
     "seq_bucket",
     "single_pass_backward",
@@ -104,17 +107,44 @@ def head_counts(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int]:
 
 
 def kernel_meta(
-    head_dim: int, causal: bool, dtype: torch.dtype, precision: str
+    head_dim: int,
+    dtype: torch.dtype,
+    precision: str,
+    band: Band,
+    *,
+    softcap: float,
+    varlen: bool,
+    same_lengths: bool,
 ) -> dict[str, object]:
-    """The constexpr arguments every kernel takes, fixed by the head dim, causality, dtype and
-    dot precision (see `dot_precision`)."""
+    """The constexpr arguments the attention kernels take, fixed by the head dim, dtype, dot
+    precision (see `dot_precision`), the band of visible keys (`fa2.masks`), the softcap,
+    packed sequences, and whether each sequence has as many queries as keys (then the
+    bottom-right diagonal is the top-left one, and the plainer code runs).
+
+    Window sizes are constexprs: a model uses one or two, and the plain causal call (a window
+    of 0 to the right) then compiles to the same code as before windows existed."""
     return dict(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d(head_dim),
-        IS_CAUSAL=causal,
+        IS_CAUSAL=band.right >= 0,
+        LOCAL=band.left >= 0,
+        WIN_LEFT=max(band.left, 0),
+        WIN_RIGHT=max(band.right, 0),
+        BOTTOM_RIGHT=band.bottom_right and not same_lengths,
+        VARLEN=varlen,
+        SOFTCAP=softcap > 0,
         UPCAST=upcast(dtype),
         PRECISION=precision,
     )
+
+
+def kernel_scales(scale: float, softcap: float) -> tuple[float, float]:
+    """(qk_scale, cap_scale), the kernels' float arguments: exponents are exp2(s * qk_scale - m)
+    of raw scores s, or with a softcap of the capped ones tanh(s * cap_scale), where
+    cap_scale = scale / softcap and qk_scale carries the cap instead of the scale."""
+    if softcap:
+        return softcap * LOG2E, scale / softcap
+    return scale * LOG2E, 0.0
 
 
 class Tile(NamedTuple):
