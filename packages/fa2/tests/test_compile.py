@@ -71,6 +71,39 @@ def _fake_inputs(mode, symbolic):
     return [mode.from_tensor(t, symbolic_context=context).transpose(1, 2) for t in real]
 
 
+def _packed_window_softcap(q, k, v, cu, longest):
+    """The Triton path over packed sequences with a causal window and a softcap (what a packed
+    training batch of a Gemma-2-like model asks for)."""
+    from fa2.api import attend
+
+    return attend(
+        q, k, v, causal=True, scale=None, window_size=(9, -1), softcap=20.0, layout="thd",
+        implementation="triton", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+        max_seqlen_k=longest, bottom_right=True,
+    )  # fmt: skip
+
+
+def test_compiled_packed_sequences_with_window_and_softcap():
+    # On a GPU, Inductor traces into the triton_op (the per-call grid over the longest sequence).
+    from fa2 import varlen_attention_reference
+
+    cu = torch.tensor([0, 1, 18, 58, 61], dtype=torch.int32, device=DEVICE)
+    fn = torch.compile(_packed_window_softcap, backend=BACKEND, fullgraph=True)
+    q, k = (torch.randn(61, n, 16, device=DEVICE, requires_grad=True) for n in (4, 2))
+    v = torch.randn(61, 2, 16, device=DEVICE, requires_grad=True)
+    o = fn(q, k, v, cu, 40)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ins = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = varlen_attention_reference(
+        *ins, cu.cpu(), cu.cpu(), causal=True, window_size=(9, -1), softcap=20.0,
+        bottom_right=True,
+    )  # fmt: skip
+    oracle = (ref, *torch.autograd.grad(ref, ins, do.double()))
+    for x, r in zip((o, *grads), oracle, strict=True):
+        assert _error(x, r) < 1e-5
+
+
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
     # What torch.compile does with the `triton_op` bodies on a GPU: plan the launches on fake
