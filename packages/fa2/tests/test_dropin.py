@@ -248,7 +248,7 @@ def test_the_layout_is_explicit_and_never_guessed():
 def test_outputs_and_gradients_are_contiguous_in_the_callers_layout(impl):
     # Batch > 1 and a length that is not a multiple of the PyTorch path's 64-row tiles: o.view
     # works as on SDPA's output (issue: o.view raised on the PyTorch path's output).
-    for layout, shape in (("bhsd", (2, 3, 50, 16)), ("bshd", (2, 50, 3, 16))):
+    for layout, shape in (("bhsd", (2, 2, 35, 16)), ("bshd", (2, 35, 2, 16))):
         q, k, v = (_randn(*shape) for _ in range(3))
         o = flash_attention(q, k, v, causal=True, layout=layout, implementation=impl)
         assert o.is_contiguous() and o.view(-1).numel() == q.numel()

@@ -752,7 +752,7 @@ def backward_plan(
 ) -> BackwardPlan:
     """The cached backward plan of a forward plan's outputs, for dO's strides and
     `deterministic` (everything else about the call is the forward plan's)."""
-    key = (do.stride(), deterministic)  # FA2_AUTOTUNE: as when the forward plan was built
+    key = (do.stride(), deterministic)  # FA2_AUTOTUNE is read when a plan is built
     plan = fwd.backward_plans.get(key)
     if plan is None:
         if len(fwd.backward_plans) >= 8:
