@@ -53,6 +53,7 @@ from fa2.triton.tiles import (
     LOG2E,
     add_tile,
     at_row,
+    band,
     key_range,
     load_row_pair,
     load_tile,
@@ -215,12 +216,12 @@ def _dkdv_kernel(
     # so dK and dV of a shared head are written once, without atomics.
     bh = tl.program_id(1).to(tl.int64)
     b, hk = bh // KV_HEADS, bh % KV_HEADS
-    if VARLEN:  # the grid covers the longest sequence; tiles past this one's end have no work
-        q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, b)
+    q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)
+    # The grid covers the longest sequence; tiles past this one's end have no work. (Two
+    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
+    if VARLEN:  # noqa: SIM102
         if pid_n * BLOCK_N >= n_k:
             return
-    else:
-        q_start, k_start, n_q, n_k = 0, 0, N_Q, N_K
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     k = load_tile(
@@ -234,12 +235,7 @@ def _dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
-    if BOTTOM_RIGHT:
-        diag = n_k - n_q
-    else:
-        diag = 0
-    lo = diag - WIN_LEFT
-    hi = diag + WIN_RIGHT
+    lo, hi = band(n_q, n_k, WIN_LEFT, WIN_RIGHT, BOTTOM_RIGHT)
     ALIGNED: tl.constexpr = WIN_RIGHT == 0 and not BOTTOM_RIGHT
     # Query tiles [start, masked_end) see part of this key tile (the diagonal), [full_start,
     # full_end) all of it, [max(full_start, full_end), end) part again (a window's far edge, a
@@ -433,12 +429,12 @@ def _dq_kernel(
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
     cap_scale = tl.cast(cap_scale, tl.float32)
     pid_m = tl.program_id(0)
-    if VARLEN:  # the grid covers the longest sequence; tiles past this one's end have no work
-        q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, tl.program_id(1) // HEADS)
+    q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, tl.program_id(1) // HEADS, N_Q, N_K, VARLEN)
+    # The grid covers the longest sequence; tiles past this one's end have no work. (Two
+    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
+    if VARLEN:  # noqa: SIM102
         if pid_m * BLOCK_M >= n_q:
             return
-    else:
-        q_start, k_start, n_q, n_k = 0, 0, N_Q, N_K
     if IS_CAUSAL:
         pid_m = tl.cdiv(n_q, BLOCK_M) - 1 - pid_m  # heaviest tiles first
     bh = tl.program_id(1).to(tl.int64)  # (batch, query head)
@@ -465,12 +461,7 @@ def _dq_kernel(
     k_src = row_source(k_base, n_k, stride_kn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     v_src = row_source(v_base, n_k, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
 
-    if BOTTOM_RIGHT:
-        diag = n_k - n_q
-    else:
-        diag = 0
-    lo = diag - WIN_LEFT
-    hi = diag + WIN_RIGHT
+    lo, hi = band(n_q, n_k, WIN_LEFT, WIN_RIGHT, BOTTOM_RIGHT)
     ALIGNED: tl.constexpr = WIN_RIGHT == 0 and not BOTTOM_RIGHT
     start, full_start, full_end, end = key_range(
         pid_m, n_k, lo, hi, BLOCK_M, BLOCK_N, IS_CAUSAL, LOCAL, ALIGNED

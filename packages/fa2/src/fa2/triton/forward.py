@@ -40,6 +40,7 @@ from fa2.triton.launch import (
 from fa2.triton.tiles import (
     LOG2E,
     at_row,
+    band,
     key_range,
     load_row_pair,
     load_tile,
@@ -170,12 +171,12 @@ def _fwd_kernel(
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap_scale = tl.cast(cap_scale, tl.float32)
     pid_m = tl.program_id(0)
-    if VARLEN:  # the grid covers the longest sequence; tiles past this one's end have no work
-        q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, tl.program_id(1) // HEADS)
+    q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, tl.program_id(1) // HEADS, N_Q, N_K, VARLEN)
+    # The grid covers the longest sequence; tiles past this one's end have no work. (Two
+    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
+    if VARLEN:  # noqa: SIM102
         if pid_m * BLOCK_M >= n_q:
             return
-    else:
-        q_start, k_start, n_q, n_k = 0, 0, N_Q, N_K
     # Heaviest causal tiles (the last query rows) start first, so the grid's tail is short.
     if IS_CAUSAL:
         pid_m = tl.cdiv(n_q, BLOCK_M) - 1 - pid_m
@@ -197,12 +198,7 @@ def _fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    if BOTTOM_RIGHT:
-        diag = n_k - n_q
-    else:
-        diag = 0
-    lo = diag - WIN_LEFT
-    hi = diag + WIN_RIGHT
+    lo, hi = band(n_q, n_k, WIN_LEFT, WIN_RIGHT, BOTTOM_RIGHT)
     EMPTY_ROWS: tl.constexpr = LOCAL or BOTTOM_RIGHT
     ALIGNED: tl.constexpr = WIN_RIGHT == 0 and not BOTTOM_RIGHT
     start, full_start, full_end, end = key_range(

@@ -12,6 +12,7 @@ __all__ = [
     "LOG2E",
     "add_tile",
     "at_row",
+    "band",
     "key_range",
     "load_row_pair",
     "load_tile",
@@ -282,14 +283,30 @@ def at_row(base, row, stride, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def sequence(CU_Q, CU_K, b):
-    """(first query row, first key row, n_q, n_k) of packed sequence b, from the cumulative
-    lengths; the first rows in int64, as offsets into tensors of many tokens."""
-    q_start = tl.load(CU_Q + b)
-    k_start = tl.load(CU_K + b)
-    n_q = tl.load(CU_Q + b + 1) - q_start
-    n_k = tl.load(CU_K + b + 1) - k_start
-    return q_start.to(tl.int64), k_start.to(tl.int64), n_q, n_k
+def sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN: tl.constexpr):
+    """(first query row, first key row, n_q, n_k) of sequence b: with VARLEN a packed sequence,
+    read from the cumulative lengths (the first rows in int64, as offsets into tensors of many
+    tokens); otherwise the whole batch entry b, from row 0."""
+    if VARLEN:
+        q_start = tl.load(CU_Q + b)
+        k_start = tl.load(CU_K + b)
+        n_q = tl.load(CU_Q + b + 1) - q_start
+        n_k = tl.load(CU_K + b + 1) - k_start
+        return q_start.to(tl.int64), k_start.to(tl.int64), n_q, n_k
+    else:
+        return 0, 0, N_Q, N_K
+
+
+@triton.jit
+def band(n_q, n_k, WIN_LEFT: tl.constexpr, WIN_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr):
+    """(lo, hi): query i sees key j iff i + lo <= j <= i + hi, where those sides are bounded
+    (`fa2.masks`); the diagonal is aligned top-left, or with BOTTOM_RIGHT to the last query and
+    key. Top-left, both are compile-time constants."""
+    if BOTTOM_RIGHT:
+        diag = n_k - n_q
+    else:
+        diag = 0
+    return diag - WIN_LEFT, diag + WIN_RIGHT
 
 
 @triton.jit
