@@ -271,6 +271,15 @@ def sweep(rows: list[dict]) -> None:
                   flush=True)  # fmt: skip
 
 
+# The drop-in round's cases (the issue's): packed documents, a sliding window at 32k tokens, the
+# launch path at a training shape and at a size where only host time counts.
+VARLEN_CASE = dict(n_docs=64, total=32768, heads=16, d=64)
+WINDOW_CASE = dict(n=32768, heads=16, d=64, window=4096)
+OVERHEAD_SHAPE = (32, 16, 512, 64)
+TINY_SHAPE = (1, 2, 128, 64)
+DEVICE = "cuda"
+
+
 def _random_lengths(n_docs: int, total: int, seed: int = 0) -> list[int]:
     """`n_docs` document lengths of at least 1 summing to `total`: cuts at distinct random
     positions (a fixed seed, so every run measures the same documents)."""
@@ -293,18 +302,18 @@ def varlen(rows: list[dict]) -> None:
     costs)."""
     from fa2 import flash_attn_func, flash_attn_varlen_func
 
-    heads, d, total, n_docs = 16, 64, 32768, 64
+    heads, d, total, n_docs = (VARLEN_CASE[key] for key in ("heads", "d", "total", "n_docs"))
     lengths = _random_lengths(n_docs, total)
     longest = max(lengths)
     case = f"{n_docs} docs, {total} tokens, longest {longest}"
     dtype = torch.bfloat16
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                      device="cuda")  # fmt: skip
-    packed = [torch.randn(total, heads, d, device="cuda", dtype=dtype) for _ in range(3)]
+                      device=DEVICE)  # fmt: skip
+    packed = [torch.randn(total, heads, d, device=DEVICE, dtype=dtype) for _ in range(3)]
     fn = lambda q, k, v: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True)  # noqa: E731
     _record(rows, "varlen", case, "fa2 packed (flash_attn_varlen_func)",
             *_time_impl(fn, *packed, torch.randn_like(packed[0])), tokens=total)  # fmt: skip
-    padded = [torch.zeros(n_docs, longest, heads, d, device="cuda", dtype=dtype) for _ in range(3)]
+    padded = [torch.zeros(n_docs, longest, heads, d, device=DEVICE, dtype=dtype) for _ in range(3)]
     for t, src in zip(padded, packed, strict=True):
         for b, (start, n) in enumerate(zip(cu.tolist(), lengths, strict=False)):
             t[b, :n] = src[start : start + n]
@@ -334,8 +343,8 @@ def window(rows: list[dict]) -> None:
     `visible_pairs` is the share of (query, key) pairs each mask keeps, the work it needs."""
     from fa2 import flash_attn_func
 
-    n, heads, d, w = 32768, 16, 64, 4096
-    q, k, v = (torch.randn(1, n, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    n, heads, d, w = (WINDOW_CASE[key] for key in ("n", "heads", "d", "window"))
+    q, k, v = (torch.randn(1, n, heads, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
     do = torch.randn_like(q)
     causal_pairs = n * (n + 1) / 2
     window_pairs = w * (w + 1) / 2 + (n - w) * w
@@ -369,37 +378,60 @@ def _host_us(fn, calls: int = 300) -> float:
     return elapsed / calls * 1e6
 
 
+@contextlib.contextmanager
+def _dq_without_tma():
+    """The 16-bit d = 64 dQ tiles with plain loads (by default the first reads through TMA
+    descriptors, chosen at 16k tokens), with fresh launch plans, for an A/B at short lengths."""
+    from fa2.triton import configs, forward
+
+    chosen = configs.DQ["16bit_d64"]
+    configs.DQ["16bit_d64"] = [tile._replace(tma=False) for tile in chosen]
+    forward._plans.cache.clear()  # backward plans hang on forward plans
+    try:
+        yield
+    finally:
+        configs.DQ["16bit_d64"] = chosen
+        forward._plans.cache.clear()
+
+
 def overhead(rows: list[dict]) -> None:
     """The launch path at a training shape, (32, 16, 512, 64) bf16 causal: eager forward and
     backward through fa2's front door (and through flash_attn_func on the same data in flash-
     attn's layout) beside the two passes alone (the kernels without autograd, from
-    `run_forward`/`run_backward`) and SDPA's cuDNN backend; then the host time of one
+    `run_forward`/`run_backward`) and SDPA's cuDNN backend, and with the dQ pass reading through
+    plain loads instead of its default TMA descriptors (an A/B); then the host time of one
     forward+backward at a tiny size, (1, 2, 128, 64), for fa2 and cuDNN."""
     from fa2 import flash_attention, flash_attn_func
     from fa2.triton.function import run_backward, run_forward
 
-    q, k, v = (torch.randn(32, 16, 512, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(OVERHEAD_SHAPE, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
     do = torch.randn_like(q)
-    case = "(32, 16, 512, 64) causal"
+    case = f"{OVERHEAD_SHAPE} causal"
     front = lambda q, k, v: flash_attention(q, k, v, causal=True)  # noqa: E731
     _record(rows, "overhead", case, "fa2 flash_attention", *_time_impl(front, q, k, v, do))
     bshd = [t.transpose(1, 2).contiguous() for t in (q, k, v, do)]
     dropin = lambda q, k, v: flash_attn_func(q, k, v, causal=True)  # noqa: E731
     _record(rows, "overhead", case, "fa2 flash_attn_func (bshd)", *_time_impl(dropin, *bshd))
-    scale = 64**-0.5
+    scale = OVERHEAD_SHAPE[-1] ** -0.5
     o, lse, plan = run_forward(q, k, v, True)
     fwd = _bench(lambda: run_forward(q, k, v, True))
     bwd = _bench(lambda: run_backward(plan, q, k, v, o, lse, do, scale))
     _record(rows, "overhead", case, "fa2 passes alone (no autograd)", fwd, fwd + bwd)
     cudnn = lambda q, k, v: _sdpa(q, k, v, True, SDPBackend.CUDNN_ATTENTION)  # noqa: E731
     _record(rows, "overhead", case, "SDPA cuDNN", *_time_impl(cudnn, q, k, v, do))
-    tiny = [torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with _dq_without_tma():  # an A/B of the dQ pass's default TMA loads at this short length
+        _record(rows, "overhead", case, "fa2 flash_attention, dQ without TMA",
+                *_time_impl(front, q, k, v, do))  # fmt: skip
+        o, lse, plan = run_forward(q, k, v, True)
+        bwd = _bench(lambda: run_backward(plan, q, k, v, o, lse, do, scale))
+        _record(rows, "overhead", case, "fa2 passes alone, dQ without TMA", fwd, fwd + bwd)
+    tiny = [torch.randn(TINY_SHAPE, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
             for _ in range(3)]  # fmt: skip
     tiny_do = torch.randn_like(tiny[0])
     for impl, fn in (("fa2 flash_attention", front), ("SDPA cuDNN", cudnn)):
         us = _host_us(lambda fn=fn: torch.autograd.grad(fn(*tiny), tiny, tiny_do))
-        rows.append(dict(section="host", case="(1, 2, 128, 64) causal", impl=impl, host_us=us))
-        print(f"host      fwd+bwd (1, 2, 128, 64)  {impl:30s} {us:7.1f} µs", flush=True)
+        rows.append(dict(section="host", case=f"{TINY_SHAPE} causal", impl=impl, host_us=us))
+        print(f"host      fwd+bwd {TINY_SHAPE}  {impl:30s} {us:7.1f} µs", flush=True)
     torch.cuda.empty_cache()
 
 
@@ -417,7 +449,7 @@ def save_results(rows: list[dict], folder: Path, command: str) -> None:
         key = "host_us" if r["section"] == "host" else "fwd_bwd_ms"
         r["vs_first"] = r[key] / first[key]
     run = Run.create(
-        "fa2-dropin", dropin, device="cuda", command=command, group_by="section",
+        "fa2-dropin", dropin, device=DEVICE, command=command, group_by="section",
         title="fa2: packed sequences, sliding windows and the launch path (do_bench medians, ms)",
         columns=["section", "case", "impl", "fwd_ms", "bwd_ms", "fwd_bwd_ms", "host_us",
                  "vs_first", "visible_pairs", "tokens"],
