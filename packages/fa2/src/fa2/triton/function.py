@@ -96,7 +96,8 @@ def run_forward(
     varlen = cu_seqlens_q is not None
     # The longest sequence, for the choice of tiles; packed sequences by their longest.
     longest = max(max_seqlen_q or 0, max_seqlen_k or 0) if varlen else None
-    tf32 = precision is None and q.dtype is torch.float32 and dot_precision(q.dtype) == "tf32"
+    fp32 = getattr(q, "dtype", None) is torch.float32  # (not a tensor: the check says so)
+    tf32 = precision is None and fp32 and dot_precision(torch.float32) == "tf32"
     options = (
         is_causal, precision, tf32, window_size, softcap, layout, bottom_right,
         varlen and cu_seqlens_q is cu_seqlens_k, varlen and longest <= SHORT_SEQ,
