@@ -16,6 +16,13 @@ Run from the repository root on a CUDA machine (no install needed)::
    harness (3-D (16, 16384, 64) bf16 causal, `torch.compile(FlashAttention2Triton.apply)`,
    `o.sum().backward()`, do_bench mean).
 
+4. The drop-in round (`--sections varlen,window,overhead`, not run by default): packed
+   sequences (64 documents, 32768 tokens) beside padded batches and one long causal sequence;
+   a sliding window of 4096 at 32768 tokens against full causal; the launch path at (32, 16,
+   512, 64) beside the passes alone and cuDNN, and the host time of a tiny call. With
+   `--results docs/results` these rows also become fa2_dropin_<device>_<date>.md/.json/.png
+   (needs the bench package on the path, as below).
+
 Writes `gpu_check.json` (rows with device, versions, date) under `--out` and prints a table.
 """
 
@@ -29,6 +36,7 @@ import math
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -238,13 +246,13 @@ def sweep(rows: list[dict]) -> None:
         precision = dot_precision(dtype, precision)
         scale = shape[-1] ** -0.5
         os.environ["FA2_AUTOTUNE"] = "1" if "forward" in SWEEP_KERNELS else "0"
-        o, lse = run_forward(q, k, v, True, scale, precision)
+        o, lse, plan = run_forward(q, k, v, True, scale, precision)
         do = torch.randn_like(o)
         os.environ["FA2_AUTOTUNE"] = "1" if {"dq", "dkdv"} & set(SWEEP_KERNELS) else "0"
-        run_backward(q, k, v, o, lse, do, True, scale, precision, True)
+        run_backward(plan, q, k, v, o, lse, do, scale, True)
         if "single-pass" in SWEEP_KERNELS:
             with _single_pass_for_every_dtype():
-                run_backward(q, k, v, o, lse, do, True, scale, precision, False)
+                run_backward(plan, q, k, v, o, lse, do, scale, False)
         os.environ["FA2_AUTOTUNE"] = tuned
         for key, times in configs.timings.items():  # this shape's, as they come
             if key in reported:
@@ -261,6 +269,211 @@ def sweep(rows: list[dict]) -> None:
                   + ", ".join(f"{tuple(t)} {m:.3f}" for t, m in
                               sorted(times.items(), key=lambda item: item[1])),
                   flush=True)  # fmt: skip
+
+
+# The drop-in round's cases (the issue's): packed documents, a sliding window at 32k tokens, the
+# launch path at a training shape and at a size where only host time counts.
+VARLEN_CASE = dict(n_docs=64, total=32768, heads=16, d=64)
+WINDOW_CASE = dict(n=32768, heads=16, d=64, window=4096)
+OVERHEAD_SHAPE = (32, 16, 512, 64)
+TINY_SHAPE = (1, 2, 128, 64)
+DEVICE = "cuda"
+
+
+def _random_lengths(n_docs: int, total: int, seed: int = 0) -> list[int]:
+    """`n_docs` document lengths of at least 1 summing to `total`: cuts at distinct random
+    positions (a fixed seed, so every run measures the same documents)."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(total - 1, generator=g)[: n_docs - 1].add(1).sort().values
+    return torch.cat([cuts, torch.tensor([total])]).diff(prepend=torch.tensor([0])).tolist()
+
+
+def _record(rows, section, case, impl, fwd, total, **extra):
+    rows.append(dict(section=section, case=case, impl=impl, fwd_ms=fwd, bwd_ms=total - fwd,
+                     fwd_bwd_ms=total, **extra))  # fmt: skip
+    print(f"{section:9s} {case:34s} {impl:30s} fwd {fwd:7.3f}  fwd+bwd {total:7.3f}", flush=True)
+
+
+def varlen(rows: list[dict]) -> None:
+    """64 documents of random lengths, 32768 tokens, 16 heads of 64, bf16, causal: fa2's packed
+    sequences beside the same documents padded to the longest (fa2 and SDPA's default, whose
+    causal mask keeps right padding out of the real tokens' results) and beside one causal
+    sequence of all the tokens (attention across documents: what packing without boundaries
+    costs)."""
+    from fa2 import flash_attn_func, flash_attn_varlen_func
+
+    heads, d, total, n_docs = (VARLEN_CASE[key] for key in ("heads", "d", "total", "n_docs"))
+    lengths = _random_lengths(n_docs, total)
+    longest = max(lengths)
+    case = f"{n_docs} docs, {total} tokens, longest {longest}"
+    dtype = torch.bfloat16
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                      device=DEVICE)  # fmt: skip
+    packed = [torch.randn(total, heads, d, device=DEVICE, dtype=dtype) for _ in range(3)]
+    fn = lambda q, k, v: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True)  # noqa: E731
+    _record(rows, "varlen", case, "fa2 packed (flash_attn_varlen_func)",
+            *_time_impl(fn, *packed, torch.randn_like(packed[0])), tokens=total)  # fmt: skip
+    padded = [torch.zeros(n_docs, longest, heads, d, device=DEVICE, dtype=dtype) for _ in range(3)]
+    for t, src in zip(padded, packed, strict=True):
+        for b, (start, n) in enumerate(zip(cu.tolist(), lengths, strict=False)):
+            t[b, :n] = src[start : start + n]
+    do = torch.randn_like(padded[0])
+    _record(rows, "varlen", case, "fa2 padded batch (flash_attn_func)",
+            *_time_impl(lambda q, k, v: flash_attn_func(q, k, v, causal=True), *padded, do),
+            tokens=n_docs * longest)  # fmt: skip
+    bhsd = [t.transpose(1, 2) for t in padded]
+    _record(rows, "varlen", case, "SDPA padded batch (default backend)",
+            *_time_impl(lambda q, k, v: _sdpa(q, k, v, True), *bhsd, do.transpose(1, 2)),
+            tokens=n_docs * longest)  # fmt: skip
+    del padded, bhsd, do
+    one = [t.unsqueeze(0) for t in packed]  # (1, total, heads, d)
+    _record(rows, "varlen", case, "fa2 one causal sequence",
+            *_time_impl(lambda q, k, v: flash_attn_func(q, k, v, causal=True), *one,
+                        torch.randn_like(one[0])), tokens=total)  # fmt: skip
+    one = [t.transpose(1, 2) for t in one]
+    _record(rows, "varlen", case, "SDPA cuDNN one causal sequence",
+            *_time_impl(lambda q, k, v: _sdpa(q, k, v, True, SDPBackend.CUDNN_ATTENTION), *one,
+                        torch.randn_like(one[0])), tokens=total)  # fmt: skip
+    torch.cuda.empty_cache()
+
+
+def window(rows: list[dict]) -> None:
+    """A sliding window of 4096 keys over 32768 tokens (1 x 16 heads of 64, bf16, causal)
+    against full causal attention, fa2 beside SDPA's cuDNN backend (which has no window);
+    `visible_pairs` is the share of (query, key) pairs each mask keeps, the work it needs."""
+    from fa2 import flash_attn_func
+
+    n, heads, d, w = (WINDOW_CASE[key] for key in ("n", "heads", "d", "window"))
+    q, k, v = (torch.randn(1, n, heads, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    do = torch.randn_like(q)
+    causal_pairs = n * (n + 1) / 2
+    window_pairs = w * (w + 1) / 2 + (n - w) * w
+    case = f"(1, {n}, {heads}, {d}) causal"
+    for impl, options, pairs in (
+        ("fa2 full causal", {}, causal_pairs),
+        (f"fa2 window {w}", dict(window_size=(w - 1, 0)), window_pairs),
+        (f"fa2 window {w} + softcap 50", dict(window_size=(w - 1, 0), softcap=50.0), window_pairs),
+    ):
+        fn = lambda q, k, v, o=options: flash_attn_func(q, k, v, causal=True, **o)  # noqa: E731
+        _record(rows, "window", case, impl, *_time_impl(fn, q, k, v, do),
+                visible_pairs=pairs / causal_pairs)  # fmt: skip
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    cudnn = lambda q, k, v: _sdpa(q, k, v, True, SDPBackend.CUDNN_ATTENTION)  # noqa: E731
+    _record(rows, "window", case, "SDPA cuDNN full causal",
+            *_time_impl(cudnn, qt, kt, vt, do.transpose(1, 2)), visible_pairs=1.0)  # fmt: skip
+    torch.cuda.empty_cache()
+
+
+def _host_us(fn, calls: int = 300) -> float:
+    """Host time of one call in µs: `fn` issued `calls` times without waiting, at a size whose
+    kernels take less time than their launch, so the loop runs at the host's pace."""
+    for _ in range(30):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+@contextlib.contextmanager
+def _dq_without_tma():
+    """The 16-bit d = 64 dQ tiles with plain loads (by default the first reads through TMA
+    descriptors, chosen at 16k tokens), with fresh launch plans, for an A/B at short lengths."""
+    from fa2.triton import configs, forward
+
+    chosen = configs.DQ["16bit_d64"]
+    configs.DQ["16bit_d64"] = [tile._replace(tma=False) for tile in chosen]
+    forward._plans.cache.clear()  # backward plans hang on forward plans
+    try:
+        yield
+    finally:
+        configs.DQ["16bit_d64"] = chosen
+        forward._plans.cache.clear()
+
+
+def overhead(rows: list[dict]) -> None:
+    """The launch path at a training shape, (32, 16, 512, 64) bf16 causal: eager forward and
+    backward through fa2's front door (and through flash_attn_func on the same data in flash-
+    attn's layout) beside the two passes alone (the kernels without autograd, from
+    `run_forward`/`run_backward`) and SDPA's cuDNN backend, and with the dQ pass reading through
+    plain loads instead of its default TMA descriptors (an A/B); then the host time of one
+    forward+backward at a tiny size, (1, 2, 128, 64), for fa2 and cuDNN."""
+    from fa2 import flash_attention, flash_attn_func
+    from fa2.triton.function import run_backward, run_forward
+
+    q, k, v = (torch.randn(OVERHEAD_SHAPE, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    do = torch.randn_like(q)
+    case = f"{OVERHEAD_SHAPE} causal"
+    front = lambda q, k, v: flash_attention(q, k, v, causal=True)  # noqa: E731
+    _record(rows, "overhead", case, "fa2 flash_attention", *_time_impl(front, q, k, v, do))
+    bshd = [t.transpose(1, 2).contiguous() for t in (q, k, v, do)]
+    dropin = lambda q, k, v: flash_attn_func(q, k, v, causal=True)  # noqa: E731
+    _record(rows, "overhead", case, "fa2 flash_attn_func (bshd)", *_time_impl(dropin, *bshd))
+    scale = OVERHEAD_SHAPE[-1] ** -0.5
+    o, lse, plan = run_forward(q, k, v, True)
+    fwd = _bench(lambda: run_forward(q, k, v, True))
+    bwd = _bench(lambda: run_backward(plan, q, k, v, o, lse, do, scale))
+    _record(rows, "overhead", case, "fa2 passes alone (no autograd)", fwd, fwd + bwd)
+    cudnn = lambda q, k, v: _sdpa(q, k, v, True, SDPBackend.CUDNN_ATTENTION)  # noqa: E731
+    _record(rows, "overhead", case, "SDPA cuDNN", *_time_impl(cudnn, q, k, v, do))
+    with _dq_without_tma():  # an A/B of the dQ pass's default TMA loads at this short length
+        _record(rows, "overhead", case, "fa2 flash_attention, dQ without TMA",
+                *_time_impl(front, q, k, v, do))  # fmt: skip
+        o, lse, plan = run_forward(q, k, v, True)
+        bwd = _bench(lambda: run_backward(plan, q, k, v, o, lse, do, scale))
+        _record(rows, "overhead", case, "fa2 passes alone, dQ without TMA", fwd, fwd + bwd)
+    tiny = [torch.randn(TINY_SHAPE, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(3)]  # fmt: skip
+    tiny_do = torch.randn_like(tiny[0])
+    for impl, fn in (("fa2 flash_attention", front), ("SDPA cuDNN", cudnn)):
+        us = _host_us(lambda fn=fn: torch.autograd.grad(fn(*tiny), tiny, tiny_do))
+        rows.append(dict(section="host", case=f"{TINY_SHAPE} causal", impl=impl, host_us=us))
+        print(f"host      fwd+bwd {TINY_SHAPE}  {impl:30s} {us:7.1f} µs", flush=True)
+    torch.cuda.empty_cache()
+
+
+def save_results(rows: list[dict], folder: Path, command: str) -> None:
+    """The drop-in sections' rows as a result of the project's bench machinery: Markdown, JSON
+    (with device, versions, date, command, git revision) and a PNG, named
+    `fa2_dropin_<device>_<date>`."""
+    from bench.core.plots import hbar_plot
+    from bench.core.results import Run, result_stem, save_json
+
+    sections = ("varlen", "window", "overhead", "host")
+    dropin = [r for r in rows if r.get("section") in sections and "impl" in r]
+    for r in dropin:  # each row's time over its section's first row's (the one to beat)
+        first = next(b for b in dropin if b["section"] == r["section"])
+        key = "host_us" if r["section"] == "host" else "fwd_bwd_ms"
+        r["vs_first"] = r[key] / first[key]
+    run = Run.create(
+        "fa2-dropin", dropin, device=DEVICE, command=command, group_by="section",
+        title="fa2: packed sequences, sliding windows and the launch path (do_bench medians, ms)",
+        columns=["section", "case", "impl", "fwd_ms", "bwd_ms", "fwd_bwd_ms", "host_us",
+                 "vs_first", "visible_pairs", "tokens"],
+        config={"sections": sorted({r["section"] for r in dropin})},
+        notes=[
+            "Medians of triton.testing.do_bench (L2 flushed), a random output gradient through "
+            "torch.autograd.grad; bwd = fwd+bwd - fwd. vs_first: this row's fwd+bwd (host: "
+            "host time) over its section's first row's.",
+            "varlen: the same documents packed (no padding, attention within documents), "
+            "padded to the longest (attention on padding), and as one causal sequence "
+            "(attention across documents). window: visible_pairs is the share of the causal "
+            "(query, key) pairs the mask keeps. host: wall time per forward+backward issued "
+            "back to back at a size where the GPU waits for the host.",
+        ],
+    )  # fmt: skip
+    stem = folder / result_stem("fa2_dropin", run.env)
+    timed = [dict(r, label=f"{r['section']}: {r['impl']}") for r in dropin if "fwd_bwd_ms" in r]
+    plot = hbar_plot(timed, label="label", values=[("fwd_ms", "forward"),
+                     ("fwd_bwd_ms", "forward+backward")], path=stem.with_suffix(".png"),
+                     title=run.plot_title, xlabel="ms")  # fmt: skip
+    run.plots = [plot.name]
+    save_json(run, stem.with_suffix(".json"))
+    stem.with_suffix(".md").write_text(run.to_markdown() + f"\n\n![plot]({plot.name})\n")
+    print(f"wrote {stem}.md, .json, .png", flush=True)
 
 
 class _SavedRows(list):
@@ -280,7 +493,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--sweep", action="store_true", help="time every listed tile")
     parser.add_argument("--skip-bench", action="store_true", help="accuracy only")
-    parser.add_argument("--sections", default="", help="comma-separated subset to run")
+    parser.add_argument(
+        "--sections",
+        default="",
+        help="comma-separated subset to run: accuracy, sweep, timings, leaderboard, and the "
+        "drop-in round's varlen, window, overhead (not run by default)",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="also write the varlen/window/overhead rows as fa2_dropin_<device>_<date>.md, "
+        ".json and .png in this folder (through the bench package's results machinery)",
+    )
     parser.add_argument(
         "--cases",
         default="",
@@ -308,7 +532,7 @@ def main() -> int:
     sections = [accuracy] + ([sweep] if args.sweep else [])
     sections += [] if args.skip_bench else [timings, leaderboard]
     if args.sections:
-        sections = [f for f in (accuracy, sweep, timings, leaderboard)
+        sections = [f for f in (accuracy, sweep, timings, leaderboard, varlen, window, overhead)
                     if f.__name__ in args.sections.split(",")]  # fmt: skip
     for section in sections:
         try:
@@ -327,6 +551,8 @@ def main() -> int:
         ratio = f"{r['fwd_bwd_ms'] / base['fwd_bwd_ms']:.2f}x" if base else ""
         print(f"| {r['case']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | "
               f"{r['fwd_bwd_ms']:.3f} | {ratio} |")  # fmt: skip
+    if args.results is not None:
+        save_results(list(rows), args.results, "python3 " + meta["command"])
     return 0
 
 

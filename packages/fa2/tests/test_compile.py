@@ -71,6 +71,39 @@ def _fake_inputs(mode, symbolic):
     return [mode.from_tensor(t, symbolic_context=context).transpose(1, 2) for t in real]
 
 
+def _packed_window_softcap(q, k, v, cu, longest):
+    """The Triton path over packed sequences with a causal window and a softcap (what a packed
+    training batch of a Gemma-2-like model asks for)."""
+    from fa2.api import attend
+
+    return attend(
+        q, k, v, causal=True, scale=None, window_size=(9, -1), softcap=20.0, layout="thd",
+        implementation="triton", cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+        max_seqlen_k=longest, bottom_right=True,
+    )  # fmt: skip
+
+
+def test_compiled_packed_sequences_with_window_and_softcap():
+    # On a GPU, Inductor traces into the triton_op (the per-call grid over the longest sequence).
+    from fa2 import varlen_attention_reference
+
+    cu = torch.tensor([0, 1, 18, 58, 61], dtype=torch.int32, device=DEVICE)
+    fn = torch.compile(_packed_window_softcap, backend=BACKEND, fullgraph=True)
+    q, k = (torch.randn(61, n, 16, device=DEVICE, requires_grad=True) for n in (4, 2))
+    v = torch.randn(61, 2, 16, device=DEVICE, requires_grad=True)
+    o = fn(q, k, v, cu, 40)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ins = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = varlen_attention_reference(
+        *ins, cu.cpu(), cu.cpu(), causal=True, window_size=(9, -1), softcap=20.0,
+        bottom_right=True,
+    )  # fmt: skip
+    oracle = (ref, *torch.autograd.grad(ref, ins, do.double()))
+    for x, r in zip((o, *grads), oracle, strict=True):
+        assert _error(x, r) < 1e-5
+
+
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
     # What torch.compile does with the `triton_op` bodies on a GPU: plan the launches on fake
@@ -81,6 +114,8 @@ def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    from fa2.checks import Call
+    from fa2.masks import make_band
     from fa2.triton import launch
     from fa2.triton.backward import BackwardPlan
     from fa2.triton.forward import ForwardPlan
@@ -88,19 +123,20 @@ def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
     monkeypatch.setattr(launch, "tma_capable", lambda device: True)
     mode = FakeTensorMode(shape_env=ShapeEnv())
     q, k, v = _fake_inputs(mode, symbolic)
+    call = Call(make_band(causal=True), 0.0, 0.125, "bhsd")
     with mode, V.set_fake_mode(mode):
-        forward = ForwardPlan(q, k, v, True, "tf32x3", traced=True)
+        forward = ForwardPlan(q, k, v, call, "tf32x3", True, traced=True)
         assert forward.copies is None  # read in place, not copied
         assert forward.meta["GROUP"] == 3 and not forward.meta["LARGE"]
         o, lse = forward.outputs(q)
-        args = (q, k, v, o, lse, torch.empty_like(o), True, "tf32x3")
+        args = (forward, q, k, v, o, lse, torch.empty_like(o))
         backward = BackwardPlan(*args, True, True)
         assert backward.copies is None
         single = BackwardPlan(*args, False, True)  # deterministic=False: fp32 takes one pass
         assert "fused" in single.launches and not single.tma_reduce  # traced: no TMA reduce
     assert forward.tma_loads and all(backward.tma_loads.values())
     with mode:  # traced by another backend, which does not keep its inputs aligned
-        assert not ForwardPlan(q, k, v, True, "tf32x3", traced=True).tma_loads
+        assert not ForwardPlan(q, k, v, call, "tf32x3", True, traced=True).tma_loads
     # strides of q as the kernels index it: (batch, head, row)
     assert [int(s) for s in forward.ints[:3]] == [256 * 12 * 64, 64, 12 * 64]
 

@@ -262,5 +262,5 @@ def test_fa2_backend_without_fa2_says_how_to_install(monkeypatch, fn):
 def test_fa2_backend_with_old_fa2_names_the_missing_function(monkeypatch):
     monkeypatch.setitem(sys.modules, "fa2", types.ModuleType("fa2"))
     q = torch.randn(1, 1, 4, 16)
-    with pytest.raises(ImportError, match="does not provide FlashAttention2Triton"):
+    with pytest.raises(ImportError, match="does not provide flash_attention"):
         fa2_triton_attention(q, q, q, causal=False)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 
 from fa2.checks import MAX_HEAD_DIM
+from fa2.masks import NO_WINDOW
 from fa2.pytorch import FlashAttention2PyTorch
 from fa2.triton import FlashAttention2Triton
 
-__all__ = ["flash_attention"]
+__all__ = ["IMPLEMENTATIONS", "attend", "flash_attention"]
+
+# `implementation=` of the front doors: "auto" picks by device and dtype (see `attend`).
+IMPLEMENTATIONS = ("auto", "triton", "pytorch")
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @functools.cache
@@ -30,24 +36,28 @@ def flash_attention(
     causal: bool = False,
     is_causal: bool | None = None,
     scale: float | None = None,
+    window_size: Sequence[int] = NO_WINDOW,
+    softcap: float = 0.0,
+    layout: str = "bhsd",
     return_lse: bool = False,
     precision: str | None = None,
     deterministic: bool = True,
+    implementation: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact softmax attention, softmax(q kᵀ · scale) v, in O(n) memory; differentiable.
 
     Runs the Triton kernels for fp16/bf16/fp32 CUDA tensors with d <= 256 and a positive
     scale, and the tiled PyTorch implementation otherwise (CPU tensors, fp64, larger head
-    dims, no Triton).
+    dims, no Triton); `implementation` can name one.
 
     Args:
-        q: `(..., heads, n_queries, d)`.
-        k: `(..., kv_heads, n_keys, d)`: the same dims before the heads as q (no
-            broadcasting); `heads` a multiple of `kv_heads`. With fewer key/value heads
-            (grouped-query or multi-query attention) query head h reads key/value head
-            h // (heads // kv_heads), without copying k and v; their gradients sum over the
-            query heads that share them.
-        v: `(..., kv_heads, n_keys, d)`.
+        q: `(..., heads, n_queries, d)`, or with `layout="bshd"` `(..., n_queries, heads, d)`.
+        k: `(..., kv_heads, n_keys, d)` (or `(..., n_keys, kv_heads, d)`): the same dims before
+            these as q (no broadcasting); `heads` a multiple of `kv_heads`. With fewer
+            key/value heads (grouped-query or multi-query attention) query head h reads
+            key/value head h // (heads // kv_heads), without copying k and v; their gradients
+            sum over the query heads that share them.
+        v: shaped as k.
         causal: mask future keys. Query i sees key j iff j <= i, indices from 0 for both, so the
             mask is aligned to the top-left corner; with n_queries=3, n_keys=5 (1 = seen)::
 
@@ -56,10 +66,23 @@ def flash_attention(
                 1 1 1 0 0
 
             Keys no query sees get zero gradient. (flash-attn aligns to the bottom-right
-            corner instead; the two agree when n_queries == n_keys.)
+            corner instead, and so does `fa2.flash_attn_func`; the two agree when
+            n_queries == n_keys.)
         is_causal: the same as `causal`, in `scaled_dot_product_attention`'s spelling; give
             one or the other (both only if they agree).
         scale: softmax scale; default 1/sqrt(d).
+        window_size: `(left, right)`, a sliding window: query i sees keys i - left ... i +
+            right (same top-left alignment); -1 leaves a side unbounded. With `causal` the
+            right side is 0: `window_size=(W - 1, -1)` with `causal=True` is a causal window
+            of the last W keys (Mistral's sliding window of W). Tiles outside the window cost
+            nothing. A query whose window holds no key gets o = 0.
+        softcap: cap the scores to `softcap * tanh(scores / softcap)` before the softmax
+            (Gemma 2's attention logit softcapping); 0 (default) leaves them.
+        layout: "bhsd" (default, SDPA's) or "bshd" (flash-attn's, and a Transformer's
+            projections before any transpose), read in place either way. Shapes cannot always
+            tell the two apart (e.g. q (2, 16, 4, 8) with k (2, 16, 2, 8) is valid in both),
+            so fa2 never guesses: without `layout` the tensors are "bhsd"; where they are
+            invalid as that but valid as "bshd", the error says so.
         return_lse: also return the logsumexp of each score row (natural log, fp32 or fp64),
             e.g. to merge attention computed over separate key blocks. Not differentiable.
         precision: fp32 on the Triton path only: "tf32x3" (default; tensor cores with an
@@ -69,15 +92,18 @@ def flash_attention(
             lets fp32 inputs take its single-pass form, which adds dQ atomically: fewer
             matmuls and faster (see `FlashAttention2Triton`), but dQ's last bits vary between
             runs. 16-bit inputs and the PyTorch path are deterministic either way.
+        implementation: "auto" (default, as above), "triton" or "pytorch".
 
     Returns:
-        o, `(..., heads, n_queries, d)` in the dtype of q; with `return_lse`, `(o, lse)` with
-        lse of shape `(..., heads, n_queries)`.
+        o in q's layout and dtype, contiguous; with `return_lse`, `(o, lse)` with lse of shape
+        `(..., heads, n_queries)` (+inf for a query that sees no key).
 
     Raises:
         TypeError: non-tensor, non-floating-point or mismatched dtypes.
-        ValueError: shapes that do not line up, mixed devices, fewer than 2 dims, no keys,
-            `causal` and `is_causal` disagreeing, an unknown `precision`.
+        ValueError: shapes that do not line up (naming `layout="bshd"` where that reading
+            would fit), mixed devices, fewer than 2 dims, no keys, `causal` and `is_causal`
+            disagreeing, an unknown `precision`, `layout` or `implementation`, a bad window or
+            softcap.
 
     Example::
 
@@ -88,6 +114,9 @@ def flash_attention(
         >>> o, lse = flash_attention(q, k, v, is_causal=True, return_lse=True)
         >>> lse.shape
         torch.Size([2, 8, 128])
+        >>> q = torch.randn(2, 128, 8, 64)  # (batch, seq, heads, d), a sliding window of 32
+        >>> flash_attention(q, q, q, causal=True, window_size=(31, -1), layout="bshd").shape
+        torch.Size([2, 128, 8, 64])
     """
     if is_causal is not None:
         if causal and not is_causal:
@@ -96,19 +125,55 @@ def flash_attention(
                 "(is_causal is scaled_dot_product_attention's name for causal)"
             )
         causal = is_causal
-    if (
-        isinstance(q, torch.Tensor)
-        and q.is_cuda
-        and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
-        and q.shape[-1] <= MAX_HEAD_DIM
-        and (scale is None or scale > 0)
-        and _triton_available()
-    ):
-        return FlashAttention2Triton.apply(
-            q, k, v, causal, scale, return_lse, precision, deterministic
-        )
-    if precision is not None:
-        from fa2.triton.configs import dot_precision
+    return attend(
+        q, k, v, causal=causal, scale=scale, window_size=window_size, softcap=softcap,
+        layout=layout, return_lse=return_lse, precision=precision, deterministic=deterministic,
+        implementation=implementation,
+    )  # fmt: skip
 
-        dot_precision(torch.float32, precision)  # the same error for an unknown name
-    return FlashAttention2PyTorch.apply(q, k, v, causal, scale, return_lse)
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float | None,
+    window_size: Sequence[int],
+    softcap: float,
+    layout: str,
+    return_lse: bool = False,
+    precision: str | None = None,
+    deterministic: bool = True,
+    implementation: str = "auto",
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    bottom_right: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """What every front door calls: the implementation `implementation` names ("auto": the
+    Triton kernels for fp16/bf16/fp32 CUDA tensors with d <= 256 and a positive or default
+    scale, where Triton is installed; the tiled PyTorch code otherwise), with the arguments
+    of the autograd Functions (which validate them)."""
+    if implementation == "auto":
+        use_triton = (
+            isinstance(q, torch.Tensor)
+            and q.is_cuda
+            and q.dtype in _TRITON_DTYPES
+            and q.shape[-1] <= MAX_HEAD_DIM
+            and (scale is None or scale > 0)
+            and _triton_available()
+        )
+    elif implementation in IMPLEMENTATIONS:
+        use_triton = implementation == "triton"
+    else:
+        raise ValueError(
+            f"implementation must be one of {', '.join(map(repr, IMPLEMENTATIONS))}, "
+            f"got {implementation!r}"
+        )
+    function = FlashAttention2Triton if use_triton else FlashAttention2PyTorch
+    return function.apply(
+        q, k, v, causal, scale, return_lse, precision, deterministic, window_size, softcap,
+        layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bottom_right,
+    )  # fmt: skip

@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["MAX_HEAD_DIM", "check_attention_inputs", "group_heads"]
+from fa2.layouts import LAYOUTS, as_bhsd
+from fa2.masks import Band, check_softcap, make_band
+
+__all__ = [
+    "MAX_HEAD_DIM",
+    "Call",
+    "check_attention_inputs",
+    "check_call",
+    "check_varlen",
+    "group_heads",
+]
 
 # Head dims up to this size run in the Triton kernels (padded internally to a power of two
 # of at least 16). Beyond it a (BLOCK_M, head_dim) fp32 accumulator no longer fits in registers.
 MAX_HEAD_DIM = 256
+
+_BSHD_HINT = (
+    "; read as (batch, seq, heads, head_dim) these shapes would be valid: pass layout='bshd' "
+    "(or call fa2.flash_attn_func, which takes flash-attn's layout)"
+)
 
 
 def check_attention_inputs(
@@ -20,13 +37,18 @@ def check_attention_inputs(
     *,
     dtypes: tuple[torch.dtype, ...],
     max_head_dim: int | None = None,
+    layout: str = "bhsd",
 ) -> None:
     """Raise `TypeError`/`ValueError` naming the problem if q, k, v are not a valid attention call.
 
-    q is `(..., heads, n_queries, d)`, k and v are `(..., kv_heads, n_keys, d)` with identical
-    dims before the heads and `heads` a multiple of `kv_heads` (grouped-query attention; for
-    3-D inputs the first dim plays the heads); all three share a device and one of `dtypes`.
+    In the default layout "bhsd", q is `(..., heads, n_queries, d)` and k, v are
+    `(..., kv_heads, n_keys, d)` with identical dims before the heads and `heads` a multiple
+    of `kv_heads` (grouped-query attention; for 2-D inputs there is one head); "bshd" swaps
+    the heads and the sequence, `(..., seq, heads, d)`; "thd" is `(tokens, heads, d)`. All
+    three share a device and one of `dtypes`. Where shapes are invalid as "bhsd" but would be
+    valid as "bshd", the message says so.
     """
+    min_dims = 2 if layout == "bhsd" else 3
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -35,10 +57,12 @@ def check_attention_inputs(
         if t.dtype not in dtypes:
             names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
             raise TypeError(f"{name} has dtype {t.dtype}; supported here: {names}")
-        if t.dim() < 2:
-            raise ValueError(
-                f"{name} must have at least 2 dims (..., seq, d), got shape {tuple(t.shape)}"
-            )
+        if t.dim() < min_dims or (layout == "thd" and t.dim() != 3):
+            form = {
+                "bhsd": "at least 2 dims (..., seq, d)",
+                "bshd": "at least 3 dims (..., seq, heads, d)",
+            }.get(layout, "exactly 3 dims (total_tokens, heads, d)")
+            raise ValueError(f"{name} must have {form}, got shape {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -52,26 +76,140 @@ def check_attention_inputs(
         raise ValueError(
             f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
         )
-    heads_ok = q.dim() < 3 or (q.shape[-3] % k.shape[-3] == 0 if k.shape[-3] else q.shape[-3] == 0)
-    if q.shape[:-3] != k.shape[:-3] or not heads_ok:
-        raise ValueError(
-            f"q and k must have the same leading (batch/head) dims, got {tuple(q.shape[:-2])} "
-            f"and {tuple(k.shape[:-2])}, except that q may have a multiple of k's heads "
-            "(dim -3; grouped-query attention); broadcasting is not supported, expand them first"
-        )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same head dim, got {q.shape[-1]} and {k.shape[-1]}"
-        )
+    problem = _shape_problem(*(as_bhsd(t, layout) for t in (q, k)))
+    if problem is not None:
+        as_bshd = (as_bhsd(t, "bshd") for t in (q, k))
+        if layout == "bhsd" and q.dim() >= 3 and _shape_problem(*as_bshd) is None:
+            problem += _BSHD_HINT
+        raise ValueError(problem)
     if q.shape[-1] == 0:
         raise ValueError("head dim must be at least 1")
-    if k.shape[-2] == 0 and q.shape[-2] > 0:
-        raise ValueError("attention needs at least one key (n_keys = 0)")
     if max_head_dim is not None and q.shape[-1] > max_head_dim:
         raise ValueError(
             f"head dim {q.shape[-1]} is not supported by the Triton kernels (at most "
             f"{max_head_dim}); use FlashAttention2PyTorch or split the head dim"
         )
+
+
+def _shape_problem(q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """What is wrong with q `(..., heads, n_q, d)` and k `(..., kv_heads, n_k, d)`, or None."""
+    heads_ok = q.dim() < 3 or (q.shape[-3] % k.shape[-3] == 0 if k.shape[-3] else q.shape[-3] == 0)
+    if q.shape[:-3] != k.shape[:-3] or not heads_ok:
+        return (
+            f"q and k must have the same leading (batch/head) dims, got {tuple(q.shape[:-2])} "
+            f"and {tuple(k.shape[:-2])} (as (..., heads) before (seq, head_dim)), except that q "
+            "may have a multiple of k's heads (grouped-query attention); broadcasting is not "
+            "supported, expand them first"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        return f"q and k must have the same head dim, got {q.shape[-1]} and {k.shape[-1]}"
+    if k.shape[-2] == 0 and q.shape[-2] > 0:
+        return "attention needs at least one key (n_keys = 0)"
+    return None
+
+
+def check_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+) -> None:
+    """Raise `TypeError`/`ValueError` if the packed-sequence description does not fit q `(total_q,
+    heads, d)` and k `(total_k, kv_heads, d)`.
+
+    cu_seqlens_q and cu_seqlens_k: int32, 1-D, on q's device, one entry more than there are
+    sequences, starting at 0, non-decreasing, ending at total_q (total_k), no sequence longer
+    than max_seqlen_q (max_seqlen_k). The values are checked only for tensors on the CPU:
+    reading a GPU tensor's values would stall every call until the GPU caught up (flash-attn
+    does not check them either). A sequence may have no queries or no keys (its queries then
+    see nothing and get 0).
+    """
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(
+                f"{name} must be a 1-D int32 tensor of (number of sequences + 1) cumulative "
+                f"lengths starting at 0, got {cu.dtype} of shape {tuple(cu.shape)}"
+            )
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(
+            "cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, got "
+            f"{cu_seqlens_q.shape[0] - 1} and {cu_seqlens_k.shape[0] - 1}"
+        )
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise TypeError(f"{name} must be a non-negative int, got {m!r}")
+    if cu_seqlens_q.device.type != "cpu" or torch.compiler.is_compiling():
+        return  # values unknown while torch.compile traces
+    for name, cu, total, longest in (
+        ("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+        ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k),
+    ):
+        lengths = cu.diff()
+        if cu[0] != 0 or cu[-1] != total or (lengths < 0).any():
+            raise ValueError(
+                f"{name} must start at 0, never decrease and end at the number of tokens "
+                f"({total}), got {cu.tolist()}"
+            )
+        if lengths.max() > longest:
+            raise ValueError(
+                f"{name} has a sequence of {int(lengths.max())} tokens, longer than "
+                f"max_seqlen_{name[-1]} = {longest}"
+            )
+
+
+class Call(NamedTuple):
+    """A validated call's options, as the implementations use them."""
+
+    band: Band  # which keys each query sees (fa2.masks)
+    softcap: float  # 0: off
+    scale: float  # softmax scale
+    layout: str  # "bhsd", "bshd" or "thd" (packed sequences)
+
+
+def check_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    dtypes: tuple[torch.dtype, ...],
+    max_head_dim: int | None = None,
+    is_causal: bool,
+    scale: float | None,
+    window_size: Sequence[int],
+    softcap: float,
+    layout: str,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    bottom_right: bool,
+) -> Call:
+    """Validate a call of either autograd Function (the arguments are theirs) and resolve its
+    options: raises `TypeError`/`ValueError` naming what is wrong."""
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if any(x is not None for x in varlen):
+        if layout != "thd" or any(x is None for x in varlen):
+            raise ValueError(
+                "packed sequences need layout 'thd' (q: (total_tokens, heads, head_dim)) and all "
+                "of cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k"
+            )
+    elif layout not in LAYOUTS:
+        raise ValueError(
+            f"layout must be one of {', '.join(map(repr, LAYOUTS))} ('thd' with cu_seqlens), "
+            f"got {layout!r}"
+        )
+    check_attention_inputs(q, k, v, dtypes=dtypes, max_head_dim=max_head_dim, layout=layout)
+    if layout == "thd":
+        check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    band = make_band(causal=bool(is_causal), window_size=window_size, bottom_right=bottom_right)
+    return Call(band, check_softcap(softcap), scale, layout)
 
 
 def group_heads(

@@ -11,13 +11,14 @@ nothing larger than (batch, heads, n_queries, BLOCK_K) is ever materialised.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from fa2.checks import check_attention_inputs, group_heads
+from fa2.checks import Call, check_call, group_heads
+from fa2.layouts import as_bhsd
+from fa2.masks import NO_WINDOW, Band, visible
+from fa2.triton.configs import dot_precision
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "FlashAttention2PyTorch"]
 
@@ -54,14 +55,41 @@ def _rows(n_queries: int, device: torch.device) -> torch.Tensor:
     return _query_tiles(torch.arange(n_queries, device=device)[None, None])[0, 0]
 
 
-def _visible(rows: torch.Tensor, key_start: int, n_keys: int) -> torch.Tensor:
-    """Causal mask of one key tile: True where query `rows[t, r]` may see key `key_start + c`."""
-    cols = torch.arange(key_start, key_start + n_keys, device=rows.device)
-    return cols <= rows[..., None]  # (q_tiles, BLOCK_Q, n_keys)
+def _seen_by(
+    band: Band, start: int, stop: int, n_queries: int, n_keys: int, n_tiles: int
+) -> tuple[int, int]:
+    """The query tiles [first, last) with a row that sees one of the keys [start, stop): query i
+    sees key j iff i + lo <= j <= i + hi, so rows from start - hi to stop - 1 - lo."""
+    lo, hi = band.bounds(n_queries, n_keys)
+    first = max(start - hi, 0) // BLOCK_Q if hi is not None else 0
+    last = min((stop - 1 - lo) // BLOCK_Q + 1, n_tiles) if lo is not None else n_tiles
+    return first, last
+
+
+def _tile_mask(
+    band: Band, rows: torch.Tensor, start: int, stop: int, n_queries: int, n_keys: int
+) -> torch.Tensor | None:
+    """`visible` for tiled rows (tiles, BLOCK_Q) and the keys [start, stop): (tiles, BLOCK_Q,
+    stop - start), or None where nothing is hidden."""
+    cols = torch.arange(start, stop, device=rows.device)
+    keep = visible(band, rows.flatten(), cols, n_queries, n_keys)
+    return None if keep is None else keep.view(*rows.shape, stop - start)
+
+
+def _scores(
+    q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores of query tiles (batch, group, tiles, BLOCK_Q, d) against keys (batch, n, d), and
+    with a softcap the tanh they were capped with (for the backward's chain rule)."""
+    s = torch.einsum("bgtqd,bkd->bgtqk", q, k) * scale
+    if not softcap:
+        return s, None
+    t = torch.tanh(s / softcap)
+    return softcap * t, t
 
 
 def _forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Band, softcap: float, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiled forward over q `(batch, group, n_q, d)` and k, v `(batch, n_k, d)` (the `group`
     query heads share one key/value head); returns o and L (in the accumulator dtype)."""
@@ -74,26 +102,33 @@ def _forward(
     acc = torch.zeros_like(qt)  # (batch, group, q_tiles, BLOCK_Q, d): unnormalised output
 
     for start in range(0, n_keys, BLOCK_K):
-        # Causal: query tiles that end before `start` see none of these keys; skip them.
-        # Key 0 is visible to every query, so every row's running max is finite after tile 0.
-        first = start // BLOCK_Q if causal else 0
-        kj = k[:, start : start + BLOCK_K].to(acc_dtype)  # (batch, block_k, d)
-        vj = v[:, start : start + BLOCK_K].to(acc_dtype)
-        s = torch.einsum("bgtqd,bkd->bgtqk", qt[:, :, first:], kj) * scale
-        if causal:
-            s = s.masked_fill(~_visible(rows[first:], start, kj.shape[1]), float("-inf"))
-        m_old = m[:, :, first:]
+        stop = min(start + BLOCK_K, n_keys)
+        # Query tiles none of whose rows sees these keys are skipped.
+        first, last = _seen_by(band, start, stop, n_queries, n_keys, rows.shape[0])
+        if first >= last:
+            continue
+        kj = k[:, start:stop].to(acc_dtype)  # (batch, block_k, d)
+        vj = v[:, start:stop].to(acc_dtype)
+        s, _ = _scores(qt[:, :, first:last], kj, scale, softcap)
+        keep = _tile_mask(band, rows[first:last], start, stop, n_queries, n_keys)
+        if keep is not None:
+            s = s.masked_fill(~keep, float("-inf"))
+        m_old = m[:, :, first:last]
         m_new = torch.maximum(m_old, s.amax(dim=-1))
-        p = torch.exp(s - m_new[..., None])
-        alpha = torch.exp(m_old - m_new)  # rescales what was accumulated so far
-        l[:, :, first:] = alpha * l[:, :, first:] + p.sum(dim=-1)
-        acc[:, :, first:] = alpha[..., None] * acc[:, :, first:] + torch.einsum(
+        # A row that has seen no key yet keeps m = -inf; exponents are then taken from 0.
+        m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+        p = torch.exp(s - m_safe[..., None])
+        alpha = torch.exp(m_old - m_safe)  # rescales what was accumulated so far
+        l[:, :, first:last] = alpha * l[:, :, first:last] + p.sum(dim=-1)
+        acc[:, :, first:last] = alpha[..., None] * acc[:, :, first:last] + torch.einsum(
             "bgtqk,bkd->bgtqd", p, vj
         )
-        m[:, :, first:] = m_new
+        m[:, :, first:last] = m_new
 
-    o = _untile(acc / l[..., None], n_queries).to(q.dtype)
-    return o, _untile(m + torch.log(l), n_queries)
+    seen = l > 0  # rows that saw no key get o = 0 and L = +inf (no gradient flows through them)
+    o = acc / torch.where(seen, l, 1.0)[..., None]
+    lse = torch.where(seen, m + torch.log(l), float("inf"))
+    return _untile(o, n_queries).to(q.dtype), _untile(lse, n_queries)
 
 
 def _backward(
@@ -103,7 +138,8 @@ def _backward(
     o: torch.Tensor,
     lse: torch.Tensor,
     do: torch.Tensor,
-    causal: bool,
+    band: Band,
+    softcap: float,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiled backward over q, o, do `(batch, group, n_q, d)`, k, v `(batch, n_k, d)`, lse
@@ -116,50 +152,78 @@ def _backward(
     lt, dt = _query_tiles(lse), _query_tiles(delta)  # (batch, group, q_tiles, BLOCK_Q)
     rows = _rows(n_queries, q.device)
     dq = torch.zeros_like(qt)
-    dk = torch.empty(k.shape, dtype=acc_dtype, device=k.device)
-    dv = torch.empty_like(dk)
+    dk = torch.zeros(k.shape, dtype=acc_dtype, device=k.device)  # keys nobody sees keep 0
+    dv = torch.zeros_like(dk)
 
     for start in range(0, n_keys, BLOCK_K):
-        first = start // BLOCK_Q if causal else 0
-        end = start + BLOCK_K
-        kj, vj = k[:, start:end].to(acc_dtype), v[:, start:end].to(acc_dtype)
-        q_seen, do_seen = qt[:, :, first:], dot[:, :, first:]
-        s = torch.einsum("bgtqd,bkd->bgtqk", q_seen, kj) * scale
-        p = torch.exp(s - lt[:, :, first:, :, None])  # the forward's probabilities, recomputed
-        if causal:
-            p = p.masked_fill(~_visible(rows[first:], start, kj.shape[1]), 0.0)
+        stop = min(start + BLOCK_K, n_keys)
+        first, last = _seen_by(band, start, stop, n_queries, n_keys, rows.shape[0])
+        if first >= last:
+            continue
+        kj, vj = k[:, start:stop].to(acc_dtype), v[:, start:stop].to(acc_dtype)
+        q_seen, do_seen = qt[:, :, first:last], dot[:, :, first:last]
+        s, capped = _scores(q_seen, kj, scale, softcap)
+        p = torch.exp(s - lt[:, :, first:last, :, None])  # the forward's probabilities, recomputed
+        keep = _tile_mask(band, rows[first:last], start, stop, n_queries, n_keys)
+        if keep is not None:
+            p = p.masked_fill(~keep, 0.0)
         dp = torch.einsum("bgtqd,bkd->bgtqk", do_seen, vj)
-        ds = p * (dp - dt[:, :, first:, :, None])  # gradient of the scores
-        dv[:, start:end] = torch.einsum("bgtqk,bgtqd->bkd", p, do_seen)
-        dk[:, start:end] = torch.einsum("bgtqk,bgtqd->bkd", ds, q_seen) * scale
-        dq[:, :, first:] += torch.einsum("bgtqk,bkd->bgtqd", ds, kj) * scale
+        ds = p * (dp - dt[:, :, first:last, :, None])  # gradient of the (capped) scores
+        if capped is not None:  # d/ds of softcap * tanh(s / softcap) = 1 - tanh²
+            ds = ds * (1 - capped * capped)
+        dv[:, start:stop] = torch.einsum("bgtqk,bgtqd->bkd", p, do_seen)
+        dk[:, start:stop] = torch.einsum("bgtqk,bgtqd->bkd", ds, q_seen) * scale
+        dq[:, :, first:last] += torch.einsum("bgtqk,bkd->bgtqd", ds, kj) * scale
 
     return _untile(dq, n_queries).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _sequences(call: Call, q: torch.Tensor, k: torch.Tensor, cu_q, cu_k):
+    """(query rows, key rows) of each sequence: slices of the token dim of the bhsd views
+    (packed sequences), or everything at once."""
+    if call.layout != "thd":
+        return [(slice(None), slice(None))]
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    return [(slice(a, b), slice(c, e)) for a, b, c, e in zip(cq, cq[1:], ck, ck[1:], strict=False)]
 
 
 class FlashAttention2PyTorch(torch.autograd.Function):
     """FlashAttention-2 forward and backward in tiled PyTorch; no score matrix is materialised.
 
     Call as `FlashAttention2PyTorch.apply(q, k, v, is_causal=False, scale=None,
-    return_lse=False)` with the options passed positionally (autograd Functions take no
-    keyword arguments); `flash_attention` is the keyword-friendly front door.
+    return_lse=False, precision=None, deterministic=True, window_size=(-1, -1), softcap=0.0,
+    layout="bhsd", cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+    max_seqlen_k=None, bottom_right=False)` with the options passed positionally (autograd
+    Functions take no keyword arguments), the same list as `FlashAttention2Triton`'s;
+    `flash_attention`, `flash_attn_func` and `flash_attn_varlen_func` are the keyword-friendly
+    front doors.
 
     Args:
         q: `(..., heads, n_queries, d)`; k, v: `(..., kv_heads, n_keys, d)`, same dtype and
             device, the same dims before the heads, `heads` a multiple of `kv_heads`
             (grouped-query attention, k and v not copied). fp16, bf16, fp32 or fp64; any
-            device torch runs on.
-        is_causal: query i sees key j iff j <= i, both counted from 0 (top-left aligned, as in the
-            CS336 handout). With n_queries > n_keys the last queries see every key; with
-            n_queries < n_keys the trailing keys are seen by nobody and get zero gradient.
+            device torch runs on. `layout` "bshd" swaps heads and sequence; "thd" is packed
+            sequences `(total_tokens, heads, d)` described by the `cu_seqlens_*` (int32
+            cumulative lengths) and `max_seqlen_*`.
+        is_causal: hide keys after the diagonal. The diagonal starts at query 0, key 0 (top-left,
+            as in the CS336 handout), or with `bottom_right` ends at the last query and key
+            (flash-attn); see `fa2.masks`. Keys nobody sees get zero gradient; queries that see
+            nothing get o = 0, lse = +inf.
         scale: softmax scale, default 1/sqrt(d).
         return_lse: also return the logsumexp L (not differentiable).
+        precision, deterministic: options of the Triton kernels; this path multiplies fp32
+            exactly and is deterministic whatever they say (`precision` must still be a known
+            name).
+        window_size: `(left, right)`: query i sees keys i - left ... i + right around the
+            diagonal; -1: unbounded on that side. `is_causal` makes `right` 0.
+        softcap: scores become `softcap * tanh(scores / softcap)` (Gemma 2); 0: off.
 
     Returns:
-        o: `(..., heads, n_queries, d)` in the input dtype, or `(o, lse)` with `return_lse`.
-        The backward pass uses q, k, v, o and one saved logsumexp tensor L of shape
-        `(..., heads, n_queries)` (fp32, or fp64 for fp64 inputs). The backward is itself not
-        differentiable: a double backward raises instead of giving wrong second derivatives.
+        o in q's layout and dtype, contiguous, or `(o, lse)` with `return_lse`, lse of shape
+        `(..., heads, n_queries)` (packed sequences: `(heads, total_tokens)`). The backward
+        pass uses q, k, v, o and one saved logsumexp tensor (fp32, or fp64 for fp64 inputs).
+        The backward is itself not differentiable: a double backward raises instead of giving
+        wrong second derivatives.
     """
 
     @staticmethod
@@ -171,13 +235,36 @@ class FlashAttention2PyTorch(torch.autograd.Function):
         is_causal: bool = False,
         scale: float | None = None,
         return_lse: bool = False,
+        precision: str | None = None,
+        deterministic: bool = True,
+        window_size: tuple[int, int] = NO_WINDOW,
+        softcap: float = 0.0,
+        layout: str = "bhsd",
+        cu_seqlens_q: torch.Tensor | None = None,
+        cu_seqlens_k: torch.Tensor | None = None,
+        max_seqlen_q: int | None = None,
+        max_seqlen_k: int | None = None,
+        bottom_right: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        check_attention_inputs(q, k, v, dtypes=_DTYPES)
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        o, lse = _forward(*group_heads(q, k, v), bool(is_causal), scale)
-        o, lse = o.view(q.shape), lse.view(q.shape[:-1])
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.scale = bool(is_causal), scale
+        call = check_call(
+            q, k, v, dtypes=_DTYPES, is_causal=is_causal, scale=scale, window_size=window_size,
+            softcap=softcap, layout=layout, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, bottom_right=bottom_right,
+        )  # fmt: skip
+        dot_precision(torch.float32, precision)  # an unknown name fails here as on the GPU
+        qb, kb, vb = (as_bhsd(t, call.layout) for t in (q, k, v))  # (..., heads, n, d) views
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = q.new_empty(qb.shape[:-1], dtype=_accumulator_dtype(q.dtype))
+        ob = as_bhsd(o, call.layout)
+        for rows, cols in _sequences(call, q, k, cu_seqlens_q, cu_seqlens_k):
+            qs, ks, vs = qb[..., rows, :], kb[..., cols, :], vb[..., cols, :]
+            if ks.shape[-2] == 0:  # a packed sequence without keys: its queries see nothing
+                ob[..., rows, :], lse[..., rows] = 0.0, float("inf")
+                continue
+            os_, lses = _forward(*group_heads(qs, ks, vs), call.band, call.softcap, call.scale)
+            ob[..., rows, :], lse[..., rows] = os_.view(qs.shape), lses.view(qs.shape[:-1])
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.call = call
         if return_lse:
             ctx.mark_non_differentiable(lse)
             return o, lse
@@ -186,10 +273,22 @@ class FlashAttention2PyTorch(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, do: torch.Tensor, *_):
-        q, k, v, o, lse = ctx.saved_tensors
-        qg, kg, vg = group_heads(q, k, v)
-        og, dog = o.reshape(qg.shape), do.reshape(qg.shape)
-        dq, dk, dv = _backward(
-            qg, kg, vg, og, lse.reshape(qg.shape[:-1]), dog, ctx.is_causal, ctx.scale
-        )
-        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None, None, None
+        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        call = ctx.call
+        dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
+        dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
+        qb, kb, vb, ob, dob, dqb, dkb, dvb = (
+            as_bhsd(t, call.layout) for t in (q, k, v, o, do, dq, dk, dv)
+        )  # (..., heads, n, d) views
+        for rows, cols in _sequences(call, q, k, cu_q, cu_k):
+            qs, ks, vs = qb[..., rows, :], kb[..., cols, :], vb[..., cols, :]
+            if ks.shape[-2] == 0:
+                continue
+            qg, kg, vg = group_heads(qs, ks, vs)
+            og, dog = ob[..., rows, :].reshape(qg.shape), dob[..., rows, :].reshape(qg.shape)
+            lg = lse[..., rows].reshape(qg.shape[:-1])
+            dqs, dks, dvs = _backward(qg, kg, vg, og, lg, dog, call.band, call.softcap, call.scale)
+            dqb[..., rows, :] = dqs.view(qs.shape)
+            dkb[..., cols, :], dvb[..., cols, :] = dks.view(ks.shape), dvs.view(vs.shape)
+        return dq, dk, dv, *(None,) * 13

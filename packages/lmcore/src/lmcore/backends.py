@@ -169,15 +169,17 @@ def _fa2_function(name: str):
 def fa2_pytorch_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 ) -> torch.Tensor:
-    """FlashAttention-2 as tiled PyTorch code (`fa2.FlashAttention2PyTorch`): the reference."""
-    return _fa2_function("FlashAttention2PyTorch").apply(q, k, v, causal)
+    """FlashAttention-2 as tiled PyTorch code (fa2's front door, `implementation="pytorch"`):
+    the reference."""
+    return _fa2_function("flash_attention")(q, k, v, causal=causal, implementation="pytorch")
 
 
 def fa2_triton_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 ) -> torch.Tensor:
-    """FlashAttention-2 Triton kernels (`fa2.FlashAttention2Triton`), forward and backward."""
-    return _fa2_function("FlashAttention2Triton").apply(q, k, v, causal)
+    """FlashAttention-2 Triton kernels (fa2's front door, `implementation="triton"`), forward
+    and backward."""
+    return _fa2_function("flash_attention")(q, k, v, causal=causal, implementation="triton")
 
 
 register_attention("naive", naive_attention)

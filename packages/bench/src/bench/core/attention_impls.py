@@ -12,8 +12,8 @@ so its row says `skipped: <reason>` instead of failing the sweep.
 | `compiled` | `torch.compile(naive)`, one static graph per shape |
 | `sdpa` | `torch.nn.functional.scaled_dot_product_attention`, torch's own backend choice |
 | `sdpa-flash`, `sdpa-cudnn` | SDPA forced to its FlashAttention-2 or cuDNN backend (CUDA only) |
-| `fa2-pytorch` | `fa2.FlashAttention2PyTorch.apply`: the tiled PyTorch reference |
-| `fa2-triton` | `fa2.FlashAttention2Triton.apply`: the Triton kernels (CUDA only) |
+| `fa2-pytorch` | `fa2.flash_attention(implementation="pytorch")`: the tiled PyTorch code |
+| `fa2-triton` | `fa2.flash_attention(implementation="triton")`: the Triton kernels (CUDA only) |
 | `fa2-triton-compiled` | `torch.compile(fa2.FlashAttention2Triton.apply)`, the leaderboard call |
 | `fa2-triton-nondet` | the Triton kernels with `deterministic=False` (fp32: single-pass backward) |
 """
@@ -95,6 +95,16 @@ def _fa2_triton(device: torch.device) -> Any:
     return require_fa2("FlashAttention2Triton")
 
 
+def _fa2_front_door(**options: Any) -> AttentionFn:
+    """`fa2.flash_attention` with `options` (keyword arguments) on head-less inputs."""
+    flash_attention = require_fa2("flash_attention")
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        return flash_attention(q, k, v, causal=causal, **options)
+
+    return attend
+
+
 def attention_impl(name: str, *, device: torch.device | str) -> AttentionFn:
     """The implementation called `name` (see the module docstring), ready to run on `device`.
 
@@ -119,16 +129,13 @@ def attention_impl(name: str, *, device: torch.device | str) -> AttentionFn:
             raise Unavailable(f"SDPA's {name.removeprefix('sdpa-')} backend needs CUDA")
         return _one_head(_forced_sdpa(_SDPA_BACKENDS[name]))
     if name == "fa2-pytorch":
-        return require_fa2("FlashAttention2PyTorch").apply
+        return _fa2_front_door(implementation="pytorch")
     if name == "fa2-triton":
-        return _fa2_triton(device).apply
+        _fa2_triton(device)
+        return _fa2_front_door(implementation="triton")
     if name == "fa2-triton-nondet":
-        apply = _fa2_triton(device).apply
-
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-            return apply(q, k, v, causal, None, False, None, False)
-
-        return attend
+        _fa2_triton(device)
+        return _fa2_front_door(implementation="triton", deterministic=False)
     if name == "fa2-triton-compiled":
         function = _fa2_triton(device)
         torch.compiler.reset()

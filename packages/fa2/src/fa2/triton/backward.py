@@ -25,34 +25,47 @@ import torch
 import triton
 import triton.language as tl
 
+from fa2.layouts import as_bhsd
 from fa2.triton import configs
 from fa2.triton.configs import (
     DKDV,
     DKDV_ATOMIC,
     DQ,
-    LOG2E,
     Tile,
-    autotuning,
     cdiv,
     choose_tile,
     delta_rows,
     head_counts,
-    kernel_meta,
+    kernel_scales,
     seq_bucket,
 )
+from fa2.triton.forward import ForwardPlan
 from fa2.triton.launch import (
     CachedLaunch,
     contiguous_where,
-    dense_strides,
     needs_int64,
-    plan_cache,
+    output_strides,
     read_layouts,
     tma_capable,
     tma_layouts,
 )
-from fa2.triton.tiles import add_tile, load_row_pair, load_tile, row_source, store_tile, visible
+from fa2.triton.tiles import (
+    LOG2E,
+    add_tile,
+    at_row,
+    band,
+    key_range,
+    load_row_pair,
+    load_tile,
+    query_range,
+    row_source,
+    sequence,
+    softcapped,
+    store_tile,
+    visible,
+)
 
-__all__ = ["flash_backward"]
+__all__ = ["BackwardPlan", "backward_plan"]
 
 
 @triton.jit
@@ -72,14 +85,19 @@ def _dkdv_tiles(
     offs_d,
     start,
     end,
-    N_Q,
+    n_q,
+    lo,
+    hi,
     qk_scale,
     sm_scale,
+    cap_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     LARGE: tl.constexpr,
@@ -91,35 +109,42 @@ def _dkdv_tiles(
     for start_m in tl.range(start, end, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         if MASKED:
-            lse = tl.load(l_base + rows, mask=rows < N_Q, other=0.0)
-            delta = tl.load(delta_base + rows, mask=rows < N_Q, other=0.0)
+            lse = tl.load(l_base + rows, mask=rows < n_q, other=0.0)
+            delta = tl.load(delta_base + rows, mask=rows < n_q, other=0.0)
         else:
             lse = tl.load(l_base + rows)
             delta = tl.load(delta_base + rows)
         q, do = load_row_pair(
-            q_src, stride_qn, do_src, stride_don, start_m, offs_d, N_Q,
+            q_src, stride_qn, do_src, stride_don, start_m, offs_d, n_q,
             HEAD_DIM, BLOCK_M, BLOCK_D, MASKED, UPCAST, LARGE, TMA,
         )  # fmt: skip
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M), raw
         # Issued before the exponentials so the tensor cores work while they are computed
         # (measured: 6-7% faster on an H100 than after the dV update).
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        if SOFTCAP:
+            s_t = softcapped(s_t, cap_scale)
         # One fused multiply-add per exponent: the logsumexp is taken to log2 units per row.
-        p_t = tl.math.exp2(s_t * qk_scale - (lse * 1.4426950408889634)[None, :])
+        # A query that saw no key has L = +inf, hence P = 0.
+        p_t = tl.math.exp2(s_t * qk_scale - (lse * LOG2E)[None, :])
         if MASKED:  # the transpose of `visible`: keys along rows, queries along columns
-            keep = rows[None, :] < N_Q
+            keep = rows[None, :] < n_q
             if IS_CAUSAL:
-                keep = keep & (offs_n[:, None] <= rows[None, :])
+                keep = keep & (offs_n[:, None] <= rows[None, :] + hi)
+            if LOCAL:
+                keep = keep & (offs_n[:, None] >= rows[None, :] + lo)
             p_t = tl.where(keep, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:  # through softcap * tanh(s * scale / softcap): a factor 1 - tanh²
+            ds_t = ds_t * (1.0 - s_t * s_t)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
         if ATOMIC_DQ:
             dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION) * sm_scale
             if ATOMIC_DQ == 2:  # one bulk reduction of the tile from shared memory (TMA)
                 dq_base.atomic_add([start_m, 0], dq)
             else:
-                add_tile(dq_base, rows, HEAD_DIM, offs_d, N_Q, dq, MASKED, HEAD_DIM, BLOCK_D, LARGE)
+                add_tile(dq_base, rows, HEAD_DIM, offs_d, n_q, dq, MASKED, HEAD_DIM, BLOCK_D, LARGE)
     return dk, dv
 
 
@@ -134,6 +159,8 @@ def _dkdv_kernel(
     DK,
     DV,
     DQ,
+    CU_Q,
+    CU_K,
     stride_qb,
     stride_qh,
     stride_qn,
@@ -157,9 +184,16 @@ def _dkdv_kernel(
     N_K,
     qk_scale,
     sm_scale,
+    cap_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
+    WIN_LEFT: tl.constexpr,
+    WIN_RIGHT: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    VARLEN: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     GROUP: tl.constexpr,
@@ -171,79 +205,90 @@ def _dkdv_kernel(
     TMA: tl.constexpr,
 ):
     """dK and dV of BLOCK_N keys; with ATOMIC_DQ also dQ, added atomically into DQ: fp32,
-    zeroed, `(batch, heads, N_Q, HEAD_DIM)` contiguous (unread otherwise)."""
+    zeroed, contiguous `(..., heads, N_Q, HEAD_DIM)` (unread otherwise). Masks, packed
+    sequences (VARLEN) and the softcap as in the forward kernel."""
+    tl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
     # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
+    cap_scale = tl.cast(cap_scale, tl.float32)
     pid_n = tl.program_id(0)
     # One program per (batch, key/value head): it sums over the GROUP query heads sharing it,
     # so dK and dV of a shared head are written once, without atomics.
     bh = tl.program_id(1).to(tl.int64)
     b, hk = bh // KV_HEADS, bh % KV_HEADS
+    q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)
+    # The grid covers the longest sequence; tiles past this one's end have no work. (Two
+    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
+    if VARLEN:  # noqa: SIM102
+        if pid_n * BLOCK_N >= n_k:
+            return
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     k = load_tile(
-        K + b * stride_kb + hk * stride_kh, offs_n, stride_kn, offs_d, N_K,
-        HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+        at_row(K + b * stride_kb + hk * stride_kh, k_start, stride_kn, VARLEN), offs_n,
+        stride_kn, offs_d, n_k, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
     )  # fmt: skip
     v = load_tile(
-        V + b * stride_vb + hk * stride_vh, offs_n, stride_vn, offs_d, N_K,
-        HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+        at_row(V + b * stride_vb + hk * stride_vh, k_start, stride_vn, VARLEN), offs_n,
+        stride_vn, offs_d, n_k, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
     )  # fmt: skip
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
-    # Query rows [0, full_end) are whole tiles; causal rows before this key tile see none of it,
-    # rows on its diagonal [lo, lo + BLOCK_N) see part of it, later rows see all of it.
-    full_end = (N_Q // BLOCK_M) * BLOCK_M
-    first = 0
-    if IS_CAUSAL:
-        first = pid_n * BLOCK_N
+    lo, hi = band(n_q, n_k, WIN_LEFT, WIN_RIGHT, BOTTOM_RIGHT)
+    ALIGNED: tl.constexpr = WIN_RIGHT == 0 and not BOTTOM_RIGHT
+    # Query tiles [start, masked_end) see part of this key tile (the diagonal), [full_start,
+    # full_end) all of it, [max(full_start, full_end), end) part again (a window's far edge, a
+    # ragged last tile).
+    start, masked_end, full_start, full_end, end = query_range(
+        pid_n * BLOCK_N, n_q, lo, hi, BLOCK_M, BLOCK_N, IS_CAUSAL, LOCAL, ALIGNED
+    )
     for g in range(GROUP):
         h = hk * GROUP + g  # a query head reading this key/value head
-        q_src = row_source(
-            Q + b * stride_qb + h * stride_qh, N_Q, stride_qn, HEAD_DIM, BLOCK_M, BLOCK_D, TMA
-        )
-        do_src = row_source(
-            DO + b * stride_dob + h * stride_doh, N_Q, stride_don, HEAD_DIM, BLOCK_M, BLOCK_D, TMA
-        )
-        l_base = L + (bh * GROUP + g) * N_Q  # (batch, query head) rows of L and Delta
-        delta_base = Delta + (bh * GROUP + g) * N_Q
-        dq_base = DQ + (bh * GROUP + g) * N_Q * HEAD_DIM
-        if ATOMIC_DQ == 2:  # rows past N_Q and columns past HEAD_DIM are clipped by the TMA unit
+        q_base = at_row(Q + b * stride_qb + h * stride_qh, q_start, stride_qn, VARLEN)
+        do_base = at_row(DO + b * stride_dob + h * stride_doh, q_start, stride_don, VARLEN)
+        q_src = row_source(q_base, n_q, stride_qn, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+        do_src = row_source(do_base, n_q, stride_don, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+        if VARLEN:  # L, D: (heads, N_Q); the fp32 dQ rows: (heads, N_Q, HEAD_DIM)
+            rows_base = h * N_Q + q_start
+        else:  # (batch, query head) rows of L and D
+            rows_base = (bh * GROUP + g) * N_Q
+        l_base = L + rows_base
+        delta_base = Delta + rows_base
+        dq_base = DQ + rows_base * HEAD_DIM
+        if ATOMIC_DQ == 2:  # rows past n_q and columns past HEAD_DIM are clipped by the TMA unit
             dq_base = tl.make_tensor_descriptor(
-                dq_base, [N_Q, HEAD_DIM], [HEAD_DIM, 1], block_shape=[BLOCK_M, BLOCK_D]
+                dq_base, [n_q, HEAD_DIM], [HEAD_DIM, 1], block_shape=[BLOCK_M, BLOCK_D]
             )
-        lo = first
         if IS_CAUSAL:
             dk, dv = _dkdv_tiles(
                 dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
-                offs_n, offs_d, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale, sm_scale,
-                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
-                ATOMIC_DQ, TMA,
+                offs_n, offs_d, start, masked_end, n_q, lo, hi, qk_scale, sm_scale, cap_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, LOCAL, SOFTCAP, UPCAST, PRECISION,
+                LARGE, ATOMIC_DQ, TMA,
             )  # fmt: skip
-            lo = lo + BLOCK_N
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
-            offs_n, offs_d, lo, full_end, N_Q, qk_scale, sm_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE,
-            ATOMIC_DQ, TMA,
+            offs_n, offs_d, full_start, full_end, n_q, lo, hi, qk_scale, sm_scale, cap_scale,
+            HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, LOCAL, SOFTCAP, UPCAST, PRECISION,
+            LARGE, ATOMIC_DQ, TMA,
         )  # fmt: skip
-        if not EVEN_Q:  # a ragged last query tile. Compiled out otherwise: on an H100 the mere
-            # presence of this (empty) loop made the whole kernel 25% slower (measured).
+        if not EVEN_Q or LOCAL:  # Compiled out otherwise: on an H100 the mere presence of
+            # this (empty) loop made the whole kernel 25% slower (measured).
             dk, dv = _dkdv_tiles(
                 dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
-                offs_n, offs_d, tl.maximum(lo, full_end), N_Q, N_Q, qk_scale, sm_scale,
-                HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE,
-                ATOMIC_DQ, TMA,
+                offs_n, offs_d, tl.maximum(full_start, full_end), end, n_q, lo, hi, qk_scale,
+                sm_scale, cap_scale, HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, LOCAL,
+                SOFTCAP, UPCAST, PRECISION, LARGE, ATOMIC_DQ, TMA,
             )  # fmt: skip
 
     store_tile(
-        DK + b * stride_dkb + hk * stride_dkh, offs_n, stride_dkn, offs_d, N_K, dk * sm_scale,
-        HEAD_DIM, LARGE,
+        at_row(DK + b * stride_dkb + hk * stride_dkh, k_start, stride_dkn, VARLEN), offs_n,
+        stride_dkn, offs_d, n_k, dk * sm_scale, HEAD_DIM, LARGE,
     )  # fmt: skip
     store_tile(
-        DV + b * stride_dvb + hk * stride_dvh, offs_n, stride_dvn, offs_d, N_K, dv,
-        HEAD_DIM, LARGE,
+        at_row(DV + b * stride_dvb + hk * stride_dvh, k_start, stride_dvn, VARLEN), offs_n,
+        stride_dvn, offs_d, n_k, dv, HEAD_DIM, LARGE,
     )  # fmt: skip
 
 
@@ -256,7 +301,7 @@ def _load_do_store_delta(
     delta_base,
     rows,
     offs_d,
-    N_Q,
+    n_q,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -264,10 +309,10 @@ def _load_do_store_delta(
 ):
     """dO of the query rows `rows`, and D = rowsum(dO ∘ O) of them in fp32, which is stored at
     delta_base: returns (dO, D)."""
-    do = load_tile(do_base, rows, stride_don, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE)
-    o = load_tile(o_base, rows, stride_on, offs_d, N_Q, HEAD_DIM, BLOCK_D, True, True, LARGE)
+    do = load_tile(do_base, rows, stride_don, offs_d, n_q, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE)
+    o = load_tile(o_base, rows, stride_on, offs_d, n_q, HEAD_DIM, BLOCK_D, True, True, LARGE)
     delta = tl.sum(o * do.to(tl.float32), 1)
-    tl.store(delta_base + rows, delta, mask=rows < N_Q)
+    tl.store(delta_base + rows, delta, mask=rows < n_q)
     return do, delta
 
 
@@ -286,13 +331,18 @@ def _dq_tiles(
     offs_d,
     start,
     end,
-    N_K,
+    n_k,
+    lo,
+    hi,
     qk_scale,
+    cap_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     LARGE: tl.constexpr,
@@ -302,15 +352,19 @@ def _dq_tiles(
     for start_n in tl.range(start, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         k, v = load_row_pair(
-            k_src, stride_kn, v_src, stride_vn, start_n, offs_d, N_K,
+            k_src, stride_kn, v_src, stride_vn, start_n, offs_d, n_k,
             HEAD_DIM, BLOCK_N, BLOCK_D, MASKED, UPCAST, LARGE, TMA,
         )  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), raw
+        if SOFTCAP:
+            s = softcapped(s, cap_scale)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])  # one fused multiply-add per exponent
         if MASKED:
-            p = tl.where(visible(rows, cols, 0, N_K, False, IS_CAUSAL), p, 0.0)
+            p = tl.where(visible(rows, cols, 0, n_k, lo, hi, False, IS_CAUSAL, LOCAL), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:  # through softcap * tanh(s * scale / softcap): a factor 1 - tanh²
+            ds = ds * (1.0 - s * s)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     return dq
 
@@ -325,6 +379,8 @@ def _dq_kernel(
     L,
     Delta,
     DQ,
+    CU_Q,
+    CU_K,
     stride_qb,
     stride_qh,
     stride_qn,
@@ -348,9 +404,16 @@ def _dq_kernel(
     N_K,
     qk_scale,
     sm_scale,
+    cap_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
+    WIN_LEFT: tl.constexpr,
+    WIN_RIGHT: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    VARLEN: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     GROUP: tl.constexpr,
@@ -359,49 +422,70 @@ def _dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    """dQ of BLOCK_M query rows, and D = rowsum(dO ∘ O) of them for the dK/dV pass. Masks,
+    packed sequences (VARLEN) and the softcap as in the forward kernel."""
+    tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal must start on a key tile")
     # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
+    cap_scale = tl.cast(cap_scale, tl.float32)
     pid_m = tl.program_id(0)
+    q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, tl.program_id(1) // HEADS, N_Q, N_K, VARLEN)
+    # The grid covers the longest sequence; tiles past this one's end have no work. (Two
+    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
+    if VARLEN:  # noqa: SIM102
+        if pid_m * BLOCK_M >= n_q:
+            return
     if IS_CAUSAL:
-        pid_m = tl.cdiv(N_Q, BLOCK_M) - 1 - pid_m  # heaviest tiles first
+        pid_m = tl.cdiv(n_q, BLOCK_M) - 1 - pid_m  # heaviest tiles first
     bh = tl.program_id(1).to(tl.int64)  # (batch, query head)
     b, h = bh // HEADS, bh % HEADS
+    if VARLEN:  # L and D: (heads, N_Q)
+        rows_base = h * N_Q + q_start
+    else:
+        rows_base = bh * N_Q
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_tile(
-        Q + b * stride_qb + h * stride_qh, rows, stride_qn, offs_d, N_Q,
-        HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+        at_row(Q + b * stride_qb + h * stride_qh, q_start, stride_qn, VARLEN), rows, stride_qn,
+        offs_d, n_q, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
     )  # fmt: skip
-    lse2 = tl.load(L + bh * N_Q + rows, mask=rows < N_Q, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(L + rows_base + rows, mask=rows < n_q, other=0.0) * LOG2E
     do, delta = _load_do_store_delta(  # D: for this pass and the next
-        DO + b * stride_dob + h * stride_doh, stride_don, O + b * stride_ob + h * stride_oh,
-        stride_on, Delta + bh * N_Q, rows, offs_d, N_Q, HEAD_DIM, BLOCK_D, UPCAST, LARGE,
+        at_row(DO + b * stride_dob + h * stride_doh, q_start, stride_don, VARLEN), stride_don,
+        at_row(O + b * stride_ob + h * stride_oh, q_start, stride_on, VARLEN), stride_on,
+        Delta + rows_base, rows, offs_d, n_q, HEAD_DIM, BLOCK_D, UPCAST, LARGE,
     )  # fmt: skip
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_src = row_source(K + b * stride_kb + (h // GROUP) * stride_kh, N_K, stride_kn,
-                       HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # fmt: skip
-    v_src = row_source(V + b * stride_vb + (h // GROUP) * stride_vh, N_K, stride_vn,
-                       HEAD_DIM, BLOCK_N, BLOCK_D, TMA)  # fmt: skip
+    k_base = at_row(K + b * stride_kb + (h // GROUP) * stride_kh, k_start, stride_kn, VARLEN)
+    v_base = at_row(V + b * stride_vb + (h // GROUP) * stride_vh, k_start, stride_vn, VARLEN)
+    k_src = row_source(k_base, n_k, stride_kn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = row_source(v_base, n_k, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
 
-    full_end = (N_K // BLOCK_N) * BLOCK_N
-    end = N_K
-    if IS_CAUSAL:
-        full_end = tl.minimum(full_end, pid_m * BLOCK_M)
-        end = tl.minimum(end, (pid_m + 1) * BLOCK_M)
-    dq = _dq_tiles(
+    lo, hi = band(n_q, n_k, WIN_LEFT, WIN_RIGHT, BOTTOM_RIGHT)
+    ALIGNED: tl.constexpr = WIN_RIGHT == 0 and not BOTTOM_RIGHT
+    start, full_start, full_end, end = key_range(
+        pid_m, n_k, lo, hi, BLOCK_M, BLOCK_N, IS_CAUSAL, LOCAL, ALIGNED
+    )
+    if LOCAL:  # keys the first rows of the tile see but not the last
+        dq = _dq_tiles(
+            dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_vn, rows, offs_d,
+            start, full_start, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
+            True, IS_CAUSAL, LOCAL, SOFTCAP, UPCAST, PRECISION, LARGE, TMA,
+        )  # fmt: skip
+    dq = _dq_tiles(  # keys every row of the tile sees: no masks
         dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_vn, rows, offs_d,
-        0, full_end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, False, IS_CAUSAL, UPCAST, PRECISION, LARGE, TMA,
+        full_start, full_end, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
+        False, IS_CAUSAL, LOCAL, SOFTCAP, UPCAST, PRECISION, LARGE, TMA,
     )  # fmt: skip
-    dq = _dq_tiles(
+    dq = _dq_tiles(  # the diagonal and a ragged last tile
         dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_vn, rows, offs_d,
-        full_end, end, N_K, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, True, IS_CAUSAL, UPCAST, PRECISION, LARGE, TMA,
+        full_end, end, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
+        True, IS_CAUSAL, LOCAL, SOFTCAP, UPCAST, PRECISION, LARGE, TMA,
     )  # fmt: skip
 
     store_tile(
-        DQ + b * stride_dqb + h * stride_dqh, rows, stride_dqn, offs_d, N_Q, dq * sm_scale,
-        HEAD_DIM, LARGE,
+        at_row(DQ + b * stride_dqb + h * stride_dqh, q_start, stride_dqn, VARLEN), rows,
+        stride_dqn, offs_d, n_q, dq * sm_scale, HEAD_DIM, LARGE,
     )  # fmt: skip
 
 
@@ -425,7 +509,8 @@ def _delta_kernel(
     BLOCK_M: tl.constexpr,
 ):
     """D = rowsum(dO ∘ O) of BLOCK_M query rows, and those rows of the fp32 dQ accumulator
-    zeroed, ahead of the single-pass backward (which needs D from its first tile on)."""
+    zeroed, ahead of the single-pass backward (which needs D from its first tile on). Packed
+    sequences are one batch entry of N_Q rows here: D does not depend on where they end."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # (batch, query head)
     b, h = bh // HEADS, bh % HEADS
@@ -451,8 +536,8 @@ def tma_reduce_available(q: torch.Tensor) -> bool:
 
 
 class BackwardPlan:
-    """The backward launches for one combination of shapes, strides, dtype, causality,
-    precision and determinism.
+    """The backward launches for the outputs of one forward plan, one layout of the output
+    gradient and a choice of determinism.
 
     Two-pass (deterministic, and the choice for 16-bit inputs): the dQ pass, then the dK/dV
     pass. Single-pass (`deterministic=False` where `configs.single_pass_backward` says so): a
@@ -460,125 +545,160 @@ class BackwardPlan:
     adds dQ into an fp32 buffer (5 matmuls per tile pair instead of 7; the order of the
     additions, hence dQ's last bits, varies between runs).
 
-    Call as `plan(q, k, v, o, lse, do, scale, traced) -> (dq, dk, dv)` with tensors like the
-    ones it was built from; `flash_backward` finds or builds it. Gradients are allocated
-    contiguous.
+    Call as `plan(q, k, v, o, lse, do, scale, cu_seqlens, max_seqlens, traced) -> (dq, dk,
+    dv)` with tensors like the ones it was built from; `backward_plan` finds or builds it.
+    Gradients are allocated contiguous in the caller's layout.
     """
 
     def __init__(
         self,
+        fwd: ForwardPlan,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         o: torch.Tensor,
         lse: torch.Tensor,
         do: torch.Tensor,
-        causal: bool,
-        precision: str,
         deterministic: bool,
         traced: bool,
     ) -> None:
-        *lead, n_q, d = q.shape
-        n_k = k.shape[-2]
-        heads, group = head_counts(q, k)
+        self.fwd = fwd
+        layout = fwd.layout
+        views = tuple(as_bhsd(t, layout) for t in (q, k, v, o, do))  # (..., heads, n, d)
+        qv, kv = views[:2]
+        *lead, n_q, d = qv.shape
+        n_k = kv.shape[-2]
+        heads, group = head_counts(qv, kv)
         self.shapes = (q.shape, k.shape, v.shape)
         self.dtype = q.dtype
-        self.batch_heads, self.n_q, self.n_k = math.prod(lead), n_q, n_k
-        self.batch_kv_heads = self.batch_heads // group
-        tensors = (q, k, v, o, do)
-        copies, strides = read_layouts(tensors)
-        if copies is not None or not lse.is_contiguous():  # in the order q, k, v, o, lse, do:
-            copies = copies or (False,) * 5
-            copies = (*copies[:4], not lse.is_contiguous(), copies[4])
+        self.batch_heads, self.n_q, self.n_k, self.heads = math.prod(lead), n_q, n_k, heads
+        self.empty = qv.numel() == 0 or kv.numel() == 0
+        copies, strides = read_layouts(views)
+        if copies is not None:  # in the order q, k, v, o, lse, do (lse is always contiguous)
+            copies = (*copies[:4], False, copies[4])
         self.copies = copies
         sq, sk, sv, so, sdo = strides
-        sdq, sdk = dense_strides(q.shape), dense_strides(k.shape)  # gradients: contiguous
+        self.single_pass = not deterministic and configs.single_pass_backward(q.dtype)
+        # Gradients: contiguous in the caller's layout; the single pass's fp32 dq buffer:
+        # contiguous in the kernels' (..., heads, n, d) order (its rows are added atomically).
+        sdq = output_strides(q.shape, layout)
+        sdk = output_strides(k.shape, layout)
         self.dq_ints = (*sq, *sk, *sv, *so, *sdo, *sdq, heads, n_q, n_k)
         self.dkdv_ints = (*sq, *sk, *sv, *sdo, *sdk, *sdk, heads // group, n_q, n_k)
         self.delta_ints = (*so, *sdo, heads, n_q)
-        self.single_pass = not deterministic and configs.single_pass_backward(q.dtype)
+        self.dq_buffer_shape = qv.shape
         self.tma_reduce = self.single_pass and not traced and tma_reduce_available(q)
         # Tiles with `tma` read the inner loop's rows through TMA descriptors where the
         # layouts of those rows allow (and, when traced, their alignment is known: see
         # `tma_layouts`): keys and values in the dQ pass, queries and output gradients in the
         # dK/dV pass and the single pass.
-        kv_tma = tma_layouts((k, v), [sk, sv], traced=traced)
-        q_do_tma = tma_layouts((q, do), [sq, sdo], traced=traced)
+        kv_tma = tma_layouts((kv, views[2]), [sk, sv], traced=traced)
+        q_do_tma = tma_layouts((qv, views[4]), [sq, sdo], traced=traced)
         self.tma_loads = dict(dq=kv_tma, dkdv=q_do_tma, fused=q_do_tma)
-        self.meta = kernel_meta(d, causal, q.dtype, precision)
-        shapes = [t.shape for t in tensors]
-        self.meta.update(GROUP=group, LARGE=needs_int64(shapes, strides))
+        self.meta = dict(fwd.meta)
+        self.meta.update(LARGE=needs_int64([t.shape for t in views], strides))
+        self.varlen = fwd.varlen
 
         def tuning_run(which: str) -> Callable[[Tile], None]:  # for FA2_AUTOTUNE only
             def run(tile: Tile) -> None:
-                inputs = contiguous_where((q, k, v, o, lse, do), self.copies)
-                self._run(which, self._launch(which, tile), inputs, self.outputs(q), 1.0)
+                inputs = contiguous_where((q, k, v, o, lse, do), self.copies, layout)
+                self._run(which, self._launch(which, tile), inputs, self.outputs(q), 1.0, None)
 
             return run
 
         choice = dict(
             head_dim_block=self.meta["BLOCK_D"],
             dtype=q.dtype,
-            precision=precision,
-            seq_len=torch.sym_max(n_q, n_k),  # no guard when traced with symbolic lengths
-            key=lambda: (causal, seq_bucket(n_q, n_k)),
+            precision=fwd.precision,
+            seq_len=fwd.seq_len,
+            key=lambda: (fwd.call.band, seq_bucket(n_q, n_k)),
         )
         # In launch order: the first pass writes D, which the second reads.
         passes = (("fused", DKDV_ATOMIC),) if self.single_pass else (("dq", DQ), ("dkdv", DKDV))
-        self.launches = {}
+        self.tiles, self.launches = {}, {}
         if self.single_pass:
-            self.launches["delta"] = self._launch("delta", Tile(delta_rows(d), 0, 4, 1))
+            self.tiles["delta"] = Tile(delta_rows(d), 0, 4, 1)
+            self.launches["delta"] = self._launch("delta", self.tiles["delta"])
         for which, table in passes:
-            tile = choose_tile(table, run=None if traced else tuning_run(which), **choice)
-            self.launches[which] = self._launch(which, tile)
+            run = None if traced or self.varlen else tuning_run(which)
+            self.tiles[which] = choose_tile(table, run=run, **choice)
+            self.launches[which] = self._launch(which, self.tiles[which])
 
     def _launch(self, which: str, tile: Tile) -> CachedLaunch:
         """The launch of one pass with `tile`: "dq" or "dkdv" (the deterministic passes),
         "delta" or "fused" (the single-pass backward)."""
-        if which == "delta":
+        if which == "delta":  # packed sequences: one batch entry of all rows (see the kernel)
             meta = {name: self.meta[name] for name in ("HEAD_DIM", "BLOCK_D", "LARGE")}
             grid = (cdiv(self.n_q, tile.block_m), self.batch_heads)
             return CachedLaunch(
-                _delta_kernel, grid, dict(meta, BLOCK_M=tile.block_m), num_warps=4, num_stages=1
-            )
+                _delta_kernel, grid, dict(meta, BLOCK_M=tile.block_m), num_warps=4, num_stages=1,
+                checked=(1,),  # dO; o, D and the dQ buffer are the plans' own
+            )  # fmt: skip
         tma = tile.tma and self.tma_loads[which]
         constexprs = dict(self.meta, TMA=tma, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
+        # The caller's tensors (q, k, v, dO, and cu_seqlens if packed) are checked for alignment
+        # per call; o and L are the forward plan's, D and the gradients this plan's.
         if which == "dq":
             kernel, grid = _dq_kernel, (cdiv(self.n_q, tile.block_m), self.batch_heads)
+            checked = (0, 1, 2, 4, 8, 9) if self.varlen else (0, 1, 2, 4)
         else:
-            kernel, grid = _dkdv_kernel, (cdiv(self.n_k, tile.block_n), self.batch_kv_heads)
-            constexprs["EVEN_Q"] = self.n_q % tile.block_m == 0
+            # one program per (batch, key/value head) and key tile
+            grid = (cdiv(self.n_k, tile.block_n), self.batch_heads // self.meta["GROUP"])
+            kernel = _dkdv_kernel
+            constexprs["EVEN_Q"] = not self.varlen and self.n_q % tile.block_m == 0
             constexprs["ATOMIC_DQ"] = 0 if which == "dkdv" else (2 if self.tma_reduce else 1)
+            checked = (0, 1, 2, 3, 9, 10) if self.varlen else (0, 1, 2, 3)
         return CachedLaunch(
-            kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages,
-            scratch=tma or constexprs.get("ATOMIC_DQ") == 2,
+            kernel, None if self.varlen else grid, constexprs, num_warps=tile.warps,
+            num_stages=tile.stages, scratch=tma or constexprs.get("ATOMIC_DQ") == 2,
             unaligned=self._launch(which, tile._replace(tma=False)) if tma else None,
+            checked=checked,
         )  # fmt: skip
+
+    def _grid(self, which: str, cu_seqlens, max_seqlens) -> tuple | None:
+        """The grid of a pass over packed sequences (it covers the longest); None otherwise."""
+        if cu_seqlens is None or which == "delta":
+            return None
+        tile, n_seqs = self.tiles[which], cu_seqlens[0].shape[0] - 1
+        if which == "dq":
+            return cdiv(max_seqlens[0], tile.block_m), n_seqs * self.heads
+        return cdiv(max_seqlens[1], tile.block_n), n_seqs * (self.heads // self.meta["GROUP"])
 
     def _run(
         self,
         which: str,
-        launch: Callable[[tuple, tuple], None],
+        launch: Callable[..., None],
         inputs: tuple[torch.Tensor, ...],
         outputs: tuple[torch.Tensor, ...],
         scale: float,
+        cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None,
+        max_seqlens: tuple[int, int] | None = None,
     ) -> None:
         """Launch one pass with its arguments in its kernel's order."""
         q, k, v, o, lse, do = inputs
         delta, dq, dk, dv = outputs
-        if which == "dq":
-            launch((q, k, v, o, do, lse, delta, dq), (*self.dq_ints, scale * LOG2E, scale))
-        elif which == "delta":
+        cu = cu_seqlens or (lse, lse)  # unused pointers when the sequences are not packed
+        if which == "delta":
             launch((o, do, delta, dq), self.delta_ints)
+            return
+        scales = kernel_scales(scale, self.fwd.call.softcap)
+        scalars = (scales[0], scale, scales[1])  # qk_scale, sm_scale, cap_scale
+        grid = self._grid(which, cu_seqlens, max_seqlens)
+        if which == "dq":
+            launch((q, k, v, o, do, lse, delta, dq, *cu), (*self.dq_ints, *scalars), grid)
         else:  # dkdv, or fused (which also adds into dq)
-            launch((q, k, v, do, lse, delta, dk, dv, dq), (*self.dkdv_ints, scale * LOG2E, scale))
+            tensors = (q, k, v, do, lse, delta, dk, dv, dq, *cu)
+            launch(tensors, (*self.dkdv_ints, *scalars), grid)
 
     def outputs(self, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """delta = rowsum(dO ∘ O), dq (fp32 in the single pass, for its atomic additions), dk,
         dv."""
         q_shape, k_shape, v_shape = self.shapes
         delta = q.new_empty((self.batch_heads, self.n_q), dtype=torch.float32)
-        dq = q.new_empty(q_shape, dtype=torch.float32 if self.single_pass else q.dtype)
+        if self.single_pass:
+            dq = q.new_empty(self.dq_buffer_shape, dtype=torch.float32)
+        else:
+            dq = q.new_empty(q_shape)
         return delta, dq, q.new_empty(k_shape), q.new_empty(v_shape)
 
     def __call__(
@@ -590,46 +710,44 @@ class BackwardPlan:
         lse: torch.Tensor,
         do: torch.Tensor,
         scale: float,
+        cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None,
+        max_seqlens: tuple[int, int] | None,
         traced: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        inputs = contiguous_where((q, k, v, o, lse, do), self.copies)
+        if self.empty:
+            return tuple(q.new_zeros(shape) for shape in self.shapes)
+        inputs = q, k, v, o, lse, do
+        if self.copies is not None:
+            inputs = contiguous_where(inputs, self.copies, self.fwd.layout)
         outputs = self.outputs(q)
         for which, launch in self.launches.items():
-            self._run(which, launch.traceable if traced else launch, inputs, outputs, scale)
+            launch = launch.traceable if traced else launch
+            self._run(which, launch, inputs, outputs, scale, cu_seqlens, max_seqlens)
         _, dq, dk, dv = outputs
-        return dq.to(self.dtype), dk, dv
+        if self.single_pass:  # the fp32 buffer, (..., heads, n, d), to q's dtype and layout
+            grad = q.new_empty(self.shapes[0])
+            as_bhsd(grad, self.fwd.layout).copy_(dq)
+            dq = grad
+        return dq, dk, dv
 
 
-_plans = plan_cache(BackwardPlan)
-
-
-def flash_backward(
+def backward_plan(
+    fwd: ForwardPlan,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     o: torch.Tensor,
     lse: torch.Tensor,
     do: torch.Tensor,
-    causal: bool,
-    scale: float,
-    precision: str,
-    *,
-    deterministic: bool = True,
-    traced: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of attention on `(..., heads, n, d)` tensors (lse: `(..., heads, n_q)` fp32),
-    n_q, n_k >= 1; k and v may have fewer heads than q (a divisor of q's).
-
-    `deterministic=False`: allow the single-pass backward, with dQ added atomically, where it
-    is the faster one (see `BackwardPlan`). `traced`: launch in the form torch.compile traces
-    into (see `CachedLaunch.traceable`), from a plan built afresh (shapes may be symbolic
-    there, and tracing happens once)."""
-    args = (q, k, v, o, lse, do)
-    if traced:
-        plan = BackwardPlan(*args, causal, precision, deterministic, traced)
-        return plan(*args, scale, traced)
-    key = (
-        q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), o.stride(), do.stride(),
-        lse.stride(), q.dtype, q.device, causal, precision, deterministic, autotuning(),
-    )  # fmt: skip
-    return _plans(key, *args, causal, precision, deterministic, traced)(*args, scale, traced)
+    deterministic: bool,
+) -> BackwardPlan:
+    """The cached backward plan of a forward plan's outputs, for dO's strides and
+    `deterministic` (everything else about the call is the forward plan's)."""
+    key = (do.stride(), deterministic)  # FA2_AUTOTUNE is read when a plan is built
+    plan = fwd.backward_plans.get(key)
+    if plan is None:
+        if len(fwd.backward_plans) >= 8:
+            fwd.backward_plans.clear()
+        plan = BackwardPlan(fwd, q, k, v, o, lse, do, deterministic, False)
+        fwd.backward_plans[key] = plan
+    return plan

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fa2.masks import Band
+
 __all__ = [
     "DKDV",
     "DKDV_ATOMIC",
@@ -35,6 +37,7 @@ __all__ = [
     "dot_precision",
     "head_counts",
     "kernel_meta",
+    "kernel_scales",
     "known_true",
     "seq_bucket",
     "single_pass_backward",
@@ -104,17 +107,44 @@ def head_counts(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int]:
 
 
 def kernel_meta(
-    head_dim: int, causal: bool, dtype: torch.dtype, precision: str
+    head_dim: int,
+    dtype: torch.dtype,
+    precision: str,
+    band: Band,
+    *,
+    softcap: float,
+    varlen: bool,
+    same_lengths: bool,
 ) -> dict[str, object]:
-    """The constexpr arguments every kernel takes, fixed by the head dim, causality, dtype and
-    dot precision (see `dot_precision`)."""
+    """The constexpr arguments the attention kernels take, fixed by the head dim, dtype, dot
+    precision (see `dot_precision`), the band of visible keys (`fa2.masks`), the softcap,
+    packed sequences, and whether each sequence has as many queries as keys (then the
+    bottom-right diagonal is the top-left one, and the plainer code runs).
+
+    Window sizes are constexprs: a model uses one or two, and the plain causal call (a window
+    of 0 to the right) then compiles to the same code as before windows existed."""
     return dict(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d(head_dim),
-        IS_CAUSAL=causal,
+        IS_CAUSAL=band.right >= 0,
+        LOCAL=band.left >= 0,
+        WIN_LEFT=max(band.left, 0),
+        WIN_RIGHT=max(band.right, 0),
+        BOTTOM_RIGHT=band.bottom_right and not same_lengths,
+        VARLEN=varlen,
+        SOFTCAP=softcap > 0,
         UPCAST=upcast(dtype),
         PRECISION=precision,
     )
+
+
+def kernel_scales(scale: float, softcap: float) -> tuple[float, float]:
+    """(qk_scale, cap_scale), the kernels' float arguments: exponents are exp2(s * qk_scale - m)
+    of raw scores s, or with a softcap of the capped ones tanh(s * cap_scale), where
+    cap_scale = scale / softcap and qk_scale carries the cap instead of the scale."""
+    if softcap:
+        return softcap * LOG2E, scale / softcap
+    return scale * LOG2E, 0.0
 
 
 class Tile(NamedTuple):
@@ -129,154 +159,131 @@ class Tile(NamedTuple):
     tma: bool = False
 
 
-# Candidates by (head-dim block, 16-bit or fp32 and its dot precision); the first is the default.
-# H100 sweeps (ms at (16, 16384, d) causal bf16): forward d=64 128x64/8w/4s 1.33 (64x64/4w/3s
-# 1.44, 128x32/4w/3s 1.77); dQ d=64 128x64/8w/3s 1.47; dK/dV d=64 64x64/4w/3s 2.05 (64x64/4w/4s
-# 2.19, 32x64/4w/4s 2.29, 64x128/8w/3s 2.49, 32x128/4w/4s 3.39); d=128: forward 128x64/8w/3s
-# 2.25, dQ 128x64/8w/3s 2.57, dK/dV 64x64/4w/2s 3.86 (32x64/4w/3s 3.98, 16x64/4w/3s 4.95).
-# Non-causal (16, 4096, 64) picks the same tiles (dK/dV 64x64/4w/3s 0.265 ms). fp32 (exact
-# fp32 dots on CUDA cores), (4, 8192, d) causal: d=64 forward 64x64/8w/2s 2.95 (64x32/4w/2s
-# 4.98), dQ 64x64/8w/2s 5.16 (64x32/4w/2s 7.78), dK/dV 32x32/4w/2s 5.82 (32x64/4w/2s 9.77);
-# d=128 forward 32x32/4w/2s 7.42, dQ 32x32/4w/2s 11.5 (32x16 24.2), dK/dV 32x32/4w/2s 12.4
-# (16x32 20.7). d=256 fp32 keeps smaller, untimed tiles.
-# fp32 on the tensor cores ("tf32" lists, for "tf32x3" and "tf32"; docs/results/
-# fa2_gpu_check_h100_2026-11-23_run2.json), tf32x3 causal: d=64 at (8, 4096): forward
-# 128x64/8w/2s 0.528 ms (64x64/4w/2s 0.552), dQ 128x64/8w/2s 0.673 (64x64/4w/2s 0.739), dK/dV
-# 32x32/4w/2s 1.048 (32x64/4w/2s 1.224, 64x64/4w/2s 1.403); d=128 at (4, 8192): forward
-# 32x32/4w/2s 1.657 (64x32/4w/2s 2.611), dQ 32x32/4w/2s 2.442 (64x32/4w/2s 3.795), dK/dV
-# 32x32/4w/2s 3.555 (32x64/4w/2s 6.310); larger d=128 tiles need more shared memory than an
-# H100 has. The same run re-timed the 16-bit d=128 dK/dV tiles: 64x64/4w/2s 3.799 stays
-# (32x64/4w/3s 3.936, 32x128/8w/2s 4.853; 64x64 with 8 warps 7.4-8.8).
-# TMA loads (tile.tma), one H100 run (bf16 causal unless noted, ms, plain loads -> TMA;
-# docs/results/fa2_tma_h100_2026-11-23.md): forward d=128 at (16, 16384) 2.182 -> 2.075 (at
-# (4, 32, 2048) 0.366 -> 0.372), dQ d=64 1.431 -> 1.384 (non-causal (16, 4096) 0.174 ->
-# 0.168); slower for forward d=64 (1.263 -> 1.279), dQ d=128 (2.405 -> 2.579) and dK/dV d=128
-# (3.736 -> 3.868 at best); about equal for dK/dV d=64. TMA frees registers (sm_90: forward
-# d=128 184 -> 154 per thread) but each program first builds its descriptors in global memory.
-# 2026-11-25 sweeps (docs/results/fa2_tiles_h100_2026-11-25.md; ms, causal; candidates first
-# screened for register spills by compiling for sm_90): bf16 d=128 forward 128x64/8w/4s+TMA
-# 1.992 at (16, 16384) (3 stages 2.005, 64x64/4w/3s+TMA 2.099) and 1.107 at (1, 32, 8192)
-# (64x64/4w/3s+TMA 1.170), but 64x64/4w/3s+TMA wins at (4, 32, 2048) 0.335 (128x64/8w/3s+TMA
-# 0.372) and (2, 32, 4096) 0.589 (0.628): hence `SHORT_SEQ` and the `_short` lists. dK/dV
-# d=128 32x64/4w/3s+TMA 3.649 at (16, 16384) (64x64/4w/2s, which spills registers, 3.754),
-# the same end to end (fa2_tiles_h100_2026-11-25.md: A/B of the whole backward), and taken
-# because it does not spill; at (4, 32, 2048) the kernels alone ranked 32x64/4w/3s 0.568,
-# 64x64/4w/2s 0.580, but the whole backward was 0.04-0.06 ms faster with 64x64/4w/2s, which
-# the short list keeps. Capping registers (Triton's maxnreg) so that two 8-warp programs share
-# a multiprocessor was slower everywhere.
-# fp32 tf32x3 tiles with TMA spill fewer registers (sm_90, d=128: the forward none instead of
-# 16 bytes a thread, dQ 56 instead of 120, dK/dV 184 instead of 312; 32x32/8w and 16x32/8w,
-# which spill 8 and 0, ran 1.6x and 2.9x slower): d=128 at (4, 8192) forward 32x32/4w/3s
-# 1.530 (plain 1.650), dQ 2.362 (2.407), dK/dV 2.942 (3.556), single pass 5.084 (5.881); d=64
-# at (8, 4096) dK/dV 0.905 (1.053). At d=16 and 32 that dK/dV tile spills where the plain one
-# does not, and the batch-1 fp32 sweep's backward took 3-8% longer with it from 16k tokens up
-# (docs/results/history: 2026-11-25/flash_sweep_fp32_h100_2026-11-25_run1 against
-# 2026-11-23/flash_sweep_fp32_h100_2026-11-23; the single pass, not changed, within 1%):
-# hence the "tf32_d32" list. Registers: docs/results/fa2_tiles_h100_2026-11-25.md.
-# Forward and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0: the causal
-# diagonal then starts on a tile boundary. The interpreter's tiles are smaller than the test
-# shapes and not square, so tests cover several tiles, ragged edges and the diagonal.
-# Sequences of at most this many tokens take a table's `_short` list where it has one: there
-# a program's loop is short, so its fixed costs (loading its queries, filling the pipeline,
-# storing its output) weigh more, and a smaller tile, of which two programs fit on one
-# multiprocessor, hides them behind the other program's loop (measured above).
+# Candidates by (head-dim block, 16-bit or fp32 and its dot precision); the first is the default,
+# chosen by the H100 sweeps logged in docs/design/fa2.md ("Tile sweeps"), one line of reason per
+# default here. ms are causal fwd or per-kernel medians at the shape named; "+TMA" reads the
+# inner loop through TMA descriptors. Tile rules (`tl.static_assert` in the kernels): forward
+# and dQ need block_m % block_n == 0, dK/dV block_n % block_m == 0, so that the causal diagonal
+# starts on a tile boundary. The interpreter's tiles are smaller than the test shapes and not
+# square, so tests cover several tiles, ragged edges and the diagonal.
+# Sequences of at most SHORT_SEQ tokens take a table's `_short` list where it has one: a short
+# loop's fixed costs weigh more there, and a smaller tile, two programs to a multiprocessor,
+# hides them (d = 128 forward: 0.335 against 0.372 ms at (4, 32, 2048)).
 SHORT_SEQ = 4096
 FORWARD = {
     "interpreter": [Tile(32, 16, 1, 1)],
+    # 1.33 ms at (16, 16384, 64) (64x64/4w/3s 1.44); TMA slower here (1.263 -> 1.279)
     "16bit_d64": [
         Tile(128, 64, 8, 4),
         Tile(128, 64, 8, 3),
         Tile(64, 64, 4, 3),
         Tile(128, 64, 4, 3),
     ],
+    # 1.992 ms at (16, 16384, 128) (3 stages 2.005, 64x64/4w/3s+TMA 2.099)
     "16bit_d128": [
         Tile(128, 64, 8, 4, tma=True),
         Tile(128, 64, 8, 3, tma=True),
         Tile(128, 64, 8, 3),
         Tile(64, 64, 4, 3, tma=True),
     ],
+    # 0.335 ms at (4, 32, 2048, 128) (128x64/8w/3s+TMA 0.372), 0.589 at 4096 (0.628)
     "16bit_d128_short": [
         Tile(64, 64, 4, 3, tma=True),
         Tile(128, 64, 8, 3, tma=True),
     ],
-    "16bit_d256": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],
+    "16bit_d256": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],  # untimed
+    # exact fp32 ("ieee") at (4, 8192, 64): 2.95 ms (64x32/4w/2s 4.98)
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
-    "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
-    "32bit_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
+    "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],  # 7.42 ms at (4, 8192, 128)
+    "32bit_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],  # untimed
+    # tf32x3 at (8, 4096, 64): 0.528 ms (64x64/4w/2s 0.552)
     "tf32_d64": [
         Tile(128, 64, 8, 2),
         Tile(64, 64, 4, 2),
         Tile(64, 32, 4, 3),
         Tile(128, 64, 8, 2, tma=True),
     ],
+    # tf32x3 at (4, 8192, 128): 1.530 ms with TMA, which spills no register (plain 1.650)
     "tf32_d128": [
         Tile(32, 32, 4, 3, tma=True),
         Tile(32, 32, 4, 2),
         Tile(32, 32, 4, 2, tma=True),
     ],
-    "tf32_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],
+    "tf32_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],  # untimed
 }
 DKDV = {
     "interpreter": [Tile(16, 32, 1, 1)],
+    # 2.05 ms at (16, 16384, 64) (64x64/4w/4s 2.19, 32x64/4w/4s 2.29); TMA about equal
     "16bit_d64": [
         Tile(64, 64, 4, 3),
         Tile(64, 64, 4, 4),
         Tile(32, 64, 4, 4),
         Tile(64, 64, 4, 3, tma=True),
     ],
+    # 3.649 ms at (16, 16384, 128), no spills (64x64/4w/2s, which spills, 3.754)
     "16bit_d128": [
         Tile(32, 64, 4, 3, tma=True),
         Tile(64, 64, 4, 2),
         Tile(32, 64, 4, 3),
     ],
+    # the whole backward 0.04-0.06 ms faster at (4, 32, 2048, 128) than with 32x64/4w/3s
     "16bit_d128_short": [
         Tile(64, 64, 4, 2),
         Tile(32, 64, 4, 3),
         Tile(32, 64, 4, 3, tma=True),
     ],
-    "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],
+    "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],  # untimed
+    # exact fp32 at (4, 8192, 64): 5.82 ms (32x64/4w/2s 9.77)
     "32bit_d64": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2), Tile(32, 64, 4, 2)],
-    "32bit_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2)],
-    "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
+    "32bit_d128": [Tile(32, 32, 4, 2), Tile(32, 64, 8, 2)],  # 12.4 ms (16x32 20.7)
+    "32bit_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],  # untimed
+    # the TMA tile spills at d <= 32: the batch-1 fp32 sweep's backward 3-8% slower with it
     "tf32_d32": [Tile(32, 32, 4, 2), Tile(32, 32, 4, 2, tma=True)],
+    # tf32x3 at (8, 4096, 64): 0.905 ms with TMA (plain 1.053)
     "tf32_d64": [
         Tile(32, 32, 4, 2, tma=True),
         Tile(32, 32, 4, 2),
         Tile(32, 64, 4, 2),
         Tile(64, 64, 4, 2),
     ],
+    # tf32x3 at (4, 8192, 128): 2.942 ms with TMA (plain 3.556)
     "tf32_d128": [
         Tile(32, 32, 4, 2, tma=True),
         Tile(32, 32, 4, 2),
         Tile(32, 32, 8, 2, tma=True),
     ],
-    "tf32_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],
+    "tf32_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],  # untimed
 }
 DQ = {
     "interpreter": [Tile(32, 16, 1, 1)],
+    # TMA: 1.384 ms at (16, 16384, 64) (plain 1.431)
     "16bit_d64": [
         Tile(128, 64, 8, 3, tma=True),
         Tile(128, 64, 8, 3),
         Tile(64, 64, 4, 3),
         Tile(128, 64, 4, 3),
     ],
+    # 2.405 ms at (16, 16384, 128) (with TMA 2.579)
     "16bit_d128": [
         Tile(128, 64, 8, 3),
         Tile(64, 64, 4, 2, tma=True),
         Tile(64, 32, 4, 3, tma=True),
     ],
-    "16bit_d256": [Tile(64, 16, 4, 2), Tile(64, 32, 8, 1)],
+    "16bit_d256": [Tile(64, 16, 4, 2), Tile(64, 32, 8, 1)],  # untimed
+    # exact fp32 at (4, 8192, 64): 5.16 ms (64x32/4w/2s 7.78)
     "32bit_d64": [Tile(64, 64, 8, 2), Tile(32, 32, 4, 2), Tile(64, 32, 4, 2)],
-    "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],
-    "32bit_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
+    "32bit_d128": [Tile(32, 32, 4, 2), Tile(64, 32, 8, 2)],  # 11.5 ms (32x16 24.2)
+    "32bit_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],  # untimed
+    # tf32x3 at (8, 4096, 64): 0.673 ms (64x64/4w/2s 0.739)
     "tf32_d64": [
         Tile(128, 64, 8, 2),
         Tile(64, 64, 4, 2),
         Tile(64, 32, 4, 2),
         Tile(128, 64, 8, 2, tma=True),
     ],
+    # tf32x3 at (4, 8192, 128): 2.362 ms with TMA (plain 2.407)
     "tf32_d128": [Tile(32, 32, 4, 2, tma=True), Tile(32, 32, 4, 2), Tile(32, 16, 4, 2, tma=True)],
-    "tf32_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],
+    "tf32_d256": [Tile(32, 16, 4, 2), Tile(32, 32, 4, 1)],  # untimed
 }
 
 # The single-pass backward (dK/dV with dQ added atomically; `deterministic=False`). Same

@@ -1,23 +1,28 @@
 """`FlashAttention2Triton`: the autograd Function that launches the kernels.
 
-In eager mode the Function calls the launch plans directly (`fa2.triton.launch`): a
+In eager mode the Function runs the launch plans directly (`run_forward`, `run_backward`): a
 `torch.library` op's dispatch alone costs more host time than the kernels take at small sizes
-(about 70 µs a call on an H100 host, measured). Under `torch.compile` it calls the custom ops
-of `fa2.triton.ops` instead, which that module defines when it is first imported, from inside
-the compiled function: defining them imports torch's compiler stack, which `import fa2` must
-not pay for. Triton itself is imported on the first call too, so `import fa2` works where
-Triton is not installed (macOS, Windows) and the PyTorch path stays usable there.
+(about 70 µs a call on an H100 host, measured). A call's plan is looked up by everything
+that fixes it (shapes, strides, dtypes, devices, options); the inputs are validated when a
+plan is built, so a call like an earlier one pays for no check. Under `torch.compile` the
+Function validates the call and calls the custom ops of `fa2.triton.ops` instead, which that
+module defines when it is first imported, from inside the compiled function: defining them
+imports torch's compiler stack, which `import fa2` must not pay for. Triton itself is imported
+on the first call too, so `import fa2` works where Triton is not installed (macOS, Windows)
+and the PyTorch path stays usable there.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from fa2.checks import MAX_HEAD_DIM, check_attention_inputs
-from fa2.triton.configs import INTERPRET, dot_precision
+from fa2.checks import MAX_HEAD_DIM, Call, check_call
+from fa2.layouts import as_bhsd
+from fa2.masks import NO_WINDOW
+from fa2.triton.configs import INTERPRET, SHORT_SEQ, dot_precision
 
 __all__ = ["FlashAttention2Triton", "interpreting", "run_backward", "run_forward"]
 
@@ -30,56 +35,127 @@ def interpreting() -> bool:
     return INTERPRET
 
 
+def _check(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    precision: str | None,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    **options,
+) -> tuple[Call, str, bool]:
+    """Validate a call of the Triton path: (the call's options, the dot precision, whether each
+    sequence has as many queries as keys)."""
+    call = check_call(
+        q, k, v, dtypes=_DTYPES, max_head_dim=MAX_HEAD_DIM, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k, **options,
+    )  # fmt: skip
+    if q.device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"FlashAttention2Triton needs CUDA tensors, got {q.device}. On the CPU use "
+            "fa2.flash_attention or FlashAttention2PyTorch (or set TRITON_INTERPRET=1 "
+            "before importing triton to run the kernels in Triton's interpreter)."
+        )
+    _check_scale(call.scale)
+    if call.layout == "thd":
+        same_lengths = cu_seqlens_q is cu_seqlens_k  # self-attention over packed sequences
+    else:
+        same_lengths = as_bhsd(q, call.layout).shape[-2] == as_bhsd(k, call.layout).shape[-2]
+    return call, dot_precision(q.dtype, precision), same_lengths
+
+
+def _check_scale(scale: float) -> None:
+    if not scale > 0:
+        raise ValueError(
+            f"the Triton kernels need a positive softmax scale, got {scale}; "
+            "use FlashAttention2PyTorch for other scales"
+        )
+
+
 def run_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    causal: bool,
-    scale: float,
-    precision: str,
-    *,
-    traced: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """o and the logsumexp L (fp32) for inputs of any leading dims."""
-    if q.numel() == 0:
-        return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
-    from fa2.triton.forward import flash_forward
+    is_causal: bool = False,
+    scale: float | None = None,
+    precision: str | None = None,
+    window_size: Sequence[int] = NO_WINDOW,
+    softcap: float = 0.0,
+    layout: str = "bhsd",
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    bottom_right: bool = False,
+):
+    """The forward kernel alone (no autograd): `(o, lse, plan)`, the plan to hand to
+    `run_backward`. Arguments as `FlashAttention2Triton`'s."""
+    if isinstance(window_size, list):  # hashable, for the plan's key
+        window_size = tuple(window_size)
+    varlen = cu_seqlens_q is not None
+    # The longest sequence, for the choice of tiles; packed sequences by their longest.
+    longest = max(max_seqlen_q or 0, max_seqlen_k or 0) if varlen else None
+    fp32 = getattr(q, "dtype", None) is torch.float32  # (not a tensor: the check says so)
+    tf32 = precision is None and fp32 and dot_precision(torch.float32) == "tf32"
+    options = (
+        is_causal, precision, tf32, window_size, softcap, layout, bottom_right,
+        varlen and cu_seqlens_q is cu_seqlens_k, varlen and longest <= SHORT_SEQ,
+    )  # fmt: skip
+    from fa2.triton.forward import forward_plan
 
-    return flash_forward(q, k, v, causal, scale, precision, traced=traced)
+    plan = forward_plan(
+        q, k, v, options, longest,
+        lambda: _check(
+            q, k, v, is_causal=is_causal, scale=scale, precision=precision,
+            window_size=window_size, softcap=softcap, layout=layout, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+            bottom_right=bottom_right,
+        ),
+    )  # fmt: skip
+    if scale is None:
+        scale = plan.call.scale
+    else:
+        _check_scale(scale)
+    if varlen:
+        cu, longest = (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k)
+        o, lse = plan(q, k, v, scale, cu, longest, False)
+    else:
+        o, lse = plan(q, k, v, scale, None, None, False)
+    return o, lse, plan
 
 
 def run_backward(
+    plan,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     o: torch.Tensor,
     lse: torch.Tensor,
     do: torch.Tensor,
-    causal: bool,
     scale: float,
-    precision: str,
     deterministic: bool = True,
-    *,
-    traced: bool = False,
+    cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None = None,
+    max_seqlens: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv for inputs of any leading dims."""
-    if q.numel() == 0 or k.numel() == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    from fa2.triton.backward import flash_backward
+    """The backward kernels alone (no autograd): dq, dk, dv of the outputs of `run_forward`
+    (`plan` is its third return value)."""
+    from fa2.triton.backward import backward_plan
 
-    return flash_backward(
-        q, k, v, o, lse, do, causal, scale, precision, deterministic=deterministic, traced=traced
-    )
+    bwd = backward_plan(plan, q, k, v, o, lse, do, deterministic)
+    return bwd(q, k, v, o, lse, do, scale, cu_seqlens, max_seqlens, False)
 
 
 class FlashAttention2Triton(torch.autograd.Function):
     """FlashAttention-2 forward and backward as Triton kernels.
 
     Call as `FlashAttention2Triton.apply(q, k, v, is_causal=False, scale=None,
-    return_lse=False, precision=None, deterministic=True)` with the options passed positionally
-    (autograd Functions take no keyword arguments); `flash_attention` is the keyword-friendly
-    front door.
-    Works under `torch.compile`, with any strides the eager path takes.
+    return_lse=False, precision=None, deterministic=True, window_size=(-1, -1), softcap=0.0,
+    layout="bhsd", cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+    max_seqlen_k=None, bottom_right=False)` with the options passed positionally (autograd
+    Functions take no keyword arguments; `FlashAttention2PyTorch` takes the same list);
+    `flash_attention`, `flash_attn_func` and `flash_attn_varlen_func` are the keyword-friendly
+    front doors. Works under `torch.compile`, with any strides the eager path takes.
 
     Args:
         q: `(..., heads, n_queries, d)`; k, v: `(..., kv_heads, n_keys, d)`, same dtype and
@@ -87,11 +163,15 @@ class FlashAttention2Triton(torch.autograd.Function):
             (grouped-query attention: query head h reads key/value head
             h // (heads // kv_heads); k and v are not copied). fp16, bf16 or fp32 CUDA
             tensors (CPU tensors only under TRITON_INTERPRET=1); any d up to 256 (tuned for
-            16, 32, 64, 128). Inputs are read in place when the feature dim is contiguous
-            and the dims before the heads merge into one stride (e.g. q, k, v transposed from
-            (batch, seq, heads, d)); others are copied.
-        is_causal: query i sees key j iff j <= i, both counted from 0 (top-left aligned). With
-            n_queries < n_keys the trailing keys are seen by nobody and get zero gradient.
+            16, 32, 64, 128). `layout` "bshd" swaps heads and sequence, `(..., seq, heads,
+            d)`; "thd" is packed sequences `(total_tokens, heads, d)`, sequence b being the
+            rows `cu_seqlens[b]:cu_seqlens[b + 1]` (int32 cumulative lengths on q's device,
+            as many for k as for q), none longer than `max_seqlen_q` (`max_seqlen_k`).
+            Inputs are read in place when the feature dim is contiguous and the dims before
+            the heads merge into one stride; others are copied.
+        is_causal: hide keys after the diagonal: query i sees key j iff j <= i, both counted
+            from 0 (top-left aligned), or with `bottom_right` iff j <= i + n_keys - n_queries
+            (flash-attn's alignment; per sequence when packed). See `fa2.masks`.
         scale: softmax scale, default 1/sqrt(d); must be positive.
         return_lse: also return the logsumexp L (not differentiable).
         precision: how fp32 inputs are multiplied, "tf32x3" (default: about fp32's accuracy
@@ -105,13 +185,19 @@ class FlashAttention2Triton(torch.autograd.Function):
             fp32 inputs (on an H100, 0.58-0.91x the two-pass backward's time at d=64, about
             equal at d=128 with "tf32x3"; docs/results/fa2_single_pass_h100_2026-11-23.md);
             16-bit inputs keep the two passes, which are faster for them.
+        window_size: `(left, right)`: query i sees only keys from `left` before to `right`
+            after its diagonal position; -1: unbounded on that side; `is_causal` makes `right`
+            0. Tiles wholly outside the window are never visited.
+        softcap: scores become `softcap * tanh(scores / softcap)` before the softmax (Gemma 2);
+            0: off.
 
     Returns:
-        o: `(..., heads, n_queries, d)` in the input dtype, or `(o, lse)` with `return_lse`,
-        lse of shape `(..., heads, n_queries)` in fp32. For backward, q, k, v, o and lse are
-        saved; nothing of size n_q × n_k is. The backward is deterministic and is itself not
-        differentiable: a double backward (e.g. `create_graph=True` then differentiating the
-        gradients) raises instead of giving wrong second derivatives.
+        o in q's layout and dtype (contiguous), or `(o, lse)` with `return_lse`, lse of shape
+        `(..., heads, n_queries)` (packed: `(heads, total_tokens)`) in fp32; +inf (and o = 0)
+        for a query that sees no key. For backward, q, k, v, o and lse are saved; nothing of
+        size n_q × n_k is. The backward is itself not differentiable: a double backward
+        (e.g. `create_graph=True` then differentiating the gradients) raises instead of giving
+        wrong second derivatives.
     """
 
     @staticmethod
@@ -125,29 +211,36 @@ class FlashAttention2Triton(torch.autograd.Function):
         return_lse: bool = False,
         precision: str | None = None,
         deterministic: bool = True,
+        window_size: Sequence[int] = NO_WINDOW,
+        softcap: float = 0.0,
+        layout: str = "bhsd",
+        cu_seqlens_q: torch.Tensor | None = None,
+        cu_seqlens_k: torch.Tensor | None = None,
+        max_seqlen_q: int | None = None,
+        max_seqlen_k: int | None = None,
+        bottom_right: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        check_attention_inputs(q, k, v, dtypes=_DTYPES, max_head_dim=MAX_HEAD_DIM)
-        if q.device.type != "cuda" and not interpreting():
-            raise ValueError(
-                f"FlashAttention2Triton needs CUDA tensors, got {q.device}. On the CPU use "
-                "fa2.flash_attention or FlashAttention2PyTorch (or set TRITON_INTERPRET=1 "
-                "before importing triton to run the kernels in Triton's interpreter)."
-            )
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        if not scale > 0:
-            raise ValueError(
-                f"the Triton kernels need a positive softmax scale, got {scale}; "
-                "use FlashAttention2PyTorch for other scales"
-            )
-        precision = dot_precision(q.dtype, precision)
         if torch.compiler.is_compiling():
-            from fa2.triton.ops import forward_op
+            call, precision, same_lengths = _check(
+                q, k, v, is_causal=is_causal, scale=scale, precision=precision,
+                window_size=window_size, softcap=softcap, layout=layout,
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, bottom_right=bottom_right,
+            )  # fmt: skip
+            from fa2.triton.ops import forward_op, op_options
 
-            o, lse = forward_op(q, k, v, bool(is_causal), scale, precision)
+            ctx.op_options = op_options(call, precision, same_lengths, max_seqlen_q, max_seqlen_k)
+            o, lse = forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, *ctx.op_options)
+            ctx.plan = None
         else:
-            o, lse = run_forward(q, k, v, bool(is_causal), scale, precision)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.scale, ctx.precision = bool(is_causal), scale, precision
+            o, lse, ctx.plan = run_forward(
+                q, k, v, is_causal, scale, precision, window_size, softcap, layout,
+                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bottom_right,
+            )  # fmt: skip
+            call = ctx.plan.call
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.scale = call.scale if scale is None else float(scale)
+        ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
         ctx.deterministic = bool(deterministic)
         if return_lse:
             ctx.mark_non_differentiable(lse)
@@ -157,12 +250,16 @@ class FlashAttention2Triton(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, do: torch.Tensor, *_):
-        q, k, v, o, lse = ctx.saved_tensors
-        args = (q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.precision, ctx.deterministic)
-        if torch.compiler.is_compiling():
+        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        if ctx.plan is None:  # traced by torch.compile
             from fa2.triton.ops import backward_op
 
-            dq, dk, dv = backward_op(*args)
+            dq, dk, dv = backward_op(
+                q, k, v, o, lse, do, cu_q, cu_k, *ctx.op_options, ctx.deterministic
+            )
         else:
-            dq, dk, dv = run_backward(*args)
-        return dq, dk, dv, None, None, None, None, None
+            cu = None if cu_q is None else (cu_q, cu_k)
+            dq, dk, dv = run_backward(
+                ctx.plan, q, k, v, o, lse, do, ctx.scale, ctx.deterministic, cu, ctx.max_seqlens
+            )
+        return dq, dk, dv, *(None,) * 13

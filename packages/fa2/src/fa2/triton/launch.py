@@ -30,6 +30,7 @@ import torch
 import triton
 from triton import knobs
 
+from fa2.layouts import as_bhsd
 from fa2.triton.configs import INTERPRET, known_true
 
 __all__ = [
@@ -38,8 +39,10 @@ __all__ = [
     "aligned_when_run",
     "contiguous_where",
     "dense_strides",
+    "explain_interpreter_error",
     "head_strides",
     "needs_int64",
+    "output_strides",
     "plan_cache",
     "read_layouts",
     "tma_capable",
@@ -190,41 +193,59 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 
 
 def contiguous_where(
-    tensors: tuple[torch.Tensor, ...], copies: tuple[bool, ...] | None
+    tensors: tuple[torch.Tensor, ...], copies: tuple[bool, ...] | None, layout: str
 ) -> tuple[torch.Tensor, ...]:
-    """`tensors` as the kernels read them: a contiguous copy where `copies` says the layout
-    needs one (see `read_layouts`); None means none does."""
+    """`tensors` (in the caller's `layout`) as the kernels read them: where `copies` says the
+    layout needs one (see `read_layouts`), a contiguous copy of the `(..., heads, n, d)` view;
+    None means none does. Only the data pointers matter to the kernels: their strides come
+    from the plan."""
     if copies is None:
         return tensors
-    return tuple(t.contiguous() if c else t for t, c in zip(tensors, copies, strict=True))
+    return tuple(
+        as_bhsd(t, layout).contiguous() if c else t for t, c in zip(tensors, copies, strict=True)
+    )
+
+
+def output_strides(shape: torch.Size, layout: str) -> tuple[int, int, int]:
+    """`head_strides` of the `(..., heads, n, d)` view of a contiguous tensor of `shape` in
+    `layout`: how the kernels write an output allocated contiguous in the caller's layout."""
+    strides = head_strides(as_bhsd(torch.empty(shape, device="meta"), layout))
+    assert strides is not None  # a contiguous tensor's view always merges
+    return strides
 
 
 class CachedLaunch:
     """One kernel of a plan: fixed grid, tile and integer arguments; tensors change per call.
 
     Call as `launch(tensors, scalars)`, the kernel's runtime arguments in signature order split
-    into its leading tensor arguments and the rest. The kernel's constexpr parameters must come
-    after all of its runtime parameters.
+    into its leading tensor arguments and the rest, or `launch(tensors, scalars, grid)` where
+    the grid changes from call to call (packed sequences: it covers the longest one). The
+    kernel's constexpr parameters must come after all of its runtime parameters.
     """
 
     def __init__(
         self,
         kernel: Any,
-        grid: tuple[int, ...],
+        grid: tuple[int, ...] | None,
         constexprs: dict[str, Any],
         *,
         num_warps: int,
         num_stages: int,
         scratch: bool = False,
         unaligned: CachedLaunch | None = None,
+        checked: tuple[int, ...] | None = None,
     ) -> None:
         """`scratch`: the kernel builds TMA descriptors, in global memory that Triton's launcher
         asks an allocator for. `unaligned`: the launch to use instead when a tensor is not
-        16-byte aligned (a kernel reading through TMA descriptors needs that)."""
+        16-byte aligned (a kernel reading through TMA descriptors needs that). `checked`: the
+        positions of the tensors whose alignment must be checked on each call, those the
+        caller passed in (a plan's own allocations come from torch's allocator, aligned to at
+        least 16 bytes); None: all of them."""
         self.kernel = kernel
         self.scratch = scratch
         self.unaligned = unaligned
-        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.checked = checked
+        self.grid = None if grid is None else _grid3(grid)
         self.options = dict(constexprs, num_warps=num_warps, num_stages=num_stages)
         params = getattr(kernel, "params", None)
         self._tail: tuple | None = None
@@ -235,35 +256,47 @@ class CachedLaunch:
                 self._tail = tuple(constexprs[p.name] for p in params[n_runtime:])
         self._binary: tuple | None = None
 
-    def __call__(self, tensors: tuple[torch.Tensor, ...], scalars: tuple) -> None:
+    def __call__(
+        self, tensors: tuple[torch.Tensor, ...], scalars: tuple, grid: tuple | None = None
+    ) -> None:
+        grid = self.grid if grid is None else _grid3(grid)
         aligned = True
-        for t in tensors:
+        for t in tensors if self.checked is None else (tensors[i] for i in self.checked):
             if t.data_ptr() % 16:
                 aligned = False
                 break
         if not aligned and self.unaligned is not None:
-            self.unaligned(tensors, scalars)
+            self.unaligned(tensors, scalars, grid)
             return
         self._set_allocator()
         binary = self._binary
         if binary is not None and aligned and not _hooked():
             run, function, metadata, device = binary
             run(
-                *self.grid, _stream(device), function, metadata, None, None, None,
+                *grid, _stream(device), function, metadata, None, None, None,
                 *tensors, *scalars, *self._tail,
             )  # fmt: skip
             return
-        compiled = self.kernel[self.grid](*tensors, *scalars, **self.options)
+        try:
+            compiled = self.kernel[grid](*tensors, *scalars, **self.options)
+        except Exception as exc:
+            if INTERPRET:
+                explain_interpreter_error(exc)
+            raise
         if binary is None and self._tail is not None:
             self._keep(compiled, tensors)
 
-    def traceable(self, tensors: tuple[torch.Tensor, ...], scalars: tuple) -> None:
+    def traceable(
+        self, tensors: tuple[torch.Tensor, ...], scalars: tuple, grid: tuple | None = None
+    ) -> None:
         """The same launch in the form torch.compile traces into (inside a `triton_op`): the
         compiled graph then launches the kernel with its own generated launcher."""
         from torch.library import wrap_triton
 
         self._set_allocator()  # for where the op runs outside a compiled graph
-        wrap_triton(self.kernel)[self.grid](*tensors, *scalars, **self.options)
+        wrap_triton(self.kernel)[self.grid if grid is None else _grid3(grid)](
+            *tensors, *scalars, **self.options
+        )
 
     def _set_allocator(self) -> None:
         """Point Triton at the scratch buffers if the kernel builds TMA descriptors. Per call:
@@ -286,16 +319,37 @@ class CachedLaunch:
             self._binary = None
 
 
+def _grid3(grid: tuple) -> tuple:
+    """A grid of up to three dims as three."""
+    return tuple(grid) + (1,) * (3 - len(grid))
+
+
+def explain_interpreter_error(exc: BaseException) -> None:
+    """Raise a RuntimeError that says what to install when `exc` is the failure of Triton 3.6's
+    CPU interpreter on numpy >= 2.4 (a cryptic InterpreterError about 0-dimensional arrays);
+    return otherwise, for the caller to re-raise `exc`."""
+    import numpy
+
+    if "0-dimensional arrays can be converted" not in str(exc):
+        return
+    raise RuntimeError(
+        f"Triton {triton.__version__}'s CPU interpreter (TRITON_INTERPRET=1) does not run with "
+        f"numpy {numpy.__version__}: numpy 2.4 stopped converting 1-element arrays to Python "
+        "scalars, which this interpreter relies on. Install numpy<2.4 (pip install 'numpy<2.4') "
+        "or a Triton whose interpreter supports it (3.9 does)."
+    ) from exc
+
+
 def _hooked() -> bool:
-    """A profiler (e.g. Triton's proton) set a launch hook: it needs Triton's launch path."""
-    hooks = knobs.runtime
-    return _active(hooks.launch_enter_hook) or _active(hooks.launch_exit_hook)
-
-
-def _active(hook: Any) -> bool:
-    """Whether a launch hook does anything. Older Tritons leave an unset hook None; newer ones
-    (3.6) always hold a chain of hooks, empty until a profiler adds one."""
-    return hook is not None and bool(getattr(hook, "calls", True))
+    """A profiler (e.g. Triton's proton) set a launch hook: it needs Triton's launch path.
+    Older Tritons leave an unset hook None; newer ones (3.6) always hold a chain of hooks,
+    empty (no `calls`) until a profiler adds one."""
+    runtime = knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool(
+        (enter is not None and getattr(enter, "calls", True))
+        or (leave is not None and getattr(leave, "calls", True))
+    )
 
 
 def _stream(device: int) -> int:

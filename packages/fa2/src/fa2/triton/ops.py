@@ -6,67 +6,136 @@ kernels themselves and launches them from its own generated code. Where it canno
 (Triton's CPU interpreter: `wrap_triton` does not take interpreted kernels; no Triton at all)
 they are opaque `custom_op`s with a shape function instead. Defining either kind imports
 torch's compiler stack, which is why this module is imported only by a Function running under
-torch.compile, never by `import fa2`.
+torch.compile, never by `import fa2`. It builds its launch plans from `fa2.triton.forward` and
+`fa2.triton.backward`; the Function validates the call before it gets here.
+
+The ops take a call's options as flat arguments (custom ops take tensors and scalars only):
+`op_options` turns a validated call into them (`OpOptions`, whose fields the ops' schemas
+list), in the order both ops take them.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from typing import NamedTuple, get_type_hints
 
 import torch
 
+from fa2.checks import Call
+from fa2.layouts import as_bhsd
+from fa2.masks import Band
 from fa2.triton.configs import INTERPRET
 
-__all__ = ["TRACEABLE", "backward_op", "forward_op"]
+__all__ = ["SCHEMA", "TRACEABLE", "OpOptions", "backward_op", "forward_op", "op_options"]
 
 TRACEABLE = not INTERPRET and importlib.util.find_spec("triton") is not None
 
 
-def _forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, precision: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from fa2.triton.function import run_forward
+class OpOptions(NamedTuple):
+    """A validated call's options, the scalars both ops take after their tensors (custom ops
+    take tensors and scalars only). `SCHEMA` spells the same list in the ops' schema."""
 
-    return run_forward(q, k, v, causal, scale, precision, traced=TRACEABLE)
+    scale: float
+    precision: str
+    left: int
+    right: int
+    bottom_right: bool
+    softcap: float
+    layout: str
+    max_seqlen_q: int
+    max_seqlen_k: int
+    same_lengths: bool
 
 
-def _forward_fake(q, k, v, causal, scale, precision):
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    return o, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+# float, str, int and bool are spelled alike in Python and in op schemas; the longest sequence
+# may be symbolic while torch.compile traces with dynamic shapes.
+_SYMBOLIC = {"max_seqlen_q", "max_seqlen_k"}
+SCHEMA = ", ".join(
+    f"{'SymInt' if name in _SYMBOLIC else kind.__name__} {name}"
+    for name, kind in get_type_hints(OpOptions).items()
+)
 
 
-def _backward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o: torch.Tensor,
-    lse: torch.Tensor,
-    do: torch.Tensor,
-    causal: bool,
-    scale: float,
+def op_options(
+    call: Call,
     precision: str,
-    deterministic: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from fa2.triton.function import run_backward
+    same_lengths: bool,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+) -> OpOptions:
+    """A validated call's options as the ops take them, after the tensors."""
+    band = call.band
+    return OpOptions(
+        call.scale, precision, band.left, band.right, band.bottom_right, call.softcap,
+        call.layout, max_seqlen_q or 0, max_seqlen_k or 0, same_lengths,
+    )  # fmt: skip
 
-    return run_backward(
-        q, k, v, o, lse, do, causal, scale, precision, deterministic, traced=TRACEABLE
-    )
+
+def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: OpOptions):
+    """The forward plan of an op's arguments, built afresh (shapes may be symbolic when traced,
+    and tracing happens once); with (cu_seqlens, max_seqlens) for packed sequences."""
+    from fa2.triton.forward import ForwardPlan
+
+    o = options
+    call = Call(Band(o.left, o.right, o.bottom_right), o.softcap, o.scale, o.layout)
+    seq_len = max(o.max_seqlen_q, o.max_seqlen_k) if o.layout == "thd" else None
+    return ForwardPlan(q, k, v, call, o.precision, o.same_lengths, TRACEABLE, seq_len)
 
 
-def _backward_fake(q, k, v, o, lse, do, causal, scale, precision, deterministic):
+def _packed(options: OpOptions, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None):
+    """(cu_seqlens, max_seqlens) of packed sequences, else (None, None)."""
+    if options.layout != "thd":
+        return None, None
+    return (cu_q, cu_k), (options.max_seqlen_q, options.max_seqlen_k)
+
+
+def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
+    options = OpOptions(*options)
+    cu, longest = _packed(options, cu_seqlens_q, cu_seqlens_k)
+    return _plan(q, k, v, options)(q, k, v, options.scale, cu, longest, TRACEABLE)
+
+
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse_shape = as_bhsd(q, OpOptions(*options).layout).shape[:-1]
+    return o, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+
+
+def _backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *options_and_determinism):
+    from fa2.triton.backward import BackwardPlan
+
+    *options, deterministic = options_and_determinism
+    options = OpOptions(*options)
+    plan = BackwardPlan(_plan(q, k, v, options), q, k, v, o, lse, do, deterministic, TRACEABLE)
+    cu, longest = _packed(options, cu_seqlens_q, cu_seqlens_k)
+    return plan(q, k, v, o, lse, do, options.scale, cu, longest, TRACEABLE)
+
+
+def _backward_fake(q, k, v, o, lse, do, *options):
     return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 
-def _define_op(name: str, fn, fake):
+def _define_op(name: str, schema: str, fn, fake):
     """A `triton_op` where torch.compile can trace into it (`TRACEABLE`), else an opaque
     `custom_op` with a shape function."""
     if TRACEABLE:
-        return torch.library.triton_op(name, fn, mutates_args=())
-    op = torch.library.custom_op(name, fn, mutates_args=())
+        return torch.library.triton_op(name, fn, mutates_args=(), schema=schema)
+    op = torch.library.custom_op(name, fn, mutates_args=(), schema=schema)
     op.register_fake(fake)
     return op
 
 
-forward_op = _define_op("fa2::triton_forward", _forward, _forward_fake)
-backward_op = _define_op("fa2::triton_backward", _backward, _backward_fake)
+_PACKED = "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k"
+forward_op = _define_op(
+    "fa2::triton_forward",
+    f"(Tensor q, Tensor k, Tensor v, {_PACKED}, {SCHEMA}) -> (Tensor, Tensor)",
+    _forward,
+    _forward_fake,
+)
+backward_op = _define_op(
+    "fa2::triton_backward",
+    f"(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, {_PACKED}, {SCHEMA}, "
+    "bool deterministic) -> (Tensor, Tensor, Tensor)",
+    _backward,
+    _backward_fake,
+)

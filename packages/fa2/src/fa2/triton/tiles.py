@@ -1,19 +1,32 @@
-"""Tile helpers shared by the forward and backward kernels: masked loads, stores and the mask."""
+"""Helpers shared by the forward and backward kernels: masked loads and stores, the mask, the
+tile ranges a band of visible keys allows, packed sequences, and the softcap."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from fa2.triton import configs
+
 __all__ = [
+    "LOG2E",
     "add_tile",
+    "at_row",
+    "band",
+    "key_range",
     "load_row_pair",
     "load_tile",
+    "query_range",
     "row_offsets",
     "row_source",
+    "sequence",
+    "softcapped",
     "store_tile",
     "visible",
 ]
+
+# log2(e), for the kernels (which read only constexpr globals): exp(x) = exp2(x * LOG2E).
+LOG2E = tl.constexpr(configs.LOG2E)
 
 
 @triton.jit
@@ -151,8 +164,19 @@ def add_tile(
 
 
 @triton.jit
-def visible(rows, cols, n_rows, n_cols, CHECK_ROWS: tl.constexpr, IS_CAUSAL: tl.constexpr):
-    """(len(rows), len(cols)) mask: query row i may see key col j (in range; j <= i if causal).
+def visible(
+    rows,
+    cols,
+    n_rows,
+    n_cols,
+    lo,
+    hi,
+    CHECK_ROWS: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
+):
+    """(len(rows), len(cols)) mask: query row i may see key col j: j in range and, where the
+    sides are bounded (see `fa2.masks`), i + lo <= j (LOCAL) and j <= i + hi (IS_CAUSAL).
 
     Rows past n_rows are only excluded with CHECK_ROWS, where their values would otherwise leak
     into a reduction over rows."""
@@ -160,5 +184,135 @@ def visible(rows, cols, n_rows, n_cols, CHECK_ROWS: tl.constexpr, IS_CAUSAL: tl.
     if CHECK_ROWS:
         keep = keep & (rows[:, None] < n_rows)
     if IS_CAUSAL:
-        keep = keep & (cols[None, :] <= rows[:, None])
+        keep = keep & (cols[None, :] <= rows[:, None] + hi)
+    if LOCAL:
+        keep = keep & (cols[None, :] >= rows[:, None] + lo)
     return keep
+
+
+@triton.jit
+def _floor_to(x, BLOCK: tl.constexpr):
+    """x rounded down to a multiple of BLOCK, for x >= 0."""
+    return (x // BLOCK) * BLOCK
+
+
+@triton.jit
+def key_range(
+    pid_m,
+    n_k,
+    lo,
+    hi,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    """The key tiles the query rows [m0, m0 + BLOCK_M) (m0 = pid_m * BLOCK_M) visit, as (start,
+    full_start, full_end, end): masked tiles [start, full_start), tiles every row sees whole
+    [full_start, full_end) (no mask), masked tiles [full_end, end). Row i sees keys i + lo ...
+    i + hi (`visible`). ALIGNED: the upper side is the top-left diagonal itself (hi = 0),
+    which starts on a tile boundary (BLOCK_M % BLOCK_N == 0), so no rounding is needed there:
+    the bounds the plain causal kernel always had, written as it wrote them (the same code)."""
+    m0 = pid_m * BLOCK_M
+    full_end = (n_k // BLOCK_N) * BLOCK_N
+    end = n_k
+    if IS_CAUSAL:
+        if ALIGNED:
+            full_end = tl.minimum(full_end, m0)
+            end = tl.minimum(end, (pid_m + 1) * BLOCK_M)
+        else:  # the first row's last key is m0 + hi, the last row's m0 + BLOCK_M - 1 + hi
+            full_end = tl.minimum(full_end, _floor_to(tl.maximum(m0 + hi + 1, 0), BLOCK_N))
+            end = tl.minimum(end, m0 + BLOCK_M + hi)
+    start = 0
+    full_start = 0
+    if LOCAL:  # the first row's first key is m0 + lo, the last row's m0 + BLOCK_M - 1 + lo
+        start = _floor_to(tl.maximum(m0 + lo, 0), BLOCK_N)
+        whole = _floor_to(tl.maximum(m0 + BLOCK_M - 1 + lo, 0) + BLOCK_N - 1, BLOCK_N)
+        full_start = tl.maximum(start, tl.minimum(whole, end))
+        full_end = tl.maximum(full_end, full_start)
+    return start, full_start, full_end, end
+
+
+@triton.jit
+def query_range(
+    n0,
+    n_q,
+    lo,
+    hi,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    """The query tiles that see the keys [n0, n0 + BLOCK_N), as (start, masked_end, full_start,
+    full_end, end): masked tiles [start, masked_end) that see part of it (the diagonal), tiles
+    that see every key of it [full_start, full_end) (no mask), masked tiles [max(full_start,
+    full_end), end) (a window's far edge, a ragged last tile). Key j is seen by rows j - hi
+    ... j - lo. ALIGNED: as in `key_range` (here BLOCK_N % BLOCK_M == 0); the diagonal's
+    tiles are then [n0, n0 + BLOCK_N), the bounds the plain causal kernel always had."""
+    start = 0
+    masked_end = 0
+    full_start = 0
+    full_end = (n_q // BLOCK_M) * BLOCK_M
+    end = n_q
+    if IS_CAUSAL:
+        if ALIGNED:
+            start = n0
+            masked_end = tl.minimum(n0 + BLOCK_N, n_q)
+            full_start = n0 + BLOCK_N
+        else:  # key n0 is first seen by row n0 - hi, all the tile's keys from n0 + BLOCK_N - 1 - hi
+            start = _floor_to(tl.maximum(n0 - hi, 0), BLOCK_M)
+            whole = _floor_to(tl.maximum(n0 + BLOCK_N - 1 - hi, 0) + BLOCK_M - 1, BLOCK_M)
+            full_start = tl.maximum(start, tl.minimum(whole, n_q))
+            masked_end = full_start
+    if LOCAL:  # key n0 is last seen by row n0 - lo, the tile's last key by n0 + BLOCK_N - 1 - lo
+        end = tl.minimum(n_q, n0 + BLOCK_N - lo)
+        full_end = tl.minimum(full_end, _floor_to(tl.maximum(n0 - lo + 1, 0), BLOCK_M))
+    return start, masked_end, full_start, full_end, end
+
+
+@triton.jit
+def at_row(base, row, stride, VARLEN: tl.constexpr):
+    """`base` moved to row `row` (the first of a packed sequence) with VARLEN; else `base`."""
+    if VARLEN:
+        return base + row * stride
+    else:
+        return base
+
+
+@triton.jit
+def sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN: tl.constexpr):
+    """(first query row, first key row, n_q, n_k) of sequence b: with VARLEN a packed sequence,
+    read from the cumulative lengths (the first rows in int64, as offsets into tensors of many
+    tokens); otherwise the whole batch entry b, from row 0."""
+    if VARLEN:
+        q_start = tl.load(CU_Q + b)
+        k_start = tl.load(CU_K + b)
+        n_q = tl.load(CU_Q + b + 1) - q_start
+        n_k = tl.load(CU_K + b + 1) - k_start
+        return q_start.to(tl.int64), k_start.to(tl.int64), n_q, n_k
+    else:
+        return 0, 0, N_Q, N_K
+
+
+@triton.jit
+def band(n_q, n_k, WIN_LEFT: tl.constexpr, WIN_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr):
+    """(lo, hi): query i sees key j iff i + lo <= j <= i + hi, where those sides are bounded
+    (`fa2.masks`); the diagonal is aligned top-left, or with BOTTOM_RIGHT to the last query and
+    key. Top-left, both are compile-time constants."""
+    if BOTTOM_RIGHT:
+        diag = n_k - n_q
+    else:
+        diag = 0
+    return diag - WIN_LEFT, diag + WIN_RIGHT
+
+
+@triton.jit
+def softcapped(s, cap_scale):
+    """tanh(s * cap_scale), written with exp2 (which every Triton backend and the interpreter
+    have): the capped score is then softcap * tanh(raw * scale / softcap), in units the
+    caller scales by softcap. Saturates to +-1 without overflow for large |s|."""
+    e = tl.math.exp2(s * (cap_scale * (2 * LOG2E)))
+    return 1.0 - 2.0 / (e + 1.0)
