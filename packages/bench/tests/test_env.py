@@ -10,7 +10,7 @@ import torch
 
 import bench
 import bench.core.env
-from bench.core.env import collect_env, command_line
+from bench.core.env import code_version, collect_env, command_line
 from bench.core.hardware import matmul_format, peak_tflops
 from bench.core.memory import memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.results import code_line
@@ -115,3 +115,12 @@ def test_code_version_outside_a_git_checkout_is_none(monkeypatch, tmp_path):
 )
 def test_code_line_names_revision_dirtiness_and_versions(env, expected):
     assert code_line(env) == expected
+
+
+def test_a_named_revision_wins_over_the_checkouts_git_metadata(monkeypatch):
+    monkeypatch.setenv("BENCH_GIT_REVISION", "abcdef0123456789")
+    version = code_version()
+    assert version["git_revision"] == "abcdef0123456789"
+    assert version["git_dirty"] is None
+    assert "BENCH_GIT_REVISION" in version["git_revision_source"]
+    assert code_line(version).startswith("Code: `abcdef012345` (named by BENCH_GIT_REVISION")

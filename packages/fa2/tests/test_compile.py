@@ -1,6 +1,7 @@
 """The Triton path inside torch.compile: any strides the eager path takes, fake-tensor planning,
 and `import fa2` without torch's compiler stack. On a GPU: a Transformer under torch.compile."""
 
+import importlib.util
 import math
 import os
 import subprocess
@@ -139,6 +140,24 @@ def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
         assert not ForwardPlan(q, k, v, call, "tf32x3", True, traced=True).tma_loads
     # strides of q as the kernels index it: (batch, head, row)
     assert [int(s) for s in forward.ints[:3]] == [256 * 12 * 64, 64, 12 * 64]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_the_traceable_ops_define_on_a_host_with_triton():
+    # On a GPU host (no interpreter) the ops are `triton_op`s, whose schema torch infers from
+    # their functions' signatures: defining them must work, with the tensors and options typed.
+    code = (
+        "import fa2.triton.ops as ops\n"
+        "assert ops.TRACEABLE\n"
+        "print(ops.forward_op._opoverload._schema)\n"
+        "print(ops.backward_op._opoverload._schema)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    forward, backward = run.stdout.splitlines()
+    assert "Tensor? cu_seqlens_q" in forward and "bool same_lengths) -> (Tensor, Tensor)" in forward
+    assert "bool deterministic) -> (Tensor, Tensor, Tensor)" in backward
 
 
 def test_import_does_not_load_the_compiler_stack():

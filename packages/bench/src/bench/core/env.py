@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import importlib.metadata
+import os
 import platform
 import shlex
 import subprocess
@@ -104,20 +105,39 @@ def _package_version(distribution: str, module: str) -> str | None:
         return None
 
 
+# Names the commit whose tree the sources are, where their git metadata cannot: a copy of a
+# commit's files run on another machine whose checkout still points at an older commit.
+REVISION_VARIABLE = "BENCH_GIT_REVISION"
+
+
 def code_version() -> dict[str, Any]:
     """Which code a measurement runs: the git revision of the checkout the bench sources live in,
     whether its tracked files differ from that revision, and the cs336sys package versions.
 
+    When `BENCH_GIT_REVISION` is set, it names the revision instead (the sources are a copy of
+    that commit's tree, e.g. sent to another machine), `git_dirty` is unknown (None) and
+    `git_revision_source` says where the revision came from.
+
     Returns:
-        `{"git_revision": sha or None, "git_dirty": bool or None, "packages": {name: version}}`;
-        None for both git keys when the sources are not in a git checkout (an installed wheel).
+        `{"git_revision": sha or None, "git_dirty": bool or None, "packages": {name: version}}`
+        (plus `git_revision_source` when named by the variable); None for both git keys when the
+        sources are not in a git checkout (an installed wheel).
     """
+    packages = {d: _package_version(d, m) for d, m in PACKAGES.items()}
+    named = os.environ.get(REVISION_VARIABLE)
+    if named:
+        return {
+            "git_revision": named,
+            "git_dirty": None,
+            "git_revision_source": f"named by {REVISION_VARIABLE}: the tree of that commit",
+            "packages": packages,
+        }
     revision = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if revision else None
     return {
         "git_revision": revision,
         "git_dirty": None if status is None else bool(status),
-        "packages": {d: _package_version(d, m) for d, m in PACKAGES.items()},
+        "packages": packages,
     }
 
 

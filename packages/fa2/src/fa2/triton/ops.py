@@ -10,14 +10,17 @@ torch.compile, never by `import fa2`. It builds its launch plans from `fa2.trito
 `fa2.triton.backward`; the Function validates the call before it gets here.
 
 The ops take a call's options as flat arguments (custom ops take tensors and scalars only):
-`op_options` turns a validated call into them (`OpOptions`, whose fields the ops' schemas
-list), in the order both ops take them.
+`op_options` turns a validated call into them (`OpOptions`), in the order both ops take them.
+Each op's schema is inferred from its function's signature, which `_typed` spells from the
+tensors' names and `OpOptions`' fields: one list, read by both kinds of op.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from typing import NamedTuple, get_type_hints
+import inspect
+from collections.abc import Callable
+from typing import NamedTuple, Optional, get_type_hints
 
 import torch
 
@@ -26,14 +29,15 @@ from fa2.layouts import as_bhsd
 from fa2.masks import Band
 from fa2.triton.configs import INTERPRET
 
-__all__ = ["SCHEMA", "TRACEABLE", "OpOptions", "backward_op", "forward_op", "op_options"]
+__all__ = ["TRACEABLE", "OpOptions", "backward_op", "forward_op", "op_options"]
 
 TRACEABLE = not INTERPRET and importlib.util.find_spec("triton") is not None
 
 
 class OpOptions(NamedTuple):
     """A validated call's options, the scalars both ops take after their tensors (custom ops
-    take tensors and scalars only). `SCHEMA` spells the same list in the ops' schema."""
+    take tensors and scalars only); ints are SymInts in the schema (the longest sequence may be
+    symbolic while torch.compile traces with dynamic shapes)."""
 
     scale: float
     precision: str
@@ -45,15 +49,6 @@ class OpOptions(NamedTuple):
     max_seqlen_q: int
     max_seqlen_k: int
     same_lengths: bool
-
-
-# float, str, int and bool are spelled alike in Python and in op schemas; the longest sequence
-# may be symbolic while torch.compile traces with dynamic shapes.
-_SYMBOLIC = {"max_seqlen_q", "max_seqlen_k"}
-SCHEMA = ", ".join(
-    f"{'SymInt' if name in _SYMBOLIC else kind.__name__} {name}"
-    for name, kind in get_type_hints(OpOptions).items()
-)
 
 
 def op_options(
@@ -115,27 +110,45 @@ def _backward_fake(q, k, v, o, lse, do, *options):
     return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 
-def _define_op(name: str, schema: str, fn, fake):
+def _typed(fn: Callable, tensors: str, outputs: int, *, last: tuple[str, ...] = ()) -> Callable:
+    """`fn` (which takes its options as `*options`) given the signature its schema spells:
+    `tensors` (names; a `?` marks an optional tensor), `OpOptions`' fields, then the bool flags
+    `last`. The ops' schemas are inferred from it (torch 2.11's `triton_op` infers its schema
+    from the annotations whatever `schema=` says)."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [
+        inspect.Parameter(
+            name.rstrip("?"),
+            kind,
+            annotation=Optional[torch.Tensor] if "?" in name else torch.Tensor,  # noqa: UP045 (torch's schema inference reads typing.Optional)
+        )
+        for name in tensors.split()
+    ]
+    params += [
+        inspect.Parameter(n, kind, annotation=t) for n, t in get_type_hints(OpOptions).items()
+    ]
+    params += [inspect.Parameter(n, kind, annotation=bool) for n in last]
+    fn.__signature__ = inspect.Signature(params, return_annotation=tuple[(torch.Tensor,) * outputs])
+    return fn
+
+
+def _define_op(name: str, fn, fake):
     """A `triton_op` where torch.compile can trace into it (`TRACEABLE`), else an opaque
-    `custom_op` with a shape function."""
+    `custom_op` with a shape function; both infer the schema from `fn`'s signature."""
     if TRACEABLE:
-        return torch.library.triton_op(name, fn, mutates_args=(), schema=schema)
-    op = torch.library.custom_op(name, fn, mutates_args=(), schema=schema)
+        return torch.library.triton_op(name, fn, mutates_args=())
+    op = torch.library.custom_op(name, fn, mutates_args=())
     op.register_fake(fake)
     return op
 
 
-_PACKED = "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k"
 forward_op = _define_op(
     "fa2::triton_forward",
-    f"(Tensor q, Tensor k, Tensor v, {_PACKED}, {SCHEMA}) -> (Tensor, Tensor)",
-    _forward,
+    _typed(_forward, "q k v cu_seqlens_q? cu_seqlens_k?", 2),
     _forward_fake,
 )
 backward_op = _define_op(
     "fa2::triton_backward",
-    f"(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, {_PACKED}, {SCHEMA}, "
-    "bool deterministic) -> (Tensor, Tensor, Tensor)",
-    _backward,
+    _typed(_backward, "q k v o lse do cu_seqlens_q? cu_seqlens_k?", 3, last=("deterministic",)),
     _backward_fake,
 )
