@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import os
+import signal
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["rank0_fails_and_lingers", "sleeps"]
+__all__ = ["rank0_fails_and_lingers", "sleeps", "writes_its_pid_and_sleeps"]
 
 
 def rank0_fails_and_lingers(rank: int, world_size: int) -> None:
@@ -25,3 +28,11 @@ def rank0_fails_and_lingers(rank: int, world_size: int) -> None:
 def sleeps(rank: int, world_size: int) -> None:
     """Outlasts any short timeout."""
     time.sleep(30)
+
+
+def writes_its_pid_and_sleeps(rank: int, world_size: int, folder: str) -> None:
+    """Leaves `rank<r>.pid` in `folder`, then outlasts any test, deaf to SIGINT (as a rank
+    blocked in C++, a collective or a kernel, is until it returns: maybe never)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    (Path(folder) / f"rank{rank}.pid").write_text(str(os.getpid()))
+    time.sleep(300)

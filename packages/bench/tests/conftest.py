@@ -236,12 +236,32 @@ def losses_of() -> Callable[[Path], dict[int, float]]:
 
 @dataclass(frozen=True)
 class Reference:
-    """A one-process run of `RUN_4` (`run`, its `losses`) and a copy of the same run stopped
-    after step 2 (`halfway`), to resume under other modes."""
+    """A one-process run of `RUN_4` (`args`: `run`, its `losses`) and a copy of the same run
+    stopped after step 2 (`halfway`), to resume under other modes."""
 
     run: Path
     losses: dict[int, float]
     halfway: Path
+    args: tuple[str, ...] = RUN_4
+
+
+def _train_in_one_thread(*argvs: list[str]) -> None:
+    """bench-train each command line to its end on one thread, as the tests run (session
+    fixtures run outside the per-test `one_thread`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for argv in argvs:
+            assert bench_train(argv) == 0
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def train_in_one_thread() -> Callable[..., None]:
+    """`train_in_one_thread(*argvs)`: bench-train each command line, on one thread (for the
+    runs that module and session fixtures share)."""
+    return _train_in_one_thread
 
 
 @pytest.fixture(scope="session")
@@ -250,14 +270,24 @@ def one_process(
 ) -> Reference:
     """What every multi-rank run must reproduce: 4 steps in one process, and its halfway point."""
     root = tmp_path_factory.mktemp("one-process")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert bench_train(train_argv(root / "run", *RUN_4)) == 0
-        assert bench_train(train_argv(root / "halfway", *RUN_4, "--stop-after", "2")) == 0
-    finally:
-        torch.set_num_threads(before)
+    _train_in_one_thread(
+        train_argv(root / "run", *RUN_4), train_argv(root / "halfway", *RUN_4, "--stop-after", "2")
+    )
     return Reference(root / "run", _losses(root / "run"), root / "halfway")
+
+
+@pytest.fixture
+def usage_error(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], str]:
+    """`usage_error(argv)`: bench-train's stderr for a command line it refuses as a usage error
+    (exit status 2, before any training)."""
+
+    def refused(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exc:
+            bench_train(argv)
+        assert exc.value.code == 2
+        return capsys.readouterr().err
+
+    return refused
 
 
 @pytest.fixture

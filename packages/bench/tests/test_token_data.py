@@ -11,7 +11,13 @@ from generated_text import generated_text
 
 from bench.train import tokenizer as tokenizer_module
 from bench.train.data import VAL_FRACTION, load_corpus, read_token_file, tokens_of_text
-from bench.train.tokenizer import TOKENIZER_FILE, BPETokenizer, ByteTokenizer, make_tokenizer
+from bench.train.tokenizer import (
+    TOKENIZER_FILE,
+    BPETokenizer,
+    ByteTokenizer,
+    load_tokenizer,
+    make_tokenizer,
+)
 
 TEXT = generated_text(300, seed=1)
 
@@ -91,11 +97,16 @@ def test_bpe_is_trained_on_the_head_saved_and_reused(tmp_path, monkeypatch):
     assert (tmp_path / "o2" / TOKENIZER_FILE).read_text() == saved.read_text()
 
 
-def test_make_tokenizer_uses_the_one_in_the_output_folder(tmp_path):
+def test_make_tokenizer_keeps_the_one_in_the_output_folder_only_on_resume(tmp_path):
     first = make_tokenizer("bpe", text=TEXT, vocab_size=280, out_dir=tmp_path, cache_dir=None)
     other = generated_text(50, seed=9)
-    again = make_tokenizer("bpe", text=other, vocab_size=400, out_dir=tmp_path, cache_dir=None)
-    assert again.fingerprint() == first.fingerprint()
+    options = {"text": other, "vocab_size": 300, "out_dir": tmp_path, "cache_dir": None}
+    kept = make_tokenizer("bpe", **options, resume=True)
+    assert kept.fingerprint() == first.fingerprint()
+    replaced = make_tokenizer("bpe", **options)  # a new run: another run's tokenizer is stale
+    assert replaced.fingerprint() != first.fingerprint()
+    saved = load_tokenizer("bpe", tmp_path)
+    assert saved is not None and saved.fingerprint() == replaced.fingerprint()
 
 
 def test_held_out_tail_of_text(tmp_path):

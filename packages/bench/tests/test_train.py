@@ -24,17 +24,12 @@ from bench.train.run import build_parser, config_from_args, main
 
 
 @pytest.fixture(scope="module")
-def trained(train_argv, tmp_path_factory):
+def trained(train_argv, train_in_one_thread, tmp_path_factory):
     """40 steps on generated text, an evaluation every 20, a sample, step 35 profiled."""
     out = tmp_path_factory.mktemp("trained") / "run"
     extra = ["--steps", "40", "--lr", "1e-2", "--log-every", "5", "--eval-every", "20"]
     extra += ["--generate", "40", "--prompt", "the", "--profile-step", "35"]
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert main(train_argv(out, *extra)) == 0
-    finally:
-        torch.set_num_threads(before)
+    train_in_one_thread(train_argv(out, *extra))
     return out
 
 
@@ -45,8 +40,9 @@ def test_learns_generated_text_and_writes_its_outputs(trained):
     assert summary["final_val_loss"] < 0.6 * uniform
     assert summary["steps"] == 40 and summary["tokens_per_s"] > 0 and summary["mfu"] is None
     assert summary["stopped_by"] is None and summary["first_step_s"] > 0
-    assert summary["config"]["size"] == "tiny" and summary["versions"]["torch"] == torch.__version__
-    assert {"git_revision", "git_dirty"} <= summary.keys()
+    assert summary["config"]["size"] == "tiny" and summary["env"]["torch"] == torch.__version__
+    assert {"git_revision", "git_dirty", "command", "device_name"} <= summary["env"].keys()
+    assert not {"versions", "git_revision", "device_name", "command"} & summary.keys()  # once
     records = read_metrics(trained)
     assert [r["step"] for r in records] == list(range(5, 41, 5))
     assert [r["step"] for r in records if "val_loss" in r] == [20, 40]
@@ -152,13 +148,6 @@ def test_speed_leaves_out_the_first_and_the_profiled_interval(tmp_path):
     assert [r["tokens_per_s"] for r in logged] == [10 * 16 / s for s in (100.0, 1.0, 3.0, 50.0)]
 
 
-def _usage_error(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    return capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     ("make", "match"),
     [
@@ -168,25 +157,25 @@ def _usage_error(capsys, argv) -> str:
         (lambda p: p / "big.bin", "token id 999, outside the vocabulary of 256"),
     ],
 )
-def test_bad_data_is_refused_before_training(train_argv, tmp_path, capsys, make, match):
+def test_bad_data_is_refused_before_training(train_argv, tmp_path, usage_error, make, match):
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "short.txt").write_text("too short for a sequence\n")
     np.arange(1000, dtype=np.uint16).tofile(tmp_path / "big.bin")
     argv = train_argv(tmp_path / "out", "--steps", "2", data=make(tmp_path))
-    assert match in _usage_error(capsys, argv)
+    assert match in usage_error(argv)
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
-def test_unknown_size_is_refused(train_argv, tmp_path, capsys):
-    err = _usage_error(capsys, [*train_argv(tmp_path / "o"), "--size", "huge"])
+def test_unknown_size_is_refused(train_argv, tmp_path, usage_error):
+    err = usage_error([*train_argv(tmp_path / "o"), "--size", "huge"])
     assert "invalid choice: 'huge'" in err
 
 
-def test_more_ranks_than_gpus_is_refused(train_argv, tmp_path, capsys, monkeypatch):
+def test_more_ranks_than_gpus_is_refused(train_argv, tmp_path, usage_error, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     argv = [*train_argv(tmp_path / "o"), "--device", "cuda", "--nproc", "2"]
-    assert "--nproc 2 needs 2 GPUs, found 1" in _usage_error(capsys, argv)
+    assert "--nproc 2 needs 2 GPUs, found 1" in usage_error(argv)
 
 
 @pytest.mark.parametrize(
@@ -200,21 +189,37 @@ def test_more_ranks_than_gpus_is_refused(train_argv, tmp_path, capsys, monkeypat
         (["--num-kv-heads", "3"], "num_kv_heads must be a positive integer dividing"),
         (["--parallel", "fsdp", "--nproc", "2", "--compile"], "add --no-compile"),
         (["--top-p", "0"], "--top-p in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p in (0, 1]"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--temperature", "inf"], "--temperature inf: give a finite number"),
+        (["--lr", "nan"], "--lr nan: give a finite number"),
+        (["--lr", "inf"], "--lr inf: give a finite number"),
+        (["--weight-decay", "nan"], "--weight-decay nan: give a finite number"),
+        (["--weight-decay", "inf"], "--weight-decay inf: give a finite number"),
+        (["--grad-clip", "nan"], "--grad-clip nan: give a finite number"),
+        (["--min-lr=-inf"], "--min-lr -inf: give a finite number"),
         (["--time-budget", "soon"], "not a duration"),
+        (["--timeout", "0"], "--timeout must be a positive number of seconds"),
     ],
 )
-def test_inconsistent_options_are_refused(train_argv, tmp_path, capsys, extra, match):
-    assert match in _usage_error(capsys, [*train_argv(tmp_path / "o"), *extra])
+def test_inconsistent_options_are_refused(train_argv, tmp_path, usage_error, extra, match):
+    assert match in usage_error([*train_argv(tmp_path / "o"), *extra])
 
 
-def test_resume_checks_the_checkpoint(train_argv, tmp_path, capsys):
+def test_an_out_that_is_a_file_is_refused(train_argv, tmp_path, usage_error):
+    (tmp_path / "taken").write_text("not a folder")
+    err = usage_error(train_argv(tmp_path / "taken"))
+    assert "--out" in err and "is a file; give a folder" in err and "Traceback" not in err
+
+
+def test_resume_checks_the_checkpoint(train_argv, tmp_path, usage_error):
     argv = train_argv(tmp_path / "run", "--steps", "3", "--stop-after", "1", "--generate", "0")
-    assert _usage_error(capsys, [*argv, "--resume"]).count("no checkpoint.pt") == 1
+    assert usage_error([*argv, "--resume"]).count("no checkpoint.pt") == 1
     assert main(argv) == 0
-    assert "pass --resume" in _usage_error(capsys, argv)
-    err = _usage_error(capsys, [*argv, "--resume", "--lr", "1e-2", "--seed", "4"])
+    assert "pass --resume" in usage_error(argv)
+    err = usage_error([*argv, "--resume", "--lr", "1e-2", "--seed", "4"])
     assert "--lr 0.0006 → 0.01" in err and "--seed 0 → 4" in err
-    err = _usage_error(capsys, [*argv, "--resume", "--nproc", "2", "--parallel", "fsdp"])
+    err = usage_error([*argv, "--resume", "--nproc", "2", "--parallel", "fsdp"])
     assert "resume with --parallel none --nproc 1" in err
     # How to run may change: the log interval and the optimizer's implementation, here.
     extra = ["--stop-after", "2", "--log-every", "2", "--optimizer", "torch-fused"]

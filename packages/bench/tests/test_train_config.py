@@ -17,7 +17,9 @@ from spawn_ranks import free_port
 import ddp
 from bench.core.cli import resolve_device
 from bench.train import parallel as parallel_module
+from bench.train import run as run_module
 from bench.train.config import TrainConfig
+from bench.train.lock import LOCK_FILE
 from bench.train.loop import Trainer
 from bench.train.options import may_change, parse_duration, read_config_file, write_config_file
 from bench.train.record import read_metrics
@@ -48,6 +50,36 @@ def test_resume_may_change_how_to_run_but_not_what_is_trained():
     resumable = may_change(TrainConfig)
     assert {"nproc", "parallel", "compile", "attention", "optimizer", "time_budget"} <= resumable
     assert not {"lr", "seed", "size", "num_kv_heads", "precision", "batch_size"} & resumable
+
+
+def test_logging_and_evaluation_follow_the_run_length():
+    """A short run still logs often and draws a validation curve; given intervals win."""
+    intervals = [
+        (c.log_interval, c.eval_interval)
+        for c in (
+            TrainConfig.create(data="x", device="cpu", steps=steps) for steps in (4, 100, 1000)
+        )
+    ]
+    assert intervals == [(1, 1), (1, 10), (10, 100)]
+    config = TrainConfig.create(data="x", device="cpu", steps=100, log_every=5, eval_every=0)
+    assert (config.log_interval, config.eval_interval) == (5, 0)
+
+
+def test_timeout_bounds_the_ranks_only_when_given(monkeypatch, train_argv, tmp_path):
+    """`--timeout S` reaches `launch` as bench-ddp's does; without it there is no bound."""
+    seen = []
+
+    def stopped(worker, **options):
+        seen.append(options["timeout"])
+        raise TimeoutError("stopped")
+
+    monkeypatch.setattr(run_module, "launch", stopped)
+    ranks = ["--nproc", "2", "--parallel", "bucketed", "--generate", "0"]
+    for name, extra in (("bounded", ["--timeout", "90"]), ("unbounded", [])):
+        with pytest.raises(TimeoutError):
+            main(train_argv(tmp_path / name, *ranks, *extra))
+        assert not (tmp_path / name / LOCK_FILE).exists()  # released on the way out
+    assert seen == [90.0, None]
 
 
 def test_parse_duration():
@@ -150,7 +182,7 @@ def test_bucket_size_speaks_ddps_vocabulary():
     base = ["--data", "x", "--out", "y", "--device", "cpu"]
     for extra, size in (([], 25.0), (["--bucket-mb", "none"], None), (["--bucket-mb", "4"], 4.0)):
         assert config_from_args(parser.parse_args([*base, *extra])).bucket_size_mb == size
-    with pytest.raises(ValueError, match="bucket_size_mb"):
+    with pytest.raises(ValueError, match="--bucket-mb inf: give a finite number"):
         TrainConfig.create(data="x", out="y", device="cpu", bucket_size_mb=math.inf)
 
 

@@ -1,5 +1,6 @@
 """bench-train on 2 gloo ranks: the parallel modes reproduce the one-process run's losses (and
-weights), across resumes and changes of mode, and under `torchrun` as two nodes.
+weights), across resumes and changes of mode, and under `torchrun` as two nodes; an FSDP run
+killed while it commits a checkpoint resumes from the previous one.
 
 Each 2-rank launch costs tens of seconds on two shared cores, so the consolidated modes resume
 the one-process run's checkpoint after step 2 (`one_process.halfway`) and run steps 3-4 only."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +18,7 @@ import torch
 from spawn_ranks import free_port
 
 import lmcore
+from bench.train.faults import KILL_AT
 from bench.train.run import main
 
 # The ranks average means of equal halves of each batch, and their gradients: the same sums in
@@ -63,13 +66,14 @@ def test_two_ranks_continue_a_one_process_checkpoint(
     assert (out / "sample.txt").read_text()
 
 
-def _torchrun_two_nodes(argv: list[str]) -> list[str]:
+def _torchrun_two_nodes(argv: list[str], *, kill_at: str) -> list[str]:
     """bench-train as two torchrun node processes on this machine, one rank each, meeting at a
-    c10d rendezvous on localhost (multi-node as a cluster runs it); their logs."""
+    c10d rendezvous on localhost (multi-node as a cluster runs it), killed at `kill_at`
+    (`bench.train.faults`); their logs."""
     rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     rendezvous += ["--rdzv-id", "bench-train-test", "--nnodes", "2", "--nproc-per-node", "1"]
     command = [sys.executable, "-m", "torch.distributed.run", *rendezvous, "-m", "bench", "train"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", KILL_AT: kill_at}
     nodes = [
         subprocess.Popen(
             [*command, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -81,24 +85,39 @@ def _torchrun_two_nodes(argv: list[str]) -> list[str]:
     finally:
         for node in nodes:
             node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+    assert all(node.returncode != 0 for node in nodes), "\n".join(logs)
     return logs
 
 
-def test_fsdp_on_two_torchrun_nodes_then_two_ranks_matches_one_process(
-    train_argv, one_process, losses_of, tmp_path
+def test_fsdp_killed_mid_checkpoint_on_two_torchrun_nodes_resumes_on_two_ranks(
+    train_argv, one_process, losses_of, tmp_path, usage_error
 ):
-    # Steps 1-2 on two torchrun nodes, steps 3-4 resumed on two ranks bench-train starts itself.
-    # Weights, gradients and optimizer state sharded, a checkpoint file per rank; the clipping
-    # norm spans the shards; an evaluation (forward passes without backward) after every step.
+    # Steps 1-4 on two torchrun nodes, a checkpoint every 2 steps; rank 0 is killed as it
+    # commits step 4's (rank 1 has written its file of step 4). Steps 3-4 again, from step 2's
+    # checkpoint, on two ranks bench-train starts itself. Weights, gradients and optimizer
+    # state sharded, a checkpoint file per rank; the clipping norm spans the shards; an
+    # evaluation (forward passes without backward) after every step.
     out = tmp_path / "run"
     extra = [*RUN_4, "--parallel", "fsdp", "--eval-every", "1", "--eval-batches", "2"]
-    logs = _torchrun_two_nodes(train_argv(out, *extra, "--stop-after", "2"))
-    assert sum("2 steps (stopped by --stop-after)" in log for log in logs) == 1  # rank 0's
-    assert (out / "checkpoint-rank1.pt").is_file()
-    assert main(train_argv(out, *extra, "--nproc", "2", "--resume", "--generate", "8")) == 0
+    _torchrun_two_nodes(train_argv(out, *extra, "--save-every", "2"), kill_at="checkpoint:4")
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert saved["iteration"] == 2
+    assert saved["extra"]["files"] == {0: "checkpoint.pt", 1: "checkpoint-rank1-step2.pt"}
+    assert (out / "checkpoint-rank1-step4.pt").is_file()  # written, never committed
+    # A set of files of different steps is refused before any rank starts.
+    committed = out / "checkpoint-rank1-step2.pt"
+    kept = committed.read_bytes()
+    shutil.copyfile(out / "checkpoint-rank1-step4.pt", committed)
+    resume = train_argv(out, *extra, "--nproc", "2", "--resume")
+    assert "holds step 4, but checkpoint.pt is at step 2" in usage_error(resume)
+    committed.write_bytes(kept)
+    assert main([*resume, "--generate", "8"]) == 0
     _assert_matches(losses_of(out), one_process.losses)
     assert (out / "sample.txt").read_text()
+    assert sorted(p.name for p in out.glob("checkpoint*")) == [
+        "checkpoint-rank1-step4.pt",
+        "checkpoint.pt",
+    ]
 
 
 @pytest.mark.gpu

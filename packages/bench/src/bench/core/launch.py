@@ -10,7 +10,8 @@ order, to the caller:
   failed first re-raises here with its traceback (`RankFailed`): a rank that raises takes its
   peers down a moment later in their collectives ("Connection closed by peer"), and those are
   consequences, not the cause. A run is unbounded in time unless `timeout` is given; then one
-  that outlasts it is stopped with `TimeoutError`.
+  that outlasts it is stopped with `TimeoutError`. The ranks die with the process that
+  launched them (on Linux), so a killed launcher leaves no rank running on alone.
 - Started under `torchrun` (its environment variables are set), this process already is one
   rank: the worker runs here, on the process group torchrun describes, and every rank receives
   everyone's results (`all_gather_object`). `is_primary()` tells the tool whether to print.
@@ -32,7 +33,9 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -67,6 +70,7 @@ DEFAULT_TIMEOUT_S: float | None = None
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _JOIN_POLL_S = 1.0  # how often the parent checks on its ranks
 _FAILURE_FILE = "rank{rank}.failed"
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 class RankFailed(mp.ProcessRaisedException):
@@ -145,6 +149,21 @@ def _prepare_rank(backend: str, local_rank: int, env: Mapping[str, str]) -> None
         torch.cuda.set_device(local_rank)
 
 
+def _end_with(parent: int) -> None:
+    """Have the kernel kill this rank when its launcher (`parent`) dies, on Linux.
+
+    torch's spawn asks for SIGINT, which a rank blocked in C++ (a collective waiting for a
+    peer, a kernel) acts on only when the call returns, maybe never: an orphan that holds its
+    memory (a GPU's too) and may write where the next run (a `--resume`) writes. SIGKILL
+    cannot be ignored.
+    """
+    if sys.platform != "linux":
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the call above
+        os._exit(1)
+
+
 def _child(
     rank: int,
     worker: Callable[..., Any],
@@ -155,7 +174,9 @@ def _child(
     env: Mapping[str, str],
     num_threads: int,
     result_dir: str,
+    parent: int,
 ) -> None:
+    _end_with(parent)
     _prepare_rank(backend, rank, env)
     if backend == "gloo":
         torch.set_num_threads(num_threads)
@@ -317,6 +338,7 @@ def launch(
                 env,
                 num_threads,
                 result_dir,
+                os.getpid(),
             ),
             nprocs=world_size,
             join=False,

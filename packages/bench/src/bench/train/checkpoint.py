@@ -2,31 +2,42 @@
 and restoring everything a resumed run needs to continue exactly.
 
 A checkpoint is lmcore's (`lmcore.save_checkpoint`: `model`, `optimizer`, `iteration`) with
-`extra`: the run's configuration (`config`), the model's (`model_config`, so the weights can be
-rebuilt without the run: `bench-generate`), the data generator's state (`data_rng`) and torch's
-random number generator states (`rng`). Rank 0 writes `checkpoint.pt`; in the modes whose ranks
-keep files of their own (`Parallel.shards_checkpoint`) rank r > 0 writes `checkpoint-rank<r>.pt`
+`extra`, the trainer's record: the run's configuration (`config`), the model's (`model_config`,
+so the weights can be rebuilt without the run: `bench-generate`), the data generator's state
+(`data_rng`), torch's random number generator states (`rng`), the tokenizer's fingerprint
+(`tokenizer`), the recorder's totals (`record`, `bench.train.record`) and the checkpoint's files
+(`files`, rank → file name). Rank 0 writes `checkpoint.pt`; in the modes whose ranks keep files
+of their own (`Parallel.shards_checkpoint`) rank r > 0 writes `checkpoint-rank<r>-step<N>.pt`
 (`rank_file`). What goes in each file, and which ranks write, is `bench.train.parallel`'s call.
 
-A save first takes the state (collectives where the mode needs them), then writes each file to a
-temporary name, then commits it by renaming it into place: a crash while writing keeps the
-previous checkpoint.
+One commit point, whatever the number of files: every rank takes its state (collectives where
+the mode needs them) and writes its file (rank r > 0 under its step's name, so it replaces
+nothing a committed checkpoint names); after a barrier, rank 0 writes `checkpoint.pt`, which
+names the other files, to a temporary name and renames it into place. A run killed at any
+moment keeps the previous checkpoint whole; rank 0 then removes the files no checkpoint names.
+A resume reads only the files `checkpoint.pt` names, and checks that they hold its step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
+import zipfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import lmcore
 from bench.train.config import TrainConfig
+from bench.train.faults import kill_point
 from bench.train.options import may_change
 from bench.train.parallel import Parallel, checkpoint_layout
+from bench.train.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
     from torch import nn
@@ -34,25 +45,104 @@ if TYPE_CHECKING:
 __all__ = ["CHECKPOINT", "Checkpointer", "rank_file", "read_checkpoint", "resume_point"]
 
 CHECKPOINT = "checkpoint.pt"
+# What every consumer of a checkpoint reads from its `extra`: without these it is not the
+# trainer's (bench-generate needs the first two, a resume all four).
+_RECORD = ("config", "model_config", "data_rng", "rng")
+_START_AGAIN = "start the run again in a new --out (or restore the file from a copy)"
 
 
-def rank_file(rank: int) -> str:
-    """The name of rank `rank`'s checkpoint file in the run's folder."""
-    return CHECKPOINT if rank == 0 else f"checkpoint-rank{rank}.pt"
+def rank_file(rank: int, step: int) -> str:
+    """The name of rank `rank`'s file of the checkpoint of `step` in the run's folder."""
+    return CHECKPOINT if rank == 0 else f"checkpoint-rank{rank}-step{step}.pt"
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint file, read onto the CPU (tensors and plain data only)."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+def read_checkpoint(path: str | Path, *, mmap: bool = False) -> dict[str, Any]:
+    """A bench-train checkpoint file, read onto the CPU (tensors and plain data only).
+
+    The file's zip records are checked against their CRC-32 first, so a file damaged anywhere
+    (truncated, garbled, empty) is refused rather than loaded as other weights. With `mmap`
+    the tensors are mapped, not read (to look at the record alone).
+
+    Raises:
+        ValueError: the file is missing, damaged, holds anything but tensors and plain data,
+            or is not a bench-train checkpoint (no trainer's record); the message names it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such checkpoint file; {_START_AGAIN}")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+        if bad is not None:
+            raise ValueError(f"its record {bad!r} fails its checksum")
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:
+        raise ValueError(
+            f"{path} holds objects other than tensors and plain data: not a bench-train "
+            "checkpoint, and not safe to load; give the --out of a bench-train run"
+        ) from None
+    except (ValueError, zipfile.BadZipFile, OSError, RuntimeError, EOFError) as error:
+        raise ValueError(f"{path} is damaged ({error}); {_START_AGAIN}") from None
+    extra = checkpoint.get("extra") if isinstance(checkpoint, dict) else None
+    lacking = [key for key in _RECORD if not isinstance(extra, dict) or key not in extra]
+    if lacking or not {"model", "optimizer", "iteration"} <= checkpoint.keys():
+        raise ValueError(
+            f"{path} is not a bench-train checkpoint (it lacks the trainer's record: "
+            f"{', '.join(lacking) or 'model, optimizer, iteration'}); give the --out of a "
+            "bench-train run"
+        )
+    return checkpoint
+
+
+def _files(checkpoint: Mapping[str, Any]) -> dict[int, str]:
+    """The files of a checkpoint, by rank."""
+    return checkpoint["extra"].get("files", {0: CHECKPOINT})
+
+
+def _check_files(checkpoint: Mapping[str, Any], out: Path) -> None:
+    """Every file `checkpoint.pt` names is there, readable, and of its step."""
+    step = checkpoint["iteration"]
+    for rank, name in sorted(_files(checkpoint).items()):
+        if rank == 0:
+            continue
+        if not (out / name).is_file():
+            raise ValueError(
+                f"--resume: {CHECKPOINT} (step {step}) names {name} for rank {rank}, which is "
+                f"missing from --out {out}; restore it, or {_START_AGAIN}"
+            )
+        theirs = read_checkpoint(out / name, mmap=True)["iteration"]
+        if theirs != step:
+            raise ValueError(
+                f"--resume: {out / name} holds step {theirs}, but {CHECKPOINT} is at step "
+                f"{step}: the files are of different checkpoints; restore {name} of step "
+                f"{step}, or {_START_AGAIN}"
+            )
+
+
+def _check_tokenizer(checkpoint: Mapping[str, Any], config: TrainConfig) -> None:
+    """The tokenizer in `--out` is the one the checkpoint's model was trained with."""
+    saved = checkpoint["extra"].get("tokenizer")
+    if saved is None:
+        return
+    tokenizer = load_tokenizer(config.tokenizer, config.out)
+    if tokenizer is None or tokenizer.fingerprint() != saved:
+        state = "is missing" if tokenizer is None else "is not the one it was trained with"
+        raise ValueError(
+            f"--resume: the checkpoint's tokenizer {state} (tokenizer.json in --out "
+            f"{config.out}); restore it, or {_START_AGAIN}"
+        )
 
 
 def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     """The checkpoint to resume from (rank 0's, on the CPU), after checking it fits `config`.
 
+    A checkpoint at the last step is a run killed after it (while sampling, say) or a finished
+    one: resuming it trains nothing and writes the outputs.
+
     Raises:
-        ValueError: `--resume` without a checkpoint, a checkpoint without `--resume`, a
-            checkpoint of another training configuration or of another layout, or one already
-            at the last step.
+        ValueError: `--resume` without a checkpoint, a checkpoint without `--resume`, a damaged
+            checkpoint or one of another training configuration, layout or tokenizer, files
+            of different steps, or a checkpoint past the last step.
     """
     path = Path(config.out) / CHECKPOINT
     if not config.resume:
@@ -82,12 +172,23 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
             f"--resume: the checkpoint holds {theirs}; resume with --parallel "
             f"{saved['parallel']} --nproc {saved['nproc']}"
         )
-    if checkpoint["iteration"] >= config.last_step:
+    if checkpoint["iteration"] > config.last_step:
         raise ValueError(
-            f"--resume: the checkpoint is at step {checkpoint['iteration']}, already past the "
-            f"last step {config.last_step}; raise --stop-after or drop it"
+            f"--resume: the checkpoint is at step {checkpoint['iteration']}, past the last "
+            f"step {config.last_step}; raise --stop-after or drop it"
         )
+    _check_files(checkpoint, Path(config.out))
+    _check_tokenizer(checkpoint, config)
     return checkpoint
+
+
+def _remove_uncommitted(out: Path, keep: Iterable[str]) -> None:
+    """Remove the checkpoint files in `out` that the committed checkpoint does not name: older
+    checkpoints' rank files, and what a killed save left."""
+    keep = set(keep)
+    for path in [*out.glob("checkpoint-rank*.pt"), *out.glob("checkpoint*.tmp")]:
+        if path.name not in keep:
+            path.unlink(missing_ok=True)
 
 
 class _Taken:
@@ -108,7 +209,9 @@ class Checkpointer:
         config: the run.
         parallel: the run's parallel mode on this rank.
         rank: this rank.
+        world_size: the number of ranks.
         model_config: the model's configuration, stored so the weights can be rebuilt.
+        tokenizer: the tokenizer's fingerprint (None without one), checked on resume.
         device: this rank's device (its RNG state is saved too).
     """
 
@@ -118,11 +221,13 @@ class Checkpointer:
         parallel: Parallel,
         *,
         rank: int,
+        world_size: int,
         model_config: lmcore.ModelConfig,
+        tokenizer: str | None,
         device: torch.device,
     ) -> None:
-        self.config, self.parallel, self.rank = config, parallel, rank
-        self.model_config, self.device = model_config, device
+        self.config, self.parallel, self.rank, self.world_size = config, parallel, rank, world_size
+        self.model_config, self.tokenizer, self.device = model_config, tokenizer, device
         self.out = Path(config.out)
 
     def load(
@@ -131,19 +236,33 @@ class Checkpointer:
         raw: nn.Module,
         optimizer: torch.optim.Optimizer,
         data_rng: np.random.Generator,
-    ) -> int:
-        """Restore the checkpoint `--resume` continues (`resume_point`); the step it is at."""
-        checkpoint = resume_point(self.config)
-        if checkpoint is None:
-            return 0
-        if self.parallel.shards_checkpoint and self.rank != 0:
-            checkpoint = read_checkpoint(self.out / rank_file(self.rank))
+    ) -> tuple[int, dict[str, Any] | None]:
+        """Restore the checkpoint `--resume` continues (checked by `resume_point` on rank 0).
+
+        Returns:
+            The step it is at (0 without one) and the recorder's totals it saved (or None).
+        """
+        if not self.config.resume:
+            return 0, None
+        if self.rank == 0:
+            checkpoint = resume_point(self.config)
+        elif self.parallel.shards_checkpoint:  # its own file, which checkpoint.pt names
+            named = _files(read_checkpoint(self.out / CHECKPOINT, mmap=True))
+            if self.rank not in named:
+                raise ValueError(
+                    f"--resume: {CHECKPOINT} names no file for rank {self.rank} (written by "
+                    f"an older bench-train); {_START_AGAIN}"
+                )
+            checkpoint = read_checkpoint(self.out / named[self.rank])
+        else:
+            checkpoint = read_checkpoint(self.out / CHECKPOINT)
         start = self.parallel.load_state(checkpoint, model, raw, optimizer)
-        data_rng.bit_generator.state = checkpoint["extra"]["data_rng"]
-        torch.set_rng_state(checkpoint["extra"]["rng"]["torch"])
-        if self.device.type == "cuda" and "cuda" in checkpoint["extra"]["rng"]:
-            torch.cuda.set_rng_state(checkpoint["extra"]["rng"]["cuda"], self.device)
-        return start
+        extra = checkpoint["extra"]
+        data_rng.bit_generator.state = extra["data_rng"]
+        torch.set_rng_state(extra["rng"]["torch"])
+        if self.device.type == "cuda" and "cuda" in extra["rng"]:
+            torch.cuda.set_rng_state(extra["rng"]["cuda"], self.device)
+        return start, extra.get("record")
 
     def save(
         self,
@@ -152,22 +271,42 @@ class Checkpointer:
         raw: nn.Module,
         optimizer: torch.optim.Optimizer,
         data_rng: np.random.Generator,
+        *,
+        record: Mapping[str, Any],
     ) -> None:
-        """Write this rank's checkpoint file of `step`, if it writes one; every rank calls it."""
+        """Write and commit the checkpoint of `step` (see the module docstring); every rank
+        calls it. `record`: the recorder's totals, restored on resume."""
         state = self.parallel.checkpoint_state(model, raw, optimizer)
-        if state is None:
-            return
+        ranks = range(self.world_size) if self.parallel.shards_checkpoint else [0]
+        files = {rank: rank_file(rank, step) for rank in ranks}
+        path = self.out / files.get(self.rank, CHECKPOINT)
+        tmp = path.with_name(path.name + ".tmp")
+        if state is not None:  # this rank writes a file
+            weights, optimizer_state = map(_Taken, state)
+            extra = self._record(data_rng, record=record, files=files)
+            lmcore.save_checkpoint(weights, optimizer_state, step, tmp, extra=extra)
+            if self.rank != 0:
+                os.replace(tmp, path)  # its step's own name: no committed checkpoint names it
+        if len(files) > 1:
+            dist.barrier()  # every rank's file is in place
+        if self.rank == 0:
+            kill_point("checkpoint", step)
+            os.replace(tmp, path)  # the commit point: checkpoint.pt names this step's files
+            _remove_uncommitted(self.out, files.values())
+
+    def _record(
+        self, data_rng: np.random.Generator, *, record: Mapping[str, Any], files: dict[int, str]
+    ) -> dict[str, Any]:
+        """The trainer's record: a checkpoint's `extra` (see the module docstring)."""
         rng = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        extra = {
+        return {
             "config": dataclasses.asdict(self.config),
             "model_config": dataclasses.asdict(self.model_config),
             "data_rng": data_rng.bit_generator.state,
             "rng": rng,
+            "tokenizer": self.tokenizer,
+            "record": dict(record),
+            "files": files,
         }
-        path = self.out / rank_file(self.rank)
-        tmp = path.with_suffix(".tmp")
-        weights, optimizer_state = map(_Taken, state)
-        lmcore.save_checkpoint(weights, optimizer_state, step, tmp, extra=extra)
-        os.replace(tmp, path)  # the commit point

@@ -4,7 +4,8 @@ its group, and whether a resumed run may change it (its group's rule, or its own
 Everything else is generated from those fields (`bench.train.options`): the command line, the
 config file a run writes and `--config` reads, the check a resume makes against its checkpoint.
 Defaults that depend on the device are a pair (CUDA, CPU) in the field's option; defaults that
-follow another option are rules on the class (`warmup`, `final_lr`, `last_step`) or in `create`
+follow another option are rules on the class (`warmup`, `final_lr`, `log_interval`,
+`eval_interval`, `last_step`) or in `create`
 (the number of ranks, the parallel mode, `--baseline`'s settings).
 """
 
@@ -15,6 +16,7 @@ import functools
 import importlib.util
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ import torch
 import ddp
 import lmcore
 from bench.core.cli import resolve_device
-from bench.core.launch import torchrun_world_size
+from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size
 from bench.core.shapes import CPU_SIZE
 from bench.core.training import bucket_size_mb
 from bench.train import lm, parallel
@@ -191,6 +193,14 @@ class TrainConfig:
         default_text="none",
         metavar="DURATION",
     )
+    timeout: float | None = option(
+        DEFAULT_TIMEOUT_S,
+        "seconds the ranks --nproc starts may take in all before they are stopped (under "
+        "torchrun: torchrun's own limits)",
+        group=RUN,
+        default_text="no limit",
+        metavar="S",
+    )
     stop_after: int | None = option(
         None,
         "end with a checkpoint after this step (resume later)",
@@ -203,8 +213,18 @@ class TrainConfig:
         saved=False,
     )  # fmt: skip
     out: str = option("runs/bench-train", "output folder", group=OUTPUT, metavar="DIR")
-    log_every: int = option(10, "steps between metrics lines", group=OUTPUT)
-    eval_every: int = option(100, "steps between evaluations; 0: only at the end", group=OUTPUT)
+    log_every: int | None = option(
+        None,
+        "steps between metrics lines",
+        group=OUTPUT,
+        default_text="a hundredth of --steps, at least 1",
+    )
+    eval_every: int | None = option(
+        None,
+        "steps between evaluations; 0: only at the end",
+        group=OUTPUT,
+        default_text="a tenth of --steps, at least 1",
+    )
     eval_batches: int = option(10, "batches per evaluation", group=OUTPUT)
     save_every: int = option(0, "steps between checkpoints; 0: only at the end", group=OUTPUT)
     progress: bool = option(True, "a progress bar (else log lines)", group=OUTPUT)
@@ -267,18 +287,20 @@ class TrainConfig:
             allowed, value = option_of(type(self), f.name).allowed(), getattr(self, f.name)
             if allowed is not None and value is not None and value not in allowed:
                 raise ValueError(f"--{flag(f.name)} {value!r}: choose one of {', '.join(allowed)}")
-        positive = ("context_length", "batch_size", "grad_accum", "steps", "nproc", "log_every")
-        for name in (*positive, "eval_batches"):
-            if getattr(self, name) < 1:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"--{flag(f.name)} {value}: give a finite number")
+        positive = ("context_length", "batch_size", "grad_accum", "steps", "nproc")
+        for name in (*positive, "eval_batches", "log_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{flag(name)} must be at least 1")
         for name in ("eval_every", "save_every", "generate", "weight_decay", "grad_clip"):
-            if not getattr(self, name) >= 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"--{flag(name)} must be >= 0 (0 turns it off)")
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ValueError(f"--out {self.out} is a file; give a folder (new, or a run's)")
         ddp.bucket_bytes(self.bucket_size_mb)  # --bucket-mb: finite and >= 0, or None
-        if not 0 < self.lr < math.inf or (
-            self.min_lr is not None and not 0 <= self.min_lr <= self.lr
-        ):
-            raise ValueError("--lr must be positive and finite, and --min-lr in [0, --lr]")
+        if not self.lr > 0 or (self.min_lr is not None and not 0 <= self.min_lr <= self.lr):
+            raise ValueError("--lr must be positive, and --min-lr in [0, --lr]")
         if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
             raise ValueError(
                 f"--warmup-steps must be in [0, --steps) = [0, {self.steps}): the cosine decay "
@@ -288,8 +310,10 @@ class TrainConfig:
             raise ValueError(f"--profile-step must be in [1, the last step {self.last_step}]")
         if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
             raise ValueError(f"--stop-after must be in [1, --steps = {self.steps}]")
-        if self.time_budget is not None and not 0 < self.time_budget < math.inf:
+        if self.time_budget is not None and not self.time_budget > 0:
             raise ValueError("--time-budget must be a positive duration, e.g. 20m")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError("--timeout must be a positive number of seconds")
         if self.generate and not self.prompt:
             raise ValueError("--generate needs a non-empty --prompt to continue")
         if not (self.temperature >= 0 and 0 < self.top_p <= 1):
@@ -341,6 +365,17 @@ class TrainConfig:
     def final_lr(self) -> float:
         """The learning rate at the last step: `--min-lr`, else a tenth of `--lr`."""
         return self.min_lr if self.min_lr is not None else self.lr / 10
+
+    @property
+    def log_interval(self) -> int:
+        """Steps between metrics lines: `--log-every`, else a hundredth of the run, at least 1."""
+        return self.log_every if self.log_every is not None else max(1, self.steps // 100)
+
+    @property
+    def eval_interval(self) -> int:
+        """Steps between evaluations (0: only at the end): `--eval-every`, else a tenth of the
+        run, at least 1, so that even a short run draws a validation curve."""
+        return self.eval_every if self.eval_every is not None else max(1, self.steps // 10)
 
     @property
     def last_step(self) -> int:

@@ -32,7 +32,13 @@ import numpy as np
 import torch
 
 import lmcore
-from bench.train.tokenizer import MAX_VOCAB_SIZE, Tokenizer, load_tokenizer, make_tokenizer
+from bench.train.tokenizer import (
+    MAX_VOCAB_SIZE,
+    TOKENIZER_FILE,
+    Tokenizer,
+    load_tokenizer,
+    make_tokenizer,
+)
 
 __all__ = [
     "BPE_VOCAB_SIZE",
@@ -194,6 +200,7 @@ def load_corpus(
     context_length: int,
     out_dir: str | Path,
     cache_dir: str | Path,
+    resume: bool = False,
 ) -> Corpus:
     """Training and validation tokens of a run (see the module docstring), checked for use.
 
@@ -205,8 +212,11 @@ def load_corpus(
             model's vocabulary (256 for bytes, 10,000 for bpe when None). Must be 256 with
             bytes on text, or None.
         context_length: tokens per training sequence; both splits must hold one sequence.
-        out_dir: the run's folder (a BPE tokenizer is saved there).
+        out_dir: the run's folder (a BPE tokenizer is saved there; for a token file, one
+            there decodes the samples).
         cache_dir: the token and tokenizer cache.
+        resume: the run continues from its checkpoint in `out_dir`, whose tokenizer it keeps
+            (a new run replaces one found there: `make_tokenizer`).
 
     Raises:
         ValueError: any of the problems in the module docstring.
@@ -220,6 +230,12 @@ def load_corpus(
             vocab = tok.vocab_size
         if vocab > MAX_VOCAB_SIZE:
             raise ValueError(f"--vocab-size {vocab} is above {MAX_VOCAB_SIZE} (uint16 ids)")
+        if tokenizer == "bpe" and tok is not None and tok.vocab_size > vocab:
+            raise ValueError(
+                f"{TOKENIZER_FILE} in --out {out_dir} has a vocabulary of {tok.vocab_size}, "
+                f"larger than the model's {vocab} (--vocab-size): it is not these tokens' "
+                "tokenizer; remove it, or pass the --vocab-size it was made with"
+            )
         _check_vocab(train, vocab, data, "--data")
         if val_data is None:
             train, val = train[: _split_point(len(train))], train[_split_point(len(train)) :]
@@ -238,6 +254,7 @@ def load_corpus(
             vocab_size=vocab_size or BPE_VOCAB_SIZE,
             out_dir=out_dir,
             cache_dir=cache_dir,
+            resume=resume,
         )
         vocab = tok.vocab_size
         train = tokens_of_text(text, tok, cache_dir=cache_dir)

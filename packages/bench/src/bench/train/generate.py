@@ -82,8 +82,8 @@ def load_run(
         attention: the attention backend; the run's (sdpa for fa2-triton off CUDA) when None.
 
     Raises:
-        ValueError: no checkpoint, a checkpoint without the model's configuration, or a run
-            without a tokenizer (trained on token ids).
+        ValueError: no checkpoint, a damaged one or one without the trainer's record
+            (`read_checkpoint`), or a run without a tokenizer (trained on token ids).
     """
     run = Path(run)
     if not (run / CHECKPOINT).is_file():
@@ -91,12 +91,7 @@ def load_run(
             f"--run {run}: no {CHECKPOINT}; give the --out folder of a bench-train run"
         )
     checkpoint = read_checkpoint(run / CHECKPOINT)
-    extra = checkpoint.get("extra", {})
-    if "model_config" not in extra:
-        raise ValueError(
-            f"--run {run}: its {CHECKPOINT} does not record the model's configuration (written "
-            "by an older bench-train); resume the run once to save a checkpoint that does"
-        )
+    extra = checkpoint["extra"]
     config = extra["config"]
     tokenizer = load_tokenizer(config["tokenizer"], run)
     if tokenizer is None:

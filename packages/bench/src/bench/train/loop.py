@@ -30,6 +30,7 @@ from bench.train.baseline import torch_native_step
 from bench.train.checkpoint import Checkpointer
 from bench.train.config import TrainConfig
 from bench.train.data import Batches, Corpus, default_cache_dir, load_corpus
+from bench.train.faults import kill_point
 from bench.train.generate import sample
 from bench.train.parallel import Parallel
 from bench.train.record import Recorder, mfu_function, profiled
@@ -48,6 +49,7 @@ def corpus_of(config: TrainConfig) -> Corpus:
         context_length=config.context_length,
         out_dir=config.out,
         cache_dir=config.cache_dir or default_cache_dir(),
+        resume=config.resume,
     )
 
 
@@ -107,14 +109,23 @@ class Trainer:
         groups = lm.param_groups(self.raw, decayed, config.weight_decay)
         self.optimizer = self.parallel.build_optimizer(groups, optimizer_cls, options)
 
+        tokenizer = self.corpus.tokenizer
         self.checkpointer = Checkpointer(
-            config, self.parallel, rank=rank, model_config=self.model_config, device=device
+            config,
+            self.parallel,
+            rank=rank,
+            world_size=world_size,
+            model_config=self.model_config,
+            tokenizer=None if tokenizer is None else tokenizer.fingerprint(),
+            device=device,
         )
-        self.start = self.checkpointer.load(
+        self.start, saved = self.checkpointer.load(
             self.model, self.raw, self.optimizer, self.batches.generator
         )
         mfu = mfu_function(config, self.model_config, device, world_size)
-        self.recorder = Recorder(config, start=self.start, primary=self.primary, mfu=mfu)
+        self.recorder = Recorder(
+            config, start=self.start, primary=self.primary, mfu=mfu, saved=saved
+        )
         if config.baseline == "torch":
             self.step_fn = torch_native_step
         else:
@@ -150,6 +161,7 @@ class Trainer:
                 autocast_dtype=c.autocast_dtype,
                 max_grad_norm=c.grad_clip or None,
             )
+        kill_point("step", step)
         return loss, lr
 
     @torch.no_grad()
@@ -168,7 +180,14 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """Write the checkpoint of `step` (every rank calls it)."""
-        self.checkpointer.save(step, self.model, self.raw, self.optimizer, self.batches.generator)
+        self.checkpointer.save(
+            step,
+            self.model,
+            self.raw,
+            self.optimizer,
+            self.batches.generator,
+            record=self.recorder.state(),
+        )
 
     def _out_of_time(self, started: float, *, logging: bool) -> bool:
         """Whether `--time-budget` has run out since `started`: by this process's clock at every
@@ -187,23 +206,28 @@ class Trainer:
         return bool(flag.item())
 
     def train(self) -> dict[str, Any]:
-        """Train from the checkpoint (or the start) to the last step; rank 0's result."""
+        """Train from the checkpoint (or the start) to the last step; rank 0's result.
+
+        From a checkpoint at the last step (a run killed after it), nothing is trained: the
+        result is the one the checkpoint and the metrics recorded, with a new sample.
+        """
         c, recorder = self.config, self.recorder
-        loss = val_loss = None
-        step, stopped_by, first_step_s = self.start, None, None
+        step, stopped_by = self.start, None
+        if self.start == c.last_step:
+            recorder.say(f"the checkpoint is at the last step, {step}: writing the outputs")
         started = time.perf_counter()
         try:
             for step in range(self.start + 1, c.last_step + 1):
                 step_loss, lr = self.step(step)
                 if step == self.start + 1:
                     _mean_over_ranks(step_loss)  # waits for the step (compilation included)
-                    first_step_s = time.perf_counter() - started
+                    recorder.first_step_s = time.perf_counter() - started
                     compiled = " (compilation included)" if c.compile else ""
-                    recorder.say(f"first step: {first_step_s:.1f} s{compiled}")
+                    recorder.say(f"first step: {recorder.first_step_s:.1f} s{compiled}")
                 if step == c.profile_step:
                     recorder.exclude_interval()
-                evaluating = c.eval_every and step % c.eval_every == 0
-                logging = step % c.log_every == 0 or evaluating
+                evaluating = bool(c.eval_interval) and step % c.eval_interval == 0
+                logging = step % c.log_interval == 0 or evaluating
                 if self._out_of_time(started, logging=logging):
                     stopped_by = "time-budget"
                 last = step == c.last_step or stopped_by is not None
@@ -218,18 +242,21 @@ class Trainer:
                     recorder.restart_clock()
                 if last:
                     break
-            self.save(step)
+            if step > self.start:
+                self.save(step)
         finally:
             recorder.close()
+        kill_point("outputs")
         if stopped_by is None and step < c.steps:
             stopped_by = "stop-after"
         tokens_per_s, mfu = recorder.speed()
+        final = recorder.final()
         return {
-            "final_train_loss": loss,
-            "final_val_loss": val_loss,
+            "final_train_loss": final.get("loss"),
+            "final_val_loss": final.get("val_loss"),
             "steps": step,
             "stopped_by": stopped_by,
-            "first_step_s": first_step_s,
+            "first_step_s": recorder.first_step_s,
             "tokens_per_s": tokens_per_s,
             "mfu": mfu,
             "sample": self.sample(),

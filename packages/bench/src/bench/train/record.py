@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,7 @@ from tqdm.auto import tqdm
 import lmcore
 from bench.core.env import device_name
 from bench.core.hardware import matmul_format, peak_tflops
+from bench.train.faults import kill_point
 
 if TYPE_CHECKING:
     from bench.train.config import TrainConfig
@@ -42,9 +45,32 @@ MfuFn = Callable[[int, float], float]
 
 
 def read_metrics(out: str | Path) -> list[dict[str, Any]]:
-    """The records of a run's `metrics.jsonl`, in order."""
-    lines = (Path(out) / METRICS).read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    """The records of a run's `metrics.jsonl`, in order.
+
+    A last line that is not a whole record (the run was killed while appending it, or the disk
+    filled) is left out, with a warning; a resumed run then rewrites the file without it.
+
+    Raises:
+        ValueError: a line before the last is not a record (the file is damaged).
+    """
+    path = Path(out) / METRICS
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(
+                    f"{path}: line {number} is not a JSON record (the file is damaged); "
+                    "remove that line, or start the run again in a new --out"
+                ) from None
+            warnings.warn(
+                f"{path}: left out its last line, a partial record ({line[:40]!r}...): the run "
+                "was killed while writing it",
+                stacklevel=2,
+            )
+    return records
 
 
 def mfu_function(
@@ -87,29 +113,43 @@ def profiled(config: TrainConfig, step: int, device: torch.device, primary: bool
 class Recorder:
     """A run's metrics: `metrics.jsonl` (and TensorBoard), the bar or log lines, the speed.
 
+    tokens/s and MFU are summed over the logged intervals after each invocation's first (which
+    holds compilation and warm-up); the totals (`state`) go into every checkpoint, so that a
+    resumed run's summary covers the whole run.
+
     Args:
         config: the run.
         start: the step training starts after (0, or the resumed checkpoint's).
         primary: this rank writes and prints.
         mfu: (steps, seconds) → MFU, or None where it is not known.
+        saved: the totals the resumed checkpoint holds (`state`); None for a new run.
     """
 
     def __init__(
-        self, config: TrainConfig, *, start: int, primary: bool, mfu: MfuFn | None
+        self,
+        config: TrainConfig,
+        *,
+        start: int,
+        primary: bool,
+        mfu: MfuFn | None,
+        saved: dict[str, Any] | None = None,
     ) -> None:
         self.config, self.primary, self.mfu = config, primary, mfu
         self.out = Path(config.out)
         self.records: list[dict[str, Any]] = []
-        self.steady = [0, 0.0]  # steps and seconds of the intervals after the first
-        self.first = [0, 0.0]
+        saved = saved or {}
+        self.steady = list(saved.get("steady", (0, 0.0)))  # steps, seconds after the first
+        self.first = list(saved.get("first", (0, 0.0)))  # each invocation's first interval
+        self.first_step_s: float | None = saved.get("first_step_s")  # the latest invocation's
         self.intervals = 0
         self.excluded = False  # the current interval holds a profiled step: not a speed sample
         self.last_step, self.started = start, time.perf_counter()
         self.writer = None
         if primary:
             self.records = self._previous(start)
-            with open(self.out / METRICS, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in self.records)
+            tmp = self.out / (METRICS + ".tmp")  # replaced whole: a kill keeps the old file
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+            os.replace(tmp, self.out / METRICS)
             if config.tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -124,6 +164,14 @@ class Recorder:
         if start == 0 or not (self.out / METRICS).is_file():
             return []
         return [r for r in read_metrics(self.out) if r["step"] <= start]
+
+    def state(self) -> dict[str, Any]:
+        """The totals a checkpoint keeps (see the class docstring)."""
+        return {"first": self.first, "steady": self.steady, "first_step_s": self.first_step_s}
+
+    def final(self) -> dict[str, Any]:
+        """The last record (rank 0; empty elsewhere, or before any)."""
+        return self.records[-1] if self.records else {}
 
     def say(self, text: str) -> None:
         """Print a line on rank 0 (above the progress bar, if there is one)."""
@@ -165,6 +213,7 @@ class Recorder:
         self.records.append(record)
         with open(self.out / METRICS, "a") as f:
             f.write(json.dumps(record) + "\n")
+        kill_point("metrics", step)
         if self.writer is not None:
             for key, value in record.items():
                 if key != "step" and value is not None:

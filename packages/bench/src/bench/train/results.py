@@ -51,7 +51,7 @@ def _summary(folder: str | Path) -> dict[str, Any]:
 
 
 def run_env(summary: dict[str, Any]) -> dict[str, Any]:
-    """The `collect_env` record of the machine a run's `summary.json` was written on.
+    """The `collect_env` record of the machine a run's `summary.json` was written on (`env`).
 
     Summaries from before the record was stored whole rebuild the part they kept.
     """
@@ -149,7 +149,13 @@ def plot_speed(run: Run, path: str | Path) -> Path:
     )
 
 
-def text_result(run: str | Path, out: str | Path, *, baseline: str | Path | None = None) -> Path:
+def text_result(
+    run: str | Path,
+    out: str | Path,
+    *,
+    baseline: str | Path | None = None,
+    notes: Sequence[str] = (),
+) -> Path:
     """Write `train_text_*` for the run folder `run` under `out`; returns the `.md` path.
 
     Args:
@@ -157,23 +163,31 @@ def text_result(run: str | Path, out: str | Path, *, baseline: str | Path | None
         out: the results folder.
         baseline: the folder of the same command run with `--baseline torch`, whose tokens/s
             the run's is compared with.
+        notes: sentences to add (e.g. what else ran on the machine).
     """
     folder, out = Path(run), Path(out)
     summary, metrics = _summary(folder), read_metrics(folder)
-    stem = out / result_stem("train_text", run_env(summary))
-    stem.with_suffix(".json").write_text(json.dumps({"summary": summary, "metrics": metrics}))
+    env = run_env(summary)
+    stem = out / result_stem("train_text", env)
+    record = {"summary": summary, "metrics": metrics, "notes": list(notes)}
+    stem.with_suffix(".json").write_text(json.dumps(record))
     shutil.copyfile(folder / LOSS_PLOT, stem.with_suffix(".png"))
     c, mfu = summary["config"], summary["mfu"]
     evaluated = [m for m in metrics if m.get("val_loss") is not None]
     best = min(evaluated, key=lambda m: m["val_loss"])
-    mfu_text = "unknown (GPU not in the peak table)" if mfu is None else f"{mfu:.1%}"
+    if mfu is not None:
+        mfu_text = f"{mfu:.1%}"
+    elif env.get("device_type") == "cpu":
+        mfu_text = "not measured on a CPU"
+    else:
+        mfu_text = "unknown (GPU not in the peak table)"
     parts = [
         f"### bench-train on {Path(c['data']).name}: {c['size']}, context {c['context_length']}, "
         f"batch {c['batch_size']}, {c['precision']}, {c['attention']}, {c['tokenizer']} "
         f"tokens, {summary['steps']} steps",
-        f"Device: {summary['device_name']}; torch {summary['versions']['torch']}, triton "
-        f"{summary['versions']['triton']}; {summary['date']}; git {summary['git_revision']} "
-        f"(uncommitted changes: {summary['git_dirty']}). Command: `{summary['command']}`",
+        f"Device: {env['device_name']}; torch {env['torch']}, triton {env['triton']}; "
+        f"{env['date']}; git {env['git_revision']} (uncommitted changes: {env['git_dirty']}). "
+        f"Command: `{env['command']}`",
         f"- final train loss {summary['final_train_loss']:.4f}, validation loss "
         f"{summary['final_val_loss']:.4f} ({summary['validation']}); lowest validation loss "
         f"{best['val_loss']:.4f} at step {best['step']}",
@@ -182,6 +196,7 @@ def text_result(run: str | Path, out: str | Path, *, baseline: str | Path | None
         f"interval; evaluation time left out); compile {_shown(c['compile'])}, optimizer "
         f"{c['optimizer']}, first step {_seconds(summary.get('first_step_s'))}",
         *([] if baseline is None else [_against(summary, _summary(baseline))]),
+        *(f"- {note}" for note in notes),
         f"![loss]({stem.with_suffix('.png').name})",
         f"Sample ({c['generate']} tokens after the prompt {c['prompt']!r}, temperature "
         f"{c['temperature']}, top-p {c['top_p']}):",
@@ -290,7 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--measure-ceiling", action="store_true", help="time a bf16 matmul here (needs CUDA)"
     )
-    parser.add_argument("--note", action="append", default=[], help="a sentence for the table")
+    parser.add_argument(
+        "--note", action="append", default=[], help="a sentence for the result (repeatable)"
+    )
     args = parser.parse_args(argv)
     if args.speed and args.baseline is None:
         parser.error("--speed needs --baseline LABEL")
@@ -300,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--measure-ceiling needs a CUDA device")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.text is not None:
-        print(text_result(args.text, args.out, baseline=args.text_baseline))
+        print(text_result(args.text, args.out, baseline=args.text_baseline, notes=args.note))
     if args.speed:
         ceiling = matmul_tflops() if args.measure_ceiling else None
         try:

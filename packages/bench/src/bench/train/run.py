@@ -4,28 +4,32 @@ as one rank of a `torchrun` launch), then write the run's summary, loss plot and
 One process trains on one device; `--nproc N` starts N ranks itself (NCCL, one GPU each, or
 gloo ranks on the CPU), and under `torchrun` each process is one rank (multi-node too:
 torchrun's `--nnodes`, `--rdzv-endpoint`). Only rank 0 checks the inputs first and writes the
-outputs. The output folder (`--out`) holds
+outputs, holding the output folder (`--out`) while it runs (`bench.train.lock`: a second run
+into the same folder is refused). The folder holds
 
 - `config.toml`: the resolved options (`bench-train --config` reads it back);
 - `metrics.jsonl`: per logged step `step`, `loss` (the mean over the global batch), `lr`,
   `tokens_per_s` and `mfu` since the last log, and `val_loss` on evaluation steps;
-- `summary.json`: final losses, tokens/s and MFU (over the logged intervals after the first,
-  which holds compilation and warm-up, and without the profiled one), the first step's time,
-  why the run stopped early (if it did), the configuration, the machine and software (`env`);
 - `checkpoint.pt` (and with `fsdp` one file per rank; `bench.train.checkpoint`), every
   `--save-every` steps and at the end: `--resume` continues from it exactly;
 - `tokenizer.json` (BPE), `loss.png`, `sample.txt`, `profile.txt` (`--profile-step`) and
-  `tensorboard/` (`--tensorboard`).
+  `tensorboard/` (`--tensorboard`);
+- `summary.json`, written last (a run that has one is finished): final losses, tokens/s and MFU
+  (over the logged intervals after each invocation's first, which holds compilation and
+  warm-up, and without the profiled one), the first step's time, why the run stopped early (if
+  it did), the configuration, and the machine, software and command (`env`);
+- `run.lock` while a run holds the folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ from bench.core.plots import line_plot
 from bench.train.checkpoint import resume_point
 from bench.train.config import TrainConfig
 from bench.train.data import Corpus
+from bench.train.lock import hold
 from bench.train.loop import corpus_of, train_on_rank
 from bench.train.options import add_options, given_options, read_config_file, write_config_file
 
@@ -115,6 +120,7 @@ def prepare(config: TrainConfig) -> Corpus:
 
     Writes the resolved configuration (`config.toml`), and tokenises the text (and trains a BPE
     tokenizer) if the cache does not hold it yet, so the ranks started afterwards find it there.
+    Call it while holding the folder (`bench.train.lock.hold`), as `run_train` does.
 
     Raises:
         ValueError: any bad input.
@@ -126,6 +132,17 @@ def prepare(config: TrainConfig) -> Corpus:
     return corpus_of(config)
 
 
+@contextlib.contextmanager
+def _owned(config: TrainConfig, command: str) -> Iterator[None]:
+    """Hold `--out` (one run at a time) and `prepare` the run; on rank 0 only under torchrun."""
+    if not is_primary():
+        yield
+        return
+    with hold(config.out, command=command):
+        prepare(config)
+        yield
+
+
 def run_train(config: TrainConfig, *, command: str | None = None) -> dict[str, Any] | None:
     """Check the inputs (`prepare`), train as `config` says, and write the output folder.
 
@@ -133,56 +150,33 @@ def run_train(config: TrainConfig, *, command: str | None = None) -> dict[str, A
         The summary (see the module docstring); None on the other ranks of a torchrun launch.
 
     Raises:
-        ValueError: bad input, before any training.
+        ValueError: bad input, or another run holds `--out`, before any training.
     """
-    if is_primary():
-        prepare(config)
-    return _train_and_write(config, command=command)
-
-
-def _train_and_write(config: TrainConfig, *, command: str | None) -> dict[str, Any] | None:
     command = command if command is not None else command_line()
+    with _owned(config, command):
+        return _train_and_write(config, command=command)
+
+
+def _train_and_write(config: TrainConfig, *, command: str) -> dict[str, Any] | None:
     if config.nproc == 1 and config.parallel == "none" and not under_torchrun():
         result = train_on_rank(0, 1, config)
     else:
         backend = backend_for(torch.device(config.device))
-        result = launch(train_on_rank, world_size=config.nproc, backend=backend, args=(config,))[0]
+        result = launch(
+            train_on_rank,
+            world_size=config.nproc,
+            backend=backend,
+            args=(config,),
+            timeout=config.timeout,
+        )[0]
     if under_torchrun() and int(os.environ["RANK"]) != 0:
         return None
     return _write_outputs(config, result, command)
 
 
 def _write_outputs(config: TrainConfig, result: dict[str, Any], command: str) -> dict[str, Any]:
+    """The sample, the loss plot, then the summary: a run with a summary is finished."""
     out = Path(config.out)
-    env = collect_env(config.device, command=command)
-    summary = {
-        key: result[key]
-        for key in ("final_train_loss", "final_val_loss", "steps", "tokens_per_s", "mfu")
-    }
-    summary |= {
-        "stopped_early": result["steps"] < config.steps,
-        "stopped_by": result["stopped_by"],
-        "first_step_s": result["first_step_s"],
-        "parameters": result["parameters"],
-        "vocab_size": result["vocab_size"],
-        "validation": result["val_source"],
-        "world_size": result["world_size"],
-        "config": dataclasses.asdict(config),
-        "versions": {
-            "torch": env["torch"],
-            "triton": env["triton"],
-            "python": env["python"],
-            "cuda": env["cuda"],
-        },
-        "device_name": env["device_name"],
-        "date": env["date"],
-        "command": command,
-        "git_revision": env["git_revision"],
-        "git_dirty": env["git_dirty"],
-        "packages": env["packages"],
-        "env": env,
-    }
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     if result["sample"] is not None:
         (out / SAMPLE).write_text(result["sample"])
     rows = [{"step": r["step"], "loss": r["loss"], "split": "train"} for r in result["records"]]
@@ -202,23 +196,47 @@ def _write_outputs(config: TrainConfig, result: dict[str, Any], command: str) ->
             xlabel="step",
             ylabel="cross-entropy loss (nats/token)",
         )
+    summary = {
+        key: result[key]
+        for key in ("final_train_loss", "final_val_loss", "steps", "tokens_per_s", "mfu")
+    }
+    summary |= {
+        "stopped_early": result["steps"] < config.steps,
+        "stopped_by": result["stopped_by"],
+        "first_step_s": result["first_step_s"],
+        "parameters": result["parameters"],
+        "vocab_size": result["vocab_size"],
+        "validation": result["val_source"],
+        "world_size": result["world_size"],
+        "config": dataclasses.asdict(config),
+        "env": collect_env(config.device, command=command),
+    }
+    tmp = out / (SUMMARY + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, out / SUMMARY)
     return summary
+
+
+def _shown(loss: float | None) -> str:
+    return "unknown" if loss is None else f"{loss:.4f}"  # None: metrics.jsonl lost its lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `bench-train` (`bench-train --help`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    with usage_errors(parser):  # bad input ends here, as a usage error, before any training
-        config = config_from_args(args)
-        if is_primary():
-            prepare(config)
-    summary = _train_and_write(config, command=command_line(argv, prog=parser.prog))
+    command = command_line(argv, prog=parser.prog)
+    with contextlib.ExitStack() as stack:
+        with usage_errors(parser):  # bad input ends here, as a usage error, before any training
+            config = config_from_args(args)
+            stack.enter_context(_owned(config, command))
+        summary = _train_and_write(config, command=command)
     if summary is not None:
         stopped = f" (stopped by --{summary['stopped_by']})" if summary["stopped_by"] else ""
+        train, val = (_shown(summary[f"final_{split}_loss"]) for split in ("train", "val"))
         print(
-            f"{summary['steps']} steps{stopped}: train loss {summary['final_train_loss']:.4f}, "
-            f"validation loss {summary['final_val_loss']:.4f}; results in {config.out}"
+            f"{summary['steps']} steps{stopped}: train loss {train}, validation loss {val}; "
+            f"results in {config.out}"
         )
     if under_torchrun():
         # A rank torchrun started ends as the ranks `launch` spawns do: without finalising the

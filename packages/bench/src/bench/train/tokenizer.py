@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
+import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -180,12 +181,15 @@ def make_tokenizer(
     vocab_size: int,
     out_dir: str | Path,
     cache_dir: str | Path | None = None,
+    resume: bool = False,
 ) -> Tokenizer:
     """The tokenizer of a run, trained on `text` if needed, and saved in `out_dir`.
 
-    A BPE tokenizer already in `out_dir` (a resumed run) is used as it is. Otherwise it is taken
-    from `cache_dir` when one was trained there on the same text with the same vocabulary size,
-    or trained now (and put in the cache).
+    A resumed run (`resume`) uses the BPE tokenizer saved in `out_dir` as it is (its checkpoint
+    vouches for it: `bench.train.checkpoint`). A new run never does: a `tokenizer.json` that
+    another run left in `out_dir` is replaced by this run's, which is taken from `cache_dir`
+    when one was trained there on the same text with the same vocabulary size, or trained now
+    (and put in the cache).
 
     Args:
         kind: `"bytes"` or `"bpe"`.
@@ -193,6 +197,7 @@ def make_tokenizer(
         vocab_size: the BPE vocabulary size (ignored for bytes).
         out_dir: the run's folder, where a BPE tokenizer is saved.
         cache_dir: where trained tokenizers are kept between runs; None for no cache.
+        resume: the run continues from a checkpoint in `out_dir`.
 
     Raises:
         ValueError: an unknown kind or a vocabulary size a BPE cannot have.
@@ -202,7 +207,7 @@ def make_tokenizer(
     if kind != "bpe":
         raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZERS)}")
     saved = Path(out_dir) / TOKENIZER_FILE
-    if saved.is_file():
+    if resume and saved.is_file():
         return BPETokenizer.load(saved)
     cached = None
     if cache_dir is not None:
@@ -213,11 +218,16 @@ def make_tokenizer(
     else:
         tokenizer = BPETokenizer.train(text, vocab_size)
         if cached is not None:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tokenizer.save(cached)
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    if cached is not None and cached.is_file():
-        shutil.copyfile(cached, saved)
-    else:
-        tokenizer.save(saved)
+            _save_atomically(tokenizer, cached)
+    _save_atomically(tokenizer, saved)
     return tokenizer
+
+
+def _save_atomically(tokenizer: BPETokenizer, path: Path) -> None:
+    # Ranks started together (and runs sharing a cache) may save the same file at once: each
+    # writes its own temporary file and renames it into place, so no reader sees half a file.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    tokenizer.save(tmp)
+    os.replace(tmp, path)
