@@ -142,6 +142,39 @@ def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
     assert [int(s) for s in forward.ints[:3]] == [256 * 12 * 64, 64, 12 * 64]
 
 
+def test_traced_launches_pass_no_tensor_twice(monkeypatch):
+    # torch.compile functionalizes each traced launch by cloning the pointers a kernel may
+    # write, one clone per argument slot: a tensor passed in two slots (L also standing in for
+    # the unused cu_seqlens pointers) came back as the wrong slot's unwritten clone, and the
+    # compiled backward read garbage for L (NaN gradients on the GPU).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from fa2.checks import Call
+    from fa2.masks import make_band
+    from fa2.triton import launch
+    from fa2.triton.backward import BackwardPlan
+    from fa2.triton.forward import ForwardPlan
+
+    launched = []
+    monkeypatch.setattr(
+        launch.CachedLaunch,
+        "traceable",
+        lambda self, tensors, scalars, grid=None: launched.append(tensors),
+    )
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    q, k, v = _fake_inputs(mode, False)
+    call = Call(make_band(causal=True), 0.0, 0.125, "bhsd")
+    with mode:
+        forward = ForwardPlan(q, k, v, call, "tf32x3", True, traced=True)
+        o, lse = forward(q, k, v, 0.125, None, None, True)
+        backward = BackwardPlan(forward, q, k, v, o, lse, torch.empty_like(o), True, True)
+        backward(q, k, v, o, lse, torch.empty_like(o), 0.125, None, None, True)
+    assert len(launched) == 3  # forward, dQ, dK/dV
+    for tensors in launched:
+        assert len({id(t) for t in tensors}) == len(tensors)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_the_traceable_ops_define_on_a_host_with_triton():
     # On a GPU host (no interpreter) the ops are `triton_op`s, whose schema torch infers from

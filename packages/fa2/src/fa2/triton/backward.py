@@ -48,6 +48,7 @@ from fa2.triton.launch import (
     read_layouts,
     tma_capable,
     tma_layouts,
+    unused_pointers,
 )
 from fa2.triton.tiles import (
     LOG2E,
@@ -673,11 +674,12 @@ class BackwardPlan:
         scale: float,
         cu_seqlens: tuple[torch.Tensor, torch.Tensor] | None,
         max_seqlens: tuple[int, int] | None = None,
+        traced: bool = False,
     ) -> None:
         """Launch one pass with its arguments in its kernel's order."""
         q, k, v, o, lse, do = inputs
         delta, dq, dk, dv = outputs
-        cu = cu_seqlens or (lse, lse)  # unused pointers when the sequences are not packed
+        cu = cu_seqlens or unused_pointers(lse, traced)  # when the sequences are not packed
         if which == "delta":
             launch((o, do, delta, dq), self.delta_ints)
             return
@@ -722,7 +724,7 @@ class BackwardPlan:
         outputs = self.outputs(q)
         for which, launch in self.launches.items():
             launch = launch.traceable if traced else launch
-            self._run(which, launch, inputs, outputs, scale, cu_seqlens, max_seqlens)
+            self._run(which, launch, inputs, outputs, scale, cu_seqlens, max_seqlens, traced)
         _, dq, dk, dv = outputs
         if self.single_pass:  # the fp32 buffer, (..., heads, n, d), to q's dtype and layout
             grad = q.new_empty(self.shapes[0])

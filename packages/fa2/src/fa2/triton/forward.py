@@ -36,6 +36,7 @@ from fa2.triton.launch import (
     plan_cache,
     read_layouts,
     tma_layouts,
+    unused_pointers,
 )
 from fa2.triton.tiles import (
     LOG2E,
@@ -339,7 +340,7 @@ class ForwardPlan:
             inputs = contiguous_where(inputs, self.copies, self.layout)
         scalars = (*self.ints, *kernel_scales(scale, self.call.softcap))
         if cu_seqlens is None:  # the plan's own grid; unused pointers in the cu_seqlens slots
-            launch((*inputs, o, lse, lse, lse), scalars)
+            launch((*inputs, o, lse, *unused_pointers(lse, traced)), scalars)
         else:
             n_seqs = cu_seqlens[0].shape[0] - 1
             grid = (cdiv(max_seqlens[0], self.tile.block_m), n_seqs * self.heads)

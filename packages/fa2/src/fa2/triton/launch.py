@@ -47,6 +47,7 @@ __all__ = [
     "read_layouts",
     "tma_capable",
     "tma_layouts",
+    "unused_pointers",
 ]
 
 _MAX_PLANS = 512
@@ -109,6 +110,17 @@ def read_layouts(
     copies = tuple(layout is None for layout in layouts)
     strides = [layout or dense_strides(t.shape) for layout, t in zip(layouts, tensors, strict=True)]
     return (copies if any(copies) else None), strides
+
+
+def unused_pointers(like: torch.Tensor, traced: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensors for the two cu_seqlens slots of a call over unpacked sequences, which the kernels
+    never read. Eager: `like` itself, twice (no allocation). Traced: two empty tensors of their
+    own. torch.compile functionalizes a user kernel by cloning the pointers it may write, one
+    clone per slot; a tensor passed in several slots then comes back as the clone of the wrong
+    slot (an unwritten buffer: the backward read its L from one and produced NaN)."""
+    if traced:
+        return like.new_empty(0, dtype=torch.int32), like.new_empty(0, dtype=torch.int32)
+    return like, like
 
 
 def needs_int64(shapes: list[torch.Size], strides: list[tuple[int, int, int]]) -> bool:
