@@ -8,6 +8,7 @@ the one-process run's checkpoint after step 2 (`one_process.halfway`) and run st
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -128,4 +129,4 @@ def test_torch_fsdp_compiles_per_block_on_a_gpu(train_argv, tmp_path):
     assert main([*argv, "--device", "cuda", "--nproc", "1", "--parallel", "torch-fsdp"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["compile"] and summary["config"]["precision"] == "bf16"
-    assert summary["final_train_loss"] < 5.0 and (out / "sample.txt").read_text()
+    assert summary["final_train_loss"] < math.log(256) and (out / "sample.txt").read_text()

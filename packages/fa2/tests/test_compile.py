@@ -235,9 +235,9 @@ def test_compiled_graph_reads_through_tma_and_copes_with_misaligned_inputs(d, mo
     traced_tma = []
     traceable = launch.CachedLaunch.traceable
 
-    def recording(self, tensors, scalars):
+    def recording(self, tensors, scalars, grid=None):
         traced_tma.append(self.options.get("TMA", False))
-        return traceable(self, tensors, scalars)
+        return traceable(self, tensors, scalars, grid)
 
     monkeypatch.setattr(launch.CachedLaunch, "traceable", recording)
     torch._dynamo.reset()  # static shapes (after other tests' recompiles they turn dynamic)
