@@ -4,31 +4,25 @@ The model (`TransformerLM`, the handout's sizes in `MODEL_SIZES`), pluggable att
 (`register_attention`), parameter and FLOP counts for MFU, and the training utilities: `AdamW`,
 `cross_entropy`, `cosine_lr`, `clip_grad_norm`, `get_batch`, checkpoints, `generate`, and
 `apply_activation_checkpointing`.
+
+`import lmcore` imports no torch: the configurations (`MODEL_SIZES`, `ModelConfig`, ...) and the
+counts are plain Python, and every other name imports its module (and torch) when first used.
 """
 
-from lmcore.activation_checkpointing import apply_activation_checkpointing
-from lmcore.attention import CausalSelfAttention
-from lmcore.backends import (
-    ATTENTION_BACKENDS,
-    AttentionBackend,
-    attention_scores,
-    causal_mask,
-    fa2_pytorch_attention,
-    fa2_triton_attention,
-    get_attention,
-    naive_attention,
-    register_attention,
-    repeat_kv_heads,
-    sdpa_attention,
-)
-from lmcore.clip import clip_grad_norm
+import importlib
+from typing import Any
+
+# Pure Python (no torch): imported with the package, so that `import lmcore` and its sizes,
+# configurations and counts cost milliseconds (a command line's `--help` lists the sizes).
 from lmcore.config import (
+    BUILTIN_ATTENTION,
     DEFAULT_ATTENTION,
     HANDOUT_SIZES,
     MODEL_SIZES,
     VOCAB_SIZE,
     ModelConfig,
     ModelSize,
+    attention_names,
     model_config,
 )
 from lmcore.counting import (
@@ -37,23 +31,60 @@ from lmcore.counting import (
     forward_flops_per_token,
     training_flops,
 )
-from lmcore.data import get_batch
-from lmcore.ffn import SwiGLU
-from lmcore.generation import generate
-from lmcore.linear import Embedding, Linear
-from lmcore.loss import cross_entropy
-from lmcore.model import TransformerBlock, TransformerLM
-from lmcore.norm import RMSNorm
-from lmcore.optim import AdamW
-from lmcore.rope import RotaryEmbedding
-from lmcore.schedule import cosine_lr
-from lmcore.serialization import load_checkpoint, save_checkpoint
+
+# Everything else needs torch: each name is imported from its module on first use (PEP 562).
+_LAZY: dict[str, tuple[str, ...]] = {
+    "lmcore.activation_checkpointing": ("apply_activation_checkpointing",),
+    "lmcore.attention": ("CausalSelfAttention",),
+    "lmcore.backends": (
+        "ATTENTION_BACKENDS",
+        "AttentionBackend",
+        "attention_scores",
+        "causal_mask",
+        "fa2_pytorch_attention",
+        "fa2_triton_attention",
+        "get_attention",
+        "naive_attention",
+        "register_attention",
+        "repeat_kv_heads",
+        "sdpa_attention",
+    ),
+    "lmcore.clip": ("clip_grad_norm",),
+    "lmcore.data": ("get_batch",),
+    "lmcore.ffn": ("SwiGLU",),
+    "lmcore.generation": ("generate",),
+    "lmcore.linear": ("Embedding", "Linear"),
+    "lmcore.loss": ("cross_entropy",),
+    "lmcore.model": ("TransformerBlock", "TransformerLM"),
+    "lmcore.norm": ("RMSNorm",),
+    "lmcore.optim": ("AdamW",),
+    "lmcore.rope": ("RotaryEmbedding",),
+    "lmcore.schedule": ("cosine_lr",),
+    "lmcore.serialization": ("load_checkpoint", "save_checkpoint"),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a torch-backed name from its module the first time it is used, and keep it."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
+
 
 # The package version; pyproject.toml reads it from here (hatch's version source).
 __version__ = "0.1.0"
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "BUILTIN_ATTENTION",
     "DEFAULT_ATTENTION",
     "HANDOUT_SIZES",
     "MODEL_SIZES",
@@ -71,6 +102,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerLM",
     "apply_activation_checkpointing",
+    "attention_names",
     "attention_scores",
     "causal_mask",
     "clip_grad_norm",
