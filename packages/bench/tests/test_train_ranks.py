@@ -16,7 +16,7 @@ import torch
 from spawn_ranks import free_port
 
 import lmcore
-from bench.train.run import main
+from bench.commands.train import main
 
 # The ranks average means of equal halves of each batch, and their gradients: the same sums in
 # another order, so float32 rounding (not the method) separates them from one process.
