@@ -41,7 +41,7 @@ def test_every_command_parses_and_the_part_fits_one_call(part):
     for _, name, argv in commands:
         assert argv[:3] == ["python3", "-m", "bench"], name
         module = bench_commands()["bench-" + argv[3]].partition(":")[0]
-        tool = importlib.import_module(module).TOOL
+        command = importlib.import_module(module).COMMAND
         args = argv[4:]
         if "--size" in args:
             start = args.index("--size") + 1
@@ -49,7 +49,7 @@ def test_every_command_parses_and_the_part_fits_one_call(part):
             sizes = args[start:end]
             assert set(sizes) <= set(MODEL_SIZES) | COMING_SIZES, name
             args[start:end] = ["tiny" if s in COMING_SIZES else s for s in sizes]
-        parsed = tool.parser().parse_args(args)
+        parsed = command.parser().parse_args(args)
         assert parsed.json is not None and parsed.json.parent == Path("results"), name
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import bench.tools.model
+from bench.commands.model import COMMAND, main
 from bench.core.nvtx import annotated_attention
 from bench.core.oom import OK, OOM
 from bench.core.results import load_json
@@ -15,7 +16,6 @@ from bench.tools.model import (
     PROFILE_COLUMNS,
     TOOL,
     config_argv,
-    main,
     run_model,
     run_warmup_study,
 )
@@ -142,7 +142,7 @@ def test_config_argv_round_trips(tiny_model_config):
     config = tiny_model_config(
         shapes=(shape_named("small"), custom), compile=(False, True), dtypes=("bf16",)
     )
-    parser = TOOL.parser()
+    parser = COMMAND.parser()
     args = parser.parse_args(config_argv(config))
     assert TOOL.config(args, parser, torch.device("cpu")) == config
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from spawn_ranks import free_port
 
 import ddp
+from bench.commands.train import COMMAND, main
 from bench.core.cli import resolve_device
 from bench.train import parallel as parallel_module
 from bench.train import run as run_module
@@ -23,11 +24,11 @@ from bench.train.lock import LOCK_FILE
 from bench.train.loop import Trainer
 from bench.train.options import may_change, parse_duration, read_config_file, write_config_file
 from bench.train.record import read_metrics
-from bench.train.run import build_parser, config_from_args, main
+from bench.train.run import config_from_args
 
 
 def test_the_parser_holds_no_default_and_the_device_default_agrees():
-    parser = build_parser()
+    parser = COMMAND.parser()
     options = [a for a in parser._actions if a.dest not in ("help", "config")]
     assert options and all(a.default is argparse.SUPPRESS for a in options)
     config = config_from_args(parser.parse_args(["--data", "x"]))
@@ -39,7 +40,7 @@ def test_the_parser_holds_no_default_and_the_device_default_agrees():
 
 
 def test_help_groups_the_options_and_shows_examples(help_text):
-    text = help_text(build_parser().parse_args)
+    text = help_text(COMMAND.parser().parse_args)
     for group in ("data:", "model:", "training:", "run:", "output:", "sampling:"):
         assert f"\n{group}\n" in text
     assert "--config runs/small/config.toml" in text and "--time-budget 20m" in text
@@ -143,7 +144,7 @@ def test_config_file_repeats_a_run_and_the_command_line_wins(one_process, losses
     mine = read_config_file(TrainConfig, again / "config.toml")
     theirs = read_config_file(TrainConfig, saved)
     assert mine == {**theirs, "out": str(again), "progress": False}
-    args = build_parser().parse_args(["--config", str(saved), "--lr", "0.01"])
+    args = COMMAND.parser().parse_args(["--config", str(saved), "--lr", "0.01"])
     assert config_from_args(args).lr == 0.01
 
 
@@ -178,7 +179,7 @@ def test_zero_gets_the_bucket_size(train_text, tmp_path, monkeypatch):
 
 
 def test_bucket_size_speaks_ddps_vocabulary():
-    parser = build_parser()
+    parser = COMMAND.parser()
     base = ["--data", "x", "--out", "y", "--device", "cpu"]
     for extra, size in (([], 25.0), (["--bucket-mb", "none"], None), (["--bucket-mb", "4"], 4.0)):
         assert config_from_args(parser.parse_args([*base, *extra])).bucket_size_mb == size

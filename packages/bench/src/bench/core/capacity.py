@@ -43,8 +43,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import ddp
 import lmcore
-import zero
 from bench.core.lm_params import model_parameters
 from bench.core.residuals import (
     LOSSES,
@@ -254,7 +254,9 @@ class TrainingPlan:
     hold_logits: bool = True
     ddp_buckets: str = "torch"
     fsdp_prefetch: bool = True
-    zero_bucket_mb: float | None = zero.DEFAULT_BUCKET_SIZE_MB
+    # zero.ShardedOptimizer's default cap, which is ddp's (tests/test_zero_with_ddp.py checks), read
+    # from ddp so that this module imports no torch (bench-plan's command line reads it).
+    zero_bucket_mb: float | None = ddp.DEFAULT_BUCKET_SIZE_MB
     loss_chunk_tokens: int | None = None
     checkpointing: Checkpointing = field(init=False, repr=False, compare=False)
 
@@ -452,7 +454,9 @@ def _state(plan: TrainingPlan) -> _State:
     total_local = sum(local)
     tp_text = "" if tp == 1 else f" / TP {tp}"
     if plan.layout == "zero1":
-        owners = zero.partition_by_numel(local, dp)
+        from zero import partition_by_numel  # imports torch: only when a plan is computed
+
+        owners = partition_by_numel(local, dp)
         stepped = max(
             sum(n for n, owner in zip(local, owners, strict=True) if owner == r) for r in range(dp)
         )

@@ -12,43 +12,36 @@ bench-zero share.
 - `Case`: one measured row, a variant and its bucket size.
 - On each rank: `build_model` (an XL model materialised from the meta device on the GPU),
   `token_batches` (each rank its own data), `ADAMW_OPTIONS`.
-- On the command line: `add_training_args`, `training_overrides`, `bucket_size_mb` (the type of
-  the `--*-bucket-mb` options).
+- On the command line: `bench.core.training_options` (light: the commands import it).
 
 The ranks themselves are run by `bench.core.distributed.measure_cases`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import ClassVar, Self
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-import ddp
 import lmcore
-from bench.core.cli import add_timing_args, config_or_default, distinct
-from bench.core.distributed import add_timeout_arg
 from bench.core.shapes import CPU_SIZE, shape_named
+from bench.core.tool import config_or_default
 
 __all__ = [
     "ADAMW_OPTIONS",
     "Case",
     "TrainingBenchConfig",
-    "add_training_args",
-    "bucket_size_mb",
     "build_lm",
     "build_model",
     "clip_grad_norm",
     "forward_backward",
     "token_batches",
     "train_step",
-    "training_overrides",
 ]
 
 # The training recipe does not matter for timing or memory beyond the state AdamW keeps (two
@@ -315,51 +308,3 @@ def train_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=set_to_none)
     return loss
-
-
-def bucket_size_mb(text: str) -> float | None:
-    """A `--*-bucket-mb` value in ddp's bucket vocabulary: MiB, finite and at least 0, or `none`
-    for one bucket (`ddp.bucket_bytes` checks it)."""
-    value = None if text.lower() == "none" else float(text)
-    try:
-        ddp.bucket_bytes(value)
-    except (TypeError, ValueError):
-        raise ValueError(text) from None
-    return value
-
-
-def add_training_args(
-    parser: argparse.ArgumentParser, *, variants: Sequence[str]
-) -> tuple[argparse._ArgumentGroup, argparse._ArgumentGroup]:
-    """Add the options of `TrainingBenchConfig`, `--timeout` and the timing options.
-
-    Returns:
-        The `model` and `run` option groups, for the tool's own options.
-    """
-    model = parser.add_argument_group("model")
-    model.add_argument(
-        "--size", choices=list(lmcore.MODEL_SIZES), help=f"model size (xl; {CPU_SIZE} on CPU)"
-    )
-    model.add_argument("--context-length", type=int, help="tokens per sequence (128)")
-    model.add_argument("--batch", type=int, help="sequences per rank (4)")
-    model.add_argument("--vocab-size", type=int, help=f"vocabulary ({lmcore.VOCAB_SIZE:,})")
-    run = parser.add_argument_group("run")
-    run.add_argument("--world-size", type=int, help="ranks, one GPU each on CUDA (2)")
-    run.add_argument("--variants", nargs="+", choices=variants, help="what to compare")
-    add_timeout_arg(run, scope="for all ranks")
-    add_timing_args(parser, warmup=None, steps=None)
-    return model, run
-
-
-def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The `TrainingBenchConfig` fields the options of `add_training_args` set (None: not given)."""
-    return {
-        "size": args.size,
-        "context_length": args.context_length,
-        "batch": args.batch,
-        "vocab_size": args.vocab_size,
-        "world_size": args.world_size,
-        "variants": distinct(args.variants),
-        "warmup": args.warmup,
-        "steps": args.steps,
-    }

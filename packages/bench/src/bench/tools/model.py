@@ -1,43 +1,7 @@
-"""bench-model: end-to-end timing of `lmcore.TransformerLM` (the handout's §1.1.3 to §1.1.6).
+"""bench-model's measurement: end-to-end timing of `lmcore.TransformerLM` (the handout's §1.1.3
+to §1.1.6), as `run_model(config)` and `run_warmup_study(config)`, and the `TOOL` its command runs.
 
-A model of a named size (Table 1: small … 2.7B) or of explicit dimensions, random weights, a
-random batch (default 4 sequences, vocabulary 10,000), run in one or more modes:
-
-- `forward`: the forward pass alone, under `torch.no_grad()` (inference).
-- `forward-backward`: forward with the cross-entropy loss, then backward.
-- `train-step`: forward, backward and an `lmcore.AdamW` step.
-
-Each configuration gets `--warmup` untimed steps and `--steps` timed ones; the device is
-synchronised around every timed region (forward, backward, optimizer), so each is timed on its
-own and a step is their sum. Reported: mean ± std per region and per step, the first timed step,
-tokens per second, peak memory (CUDA), and MFU where the device's peak is known (the assumed peak
-is in the notes; FLOPs from `lmcore.forward_flops` / `training_flops`).
-
-Options multiply: several `--size`, `--context-length`, `--mode`, `--dtype` (fp32, or bf16
-autocast), `--attention` and `--compile both` run every combination. `--nvtx` marks warm-up,
-steps, forward/backward/optimizer and, inside attention, scores/softmax/output for Nsight
-Systems. `--memory-snapshot PATH` records the allocator's history over the timed steps and writes
-the pickle (for pytorch.org/memory_viz) and a PNG timeline made here. `--profile DIR` runs the
-timed steps under `torch.profiler` and writes, per configuration, a Chrome/Perfetto trace
-(`<configuration>.pt.trace.json`) and kernel tables (`<configuration>_kernels.md`), plus
-`DIR/<DIR name>.json`, a run of tool `profile` that bench-report reads: CUDA kernels only (CPU
-operators without a GPU), ranked by total time per phase (forward, backward, optimizer, whole
-step) with the share of matmuls, softmax, elementwise kernels and the optimizer, and the
-`record_function` ranges reported separately, as ranges: softmax against the two matmuls inside
-naive attention comes from the same profile (see `bench.core.profiling`).
-`--warmup-study` re-runs the configuration in fresh processes with 0, 1, 2 and 5 warm-up steps.
-`--study residuals` measures what one TransformerBlock of each size saves for backward (the
-handout's §2.1.6 (f) and §3.1): the bytes by operation, the five largest with their share, with
-and without activation checkpointing, and the gradient bytes the block produces in backward
-(`bench.core.saved_tensors`; no GPU or Nsight needed). Examples::
-
-    bench-model --size small --context-length 128 256 --mode forward train-step --dtype fp32 bf16
-    bench-model --size xl --context-length 128 2048 --mode forward train-step --warmup 1 \\
-        --steps 1 --memory-snapshot memory.pickle
-    bench-model --size small --context-length 256 --mode forward train-step --profile profile
-    bench-model --size xl --context-length 128 2048 --dtype fp32 bf16 --study residuals
-
-Without a GPU a tiny model runs on the CPU by default (and says so).
+What each mode measures and the command line: `bench.commands.model` (`bench-model --help`).
 """
 
 from __future__ import annotations
@@ -55,15 +19,8 @@ from typing import Any
 
 import torch
 
-from bench.core.cli import (
-    Invocation,
-    Tool,
-    add_timing_args,
-    as_device,
-    config_or_default,
-    distinct,
-    progress,
-)
+from bench.commands.model import DTYPES, MODES, WARMUP_STUDY
+from bench.core.cli import distinct
 from bench.core.env import device_name
 from bench.core.hardware import matmul_format, peak_tflops
 from bench.core.memory import free_memory, peak_memory, reset_peak_memory, to_mib
@@ -82,8 +39,8 @@ from bench.core.results import Keys, Run, load_json
 from bench.core.saved_tensors import run_residual_study
 from bench.core.shapes import CPU_SIZE, Shape, shape_named
 from bench.core.timing import elapsed_ms, summarize
+from bench.core.tool import Invocation, Tool, as_device, config_or_default, progress
 from lmcore import (
-    ATTENTION_BACKENDS,
     DEFAULT_ATTENTION,
     HANDOUT_SIZES,
     MODEL_SIZES,
@@ -107,17 +64,11 @@ __all__ = [
     "ModelBenchConfig",
     "config_argv",
     "default_model_config",
-    "main",
     "plot_model",
     "run_model",
     "run_warmup_study",
 ]
 
-MODES = ("forward", "forward-backward", "train-step")
-DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast, fp32 throughout
-ATTENTIONS = ("naive", "sdpa", "fa2-pytorch", "fa2-triton")
-WARMUP_STUDY = (0, 1, 2, 5)  # the handout's §2.1.3 (c)
-STUDIES = ("residuals",)
 
 # Allocator events kept while recording a memory snapshot: enough for several training steps
 # of the largest model (each step allocates a few thousand blocks per layer).
@@ -669,49 +620,6 @@ def _shapes_from_args(args: argparse.Namespace) -> list[Shape]:
     return shapes
 
 
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    model = parser.add_argument_group("model")
-    model.add_argument("--size", nargs="+", choices=list(MODEL_SIZES), help="named sizes")
-    model.add_argument("--d-model", type=int, help="explicit width (with the three below)")
-    model.add_argument("--d-ff", type=int, help="explicit feed-forward width")
-    model.add_argument("--num-layers", type=int, help="explicit depth")
-    model.add_argument("--num-heads", type=int, help="explicit head count")
-    model.add_argument("--name", default="custom", help="table name of explicit dimensions")
-    model.add_argument("--context-length", type=int, nargs="+", help="sequence lengths")
-    model.add_argument("--batch", type=int, help="batch size (4)")
-    model.add_argument("--vocab-size", type=int, help=f"vocabulary ({VOCAB_SIZE:,})")
-    model.add_argument(
-        "--attention",
-        nargs="+",
-        choices=list(ATTENTION_BACKENDS),
-        help=f"backends ({DEFAULT_ATTENTION})",
-    )
-    run = parser.add_argument_group("run")
-    run.add_argument("--mode", nargs="+", choices=MODES, help="modes (all three)")
-    run.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="fp32 and/or bf16 autocast")
-    run.add_argument("--compile", choices=["off", "on", "both"], help="torch.compile (off)")
-    add_timing_args(parser, warmup=None, steps=None)
-    tools = parser.add_argument_group("profiling")
-    tools.add_argument("--nvtx", action="store_true", help="NVTX ranges for Nsight Systems")
-    tools.add_argument("--memory-snapshot", type=Path, metavar="PATH", help="allocator pickle")
-    tools.add_argument(
-        "--profile", type=Path, metavar="DIR", help="torch.profiler traces and kernel tables"
-    )
-    tools.add_argument(
-        "--study",
-        choices=STUDIES,
-        help="residuals: what one block saves for backward, by operation (no timing)",
-    )
-    tools.add_argument(
-        "--warmup-study",
-        type=int,
-        nargs="*",
-        metavar="W",
-        help="re-run in fresh processes with these warm-up counts "
-        f"({' '.join(map(str, WARMUP_STUDY))} when none given)",
-    )
-
-
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     compile_choice = {"off": (False,), "on": (True,), "both": (False, True)}
     return {
@@ -760,17 +668,4 @@ def _run(config: ModelBenchConfig | None, cli: Invocation) -> Run:
     )
 
 
-TOOL = Tool(
-    "bench-model",
-    __doc__,
-    add_options=_add_options,
-    run=_run,
-    default=default_model_config,
-    overrides=_overrides,
-    plot=plot_model,
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-model` (see the module docstring)."""
-    return TOOL.main(argv)
+TOOL = Tool(run=_run, default=default_model_config, overrides=_overrides, plot=plot_model)

@@ -5,8 +5,8 @@ Everything else is generated from those fields (`bench.train.options`): the comm
 config file a run writes and `--config` reads, the check a resume makes against its checkpoint.
 Defaults that depend on the device are a pair (CUDA, CPU) in the field's option; defaults that
 follow another option are rules on the class (`warmup`, `final_lr`, `log_interval`,
-`eval_interval`, `last_step`) or in `create`
-(the number of ranks, the parallel mode, `--baseline`'s settings).
+`eval_interval`, `last_step`) or in `create` (the number of ranks, the parallel mode,
+`--baseline`'s settings).
 """
 
 from __future__ import annotations
@@ -17,23 +17,33 @@ import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 import ddp
 import lmcore
-from bench.core.cli import resolve_device
-from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size
+from bench.core.cli import LazyChoices, bucket_size_mb, resolve_device
+from bench.core.ranks import DEFAULT_TIMEOUT_S, torchrun_world_size
 from bench.core.shapes import CPU_SIZE
-from bench.core.training import bucket_size_mb
-from bench.train import lm, parallel
 from bench.train.options import Group, flag_of, option, option_of, parse_duration
 from bench.train.tokenizer import TOKENIZERS
 
-__all__ = ["BASELINES", "PRECISIONS", "TrainConfig"]
+if TYPE_CHECKING:
+    import torch
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast, fp32 throughout
+__all__ = ["BASELINES", "CONFIG_FILE", "OPTIMIZERS", "PARALLEL_MODES", "PRECISIONS", "TrainConfig"]
+
+# This module imports no torch: bench-train's command line is built from it before anything heavy
+# is imported. The vocabularies its options offer are therefore here, not beside the code they
+# select (`bench.train.lm`, `bench.train.parallel`, which import them from here).
+PRECISIONS = LazyChoices(fp32=None, bf16="torch:bfloat16")  # None: no autocast, fp32 throughout
+# `--optimizer`: lmcore.AdamW (multi-tensor on CUDA; bit-equal to torch's AdamW), or torch's
+# fused AdamW (one kernel per group), the fastest correct AdamW the project has today.
+OPTIMIZERS = ("lmcore", "torch-fused")
+# `--parallel`: see `bench.train.parallel`.
+PARALLEL_MODES = ("none", "naive", "flat", "individual", "bucketed", "torch-ddp", "zero", "fsdp",
+                  "torch-fsdp")  # fmt: skip
+# The resolved options a run writes to its `--out` (and `--config` reads back).
+CONFIG_FILE = "config.toml"
 # `--baseline NAME`: the options a baseline runs with (given otherwise, they are an error).
 BASELINES = {"torch": {"attention": "sdpa", "optimizer": "torch-fused", "compile": True}}
 # The groups, in the order of `--help` and of config files.
@@ -107,7 +117,7 @@ class TrainConfig:
         "attention backend",
         group=MODEL,
         may_change=True,
-        choices=lambda: list(lmcore.ATTENTION_BACKENDS),
+        choices=lmcore.attention_names,
         device_default=("fa2-triton", "sdpa"),
     )
     batch_size: int = option(
@@ -133,7 +143,7 @@ class TrainConfig:
         "AdamW: lmcore.AdamW, or torch.optim.AdamW(fused=True)",
         group=TRAINING,
         may_change=True,
-        choices=lm.OPTIMIZERS,
+        choices=OPTIMIZERS,
         device_default=("torch-fused", "lmcore"),
     )
     device: str = option(
@@ -166,7 +176,7 @@ class TrainConfig:
         None,
         "data parallelism: the ddp wrappers, torch DDP, ZeRO-1, zero.FSDP, torch's FSDP2",
         group=RUN,
-        choices=parallel.MODES,
+        choices=PARALLEL_MODES,
         default_text="none; bucketed with several ranks",
     )
     nproc: int | None = option(
@@ -254,6 +264,8 @@ class TrainConfig:
             ValueError: a missing `--data`, an option out of range, or options that do not go
                 together.
         """
+        from bench.train import parallel  # imports torch, so here and not at the top
+
         names = {f.name for f in dataclasses.fields(cls)}
         given = {
             k: v
@@ -282,6 +294,10 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Check every option alone and together (see `create`)."""
+        import torch
+
+        from bench.train import parallel
+
         flag = functools.partial(flag_of, type(self))
         for f in dataclasses.fields(self):
             allowed, value = option_of(type(self), f.name).allowed(), getattr(self, f.name)

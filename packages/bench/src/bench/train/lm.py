@@ -18,6 +18,7 @@ from torch import nn
 
 import lmcore
 from bench.core.training import build_lm
+from bench.train.config import OPTIMIZERS
 
 __all__ = [
     "BETAS",
@@ -30,9 +31,6 @@ __all__ = [
     "param_groups",
 ]
 
-# `--optimizer`: lmcore.AdamW (multi-tensor on CUDA; bit-equal to torch's AdamW), or torch's
-# fused AdamW (one kernel per group), the fastest correct AdamW the project has today.
-OPTIMIZERS = ("lmcore", "torch-fused")
 # AdamW's moment decay rates: GPT-3's (Brown et al., 2020), which nanoGPT and the handout use.
 BETAS = (0.9, 0.95)
 

@@ -29,20 +29,10 @@ import ddp
 import lmcore
 import zero
 from bench.core.launch import torchrun_world_size, under_torchrun
+from bench.train.config import PARALLEL_MODES as MODES
 
 __all__ = ["MODES", "Parallel", "can_compile", "check", "checkpoint_layout", "default_mode"]
 
-MODES = (
-    "none",
-    "naive",
-    "flat",
-    "individual",
-    "bucketed",
-    "torch-ddp",
-    "zero",
-    "fsdp",
-    "torch-fsdp",
-)
 _DDP_WRAPPERS: Mapping[str, Callable[[nn.Module], nn.Module]] = {
     "naive": ddp.NaiveDDP,
     "flat": ddp.FlatDDP,
