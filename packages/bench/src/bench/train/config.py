@@ -21,6 +21,7 @@ import torch
 
 import ddp
 import lmcore
+from bench.core import model_options
 from bench.core.cli import resolve_device
 from bench.core.launch import torchrun_world_size
 from bench.core.shapes import CPU_SIZE
@@ -33,7 +34,14 @@ __all__ = ["BASELINES", "PRECISIONS", "TrainConfig"]
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast, fp32 throughout
 # `--baseline NAME`: the options a baseline runs with (given otherwise, they are an error).
-BASELINES = {"torch": {"attention": "sdpa", "optimizer": "torch-fused", "compile": True}}
+BASELINES = {
+    "torch": {
+        "attention": "sdpa",
+        "optimizer": "torch-fused",
+        "loss": "materialized",
+        "compile": True,
+    }
+}
 # The groups, in the order of `--help` and of config files.
 DATA = Group("data", "what to train on")
 MODEL = Group("model", "the Transformer (lmcore.TransformerLM)")
@@ -89,14 +97,10 @@ class TrainConfig:
         device_default=("small", CPU_SIZE),
     )
     d_model: int | None = option(None, "override the size's width", group=MODEL)
-    num_layers: int | None = option(None, "override the size's depth", group=MODEL)
+    num_layers: int | None = option(None, model_options.HELP["num_layers"], group=MODEL)
     num_heads: int | None = option(None, "override the size's attention heads", group=MODEL)
     num_kv_heads: int | None = option(
-        None,
-        "key/value heads, each shared by num_heads / num_kv_heads query heads (grouped-query "
-        "attention; 1: multi-query)",
-        group=MODEL,
-        default_text="one per head",
+        None, model_options.HELP["num_kv_heads"], group=MODEL, default_text="one per head"
     )
     d_ff: int | None = option(None, "override the size's feed-forward width", group=MODEL)
     context_length: int = option(256, "tokens per sequence", group=MODEL)
@@ -107,6 +111,14 @@ class TrainConfig:
         may_change=True,
         choices=lambda: list(lmcore.ATTENTION_BACKENDS),
         device_default=("fa2-triton", "sdpa"),
+    )
+    activation_checkpointing: str = option(
+        model_options.DEFAULT_CHECKPOINTING,
+        model_options.HELP["activation_checkpointing"],
+        group=MODEL,
+        may_change=True,
+        parse=model_options.checkpointing_spec,
+        metavar="SPEC",
     )
     batch_size: int = option(
         32, "sequences per optimizer step, over all ranks and micro-batches", group=TRAINING
@@ -128,11 +140,18 @@ class TrainConfig:
     seed: int = option(0, "model initialisation, data order and sample", group=TRAINING)
     optimizer: str | None = option(
         None,
-        "AdamW: lmcore.AdamW, or torch.optim.AdamW(fused=True)",
+        model_options.HELP["optimizer"],
         group=TRAINING,
         may_change=True,
         choices=lm.OPTIMIZERS,
         device_default=("torch-fused", "lmcore"),
+    )
+    loss: str = option(
+        model_options.DEFAULT_LOSS,
+        model_options.HELP["loss"],
+        group=TRAINING,
+        may_change=True,
+        choices=lm.LOSSES,
     )
     device: str = option(
         "auto",
@@ -311,6 +330,10 @@ class TrainConfig:
                 "--tensorboard needs the tensorboard package: pip install 'cs336sys-bench"
                 "[tensorboard]' (in the workspace: uv sync --extra tensorboard); or drop it"
             )
+        try:
+            lmcore.ActivationCheckpointing.parse(self.activation_checkpointing)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"--activation-checkpointing: {error}") from None
         self.model_config(vocab_size=256)  # checks the model's shape
 
     def model_config(self, *, vocab_size: int) -> lmcore.ModelConfig:
