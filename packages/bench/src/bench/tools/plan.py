@@ -72,6 +72,7 @@ from bench.core.fit import (
     largest_batch,
     largest_seq_len,
     least_recompute,
+    memory_argument,
     parse_memory,
 )
 from bench.core.memory import GIB
@@ -712,14 +713,6 @@ def _models_from_args(args: argparse.Namespace) -> tuple[tuple[str, lmcore.Model
     return tuple(out)
 
 
-def _memory_size(text: str) -> int:
-    """`--memory`'s type: `parse_memory`, its message kept in the usage error."""
-    try:
-        return parse_memory(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def _add_options(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("mode (default: predict the configurations below)")
     what.add_argument("--check", type=Path, metavar="DIR",
@@ -797,7 +790,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     hw = parser.add_argument_group("hardware")
     hw.add_argument(
         "--memory",
-        type=_memory_size,
+        type=memory_argument,
         metavar="SIZE",
         help="device memory to fit, e.g. 80GB, 141GB, 80GiB",
     )
