@@ -112,6 +112,48 @@ def test_the_rows_sit_beside_bench_plans_prediction(step_run, tmp_path):
                 assert abs(r["error_pct"]) < 0.01, r
 
 
+def test_each_option_reaches_the_rows_model(monkeypatch):
+    """The loss, optimizer and checkpointing of each row reach the model its step builds."""
+    import lmcore.linear
+
+    rows: list[dict] = []
+    build, optimizer = bench.core.full_step._build, bench.core.full_step.build_optimizer
+    apply, fused = lmcore.apply_activation_checkpointing, lmcore.linear.fused_linear_cross_entropy
+
+    def spy_build(spec, rank, device):
+        rows.append({"spec": spec, "fused": 0})
+        return build(spec, rank, device)
+
+    def spy_apply(model, *, policy):
+        rows[-1]["policy"] = policy
+        return apply(model, policy=policy)
+
+    def spy_optimizer(name, params, **options):
+        rows[-1]["optimizer"] = name
+        return optimizer(name, params, **options)
+
+    def spy_fused(*args, **kwargs):
+        rows[-1]["fused"] += 1
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(bench.core.full_step, "_build", spy_build)
+    monkeypatch.setattr(bench.core.full_step, "build_optimizer", spy_optimizer)
+    monkeypatch.setattr(lmcore, "apply_activation_checkpointing", spy_apply)
+    monkeypatch.setattr(lmcore.linear, "fused_linear_cross_entropy", spy_fused)
+    config = _config(
+        loss=("materialized", "fused"),
+        optimizer=("lmcore", "torch-fused"),
+        activation_checkpointing=("segments:1",),
+    )
+    run = run_step(config, device="cpu")
+    assert len(rows) == len(run.rows) == 5 and all(r["status"] == OK for r in run.rows)
+    for seen, row in zip(rows, run.rows, strict=True):
+        assert seen["spec"].impl == row["impl"]
+        assert seen["policy"] == row["activation_checkpointing"] == "segments:1"
+        assert seen["optimizer"] == row["optimizer"]
+        assert (seen["fused"] > 0) == (row["loss"] == "fused")
+
+
 def test_fsdp_on_two_gloo_ranks_beside_torch_fsdp2():
     run = run_step(
         _config(nproc=2, parallel="fsdp", num_layers=2, batch=1),
