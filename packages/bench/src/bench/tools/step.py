@@ -771,7 +771,12 @@ def _num_layers(text: str) -> int | str:
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
-    model.add_argument("--size", choices=list(lmcore.MODEL_SIZES), help="model size")
+    model.add_argument(
+        "--size",
+        choices=list(lmcore.MODEL_SIZES),
+        help="model size (leaderboard-8b with CUDA, tiny on a CPU); its own depth unless "
+        "--num-layers says otherwise",
+    )
     model.add_argument(
         "--num-layers",
         type=_num_layers,
@@ -779,9 +784,15 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         help="blocks, overriding the size's; fit: the most every row fits in the GPU's memory "
         "(or --memory) less --headroom, by bench-plan's model (the default on CUDA)",
     )
-    model.add_argument("--context-length", type=positive_int, help="tokens per sequence")
-    model.add_argument("--batch", type=positive_int, help="sequences per rank (1; 2 on a CPU)")
-    model.add_argument("--vocab-size", type=positive_int, help="vocabulary (the size's own)")
+    model.add_argument(
+        "--context-length", type=positive_int, metavar="N", help="tokens (the size's own)"
+    )
+    model.add_argument(
+        "--batch", type=positive_int, metavar="N", help="sequences per rank (1; 2 on a CPU)"
+    )
+    model.add_argument(
+        "--vocab-size", type=positive_int, metavar="N", help="vocabulary (the size's own)"
+    )
     model.add_argument(
         "--attention", nargs="+", choices=list(lmcore.ATTENTION_BACKENDS), help="ours' backends"
     )
@@ -798,14 +809,21 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         },
     )
     run = parser.add_argument_group("run")
-    run.add_argument("--precision", choices=PRECISIONS, help="bf16 (the leaderboard's; CPU fp32)")
+    run.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="fp32; bf16-autocast (float32 weights); bf16: the model built in bf16, the "
+        "leaderboard's (the default with CUDA; fp32 on a CPU)",
+    )
     run.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, help="torch.compile (on with CUDA)"
     )
     run.add_argument(
         "--native", action=argparse.BooleanOptionalAction, help="the torch-native rows (on)"
     )
-    run.add_argument("--nproc", type=positive_int, help="ranks (1; torchrun's under torchrun)")
+    run.add_argument(
+        "--nproc", type=positive_int, metavar="N", help="ranks (1; torchrun's under torchrun)"
+    )
     run.add_argument(
         "--parallel", choices=PARALLEL, help="ours on several ranks: zero (default) or fsdp"
     )
@@ -815,13 +833,22 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         "--memory", type=memory_argument, metavar="SIZE", help="what --num-layers fit fills (80GB)"
     )
     run.add_argument(
-        "--headroom", type=float, help=f"share --num-layers fit leaves free ({DEFAULT_HEADROOM})"
+        "--headroom",
+        type=float,
+        metavar="X",
+        help=f"share --num-layers fit leaves free ({DEFAULT_HEADROOM})",
     )
     run.add_argument(
-        "--warmup-ms", type=float, help=f"timing warm-up budget ({CUDA_BUDGET_MS[0]:g} on CUDA)"
+        "--warmup-ms",
+        type=float,
+        metavar="MS",
+        help=f"timing warm-up budget ({CUDA_BUDGET_MS[0]:g} with CUDA)",
     )
     run.add_argument(
-        "--rep-ms", type=float, help=f"timing measurement budget ({CUDA_BUDGET_MS[1]:g} on CUDA)"
+        "--rep-ms",
+        type=float,
+        metavar="MS",
+        help=f"timing measurement budget ({CUDA_BUDGET_MS[1]:g} with CUDA)",
     )
     add_timeout_arg(run, scope="for all ranks")
 
