@@ -41,7 +41,7 @@ PY=python3
 a() {
     local step
     step=$(stem step_leaderboard)
-    run 330 "depth-reduced leaderboard step" $PY -m bench step --size leaderboard-8b \
+    run 360 "depth-reduced leaderboard step" $PY -m bench step --size leaderboard-8b \
         --num-layers fit --batch 1 --precision bf16 --attention fa2-triton --loss fused \
         --optimizer lmcore-fused torch-fused --activation-checkpointing blocks --compile \
         --native --no-progress $(files "$step")
@@ -58,7 +58,7 @@ b() {
 c() {
     local study
     study=$(stem step_checkpointing)
-    run 120 "checkpointing study, xl" $PY -m bench step --study checkpointing --size xl \
+    run 90 "checkpointing study, xl" $PY -m bench step --study checkpointing --size xl \
         --context-length 2048 --batch 4 --precision bf16-autocast --attention fa2-triton \
         --loss materialized --optimizer torch-fused --no-compile --no-native \
         --warmup-ms 200 --rep-ms 1000 --no-progress $(files "$study")
