@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib
 import os
-import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
+from gpu_scripts import dry_run
 
 from bench.__main__ import commands as bench_commands
 from lmcore import MODEL_SIZES
@@ -20,12 +20,7 @@ COMING_SIZES = {"10B", "xl-2025"}
 
 
 def _commands(part: str) -> list[tuple[int, str, list[str]]]:
-    env = {**os.environ, "DRY_RUN": "1"}
-    out = subprocess.run(
-        ["bash", str(SCRIPT), part, "results"], capture_output=True, text=True, env=env, check=True
-    ).stdout
-    lines = [line.split("\t") for line in out.splitlines() if line]
-    return [(int(limit), name, shlex.split(command)) for limit, name, command in lines]
+    return dry_run(SCRIPT, part, "results")
 
 
 def _parts() -> list[str]:

@@ -15,8 +15,10 @@ import torch.distributed as dist
 from spawn_ranks import free_port
 
 import ddp
+import lmcore
 from bench.commands.train import COMMAND, main
 from bench.core.cli import resolve_device
+from bench.train import lm
 from bench.train import parallel as parallel_module
 from bench.train import run as run_module
 from bench.train.config import TrainConfig
@@ -24,7 +26,7 @@ from bench.train.lock import LOCK_FILE
 from bench.train.loop import Trainer
 from bench.train.options import may_change, parse_duration, read_config_file, write_config_file
 from bench.train.record import read_metrics
-from bench.train.run import config_from_args
+from bench.train.run import config_from_args, prepare
 
 
 def test_the_parser_holds_no_default_and_the_device_default_agrees():
@@ -224,3 +226,46 @@ def test_tensorboard_logs_the_metrics_of_metrics_jsonl(train_argv, tmp_path):
         expected = [(r["step"], r[key]) for r in records if key in r]
         assert [s for s, _ in logged] == [s for s, _ in expected], key
         assert [v for _, v in logged] == pytest.approx([v for _, v in expected], rel=1e-6), key
+
+
+def test_model_options_reach_the_trainers_model(one_process, losses_of, tmp_path):
+    """--activation-checkpointing and --loss fused reach the model: the one-process run again,
+    to rounding (the fused loss sums the same terms in chunks), with checkpoints in the model."""
+    out = tmp_path / "options"
+    saved = one_process.run / "config.toml"
+    extra = ["--activation-checkpointing", "segments:1", "--loss", "fused", "--no-progress"]
+    assert main(["--config", str(saved), "--out", str(out), *extra]) == 0
+    theirs = one_process.losses
+    assert losses_of(out).keys() == theirs.keys()
+    for step, loss in losses_of(out).items():
+        assert loss == pytest.approx(theirs[step], rel=1e-5), step
+    saved = read_config_file(TrainConfig, out / "config.toml")
+    assert (saved["activation_checkpointing"], saved["loss"]) == ("segments:1", "fused")
+    config = TrainConfig.create(**{**saved, "out": str(tmp_path / "fresh")})
+    prepare(config)  # the output folder, as bench-train makes it before training
+    trainer = Trainer(config)
+    assert isinstance(trainer.raw.layers, lmcore.CheckpointedBlockStack)
+    assert trainer.step_fn.keywords["fused_loss"] is True
+
+
+def test_the_optimizers_are_the_shared_ones():
+    assert TrainConfig.create(data="x", out="y", optimizer="lmcore-fused").optimizer == (
+        "lmcore-fused"
+    )
+    assert lm.optimizer_class("lmcore-fused", lr=0.1) == (
+        lmcore.AdamW,
+        {"lr": 0.1, "betas": lm.BETAS, "fused": True},
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"activation_checkpointing": "segments:0"}, "--activation-checkpointing"),
+        ({"loss": "chunked"}, "--loss 'chunked'"),
+        ({"baseline": "torch", "loss": "fused"}, "--baseline torch runs --loss materialized"),
+    ],
+)
+def test_bad_model_options_are_refused(options, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig.create(data="x", out="y", device="cpu", **options)

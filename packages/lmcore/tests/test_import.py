@@ -12,7 +12,8 @@ def test_import_lmcore_and_its_sizes_import_no_torch_and_every_name_is_there():
     check_lazy_package(
         lmcore,
         light_use="config = lmcore.model_config('small', context_length=256)\n"
-        "lmcore.count_parameters(config), sorted(lmcore.MODEL_SIZES), lmcore.attention_names()",
+        "lmcore.count_parameters(config), sorted(lmcore.MODEL_SIZES), lmcore.attention_names()\n"
+        "lmcore.ActivationCheckpointing.parse('nested').plan(config.num_layers)",
     )
 
 

@@ -7,15 +7,22 @@ and the loss without the full logits), `cosine_lr`, `clip_grad_norm`, `get_batch
 `generate`, and activation checkpointing (`apply_activation_checkpointing`, policies parsed by
 `ActivationCheckpointing.parse`).
 
-`import lmcore` imports no torch: the configurations (`MODEL_SIZES`, `ModelConfig`, ...) and the
-counts are plain Python, and every other name imports its module (and torch) when first used.
+`import lmcore` imports no torch: the configurations (`MODEL_SIZES`, `ModelConfig`, ...), the
+counts and the checkpointing policies (`ActivationCheckpointing`, the memory model) are plain
+Python, and every other name imports its module (and torch) when first used.
 """
 
 import importlib
 from typing import Any
 
 # Pure Python (no torch): imported with the package, so that `import lmcore` and its sizes,
-# configurations and counts cost milliseconds (a command line's `--help` lists the sizes).
+# configurations, counts and checkpointing policies cost milliseconds (a command line's `--help`
+# lists the sizes and parses a policy).
+from lmcore.checkpointing_policy import (
+    ActivationCheckpointing,
+    memory_optimal_segment_size,
+    peak_activation_bytes,
+)
 from lmcore.config import (
     BUILTIN_ATTENTION,
     DEFAULT_ATTENTION,
@@ -38,11 +45,8 @@ from lmcore.counting import (
 # Everything else needs torch: each name is imported from its module on first use (PEP 562).
 _LAZY: dict[str, tuple[str, ...]] = {
     "lmcore.activation_checkpointing": (
-        "ActivationCheckpointing",
         "CheckpointedBlockStack",
         "apply_activation_checkpointing",
-        "memory_optimal_segment_size",
-        "peak_activation_bytes",
         "saved_activation_bytes",
     ),
     "lmcore.attention": ("CausalSelfAttention",),

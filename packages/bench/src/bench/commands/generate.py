@@ -18,7 +18,8 @@ from pathlib import Path
 
 import lmcore
 from bench.core.cli import Command
-from bench.train.config import PRECISIONS, TrainConfig
+from bench.train.choices import PRECISIONS
+from bench.train.config import TrainConfig
 from bench.train.options import add_options as add_config_options
 
 __all__ = ["COMMAND", "SAMPLING", "add_options", "main"]

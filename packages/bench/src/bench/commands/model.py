@@ -14,7 +14,13 @@ tokens per second, peak memory (CUDA), and MFU where the device's peak is known 
 is in the notes; FLOPs from `lmcore.forward_flops` / `training_flops`).
 
 Options multiply: several `--size`, `--context-length`, `--mode`, `--dtype` (fp32, or bf16
-autocast), `--attention` and `--compile both` run every combination. `--nvtx` marks warm-up,
+autocast), `--attention`, `--compile both`, `--activation-checkpointing` (lmcore's forms: none,
+blocks, every:K, segments:K, nested, nested:K), `--loss` (materialized or fused: lmcore's LM head +
+cross-entropy without the logits) and `--optimizer` (lmcore, lmcore-fused, torch-fused; the
+train step's AdamW) run every combination (the loss only in the training modes, the optimizer
+only in the train step). `--num-layers N` overrides the sizes' depth (a depth-reduced model) and
+`--num-kv-heads N` gives grouped-query attention; the vocabulary is the size's own (10,000, or
+the leaderboard model's 151,936) unless `--vocab-size` says otherwise. `--nvtx` marks warm-up,
 steps, forward/backward/optimizer and, inside attention, scores/softmax/output for Nsight
 Systems. `--memory-snapshot PATH` records the allocator's history over the timed steps and writes
 the pickle (for pytorch.org/memory_viz) and a PNG timeline made here. `--profile DIR` runs the
@@ -36,6 +42,11 @@ and without activation checkpointing, and the gradient bytes the block produces 
         --steps 1 --memory-snapshot memory.pickle
     bench-model --size small --context-length 256 --mode forward train-step --profile profile
     bench-model --size xl --context-length 128 2048 --dtype fp32 bf16 --study residuals
+    bench-model --size xl --context-length 2048 --batch 4 --dtype bf16 --mode train-step \\
+        --attention fa2-triton --activation-checkpointing none blocks segments:2 nested \\
+        --loss fused --optimizer lmcore-fused
+    bench-model --size leaderboard-8b --num-layers 4 --context-length 8192 --batch 1 \\
+        --dtype bf16 --attention fa2-triton --mode forward-backward --loss materialized fused
 
 Without a GPU a tiny model runs on the CPU by default (and says so).
 """
@@ -46,6 +57,7 @@ import argparse
 from pathlib import Path
 
 from bench.core.cli import Command, LazyChoices, add_timing_args
+from bench.core.model_options import DEFAULT_CHECKPOINTING, DEFAULT_LOSS, add_model_options
 from lmcore import DEFAULT_ATTENTION, MODEL_SIZES, VOCAB_SIZE, attention_names
 
 __all__ = ["COMMAND", "DTYPES", "MODES", "STUDIES", "WARMUP_STUDY", "add_options", "main"]
@@ -60,19 +72,32 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     """bench-model's options: the model, the run, the timing and the profiling."""
     model = parser.add_argument_group("model")
     model.add_argument("--size", nargs="+", choices=list(MODEL_SIZES), help="named sizes")
-    model.add_argument("--d-model", type=int, help="explicit width (with the three below)")
+    model.add_argument(
+        "--d-model", type=int, help="explicit width (with --d-ff, --num-heads, --num-layers)"
+    )
     model.add_argument("--d-ff", type=int, help="explicit feed-forward width")
-    model.add_argument("--num-layers", type=int, help="explicit depth")
     model.add_argument("--num-heads", type=int, help="explicit head count")
     model.add_argument("--name", default="custom", help="table name of explicit dimensions")
     model.add_argument("--context-length", type=int, nargs="+", help="sequence lengths")
     model.add_argument("--batch", type=int, help="batch size (4)")
-    model.add_argument("--vocab-size", type=int, help=f"vocabulary ({VOCAB_SIZE:,})")
+    model.add_argument(
+        "--vocab-size", type=int, help=f"vocabulary (the size's own: {VOCAB_SIZE:,} for most)"
+    )
     model.add_argument(
         "--attention",
         nargs="+",
         choices=attention_names(),
         help=f"backends ({DEFAULT_ATTENTION})",
+    )
+    add_model_options(
+        model,
+        several=True,
+        optimizer=True,
+        defaults={
+            "activation_checkpointing": DEFAULT_CHECKPOINTING,
+            "loss": DEFAULT_LOSS,
+            "optimizer": "lmcore",
+        },
     )
     run = parser.add_argument_group("run")
     run.add_argument("--mode", nargs="+", choices=MODES, help="modes (all three)")

@@ -50,20 +50,12 @@ from bench.core.capacity import (
 )
 from bench.core.cli import Command
 from bench.core.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS
-from bench.core.fit import parse_memory
+from bench.core.fit import memory_argument
 from bench.core.residuals import ATTENTION_KINDS, LOSSES
 
 __all__ = ["COMMAND", "PRESETS", "add_options", "main"]
 
 PRESETS = ("leaderboard-2026",)
-
-
-def _memory_size(text: str) -> int:
-    """`--memory`'s type: `parse_memory`, its message kept in the usage error."""
-    try:
-        return parse_memory(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -144,7 +136,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     hw = parser.add_argument_group("hardware")
     hw.add_argument(
         "--memory",
-        type=_memory_size,
+        type=memory_argument,
         metavar="SIZE",
         help="device memory to fit, e.g. 80GB, 141GB, 80GiB",
     )

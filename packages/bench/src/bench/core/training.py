@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 import lmcore
+from bench.core.model_runtime import next_token_loss
 from bench.core.shapes import CPU_SIZE, shape_named
 from bench.core.tool import config_or_default
 
@@ -187,6 +188,7 @@ def forward_backward(
     *,
     autocast_dtype: torch.dtype | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
+    fused_loss: bool = False,
 ) -> torch.Tensor:
     """Forward and backward of next-token cross-entropy over `micro_batches`; the mean loss.
 
@@ -203,6 +205,8 @@ def forward_backward(
         autocast_dtype: run forward and loss under `torch.autocast` in this dtype (e.g.
             `torch.bfloat16`); None runs in the parameters' dtype.
         loss_fn: `(logits, targets) -> mean loss`; `lmcore.cross_entropy` (or a compiled one).
+        fused_loss: the model's own fused LM head + loss instead, `model(inputs,
+            targets=targets)`, which never holds the logits (`loss_fn` is then not used).
 
     Returns:
         The mean loss over the micro-batches, detached: a 0-d tensor in at least fp32, left on the
@@ -224,8 +228,10 @@ def forward_backward(
             with torch.autocast(
                 device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None
             ):
-                logits = model(tokens[:, :-1])  # (batch, seq, vocab)
-                loss = loss_fn(logits, tokens[:, 1:]) / len(micro_batches)
+                loss = next_token_loss(
+                    model, tokens[:, :-1], tokens[:, 1:], fused=fused_loss, loss_fn=loss_fn
+                )
+                loss = loss / len(micro_batches)
             loss.backward()
         losses.append(loss.detach())
     if hasattr(model, "finish_gradient_synchronization"):
@@ -280,6 +286,7 @@ def train_step(
     sharded_params: Collection[torch.Tensor] = (),
     set_to_none: bool = True,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
+    fused_loss: bool = False,
 ) -> torch.Tensor:
     """One training step: `forward_backward`, optional clipping, the optimizer step, zero_grad.
 
@@ -302,7 +309,9 @@ def train_step(
     Returns:
         The step's mean loss, detached (see `forward_backward`).
     """
-    loss = forward_backward(model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
+    loss = forward_backward(
+        model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn, fused_loss=fused_loss
+    )
     if max_grad_norm is not None:
         clip_grad_norm(list(model.parameters()), max_grad_norm, sharded=sharded_params)
     optimizer.step()

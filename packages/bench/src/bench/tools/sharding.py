@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import ddp
 import lmcore
@@ -33,8 +32,10 @@ from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
 from bench.core.plots import Bars, stacked_bar_plot
 from bench.core.results import Keys, Run
+from bench.core.step_memory import tensor_bytes
 from bench.core.timing import elapsed_ms
 from bench.core.tool import Invocation, Tool, as_device
+from bench.core.torch_native import fully_shard_blocks
 from bench.core.training import (
     ADAMW_OPTIONS,
     Case,
@@ -157,25 +158,14 @@ def _cases(config: ZeroBenchConfig) -> list[ZeroCase]:
     return cases
 
 
-def _torch_fsdp(model: lmcore.TransformerLM, compute_dtype: torch.dtype) -> nn.Module:
-    """torch's FSDP2 applied as its docs advise: every block, then the root."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    policy = MixedPrecisionPolicy(
-        param_dtype=None if compute_dtype == torch.float32 else compute_dtype
-    )
-    for block in model.layers:
-        fully_shard(block, mp_policy=policy)
-    return fully_shard(model, mp_policy=policy)
-
-
 def _wrap(case: ZeroCase, model: lmcore.TransformerLM, device: torch.device) -> nn.Module:
     if case.variant == "bucketed-sharded":
         return ddp.DDPBucketed(model)
     if case.variant in FSDP_VARIANTS:
         dtype = COMPUTE_DTYPES[case.compute_dtype or "fp32"]
         if case.variant == "torch-fsdp":
-            return _torch_fsdp(model, dtype)
+            param_dtype = None if dtype == torch.float32 else dtype
+            return fully_shard_blocks(model, model.layers, param_dtype=param_dtype)
         return FSDP(
             model,
             compute_dtype=dtype,
@@ -204,20 +194,6 @@ def _optimizer(case: Case, params: Iterable[nn.Parameter], config: ZeroBenchConf
     return optimizer, lambda: optimizer.local_optimizer.state
 
 
-def _bytes(tensors: Iterable[Any], device: torch.device) -> int:
-    """Bytes of the distinct tensors among `tensors` that live on `device` (shared storage once).
-
-    A DTensor (torch FSDP2's parameters, gradients and optimizer state) counts its local shard.
-    """
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if is_traceable_wrapper_subclass(t) and hasattr(t, "to_local"):
-            t = t.to_local()
-        if isinstance(t, torch.Tensor) and t.device == device:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(seen.values())
-
-
 def _measure_case(
     case: ZeroCase, config: ZeroBenchConfig, rank: int, device: torch.device
 ) -> dict[str, Any]:
@@ -241,15 +217,15 @@ def _measure_case(
     reset_peak_memory(device)
     forward_backward(wrapped, [next(batches)])
     before_peak = peak_memory(device)
-    grads = _bytes((p.grad for p in model.parameters()), device)
+    grads = tensor_bytes((p.grad for p in model.parameters()), device)
     optimizer.step()
     after_peak = peak_memory(device)
-    state = _bytes((v for s in local_state().values() for v in s.values()), device)
+    state = tensor_bytes((v for s in local_state().values() for v in s.values()), device)
     return {
         "init": init_peak,
         "before_step": before_peak,
         "after_step": after_peak,
-        "param": _bytes(model.parameters(), device),
+        "param": tensor_bytes(model.parameters(), device),
         "grad": grads,
         "state": state,
         "times": times,

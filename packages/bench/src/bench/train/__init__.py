@@ -3,7 +3,8 @@
 One owner per concern, in the order a run meets them:
 
 - `config`: `TrainConfig`, every option once (default, help, group, whether a resume may change
-  it); `options`: the command line and config files generated from it;
+  it); `options`: the command line and config files generated from it; `choices`: the names
+  `--precision`, `--parallel` and `--baseline` offer;
 - `data` (token files, the cache, `Batches`) and `tokenizer` (bytes, BPE);
 - `lm`: the model, its loss and its optimizer as lmcore makes them (where new lmcore options
   plug in);

@@ -18,7 +18,7 @@ from bench.commands.generate import SAMPLING
 from bench.core.cli import resolve_device, usage_errors
 from bench.core.training import build_lm
 from bench.train.checkpoint import CHECKPOINT, read_checkpoint
-from bench.train.config import PRECISIONS
+from bench.train.choices import PRECISIONS
 from bench.train.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["load_run", "run_parsed", "sample"]
