@@ -58,8 +58,6 @@ __all__ = [
     "NATIVE_ATTENTION",
     "NATIVE_LOSS",
     "NATIVE_OPTIMIZER",
-    "PARALLEL",
-    "PRECISIONS",
     "StepSpec",
     "measure_step",
     "step_flops",
@@ -85,14 +83,14 @@ class StepSpec:
         model: the model (the torch-native step's attention is SDPA).
         batch: sequences per rank, each `model.context_length` tokens.
         impl: `ours` or `torch-native`.
-        precision: from `PRECISIONS`.
+        precision: from `bench.core.step_names.PRECISIONS`.
         loss: `materialized` or `fused` (ours; the torch-native step's is `chunked`).
         optimizer: from `bench.core.model_options.OPTIMIZERS` (the torch-native step's is
             `torch-fused`).
         activation_checkpointing: an lmcore spec, for both.
         compile: `torch.compile` (ours: the model; torch-native: each block and the loss).
         world_size: ranks in the default process group (1: none).
-        parallel: ours on several ranks, from `PARALLEL`.
+        parallel: ours on several ranks, from `bench.core.step_names.PARALLEL`.
         warmup_ms, rep_ms: the timing's warm-up and measurement budgets.
 
     Raises:
