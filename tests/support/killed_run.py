@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from bench.commands.train import main
 from bench.train.faults import KILL_AT
-from bench.train.run import main
 
 __all__ = ["run_killed"]
 

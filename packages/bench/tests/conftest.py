@@ -14,6 +14,7 @@ import torch
 from generated_text import generated_text
 
 import bench.tools.attn
+from bench.commands.train import main as bench_train
 from bench.core.results import Run, save_json
 from bench.tools.attn import AttnConfig, run_attention
 from bench.tools.data_parallel import DDPBenchConfig, run_ddp
@@ -22,7 +23,6 @@ from bench.tools.model import ModelBenchConfig, run_model
 from bench.tools.precision import run_precision
 from bench.tools.sharding import ZeroBenchConfig, run_zero
 from bench.train.record import read_metrics
-from bench.train.run import main as bench_train
 from lmcore import ModelSize
 
 # A model small enough that a training step takes milliseconds on one CPU thread.

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from bench.commands.allreduce import COMMAND, main
 from bench.core.launch import is_primary, launch, under_torchrun
 from bench.core.results import load_json, save_json
 from bench.tools.allreduce import (
@@ -15,7 +16,6 @@ from bench.tools.allreduce import (
     AllReduceConfig,
     _skip_reason,
     bus_bandwidth_factor,
-    main,
     plot_allreduce,
     run_allreduce,
 )
@@ -113,7 +113,7 @@ def test_invalid_config_raises(bad):
 
 
 def test_options_override_the_device_default():
-    parser = TOOL.parser()
+    parser = COMMAND.parser()
     args = parser.parse_args(["--sizes-mb", "1", "2", "--world-sizes", "2", "--full"])
     config = TOOL.config(args, parser, torch.device("cpu"))
     assert config.sizes_mb == (1.0, 2.0) and config.world_sizes == (2,) and config.full

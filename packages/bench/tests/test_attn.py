@@ -1,11 +1,17 @@
 """bench-attn: records, OOM handling, the CPU default, the command line."""
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
+from bench.commands.attn import COMMAND, main
 from bench.core.oom import OK, OOM
+from bench.core.results import load_json
 from bench.tools.attn import (
     COLUMNS,
     HANDOUT_GRID,
@@ -13,7 +19,6 @@ from bench.tools.attn import (
     TOOL,
     AttnConfig,
     default_attn_config,
-    main,
     run_attention,
 )
 
@@ -70,11 +75,30 @@ def test_missing_fa2_is_skipped_not_fatal(tiny_attn_config, monkeypatch):
     assert status["fa2-pytorch"].startswith("skipped: the fa2 package is not importable")
 
 
-def test_cpu_default_completes_and_says_so(capsys):
-    run = run_attention(device="cpu", show_progress=False)
+def test_the_main_job_runs_as_the_readme_gives_it(tmp_path):
+    """`uv run bench-attn`: the console script (`python -m bench attn` where the sources are on
+    the path without an installation), in a process of its own, runs the CPU default and says
+    so. The one run of the real default in the tests: its numbers are checked by the tests above
+    on smaller grids."""
+    script = Path(sys.executable).with_name("bench-attn")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "bench", "attn"]
+    out = tmp_path / "attn.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # the CPU default
+    proc = subprocess.run(
+        [*command, "--no-progress", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "no GPU: running the small CPU default" in proc.stderr
+    run = load_json(out)
+    assert run.command.startswith("bench-attn") and "| impl" in proc.stdout
     assert any("no GPU" in n for n in run.notes)
-    assert "no GPU" in capsys.readouterr().err
     assert {r["status"] for r in run.rows if r["impl"] != "fa2-triton"} == {OK}
+    assert len(run.rows) == default_attn_config("cpu").num_cells
 
 
 @pytest.mark.parametrize("bad", [{"impls": ("nope",)}, {"dtype": "fp8"}, {"seqs": (0,)}])
@@ -105,7 +129,7 @@ def test_gpu_default_is_the_story_in_about_a_minute():
 
 
 def test_grid_handout_is_the_whole_grid_and_options_still_apply():
-    parser = TOOL.parser()
+    parser = COMMAND.parser()
     cuda = torch.device("cuda")
     handout = TOOL.config(parser.parse_args(["--grid", "handout"]), parser, cuda)
     assert handout == HANDOUT_GRID

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import lmcore
+from bench.commands.data_parallel import COMMAND, main
 from bench.core.results import load_json, save_json
 from bench.tools.data_parallel import (
     COLUMNS,
     TOOL,
     VARIANTS,
     DDPBenchConfig,
-    main,
     plot_ddp,
 )
 
@@ -122,7 +122,7 @@ def test_invalid_config_raises(bad):
 
 
 def test_options_override_the_device_default():
-    parser = TOOL.parser()
+    parser = COMMAND.parser()
     argv = ["--size", "small", "--bucket-mb", "5", "none", "--torch-bucket-mb", "default", "50"]
     config = TOOL.config(parser.parse_args(argv), parser, torch.device("cpu"))
     assert config.size == "small"

@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import pytest
 
+from bench.commands.flash import main
 from bench.core.oom import OK
 from bench.tools.flash import (
     COLUMNS,
     PRESETS,
     attention_flops,
-    main,
     run_flash,
 )
 

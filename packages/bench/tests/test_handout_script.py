@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib
 import os
-import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
+from gpu_scripts import dry_run
 
 from bench.__main__ import commands as bench_commands
 from lmcore import MODEL_SIZES
@@ -20,12 +20,7 @@ COMING_SIZES = {"10B", "xl-2025"}
 
 
 def _commands(part: str) -> list[tuple[int, str, list[str]]]:
-    env = {**os.environ, "DRY_RUN": "1"}
-    out = subprocess.run(
-        ["bash", str(SCRIPT), part, "results"], capture_output=True, text=True, env=env, check=True
-    ).stdout
-    lines = [line.split("\t") for line in out.splitlines() if line]
-    return [(int(limit), name, shlex.split(command)) for limit, name, command in lines]
+    return dry_run(SCRIPT, part, "results")
 
 
 def _parts() -> list[str]:
@@ -41,7 +36,7 @@ def test_every_command_parses_and_the_part_fits_one_call(part):
     for _, name, argv in commands:
         assert argv[:3] == ["python3", "-m", "bench"], name
         module = bench_commands()["bench-" + argv[3]].partition(":")[0]
-        tool = importlib.import_module(module).TOOL
+        command = importlib.import_module(module).COMMAND
         args = argv[4:]
         if "--size" in args:
             start = args.index("--size") + 1
@@ -49,7 +44,7 @@ def test_every_command_parses_and_the_part_fits_one_call(part):
             sizes = args[start:end]
             assert set(sizes) <= set(MODEL_SIZES) | COMING_SIZES, name
             args[start:end] = ["tiny" if s in COMING_SIZES else s for s in sizes]
-        parsed = tool.parser().parse_args(args)
+        parsed = command.parser().parse_args(args)
         assert parsed.json is not None and parsed.json.parent == Path("results"), name
 
 

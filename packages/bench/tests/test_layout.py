@@ -1,7 +1,9 @@
 """The package's layout: plumbing (`bench.core`) imports neither a tool nor the trainer; tools
 (`bench.tools`) and the trainer (`bench.train`) never import each other (the report may read
-both); no module takes the name of a package it measures; every trainer file stays under 400
-lines; and every command runs as a console script and as `python -m bench <command>`."""
+both); a command (`bench.commands`) names its implementation instead of importing it; no module
+takes the name of a package it measures; every trainer file stays under 400 lines; and every
+command runs as a console script and as `python -m bench <command>`. That each command's
+`--help` and usage errors come before torch is checked by test_commands.py."""
 
 from __future__ import annotations
 
@@ -17,13 +19,17 @@ import pytest
 import bench
 from bench.__main__ import commands
 from bench.__main__ import main as dispatch
+from bench.core.cli import Command
 
 SRC = Path(bench.__file__).parent
 PYPROJECT = SRC.parents[1] / "pyproject.toml"
 MEASURED_PACKAGES = {"lmcore", "fa2", "ddp", "zero"}
-# plumbing, tools, the trainer, and the handout answers (which only the report reads)
-LAYERS = ("core", "tools", "train", "handout")
+# plumbing, the commands, tools, the trainer, and the handout answers (which only the report reads)
+LAYERS = ("core", "commands", "tools", "train", "handout")
 REPORT = "bench.tools.report"  # the one module that may read both tools and the trainer
+# What a command may import of the trainer: its options (bench-train's and bench-generate's
+# command lines are generated from `TrainConfig`) and the names they offer, which import no torch.
+TRAINER_OPTIONS = {"bench.train.config", "bench.train.options", "bench.train.choices"}
 MAX_TRAINER_LINES = 400
 
 
@@ -93,17 +99,34 @@ def test_every_trainer_file_is_under_400_lines(path):
     assert len(path.read_text().splitlines()) < MAX_TRAINER_LINES
 
 
+@pytest.mark.parametrize("path", _modules("commands"), ids=lambda p: p.name)
+def test_a_command_names_its_implementation_instead_of_importing_it(path):
+    imported = {m for m in _imported_modules(path) if _layer(m) in ("tools", "train", "handout")}
+    allowed = {
+        m for m in imported if m.rpartition(".")[0] in TRAINER_OPTIONS or m in TRAINER_OPTIONS
+    }
+    assert imported == allowed, (
+        f"bench/commands/{path.name} imports {sorted(imported - allowed)}: name the "
+        "implementation in Command(run='module:name') and keep the options' vocabulary here"
+    )
+
+
 def test_every_tool_is_a_command_and_every_command_a_main():
     scripts = tomllib.loads(PYPROJECT.read_text())["project"]["scripts"]
     assert commands() == scripts  # what `python -m bench` dispatches to
-    targets = {}
-    for command, target in scripts.items():
+    implementations = set()
+    for name, target in scripts.items():
         module, _, function = target.partition(":")
-        assert command.startswith("bench-") and _layer(module) in ("tools", "train"), command
-        assert callable(getattr(importlib.import_module(module), function)), command
-        targets.setdefault(_layer(module), set()).add(module.rsplit(".", 1)[1])
-    tools = {p.stem for p in _modules("tools")} - {"__init__"}
-    assert targets["tools"] == tools
+        assert name.startswith("bench-") and _layer(module) == "commands", name
+        assert function == "main", name
+        command = importlib.import_module(module).COMMAND
+        assert isinstance(command, Command) and command.prog == name, name
+        assert callable(command.runner()), name
+        implementations.add(command.run.partition(":")[0])
+    stems = {target.partition(":")[0].rsplit(".", 1)[1] for target in scripts.values()}
+    assert stems == {p.stem for p in _modules("commands") if p.stem != "__init__"}
+    tools = {f"bench.tools.{p.stem}" for p in _modules("tools") if p.stem != "__init__"}
+    assert tools <= implementations, f"tools without a command: {sorted(tools - implementations)}"
 
 
 def test_python_dash_m_bench_runs_a_command():

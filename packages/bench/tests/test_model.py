@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import bench.tools.model
+import lmcore
+from bench.commands.model import COMMAND, main
 from bench.core.nvtx import annotated_attention
 from bench.core.oom import OK, OOM
 from bench.core.results import load_json
@@ -15,7 +17,6 @@ from bench.tools.model import (
     PROFILE_COLUMNS,
     TOOL,
     config_argv,
-    main,
     run_model,
     run_warmup_study,
 )
@@ -142,7 +143,7 @@ def test_config_argv_round_trips(tiny_model_config):
     config = tiny_model_config(
         shapes=(shape_named("small"), custom), compile=(False, True), dtypes=("bf16",)
     )
-    parser = TOOL.parser()
+    parser = COMMAND.parser()
     args = parser.parse_args(config_argv(config))
     assert TOOL.config(args, parser, torch.device("cpu")) == config
 
@@ -195,3 +196,83 @@ def test_cuda_compiled_bf16_nvtx_step(tiny_model_config):
         show_progress=False,
     )
     assert run.rows[0]["status"] == OK
+
+
+def test_model_options_reach_the_model(tiny_model_config, monkeypatch):
+    """Checkpointing, the fused loss and the optimizer each reach the model of their rows, and
+    only the rows of the modes that use them."""
+    import lmcore.linear
+
+    seen = {"policies": [], "optimizers": [], "fused_calls": 0}
+    apply, build = (
+        bench.tools.model.apply_activation_checkpointing,
+        bench.tools.model.build_optimizer,
+    )
+    fused = lmcore.linear.fused_linear_cross_entropy
+
+    def spy_apply(model, *, policy):
+        seen["policies"].append(policy)
+        return apply(model, policy=policy)
+
+    def spy_build(name, params, **options):
+        seen["optimizers"].append(name)
+        return build(name, params, **options)
+
+    def spy_fused(*args, **kwargs):
+        seen["fused_calls"] += 1
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(bench.tools.model, "apply_activation_checkpointing", spy_apply)
+    monkeypatch.setattr(bench.tools.model, "build_optimizer", spy_build)
+    monkeypatch.setattr(lmcore.linear, "fused_linear_cross_entropy", spy_fused)
+    config = tiny_model_config(
+        modes=("forward", "train-step"),
+        activation_checkpointing=("none", "segments:1"),
+        loss=("materialized", "fused"),
+        optimizer=("lmcore", "torch-fused"),
+        warmup=0,
+        steps=1,
+    )
+    run = run_model(config, device="cpu", show_progress=False)
+    forward, *training = run.rows
+    assert (forward["activation_checkpointing"], forward["loss"], forward["optimizer"]) == (
+        None,
+        None,
+        None,
+    )
+    combos = {(r["activation_checkpointing"], r["loss"], r["optimizer"]) for r in training}
+    assert len(training) == len(combos) == 8 and all(r["status"] == OK for r in run.rows)
+    assert seen["policies"] == [r["activation_checkpointing"] for r in training]
+    assert seen["optimizers"] == [r["optimizer"] for r in training]
+    assert seen["fused_calls"] == sum(r["loss"] == "fused" for r in training)  # one step each
+
+
+def test_depth_and_grouped_query_attention_reach_the_model(tiny_model_config):
+    config = tiny_model_config(
+        shapes=(shape_named("tiny"),), modes=("forward",), num_layers=1, num_kv_heads=2
+    )
+    (row,) = run_model(config, device="cpu", show_progress=False).rows
+    tiny = lmcore.MODEL_SIZES["tiny"]
+    expected = lmcore.TransformerLM(
+        97, 16, tiny.d_model, 1, tiny.num_heads, tiny.d_ff, num_kv_heads=2
+    )
+    assert (row["num_layers"], row["num_kv_heads"]) == (1, 2)
+    assert row["params_m"] * 1e6 == sum(p.numel() for p in expected.parameters())
+
+
+def test_num_layers_alone_overrides_the_sizes_depth():
+    parser = COMMAND.parser()
+    args = parser.parse_args(["--size", "leaderboard-8b", "--num-layers", "2"])
+    config = TOOL.config(args, parser, torch.device("cpu"))
+    (cell,) = {c.shape for c in bench.tools.model._cells(config)}
+    name, size = cell
+    assert name == "leaderboard-8b" and size.num_layers == 2 and size.vocab_size == 151_936
+    assert config.vocab_size is None  # the size's own vocabulary
+
+
+def test_bad_model_options_are_usage_errors(capsys):
+    for argv in (["--activation-checkpointing", "segments:0"], ["--loss", "chunked"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["--device", "cpu", *argv])
+        assert exc.value.code == 2
+    assert "K must be a positive integer" in capsys.readouterr().err

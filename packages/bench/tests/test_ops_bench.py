@@ -4,9 +4,10 @@ import pytest
 import torch
 
 import bench.tools.ops
+from bench.commands.ops import main
 from bench.core.oom import OK, OOM
 from bench.core.results import load_json
-from bench.tools.ops import KEYS, OpsConfig, default_ops_config, main, run_ops
+from bench.tools.ops import KEYS, OpsConfig, default_ops_config, run_ops
 
 # Steps of the tiny model's parameters take seconds under Triton's interpreter: the fused AdamW
 # row runs over a few odd-sized tensors instead.

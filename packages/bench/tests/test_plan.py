@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import lmcore
+from bench.commands.plan import main
 from bench.core.capacity import TrainingPlan, estimate_memory
 from bench.core.memory import GIB
 from bench.core.plan_check import recorded_size_label
@@ -15,7 +16,6 @@ from bench.core.results import Run, load_json, save_json
 from bench.core.shapes import size_label
 from bench.tools.plan import (
     PlanSweep,
-    main,
     plot_plan,
     run_check,
     run_leaderboard,

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from bench.tools.precision import EXACT_SUM, accumulation_rows, autocast_rows, main, run_precision
+from bench.commands.precision import main
+from bench.tools.precision import EXACT_SUM, accumulation_rows, autocast_rows, run_precision
 
 
 def _numpy_sum(acc_dtype, add_dtype):

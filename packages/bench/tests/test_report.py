@@ -4,13 +4,14 @@ import json
 
 import pytest
 
+from bench.commands.report import main
 from bench.core.document import Heading, Image, Paragraph, Table, render
 from bench.core.results import Run, save_json
 from bench.core.saved_tensors import run_residual_study
 from bench.handout.analysis import ANALYTIC_PROBLEMS
 from bench.handout.results import Results
 from bench.tools.attn import run_attention
-from bench.tools.report import PROBLEMS, build_report, main, report_links
+from bench.tools.report import PROBLEMS, build_report, report_links
 from lmcore import ModelSize
 
 NOT_MEASURED = "Not measured: no result answers it yet."
@@ -204,7 +205,7 @@ def test_every_link_in_the_report_exists(tool_results, tmp_path):
 
 
 def test_images_follow_a_renamed_result(tmp_path):
-    from bench.tools.precision import main as precision_main
+    from bench.commands.precision import main as precision_main
 
     results = tmp_path / "results"
     argv = ["--device", "cpu", "--json", str(results / "p.json"), "--plot", str(results / "p.png")]

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
+from bench.commands.model import main
 from bench.core.saved_tensors import (
     RESIDUAL_COLUMNS,
     SavedTensorLog,
     measure_block,
     run_residual_study,
 )
-from bench.tools.model import main
 from lmcore import ModelSize, RotaryEmbedding, TransformerBlock
 
 # Odd sizes, so that no two counts coincide: batch, sequence, width, heads, feed-forward width.

@@ -13,14 +13,15 @@ import pytest
 import torch
 
 import lmcore
+from bench.commands.generate import main as bench_generate
+from bench.commands.train import COMMAND, main
+from bench.commands.train_results import main as train_results
 from bench.core.training import train_step
 from bench.train.baseline import torch_native_step
 from bench.train.config import TrainConfig
-from bench.train.generate import main as bench_generate
 from bench.train.record import Recorder, read_metrics
-from bench.train.results import main as train_results
 from bench.train.results import plot_speed, speed_comparison
-from bench.train.run import build_parser, config_from_args, main
+from bench.train.run import config_from_args
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ def test_baseline_torch_is_sdpa_fused_adamw_compiled():
 def test_baseline_torch_from_the_command_line():
     """No default is written into the parser, so none reads as a choice that contradicts
     --baseline torch; without it, a CPU run is eager with lmcore's AdamW."""
-    parser = build_parser()
+    parser = COMMAND.parser()
     args = parser.parse_args(["--data", "x", "--device", "cpu", "--baseline", "torch"])
     config = config_from_args(args)
     assert (config.attention, config.optimizer, config.compile) == ("sdpa", "torch-fused", True)

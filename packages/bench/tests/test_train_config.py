@@ -15,7 +15,10 @@ import torch.distributed as dist
 from spawn_ranks import free_port
 
 import ddp
+import lmcore
+from bench.commands.train import COMMAND, main
 from bench.core.cli import resolve_device
+from bench.train import lm
 from bench.train import parallel as parallel_module
 from bench.train import run as run_module
 from bench.train.config import TrainConfig
@@ -23,11 +26,11 @@ from bench.train.lock import LOCK_FILE
 from bench.train.loop import Trainer
 from bench.train.options import may_change, parse_duration, read_config_file, write_config_file
 from bench.train.record import read_metrics
-from bench.train.run import build_parser, config_from_args, main
+from bench.train.run import config_from_args, prepare
 
 
 def test_the_parser_holds_no_default_and_the_device_default_agrees():
-    parser = build_parser()
+    parser = COMMAND.parser()
     options = [a for a in parser._actions if a.dest not in ("help", "config")]
     assert options and all(a.default is argparse.SUPPRESS for a in options)
     config = config_from_args(parser.parse_args(["--data", "x"]))
@@ -39,7 +42,7 @@ def test_the_parser_holds_no_default_and_the_device_default_agrees():
 
 
 def test_help_groups_the_options_and_shows_examples(help_text):
-    text = help_text(build_parser().parse_args)
+    text = help_text(COMMAND.parser().parse_args)
     for group in ("data:", "model:", "training:", "run:", "output:", "sampling:"):
         assert f"\n{group}\n" in text
     assert "--config runs/small/config.toml" in text and "--time-budget 20m" in text
@@ -143,7 +146,7 @@ def test_config_file_repeats_a_run_and_the_command_line_wins(one_process, losses
     mine = read_config_file(TrainConfig, again / "config.toml")
     theirs = read_config_file(TrainConfig, saved)
     assert mine == {**theirs, "out": str(again), "progress": False}
-    args = build_parser().parse_args(["--config", str(saved), "--lr", "0.01"])
+    args = COMMAND.parser().parse_args(["--config", str(saved), "--lr", "0.01"])
     assert config_from_args(args).lr == 0.01
 
 
@@ -178,7 +181,7 @@ def test_zero_gets_the_bucket_size(train_text, tmp_path, monkeypatch):
 
 
 def test_bucket_size_speaks_ddps_vocabulary():
-    parser = build_parser()
+    parser = COMMAND.parser()
     base = ["--data", "x", "--out", "y", "--device", "cpu"]
     for extra, size in (([], 25.0), (["--bucket-mb", "none"], None), (["--bucket-mb", "4"], 4.0)):
         assert config_from_args(parser.parse_args([*base, *extra])).bucket_size_mb == size
@@ -223,3 +226,46 @@ def test_tensorboard_logs_the_metrics_of_metrics_jsonl(train_argv, tmp_path):
         expected = [(r["step"], r[key]) for r in records if key in r]
         assert [s for s, _ in logged] == [s for s, _ in expected], key
         assert [v for _, v in logged] == pytest.approx([v for _, v in expected], rel=1e-6), key
+
+
+def test_model_options_reach_the_trainers_model(one_process, losses_of, tmp_path):
+    """--activation-checkpointing and --loss fused reach the model: the one-process run again,
+    to rounding (the fused loss sums the same terms in chunks), with checkpoints in the model."""
+    out = tmp_path / "options"
+    saved = one_process.run / "config.toml"
+    extra = ["--activation-checkpointing", "segments:1", "--loss", "fused", "--no-progress"]
+    assert main(["--config", str(saved), "--out", str(out), *extra]) == 0
+    theirs = one_process.losses
+    assert losses_of(out).keys() == theirs.keys()
+    for step, loss in losses_of(out).items():
+        assert loss == pytest.approx(theirs[step], rel=1e-5), step
+    saved = read_config_file(TrainConfig, out / "config.toml")
+    assert (saved["activation_checkpointing"], saved["loss"]) == ("segments:1", "fused")
+    config = TrainConfig.create(**{**saved, "out": str(tmp_path / "fresh")})
+    prepare(config)  # the output folder, as bench-train makes it before training
+    trainer = Trainer(config)
+    assert isinstance(trainer.raw.layers, lmcore.CheckpointedBlockStack)
+    assert trainer.step_fn.keywords["fused_loss"] is True
+
+
+def test_the_optimizers_are_the_shared_ones():
+    assert TrainConfig.create(data="x", out="y", optimizer="lmcore-fused").optimizer == (
+        "lmcore-fused"
+    )
+    assert lm.optimizer_class("lmcore-fused", lr=0.1) == (
+        lmcore.AdamW,
+        {"lr": 0.1, "betas": lm.BETAS, "fused": True},
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"activation_checkpointing": "segments:0"}, "--activation-checkpointing"),
+        ({"loss": "chunked"}, "--loss 'chunked'"),
+        ({"baseline": "torch", "loss": "fused"}, "--baseline torch runs --loss materialized"),
+    ],
+)
+def test_bad_model_options_are_refused(options, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig.create(data="x", out="y", device="cpu", **options)

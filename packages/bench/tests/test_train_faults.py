@@ -15,10 +15,10 @@ import pytest
 import torch
 from killed_run import run_killed
 
-from bench.train.generate import main as bench_generate
+from bench.commands.generate import main as bench_generate
+from bench.commands.train import main
 from bench.train.lock import LOCK_FILE, hold
 from bench.train.record import METRICS, read_metrics
-from bench.train.run import main
 from bench.train.tokenizer import TOKENIZER_FILE, BPETokenizer
 
 # Six steps, a checkpoint every two, an evaluation every three, a sample at the end.

@@ -19,8 +19,8 @@ import torch
 from spawn_ranks import free_port
 
 import lmcore
+from bench.commands.train import main
 from bench.train.faults import KILL_AT
-from bench.train.run import main
 
 # The ranks average means of equal halves of each batch, and their gradients: the same sums in
 # another order, so float32 rounding (not the method) separates them from one process.

@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 import torch
 
+from bench.commands.sharding import COMMAND, main
 from bench.core.results import load_json, save_json
 from bench.tools.sharding import (
     COLUMNS,
     TOOL,
     ZeroBenchConfig,
-    main,
     plot_zero,
 )
 
@@ -104,7 +104,7 @@ def test_help(help_text):
 
 
 def test_options_override_the_cpu_default():
-    parser = TOOL.parser()
+    parser = COMMAND.parser()
     args = parser.parse_args(
         ["--size", "tiny", "--zero-bucket-mb", "0", "none", "--steps", "4", "--fsdp-dtypes", "bf16"]
     )
@@ -116,7 +116,7 @@ def test_options_override_the_cpu_default():
 
 
 def test_no_options_keep_the_announced_default():
-    parser = TOOL.parser()
+    parser = COMMAND.parser()
     assert TOOL.config(parser.parse_args([]), parser, torch.device("cpu")) is None
 
 

@@ -15,15 +15,43 @@ Bucket sizes speak one vocabulary (shared with `zero.ShardedOptimizer`): `bucket
 
 `CommStats` records what a step communicated and how long it waited; `nvtx_range` marks the
 wrappers' (and the benchmarks') regions on profiler timelines.
+
+`import ddp` imports no torch: the bucket vocabulary is plain Python, and each wrapper imports its
+module (and torch) when first used.
 """
 
-from ddp.base import DataParallelBase, DataParallelOptions, UnusedGrads
-from ddp.bucketed import DDPBucketed
+import importlib
+from typing import Any
+
+# Pure Python (no torch): imported with the package, so that a command line can read the bucket
+# vocabulary without importing torch.
 from ddp.buckets import DEFAULT_BUCKET_SIZE_MB, assign_buckets, bucket_bytes
-from ddp.flat import FlatDDP
-from ddp.individual import DDPIndividualParameters
-from ddp.naive import NaiveDDP
-from ddp.stats import CommStats, nvtx_range
+
+# The wrappers need torch: each name is imported from its module on first use (PEP 562).
+_LAZY: dict[str, tuple[str, ...]] = {
+    "ddp.base": ("DataParallelBase", "DataParallelOptions", "UnusedGrads"),
+    "ddp.bucketed": ("DDPBucketed",),
+    "ddp.flat": ("FlatDDP",),
+    "ddp.individual": ("DDPIndividualParameters",),
+    "ddp.naive": ("NaiveDDP",),
+    "ddp.stats": ("CommStats", "nvtx_range"),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a torch-backed name from its module the first time it is used, and keep it."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
+
 
 # The package version; pyproject.toml reads it from here (hatch's version source).
 __version__ = "0.1.0"

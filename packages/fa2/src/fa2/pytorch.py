@@ -263,7 +263,10 @@ class FlashAttention2PyTorch(torch.autograd.Function):
                 continue
             os_, lses = _forward(*group_heads(qs, ks, vs), call.band, call.softcap, call.scale)
             ob[..., rows, :], lse[..., rows] = os_.view(qs.shape), lses.view(qs.shape[:-1])
-        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+        # The offsets of packed sequences only when there are some: the tensors saved are then
+        # q, k, v, o and the one logsumexp, as the course's tests look for (no None among them).
+        packed = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)
+        ctx.save_for_backward(q, k, v, o, lse, *packed)
         ctx.call = call
         if return_lse:
             ctx.mark_non_differentiable(lse)
@@ -273,7 +276,8 @@ class FlashAttention2PyTorch(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, do: torch.Tensor, *_):
-        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, o, lse, *packed = ctx.saved_tensors
+        cu_q, cu_k = packed or (None, None)
         call = ctx.call
         dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
         dk = torch.zeros_like(k, memory_format=torch.contiguous_format)

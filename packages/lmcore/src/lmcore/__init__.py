@@ -6,38 +6,32 @@ The model (`TransformerLM`, the handout's sizes in `MODEL_SIZES`), pluggable att
 and the loss without the full logits), `cosine_lr`, `clip_grad_norm`, `get_batch`, checkpoints,
 `generate`, and activation checkpointing (`apply_activation_checkpointing`, policies parsed by
 `ActivationCheckpointing.parse`).
+
+`import lmcore` imports no torch: the configurations (`MODEL_SIZES`, `ModelConfig`, ...), the
+counts and the checkpointing policies (`ActivationCheckpointing`, the memory model) are plain
+Python, and every other name imports its module (and torch) when first used.
 """
 
-from lmcore.activation_checkpointing import (
+import importlib
+from typing import Any
+
+# Pure Python (no torch): imported with the package, so that `import lmcore` and its sizes,
+# configurations, counts and checkpointing policies cost milliseconds (a command line's `--help`
+# lists the sizes and parses a policy).
+from lmcore.checkpointing_policy import (
     ActivationCheckpointing,
-    CheckpointedBlockStack,
-    apply_activation_checkpointing,
     memory_optimal_segment_size,
     peak_activation_bytes,
-    saved_activation_bytes,
 )
-from lmcore.attention import CausalSelfAttention
-from lmcore.backends import (
-    ATTENTION_BACKENDS,
-    AttentionBackend,
-    attention_scores,
-    causal_mask,
-    fa2_pytorch_attention,
-    fa2_triton_attention,
-    get_attention,
-    naive_attention,
-    register_attention,
-    repeat_kv_heads,
-    sdpa_attention,
-)
-from lmcore.clip import clip_grad_norm
 from lmcore.config import (
+    BUILTIN_ATTENTION,
     DEFAULT_ATTENTION,
     HANDOUT_SIZES,
     MODEL_SIZES,
     VOCAB_SIZE,
     ModelConfig,
     ModelSize,
+    attention_names,
     describe_size,
     model_config,
 )
@@ -47,28 +41,69 @@ from lmcore.counting import (
     forward_flops_per_token,
     training_flops,
 )
-from lmcore.data import get_batch
-from lmcore.ffn import SwiGLU
-from lmcore.generation import generate
-from lmcore.linear import Embedding, Linear, LMHead
-from lmcore.linear_cross_entropy import (
-    CHUNK_BUDGET_BYTES,
-    chunk_rows,
-    fused_linear_cross_entropy,
-)
-from lmcore.loss import cross_entropy
-from lmcore.model import BlockStack, TransformerBlock, TransformerLM
-from lmcore.norm import RMSNorm
-from lmcore.optim import AdamW
-from lmcore.rope import RotaryEmbedding
-from lmcore.schedule import cosine_lr
-from lmcore.serialization import load_checkpoint, save_checkpoint
+
+# Everything else needs torch: each name is imported from its module on first use (PEP 562).
+_LAZY: dict[str, tuple[str, ...]] = {
+    "lmcore.activation_checkpointing": (
+        "CheckpointedBlockStack",
+        "apply_activation_checkpointing",
+        "saved_activation_bytes",
+    ),
+    "lmcore.attention": ("CausalSelfAttention",),
+    "lmcore.backends": (
+        "ATTENTION_BACKENDS",
+        "AttentionBackend",
+        "attention_scores",
+        "causal_mask",
+        "fa2_pytorch_attention",
+        "fa2_triton_attention",
+        "get_attention",
+        "naive_attention",
+        "register_attention",
+        "repeat_kv_heads",
+        "sdpa_attention",
+    ),
+    "lmcore.clip": ("clip_grad_norm",),
+    "lmcore.data": ("get_batch",),
+    "lmcore.ffn": ("SwiGLU",),
+    "lmcore.generation": ("generate",),
+    "lmcore.linear": ("Embedding", "LMHead", "Linear"),
+    "lmcore.linear_cross_entropy": (
+        "CHUNK_BUDGET_BYTES",
+        "chunk_rows",
+        "fused_linear_cross_entropy",
+    ),
+    "lmcore.loss": ("cross_entropy",),
+    "lmcore.model": ("BlockStack", "TransformerBlock", "TransformerLM"),
+    "lmcore.norm": ("RMSNorm",),
+    "lmcore.optim": ("AdamW",),
+    "lmcore.rope": ("RotaryEmbedding",),
+    "lmcore.schedule": ("cosine_lr",),
+    "lmcore.serialization": ("load_checkpoint", "save_checkpoint"),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a torch-backed name from its module the first time it is used, and keep it."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
+
 
 # The package version; pyproject.toml reads it from here (hatch's version source).
 __version__ = "0.1.0"
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "BUILTIN_ATTENTION",
     "CHUNK_BUDGET_BYTES",
     "DEFAULT_ATTENTION",
     "HANDOUT_SIZES",
@@ -91,6 +126,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerLM",
     "apply_activation_checkpointing",
+    "attention_names",
     "attention_scores",
     "causal_mask",
     "chunk_rows",

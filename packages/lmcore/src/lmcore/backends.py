@@ -33,6 +33,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from lmcore.config import BUILTIN_ATTENTION
+
 __all__ = [
     "ATTENTION_BACKENDS",
     "AttentionBackend",
@@ -182,7 +184,6 @@ def fa2_triton_attention(
     return _fa2_function("flash_attention")(q, k, v, causal=causal, implementation="triton")
 
 
-register_attention("naive", naive_attention)
-register_attention("sdpa", sdpa_attention)
-register_attention("fa2-pytorch", fa2_pytorch_attention)
-register_attention("fa2-triton", fa2_triton_attention)
+_BUILTINS = (naive_attention, sdpa_attention, fa2_pytorch_attention, fa2_triton_attention)
+for _name, _fn in zip(BUILTIN_ATTENTION, _BUILTINS, strict=True):
+    register_attention(_name, _fn)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 __all__ = [
+    "BUILTIN_ATTENTION",
     "DEFAULT_ATTENTION",
     "HANDOUT_SIZES",
     "MODEL_SIZES",
     "VOCAB_SIZE",
     "ModelConfig",
     "ModelSize",
+    "attention_names",
     "describe_size",
     "model_config",
 ]
@@ -25,6 +28,22 @@ DEFAULT_ROPE_THETA = 10_000.0
 
 # The attention backend a model gets when none is named: plain PyTorch, the handout's own.
 DEFAULT_ATTENTION = "naive"
+
+# The attention backends lmcore registers itself (`lmcore.backends`, which needs torch), named here
+# so that a command line can offer them without importing torch. `ATTENTION_BACKENDS` holds these
+# and any registered later.
+BUILTIN_ATTENTION = ("naive", "sdpa", "fa2-pytorch", "fa2-triton")
+
+
+def attention_names() -> tuple[str, ...]:
+    """The names of the registered attention backends (the keys of `ATTENTION_BACKENDS`).
+
+    Without importing torch while only the built-ins can be registered: a backend is registered
+    through `lmcore.backends`, so until that module is imported the names are
+    `BUILTIN_ATTENTION`. A command line offers these as its `--attention` choices.
+    """
+    backends = sys.modules.get("lmcore.backends")
+    return BUILTIN_ATTENTION if backends is None else tuple(backends.ATTENTION_BACKENDS)
 
 
 @dataclass(frozen=True)

@@ -27,24 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from bench.core.attention_names import IMPL_NAMES
 from bench.core.oom import Unavailable
 from lmcore import naive_attention, sdpa_attention
 
 __all__ = ["IMPL_NAMES", "AttentionFn", "attention_impl", "require_fa2"]
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
-
-IMPL_NAMES = (
-    "naive",
-    "compiled",
-    "sdpa",
-    "sdpa-flash",
-    "sdpa-cudnn",
-    "fa2-pytorch",
-    "fa2-triton",
-    "fa2-triton-compiled",
-    "fa2-triton-nondet",
-)
 
 _SDPA_BACKENDS = {
     "sdpa-flash": SDPBackend.FLASH_ATTENTION,

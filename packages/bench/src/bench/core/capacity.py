@@ -43,8 +43,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import ddp
 import lmcore
-import zero
 from bench.core.lm_params import model_parameters
 from bench.core.residuals import (
     LOSSES,
@@ -144,10 +144,14 @@ MODES = ("train-step", "forward-backward", "forward")
 OPTIMIZERS: Mapping[str, int] = MappingProxyType(
     {"lmcore": 1, "lmcore-fused": 0, "torch-fused": 0, "torch": 1}
 )
+# Optimizers whose moments are float32 whatever the parameters' dtype (bytes per element):
+# lmcore's fused kernel keeps float32 moments also for bf16 parameters; the others keep them in
+# the parameters' dtype, as torch's AdamW does.
+_FLOAT32_MOMENTS: Mapping[str, int] = MappingProxyType({"lmcore-fused": 4})
 # "torch": torch DDP's reducer copies gradients into flat buckets it keeps for the whole run (a
 # second copy of every gradient); "views": ddp.DDPBucketed makes `.grad` views of its buckets.
 DDP_BUCKETS = ("torch", "views")
-CHECKPOINTING_FORMS = ("none", "blocks", "every:K", "segments:K", "nested", "nested:K")
+CHECKPOINTING_FORMS = lmcore.ActivationCheckpointing.FORMS
 
 
 @dataclass(frozen=True)
@@ -254,7 +258,9 @@ class TrainingPlan:
     hold_logits: bool = True
     ddp_buckets: str = "torch"
     fsdp_prefetch: bool = True
-    zero_bucket_mb: float | None = zero.DEFAULT_BUCKET_SIZE_MB
+    # zero.ShardedOptimizer's default cap, which is ddp's (tests/test_zero_with_ddp.py checks), read
+    # from ddp so that this module imports no torch (bench-plan's command line reads it).
+    zero_bucket_mb: float | None = ddp.DEFAULT_BUCKET_SIZE_MB
     loss_chunk_tokens: int | None = None
     checkpointing: Checkpointing = field(init=False, repr=False, compare=False)
 
@@ -452,7 +458,9 @@ def _state(plan: TrainingPlan) -> _State:
     total_local = sum(local)
     tp_text = "" if tp == 1 else f" / TP {tp}"
     if plan.layout == "zero1":
-        owners = zero.partition_by_numel(local, dp)
+        from zero import partition_by_numel  # imports torch: only when a plan is computed
+
+        owners = partition_by_numel(local, dp)
         stepped = max(
             sum(n for n, owner in zip(local, owners, strict=True) if owner == r) for r in range(dp)
         )
@@ -483,19 +491,19 @@ def _state(plan: TrainingPlan) -> _State:
         g_bytes * device_params if training else 0,
         f"{g_bytes} B × {device_params:,}" if training else "none (no backward)",
     )
-    moments = 2 * prec.moment_bytes
+    moment_bytes = _FLOAT32_MOMENTS.get(plan.optimizer, prec.moment_bytes)
     state = Term(
         "optimizer state",
-        moments * stepped if stepping else 0,
-        f"2 moments × {prec.moment_bytes} B × {stepped:,} ({stepped_text})"
+        2 * moment_bytes * stepped if stepping else 0,
+        f"2 moments × {moment_bytes} B × {stepped:,} ({stepped_text})"
         if stepping
         else "none (no optimizer step)",
     )
     temp_units = OPTIMIZERS[plan.optimizer] if stepping else 0
     optimizer_temp = Term(
         "optimizer temporaries",
-        temp_units * prec.moment_bytes * stepped,
-        f"{temp_units} × {prec.moment_bytes} B × {stepped:,} (foreach AdamW's sqrt(v) list)"
+        temp_units * moment_bytes * stepped,
+        f"{temp_units} × {moment_bytes} B × {stepped:,} (foreach AdamW's sqrt(v) list)"
         if temp_units
         else "none (fused update)",
     )

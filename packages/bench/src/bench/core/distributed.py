@@ -14,7 +14,7 @@ On each rank:
 After the launch, `slowest_rank(per_rank)`: a step (an iteration, a collective) lasts as long as
 its slowest rank, so a step's time is the largest over the ranks, summarised over the steps.
 
-On the command line, `add_timeout_arg`: `--timeout`, the seconds the ranks may take.
+On the command line, `--timeout` (`bench.core.cli.add_timeout_arg`) bounds the ranks' time.
 The data-parallel training set-up that bench-ddp and bench-zero share is in `bench.core.training`.
 
 Example::
@@ -38,7 +38,7 @@ from bench.core.launch import DEFAULT_TIMEOUT_S, all_ranks_ok, backend_for, laun
 from bench.core.oom import OK, OOM, Outcome, guarded
 from bench.core.timing import Summary, summarize
 
-__all__ = ["add_timeout_arg", "guarded_on_all_ranks", "measure_cases", "slowest_rank"]
+__all__ = ["guarded_on_all_ranks", "measure_cases", "slowest_rank"]
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -129,20 +129,3 @@ def slowest_rank(per_rank: Sequence[Sequence[float]]) -> Summary:
     A collective, and a data-parallel step, ends when its slowest rank does.
     """
     return summarize([max(values) for values in zip(*per_rank, strict=True)])
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def add_timeout_arg(container: Any, *, scope: str) -> None:
-    """Add `--timeout S` to a parser or group: seconds `scope` may take before ranks are stopped.
-
-    Without it a run has no bound: long runs are not killed by a default.
-    """
-    container.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="S",
-        help=f"seconds {scope} before the ranks are stopped (default: no limit)",
-    )

@@ -1,7 +1,8 @@
 """Where a measurement ran: device, versions, date and command line, for every result record.
 
 A number without its hardware and software is not a result. Every tool stores
-`collect_env()` beside its rows. No host name or user name is recorded.
+`collect_env()` beside its rows. No host name or user name is recorded. Importing this module
+imports no torch (command lines use `command_line`); the functions that ask torch import it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["code_version", "collect_env", "command_line", "cpu_name", "device_name", "now_iso"]
 
@@ -49,6 +51,8 @@ def cpu_name() -> str:
 
 def device_name(device: torch.device | str) -> str:
     """A human name for `device`: the GPU's marketing name on CUDA, the CPU model otherwise."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -162,6 +166,8 @@ def collect_env(
         >>> env["device_type"], env["torch"] == torch.__version__
         ('cpu', True)
     """
+    import torch
+
     device = torch.device(device)
     cuda = torch.cuda.is_available()
     cudnn = torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None

@@ -1,4 +1,4 @@
-"""How much fits: the largest batch or context for a memory, and the cheapest checkpointing.
+"""How much fits: the largest batch, context or depth for a memory, and the cheapest checkpointing.
 
 Built on `bench.core.capacity.estimate_memory`, which grows with the batch, the context and
 every saved activation, so a binary search finds the largest batch or context that fits, and
@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -23,10 +24,12 @@ from bench.core.capacity import MemoryEstimate, TrainingPlan, estimate_memory
 __all__ = [
     "checkpointing_candidates",
     "largest_batch",
+    "largest_num_layers",
     "largest_seq_len",
     "least_memory",
     "least_recompute",
     "least_recompute_fit",
+    "memory_argument",
     "parse_memory",
 ]
 
@@ -53,6 +56,18 @@ def parse_memory(text: str) -> int:
             f"memory size {text!r}: give a positive number and a unit, e.g. 80GB, 141GB, 80GiB"
         )
     return int(value * _UNITS[unit])
+
+
+def memory_argument(text: str) -> int:
+    """`parse_memory` as an argparse type (`--memory 80GB`): its message kept in the usage error.
+
+    Raises:
+        argparse.ArgumentTypeError: not a memory size.
+    """
+    try:
+        return parse_memory(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _largest(fits: Callable[[int], bool], start: int, limit: int) -> int | None:
@@ -97,6 +112,27 @@ def largest_seq_len(plan: TrainingPlan, memory_bytes: float, *, limit: int = 1 <
         return estimate_memory(replace(plan, model=model, seq_len=seq)).fits(memory_bytes)
 
     return _largest(fits, 1, limit)
+
+
+def largest_num_layers(
+    plan: TrainingPlan, memory_bytes: float, *, limit: int | None = None
+) -> int | None:
+    """The most blocks (a depth-reduced model, at most `limit`) whose step fits `memory_bytes`.
+
+    Args:
+        plan: the configuration; its model's depth is replaced.
+        memory_bytes: the device memory to fit (leave headroom by passing less).
+        limit: the deepest model to consider; the plan's own depth when None.
+
+    Returns:
+        The depth, or None when even one block does not fit.
+    """
+
+    def fits(layers: int) -> bool:
+        model = replace(plan.model, num_layers=layers)
+        return estimate_memory(replace(plan, model=model)).fits(memory_bytes)
+
+    return _largest(fits, 1, limit or plan.model.num_layers)
 
 
 def checkpointing_candidates(num_layers: int) -> list[str]:

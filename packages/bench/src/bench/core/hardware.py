@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MEASURED_MATMUL_TFLOPS", "PEAK_TFLOPS", "matmul_format", "peak_tflops"]
+__all__ = [
+    "MEASURED_MATMUL_TFLOPS",
+    "PEAK_TFLOPS",
+    "matmul_ceiling",
+    "matmul_format",
+    "peak_tflops",
+]
 
 # (name fragment, {format: dense TFLOP/s}); the first fragment found in the device name wins,
 # so the more specific names come first.
@@ -43,3 +49,20 @@ def peak_tflops(device_name: str, fmt: str) -> float | None:
         if fragment.lower() in device_name.lower():
             return peaks.get(fmt)
     return None
+
+
+def matmul_ceiling(device_name: str, fmt: str) -> tuple[float, str] | None:
+    """The matmul rate MFU is taken against: `(TFLOP/s, where it comes from)`, or None.
+
+    The rate measured on this project's GPUs (`MEASURED_MATMUL_TFLOPS`, matched by name, the
+    more specific names first as in `PEAK_TFLOPS`) where there is one for `fmt`, else the data
+    sheet's dense peak (`peak_tflops`); None for a device in neither table.
+    """
+    for fragment, _ in PEAK_TFLOPS:
+        if fragment.lower() in device_name.lower():
+            measured = MEASURED_MATMUL_TFLOPS.get(fragment, {}).get(fmt)
+            if measured is not None:
+                return measured, f"measured {fmt} matmul ceiling of the {fragment}"
+            break
+    peak = peak_tflops(device_name, fmt)
+    return None if peak is None else (peak, f"data-sheet dense {fmt} peak")

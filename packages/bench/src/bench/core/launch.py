@@ -48,8 +48,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bench.core.ranks import (
+    BACKENDS,
+    DEFAULT_TIMEOUT_S,
+    DEVICE_TYPES,
+    is_primary,
+    torchrun_world_size,
+    under_torchrun,
+)
+
 __all__ = [
     "BACKENDS",
+    "DEFAULT_TIMEOUT_S",
     "RankFailed",
     "all_ranks_ok",
     "backend_for",
@@ -60,14 +70,6 @@ __all__ = [
     "under_torchrun",
 ]
 
-# The device type each backend's ranks run on: gloo ranks share the CPU, nccl ranks own a GPU.
-DEVICE_TYPES = {"gloo": "cpu", "nccl": "cuda"}
-BACKENDS = tuple(DEVICE_TYPES)
-# A launch runs until its ranks end: a training run may take hours, and a rank that hangs in a
-# collective is already stopped by the process group's own timeout. A caller that wants a bound
-# passes `timeout`.
-DEFAULT_TIMEOUT_S: float | None = None
-_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _JOIN_POLL_S = 1.0  # how often the parent checks on its ranks
 _FAILURE_FILE = "rank{rank}.failed"
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -85,21 +87,6 @@ class RankFailed(mp.ProcessRaisedException):
         super().__init__(msg, rank, pid)
         self.rank = rank
         self.later = tuple(later)
-
-
-def under_torchrun() -> bool:
-    """True when this process was started by `torchrun` (its rendezvous variables are set)."""
-    return all(name in os.environ for name in _TORCHRUN_VARS)
-
-
-def torchrun_world_size() -> int | None:
-    """The world size `torchrun` started, or None when not under torchrun."""
-    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
-
-
-def is_primary() -> bool:
-    """False only on the non-zero ranks of a `torchrun` launch: they should not print or write."""
-    return not under_torchrun() or int(os.environ["RANK"]) == 0
 
 
 def backend_for(device: torch.device | str) -> str:

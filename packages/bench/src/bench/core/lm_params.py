@@ -29,10 +29,12 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 import lmcore
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ROLES", "ParamSpec", "model_parameters"]
 
@@ -91,13 +93,11 @@ class ParamSpec:
         return self.numel // self.shape[dim] * split
 
 
-_KINDS = ((lmcore.Linear, "linear"), (lmcore.Embedding, "embedding"), (lmcore.RMSNorm, "norm"))
-
-
 def _describe(module_name: str, module: torch.nn.Module) -> tuple[str, str]:
     """(role, kind) of the parameters of one lmcore layer."""
     attribute = module_name.rsplit(".", 1)[-1]
-    kind = next((k for cls, k in _KINDS if isinstance(module, cls)), None)
+    kinds = ((lmcore.Linear, "linear"), (lmcore.Embedding, "embedding"), (lmcore.RMSNorm, "norm"))
+    kind = next((k for cls, k in kinds if isinstance(module, cls)), None)
     if attribute not in _ROLE_OF or kind is None:
         raise ValueError(
             f"lmcore layer {module_name!r} ({type(module).__name__}) has no known tensor-parallel "
@@ -121,6 +121,8 @@ def model_parameters(config: lmcore.ModelConfig) -> tuple[ParamSpec, ...]:
 
 @functools.lru_cache(maxsize=64)
 def _parameters(config: lmcore.ModelConfig) -> tuple[ParamSpec, ...]:
+    import torch  # here: the parameter list needs a model, the rest of this module needs no torch
+
     with torch.device("meta"):
         model = lmcore.TransformerLM.from_config(config)
     specs = []

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-import torch
-
-from bench.core.memory import free_memory
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["OK", "OOM", "Outcome", "Unavailable", "guarded", "skipped"]
 
@@ -66,6 +65,10 @@ def guarded(fn: Callable[[], T], *, device: torch.device | str) -> Outcome[T]:
     Returns:
         `Outcome(value, "ok")`, `Outcome(None, "OOM")` or `Outcome(None, "skipped: <reason>")`.
     """
+    import torch  # here, not at the top: results read the statuses without torch
+
+    from bench.core.memory import free_memory
+
     try:
         return Outcome(fn(), OK)
     except (torch.OutOfMemoryError, MemoryError):

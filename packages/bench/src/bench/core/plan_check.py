@@ -124,6 +124,7 @@ def _model_config(row: Mapping[str, Any], run: Run) -> tuple[lmcore.ModelConfig,
     config = lmcore.ModelConfig(
         vocab_size=vocab, context_length=ctx, d_model=dims[0], d_ff=dims[1],
         num_layers=dims[2], num_heads=dims[3], attention=attention,
+        num_kv_heads=row.get("num_kv_heads"),
     )  # fmt: skip
     return config, recorded_size_label(name, dims)
 
@@ -147,8 +148,11 @@ def _check_model_row(source: str, run: Run, row: Mapping[str, Any]) -> list[dict
     if row.get("status", "ok") != "ok" or row.get("peak_mib") is None:
         why = "no peak recorded (CPU run)" if row.get("status", "ok") == "ok" else row["status"]
         return [_check_row(source, label, "peak", None, None, None, why)]
+    # Rows recorded before bench-model had these options ran its defaults.
     plan = TrainingPlan(
-        config, batch=row["batch"], mode=row["mode"], hold_logits=False, optimizer="lmcore",
+        config, batch=row["batch"], mode=row["mode"], hold_logits=False,
+        optimizer=row.get("optimizer") or "lmcore", loss=row.get("loss") or "materialized",
+        activation_checkpointing=row.get("activation_checkpointing") or "none",
         precision="fp32" if row["dtype"] == "fp32" else "bf16-autocast",
     )  # fmt: skip
     estimate = estimate_memory(plan)
@@ -266,10 +270,11 @@ def _check_zero_run(source: str, run: Run) -> list[dict[str, Any]]:
     return out
 
 
-# The keys a bench-step row must carry to be predicted (bench-step is being written; the lead
-# matches its rows to these at merge): the model's dimensions, the context, the batch per rank,
-# a precision, attention, loss, optimizer and checkpointing in bench-plan's vocabulary, a layout
-# of `single`, `ddp`, `zero1` or `fsdp` over `world_size` ranks, and the measured peak.
+# The keys a bench-step row must carry to be predicted: the model's dimensions, the context, the
+# batch per rank, a precision, attention, loss, optimizer and checkpointing in bench-plan's
+# vocabulary, a layout of `single`, `ddp`, `zero1` or `fsdp` over `world_size` ranks, and the
+# measured peak. The torch-native row's `chunked` loss (each chunk of logits checkpointed) holds
+# one chunk at a time, as the fused loss does, and is predicted as it.
 STEP_KEYS = (
     "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "ctx", "batch", "precision",
     "attention", "loss", "optimizer", "activation_checkpointing", "layout", "world_size",
@@ -289,18 +294,20 @@ def _check_step_row(source: str, run: Run, row: Mapping[str, Any]) -> list[dict[
     config = lmcore.ModelConfig(
         vocab_size=row["vocab_size"], context_length=row["ctx"], d_model=dims[0], d_ff=dims[1],
         num_layers=dims[2], num_heads=dims[3], attention=row["attention"],
+        num_kv_heads=row.get("num_kv_heads"),
     )  # fmt: skip
     world = row["world_size"]
     try:
         plan = TrainingPlan(
             config, batch=row["batch"] * world, layout=row["layout"], dp=world,
             precision=row["precision"], activation_checkpointing=row["activation_checkpointing"],
-            loss=row["loss"], optimizer=row["optimizer"],
+            loss="fused" if row["loss"] == "chunked" else row["loss"], optimizer=row["optimizer"],
         )  # fmt: skip
     except ValueError as err:
         return [_check_row(source, label, "peak", row["peak_mib"], None, None, str(err))]
     estimate = estimate_memory(plan)
-    label = f"{recorded_size_label(row.get('size'), dims)}, {plan.describe()}"
+    impl = f"{row['impl']}, " if row.get("impl") else ""
+    label = f"{recorded_size_label(row.get('size'), dims)}, {impl}{plan.describe()}"
     out = [_check_row(source, label, "peak", row["peak_mib"], estimate.peak.total / MIB,
                       estimate.peak.name, "")]  # fmt: skip
     step = estimate.phase("optimizer step") if plan.mode == "train-step" else estimate.peak
@@ -369,7 +376,8 @@ def check_results(folder: str | Path) -> CheckResult:
     notes.append(
         f"Read {len(read)} result files ({', '.join(read) or 'none'}); bench-model rows are "
         "predicted as single-GPU steps of lmcore's eager model with the step bench-model runs "
-        "(logits not held, lmcore's foreach AdamW), bench-zero rows as the layout of their "
+        "(logits not held; the loss, AdamW and checkpointing the row records, else the "
+        "materialised loss, lmcore's foreach AdamW, none), bench-zero rows as the layout of their "
         "variant with the optimizer they record. Errors: (predicted − measured) / measured."
     )
     return CheckResult(rows, notes, read)

@@ -34,13 +34,15 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from tabulate import tabulate
 
 from bench.core.env import collect_env
 from bench.core.oom import OK, OOM
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "SCHEMA",

@@ -12,43 +12,37 @@ bench-zero share.
 - `Case`: one measured row, a variant and its bucket size.
 - On each rank: `build_model` (an XL model materialised from the meta device on the GPU),
   `token_batches` (each rank its own data), `ADAMW_OPTIONS`.
-- On the command line: `add_training_args`, `training_overrides`, `bucket_size_mb` (the type of
-  the `--*-bucket-mb` options).
+- On the command line: `bench.core.training_options` (light: the commands import it).
 
 The ranks themselves are run by `bench.core.distributed.measure_cases`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import ClassVar, Self
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-import ddp
 import lmcore
-from bench.core.cli import add_timing_args, config_or_default, distinct
-from bench.core.distributed import add_timeout_arg
+from bench.core.model_runtime import next_token_loss
 from bench.core.shapes import CPU_SIZE, shape_named
+from bench.core.tool import config_or_default
 
 __all__ = [
     "ADAMW_OPTIONS",
     "Case",
     "TrainingBenchConfig",
-    "add_training_args",
-    "bucket_size_mb",
     "build_lm",
     "build_model",
     "clip_grad_norm",
     "forward_backward",
     "token_batches",
     "train_step",
-    "training_overrides",
 ]
 
 # The training recipe does not matter for timing or memory beyond the state AdamW keeps (two
@@ -194,6 +188,7 @@ def forward_backward(
     *,
     autocast_dtype: torch.dtype | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
+    fused_loss: bool = False,
 ) -> torch.Tensor:
     """Forward and backward of next-token cross-entropy over `micro_batches`; the mean loss.
 
@@ -210,6 +205,8 @@ def forward_backward(
         autocast_dtype: run forward and loss under `torch.autocast` in this dtype (e.g.
             `torch.bfloat16`); None runs in the parameters' dtype.
         loss_fn: `(logits, targets) -> mean loss`; `lmcore.cross_entropy` (or a compiled one).
+        fused_loss: the model's own fused LM head + loss instead, `model(inputs,
+            targets=targets)`, which never holds the logits (`loss_fn` is then not used).
 
     Returns:
         The mean loss over the micro-batches, detached: a 0-d tensor in at least fp32, left on the
@@ -231,8 +228,10 @@ def forward_backward(
             with torch.autocast(
                 device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None
             ):
-                logits = model(tokens[:, :-1])  # (batch, seq, vocab)
-                loss = loss_fn(logits, tokens[:, 1:]) / len(micro_batches)
+                loss = next_token_loss(
+                    model, tokens[:, :-1], tokens[:, 1:], fused=fused_loss, loss_fn=loss_fn
+                )
+                loss = loss / len(micro_batches)
             loss.backward()
         losses.append(loss.detach())
     if hasattr(model, "finish_gradient_synchronization"):
@@ -287,6 +286,7 @@ def train_step(
     sharded_params: Collection[torch.Tensor] = (),
     set_to_none: bool = True,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
+    fused_loss: bool = False,
 ) -> torch.Tensor:
     """One training step: `forward_backward`, optional clipping, the optimizer step, zero_grad.
 
@@ -309,57 +309,11 @@ def train_step(
     Returns:
         The step's mean loss, detached (see `forward_backward`).
     """
-    loss = forward_backward(model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
+    loss = forward_backward(
+        model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn, fused_loss=fused_loss
+    )
     if max_grad_norm is not None:
         clip_grad_norm(list(model.parameters()), max_grad_norm, sharded=sharded_params)
     optimizer.step()
     optimizer.zero_grad(set_to_none=set_to_none)
     return loss
-
-
-def bucket_size_mb(text: str) -> float | None:
-    """A `--*-bucket-mb` value in ddp's bucket vocabulary: MiB, finite and at least 0, or `none`
-    for one bucket (`ddp.bucket_bytes` checks it)."""
-    value = None if text.lower() == "none" else float(text)
-    try:
-        ddp.bucket_bytes(value)
-    except (TypeError, ValueError):
-        raise ValueError(text) from None
-    return value
-
-
-def add_training_args(
-    parser: argparse.ArgumentParser, *, variants: Sequence[str]
-) -> tuple[argparse._ArgumentGroup, argparse._ArgumentGroup]:
-    """Add the options of `TrainingBenchConfig`, `--timeout` and the timing options.
-
-    Returns:
-        The `model` and `run` option groups, for the tool's own options.
-    """
-    model = parser.add_argument_group("model")
-    model.add_argument(
-        "--size", choices=list(lmcore.MODEL_SIZES), help=f"model size (xl; {CPU_SIZE} on CPU)"
-    )
-    model.add_argument("--context-length", type=int, help="tokens per sequence (128)")
-    model.add_argument("--batch", type=int, help="sequences per rank (4)")
-    model.add_argument("--vocab-size", type=int, help=f"vocabulary ({lmcore.VOCAB_SIZE:,})")
-    run = parser.add_argument_group("run")
-    run.add_argument("--world-size", type=int, help="ranks, one GPU each on CUDA (2)")
-    run.add_argument("--variants", nargs="+", choices=variants, help="what to compare")
-    add_timeout_arg(run, scope="for all ranks")
-    add_timing_args(parser, warmup=None, steps=None)
-    return model, run
-
-
-def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The `TrainingBenchConfig` fields the options of `add_training_args` set (None: not given)."""
-    return {
-        "size": args.size,
-        "context_length": args.context_length,
-        "batch": args.batch,
-        "vocab_size": args.vocab_size,
-        "world_size": args.world_size,
-        "variants": distinct(args.variants),
-        "warmup": args.warmup,
-        "steps": args.steps,
-    }

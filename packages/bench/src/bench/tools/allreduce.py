@@ -1,23 +1,7 @@
-"""bench-allreduce: time and bandwidth of all-reduce, gloo on the CPU and NCCL on GPUs (§2.1).
+"""bench-allreduce's measurement: time and bandwidth of all-reduce, gloo on the CPU and NCCL on
+GPUs (§2.1), as `run_allreduce(config)`, and the `TOOL` its command runs.
 
-float32 tensors of 1 MB, 10 MB, 100 MB and 1 GB (MB = 10^6 bytes), filled with fresh random
-values, are summed over 2, 4 and 6 ranks. Each (backend, world size) is one launch of that many
-processes (`bench.core.launch`); inside it every size gets `--warmup` untimed all-reduces, then
-`--steps` timed ones, each after a barrier so that the ranks start together: NCCL calls are timed
-with CUDA events around the call, gloo calls (which block) with the host clock. Every rank's
-times come back; an iteration takes as long as its slowest rank (a collective ends when its last
-rank does), and the table shows the median over iterations with its spread, and:
-
-- algorithm bandwidth `algbw = bytes / time`;
-- bus bandwidth `busbw = algbw * 2 (n - 1) / n`, nccl-tests' convention for all-reduce (a ring
-  all-reduce moves `2 (n - 1) / n` of the data over every link; NVIDIA/nccl-tests,
-  doc/PERFORMANCE.md), which makes world sizes comparable with each other and with the link's
-  speed. GB/s are 10^9 bytes per second.
-
-Defaults: NCCL on each world size the GPUs allow, every size; gloo on each world size the CPU
-cores allow, up to 100 MB (`--full` adds 1 GB and every world size: 1 GB on 6 gloo ranks takes
-several GB of host memory and minutes). Without a GPU: gloo only, 1 MB and 10 MB on 2 ranks
-(and says so). Under `torchrun` the world size is torchrun's.
+The command line and what each option does: `bench.commands.allreduce` (`bench-allreduce --help`).
 """
 
 from __future__ import annotations
@@ -32,16 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.core.cli import (
-    Invocation,
-    Tool,
-    add_timing_args,
-    as_device,
-    config_or_default,
-    distinct,
-    progress,
-)
-from bench.core.distributed import add_timeout_arg, guarded_on_all_ranks, slowest_rank
+from bench.core.cli import distinct
+from bench.core.distributed import guarded_on_all_ranks, slowest_rank
 from bench.core.launch import (
     BACKENDS,
     DEFAULT_TIMEOUT_S,
@@ -54,6 +30,7 @@ from bench.core.oom import OK, OOM, skipped
 from bench.core.plots import line_plot
 from bench.core.results import Keys, Run
 from bench.core.timing import elapsed_ms, synchronize
+from bench.core.tool import Invocation, Tool, as_device, config_or_default, progress
 
 __all__ = [
     "COLUMNS",
@@ -62,7 +39,6 @@ __all__ = [
     "AllReduceConfig",
     "bus_bandwidth_factor",
     "default_allreduce_config",
-    "main",
     "plot_allreduce",
     "run_allreduce",
 ]
@@ -304,18 +280,6 @@ def plot_allreduce(run: Run, path: str | Path) -> Path:
     )
 
 
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    grid = parser.add_argument_group("grid")
-    grid.add_argument("--backend", nargs="+", choices=BACKENDS, help="gloo, nccl (both on GPUs)")
-    grid.add_argument("--sizes-mb", type=float, nargs="+", metavar="MB", help="1 10 100 1000")
-    grid.add_argument("--world-sizes", type=int, nargs="+", metavar="N", help="2 4 6")
-    grid.add_argument(
-        "--full", action="store_true", help="gloo at every size and world size (opt-in: slow)"
-    )
-    add_timeout_arg(parser, scope="per launch")
-    add_timing_args(parser, warmup=None, steps=None)
-
-
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "backends": distinct(args.backend),
@@ -337,17 +301,4 @@ def _run(config: AllReduceConfig | None, cli: Invocation) -> Run:
     )
 
 
-TOOL = Tool(
-    "bench-allreduce",
-    __doc__,
-    add_options=_add_options,
-    run=_run,
-    default=default_allreduce_config,
-    overrides=_overrides,
-    plot=plot_allreduce,
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-allreduce` (see the module docstring)."""
-    return TOOL.main(argv)
+TOOL = Tool(run=_run, default=default_allreduce_config, overrides=_overrides, plot=plot_allreduce)

@@ -1,58 +1,35 @@
-"""bench-attn: attention alone, implementation beside implementation (the handout's §1.2 study).
+"""bench-attn's measurement: attention alone, implementation beside implementation (the
+handout's §1.2 study), as `run_attention(config)`, and the `TOOL` its command runs.
 
-Single-head attention (batch 8, no head dimension) over a grid of head sizes d and sequence
-lengths: the time of a forward call, the time of a backward call, the memory in use before the
-backward (inputs, output and everything autograd saved), and the peak. Implementations:
-
-- `naive`: plain PyTorch, the full score matrix materialised (`lmcore` backend `naive`).
-- `compiled`: the same function through `torch.compile` (one static compilation per shape).
-- `fa2-pytorch`, `fa2-triton`: FlashAttention-2 from the `fa2` package.
-- `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, the baseline of the ratios.
-
-The forward is timed with autograd recording, as in training. The backward is timed alone: each
-timed call follows an untimed fresh forward (no `retain_graph`). Each cell gets up to `--warmup`
-calls and then `--steps` timed calls, fewer when one call is so slow that `--steps` of them would
-exceed `--max-seconds` per pass; the row's `n` says how many ran and its `note` why.
-
-The default on a GPU is the story in about a minute: fa2-triton against SDPA and naive at
-d in {64, 128} and seq in {1024, 4096, 16384}, 20 timed calls per pass, at most 1 s per pass.
-`--grid handout` runs the handout's whole grid (all five implementations, d in {16, 32, 64,
-128}, seq in {256, ..., 16384}, 100 timed calls, at most 2 s per pass: the slow paths time
-fewer calls). Options after `--grid` change that grid. The run says up front how many cells it
-has and how long they may take, and prints each row as it completes.
-
-Without a GPU a small CPU default runs instead (and says so): fa2-triton is skipped (Triton's
-CPU interpreter is far too slow to benchmark) and `compiled` is left out (building the CPU code
-takes about a minute); ask for it with `--impls`.
+The command line and what each option does: `bench.commands.attn` (`bench-attn --help`).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.commands.attn import DTYPES, IMPLS
 from bench.core.attention_impls import attention_impl
-from bench.core.cli import (
-    Invocation,
-    Tool,
-    add_timing_args,
-    as_device,
-    config_or_default,
-    distinct,
-    live_rows,
-    progress,
-)
+from bench.core.cli import distinct
 from bench.core.env import device_name
 from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.oom import OK, guarded
 from bench.core.plots import line_plot
 from bench.core.results import Keys, Run
 from bench.core.timing import summarize, time_fn, time_with_setup
+from bench.core.tool import (
+    Invocation,
+    Tool,
+    as_device,
+    config_or_default,
+    live_rows,
+    progress,
+)
 
 __all__ = [
     "IMPLS",
@@ -60,15 +37,11 @@ __all__ = [
     "TOOL",
     "AttnConfig",
     "default_attn_config",
-    "main",
     "plot_attention",
     "run_attention",
 ]
 
-IMPLS = ("naive", "compiled", "fa2-pytorch", "fa2-triton", "sdpa")
 BASELINE = "sdpa"
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # The GPU default: the cells that tell the story (fa2 against SDPA and naive) in about a minute.
 GPU_D_VALUES = (64, 128)
@@ -77,7 +50,6 @@ GPU_IMPLS = ("naive", "fa2-triton", "sdpa")
 # The handout's grid (§1.2.1): batch 8, d in {16, 32, 64, 128}, seq in {256, ..., 16384}.
 HANDOUT_D_VALUES = (16, 32, 64, 128)
 HANDOUT_SEQS = (256, 1024, 4096, 8192, 16384)
-GRIDS = ("default", "handout")
 # The CPU default: small enough that the whole grid runs in seconds on two cores.
 CPU_D_VALUES = (16, 32)
 CPU_SEQS = (64, 128)
@@ -379,22 +351,6 @@ def plot_attention(run: Run, path: Path) -> list[Path]:
     ]
 
 
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--grid",
-        choices=GRIDS,
-        help="default: the story in about a minute on a GPU; handout: the handout's whole grid",
-    )
-    parser.add_argument("--d", type=int, nargs="+", help="head sizes (default: the grid's)")
-    parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths")
-    parser.add_argument("--impls", nargs="+", choices=IMPLS, help="implementations")
-    parser.add_argument("--batch", type=int, help="batch size (8)")
-    parser.add_argument("--dtype", choices=list(DTYPES), help="fp32 (default), bf16 or fp16")
-    parser.add_argument("--causal", action="store_true", help="causal masking")
-    parser.add_argument("--max-seconds", type=float, help="time budget per cell and pass")
-    add_timing_args(parser, warmup=None, steps=None)
-
-
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     given = {
         "d_values": distinct(args.d),
@@ -417,17 +373,4 @@ def _run(config: AttnConfig | None, cli: Invocation) -> Run:
     )
 
 
-TOOL = Tool(
-    "bench-attn",
-    __doc__,
-    add_options=_add_options,
-    run=_run,
-    default=default_attn_config,
-    overrides=_overrides,
-    plot=plot_attention,
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-attn` (see the module docstring)."""
-    return TOOL.main(argv)
+TOOL = Tool(run=_run, default=default_attn_config, overrides=_overrides, plot=plot_attention)

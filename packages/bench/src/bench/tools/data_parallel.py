@@ -1,41 +1,9 @@
-"""bench-ddp: time per training step and time spent communicating, for every `ddp` wrapper beside
-torch's DistributedDataParallel (the handout's §2.2 to §2.3).
+"""bench-ddp's measurement: time per training step and time spent communicating, for every
+`ddp` wrapper beside torch's DistributedDataParallel (the handout's §2.2 to §2.3), as
+`run_ddp(config)`, and the `TOOL` its command runs.
 
-`lmcore.TransformerLM` (XL by default), fp32, context 128, batch 4 per rank, AdamW, on
-`--world-size` ranks (2 by default; one process per GPU with NCCL, launched by the tool itself,
-or under torchrun), in these variants, all in one launch so that they share the machine's state:
-
-- `single`: the model alone on each rank, no communication: the compute-only baseline.
-- `naive`, `flat`, `individual`: `ddp.NaiveDDP`, `ddp.FlatDDP`, `ddp.DDPIndividualParameters`.
-- `bucketed`: `ddp.DDPBucketed`, a row per `--bucket-mb` (1, 10, 100, 1000 MB; `none`: one
-  bucket).
-- `torch-ddp`: torch's `DistributedDataParallel`, a row per `--torch-bucket-mb` (its default
-  `bucket_cap_mb`, 25 MB, and 100 MB). The default-cap row is the baseline of `vs_torch`.
-- `all-reduce`: no training: one all-reduce of a flat fp32 buffer as large as all the model's
-  gradients, alone on the machine: the communication cost the wrappers try to hide.
-
-Every step is `bench.core.training.train_step` (forward, cross-entropy, backward,
-`finish_gradient_synchronization()` for the `ddp` wrappers, `optimizer.step()`,
-`zero_grad(set_to_none=False)`), timed between
-device synchronisations; a step takes as long as its slowest rank, and the table shows medians
-over the timed steps. Per variant:
-
-- `step_ms` (and its spread), `overhead_ms` (beyond `single`), `vs_torch`;
-- `wait_ms`: how long `finish_gradient_synchronization()` held training up (CUDA events around
-  it): all of the communication for `naive` and `flat`, the exposed part of it for the
-  overlapped wrappers;
-- `comm_ms`: the summed time of the step's all-reduces, from NCCL's own timing (the ranks run
-  with ``TORCH_NCCL_ENABLE_TIMING=1``; gloo does not time its collectives);
-- `hidden`: the share of the all-reduce time overlapped with backward, `1 - wait_ms / comm_ms`.
-  Collectives measured while they overlap backward run slower (they share the GPU with it), so
-  this flatters the wrappers;
-- `hidden_e2e`: the end-to-end figure, `1 - overhead_ms / all-reduce alone`: the share of a
-  standalone all-reduce of the same gradient bytes (the `all-reduce` row, same run) that the
-  step does not pay for. 1 is perfect overlap, 0 a step that pays the whole all-reduce on top of
-  `single`, below 0 one that pays more than that.
-
-torch DDP waits inside backward, so only its step time and overhead are shown. Without a GPU a
-tiny model runs on 2 gloo CPU ranks (and says so).
+The variants, what each column means and the command line: `bench.commands.data_parallel`
+(`bench-ddp --help`).
 """
 
 from __future__ import annotations
@@ -55,7 +23,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddp
 import lmcore
-from bench.core.cli import Invocation, Tool, as_device, distinct
+from bench.commands.data_parallel import VARIANTS
+from bench.core.cli import distinct
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.memory import free_memory
@@ -64,17 +33,16 @@ from bench.core.oom import OK, OOM
 from bench.core.plots import hbar_plot
 from bench.core.results import Keys, Run
 from bench.core.timing import elapsed_ms
+from bench.core.tool import Invocation, Tool, as_device
 from bench.core.training import (
     ADAMW_OPTIONS,
     Case,
     TrainingBenchConfig,
-    add_training_args,
-    bucket_size_mb,
     build_model,
     token_batches,
     train_step,
-    training_overrides,
 )
+from bench.core.training_options import training_overrides
 
 __all__ = [
     "COLUMNS",
@@ -83,12 +51,10 @@ __all__ = [
     "VARIANTS",
     "DDPBenchConfig",
     "default_ddp_config",
-    "main",
     "plot_ddp",
     "run_ddp",
 ]
 
-VARIANTS = ("single", "naive", "flat", "individual", "bucketed", "torch-ddp", "all-reduce")
 _WRAPPERS: dict[str, type[ddp.DataParallelBase]] = {
     "naive": ddp.NaiveDDP,
     "flat": ddp.FlatDDP,
@@ -377,35 +343,6 @@ def plot_ddp(run: Run, path: str | Path) -> Path:
     )
 
 
-def _torch_bucket_mb(text: str) -> float | None:
-    """A `--torch-bucket-mb` value: torch DDP's `bucket_cap_mb`, `default` for its own."""
-    if text == "default":
-        return None
-    value = bucket_size_mb(text)
-    if value is None:  # torch DDP has no "one bucket"
-        raise ValueError(text)
-    return value
-
-
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    model, run = add_training_args(parser, variants=VARIANTS)
-    model.add_argument("--attention", help="lmcore attention backend (naive)")
-    run.add_argument(
-        "--bucket-mb",
-        type=bucket_size_mb,
-        nargs="+",
-        metavar="MB",
-        help="DDPBucketed bucket sizes, a row each (1 10 100 1000; none: one bucket)",
-    )
-    run.add_argument(
-        "--torch-bucket-mb",
-        type=_torch_bucket_mb,
-        nargs="+",
-        metavar="MB",
-        help="torch DDP bucket_cap_mb values, 'default' for its own (default 100)",
-    )
-
-
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
         **training_overrides(args),
@@ -419,17 +356,4 @@ def _run(config: DDPBenchConfig | None, cli: Invocation) -> Run:
     return run_ddp(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
 
 
-TOOL = Tool(
-    "bench-ddp",
-    __doc__,
-    add_options=_add_options,
-    run=_run,
-    default=default_ddp_config,
-    overrides=_overrides,
-    plot=plot_ddp,
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-ddp` (see the module docstring)."""
-    return TOOL.main(argv)
+TOOL = Tool(run=_run, default=default_ddp_config, overrides=_overrides, plot=plot_ddp)

@@ -1,43 +1,7 @@
-"""bench-model: end-to-end timing of `lmcore.TransformerLM` (the handout's §1.1.3 to §1.1.6).
+"""bench-model's measurement: end-to-end timing of `lmcore.TransformerLM` (the handout's §1.1.3
+to §1.1.6), as `run_model(config)` and `run_warmup_study(config)`, and the `TOOL` its command runs.
 
-A model of a named size (Table 1: small … 2.7B) or of explicit dimensions, random weights, a
-random batch (default 4 sequences, vocabulary 10,000), run in one or more modes:
-
-- `forward`: the forward pass alone, under `torch.no_grad()` (inference).
-- `forward-backward`: forward with the cross-entropy loss, then backward.
-- `train-step`: forward, backward and an `lmcore.AdamW` step.
-
-Each configuration gets `--warmup` untimed steps and `--steps` timed ones; the device is
-synchronised around every timed region (forward, backward, optimizer), so each is timed on its
-own and a step is their sum. Reported: mean ± std per region and per step, the first timed step,
-tokens per second, peak memory (CUDA), and MFU where the device's peak is known (the assumed peak
-is in the notes; FLOPs from `lmcore.forward_flops` / `training_flops`).
-
-Options multiply: several `--size`, `--context-length`, `--mode`, `--dtype` (fp32, or bf16
-autocast), `--attention` and `--compile both` run every combination. `--nvtx` marks warm-up,
-steps, forward/backward/optimizer and, inside attention, scores/softmax/output for Nsight
-Systems. `--memory-snapshot PATH` records the allocator's history over the timed steps and writes
-the pickle (for pytorch.org/memory_viz) and a PNG timeline made here. `--profile DIR` runs the
-timed steps under `torch.profiler` and writes, per configuration, a Chrome/Perfetto trace
-(`<configuration>.pt.trace.json`) and kernel tables (`<configuration>_kernels.md`), plus
-`DIR/<DIR name>.json`, a run of tool `profile` that bench-report reads: CUDA kernels only (CPU
-operators without a GPU), ranked by total time per phase (forward, backward, optimizer, whole
-step) with the share of matmuls, softmax, elementwise kernels and the optimizer, and the
-`record_function` ranges reported separately, as ranges: softmax against the two matmuls inside
-naive attention comes from the same profile (see `bench.core.profiling`).
-`--warmup-study` re-runs the configuration in fresh processes with 0, 1, 2 and 5 warm-up steps.
-`--study residuals` measures what one TransformerBlock of each size saves for backward (the
-handout's §2.1.6 (f) and §3.1): the bytes by operation, the five largest with their share, with
-and without activation checkpointing, and the gradient bytes the block produces in backward
-(`bench.core.saved_tensors`; no GPU or Nsight needed). Examples::
-
-    bench-model --size small --context-length 128 256 --mode forward train-step --dtype fp32 bf16
-    bench-model --size xl --context-length 128 2048 --mode forward train-step --warmup 1 \\
-        --steps 1 --memory-snapshot memory.pickle
-    bench-model --size small --context-length 256 --mode forward train-step --profile profile
-    bench-model --size xl --context-length 128 2048 --dtype fp32 bf16 --study residuals
-
-Without a GPU a tiny model runs on the CPU by default (and says so).
+What each mode measures and the command line: `bench.commands.model` (`bench-model --help`).
 """
 
 from __future__ import annotations
@@ -55,19 +19,20 @@ from typing import Any
 
 import torch
 
-from bench.core.cli import (
-    Invocation,
-    Tool,
-    add_timing_args,
-    as_device,
-    config_or_default,
-    distinct,
-    progress,
-)
+from bench.commands.model import DTYPES, MODES, WARMUP_STUDY
+from bench.core.cli import distinct
 from bench.core.env import device_name
 from bench.core.hardware import matmul_format, peak_tflops
 from bench.core.memory import free_memory, peak_memory, reset_peak_memory, to_mib
 from bench.core.memviz import render_memory_snapshot
+from bench.core.model_options import (
+    DEFAULT_CHECKPOINTING,
+    DEFAULT_LOSS,
+    LOSSES,
+    OPTIMIZERS,
+    with_depth,
+)
+from bench.core.model_runtime import build_optimizer, next_token_loss
 from bench.core.nvtx import annotated_attention, nvtx_range
 from bench.core.oom import guarded
 from bench.core.plots import bar_plot
@@ -82,16 +47,16 @@ from bench.core.results import Keys, Run, load_json
 from bench.core.saved_tensors import run_residual_study
 from bench.core.shapes import CPU_SIZE, Shape, shape_named
 from bench.core.timing import elapsed_ms, summarize
+from bench.core.tool import Invocation, Tool, as_device, config_or_default, progress
 from lmcore import (
-    ATTENTION_BACKENDS,
     DEFAULT_ATTENTION,
     HANDOUT_SIZES,
     MODEL_SIZES,
-    VOCAB_SIZE,
-    AdamW,
+    ActivationCheckpointing,
     ModelConfig,
     ModelSize,
     TransformerLM,
+    apply_activation_checkpointing,
     count_parameters,
     cross_entropy,
     forward_flops,
@@ -107,17 +72,11 @@ __all__ = [
     "ModelBenchConfig",
     "config_argv",
     "default_model_config",
-    "main",
     "plot_model",
     "run_model",
     "run_warmup_study",
 ]
 
-MODES = ("forward", "forward-backward", "train-step")
-DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast, fp32 throughout
-ATTENTIONS = ("naive", "sdpa", "fa2-pytorch", "fa2-triton")
-WARMUP_STUDY = (0, 1, 2, 5)  # the handout's §2.1.3 (c)
-STUDIES = ("residuals",)
 
 # Allocator events kept while recording a memory snapshot: enough for several training steps
 # of the largest model (each step allocates a few thousand blocks per layer).
@@ -132,11 +91,18 @@ class ModelBenchConfig:
         shapes: model shapes (`bench.core.shapes.shape_named("small")`, or explicit).
         context_lengths: sequence lengths (each also the model's context length).
         batch: sequences per batch.
-        vocab_size: vocabulary size.
+        vocab_size: vocabulary size; each size's own (`ModelSize.vocab_size`) when None.
         modes: from `MODES`.
         dtypes: `fp32`, or `bf16` (autocast around forward and loss).
         attention: lmcore attention backend names.
         compile: run eagerly (False), through `torch.compile` (True), or both.
+        activation_checkpointing: lmcore specs (`none`, `blocks`, `segments:K`, ...), in the
+            training modes.
+        loss: `materialized` (`cross_entropy` of the logits) or `fused` (the model's own LM
+            head + loss), in the training modes.
+        optimizer: the train step's AdamW, from `bench.core.model_options.OPTIMIZERS`.
+        num_layers: every shape's depth (a depth-reduced model); the shapes' own when None.
+        num_kv_heads: grouped-query attention's key/value heads (None: one per head).
         warmup: untimed steps first.
         steps: timed steps.
         nvtx: mark NVTX ranges (CUDA only).
@@ -145,25 +111,43 @@ class ModelBenchConfig:
     shapes: tuple[Shape, ...]
     context_lengths: tuple[int, ...] = (512,)
     batch: int = 4
-    vocab_size: int = VOCAB_SIZE
+    vocab_size: int | None = None
     modes: tuple[str, ...] = MODES
     dtypes: tuple[str, ...] = ("fp32",)
     attention: tuple[str, ...] = (DEFAULT_ATTENTION,)
     compile: tuple[bool, ...] = (False,)
+    activation_checkpointing: tuple[str, ...] = (DEFAULT_CHECKPOINTING,)
+    loss: tuple[str, ...] = (DEFAULT_LOSS,)
+    optimizer: tuple[str, ...] = ("lmcore",)
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
     warmup: int = 5
     steps: int = 10
     nvtx: bool = False
 
     def __post_init__(self) -> None:
-        for name, allowed in (("modes", MODES), ("dtypes", tuple(DTYPES))):
+        choices = (
+            ("modes", MODES),
+            ("dtypes", tuple(DTYPES)),
+            ("loss", LOSSES),
+            ("optimizer", OPTIMIZERS),
+        )
+        for name, allowed in choices:
             values = getattr(self, name)
             if not values or not set(values) <= set(allowed):
                 raise ValueError(f"{name} must be non-empty, from {allowed}; got {values}")
-        sizes = (self.batch, self.vocab_size, self.steps, *self.context_lengths)
+        if not self.activation_checkpointing:
+            raise ValueError("activation_checkpointing must be non-empty (none: no recomputation)")
+        for spec in self.activation_checkpointing:
+            ActivationCheckpointing.parse(spec)
+        optional = [
+            v for v in (self.vocab_size, self.num_layers, self.num_kv_heads) if v is not None
+        ]
+        sizes = (self.batch, self.steps, *self.context_lengths, *optional)
         if not self.shapes or not self.context_lengths or not self.attention or min(sizes) < 1:
             raise ValueError(
                 "shapes, context_lengths and attention must be non-empty; batch, vocab_size, "
-                f"steps and context lengths positive; got {self}"
+                f"num_layers, num_kv_heads, steps and context lengths positive; got {self}"
             )
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
@@ -186,26 +170,58 @@ class _Cell:
     compile: bool
     dtype: str
     mode: str
+    checkpointing: str | None = None  # the training modes only
+    loss: str | None = None
+    optimizer: str | None = None  # the train step only
 
     @property
     def label(self) -> str:
-        parts = [self.shape[0], f"ctx{self.context_length}", self.mode, self.dtype]
+        name, size = self.shape
+        named = MODEL_SIZES.get(name)
+        reduced = named not in (None, size) and with_depth(named, size.num_layers) == size
+        depth = [f"{size.num_layers}L"] if reduced else []  # a depth-reduced named size
+        parts = [name, *depth, f"ctx{self.context_length}", self.mode, self.dtype]
         parts += [self.attention] + (["compiled"] if self.compile else [])
-        return "_".join(parts)
+        defaults = (None, DEFAULT_CHECKPOINTING, DEFAULT_LOSS, "lmcore")
+        options = (self.checkpointing, self.loss, self.optimizer)
+        return "_".join(parts + [o.replace(":", "") for o in options if o not in defaults])
 
 
 def _cells(config: ModelBenchConfig) -> list[_Cell]:
-    return [
-        _Cell(*combo)
-        for combo in itertools.product(
-            config.shapes,
-            config.context_lengths,
-            config.attention,
-            config.compile,
-            config.dtypes,
-            config.modes,
+    """Every combination; the options a mode does not use are None there (so it runs once)."""
+    shapes = [(name, with_depth(size, config.num_layers)) for name, size in config.shapes]
+    cells = []
+    for shape, ctx, attention, compiled, dtype, mode, spec, loss, optimizer in itertools.product(
+        shapes,
+        config.context_lengths,
+        config.attention,
+        config.compile,
+        config.dtypes,
+        config.modes,
+        config.activation_checkpointing,
+        config.loss,
+        config.optimizer,
+    ):
+        training = mode != "forward"
+        cells.append(
+            _Cell(
+                shape,
+                ctx,
+                attention,
+                compiled,
+                dtype,
+                mode,
+                spec if training else None,
+                loss if training else None,
+                optimizer if mode == "train-step" else None,
+            )
         )
-    ]
+    return list(dict.fromkeys(cells))
+
+
+def _vocab_size(cell: _Cell, config: ModelBenchConfig) -> int:
+    """The cell's vocabulary: the configuration's, else its size's own."""
+    return config.vocab_size or cell.shape[1].vocab_size
 
 
 @contextlib.contextmanager
@@ -240,24 +256,30 @@ def _measure(
     ranges = config.nvtx or profile is not None  # a profile reports time per range
     attention = annotated_attention(cell.attention) if ranges else cell.attention
     size = cell.shape[1]
+    vocab_size = _vocab_size(cell, config)
     with torch.device(device):
         model = TransformerLM(
-            config.vocab_size,
+            vocab_size,
             cell.context_length,
             size.d_model,
             size.num_layers,
             size.num_heads,
             size.d_ff,
             attention=attention,
+            num_kv_heads=config.num_kv_heads,
         )
     model_config = model.config
+    if cell.checkpointing is not None:
+        apply_activation_checkpointing(model, policy=cell.checkpointing)
     if cell.compile:
         torch.compiler.reset()  # a fresh cache per cell: no recompilation limit across a sweep
         model = torch.compile(model)
-    optimizer = AdamW(model.parameters()) if cell.mode == "train-step" else None
+    optimizer = None
+    if cell.optimizer is not None:
+        optimizer = build_optimizer(cell.optimizer, model.parameters())
     shape = (config.batch, cell.context_length)
-    x = torch.randint(0, config.vocab_size, shape, device=device)  # (batch, seq) token ids
-    y = torch.randint(0, config.vocab_size, shape, device=device)  # next-token targets
+    x = torch.randint(0, vocab_size, shape, device=device)  # (batch, seq) token ids
+    y = torch.randint(0, vocab_size, shape, device=device)  # next-token targets
     autocast_dtype = DTYPES[cell.dtype]
 
     def autocast() -> contextlib.AbstractContextManager:
@@ -277,7 +299,8 @@ def _measure(
 
         def forward() -> torch.Tensor:
             with autocast():
-                return cross_entropy(model(x), y)
+                fused = cell.loss == "fused"
+                return next_token_loss(model, x, y, fused=fused, loss_fn=cross_entropy)
 
         loss, fwd = region("forward", forward)
         _, bwd = region("backward", loss.backward)
@@ -335,6 +358,8 @@ def _metrics(
     return row
 
 
+# Set by the training modes (None in a forward row), after the model's other choices.
+_OPTION_COLUMNS = ("activation_checkpointing", "loss", "optimizer")
 COLUMNS = [
     "size",
     "ctx",
@@ -342,6 +367,7 @@ COLUMNS = [
     "dtype",
     "attention",
     "compiled",
+    *_OPTION_COLUMNS,
     "fwd_ms",
     "fwd_std",
     "bwd_ms",
@@ -384,6 +410,7 @@ KEYS = Keys(
     "num_layers",
     "num_heads",
     "d_ff",
+    "num_kv_heads",
     "warmup",
 )
 
@@ -507,12 +534,13 @@ def _row(
 ) -> dict[str, Any]:
     name, size = cell.shape
     dims = {
-        "vocab_size": config.vocab_size,
+        "vocab_size": _vocab_size(cell, config),
         "context_length": cell.context_length,
         "d_model": size.d_model,
         "num_layers": size.num_layers,
         "num_heads": size.num_heads,
         "d_ff": size.d_ff,
+        "num_kv_heads": config.num_kv_heads,
     }
     return {
         "size": name,
@@ -522,6 +550,9 @@ def _row(
         "dtype": cell.dtype,
         "attention": cell.attention,
         "compiled": cell.compile,
+        "activation_checkpointing": cell.checkpointing,
+        "loss": cell.loss,
+        "optimizer": cell.optimizer,
         **dims,
         "params_m": _parameters(dims) / 1e6,
         **dict.fromkeys(_METRICS),  # every row has every key, whatever its mode or status
@@ -539,16 +570,27 @@ def config_argv(config: ModelBenchConfig) -> list[str]:
     """Command-line arguments of `bench-model` that reproduce `config`."""
     named = [name for name, size in config.shapes if MODEL_SIZES.get(name) == size]
     custom = [(name, size) for name, size in config.shapes if MODEL_SIZES.get(name) != size]
-    if len(custom) > 1:
-        raise ValueError("the command line takes at most one shape of explicit dimensions")
+    if len(custom) > 1 or (custom and config.num_layers is not None):
+        raise ValueError(
+            "the command line takes at most one shape of explicit dimensions, and then no "
+            "depth override (its --num-layers is that shape's depth)"
+        )
     argv = ["--size", *named] if named else []
     for name, s in custom:
         argv += ["--d-model", str(s.d_model), "--d-ff", str(s.d_ff)]
         argv += ["--num-layers", str(s.num_layers), "--num-heads", str(s.num_heads)]
         argv += ["--name", name]
     argv += ["--context-length", *map(str, config.context_lengths)]
-    argv += ["--batch", str(config.batch), "--vocab-size", str(config.vocab_size)]
+    argv += ["--batch", str(config.batch)]
+    for flag, value in (
+        ("--vocab-size", config.vocab_size),
+        ("--num-kv-heads", config.num_kv_heads),
+        ("--num-layers", config.num_layers),
+    ):
+        argv += [] if value is None else [flag, str(value)]
     argv += ["--mode", *config.modes, "--dtype", *config.dtypes, "--attention", *config.attention]
+    argv += ["--activation-checkpointing", *config.activation_checkpointing]
+    argv += ["--loss", *config.loss, "--optimizer", *config.optimizer]
     compiled = set(config.compile)
     argv += ["--compile", "both" if len(compiled) == 2 else ("on" if True in compiled else "off")]
     argv += ["--warmup", str(config.warmup), "--steps", str(config.steps)]
@@ -658,58 +700,17 @@ def plot_model(run: Run, path: Path) -> Path:
 
 
 def _shapes_from_args(args: argparse.Namespace) -> list[Shape]:
+    """The named sizes, and a shape of explicit dimensions (`--d-model`, `--d-ff`,
+    `--num-heads` and `--num-layers`, which alone instead sets every size's depth)."""
     dims = [args.d_model, args.d_ff, args.num_layers, args.num_heads]
     shapes = [shape_named(n) for n in dict.fromkeys(args.size or ())]
-    if any(d is not None for d in dims):
+    if any(d is not None for d in (args.d_model, args.d_ff, args.num_heads)):
         if any(d is None for d in dims):
             raise ValueError(
                 "explicit dimensions need all of --d-model --d-ff --num-layers --num-heads"
             )
         shapes.append((args.name, ModelSize(*dims)))
     return shapes
-
-
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    model = parser.add_argument_group("model")
-    model.add_argument("--size", nargs="+", choices=list(MODEL_SIZES), help="named sizes")
-    model.add_argument("--d-model", type=int, help="explicit width (with the three below)")
-    model.add_argument("--d-ff", type=int, help="explicit feed-forward width")
-    model.add_argument("--num-layers", type=int, help="explicit depth")
-    model.add_argument("--num-heads", type=int, help="explicit head count")
-    model.add_argument("--name", default="custom", help="table name of explicit dimensions")
-    model.add_argument("--context-length", type=int, nargs="+", help="sequence lengths")
-    model.add_argument("--batch", type=int, help="batch size (4)")
-    model.add_argument("--vocab-size", type=int, help=f"vocabulary ({VOCAB_SIZE:,})")
-    model.add_argument(
-        "--attention",
-        nargs="+",
-        choices=list(ATTENTION_BACKENDS),
-        help=f"backends ({DEFAULT_ATTENTION})",
-    )
-    run = parser.add_argument_group("run")
-    run.add_argument("--mode", nargs="+", choices=MODES, help="modes (all three)")
-    run.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="fp32 and/or bf16 autocast")
-    run.add_argument("--compile", choices=["off", "on", "both"], help="torch.compile (off)")
-    add_timing_args(parser, warmup=None, steps=None)
-    tools = parser.add_argument_group("profiling")
-    tools.add_argument("--nvtx", action="store_true", help="NVTX ranges for Nsight Systems")
-    tools.add_argument("--memory-snapshot", type=Path, metavar="PATH", help="allocator pickle")
-    tools.add_argument(
-        "--profile", type=Path, metavar="DIR", help="torch.profiler traces and kernel tables"
-    )
-    tools.add_argument(
-        "--study",
-        choices=STUDIES,
-        help="residuals: what one block saves for backward, by operation (no timing)",
-    )
-    tools.add_argument(
-        "--warmup-study",
-        type=int,
-        nargs="*",
-        metavar="W",
-        help="re-run in fresh processes with these warm-up counts "
-        f"({' '.join(map(str, WARMUP_STUDY))} when none given)",
-    )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -719,10 +720,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "context_lengths": distinct(args.context_length),
         "batch": args.batch,
         "vocab_size": args.vocab_size,
+        # with explicit dimensions --num-layers is that shape's depth, else every size's
+        "num_layers": args.num_layers if args.d_model is None else None,
+        "num_kv_heads": args.num_kv_heads,
         "modes": distinct(args.mode),
         "dtypes": distinct(args.dtype),
         "attention": distinct(args.attention),
         "compile": compile_choice[args.compile] if args.compile else None,
+        "activation_checkpointing": distinct(args.activation_checkpointing),
+        "loss": distinct(args.loss),
+        "optimizer": distinct(args.optimizer),
         "warmup": args.warmup,
         "steps": args.steps,
         "nvtx": args.nvtx or None,
@@ -760,17 +767,4 @@ def _run(config: ModelBenchConfig | None, cli: Invocation) -> Run:
     )
 
 
-TOOL = Tool(
-    "bench-model",
-    __doc__,
-    add_options=_add_options,
-    run=_run,
-    default=default_model_config,
-    overrides=_overrides,
-    plot=plot_model,
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-model` (see the module docstring)."""
-    return TOOL.main(argv)
+TOOL = Tool(run=_run, default=default_model_config, overrides=_overrides, plot=plot_model)

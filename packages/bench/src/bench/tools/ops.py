@@ -1,37 +1,7 @@
-"""bench-ops: lmcore's fused LM-head loss and fused AdamW against torch's best, op by op.
+"""bench-ops' measurement: lmcore's fused LM-head loss and fused AdamW against torch's best, op
+by op, as `run_ops(config)`, and the `TOOL` its command runs.
 
-Two studies, side by side in one run:
-
-- `loss`: one forward and backward of the LM head and the cross-entropy, the hidden states and
-  the head weight in bf16:
-    - `fused`: `lmcore.fused_linear_cross_entropy` (chunks of tokens, a Triton row kernel, the
-      full logits never held);
-    - `compiled`: `torch.compile` of `F.cross_entropy(hidden @ W.T, y)`, the baseline of the
-      ratios;
-    - `eager`: the same, not compiled.
-  At `small`'s shape (64 × 512 = 32,768 tokens, 768 features, vocabulary 10,000) and the
-  leaderboard's (2 × 32,768 = 65,536 tokens, 4096 features, vocabulary 151,936; the logits
-  alone are 19.9 GB in bf16). Reported: ms per call; the peak memory; the extra memory, the
-  peak beyond the inputs and the two gradients every implementation returns; and that extra
-  over the compiled baseline's and over the materialised logits' bytes (tokens × V × 2).
-- `adamw`: one optimizer step over every parameter of `small` and the 2026 `xl`, float32
-  parameters and random gradients: `lmcore` (lmcore.AdamW's multi-tensor path), `lmcore-fused`
-  (`lmcore.AdamW(fused=True)`, one Triton launch per group) and `torch-fused`
-  (`torch.optim.AdamW(fused=True)`, the baseline of the ratios).
-
-Out of memory is a row (`OOM`), not the end of the run. The compiled baseline compiles during
-its warm-up calls (untimed). On a GPU the default takes a few minutes, most of it the
-leaderboard shape and the `xl` optimizer step (54 GB of parameters, gradients and moments).
-
-Without a GPU a tiny CPU default runs instead and says so: `compiled` is left out (building CPU
-code takes about a minute; ask for it with --loss-impls), the fused loss runs its torch row
-step instead of the Triton kernel, and `lmcore-fused` runs only under Triton's interpreter
-(TRITON_INTERPRET=1), slowly; otherwise its rows say why they were skipped.
-
-Examples:
-  bench-ops                                  # both studies, the default shapes
-  bench-ops --study loss --loss-shapes leaderboard --json docs/results/ops.json --plot ops.png
-  bench-ops --study adamw --adamw-sizes small xl --steps 20
+The studies, the shapes and the command line: `bench.commands.ops` (`bench-ops --help`).
 """
 
 from __future__ import annotations
@@ -48,22 +18,15 @@ import torch
 import torch.nn.functional as F
 
 import lmcore
-from bench.core.cli import (
-    Invocation,
-    Tool,
-    add_timing_args,
-    as_device,
-    config_or_default,
-    distinct,
-    live_rows,
-    progress,
-)
+from bench.commands.ops import ADAMW_IMPLS, DTYPES, LOSS_IMPLS, LOSS_SHAPES, STUDIES, LossShape
+from bench.core.cli import distinct
 from bench.core.env import device_name
 from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.oom import OK, Unavailable, guarded
 from bench.core.plots import bar_plot
 from bench.core.results import Keys, Run
 from bench.core.timing import summarize, time_fn
+from bench.core.tool import Invocation, Tool, as_device, config_or_default, live_rows, progress
 
 __all__ = [
     "ADAMW_IMPLS",
@@ -74,34 +37,12 @@ __all__ = [
     "LossShape",
     "OpsConfig",
     "default_ops_config",
-    "main",
     "plot_ops",
     "run_ops",
 ]
 
-STUDIES = ("loss", "adamw")
-LOSS_IMPLS = ("fused", "compiled", "eager")
-ADAMW_IMPLS = ("lmcore", "lmcore-fused", "torch-fused")
 LOSS_BASELINE = "compiled"
 ADAMW_BASELINE = "torch-fused"
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-@dataclass(frozen=True)
-class LossShape:
-    """A loss shape: the model size whose width and vocabulary it takes, and how many tokens."""
-
-    size: str
-    tokens: int
-    about: str
-
-
-LOSS_SHAPES = {
-    "small": LossShape("small", 64 * 512, "batch 64 × context 512"),
-    "leaderboard": LossShape("leaderboard-8b", 2 * 32_768, "batch 2 × context 32,768"),
-    "tiny": LossShape("tiny", 96, "96 tokens"),
-}
-
 # The CPU default: seconds on two cores.
 CPU_LOSS_IMPLS = ("fused", "eager")
 CPU_STEPS, CPU_WARMUP = 3, 1
@@ -472,23 +413,6 @@ def plot_ops(run: Run, path: Path) -> Path:
     )
 
 
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--study", nargs="+", choices=STUDIES, help="loss, adamw (both)")
-    parser.add_argument(
-        "--loss-shapes", nargs="+", choices=list(LOSS_SHAPES), help="small, leaderboard (tiny)"
-    )
-    parser.add_argument("--loss-impls", nargs="+", choices=LOSS_IMPLS, help="implementations")
-    parser.add_argument(
-        "--adamw-sizes",
-        nargs="+",
-        choices=list(lmcore.MODEL_SIZES),
-        help="model sizes whose parameters AdamW steps (small xl)",
-    )
-    parser.add_argument("--adamw-impls", nargs="+", choices=ADAMW_IMPLS, help="implementations")
-    parser.add_argument("--dtype", choices=list(DTYPES), help="the loss's dtype (bf16)")
-    add_timing_args(parser, warmup=None, steps=None)
-
-
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "studies": distinct(args.study),
@@ -506,17 +430,4 @@ def _run(config: OpsConfig | None, cli: Invocation) -> Run:
     return run_ops(config, device=cli.device, command=cli.command, show_progress=cli.show_progress)
 
 
-TOOL = Tool(
-    "bench-ops",
-    __doc__,
-    add_options=_add_options,
-    run=_run,
-    default=default_ops_config,
-    overrides=_overrides,
-    plot=plot_ops,
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-ops` (see the module docstring)."""
-    return TOOL.main(argv)
+TOOL = Tool(run=_run, default=default_ops_config, overrides=_overrides, plot=plot_ops)

@@ -1,37 +1,8 @@
-"""bench-plan: predict memory per device and communication per step of training, without a GPU.
+"""bench-plan's implementation: predict memory per device and communication per step of training,
+without a GPU, as `run_plan(sweep)` (and `run_check`, `run_leaderboard`, `run_section8`), and the
+`TOOL` its command runs.
 
-For `lmcore.TransformerLM` of a named size or explicit dimensions, a batch and context, a
-precision, a parallel layout (one device, DDP, ZeRO-1, FSDP, tensor parallelism, FSDP x TP),
-activation checkpointing and a loss, bench-plan predicts the busiest device's memory at the
-moment of its peak (parameters, gradients, optimizer state, activations, the loss's logits,
-communication buffers, temporaries), whether it fits `--memory`, the largest batch and context
-that would, and the bytes each device sends per step with their time beside the step's compute
-time. Every number comes with the formula that gives it (the second table, per configuration).
-Options with several values multiply. The model behind it is `bench.core.capacity` and
-`bench.core.step_traffic`; the assumptions are in their docstrings.
-
-Three other modes:
-  --check DIR          every bench-model, bench-zero (and bench-step) result row in DIR that the
-                       model covers: predicted against measured, side by side, with the error
-  --preset leaderboard-2026
-                       the CS336 2026 leaderboard step (8B, context 32,768, batch 2, bf16, on 2
-                       GPUs): which options fit in 80 GB and in 141 GB per GPU
-  --section8           the handout's §8 FFN-layer answers (DP, FSDP, TP, FSDP + TP) for the
-                       model's d_model and d_ff, B = batch x context tokens, --dp / --tp devices
-
-Examples:
-  bench-plan --size xl --context-length 2048 --batch 4 --precision fp32 bf16-autocast
-  bench-plan --size 2.7B --context-length 512 --batch 8 --layout ddp zero1 fsdp --dp 2 \\
-      --precision bf16-master --memory 80GB
-  bench-plan --d-model 4096 --d-ff 11008 --num-layers 34 --num-heads 32 --vocab-size 151936 \\
-      --context-length 32768 --batch 2 --precision bf16 --layout fsdp --dp 2 \\
-      --attention fa2-triton --activation-checkpointing blocks nested --loss fused --memory 80GB
-  bench-plan --preset leaderboard-2026 --json plan_leaderboard.json --plot plan_leaderboard.png
-  bench-plan --check docs/results --json check.json --markdown check.md --plot check.png
-  bench-plan --section8 --size xl --context-length 128 --batch 8 --dp 8 --tp 4
-
-Memory sizes read as `80GB` (10^9 bytes), `80GiB` (2^30) or `512MiB`. Bandwidth and FLOP rate
-default to measured numbers (the run's notes say which).
+What it predicts, its modes and the command line: `bench.commands.plan` (`bench-plan --help`).
 """
 
 from __future__ import annotations
@@ -46,13 +17,7 @@ from typing import Any
 import lmcore
 from bench.core import ffn_parallelism as ffn
 from bench.core.capacity import (
-    CHECKPOINTING_FORMS,
     DATA_PARALLEL_LAYOUTS,
-    DDP_BUCKETS,
-    LAYOUTS,
-    MODES,
-    OPTIMIZERS,
-    PRECISIONS,
     TENSOR_PARALLEL_LAYOUTS,
     Checkpointing,
     MemoryEstimate,
@@ -60,7 +25,7 @@ from bench.core.capacity import (
     TrainingPlan,
     estimate_memory,
 )
-from bench.core.cli import Invocation, Tool, distinct, usage_errors
+from bench.core.cli import distinct, usage_errors
 from bench.core.collectives import (
     BANDWIDTH_SOURCE,
     DEFAULT_BANDWIDTH_GBPS,
@@ -77,10 +42,11 @@ from bench.core.fit import (
 from bench.core.memory import GIB
 from bench.core.plan_check import CHECK_COLUMNS, check_results
 from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
-from bench.core.residuals import ATTENTION_KINDS, LOSSES
+from bench.core.residuals import LOSSES
 from bench.core.results import Keys, Run
 from bench.core.shapes import size_label
 from bench.core.step_traffic import StepTraffic, default_tflops, estimate_traffic
+from bench.core.tool import Invocation, Tool
 
 __all__ = [
     "KEYS",
@@ -88,7 +54,6 @@ __all__ = [
     "PLAN_COLUMNS",
     "TOOL",
     "PlanSweep",
-    "main",
     "plot_plan",
     "run_check",
     "run_leaderboard",
@@ -113,7 +78,6 @@ LEADERBOARD_BATCH = 2
 LEADERBOARD_DEVICES = 2
 # Memory per GPU the leaderboard prediction is asked for: an 80 GB H100 and a 141 GB H200.
 LEADERBOARD_MEMORY = {"80 GB": parse_memory("80GB"), "141 GB": parse_memory("141GB")}
-PRESETS = ("leaderboard-2026",)
 
 # The categories a peak is broken into, as (column, the capacity terms it sums).
 _CATEGORIES = (
@@ -712,102 +676,6 @@ def _models_from_args(args: argparse.Namespace) -> tuple[tuple[str, lmcore.Model
     return tuple(out)
 
 
-def _memory_size(text: str) -> int:
-    """`--memory`'s type: `parse_memory`, its message kept in the usage error."""
-    try:
-        return parse_memory(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    what = parser.add_argument_group("mode (default: predict the configurations below)")
-    what.add_argument("--check", type=Path, metavar="DIR",
-                      help="predict every bench-model/bench-zero/bench-step row of the results in "
-                      "DIR beside its measurement")  # fmt: skip
-    what.add_argument("--preset", choices=PRESETS,
-                      help="leaderboard-2026: what fits the CS336 2026 leaderboard step on 2 GPUs "
-                      "of 80 GB and of 141 GB")  # fmt: skip
-    what.add_argument(
-        "--section8",
-        action="store_true",
-        help="the handout's §8 FFN answers (B = batch x context, D, F of the model)",
-    )
-    model = parser.add_argument_group("model")
-    model.add_argument("--size", nargs="+", choices=list(lmcore.MODEL_SIZES), help="named sizes")
-    model.add_argument("--d-model", type=int, help="explicit width (with the three below)")
-    model.add_argument("--d-ff", type=int, help="explicit feed-forward width")
-    model.add_argument("--num-layers", type=int, help="explicit depth")
-    model.add_argument("--num-heads", type=int, help="explicit head count")
-    model.add_argument("--num-kv-heads", type=int, help="key/value heads (grouped-query attention)")
-    model.add_argument("--name", default="custom", help="table name of explicit dimensions")
-    model.add_argument("--vocab-size", type=int, help=f"vocabulary ({lmcore.VOCAB_SIZE:,})")
-    model.add_argument(
-        "--context-length",
-        type=int,
-        nargs="+",
-        help="sequence lengths (each also the context length; 512)",
-    )
-    model.add_argument(
-        "--attention",
-        nargs="+",
-        choices=list(ATTENTION_KINDS),
-        help="attention backends (naive: materialises the scores)",
-    )
-    step = parser.add_argument_group("training step")
-    step.add_argument("--batch", type=int, nargs="+", help="sequences per step in all (4)")
-    step.add_argument(
-        "--precision",
-        nargs="+",
-        choices=list(PRECISIONS),
-        help="; ".join(f"{p.name}: {p.description}" for p in PRECISIONS.values()),
-    )
-    step.add_argument("--layout", nargs="+", choices=LAYOUTS, help="parallel layouts (single)")
-    step.add_argument(
-        "--dp", type=int, default=2, help="data-parallel ranks of ddp, zero1, fsdp (2)"
-    )
-    step.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of tp, fsdp-tp (2)")
-    step.add_argument(
-        "--activation-checkpointing",
-        nargs="+",
-        metavar="SPEC",
-        help=f"checkpointing forms: {' | '.join(CHECKPOINTING_FORMS)} (none)",
-    )
-    step.add_argument("--loss", nargs="+", choices=LOSSES, help="materialized (default) or fused")
-    step.add_argument(
-        "--optimizer",
-        nargs="+",
-        choices=list(OPTIMIZERS),
-        help="lmcore (foreach, default), lmcore-fused, torch-fused, torch (foreach)",
-    )
-    step.add_argument(
-        "--mode",
-        choices=MODES,
-        default="train-step",
-        help="train-step (default), forward-backward, or forward (inference)",
-    )
-    step.add_argument(
-        "--no-hold-logits",
-        action="store_true",
-        help="the step does not keep the logits through backward (bench-model's)",
-    )
-    step.add_argument("--ddp-buckets", choices=DDP_BUCKETS, default="torch",
-                      help="torch: DDP keeps a flat copy of the gradients (default); views: "
-                      "ddp.DDPBucketed's gradients are views of its buckets")  # fmt: skip
-    hw = parser.add_argument_group("hardware")
-    hw.add_argument(
-        "--memory",
-        type=_memory_size,
-        metavar="SIZE",
-        help="device memory to fit, e.g. 80GB, 141GB, 80GiB",
-    )
-    hw.add_argument("--bandwidth", type=float, default=DEFAULT_BANDWIDTH_GBPS, metavar="GBPS",
-                    help=f"egress per device in GB/s ({DEFAULT_BANDWIDTH_GBPS:g}: "
-                    f"{BANDWIDTH_SOURCE})")  # fmt: skip
-    hw.add_argument("--tflops", type=float, help="matmul rate in TFLOP/s (default: measured bf16 "
-                    "ceiling of an H100; the data sheet's fp32 peak for fp32)")  # fmt: skip
-
-
 def _run(config: object, cli: Invocation) -> Run:
     args = cli.args
     if args.check is not None:
@@ -847,9 +715,4 @@ def _run(config: object, cli: Invocation) -> Run:
     return run_plan(sweep, command=cli.command)
 
 
-TOOL = Tool("bench-plan", __doc__, add_options=_add_options, run=_run, plot=plot_plan)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-plan` (see the module docstring)."""
-    return TOOL.main(argv)
+TOOL = Tool(run=_run, plot=plot_plan)

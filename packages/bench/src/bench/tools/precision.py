@@ -1,21 +1,11 @@
-"""bench-precision: what low-precision arithmetic does to a sum, and which dtypes autocast picks.
+"""bench-precision's measurement: what low-precision arithmetic does to a sum, and which dtypes
+autocast picks (the handout's §1.1.5), as `run_precision()`, and the `TOOL` its command runs.
 
-Two demonstrations from the handout's §1.1.5:
-
-1. Accumulation: add 0.01 a thousand times (the exact answer is 10) four ways: fp32 into fp32,
-   fp16 into fp16, fp16 into an fp32 accumulator (promoted on each add), and fp16 explicitly cast
-   to fp32 first. The value and its error show that the accumulator's precision, not the addend's,
-   decides how far the sum drifts: fp16 has 10 mantissa bits, so once the sum passes 8 its spacing
-   (2⁻⁷ ≈ 0.0078) is comparable to the 0.01 being added.
-2. Autocast: the handout's toy model (Linear 20→10, ReLU, LayerNorm, Linear 10→5) run under
-   `torch.autocast`, reporting the dtype of the parameters, the first layer's output, the
-   LayerNorm's output, the logits, the loss (`torch.nn.functional.cross_entropy`) and the
-   gradients. On CUDA with bf16 and fp16; on the CPU with bf16.
+What it shows and its command line: `bench.commands.precision` (`bench-precision --help`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.core.cli import Invocation, Tool, as_device
 from bench.core.plots import bar_plot
 from bench.core.results import Keys, Run
+from bench.core.tool import Invocation, Tool, as_device
 
 __all__ = [
     "KEYS",
@@ -33,7 +23,6 @@ __all__ = [
     "ToyModel",
     "accumulation_rows",
     "autocast_rows",
-    "main",
     "plot_precision",
     "run_precision",
 ]
@@ -193,15 +182,4 @@ def _run(config: None, cli: Invocation) -> Run:
     return run_precision(device=cli.device, command=cli.command)
 
 
-TOOL: Tool[None] = Tool(
-    "bench-precision",
-    __doc__,
-    add_options=lambda parser: None,
-    run=_run,
-    plot=plot_precision,
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-precision` (see the module docstring)."""
-    return TOOL.main(argv)
+TOOL: Tool[None] = Tool(run=_run, plot=plot_precision)

@@ -1,23 +1,7 @@
-"""bench-report: the 2026 CS336 handout answered, one section per problem, from a results folder.
+"""bench-report's implementation: the 2026 CS336 handout answered, one section per problem, from a
+results folder, as `build_report(folder)`, and `run_parsed`, what its command runs.
 
-Every `*.json` a `bench-*` tool wrote (`--json`) in the folder (default `docs/results/`), the
-profile runs one level down (`bench-model --profile DIR` writes `DIR/<DIR>.json`) and the
-hand-written records that carry an `env` are read back. The report follows the 2026 handout's
-order: every problem gets a section with its deliverable, answered in prose computed from the
-measured rows (each number followed by the file it comes from and the code revision it
-measured), then the result files it rests on in full, with their plots. A problem without
-results says what it needs (hardware, the command) and that it was not run; the §8 analytic
-problems are answered by bench-plan's formulas (`bench.handout.analysis`).
-
-Images are found by the result's own name: `<result>.png` and `<result>_*.png` beside
-`<result>.json` (plus the plot paths the run recorded, where they still exist).
-
-Formats: Markdown (default), or `--format latex` / `--format typst` for a write-up typeset in
-LaTeX or Typst (the same sections, tables and images). Examples::
-
-    bench-report docs/results -o docs/results/REPORT.md
-    bench-report docs/results --format latex -o report/report.tex
-    bench-report docs/results --format typst -o report/report.typ
+What the report holds and the command line: `bench.commands.report` (`bench-report --help`).
 """
 
 from __future__ import annotations
@@ -31,7 +15,7 @@ from pathlib import Path
 from bench.core.document import FORMATS, render
 from bench.handout import PROBLEMS, Results, build_document
 
-__all__ = ["PROBLEMS", "build_report", "main", "report_links"]
+__all__ = ["PROBLEMS", "build_report", "report_links", "run_parsed"]
 
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -72,18 +56,13 @@ def build_report(
     return text
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-report` (see the module docstring)."""
-    parser = argparse.ArgumentParser(
-        prog="bench-report",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("folder", nargs="?", default="docs/results", help="results folder")
-    parser.add_argument("-o", "--output", type=Path, help="write the report here (else print)")
-    parser.add_argument("--title", help="top heading")
-    parser.add_argument("--format", choices=FORMATS, default="markdown", help="output format")
-    args = parser.parse_args(argv)
+def run_parsed(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """What `bench-report` runs once its options have parsed: build the report, print or write
+    it; the exit status (0). A missing results folder is a usage error of `parser`."""
     options = {"title": args.title} if args.title else {}
     try:
         text = build_report(args.folder, output=args.output, fmt=args.format, **options)

@@ -1,38 +1,8 @@
-"""bench-zero: memory and time of sharding (ZeRO-1 and FSDP) beside plain data parallelism.
+"""bench-zero's measurement: memory and time of sharding (ZeRO-1 and FSDP) beside plain data
+parallelism, as `run_zero(config)`, and the `TOOL` its command runs.
 
-`lmcore.TransformerLM` (XL by default), fp32, trained with AdamW on `--world-size` ranks (2 by
-default; one process per GPU with NCCL, launched by the tool itself), batch 4 per rank at
-context 128, in these variants:
-
-- `ddp`: torch `DistributedDataParallel` + the unsharded optimizer (the baseline).
-- `sharded`: torch DDP + `zero.ShardedOptimizer`, one row per `--zero-bucket-mb` cap (the cap on
-  the parameters one post-step broadcast carries: 0 is one broadcast per parameter, `none` one
-  per owner).
-- `torch-zero`: torch DDP + torch's `ZeroRedundancyOptimizer`.
-- `bucketed-sharded` (on request): `ddp.DDPBucketed` + `zero.ShardedOptimizer`.
-- `fsdp`: `zero.FSDP` with one unit per `TransformerBlock` + the unsharded optimizer over the
-  shards, one row per `--fsdp-dtypes` compute dtype (fp32; bf16: weights cast to bf16 before the
-  all-gather, gradients reduced in bf16, fp32 masters and optimizer state).
-- `fsdp-no-prefetch` (on request): `fsdp` gathering each unit only when needed, to measure
-  what issuing the next unit's all-gather one unit ahead buys.
-- `torch-fsdp`: torch's FSDP2, `fully_shard` on every `TransformerBlock` and at the root, one row
-  per compute dtype (bf16: `MixedPrecisionPolicy(param_dtype=torch.bfloat16)`, whose gradients
-  are reduced in bf16 too).
-
-Per variant: peak memory (`torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`)
-after building the model, wrapper and optimizer; within a training step right before
-`optimizer.step()` and right after it; the median step time over the timed steps (each step's
-time is the slowest rank's); and a breakdown of the after-step peak into parameters, gradients
-and optimizer state (the bytes of those tensors on the rank) and the rest (activations,
-temporaries, DDP's communication buckets). Memory is the largest over the ranks. Ratios against
-`ddp` are checked against the targets of ZeRO-1 at world size 2: optimizer state <= 0.55x, peak
-<= 0.80x, step time <= 1.10x. `fsdp` rows are also compared with the `torch-fsdp` row of the same
-compute dtype and checked against FSDP's targets: peak <= 1.05x torch-fsdp and (fp32) <= 0.60x
-ddp, step time <= 1.10x torch-fsdp. For the FSDP variants, parameters and gradients are the
-shards (gathered weights count as `other`).
-
-Without a GPU a tiny model runs on the CPU with gloo (and says so); memory is then the size of
-the parameter, gradient and state tensors, since the CPU keeps no allocator statistics.
+The variants, what is measured, the targets and the command line: `bench.commands.sharding`
+(`bench-zero --help`).
 """
 
 from __future__ import annotations
@@ -46,30 +16,36 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import ddp
 import lmcore
-from bench.core.cli import Invocation, Tool, as_device, distinct
+from bench.commands.sharding import (
+    COMPUTE_DTYPES,
+    DEFAULT_VARIANTS,
+    OPTIMIZERS,
+    VARIANTS,
+)
+from bench.core.cli import distinct
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
 from bench.core.plots import Bars, stacked_bar_plot
 from bench.core.results import Keys, Run
+from bench.core.step_memory import tensor_bytes
 from bench.core.timing import elapsed_ms
+from bench.core.tool import Invocation, Tool, as_device
+from bench.core.torch_native import fully_shard_blocks
 from bench.core.training import (
     ADAMW_OPTIONS,
     Case,
     TrainingBenchConfig,
-    add_training_args,
-    bucket_size_mb,
     build_model,
     forward_backward,
     token_batches,
     train_step,
-    training_overrides,
 )
+from bench.core.training_options import training_overrides
 from ddp import DEFAULT_BUCKET_SIZE_MB, bucket_bytes
 from zero import FSDP, ShardedOptimizer
 
@@ -83,29 +59,13 @@ __all__ = [
     "ZeroBenchConfig",
     "ZeroCase",
     "default_zero_config",
-    "main",
     "plot_zero",
     "run_zero",
 ]
 
-VARIANTS = (
-    "ddp",
-    "sharded",
-    "torch-zero",
-    "bucketed-sharded",
-    "fsdp",
-    "torch-fsdp",
-    "fsdp-no-prefetch",
-)
-DEFAULT_VARIANTS = ("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp")
 FSDP_VARIANTS = ("fsdp", "torch-fsdp", "fsdp-no-prefetch")
 BASELINE = "ddp"
 FSDP_BASELINE = "torch-fsdp"
-COMPUTE_DTYPES: Mapping[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
-OPTIMIZERS: Mapping[str, type[torch.optim.Optimizer]] = {
-    "torch": torch.optim.AdamW,
-    "lmcore": lmcore.AdamW,
-}
 
 # Issue 5's targets for ZeRO-1 at world size 2, as (column, largest acceptable ratio to `ddp`).
 TARGETS = (("state_vs_ddp", 0.55), ("peak_vs_ddp", 0.80), ("time_vs_ddp", 1.10))
@@ -198,25 +158,14 @@ def _cases(config: ZeroBenchConfig) -> list[ZeroCase]:
     return cases
 
 
-def _torch_fsdp(model: lmcore.TransformerLM, compute_dtype: torch.dtype) -> nn.Module:
-    """torch's FSDP2 applied as its docs advise: every block, then the root."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    policy = MixedPrecisionPolicy(
-        param_dtype=None if compute_dtype == torch.float32 else compute_dtype
-    )
-    for block in model.layers:
-        fully_shard(block, mp_policy=policy)
-    return fully_shard(model, mp_policy=policy)
-
-
 def _wrap(case: ZeroCase, model: lmcore.TransformerLM, device: torch.device) -> nn.Module:
     if case.variant == "bucketed-sharded":
         return ddp.DDPBucketed(model)
     if case.variant in FSDP_VARIANTS:
         dtype = COMPUTE_DTYPES[case.compute_dtype or "fp32"]
         if case.variant == "torch-fsdp":
-            return _torch_fsdp(model, dtype)
+            param_dtype = None if dtype == torch.float32 else dtype
+            return fully_shard_blocks(model, model.layers, param_dtype=param_dtype)
         return FSDP(
             model,
             compute_dtype=dtype,
@@ -245,20 +194,6 @@ def _optimizer(case: Case, params: Iterable[nn.Parameter], config: ZeroBenchConf
     return optimizer, lambda: optimizer.local_optimizer.state
 
 
-def _bytes(tensors: Iterable[Any], device: torch.device) -> int:
-    """Bytes of the distinct tensors among `tensors` that live on `device` (shared storage once).
-
-    A DTensor (torch FSDP2's parameters, gradients and optimizer state) counts its local shard.
-    """
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if is_traceable_wrapper_subclass(t) and hasattr(t, "to_local"):
-            t = t.to_local()
-        if isinstance(t, torch.Tensor) and t.device == device:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(seen.values())
-
-
 def _measure_case(
     case: ZeroCase, config: ZeroBenchConfig, rank: int, device: torch.device
 ) -> dict[str, Any]:
@@ -282,15 +217,15 @@ def _measure_case(
     reset_peak_memory(device)
     forward_backward(wrapped, [next(batches)])
     before_peak = peak_memory(device)
-    grads = _bytes((p.grad for p in model.parameters()), device)
+    grads = tensor_bytes((p.grad for p in model.parameters()), device)
     optimizer.step()
     after_peak = peak_memory(device)
-    state = _bytes((v for s in local_state().values() for v in s.values()), device)
+    state = tensor_bytes((v for s in local_state().values() for v in s.values()), device)
     return {
         "init": init_peak,
         "before_step": before_peak,
         "after_step": after_peak,
-        "param": _bytes(model.parameters(), device),
+        "param": tensor_bytes(model.parameters(), device),
         "grad": grads,
         "state": state,
         "times": times,
@@ -477,25 +412,6 @@ def plot_zero(run: Run, path: str | Path) -> Path:
     )
 
 
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    _, run = add_training_args(parser, variants=VARIANTS)
-    run.add_argument("--optimizer", choices=list(OPTIMIZERS), help="AdamW implementation (torch)")
-    run.add_argument(
-        "--zero-bucket-mb",
-        type=bucket_size_mb,
-        nargs="+",
-        metavar="MB",
-        help=f"ShardedOptimizer broadcast caps, a row each ({DEFAULT_BUCKET_SIZE_MB:g}; 0: one "
-        "broadcast per parameter; none: one per rank)",
-    )
-    run.add_argument(
-        "--fsdp-dtypes",
-        nargs="+",
-        choices=list(COMPUTE_DTYPES),
-        help="compute dtypes of the fsdp and torch-fsdp rows, a row each (fp32 bf16)",
-    )
-
-
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {
         **training_overrides(args),
@@ -509,17 +425,4 @@ def _run(config: ZeroBenchConfig | None, cli: Invocation) -> Run:
     return run_zero(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
 
 
-TOOL = Tool(
-    "bench-zero",
-    __doc__,
-    add_options=_add_options,
-    run=_run,
-    default=default_zero_config,
-    overrides=_overrides,
-    plot=plot_zero,
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-zero` (see the module docstring)."""
-    return TOOL.main(argv)
+TOOL = Tool(run=_run, default=default_zero_config, overrides=_overrides, plot=plot_zero)

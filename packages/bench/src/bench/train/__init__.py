@@ -3,7 +3,8 @@
 One owner per concern, in the order a run meets them:
 
 - `config`: `TrainConfig`, every option once (default, help, group, whether a resume may change
-  it); `options`: the command line and config files generated from it;
+  it); `options`: the command line and config files generated from it; `choices`: the names
+  `--precision`, `--parallel` and `--baseline` offer;
 - `data` (token files, the cache, `Batches`) and `tokenizer` (bytes, BPE);
 - `lm`: the model, its loss and its optimizer as lmcore makes them (where new lmcore options
   plug in);
@@ -18,9 +19,31 @@ One owner per concern, in the order a run meets them:
 The trainer and the tools (`bench.tools`) never import each other; both build on `bench.core`.
 """
 
-from bench.train.config import TrainConfig
-from bench.train.generate import load_run, sample
-from bench.train.loop import Trainer
-from bench.train.run import prepare, run_train
+import importlib
+from typing import Any
+
+# Imported on first use (PEP 562), so that the command lines can read `bench.train.config` (the
+# options) without importing torch.
+_MODULE_OF = {
+    "TrainConfig": "bench.train.config",
+    "Trainer": "bench.train.loop",
+    "load_run": "bench.train.generate",
+    "sample": "bench.train.generate",
+    "prepare": "bench.train.run",
+    "run_train": "bench.train.run",
+}
 
 __all__ = ["TrainConfig", "Trainer", "load_run", "prepare", "run_train", "sample"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})

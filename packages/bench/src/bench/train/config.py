@@ -5,8 +5,8 @@ Everything else is generated from those fields (`bench.train.options`): the comm
 config file a run writes and `--config` reads, the check a resume makes against its checkpoint.
 Defaults that depend on the device are a pair (CUDA, CPU) in the field's option; defaults that
 follow another option are rules on the class (`warmup`, `final_lr`, `log_interval`,
-`eval_interval`, `last_step`) or in `create`
-(the number of ranks, the parallel mode, `--baseline`'s settings).
+`eval_interval`, `last_step`) or in `create` (the number of ranks, the parallel mode,
+`--baseline`'s settings).
 """
 
 from __future__ import annotations
@@ -17,25 +17,33 @@ import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 import ddp
 import lmcore
-from bench.core.cli import resolve_device
-from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size
+from bench.core import model_options
+from bench.core.cli import bucket_size_mb, resolve_device
+from bench.core.ranks import DEFAULT_TIMEOUT_S, torchrun_world_size
 from bench.core.shapes import CPU_SIZE
-from bench.core.training import bucket_size_mb
-from bench.train import lm, parallel
-from bench.train.options import Group, flag_of, option, option_of, parse_duration
+from bench.train.choices import BASELINES, PARALLEL_MODES, PRECISIONS
+from bench.train.options import (
+    Group,
+    device_defaults,
+    flag_of,
+    given_values,
+    option,
+    option_of,
+    parse_duration,
+)
 from bench.train.tokenizer import TOKENIZERS
 
-__all__ = ["BASELINES", "PRECISIONS", "TrainConfig"]
+if TYPE_CHECKING:
+    import torch
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast, fp32 throughout
-# `--baseline NAME`: the options a baseline runs with (given otherwise, they are an error).
-BASELINES = {"torch": {"attention": "sdpa", "optimizer": "torch-fused", "compile": True}}
+__all__ = ["CONFIG_FILE", "TrainConfig"]
+
+# The resolved options a run writes to its `--out` (and `--config` reads back).
+CONFIG_FILE = "config.toml"
 # The groups, in the order of `--help` and of config files.
 DATA = Group("data", "what to train on")
 MODEL = Group("model", "the Transformer (lmcore.TransformerLM)")
@@ -91,14 +99,10 @@ class TrainConfig:
         device_default=("small", CPU_SIZE),
     )
     d_model: int | None = option(None, "override the size's width", group=MODEL)
-    num_layers: int | None = option(None, "override the size's depth", group=MODEL)
+    num_layers: int | None = option(None, model_options.HELP["num_layers"], group=MODEL)
     num_heads: int | None = option(None, "override the size's attention heads", group=MODEL)
     num_kv_heads: int | None = option(
-        None,
-        "key/value heads, each shared by num_heads / num_kv_heads query heads (grouped-query "
-        "attention; 1: multi-query)",
-        group=MODEL,
-        default_text="one per head",
+        None, model_options.HELP["num_kv_heads"], group=MODEL, default_text="one per head"
     )
     d_ff: int | None = option(None, "override the size's feed-forward width", group=MODEL)
     context_length: int = option(256, "tokens per sequence", group=MODEL)
@@ -107,8 +111,16 @@ class TrainConfig:
         "attention backend",
         group=MODEL,
         may_change=True,
-        choices=lambda: list(lmcore.ATTENTION_BACKENDS),
+        choices=lmcore.attention_names,
         device_default=("fa2-triton", "sdpa"),
+    )
+    activation_checkpointing: str = option(
+        model_options.DEFAULT_CHECKPOINTING,
+        model_options.HELP["activation_checkpointing"],
+        group=MODEL,
+        may_change=True,
+        parse=model_options.checkpointing_spec,
+        metavar="SPEC",
     )
     batch_size: int = option(
         32, "sequences per optimizer step, over all ranks and micro-batches", group=TRAINING
@@ -130,18 +142,20 @@ class TrainConfig:
     seed: int = option(0, "model initialisation, data order and sample", group=TRAINING)
     optimizer: str | None = option(
         None,
-        "AdamW: lmcore.AdamW, or torch.optim.AdamW(fused=True)",
+        model_options.HELP["optimizer"],
         group=TRAINING,
         may_change=True,
-        choices=lm.OPTIMIZERS,
+        choices=model_options.OPTIMIZERS,
         device_default=("torch-fused", "lmcore"),
     )
-    device: str = option(
-        "auto",
-        "auto (CUDA when present), cpu, cuda",
-        group=RUN,
-        metavar="DEVICE",
+    loss: str = option(
+        model_options.DEFAULT_LOSS,
+        model_options.HELP["loss"],
+        group=TRAINING,
+        may_change=True,
+        choices=model_options.LOSSES,
     )
+    device: str = option("auto", "auto (CUDA when present), cpu, cuda", group=RUN, metavar="DEVICE")
     precision: str | None = option(
         None,
         "bf16 autocast (fp32 master weights) or fp32",
@@ -166,7 +180,7 @@ class TrainConfig:
         None,
         "data parallelism: the ddp wrappers, torch DDP, ZeRO-1, zero.FSDP, torch's FSDP2",
         group=RUN,
-        choices=parallel.MODES,
+        choices=PARALLEL_MODES,
         default_text="none; bucketed with several ranks",
     )
     nproc: int | None = option(
@@ -209,9 +223,8 @@ class TrainConfig:
         default_text="--steps",
     )
     resume: bool = option(
-        False, "continue the run in --out from its checkpoint", group=RUN,
-        saved=False,
-    )  # fmt: skip
+        False, "continue the run in --out from its checkpoint", group=RUN, saved=False
+    )
     out: str = option("runs/bench-train", "output folder", group=OUTPUT, metavar="DIR")
     log_every: int | None = option(
         None,
@@ -254,12 +267,9 @@ class TrainConfig:
             ValueError: a missing `--data`, an option out of range, or options that do not go
                 together.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        given = {
-            k: v
-            for k, v in options.items()
-            if v is not None or (k in names and option_of(cls, k).none is not None)
-        }
+        from bench.train import parallel  # imports torch, so here and not at the top
+
+        given = given_values(cls, options)
         if given.get("data") is None:
             raise ValueError("give --data FILE (on the command line or in --config)")
         device = resolve_device(given.get("device", "auto"))
@@ -272,16 +282,16 @@ class TrainConfig:
         given.setdefault("parallel", parallel.default_mode(given["nproc"]))
         if not parallel.can_compile(given["parallel"]):
             given.setdefault("compile", False)
-        for f in dataclasses.fields(cls):
-            pair = option_of(cls, f.name).device_default
-            if pair is not None:
-                given.setdefault(f.name, pair[0] if device.type == "cuda" else pair[1])
-        config = cls(**given)
+        config = cls(**(device_defaults(cls, cuda=device.type == "cuda") | given))
         config.validate()
         return config
 
     def validate(self) -> None:
         """Check every option alone and together (see `create`)."""
+        import torch
+
+        from bench.train import parallel
+
         flag = functools.partial(flag_of, type(self))
         for f in dataclasses.fields(self):
             allowed, value = option_of(type(self), f.name).allowed(), getattr(self, f.name)
@@ -335,6 +345,10 @@ class TrainConfig:
                 "--tensorboard needs the tensorboard package: pip install 'cs336sys-bench"
                 "[tensorboard]' (in the workspace: uv sync --extra tensorboard); or drop it"
             )
+        try:
+            lmcore.ActivationCheckpointing.parse(self.activation_checkpointing)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"--activation-checkpointing: {error}") from None
         self.model_config(vocab_size=256)  # checks the model's shape
 
     def model_config(self, *, vocab_size: int) -> lmcore.ModelConfig:

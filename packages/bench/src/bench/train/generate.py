@@ -1,14 +1,7 @@
-"""bench-generate: sample text from a saved bench-train run, on a CPU or a GPU, without training.
+"""bench-generate's implementation: sample text from a saved bench-train run (`load_run`,
+`sample`), and `run_parsed`, what its command runs.
 
-    bench-generate --run runs/small --prompt "ROMEO:" --generate 300
-    bench-generate --run runs/small --device cpu --temperature 0      # greedy, on the CPU
-
-It reads the run's `checkpoint.pt` (the weights and the model's configuration) and its tokenizer
-(`tokenizer.json` for BPE), and prints the prompt and what follows it. The sampling options
-default to the run's own (`--prompt`, `--generate`, `--temperature`, `--top-p`, `--seed`), so on
-the run's device, with its attention backend and precision, it prints the run's `sample.txt`
-again. The attention backend changes no weight: `--attention` may name any (the run's by
-default; sdpa in place of fa2-triton off CUDA, whose kernels need a GPU).
+What it does and the command line: `bench.commands.generate` (`bench-generate --help`).
 """
 
 from __future__ import annotations
@@ -21,16 +14,14 @@ from pathlib import Path
 import torch
 
 import lmcore
+from bench.commands.generate import SAMPLING
 from bench.core.cli import resolve_device, usage_errors
 from bench.core.training import build_lm
 from bench.train.checkpoint import CHECKPOINT, read_checkpoint
-from bench.train.config import PRECISIONS, TrainConfig
-from bench.train.options import add_options
+from bench.train.choices import PRECISIONS
 from bench.train.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["build_parser", "load_run", "main", "sample"]
-
-_SAMPLING = ("generate", "prompt", "temperature", "top_p", "seed")
+__all__ = ["load_run", "run_parsed", "sample"]
 
 
 def sample(
@@ -106,40 +97,17 @@ def load_run(
     return model, tokenizer, config
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `bench-generate` command line; the sampling options are bench-train's own."""
-    first, _, rest = (__doc__ or "").partition("\n\n")
-    parser = argparse.ArgumentParser(
-        prog="bench-generate",
-        description=first + "\n\n" + rest,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--run", required=True, type=Path, metavar="DIR", help="a bench-train --out folder"
-    )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
-    parser.add_argument(
-        "--attention",
-        choices=list(lmcore.ATTENTION_BACKENDS),
-        help="attention backend (default: the run's)",
-    )
-    parser.add_argument(
-        "--precision",
-        choices=list(PRECISIONS),
-        help="autocast dtype (default: the run's on CUDA, fp32 on a CPU)",
-    )
-    sampling = parser.add_argument_group("sampling", "bench-train's options (default: the run's)")
-    return add_options(parser, TrainConfig, names=_SAMPLING, into=sampling, defaults=False)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-generate` (see the module docstring)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run_parsed(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """What `bench-generate` runs once its options have parsed (`bench.commands.generate`): load
+    the run, sample, print; the exit status (0). Bad input ends as a usage error of `parser`."""
     with usage_errors(parser):
         device = resolve_device(args.device)
         model, tokenizer, config = load_run(args.run, device=device, attention=args.attention)
-        chosen = {name: getattr(args, name, config[name]) for name in _SAMPLING}
+        chosen = {name: getattr(args, name, config[name]) for name in SAMPLING}
         precision = args.precision or (config["precision"] if device.type == "cuda" else "fp32")
         text = sample(
             model,
@@ -153,7 +121,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     sys.stdout.write(text + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

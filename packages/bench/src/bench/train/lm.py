@@ -3,25 +3,28 @@ turns its model and optimizer options into objects.
 
 A new lmcore option reaches the trainer here and nowhere else: an option of the model's shape
 goes into `TrainConfig.model_config`; one applied to a built model (activation checkpointing)
-into `build_model`; another loss into `loss_function`; another optimizer into `OPTIMIZERS` and
-`optimizer_class`. Parallelism is applied afterwards (`bench.train.parallel`, torchtitan's order:
-the model's own options, then compile, then the wrappers), so the model it receives is complete.
+into `build_model`; another loss into `loss_function` (the fused LM head + loss is the model's
+own: `--loss fused` makes the step call `model(inputs, targets=targets)`); another optimizer into
+`optimizer_class`. The vocabulary of these options (`OPTIMIZERS`, `LOSSES`) is the tools'
+shared one (`bench.core.model_options`, which `TrainConfig` offers without importing torch), and
+so is what each name builds (`bench.core.model_runtime`). Parallelism is applied afterwards
+(`bench.train.parallel`, torchtitan's order: the model's own options, then compile, then the
+wrappers), so the model it receives is complete.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 import lmcore
+from bench.core import model_options, model_runtime
 from bench.core.training import build_lm
 
 __all__ = [
     "BETAS",
-    "OPTIMIZERS",
     "LossFn",
     "build_model",
     "decayed_names",
@@ -30,21 +33,23 @@ __all__ = [
     "param_groups",
 ]
 
-# `--optimizer`: lmcore.AdamW (multi-tensor on CUDA; bit-equal to torch's AdamW), or torch's
-# fused AdamW (one kernel per group), the fastest correct AdamW the project has today.
-OPTIMIZERS = ("lmcore", "torch-fused")
 # AdamW's moment decay rates: GPT-3's (Brown et al., 2020), which nanoGPT and the handout use.
 BETAS = (0.9, 0.95)
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFn = model_runtime.LossFn
 
 
 def build_model(
-    model_config: lmcore.ModelConfig, device: torch.device, *, seed: int
+    model_config: lmcore.ModelConfig,
+    device: torch.device,
+    *,
+    seed: int,
+    activation_checkpointing: str = model_options.DEFAULT_CHECKPOINTING,
 ) -> lmcore.TransformerLM:
     """The `lmcore.TransformerLM` of `model_config` on `device`, initialised from `seed`, with
-    the options applied to a built model (none yet), unwrapped."""
-    return build_lm(model_config, device, seed=seed)
+    the options applied to a built model (`--activation-checkpointing`), unwrapped."""
+    model = build_lm(model_config, device, seed=seed)
+    return lmcore.apply_activation_checkpointing(model, policy=activation_checkpointing)
 
 
 def decayed_names(model: nn.Module) -> set[str]:
@@ -66,19 +71,16 @@ def param_groups(model: nn.Module, decayed: set[str], weight_decay: float) -> li
 
 
 def optimizer_class(name: str, *, lr: float) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
-    """The optimizer of `OPTIMIZERS` called `name` and its options (weight decay is per group).
+    """The optimizer `name` (of `bench.core.model_options.OPTIMIZERS`) and its options (weight
+    decay is per group).
 
-    Both load each other's state dicts, so a resumed run may change `--optimizer`.
+    All three load each other's state dicts, so a resumed run may change `--optimizer`.
     """
-    options: dict[str, Any] = {"lr": lr, "betas": BETAS}
-    if name == "torch-fused":
-        return torch.optim.AdamW, options | {"fused": True}
-    return lmcore.AdamW, options
+    cls, path = model_runtime.optimizer_class(name)
+    return cls, {"lr": lr, "betas": BETAS, **path}
 
 
 def loss_function(*, compile: bool) -> LossFn:
-    """Next-token cross-entropy `(logits, targets) -> mean loss`: `lmcore.cross_entropy`,
-    compiled with `--compile` (its max, exp, sum and gather fuse into a few kernels)."""
-    if compile:
-        return torch.compile(lmcore.cross_entropy)
-    return lmcore.cross_entropy
+    """Next-token cross-entropy of the logits `(logits, targets) -> mean loss`, compiled with
+    `--compile`: evaluation's loss, and the step's under `--loss materialized`."""
+    return model_runtime.loss_function(compile=compile)

@@ -93,7 +93,12 @@ class Trainer:
         self.batches = self._batches(self.corpus.train, seed=config.seed)
 
         self.model_config = config.model_config(vocab_size=self.corpus.vocab_size)
-        self.raw = lm.build_model(self.model_config, device, seed=config.seed)
+        self.raw = lm.build_model(
+            self.model_config,
+            device,
+            seed=config.seed,
+            activation_checkpointing=config.activation_checkpointing,
+        )
         decayed = lm.decayed_names(self.raw)
         self.loss_fn = lm.loss_function(compile=config.compile)
         self.parallel = Parallel(
@@ -131,7 +136,10 @@ class Trainer:
         else:
             sharded = self.parallel.sharded_params(self.raw, decayed)
             self.step_fn = functools.partial(
-                train_step, sharded_params=sharded, loss_fn=self.loss_fn
+                train_step,
+                sharded_params=sharded,
+                loss_fn=self.loss_fn,
+                fused_loss=config.loss == "fused",
             )
 
     def _batches(self, tokens: Any, *, seed: int) -> Batches:

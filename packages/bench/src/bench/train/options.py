@@ -10,7 +10,8 @@ device, whether a resume may change it. From a dataclass of such fields:
   given is absent from the parsed arguments (`given_options`): no default is written here.
 - `read_config_file(cls, path)`: options from a TOML or JSON file, each under its flag's name
   without the dashes (`context-length = 512`); `write_config_file(config, path)` writes one.
-- `may_change(cls)`: the fields a resumed run may change.
+- `may_change(cls)`: the fields a resumed run may change; `device_defaults(cls, cuda=)` the
+  defaults that depend on the device.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import re
 import tomllib
 import typing
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,9 @@ __all__ = [
     "Group",
     "Option",
     "add_options",
+    "device_defaults",
     "given_options",
+    "given_values",
     "may_change",
     "option",
     "option_of",
@@ -114,6 +117,13 @@ def option_of(cls: Any, name: str) -> Option:
 def flag_of(cls: Any, name: str) -> str:
     """The flag of field `name` without its dashes (`context-length`)."""
     return option_of(cls, name).flag or name.replace("_", "-")
+
+
+def device_defaults(cls: Any, *, cuda: bool) -> dict[str, Any]:
+    """The defaults of the fields of `cls` that depend on the device (`Option.device_default`),
+    for CUDA or else a CPU."""
+    pairs = {name: option_of(cls, name).device_default for name in _fields(cls)}
+    return {name: pair[0 if cuda else 1] for name, pair in pairs.items() if pair is not None}
 
 
 def may_change(cls: Any) -> frozenset[str]:
@@ -217,6 +227,17 @@ def add_options(
 def given_options(args: argparse.Namespace, cls: Any) -> dict[str, Any]:
     """The fields of `cls` given on a command line `add_options` parsed."""
     return {name: value for name, value in vars(args).items() if name in _fields(cls)}
+
+
+def given_values(cls: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of `cls` given in `options` (by name): None is a field left out, but for a
+    field where None is a value of its own (`Option.none`)."""
+    fields = _fields(cls)
+    return {
+        name: value
+        for name, value in options.items()
+        if value is not None or (name in fields and option_of(cls, name).none is not None)
+    }
 
 
 def _from_file(cls: Any, name: str, value: Any, where: str) -> Any:

@@ -29,20 +29,11 @@ import ddp
 import lmcore
 import zero
 from bench.core.launch import torchrun_world_size, under_torchrun
+from bench.core.torch_native import fully_shard_blocks
+from bench.train.choices import PARALLEL_MODES as MODES
 
 __all__ = ["MODES", "Parallel", "can_compile", "check", "checkpoint_layout", "default_mode"]
 
-MODES = (
-    "none",
-    "naive",
-    "flat",
-    "individual",
-    "bucketed",
-    "torch-ddp",
-    "zero",
-    "fsdp",
-    "torch-fsdp",
-)
 _DDP_WRAPPERS: Mapping[str, Callable[[nn.Module], nn.Module]] = {
     "naive": ddp.NaiveDDP,
     "flat": ddp.FlatDDP,
@@ -134,7 +125,9 @@ class Parallel:
             wrapped = DistributedDataParallel(model, device_ids=ids)
             return torch.compile(wrapped) if self.compile else wrapped
         if self.mode == "torch-fsdp":
-            return self._fully_shard(model)
+            return fully_shard_blocks(
+                model, model.layers, param_dtype=self.compute_dtype, compile=self.compile
+            )
         inner = torch.compile(model) if self.compile else model
         if self.mode == "none":
             return inner
@@ -145,16 +138,6 @@ class Parallel:
         if self.mode in ("bucketed", "zero"):
             return ddp.DDPBucketed(inner, self.bucket_size_mb)
         return _DDP_WRAPPERS[self.mode](inner)
-
-    def _fully_shard(self, model: lmcore.TransformerLM) -> nn.Module:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype)
-        for block in model.layers:
-            if self.compile:
-                block.compile()  # in place, so parameter names stay the model's own
-            fully_shard(block, mp_policy=policy)
-        return fully_shard(model, mp_policy=policy)
 
     def build_optimizer(
         self,

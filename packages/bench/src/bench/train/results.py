@@ -1,4 +1,5 @@
-"""bench-train-results: result files for `docs/results/` from finished `bench-train` runs.
+"""bench-train-results' implementation: result files for `docs/results/` from finished
+`bench-train` runs; its command line is `bench.commands.train_results`.
 
 Two kinds, each `.md` + `.json` + `.png` under the standard names (`result_stem`):
 
@@ -40,6 +41,7 @@ __all__ = [
     "matmul_tflops",
     "plot_speed",
     "run_env",
+    "run_parsed",
     "speed_comparison",
     "speed_result",
     "text_result",
@@ -279,40 +281,14 @@ def speed_result(
     return stem.with_suffix(".md")
 
 
-def _labelled(value: str) -> tuple[str, str]:
-    label, sep, folder = value.partition("=")
-    if not sep or not label or not folder:
-        raise argparse.ArgumentTypeError(f"expected LABEL=RUN_FOLDER, got {value!r}")
-    return label, folder
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: see the module docstring."""
-    parser = argparse.ArgumentParser(
-        prog="bench-train-results",
-        description="Result files (Markdown, JSON, PNG) from finished bench-train run folders.",
-    )
-    parser.add_argument("--out", type=Path, required=True, help="results folder")
-    parser.add_argument("--text", type=Path, help="a real-text run's folder: train_text_*")
-    parser.add_argument(
-        "--text-baseline", type=Path, help="the --text run's command under --baseline torch"
-    )
-    parser.add_argument(
-        "--speed", nargs="+", type=_labelled, default=[], metavar="LABEL=RUN",
-        help="runs for the speed table, in order: train_speed_*",
-    )  # fmt: skip
-    parser.add_argument("--baseline", help="the --speed label the ratios divide by")
-    parser.add_argument(
-        "--measure-ceiling", action="store_true", help="time a bf16 matmul here (needs CUDA)"
-    )
-    parser.add_argument(
-        "--note", action="append", default=[], help="a sentence for the result (repeatable)"
-    )
-    args = parser.parse_args(argv)
-    if args.speed and args.baseline is None:
-        parser.error("--speed needs --baseline LABEL")
-    if args.text_baseline is not None and args.text is None:
-        parser.error("--text-baseline needs --text RUN")
+def run_parsed(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """What `bench-train-results` runs once its options have parsed
+    (`bench.commands.train_results`): write the result files asked for and print their tables;
+    the exit status (0)."""
     if args.measure_ceiling and not torch.cuda.is_available():
         parser.error("--measure-ceiling needs a CUDA device")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -326,7 +302,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

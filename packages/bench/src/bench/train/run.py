@@ -40,69 +40,31 @@ from bench.core.env import collect_env, command_line
 from bench.core.launch import backend_for, is_primary, launch, under_torchrun
 from bench.core.plots import line_plot
 from bench.train.checkpoint import resume_point
-from bench.train.config import TrainConfig
+from bench.train.config import CONFIG_FILE, TrainConfig
 from bench.train.data import Corpus
 from bench.train.lock import hold
 from bench.train.loop import corpus_of, train_on_rank
-from bench.train.options import add_options, given_options, read_config_file, write_config_file
+from bench.train.options import given_options, read_config_file, write_config_file
 
 __all__ = [
     "CONFIG_FILE",
     "LOSS_PLOT",
     "SAMPLE",
     "SUMMARY",
-    "build_parser",
     "config_from_args",
-    "main",
     "prepare",
+    "run_parsed",
     "run_train",
 ]
 
-CONFIG_FILE = "config.toml"
 SUMMARY = "summary.json"
 LOSS_PLOT = "loss.png"
 SAMPLE = "sample.txt"
 
-DESCRIPTION = """\
-Train lmcore.TransformerLM on a text or token file with any attention backend, optimizer and
-parallel mode. On CUDA the default run is the fast one: small, bf16, fa2-triton, compiled, fused
-AdamW. Writes metrics.jsonl, summary.json, loss.png, sample.txt, checkpoint.pt and config.toml
-(the resolved options) to --out. Options come from the command line and from --config FILE
-(TOML or JSON, each option under its flag's name, e.g. context-length = 512); the command line
-wins. See packages/bench/README.md for the outputs, resuming and the parallel modes.
-"""
-EXAMPLES = """\
-examples:
-  bench-train --data input.txt --size tiny --steps 300 --out runs/tiny         # a CPU
-  bench-train --data input.txt --steps 500 --out runs/small                    # a GPU: fast
-  bench-train --data input.txt --steps 500 --baseline torch --out runs/torch   # torch's step
-  bench-train --data input.txt --time-budget 20m --steps 5000 --out runs/fast  # 20 minutes
-  bench-train --config runs/small/config.toml --out runs/again                 # repeat a run
-  bench-train --config runs/small/config.toml --resume                         # continue it
-  bench-train --data input.txt --nproc 2 --parallel torch-fsdp --out runs/f2   # 2 GPUs, FSDP2
-  torchrun --nproc-per-node 8 -m bench train --data input.txt --out runs/big    # torchrun
-"""
 _CONFIG_HEADER = (
     "bench-train's resolved configuration: `bench-train --config FILE` repeats this run",
     "(add --out DIR to write elsewhere, or --resume to continue it; flags win over the file).",
 )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The `bench-train` command line: `--config FILE`, then every option in its group."""
-    parser = argparse.ArgumentParser(
-        prog="bench-train",
-        description=DESCRIPTION,
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help=f"options from a TOML or JSON file (a run's {CONFIG_FILE} repeats the run); "
-        "options given on the command line win",
-    )
-    return add_options(parser, TrainConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -221,10 +183,14 @@ def _shown(loss: float | None) -> str:
     return "unknown" if loss is None else f"{loss:.4f}"  # None: metrics.jsonl lost its lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `bench-train` (`bench-train --help`)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run_parsed(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """What `bench-train` runs once its options have parsed (`bench.commands.train`): check the
+    inputs, hold `--out`, train, write the outputs; the exit status (0). Bad input ends as a
+    usage error of `parser`, before any training."""
     command = command_line(argv, prog=parser.prog)
     with contextlib.ExitStack() as stack:
         with usage_errors(parser):  # bad input ends here, as a usage error, before any training
@@ -246,7 +212,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(0)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -238,7 +238,10 @@ class FlashAttention2Triton(torch.autograd.Function):
                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bottom_right,
             )  # fmt: skip
             call = ctx.plan.call
-        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+        # The offsets of packed sequences only when there are some: the tensors saved are then
+        # q, k, v, o and the one logsumexp, as the course's tests look for (no None among them).
+        packed = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)
+        ctx.save_for_backward(q, k, v, o, lse, *packed)
         ctx.scale = call.scale if scale is None else float(scale)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
         ctx.deterministic = bool(deterministic)
@@ -250,7 +253,8 @@ class FlashAttention2Triton(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, do: torch.Tensor, *_):
-        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, o, lse, *packed = ctx.saved_tensors
+        cu_q, cu_k = packed or (None, None)
         if ctx.plan is None:  # traced by torch.compile
             from fa2.triton.ops import backward_op
 

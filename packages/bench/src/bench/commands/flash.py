@@ -1,0 +1,134 @@
+"""bench-flash: FlashAttention-2 against PyTorch attention and SDPA, timed with `do_bench`.
+
+Each case times, for every implementation, sequence length, head size and dtype: the forward,
+the forward+backward, and the backward as their difference (the median of forward+backward
+minus the median of forward; a backward timed on its own would need `retain_graph`, which
+compiled graphs refuse). Times are medians of `triton.testing.do_bench` (CUDA; the L2 cache is
+flushed between calls). Throughput counts attention FLOPs per head: the forward is `4·S²·D`
+(two matmuls of `2·S²·D`), halved when causal; the backward is 2.5× the forward (five matmuls
+instead of two).
+
+Presets (`--preset`, several allowed; `all` is every one):
+
+- `leaderboard`: q, k, v of shape (16, 16384, 64), bf16, causal; fa2 through
+  `torch.compile(fa2.FlashAttention2Triton.apply)` and `o.sum().backward()`, beside SDPA forced to
+  its flash and cuDNN backends (one head: `(16, 1, 16384, 64)`, the same data) and naive
+  attention. Ratios are against SDPA's flash backend.
+- `noncausal`: the same at (16, 4096, 64), not causal.  `d128`: (16, 16384, 128), causal.
+- `sweep`: the handout's sweep: batch 1, causal, seq 128 … 65536, d 16 … 128, bf16 and fp32;
+  fa2-triton, naive attention, SDPA; a random output gradient; ratios against SDPA.
+
+Without a GPU a tiny CPU case runs instead (and says so): fa2-triton is skipped there, the tiled
+PyTorch FlashAttention-2 (`fa2-pytorch`) stands in for it.
+
+Examples::
+
+    bench-flash                                 # every preset on a GPU (a tiny case on a CPU)
+    bench-flash --preset leaderboard            # (16, 16384, 64) bf16 causal
+    bench-flash --preset sweep --dtype bf16 --d 64 --json flash.json --plot flash.png
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from bench.core.attention_names import IMPL_NAMES
+from bench.core.cli import Command, LazyChoices
+
+__all__ = ["COMMAND", "DTYPES", "GRADS", "PRESETS", "FlashCase", "add_options", "main"]
+
+DTYPES = LazyChoices(fp32="torch:float32", bf16="torch:bfloat16", fp16="torch:float16")
+GRADS = ("sum", "randn")
+
+_PRESET_IMPLS = ("fa2-triton-compiled", "sdpa-flash", "sdpa-cudnn", "naive")
+
+
+@dataclass(frozen=True)
+class FlashCase:
+    """One benchmark case: a grid of shapes and dtypes, the implementations and the baseline.
+
+    Args:
+        name: the case's name (a preset's name), shown in the table.
+        batch: leading batch size of q, k, v `(batch, seq, d)`.
+        seqs: sequence lengths (queries = keys).
+        d_values: head sizes.
+        dtypes: names from `DTYPES`.
+        causal: causal masking.
+        impls: implementation names (see `bench.core.attention_impls`).
+        baseline: the implementation ratios are taken against.
+        grad: how the backward is driven: `sum` (`o.sum().backward()`, the leaderboard's call) or
+            `randn` (`o.backward(dO)` with a fresh random `dO`).
+    """
+
+    name: str
+    batch: int
+    seqs: tuple[int, ...]
+    d_values: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    causal: bool
+    impls: tuple[str, ...]
+    baseline: str
+    grad: str = "randn"
+
+    def __post_init__(self) -> None:
+        if not set(self.impls) <= set(IMPL_NAMES) or len(set(self.impls)) != len(self.impls):
+            raise ValueError(f"impls must be distinct names from {IMPL_NAMES}, got {self.impls}")
+        if not set(self.dtypes) <= set(DTYPES) or not self.dtypes:
+            raise ValueError(f"dtypes must be names from {list(DTYPES)}, got {self.dtypes}")
+        if self.grad not in GRADS:
+            raise ValueError(f"grad must be one of {GRADS}, got {self.grad!r}")
+        sizes = (self.batch, *self.seqs, *self.d_values)
+        if not self.seqs or not self.d_values or not self.impls or min(sizes) < 1:
+            raise ValueError(
+                f"batch, seqs and d_values must be positive and non-empty, impls non-empty: {self}"
+            )
+
+
+PRESETS: dict[str, FlashCase] = {
+    "leaderboard": FlashCase(
+        "leaderboard", 16, (16384,), (64,), ("bf16",), True, _PRESET_IMPLS, "sdpa-flash", "sum"
+    ),
+    "noncausal": FlashCase(
+        "noncausal", 16, (4096,), (64,), ("bf16",), False, _PRESET_IMPLS, "sdpa-flash", "sum"
+    ),
+    "d128": FlashCase(
+        "d128", 16, (16384,), (128,), ("bf16",), True, _PRESET_IMPLS, "sdpa-flash", "sum"
+    ),
+    "sweep": FlashCase(
+        "sweep",
+        1,
+        tuple(2**i for i in range(7, 17)),  # 128 … 65536
+        (16, 32, 64, 128),
+        ("bf16", "fp32"),
+        True,
+        ("fa2-triton", "naive", "sdpa"),
+        "sdpa",
+    ),
+}
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """bench-flash's options: the presets, and overrides of their fields."""
+    parser.add_argument(
+        "--preset", nargs="+", choices=[*PRESETS, "all"], help="cases (default: all on CUDA)"
+    )
+    parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths (override)")
+    parser.add_argument("--d", type=int, nargs="+", help="head sizes (override)")
+    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="dtypes (override)")
+    parser.add_argument("--batch", type=int, help="batch size (override)")
+    parser.add_argument(
+        "--causal", action=argparse.BooleanOptionalAction, help="causal masking (override)"
+    )
+    parser.add_argument("--impls", nargs="+", choices=IMPL_NAMES, help="implementations")
+    parser.add_argument(
+        "--budget-ms",
+        type=float,
+        nargs=2,
+        metavar=("WARMUP", "REP"),
+        help="do_bench warm-up and measurement budgets per timing (default 25 100 on CUDA)",
+    )
+
+
+COMMAND = Command("bench-flash", __doc__, add_options=add_options, run="bench.tools.flash:TOOL")
+main = COMMAND.main

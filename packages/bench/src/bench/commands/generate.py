@@ -1,0 +1,58 @@
+"""bench-generate: sample text from a saved bench-train run, on a CPU or a GPU, without training.
+
+    bench-generate --run runs/small --prompt "ROMEO:" --generate 300
+    bench-generate --run runs/small --device cpu --temperature 0      # greedy, on the CPU
+
+It reads the run's `checkpoint.pt` (the weights and the model's configuration) and its tokenizer
+(`tokenizer.json` for BPE), and prints the prompt and what follows it. The sampling options
+default to the run's own (`--prompt`, `--generate`, `--temperature`, `--top-p`, `--seed`), so on
+the run's device, with its attention backend and precision, it prints the run's `sample.txt`
+again. The attention backend changes no weight: `--attention` may name any (the run's by
+default; sdpa in place of fa2-triton off CUDA, whose kernels need a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import lmcore
+from bench.core.cli import Command
+from bench.train.choices import PRECISIONS
+from bench.train.config import TrainConfig
+from bench.train.options import add_options as add_config_options
+
+__all__ = ["COMMAND", "SAMPLING", "add_options", "main"]
+
+# bench-train's options that bench-generate takes too (their defaults: the run's).
+SAMPLING = ("generate", "prompt", "temperature", "top_p", "seed")
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The run, the device, the attention and precision, and bench-train's sampling options."""
+    parser.add_argument(
+        "--run", required=True, type=Path, metavar="DIR", help="a bench-train --out folder"
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
+    parser.add_argument(
+        "--attention",
+        choices=lmcore.attention_names(),
+        help="attention backend (default: the run's)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        help="autocast dtype (default: the run's on CUDA, fp32 on a CPU)",
+    )
+    sampling = parser.add_argument_group("sampling", "bench-train's options (default: the run's)")
+    add_config_options(parser, TrainConfig, names=SAMPLING, into=sampling, defaults=False)
+
+
+COMMAND = Command(
+    "bench-generate",
+    __doc__,
+    add_options=add_options,
+    run="bench.train.generate:run_parsed",
+    common=False,
+)
+main = COMMAND.main

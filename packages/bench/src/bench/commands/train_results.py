@@ -1,0 +1,64 @@
+"""bench-train-results: result files (Markdown, JSON, PNG) for `docs/results/` from finished
+bench-train run folders (`bench.train.results` says what each holds).
+
+    bench-train-results --out docs/results --text RUN --text-baseline RUN_UNDER_BASELINE \\
+        --speed default=RUN_A torch-baseline=RUN_B --baseline torch-baseline
+
+Everything is read from the run folders, so the files can be built on any machine from folders
+copied off the GPU; only --measure-ceiling needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.core.cli import Command
+
+__all__ = ["COMMAND", "add_options", "check", "main"]
+
+
+def _labelled(value: str) -> tuple[str, str]:
+    label, sep, folder = value.partition("=")
+    if not sep or not label or not folder:
+        raise argparse.ArgumentTypeError(f"expected LABEL=RUN_FOLDER, got {value!r}")
+    return label, folder
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The results folder, the runs and the speed table's baseline."""
+    parser.add_argument("--out", type=Path, required=True, help="results folder")
+    parser.add_argument("--text", type=Path, help="a real-text run's folder: train_text_*")
+    parser.add_argument(
+        "--text-baseline", type=Path, help="the --text run's command under --baseline torch"
+    )
+    parser.add_argument(
+        "--speed", nargs="+", type=_labelled, default=[], metavar="LABEL=RUN",
+        help="runs for the speed table, in order: train_speed_*",
+    )  # fmt: skip
+    parser.add_argument("--baseline", help="the --speed label the ratios divide by")
+    parser.add_argument(
+        "--measure-ceiling", action="store_true", help="time a bf16 matmul here (needs CUDA)"
+    )
+    parser.add_argument(
+        "--note", action="append", default=[], help="a sentence for the result (repeatable)"
+    )
+
+
+def check(args: argparse.Namespace) -> None:
+    """The options that need each other (before anything heavy is imported)."""
+    if args.speed and args.baseline is None:
+        raise ValueError("--speed needs --baseline LABEL")
+    if args.text_baseline is not None and args.text is None:
+        raise ValueError("--text-baseline needs --text RUN")
+
+
+COMMAND = Command(
+    "bench-train-results",
+    __doc__,
+    add_options=add_options,
+    run="bench.train.results:run_parsed",
+    common=False,
+    check=check,
+)
+main = COMMAND.main

@@ -1,0 +1,357 @@
+"""One full training step of `lmcore.TransformerLM` on one rank: built, timed, instrumented.
+
+The step is the CS336 2026 leaderboard's `train_step`: `optimizer.zero_grad(set_to_none=True)`,
+the forward with the mean next-token cross-entropy, `loss.backward()`, the AdamW step. A
+`StepSpec` names the model and how the step runs it, in two flavours:
+
+- `ours`: lmcore's model with the shared model options (`bench.core.model_options`): attention
+  backend, loss, optimizer, activation checkpointing, `torch.compile` of the whole model; on
+  several ranks `zero.FSDP` (a unit per block) or ZeRO-1 (`ddp.DDPBucketed` with
+  `zero.ShardedOptimizer`).
+- `torch-native`: the same model as a torch user would run it (`bench.core.torch_native`): SDPA,
+  the same checkpointed segments, a compiled chunked cross-entropy, `torch.optim.AdamW(fused=
+  True)`, each block compiled, and torch's FSDP2 on several ranks.
+
+`measure_step(spec, rank=, device=)` builds the step, times its first call (compilation
+included), then its steady state (`triton.testing.do_bench` on one rank, the leaderboard's
+method; on several ranks a number of steps every rank agrees on, so their collectives pair up),
+then one more step read at its phase boundaries (`bench.core.step_memory`), and last, with the
+model gone, the attention backend alone at the step's shape. `step_flops` counts the step's
+FLOPs for MFU.
+
+Example::
+
+    spec = StepSpec(lmcore.model_config("small", context_length=512), batch=8,
+                    precision="bf16-autocast", loss="fused", optimizer="torch-fused",
+                    activation_checkpointing="blocks", warmup_ms=25, rep_ms=100)
+    numbers = measure_step(spec, rank=0, device=torch.device("cuda"))
+    statistics.median(numbers["times"])  # ms per step
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import lmcore
+from bench.core.memory import free_memory
+from bench.core.model_options import LOSSES, OPTIMIZERS
+from bench.core.model_runtime import (
+    build_optimizer,
+    loss_function,
+    next_token_loss,
+    optimizer_class,
+)
+from bench.core.step_memory import PhaseMeter, breakdown, tensor_bytes
+from bench.core.step_names import PARALLEL, PRECISIONS
+from bench.core.timing import do_bench, elapsed_ms
+from bench.core.training import ADAMW_OPTIONS, build_lm
+
+__all__ = [
+    "IMPLS",
+    "NATIVE_ATTENTION",
+    "NATIVE_LOSS",
+    "NATIVE_OPTIMIZER",
+    "StepSpec",
+    "measure_step",
+    "step_flops",
+]
+
+IMPLS = ("ours", "torch-native")
+# The torch-native step's choices: torch's own.
+NATIVE_ATTENTION = "sdpa"
+NATIVE_LOSS = "chunked"
+NATIVE_OPTIMIZER = "torch-fused"
+# Seeds of the random tokens: each rank its own batch, as in data-parallel training.
+_DATA_SEED = 1000
+# The attention alone is timed with at most these do_bench budgets (ms): it is a small part of
+# the row's time, and its shape is fixed.
+_ATTENTION_BUDGET_MS = (25.0, 100.0)
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One row's step: the model and how the step runs it; validated on construction.
+
+    Args:
+        model: the model (the torch-native step's attention is SDPA).
+        batch: sequences per rank, each `model.context_length` tokens.
+        impl: `ours` or `torch-native`.
+        precision: from `bench.core.step_names.PRECISIONS`.
+        loss: `materialized` or `fused` (ours; the torch-native step's is `chunked`).
+        optimizer: from `bench.core.model_options.OPTIMIZERS` (the torch-native step's is
+            `torch-fused`).
+        activation_checkpointing: an lmcore spec, for both.
+        compile: `torch.compile` (ours: the model; torch-native: each block and the loss).
+        world_size: ranks in the default process group (1: none).
+        parallel: ours on several ranks, from `bench.core.step_names.PARALLEL`.
+        warmup_ms, rep_ms: the timing's warm-up and measurement budgets.
+
+    Raises:
+        ValueError: an unknown name, or options that do not go together.
+    """
+
+    model: lmcore.ModelConfig
+    batch: int
+    impl: str = "ours"
+    precision: str = "fp32"
+    loss: str = "materialized"
+    optimizer: str = "lmcore"
+    activation_checkpointing: str = "none"
+    compile: bool = False
+    world_size: int = 1
+    parallel: str = "none"
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+
+    def __post_init__(self) -> None:
+        native = self.impl == "torch-native"
+        choices = (
+            ("impl", self.impl, IMPLS),
+            ("precision", self.precision, PRECISIONS),
+            ("loss", self.loss, (NATIVE_LOSS,) if native else LOSSES),
+            ("optimizer", self.optimizer, (NATIVE_OPTIMIZER,) if native else OPTIMIZERS),
+            ("parallel", self.parallel, PARALLEL),
+        )
+        for name, value, allowed in choices:
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        if native and self.model.attention != NATIVE_ATTENTION:
+            raise ValueError(f"the torch-native step runs {NATIVE_ATTENTION}: build its model so")
+        lmcore.ActivationCheckpointing.parse(self.activation_checkpointing)
+        if min(self.batch, self.world_size) < 1 or not (self.warmup_ms > 0 and self.rep_ms > 0):
+            raise ValueError(f"batch, world_size and the budgets must be positive: {self}")
+        if (self.world_size > 1) != (self.parallel != "none"):
+            raise ValueError(
+                f"{self.world_size} ranks with parallel {self.parallel!r}: several ranks need "
+                "fsdp or zero, and those need several ranks"
+            )
+        if self.parallel == "fsdp" and self.compile:
+            raise ValueError("zero.FSDP does not run compiled yet; add --no-compile")
+        if self.parallel == "fsdp" and self.precision == "bf16":
+            raise ValueError(
+                "zero.FSDP keeps float32 master weights: use --precision bf16-autocast (float32 "
+                "shards computed in bf16) or fp32 with --parallel fsdp, or --parallel zero"
+            )
+
+    @property
+    def layout(self) -> str:
+        """bench-plan's name of the step's layout: `single`, `ddp`-family `zero1`, or `fsdp`."""
+        if self.world_size == 1:
+            return "single"
+        if self.impl == "torch-native":
+            return "fsdp"
+        return {"fsdp": "fsdp", "zero": "zero1"}[self.parallel]
+
+    @property
+    def plan_precision(self) -> str:
+        """bench-plan's name of the precision (FSDP under autocast: `bf16-master`)."""
+        if self.precision == "bf16-autocast" and self.layout == "fsdp":
+            return "bf16-master"
+        return self.precision
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the matmuls run in."""
+        return torch.float32 if self.precision == "fp32" else torch.bfloat16
+
+
+@dataclass
+class _Step:
+    """A built step: the leaderboard's `train_step`, with optional marks at its phase ends."""
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    forward: Callable[[], torch.Tensor]
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    before: Callable[[], None] = lambda: None
+    after_backward: Callable[[], None] = lambda: None
+    mark: Callable[[str], None] = lambda phase: None
+
+    def __call__(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.before()
+        with self.autocast():
+            loss = self.forward()
+        self.mark("forward")
+        loss.backward()
+        self.after_backward()
+        self.mark("backward")
+        self.optimizer.step()
+        self.mark("optimizer")
+
+
+def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
+    """The step's model (built on the meta device, materialised on `device`), its wrappers,
+    optimizer and batch."""
+    model_config = spec.model
+    model = build_lm(model_config, device, seed=0)
+    if spec.precision == "bf16":
+        model = model.to(torch.bfloat16)
+    lmcore.apply_activation_checkpointing(model, policy=spec.activation_checkpointing)
+    g = torch.Generator().manual_seed(_DATA_SEED + rank)
+    shape = (spec.batch, model_config.context_length)  # (batch, seq) token ids
+    x = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
+    y = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
+    compute = torch.bfloat16 if spec.precision == "bf16-autocast" else None
+
+    def autocast() -> contextlib.AbstractContextManager:
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=compute is not None)
+
+    if spec.impl == "torch-native":
+        from bench.core.torch_native import TorchNativeLM, fully_shard_blocks
+
+        native = TorchNativeLM(model, compile=spec.compile)
+        if spec.world_size > 1:
+            fully_shard_blocks(native, model.layers, param_dtype=compute, compile=spec.compile)
+        elif spec.compile:
+            for block in model.layers:
+                block.compile()  # in place: parameter names stay the model's own
+        optimizer = build_optimizer(NATIVE_OPTIMIZER, native.parameters(), **ADAMW_OPTIONS)
+        return _Step(native, optimizer, lambda: native(x, y), autocast)
+    fused = spec.loss == "fused"
+    loss_fn = loss_function(compile=spec.compile and not fused)
+    if spec.parallel == "fsdp":
+        import zero
+
+        wrapped = zero.FSDP(model, compute_dtype=compute, units=(lmcore.TransformerBlock,))
+    else:
+        wrapped = torch.compile(model) if spec.compile else model
+    if spec.parallel == "zero":
+        import ddp
+        import zero
+
+        wrapped = ddp.DDPBucketed(wrapped)
+        cls, path = optimizer_class(spec.optimizer)
+        optimizer = zero.ShardedOptimizer(wrapped.parameters(), cls, **ADAMW_OPTIONS, **path)
+    else:
+        optimizer = build_optimizer(spec.optimizer, wrapped.parameters(), **ADAMW_OPTIONS)
+    return _Step(
+        wrapped,
+        optimizer,
+        lambda: next_token_loss(wrapped, x, y, fused=fused, loss_fn=loss_fn),
+        autocast,
+        before=getattr(wrapped, "on_train_batch_start", lambda: None),
+        after_backward=getattr(wrapped, "finish_gradient_synchronization", lambda: None),
+    )
+
+
+def _agreed_steps(step: _Step, spec: StepSpec, device: torch.device) -> list[float]:
+    """Step times (ms) on several ranks: counts from the slowest rank's estimate, the same on
+    every rank, so that their collectives pair up."""
+    estimate = torch.tensor(
+        [statistics.median(elapsed_ms(step, device=device)[1] for _ in range(2))], device=device
+    )
+    dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
+    per_step = max(estimate.item(), 1e-3)
+    for _ in range(max(1, int(spec.warmup_ms / per_step))):
+        step()
+    repeats = min(1000, max(3, int(spec.rep_ms / per_step)))
+    return [elapsed_ms(step, device=device)[1] for _ in range(repeats)]
+
+
+def _instrumented(step: _Step, device: torch.device) -> tuple[dict[str, Any], dict[str, float]]:
+    """One more step, read at its phase boundaries: its memory split and its phases' times."""
+    meter = PhaseMeter(device)
+    params = list(step.module.parameters())
+    grads: list[int] = []
+    setup = step.before
+
+    def before() -> None:
+        setup()
+        meter.start()  # after zero_grad: the step's memory starts here
+
+    def mark(phase: str) -> None:
+        meter.mark(phase)
+        if phase == "backward":
+            grads.append(tensor_bytes((p.grad for p in params), device))
+
+    step.before, step.mark = before, mark
+    step()
+    inner = getattr(step.optimizer, "local_optimizer", step.optimizer)  # ZeRO-1: this rank's
+    state = tensor_bytes((v for s in inner.state.values() for v in s.values()), device)
+    readings = meter.readings()
+    split = breakdown(readings, params=tensor_bytes(params, device), grads=grads[0], state=state)
+    return asdict(split), dict(readings.times_ms)
+
+
+def _timed(spec: StepSpec, rank: int, device: torch.device) -> dict[str, Any]:
+    """Build the step, time its first call, its steady state and one instrumented step."""
+    step = _build(spec, rank, device)
+    _, first = elapsed_ms(step, device=device)
+    if spec.world_size > 1:
+        times = _agreed_steps(step, spec, device)
+    else:
+        times = do_bench(step, device=device, warmup_ms=spec.warmup_ms, rep_ms=spec.rep_ms)
+    memory, phases = _instrumented(step, device)
+    return {"first_ms": first, "times": times, "phases": phases, "memory": memory}
+
+
+def _attention_ms(spec: StepSpec, device: torch.device) -> tuple[float, float] | None:
+    """(forward, forward + backward) ms of the step's attention alone at its shape; None for a
+    Triton backend off CUDA (its interpreter is far too slow to time)."""
+    m = spec.model
+    if device.type != "cuda" and m.attention == "fa2-triton":
+        return None
+    attend = lmcore.get_attention(m.attention)
+    shapes = [(m.num_heads,), (m.kv_heads,), (m.kv_heads,)]
+    q, k, v = (
+        torch.randn(spec.batch, *heads, m.context_length, m.head_dim, device=device)
+        .to(spec.compute_dtype)
+        .requires_grad_()
+        for heads in shapes
+    )  # (batch, heads, seq, head_dim)
+    budget = {
+        "warmup_ms": min(spec.warmup_ms, _ATTENTION_BUDGET_MS[0]),
+        "rep_ms": min(spec.rep_ms, _ATTENTION_BUDGET_MS[1]),
+    }
+    fwd = do_bench(lambda: attend(q, k, v, causal=True), device=device, **budget)
+    both = do_bench(
+        lambda: attend(q, k, v, causal=True).sum().backward(),
+        device=device,
+        grad_to_none=[q, k, v],
+        **budget,
+    )
+    return statistics.median(fwd), statistics.median(both)
+
+
+def measure_step(spec: StepSpec, *, rank: int, device: torch.device) -> dict[str, Any]:
+    """One rank's numbers for one step (see the module docstring).
+
+    Every rank of the default process group calls it (with `spec.world_size > 1`).
+
+    Returns:
+        `first_ms` (the first step, compilation included), `times` (ms per timed step),
+        `phases` (ms of forward, backward, optimizer in the instrumented step), `memory`
+        (`bench.core.step_memory.MemoryBreakdown` as a dict, bytes), `attention`
+        ((forward, forward + backward) ms of the attention alone, or None).
+
+    Raises:
+        torch.OutOfMemoryError: the step does not fit (callers make it a row's status).
+    """
+    free_memory(device)
+    torch.compiler.reset()  # each step compiles its own graphs
+    measured = _timed(spec, rank, device)
+    free_memory(device)  # the model is gone: time the attention alone
+    torch.compiler.reset()
+    return {**measured, "attention": _attention_ms(spec, device)}
+
+
+def step_flops(model: lmcore.ModelConfig, batch: int) -> tuple[int, int]:
+    """(all, attention) FLOPs of one rank's step of `batch` full-length sequences.
+
+    lmcore's count (`lmcore.training_flops`: matmuls only, forward + backward = 3× forward) with
+    causal attention's score matmuls counted over half the T × T square, the work a causal
+    kernel does; recomputation is not counted.
+    """
+    seq = model.context_length
+    full = lmcore.training_flops(model, batch_size=batch, seq_len=seq)
+    # lmcore counts q·kᵀ and softmax·v as 4·L·T·d per token over the whole square
+    square = 3 * batch * seq * 4 * model.num_layers * seq * model.d_model
+    return full - square // 2, square // 2

@@ -1,0 +1,76 @@
+"""What the shared model options (`bench.core.model_options`) select, built at run time: the
+optimizer (`--optimizer`: `optimizer_class`, `build_optimizer`) and the next-token loss
+(`--loss`: `loss_function`, `next_token_loss`). Imports torch; the options themselves do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+import lmcore
+from bench.core.model_options import OPTIMIZERS
+
+__all__ = ["LossFn", "build_optimizer", "loss_function", "next_token_loss", "optimizer_class"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def optimizer_class(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The class of the optimizer `name` (of `OPTIMIZERS`) and the options that select its path.
+
+    All three are AdamW and load each other's state dicts.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "lmcore":
+        return lmcore.AdamW, {}
+    if name == "lmcore-fused":
+        return lmcore.AdamW, {"fused": True}
+    if name == "torch-fused":
+        return torch.optim.AdamW, {"fused": True}
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+def build_optimizer(name: str, params: Iterable[Any], **options: Any) -> torch.optim.Optimizer:
+    """`name`'s optimizer over `params` (tensors or groups) with `options` (lr, betas, ...).
+
+    Raises:
+        ValueError: an unknown name, or parameters its path cannot update (lmcore-fused needs
+            CUDA tensors, or Triton's interpreter on a CPU).
+    """
+    cls, path = optimizer_class(name)
+    return cls(params, **options, **path)
+
+
+def loss_function(*, compile: bool) -> LossFn:
+    """The materialised next-token loss `(logits, targets) -> mean`: `lmcore.cross_entropy`,
+    through `torch.compile` when `compile` (its max, exp, sum and gather fuse into few kernels)."""
+    return torch.compile(lmcore.cross_entropy) if compile else lmcore.cross_entropy
+
+
+def next_token_loss(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    fused: bool,
+    loss_fn: LossFn = lmcore.cross_entropy,
+) -> torch.Tensor:
+    """The mean next-token cross-entropy of `model` on `inputs` `(batch, seq)` against `targets`.
+
+    Args:
+        model: an `lmcore.TransformerLM`, or a wrapper that forwards keyword arguments.
+        inputs: token ids `(batch, seq)`.
+        targets: next-token ids `(batch, seq)`.
+        fused: the model's own fused LM head + loss, `model(inputs, targets=targets)`, which
+            never holds the logits; else `loss_fn(model(inputs), targets)`.
+        loss_fn: the materialised loss of logits and targets.
+    """
+    if fused:
+        return model(inputs, targets=targets)
+    return loss_fn(model(inputs), targets)  # logits (batch, seq, vocab)

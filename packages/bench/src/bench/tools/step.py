@@ -1,0 +1,730 @@
+"""bench-step's measurement: one full training step of `lmcore.TransformerLM`, ours beside a
+torch-native one, as `run_step(config)`, and the `TOOL` its command runs.
+
+What each row holds, the studies, the preset and the command line: `bench.commands.step`
+(`bench-step --help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import lmcore
+from bench.commands.step import (
+    CUDA_BUDGET_MS,
+    DEFAULT_HEADROOM,
+    FIT,
+    PRESET_RANKS,
+    PRESETS,
+    STUDIES,
+)
+from bench.core.cli import distinct, usage_errors
+from bench.core.distributed import measure_cases, slowest_rank
+from bench.core.env import device_name
+from bench.core.full_step import (
+    NATIVE_ATTENTION,
+    NATIVE_LOSS,
+    NATIVE_OPTIMIZER,
+    StepSpec,
+    measure_step,
+    step_flops,
+)
+from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
+from bench.core.memory import GIB, MIB, free_memory
+from bench.core.model_options import LOSSES, OPTIMIZERS, with_depth
+from bench.core.oom import OK, guarded
+from bench.core.plots import Bars, stacked_bar_plot
+from bench.core.results import Keys, Run
+from bench.core.timing import summarize
+from bench.core.tool import Invocation, Tool, as_device, config_or_default
+
+__all__ = [
+    "COLUMNS",
+    "KEYS",
+    "PRESETS",
+    "TOOL",
+    "StepConfig",
+    "default_step_config",
+    "depth_reduced_command",
+    "fit_depth",
+    "plot_step",
+    "run_step",
+]
+
+# The preset needs this much memory per GPU (the handout's 2 B200s; an H200 has 141 GB).
+PRESET_MEMORY_BYTES = 140e9
+# do_bench budgets (ms) on a CPU (CUDA's: `bench.commands.step.CUDA_BUDGET_MS`).
+CPU_BUDGET_MS = (5.0, 20.0)
+_CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What `run_step` measures. Tuples are sweep dimensions of `ours` (all combinations).
+
+    Args:
+        size: a size of `lmcore.MODEL_SIZES`.
+        num_layers: blocks, overriding the size's; `"fit"`: the most every row fits.
+        context_length: tokens per sequence; the size's own when None.
+        batch: sequences per rank.
+        vocab_size: the vocabulary; the size's own when None.
+        num_kv_heads: grouped-query attention's key/value heads (None: one per head).
+        precision: from `bench.core.step_names.PRECISIONS`.
+        attention: lmcore backends of `ours`.
+        loss: `materialized` or `fused`, for `ours`.
+        optimizer: from `bench.core.model_options.OPTIMIZERS`, for `ours`.
+        activation_checkpointing: lmcore specs; each gets its `torch-native` row too.
+        compile: `torch.compile` (ours: the model; torch-native: each block and the loss).
+        native: add the torch-native rows.
+        nproc: ranks (one GPU each on CUDA, gloo ranks on the CPU).
+        parallel: `none` (one rank), `zero` (ZeRO-1 + DDPBucketed) or `fsdp` (`zero.FSDP`).
+        warmup_ms, rep_ms: the timing's warm-up and measurement budgets per row.
+        memory_bytes: the memory `--num-layers fit` fills; the GPU's when None.
+        headroom: the share of it `--num-layers fit` leaves free.
+        study: `checkpointing` (see the module docstring), or None.
+
+    Raises:
+        ValueError: an unknown name, a bad number, or options that do not go together.
+    """
+
+    size: str = "leaderboard-8b"
+    num_layers: int | str | None = FIT
+    context_length: int | None = None
+    batch: int = 1
+    vocab_size: int | None = None
+    num_kv_heads: int | None = None
+    precision: str = "bf16"
+    attention: tuple[str, ...] = ("fa2-triton",)
+    loss: tuple[str, ...] = ("fused",)
+    optimizer: tuple[str, ...] = ("lmcore-fused",)
+    activation_checkpointing: tuple[str, ...] = ("blocks",)
+    compile: bool = True
+    native: bool = True
+    nproc: int = 1
+    parallel: str = "none"
+    warmup_ms: float = CUDA_BUDGET_MS[0]
+    rep_ms: float = CUDA_BUDGET_MS[1]
+    memory_bytes: int | None = None
+    headroom: float = DEFAULT_HEADROOM
+    study: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.size not in lmcore.MODEL_SIZES:
+            raise ValueError(
+                f"unknown size {self.size!r}; choose one of {', '.join(lmcore.MODEL_SIZES)}"
+            )
+        sweeps = {
+            "attention": (self.attention, tuple(lmcore.ATTENTION_BACKENDS)),
+            "loss": (self.loss, LOSSES),
+            "optimizer": (self.optimizer, OPTIMIZERS),
+            "activation_checkpointing": (self.activation_checkpointing, None),
+        }
+        for name, (given, allowed) in sweeps.items():
+            if not given or (allowed is not None and not set(given) <= set(allowed)):
+                raise ValueError(f"{name} must be non-empty, from {allowed}; got {given}")
+        if self.study not in (None, *STUDIES):
+            raise ValueError(f"study must be one of {STUDIES}, got {self.study!r}")
+        if self.num_layers not in (None, FIT) and not (
+            isinstance(self.num_layers, int) and self.num_layers >= 1
+        ):
+            raise ValueError(f"num_layers must be positive or 'fit', got {self.num_layers!r}")
+        if self.study and self.num_layers == FIT:
+            raise ValueError("--study checkpointing runs a set depth (--num-layers N), not fit")
+        if not 0 <= self.headroom < 1:
+            raise ValueError(f"--headroom must be in [0, 1), got {self.headroom}")
+        self.specs()  # every row's step validates itself
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks (`bench.core.distributed.measure_cases` reads it)."""
+        return self.nproc
+
+    def model_config(self, attention: str) -> lmcore.ModelConfig:
+        """The model of a row with `attention` (the size's own depth for `fit` until resolved).
+
+        Raises:
+            ValueError: no context length, given or the size's own.
+        """
+        depth = None if self.num_layers == FIT else self.num_layers
+        size = with_depth(lmcore.MODEL_SIZES[self.size], depth)
+        if self.context_length is None and size.context_length is None:
+            raise ValueError(f"size {self.size} has no context length of its own: give one")
+        return size.config(
+            context_length=self.context_length,
+            vocab_size=self.vocab_size,
+            attention=attention,
+            num_kv_heads=self.num_kv_heads,
+        )
+
+    def specs(self) -> list[StepSpec]:
+        """Every row's step, in order: ours' combinations of each checkpointing, then its
+        torch-native row."""
+        common = {
+            "batch": self.batch,
+            "precision": self.precision,
+            "compile": self.compile,
+            "world_size": self.nproc,
+            "parallel": self.parallel,
+            "warmup_ms": self.warmup_ms,
+            "rep_ms": self.rep_ms,
+        }
+        specs = []
+        for ckpt in self.activation_checkpointing:
+            for attention in self.attention:
+                model = self.model_config(attention)
+                for loss in self.loss:
+                    for optimizer in self.optimizer:
+                        specs.append(StepSpec(model, **common, loss=loss, optimizer=optimizer,
+                                              activation_checkpointing=ckpt))  # fmt: skip
+            if self.native:
+                model = self.model_config(NATIVE_ATTENTION)
+                specs.append(StepSpec(model, **common, impl="torch-native", loss=NATIVE_LOSS,
+                                      optimizer=NATIVE_OPTIMIZER,
+                                      activation_checkpointing=ckpt))  # fmt: skip
+        return specs
+
+
+def default_step_config(device: torch.device | str) -> StepConfig:
+    """On CUDA the leaderboard's model cut to the depth the GPU fits, batch 1 (one GPU's share
+    of the leaderboard's batch of 2 on 2 GPUs); on the CPU the tiny model in float32, in
+    seconds."""
+    if torch.device(device).type == "cuda":
+        return StepConfig()
+    return StepConfig(
+        size="tiny",
+        num_layers=None,
+        context_length=64,
+        batch=2,
+        precision="fp32",
+        attention=("sdpa",),
+        optimizer=("lmcore",),
+        compile=False,
+        warmup_ms=CPU_BUDGET_MS[0],
+        rep_ms=CPU_BUDGET_MS[1],
+    )
+
+
+# ---- the depth that fits, and the study's segment size --------------------------------------
+
+
+def _plan(spec: StepSpec) -> Any:
+    """bench-plan's `TrainingPlan` of a row (the native chunked loss modelled as the fused one:
+    both hold one chunk of logits at a time)."""
+    from bench.core.capacity import TrainingPlan
+
+    return TrainingPlan(
+        spec.model,
+        batch=spec.batch * spec.world_size,
+        precision=spec.plan_precision,
+        layout=spec.layout,
+        dp=spec.world_size,
+        activation_checkpointing=spec.activation_checkpointing,
+        loss="fused" if spec.loss == NATIVE_LOSS else spec.loss,
+        optimizer=spec.optimizer,
+    )
+
+
+def fit_depth(config: StepConfig, device: torch.device) -> tuple[int, str]:
+    """The most blocks every row's step fits in the memory less the headroom, and a note why.
+
+    The memory is `config.memory_bytes`, else the GPU's.
+
+    Raises:
+        ValueError: no memory to fill, an attention backend bench-plan does not model, or not
+            even one block fits.
+    """
+    from bench.core.fit import largest_num_layers
+    from bench.core.residuals import ATTENTION_KINDS
+
+    if config.memory_bytes is not None:
+        memory = config.memory_bytes
+    elif device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory
+    else:
+        raise ValueError("--num-layers fit needs a GPU to fill, or --memory SIZE (e.g. 80GB)")
+    budget = memory * (1 - config.headroom)
+    specs = config.specs()
+    full = specs[0].model.num_layers
+    unknown = {s.model.attention for s in specs} - set(ATTENTION_KINDS)
+    if unknown:
+        raise ValueError(f"--num-layers fit: bench-plan does not model {sorted(unknown)}")
+    depths = [largest_num_layers(_plan(spec), budget, limit=full) for spec in specs]
+    if any(d is None for d in depths):
+        raise ValueError(
+            f"--num-layers fit: not even one block fits {budget / 1e9:.1f} GB by bench-plan's "
+            "model; lower --batch or --context-length, or checkpoint more"
+        )
+    depth = min(depths)
+    return depth, (
+        f"--num-layers fit: {depth} of {full} blocks, the most whose predicted peak "
+        f"(bench-plan's model) fits {memory / 1e9:.1f} GB less {config.headroom:.0%} headroom "
+        "for every row."
+    )
+
+
+def _block_bytes(config: StepConfig, device: torch.device) -> tuple[int, int]:
+    """(A, b): bytes one block of ours saves for backward, and its input's, at the run's
+    precision (`lmcore.saved_activation_bytes`, one real block on `device`)."""
+    model_config = config.model_config(config.attention[0])
+    torch.manual_seed(0)
+    with torch.device(device):
+        rope = lmcore.RotaryEmbedding(
+            model_config.head_dim, model_config.context_length, theta=model_config.rope_theta
+        )
+        block = lmcore.TransformerBlock(model_config, rope=rope)
+    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    block = block.to(dtype)
+    shape = (config.batch, model_config.context_length, model_config.d_model)
+    x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)  # residual stream
+    with torch.autocast(
+        device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16-autocast"
+    ):
+        saved = lmcore.saved_activation_bytes(block, x)
+    inputs = x.numel() * x.element_size()
+    del block, x
+    free_memory(device)
+    return saved, inputs
+
+
+def _checkpointing_study(
+    config: StepConfig, device: torch.device
+) -> tuple[StepConfig, str, dict[str, int]]:
+    """The study's specs, segments of k − 1, k, k + 1 blocks and nested, for the k lmcore
+    predicts from one block's measured bytes; a note saying how k was found; A and b."""
+    saved, inputs = _block_bytes(config, device)
+    n = config.model_config(config.attention[0]).num_layers
+    k = lmcore.memory_optimal_segment_size(n, input_bytes=inputs, saved_bytes=saved)
+    specs = [f"segments:{j}" if j else "none" for j in (k - 1, k, k + 1) if j <= n]
+    specs.append("nested")
+    note = (
+        f"Checkpointing study: one block ({config.precision}, {config.attention[0]}, eager) "
+        f"saves A = {saved / MIB:,.1f} MiB for backward and takes b = {inputs / MIB:,.1f} MiB "
+        f"of input (lmcore.saved_activation_bytes); lmcore.memory_optimal_segment_size({n}, b, "
+        f"A) = {k}: the rows are {', '.join(specs)} (segments of 0 blocks: none). pred_act_mib: "
+        "lmcore.peak_activation_bytes of each form from A and b."
+    )
+    study = {"saved_bytes": saved, "input_bytes": inputs, "k": k}
+    return replace(config, activation_checkpointing=tuple(dict.fromkeys(specs))), note, study
+
+
+# ---- running the rows ------------------------------------------------------------------------
+
+
+def _measure_case(
+    spec: StepSpec, config: StepConfig, rank: int, device: torch.device
+) -> dict[str, Any]:
+    """One rank's numbers for one row (a module-level function: spawned ranks import it)."""
+    return measure_step(spec, rank=rank, device=device)
+
+
+def _measure_here(spec: StepSpec, device: torch.device) -> list[dict[str, Any]]:
+    """The row's numbers on this process's one rank, out of memory as a status."""
+    outcome = guarded(lambda: measure_step(spec, rank=0, device=device), device=device)
+    return [{**outcome.value, "status": OK} if outcome.ok else {"status": outcome.status}]
+
+
+@contextlib.contextmanager
+def _empty_compile_cache(enabled: bool) -> Iterator[None]:
+    """Fresh Inductor and Triton cache folders for the run (restored and removed after); the
+    ranks a run starts inherit them."""
+    if not enabled:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in _CACHE_VARS}
+    with tempfile.TemporaryDirectory(prefix="bench-step-cache-") as folder:
+        os.environ.update({name: os.path.join(folder, sub) for name, sub in _CACHE_VARS.items()})
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def _check_device(config: StepConfig, device: torch.device) -> None:
+    """Refuse the Triton paths off CUDA: Triton's CPU interpreter runs them, far too slowly to
+    time a step."""
+    if device.type == "cuda":
+        return
+    if "fa2-triton" in config.attention:
+        raise ValueError("attention fa2-triton needs CUDA; on a CPU use sdpa or fa2-pytorch")
+    if "lmcore-fused" in config.optimizer:
+        raise ValueError("--optimizer lmcore-fused needs CUDA; on a CPU use lmcore or torch-fused")
+
+
+# ---- rows ------------------------------------------------------------------------------------
+
+
+def _mib(value: int | None) -> float | None:
+    return None if value is None else value / MIB
+
+
+def _identity(spec: StepSpec, config: StepConfig) -> dict[str, Any]:
+    """What a row ran, in the keys `bench-plan --check` reads (`bench.core.plan_check`)."""
+    m = spec.model
+    shape = replace(
+        lmcore.MODEL_SIZES[config.size], num_layers=m.num_layers, vocab_size=m.vocab_size
+    )
+    return {
+        "impl": spec.impl,
+        "size": config.size,
+        "size_label": f"{config.size} ({shape.dimensions})",
+        "d_model": m.d_model,
+        "d_ff": m.d_ff,
+        "num_layers": m.num_layers,
+        "num_heads": m.num_heads,
+        "num_kv_heads": m.kv_heads,
+        "vocab_size": m.vocab_size,
+        "ctx": m.context_length,
+        "batch": spec.batch,
+        "world_size": spec.world_size,
+        "layout": spec.layout,
+        "precision": spec.plan_precision,
+        "attention": m.attention,
+        "loss": spec.loss,
+        "optimizer": spec.optimizer,
+        "activation_checkpointing": spec.activation_checkpointing,
+        "compiled": spec.compile,
+    }
+
+
+def _attention_ms(spec: StepSpec, per_rank: Sequence[dict[str, Any]]) -> float | None:
+    """The step's attention time: forward + backward per block, a forward per recomputed one."""
+    from bench.core.capacity import Checkpointing
+
+    measured = [r["attention"] for r in per_rank if r["attention"] is not None]
+    if not measured:
+        return None
+    fwd, both = (max(t[i] for t in measured) for i in (0, 1))
+    layers = spec.model.num_layers
+    extra = Checkpointing.parse(spec.activation_checkpointing, layers).recomputed_block_forwards
+    return layers * both + extra * fwd
+
+
+def _metrics(
+    spec: StepSpec, per_rank: Sequence[dict[str, Any]], device: torch.device
+) -> dict[str, Any]:
+    from bench.core.hardware import matmul_ceiling, matmul_format
+
+    if len(per_rank) > 1:
+        step = slowest_rank([r["times"] for r in per_rank])
+    else:
+        step = summarize(per_rank[0]["times"])
+    busiest = max(per_rank, key=lambda r: r["memory"]["peak"] or 0)["memory"]
+    phases = {p: max(r["phases"][p] for r in per_rank) for p in per_rank[0]["phases"]}
+    flops, attention_flops = step_flops(spec.model, spec.batch)
+    seconds = step.median * 1e-3
+    ceiling = matmul_ceiling(device_name(device), matmul_format(spec.compute_dtype))
+    attention_ms = _attention_ms(spec, per_rank)
+    return {
+        "step_ms": step.median,
+        "step_std": step.std,
+        "n": step.n,
+        "first_step_ms": max(r["first_ms"] for r in per_rank),
+        "fwd_ms": phases.get("forward"),
+        "bwd_ms": phases.get("backward"),
+        "opt_ms": phases.get("optimizer"),
+        "attn_ms": attention_ms,
+        "attn_time_share": None if attention_ms is None else attention_ms / step.median,
+        "attn_flop_share": attention_flops / flops,
+        "tokens_per_s": spec.batch * spec.model.context_length * spec.world_size / seconds,
+        "mfu": None if ceiling is None else flops / seconds / (ceiling[0] * 1e12),
+        "mfu_ceiling_tflops": None if ceiling is None else ceiling[0],
+        "peak_mib": _mib(busiest["peak"]),
+        "peak_phase": busiest["phase"],
+        "param_mib": _mib(busiest["params"]),
+        "grad_mib": _mib(busiest["grads"]),
+        "state_mib": _mib(busiest["state"]),
+        "act_mib": _mib(busiest["activations"]),
+        "rest_mib": _mib(busiest["rest"]),
+    }
+
+
+def _row(
+    spec: StepSpec,
+    config: StepConfig,
+    per_rank: Sequence[dict[str, Any]],
+    *,
+    device: torch.device,
+    study: Mapping[str, int] | None,
+) -> dict[str, Any]:
+    row = _identity(spec, config)
+    if study is not None:
+        predicted = lmcore.peak_activation_bytes(
+            spec.activation_checkpointing,
+            spec.model.num_layers,
+            input_bytes=study["input_bytes"],
+            saved_bytes=study["saved_bytes"],
+        )
+        row["pred_act_mib"] = _mib(predicted)
+    failed = [r["status"] for r in per_rank if r["status"] != OK]
+    if failed:
+        return {**row, **dict.fromkeys(_METRICS), "status": failed[0]}
+    return {**row, **_metrics(spec, per_rank, device), "status": OK}
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """`time_vs_native`, `peak_vs_native`: an `ours` row over the torch-native row of its
+    checkpointing (below 1: faster, smaller)."""
+    native = {
+        r["activation_checkpointing"]: r
+        for r in rows
+        if r["impl"] == "torch-native" and r["status"] == OK
+    }
+    for row in rows:
+        theirs = native.get(row["activation_checkpointing"]) if row["impl"] == "ours" else None
+        for key, column in (("step_ms", "time_vs_native"), ("peak_mib", "peak_vs_native")):
+            mine, base = row.get(key), (theirs or {}).get(key)
+            row[column] = mine / base if mine is not None and base else None
+
+
+COLUMNS = [
+    "impl", "attention", "loss", "optimizer", "activation_checkpointing", "step_ms",
+    "time_vs_native", "first_step_ms", "tokens_per_s", "mfu", "peak_mib", "peak_vs_native",
+    "param_mib", "grad_mib", "state_mib", "act_mib", "rest_mib", "peak_phase", "fwd_ms",
+    "bwd_ms", "opt_ms", "attn_ms", "attn_time_share", "status",
+]  # fmt: skip
+_METRICS = [
+    "step_ms", "step_std", "n", "first_step_ms", "fwd_ms", "bwd_ms", "opt_ms", "attn_ms",
+    "attn_time_share", "attn_flop_share", "tokens_per_s", "mfu", "mfu_ceiling_tflops",
+    "peak_mib", "peak_phase", "param_mib", "grad_mib", "state_mib", "act_mib", "rest_mib",
+]  # fmt: skip
+# Every key of a row, for readers (bench-report, bench-plan --check).
+KEYS = Keys(
+    *COLUMNS, *_METRICS, "size", "size_label", "d_model", "d_ff", "num_layers", "num_heads",
+    "num_kv_heads", "vocab_size", "ctx", "batch", "world_size", "layout", "precision",
+    "compiled", "pred_act_mib", "time_vs_native", "peak_vs_native",
+)  # fmt: skip
+
+
+def run_step(
+    config: StepConfig | None = None,
+    *,
+    device: torch.device | str | None = None,
+    command: str | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+) -> Run:
+    """Measure every row of `config` on `device` (see the module docstring).
+
+    Args:
+        config: what to run; `default_step_config(device)` when None.
+        device: where to run; CUDA when available, else the CPU, when None.
+        command: the command line to record; the process's own when None.
+        timeout: seconds the ranks may take in all (several ranks only; None: no bound).
+
+    Returns:
+        A `Run` (tool `"step"`), a row per step with `KEYS`: the model's dimensions, context,
+        batch per rank, ranks, bench-plan's names of the layout and precision, the options,
+        times (ms), tokens/s, MFU, memory (MiB), ratios to the torch-native row, `status`.
+
+    Raises:
+        ValueError: an option the device cannot run (a Triton path off CUDA, more ranks than
+            GPUs, `--num-layers fit` without a memory to fill).
+    """
+    device = as_device(device)
+    config, notes = config_or_default(
+        config,
+        device,
+        default=default_step_config,
+        tool="bench-step",
+        describe=lambda c: f"{c.size}, context {c.context_length}, batch {c.batch}, fp32",
+    )
+    _check_device(config, device)
+    study = None
+    if config.study == "checkpointing":
+        config, note, study = _checkpointing_study(config, device)
+        notes.append(note)
+    if config.num_layers == FIT:
+        depth, note = fit_depth(config, device)
+        config = replace(config, num_layers=depth)
+        notes.append(note)
+        print(f"bench-step: {note}", file=sys.stderr)
+    specs = config.specs()
+    with _empty_compile_cache(config.compile):
+        if config.nproc > 1:
+            measured = measure_cases(_measure_case, specs, config, device=device, timeout=timeout)
+        else:
+            measured = [(spec, _measure_here(spec, device)) for spec in specs]
+    rows = [_row(spec, config, results, device=device, study=study) for spec, results in measured]
+    _add_ratios(rows)
+    notes += _notes(config, rows, device)
+    columns = COLUMNS + (["pred_act_mib"] if study else [])
+    return Run.create(
+        "step",
+        rows,
+        device=device,
+        config=asdict(config),
+        command=command,
+        title=f"Full training step: {rows[0]['size_label']}, context {rows[0]['ctx']:,}, "
+        f"batch {config.batch} per rank × {config.nproc}, {config.precision}",
+        columns=columns,
+        notes=notes,
+    )
+
+
+def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.device) -> list:
+    if config.nproc > 1:
+        timer = "the timed steps, each the slowest rank's"
+    elif device.type == "cuda":
+        timer = "triton.testing.do_bench over the whole step"
+    else:
+        timer = "the timed steps"
+    notes = [
+        f"step_ms: median of {timer} (warm-up {config.warmup_ms:g} ms, measurement "
+        f"{config.rep_ms:g} ms); time_vs_native, peak_vs_native: ours / the torch-native row "
+        "of the same checkpointing (below 1: faster, smaller). first_step_ms: the row's first "
+        "step, compilation included, with compiler cache folders fresh for the run.",
+        "Memory (MiB, the busiest rank): the peak of one instrumented step split into "
+        "parameters, gradients, optimizer state (tensor bytes), activations (what the forward "
+        "left for backward) and rest (buffers, the batch, transients); peak_phase: where it "
+        "fell (bench.core.step_memory). Under FSDP the parameters and gradients are shards.",
+        "fwd_ms, bwd_ms, opt_ms: the instrumented step's phases (backward includes "
+        "recomputation); attn_ms: the attention backend alone at the step's shape, forward and "
+        "backward per block plus a forward per recomputed block; attn_flop_share: attention's "
+        "share of the step's FLOPs (causal: half the score matrix).",
+    ]
+    ceilings = {r["mfu_ceiling_tflops"] for r in rows if r.get("mfu_ceiling_tflops")}
+    if ceilings:
+        from bench.core.hardware import matmul_ceiling, matmul_format
+
+        dtype = torch.float32 if config.precision == "fp32" else torch.bfloat16
+        _, source = matmul_ceiling(device_name(device), matmul_format(dtype)) or (0, "")
+        notes.append(
+            f"MFU against {', '.join(f'{c:g}' for c in sorted(ceilings))} TFLOP/s ({source}); "
+            "FLOPs: matmuls only, forward + backward = 3 × forward, causal attention counted "
+            "as half the scores, recomputation not counted."
+        )
+    if config.native:
+        sharded = ", torch FSDP2 (fully_shard per block, then the root)" if config.nproc > 1 else ""
+        notes.append(
+            "torch-native: SDPA, torch.utils.checkpoint over the same segments (lmcore's "
+            "non-reentrant checkpoints), a chunked cross-entropy (compiled per chunk, each chunk "
+            "checkpointed: its logits recomputed in backward), torch.optim.AdamW(fused=True), "
+            f"{'each block compiled' if config.compile else 'eager'}{sharded}. bench-plan "
+            "models its loss as the fused one (one chunk of logits at a time)."
+        )
+    return notes
+
+
+def plot_step(run: Run, path: Path) -> Path:
+    """Stacked bars of each row's peak (parameters … rest) beside bars of its step time.
+
+    Raises:
+        ValueError: no row completed.
+    """
+    several = [k for k in ("attention", "loss", "optimizer") if len({r[k] for r in run.rows}) > 1]
+
+    def label(r: dict[str, Any]) -> str:
+        parts = [r["impl"], r["activation_checkpointing"]]
+        return "\n".join(parts + ([r[k] for k in several] if r["impl"] == "ours" else []))
+
+    rows = [dict(r, label=label(r)) for r in run.ok_rows]
+    measured_peak = any(r.get("peak_mib") is not None for r in rows)
+    parts = ("param", "parameters"), ("grad", "gradients"), ("state", "optimizer state")
+    parts += ("act", "activations"), ("rest", "rest")
+    memory = Bars(
+        keys=tuple((f"{key}_mib", text) for key, text in parts),
+        ylabel="MiB (busiest rank)",
+        title="peak of one step" if measured_peak else "tensor sizes (no peak on CPU)",
+    )
+    time = Bars(keys=(("step_ms", "step"),), ylabel="ms", title="median step", err="step_std")
+    return stacked_bar_plot(
+        rows, label="label", panels=(memory, time), path=path, title=run.plot_title
+    )
+
+
+# ---- the preset on a machine that cannot run it ----------------------------------------------
+
+
+def depth_reduced_command(device: torch.device) -> str:
+    """The one-GPU command that stands in for the leaderboard preset (`--num-layers fit`)."""
+    preset = PRESETS["leaderboard-2026"]
+    argv = ["bench-step", "--size", preset["size"], "--num-layers", FIT]
+    argv += ["--batch", str(preset["batch"]), "--precision", preset["precision"]]
+    argv += ["--attention", *preset["attention"], "--loss", *preset["loss"]]
+    argv += ["--optimizer", *preset["optimizer"]]
+    argv += ["--activation-checkpointing", *preset["activation_checkpointing"], "--compile"]
+    return " ".join(argv + ([] if device.type == "cuda" else ["--memory", "80GB"]))
+
+
+def _preset_missing(device: torch.device) -> str | None:
+    """Why this machine cannot run the leaderboard preset, or None when it can."""
+    if device.type != "cuda":
+        return "it needs CUDA GPUs, and this run has none"
+    ranks = torchrun_world_size() if under_torchrun() else torch.cuda.device_count()
+    if ranks < PRESET_RANKS:
+        return f"it needs {PRESET_RANKS} GPUs and finds {ranks}"
+    for index in range(min(ranks, torch.cuda.device_count())):
+        memory = torch.cuda.get_device_properties(index).total_memory
+        if memory < PRESET_MEMORY_BYTES:
+            return (
+                f"it needs {PRESET_MEMORY_BYTES / 1e9:.0f} GB per GPU and GPU {index} has "
+                f"{memory / 1e9:.1f} GB ({memory / GIB:.1f} GiB)"
+            )
+    return None
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    given = {
+        "size": args.size,
+        "num_layers": args.num_layers,
+        "context_length": args.context_length,
+        "batch": args.batch,
+        "vocab_size": args.vocab_size,
+        "num_kv_heads": args.num_kv_heads,
+        "precision": args.precision,
+        "attention": distinct(args.attention),
+        "loss": distinct(args.loss),
+        "optimizer": distinct(args.optimizer),
+        "activation_checkpointing": distinct(args.activation_checkpointing),
+        "compile": args.compile,
+        "native": args.native,
+        "nproc": args.nproc or torchrun_world_size(),
+        "parallel": args.parallel,
+        "study": args.study,
+        "memory_bytes": args.memory,
+        "headroom": args.headroom,
+        "warmup_ms": args.warmup_ms,
+        "rep_ms": args.rep_ms,
+    }
+    if (given["nproc"] or 1) > 1 and args.parallel is None:
+        given["parallel"] = "zero"  # compiles, and takes a model built in bf16
+    if args.size is not None and args.num_layers is None:
+        # a named size runs at its own depth unless told otherwise (CUDA's default is `fit`)
+        given["num_layers"] = lmcore.MODEL_SIZES[args.size].num_layers
+    preset = PRESETS[args.preset] if args.preset else {}
+    return {**preset, **{name: value for name, value in given.items() if value is not None}}
+
+
+def _run(config: StepConfig | None, cli: Invocation) -> Run:
+    if cli.args.preset:
+        missing = _preset_missing(cli.device)
+        if missing is not None:
+            cli.parser.exit(
+                1,
+                f"bench-step: --preset {cli.args.preset} runs the handout's leaderboard step "
+                f"(8B, context 32,768, batch 2 over {PRESET_RANKS} ranks, bf16), but {missing}.\n"
+                "On one GPU, run the depth-reduced leaderboard model instead (the most blocks "
+                "that fit, batch 1: one GPU's share of the leaderboard's batch):\n\n  "
+                f"{depth_reduced_command(cli.device)}\n",
+            )
+    with usage_errors(cli.parser):
+        return run_step(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
+
+
+TOOL = Tool(run=_run, default=default_step_config, overrides=_overrides, plot=plot_step)

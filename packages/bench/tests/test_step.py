@@ -1,0 +1,308 @@
+"""bench-step: a row of ours with the torch-native row beside it, FSDP on 2 gloo ranks, the
+checkpointing study, `--num-layers fit`, the preset's refusal, bench-plan's check of the rows,
+out of memory as a row, and bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import bench.core.full_step
+import lmcore
+from bench.commands.step import COMMAND, main
+from bench.core.capacity import TrainingPlan, estimate_memory
+from bench.core.memory import MIB
+from bench.core.oom import OK, OOM
+from bench.core.plan_check import STEP_KEYS, check_results
+from bench.core.results import save_json
+from bench.tools.step import COLUMNS, KEYS, TOOL, StepConfig, fit_depth, plot_step, run_step
+
+# One narrow block at context 16, vocabulary 97, fp32: milliseconds a step on one CPU thread.
+TINY = {
+    "size": "tiny",
+    "num_layers": 1,
+    "context_length": 16,
+    "batch": 2,
+    "vocab_size": 97,
+    "precision": "fp32",
+    "attention": ("sdpa",),
+    "loss": ("fused",),
+    "optimizer": ("lmcore",),
+    "activation_checkpointing": ("blocks",),
+    "compile": False,
+    "warmup_ms": 1.0,
+    "rep_ms": 2.0,
+}
+
+
+def _config(**overrides) -> StepConfig:
+    return StepConfig(**{**TINY, **overrides})
+
+
+def _params(num_layers: int = 1) -> int:
+    model = lmcore.model_config("tiny", context_length=16, vocab_size=97)
+    return lmcore.count_parameters(dataclasses.replace(model, num_layers=num_layers))
+
+
+@pytest.fixture(scope="module")
+def step_run():
+    """Ours (fused loss, lmcore's AdamW, every block checkpointed) and the torch-native row."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run_step(_config(), device="cpu", command="bench-step --test")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_row_of_ours_with_the_torch_native_row_beside_it(step_run):
+    ours, native = step_run.rows
+    assert (ours["impl"], native["impl"]) == ("ours", "torch-native")
+    assert (native["attention"], native["loss"], native["optimizer"]) == (
+        "sdpa",
+        "chunked",
+        "torch-fused",
+    )
+    assert native["activation_checkpointing"] == ours["activation_checkpointing"] == "blocks"
+    for row in step_run.rows:
+        assert row["status"] == OK and row["n"] >= 1 and set(COLUMNS) <= set(row)
+        assert set(row) <= set(KEYS)
+        assert all(row[k] is not None for k in STEP_KEYS if k != "peak_mib")  # CPU: no peak
+        assert row["step_ms"] > 0 and row["first_step_ms"] > 0
+        assert row["fwd_ms"] > 0 and row["bwd_ms"] > 0 and row["opt_ms"] > 0
+        assert row["tokens_per_s"] == pytest.approx(2 * 16 / (row["step_ms"] * 1e-3))
+        # fp32: the parameters, their gradients, two moments (and a 4-byte step count each)
+        assert row["param_mib"] * MIB == row["grad_mib"] * MIB == 4 * _params()
+        assert 8 * _params() < row["state_mib"] * MIB < 8 * _params() + 4 * 64
+        assert row["mfu"] is None and row["peak_mib"] is None and row["act_mib"] is None
+        assert 0 < row["attn_flop_share"] < 1
+    assert ours["time_vs_native"] == pytest.approx(ours["step_ms"] / native["step_ms"])
+    assert native["time_vs_native"] is None
+
+
+def test_the_plot_and_the_table(step_run, tmp_path):
+    path = plot_step(step_run, tmp_path / "step.png")
+    assert path.stat().st_size > 0
+    text = step_run.to_markdown()
+    assert "torch-native" in text
+    assert "Full training step: tiny (64/256/1L/4H/V97), context 16" in text
+
+
+def test_the_rows_sit_beside_bench_plans_prediction(step_run, tmp_path):
+    """Every row carries what `bench-plan --check` reads: with a peak (a GPU's; set by hand
+    here) each gets a prediction, and the tensors' sizes agree with it."""
+    rows = [dict(r, peak_mib=1.0) for r in step_run.rows]
+    save_json(dataclasses.replace(step_run, rows=rows), tmp_path / "step.json")
+    checked = check_results(tmp_path).rows
+    for impl in ("ours", "torch-native"):
+        mine = [r for r in checked if r["predicted_mib"] is not None and impl in r["config"]]
+        assert {r["quantity"] for r in mine} == {"peak", "param", "grad", "state"}, impl
+        for r in mine:
+            if r["quantity"] in ("param", "grad"):
+                assert abs(r["error_pct"]) < 0.01, r
+
+
+def test_each_option_reaches_the_rows_model(monkeypatch):
+    """The loss, optimizer and checkpointing of each row reach the model its step builds."""
+    import lmcore.linear
+
+    rows: list[dict] = []
+    build, optimizer = bench.core.full_step._build, bench.core.full_step.build_optimizer
+    apply, fused = lmcore.apply_activation_checkpointing, lmcore.linear.fused_linear_cross_entropy
+
+    def spy_build(spec, rank, device):
+        rows.append({"spec": spec, "fused": 0})
+        return build(spec, rank, device)
+
+    def spy_apply(model, *, policy):
+        rows[-1]["policy"] = policy
+        return apply(model, policy=policy)
+
+    def spy_optimizer(name, params, **options):
+        rows[-1]["optimizer"] = name
+        return optimizer(name, params, **options)
+
+    def spy_fused(*args, **kwargs):
+        rows[-1]["fused"] += 1
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(bench.core.full_step, "_build", spy_build)
+    monkeypatch.setattr(bench.core.full_step, "build_optimizer", spy_optimizer)
+    monkeypatch.setattr(lmcore, "apply_activation_checkpointing", spy_apply)
+    monkeypatch.setattr(lmcore.linear, "fused_linear_cross_entropy", spy_fused)
+    config = _config(
+        loss=("materialized", "fused"),
+        optimizer=("lmcore", "torch-fused"),
+        activation_checkpointing=("segments:1",),
+    )
+    run = run_step(config, device="cpu")
+    assert len(rows) == len(run.rows) == 5 and all(r["status"] == OK for r in run.rows)
+    for seen, row in zip(rows, run.rows, strict=True):
+        assert seen["spec"].impl == row["impl"]
+        assert seen["policy"] == row["activation_checkpointing"] == "segments:1"
+        assert seen["optimizer"] == row["optimizer"]
+        assert (seen["fused"] > 0) == (row["loss"] == "fused")
+
+
+def test_fsdp_on_two_gloo_ranks_beside_torch_fsdp2():
+    run = run_step(
+        _config(nproc=2, parallel="fsdp", num_layers=2, batch=1),
+        device="cpu",
+        command="bench-step --test",
+    )
+    ours = run.rows[0]
+    assert [(r["impl"], r["layout"], r["world_size"], r["status"]) for r in run.rows] == [
+        ("ours", "fsdp", 2, OK),
+        ("torch-native", "fsdp", 2, OK),
+    ]
+    full = 4 * _params(num_layers=2)
+    for row in run.rows:  # each rank holds about half of every weight (norm gains whole)
+        assert 0.45 * full < row["param_mib"] * MIB < 0.6 * full
+    assert ours["time_vs_native"] > 0
+    assert "torch FSDP2" in " ".join(run.notes)
+
+
+def test_the_checkpointing_study_picks_k_from_measured_bytes():
+    config = _config(num_layers=None, study="checkpointing", native=False, batch=1)
+    run = run_step(config, device="cpu", command="bench-step --test")
+    model = lmcore.model_config("tiny", context_length=16, vocab_size=97)
+    torch.manual_seed(0)
+    block = lmcore.TransformerLM.from_config(model).layers[0]
+    x = torch.randn(1, 16, model.d_model, requires_grad=True)
+    saved, inputs = lmcore.saved_activation_bytes(block, x), x.numel() * 4
+    k = lmcore.memory_optimal_segment_size(2, input_bytes=inputs, saved_bytes=saved)
+    specs = [r["activation_checkpointing"] for r in run.rows]
+    assert specs == [s for s in (f"segments:{k - 1}" if k > 1 else "none", f"segments:{k}",
+                                 f"segments:{k + 1}", "nested") if s != "segments:3"]  # fmt: skip
+    for row in run.rows:
+        predicted = lmcore.peak_activation_bytes(
+            row["activation_checkpointing"], 2, input_bytes=inputs, saved_bytes=saved
+        )
+        assert row["pred_act_mib"] * MIB == predicted and row["status"] == OK
+    assert f"memory_optimal_segment_size(2, b, A) = {k}" in " ".join(run.notes)
+
+
+def test_num_layers_fit_is_the_deepest_every_row_fits():
+    config = StepConfig(
+        size="leaderboard-8b",
+        batch=1,
+        precision="bf16",
+        optimizer=("lmcore-fused", "torch-fused"),
+        memory_bytes=80 * 10**9,
+    )
+    depth, note = fit_depth(config, torch.device("cpu"))
+    assert 1 < depth < 34 and f"{depth} of 34 blocks" in note
+
+    def fits(spec, layers):
+        model = dataclasses.replace(spec.model, num_layers=layers)
+        loss = "fused" if spec.impl == "torch-native" else spec.loss
+        plan = TrainingPlan(model, batch=1, precision="bf16", optimizer=spec.optimizer,
+                            activation_checkpointing="blocks", loss=loss)  # fmt: skip
+        return estimate_memory(plan).fits(80e9 * (1 - config.headroom))
+
+    specs = config.specs()
+    assert all(fits(spec, depth) for spec in specs)
+    assert not all(fits(spec, depth + 1) for spec in specs)
+
+
+def test_out_of_memory_is_a_row(monkeypatch):
+    build = bench.core.full_step._build
+
+    def failing(spec, rank, device):
+        if spec.impl == "torch-native":
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return build(spec, rank, device)
+
+    monkeypatch.setattr(bench.core.full_step, "_build", failing)
+    ours, native = run_step(_config(), device="cpu").rows
+    assert (ours["status"], native["status"]) == (OK, OOM)
+    assert native["step_ms"] is None and ours["time_vs_native"] is None
+
+
+def test_the_preset_says_what_it_needs_and_prints_the_one_gpu_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--preset", "leaderboard-2026", "--device", "cpu"])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert "it needs CUDA GPUs" in err
+    command = next(line.strip() for line in err.splitlines() if "bench-step --size" in line)
+    args = COMMAND.parser().parse_args(command.split()[1:])
+    assert (args.size, args.num_layers, args.batch, args.precision) == (
+        "leaderboard-8b",
+        "fit",
+        1,
+        "bf16",
+    )
+
+
+def test_the_preset_is_the_handouts_configuration():
+    parser = COMMAND.parser()
+    config = TOOL.config(parser.parse_args(["--preset", "leaderboard-2026"]), parser, "cpu")
+    spec = config.specs()[0]
+    assert (spec.model.num_layers, spec.model.context_length, spec.model.vocab_size) == (
+        34,
+        32_768,
+        151_936,
+    )
+    assert (config.batch * config.nproc, config.precision) == (2, "bf16")
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--nproc", "2", "--parallel", "fsdp", "--compile"], "does not run compiled"),
+        (["--parallel", "zero"], "several ranks"),
+        (["--nproc", "2", "--parallel", "fsdp", "--precision", "bf16"], "float32 master"),
+        (["--study", "checkpointing", "--activation-checkpointing", "blocks"], "picks the"),
+        (["--attention", "fa2-triton"], "fa2-triton needs CUDA"),
+        (["--size", "tiny", "--num-layers", "fit"], "needs a GPU to fill"),
+        (["--activation-checkpointing", "segments:0"], "K must be a positive integer"),
+        (["--headroom", "1.5"], "--headroom"),
+    ],
+)
+def test_bad_input_is_a_usage_error(argv, match, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", "cpu", "--no-progress", *argv])
+    assert exc.value.code == 2
+    assert match in capsys.readouterr().err
+
+
+def test_a_size_without_a_context_needs_one():
+    with pytest.raises(ValueError, match="no context length of its own"):
+        StepConfig(size="small", num_layers=None)
+
+
+def test_help_has_examples(help_text):
+    text = help_text(main)
+    assert "Examples:" in text and "--preset leaderboard-2026" in text
+    assert "--activation-checkpointing SPEC" in text and "lmcore-fused" in text
+
+
+@pytest.mark.gpu
+def test_cuda_rows_compiled_with_the_peak_split_into_its_parts():
+    """On a GPU: ours (fa2, fused loss, lmcore's fused AdamW, compiled) and the torch-native row
+    at `small`'s width and 2 blocks in bf16; the parts of each peak add up to it, and lmcore's
+    fused AdamW keeps float32 moments where torch's keeps bf16 ones."""
+    config = StepConfig(
+        size="small",
+        num_layers=2,
+        context_length=256,
+        batch=2,
+        precision="bf16",
+        attention=("fa2-triton",),
+        optimizer=("lmcore-fused",),
+        activation_checkpointing=("segments:2",),
+        warmup_ms=25.0,
+        rep_ms=100.0,
+    )
+    ours, native = run_step(config, device="cuda").rows
+    params = lmcore.count_parameters(config.specs()[0].model)
+    for row in (ours, native):
+        assert row["status"] == OK and row["mfu"] > 0 and row["attn_ms"] > 0
+        parts = ("param_mib", "grad_mib", "state_mib", "act_mib", "rest_mib")
+        assert sum(row[k] for k in parts) == pytest.approx(row["peak_mib"])
+        assert row["param_mib"] * MIB == pytest.approx(2 * params, rel=1e-3)
+    assert ours["state_mib"] == pytest.approx(2 * native["state_mib"], rel=1e-2)
+    assert ours["time_vs_native"] > 0 and ours["peak_vs_native"] > 0
