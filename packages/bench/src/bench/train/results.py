@@ -33,7 +33,7 @@ import torch
 
 from bench.core.hardware import peak_tflops
 from bench.core.plots import hbar_plot
-from bench.core.results import Run, result_stem, save_json
+from bench.core.results import Run, code_line, result_stem, save_json
 from bench.train.record import PROFILE, read_metrics
 from bench.train.run import LOSS_PLOT, SAMPLE, SUMMARY
 
@@ -188,8 +188,7 @@ def text_result(
         f"batch {c['batch_size']}, {c['precision']}, {c['attention']}, {c['tokenizer']} "
         f"tokens, {summary['steps']} steps",
         f"Device: {env['device_name']}; torch {env['torch']}, triton {env['triton']}; "
-        f"{env['date']}; git {env['git_revision']} (uncommitted changes: {env['git_dirty']}). "
-        f"Command: `{env['command']}`",
+        f"{env['date']}. Command: `{env['command']}`. {code_line(env)}",
         f"- final train loss {summary['final_train_loss']:.4f}, validation loss "
         f"{summary['final_val_loss']:.4f} ({summary['validation']}); lowest validation loss "
         f"{best['val_loss']:.4f} at step {best['step']}",
