@@ -92,8 +92,9 @@ def test_the_plot_and_the_table(step_run, tmp_path):
 
 def test_the_rows_sit_beside_bench_plans_prediction(step_run, tmp_path):
     """Every row carries what `bench-plan --check` reads: with a peak (a GPU's; set by hand
-    here) each gets a prediction, and the tensors' sizes agree with it."""
-    rows = [dict(r, peak_mib=1.0) for r in step_run.rows]
+    here, in the optimizer step, where every gradient is alive and grad_mib counts them all)
+    each gets a prediction, and the tensors' sizes agree with it."""
+    rows = [dict(r, peak_mib=1.0, peak_phase="optimizer") for r in step_run.rows]
     save_json(dataclasses.replace(step_run, rows=rows), tmp_path / "step.json")
     checked = check_results(tmp_path).rows
     for impl in ("ours", "torch-native"):
