@@ -213,6 +213,28 @@ def test_fused_adamw_rounds_a_bf16_parameter_once_per_step():
     torch.testing.assert_close(param, want, rtol=2**-7, atol=0)
 
 
+def test_fused_adamw_counts_each_parameters_steps_apart_when_saved_and_resumed():
+    # parameters stepped together share one step count; a saved state must not (torch's
+    # AdamW would otherwise add one to the shared count once per parameter)
+    ours, theirs = _fused_params(5), _fused_params(5)
+    mine, _ = _train_fused_pair(ours, theirs, steps=3, skip=lambda step, i: i == 3 and step == 2)
+    assert [mine.state[p]["step"].item() for p in ours] == [3, 3, 3, 2]
+    saved = copy.deepcopy(mine.state_dict())
+    steps = [entry["step"] for entry in saved["state"].values()]
+    assert len({id(t) for t in steps}) == len(steps)
+    fresh = _fused_params(5)
+    other = torch.optim.AdamW([{"params": fresh[:2]}, {"params": fresh[2:]}], foreach=True)
+    other.load_state_dict(saved)
+    for p in fresh:
+        p.grad = torch.randn_like(p)
+    other.step()
+    assert [other.state[p]["step"].item() for p in fresh] == [4, 4, 4, 3]
+    for p in ours:
+        p.grad = torch.randn_like(p)
+    mine.step()  # the live state was not touched by saving it
+    assert [mine.state[p]["step"].item() for p in ours] == [4, 4, 4, 3]
+
+
 def test_fused_state_dict_loads_into_torch_and_back_keeping_float32_moments():
     ours, theirs = _fused_params(3), _fused_params(3)
     mine, _ = _train_fused_pair(ours, theirs, steps=2)

@@ -116,6 +116,7 @@ class AdamW(torch.optim.Optimizer):
             "fused": fused,
         }
         self._launches: dict[tuple[int, ...], Any] = {}
+        self._shared_steps: dict[tuple[int, ...], torch.Tensor] = {}
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -143,6 +144,20 @@ class AdamW(torch.optim.Optimizer):
                 )
         return state
 
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state in torch's layout, each parameter with a step tensor of its own.
+
+        The fused path shares one step tensor among parameters stepped together; a saved
+        state keeps no such sharing, so that an optimizer loading it (torch's included)
+        counts each parameter's steps apart.
+        """
+        saved = super().state_dict()
+        saved["state"] = {
+            index: {**entry, "step": entry["step"].clone()} if "step" in entry else entry
+            for index, entry in saved["state"].items()
+        }
+        return saved
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict (torch's layout), keeping fused groups' moments in float32.
 
@@ -159,12 +174,13 @@ class AdamW(torch.optim.Optimizer):
                 saved[param] = {k: entry[k] for k in ("exp_avg", "exp_avg_sq") if k in entry}
         super().load_state_dict(state_dict)
         self._launches.clear()  # the moments are new tensors
+        self._shared_steps.clear()
         for param, moments in saved.items():
             state = self.state[param]
             for key, value in moments.items():
                 state[key] = value.to(device=param.device, dtype=torch.float32)
             if "step" in state:
-                state["step"] = state["step"].to(device="cpu", dtype=_step_dtype())
+                state["step"] = state["step"].to(device="cpu", dtype=_step_dtype(), copy=True)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -251,9 +267,7 @@ class AdamW(torch.optim.Optimizer):
         from lmcore.kernels.adamw import adamw_step_
 
         states = [self._init_state(p, fused=True) for p in params]
-        steps = [s["step"] for s in states]
-        torch._foreach_add_(steps, 1)
-        counts = torch.stack(steps).tolist()
+        counts = self._advance_steps(params, states)
         launches: dict[tuple[torch.dtype, float], list[int]] = {}
         for i, (p, count) in enumerate(zip(params, counts, strict=True)):
             launches.setdefault((p.dtype, count), []).append(i)
@@ -276,6 +290,36 @@ class AdamW(torch.optim.Optimizer):
                 weight_decay=group["weight_decay"],
                 step=int(count),
             )
+
+    def _advance_steps(
+        self, params: list[torch.Tensor], states: list[dict[str, torch.Tensor]]
+    ) -> list[float]:
+        """Add one to the step count of each of `params`; their counts after it.
+
+        Parameters stepped together share one step tensor (the same object in each one's
+        state), so that a step costs one addition instead of one per tensor (a hundred small
+        CPU additions took most of the host time of a fused step). The sharing is kept only
+        while the same parameters step together: otherwise (a first step, a loaded state dict,
+        a parameter without a gradient this time) each gets a copy of its own before the
+        addition, so no parameter outside this step is counted, and they share again when
+        their counts agree.
+        """
+        key = tuple(map(id, params))
+        shared = self._shared_steps.get(key)
+        if shared is not None and all(s["step"] is shared for s in states):
+            shared += 1
+            return [shared.item()] * len(params)
+        steps = [s["step"].clone() for s in states]
+        torch._foreach_add_(steps, 1)
+        counts = torch.stack(steps).tolist()
+        if len(set(counts)) == 1:
+            if len(self._shared_steps) >= _MAX_LAUNCHES:
+                self._shared_steps.clear()
+            shared = self._shared_steps[key] = steps[0]
+            steps = [shared] * len(steps)
+        for state, step in zip(states, steps, strict=True):
+            state["step"] = step
+        return counts
 
     def _launch(self, params: list[torch.Tensor]) -> Any:
         """The kept `lmcore.kernels.adamw.Launch` of these parameters (built on first use)."""
