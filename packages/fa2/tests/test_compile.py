@@ -105,6 +105,23 @@ def test_compiled_packed_sequences_with_window_and_softcap():
         assert _error(x, r) < 1e-5
 
 
+def test_compiled_self_attention_takes_one_tensor_as_queries_keys_and_values():
+    # attend(x, x, x): Dynamo refuses an autograd Function given one tensor twice
+    from fa2 import flash_attention
+
+    def self_attention(x):
+        return flash_attention(x, x, x, causal=True, implementation="triton")
+
+    x = _transposed(2, 24, 2, 16)
+    o = torch.compile(self_attention, backend=BACKEND, fullgraph=True)(x)
+    do = torch.randn_like(o)
+    (grad,) = torch.autograd.grad(o, x, do)
+    x2 = x.detach().double().requires_grad_()
+    ref, _ = attention_reference(x2, x2, x2, causal=True)
+    (ref_grad,) = torch.autograd.grad(ref, x2, do.double())  # the three gradients summed
+    assert _error(o, ref) < 1e-5 and _error(grad, ref_grad) < 1e-5
+
+
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_launch_plans_build_from_fake_tensors(symbolic, monkeypatch):
     # What torch.compile does with the `triton_op` bodies on a GPU: plan the launches on fake

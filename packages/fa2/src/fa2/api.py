@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -173,7 +174,23 @@ def attend(
             f"got {implementation!r}"
         )
     function = FlashAttention2Triton if use_triton else FlashAttention2PyTorch
+    q, k, v, cu_seqlens_q, cu_seqlens_k = _distinct(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return function.apply(
         q, k, v, causal, scale, return_lse, precision, deterministic, window_size, softcap,
         layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bottom_right,
     )  # fmt: skip
+
+
+def _distinct(*tensors: Any) -> list[Any]:
+    """`tensors`, each repeat of an earlier one replaced by a view of it.
+
+    Dynamo refuses an autograd Function given one tensor twice (self-attention's
+    `attend(x, x, x)`, one `cu_seqlens` for both sides); a view is a tensor of its own and
+    costs nothing in a compiled graph. Gradients reach the shared tensor summed, as before.
+    """
+    kept: list[Any] = []
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and any(tensor is seen for seen in kept):
+            tensor = tensor.view(tensor.shape)
+        kept.append(tensor)
+    return kept
