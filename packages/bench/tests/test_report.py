@@ -49,7 +49,7 @@ def test_unmeasured_problems_say_what_they_need(tool_results):
     for key in ("naive_ddp_benchmarking", "leaderboard", "distributed_communication_single_node"):
         section = _section(text, key)
         assert NOT_MEASURED in section and "It needs" in section
-    assert "two B200 GPUs" in _section(text, "leaderboard")
+    assert "two B200s" in _section(text, "leaderboard")
 
 
 def test_answers_quote_the_rows_with_file_and_revision(tool_results):

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.core.document import Block, Heading, Paragraph
+from bench.core.document import Block, Heading, Image, Paragraph
 from bench.core.env import now_iso
 from bench.handout.analysis import analytic_answers
+from bench.handout.checkpointing import answer_checkpointing
 from bench.handout.kernels import (
     answer_attention,
     answer_compile,
@@ -20,7 +21,8 @@ from bench.handout.kernels import (
     answer_flash_tests,
     is_compile,
 )
-from bench.handout.memory import answer_checkpointing, answer_memory
+from bench.handout.leaderboard import FULL_RUN, answer_leaderboard
+from bench.handout.memory import answer_memory
 from bench.handout.parallel import (
     answer_allreduce,
     answer_ddp,
@@ -29,7 +31,7 @@ from bench.handout.parallel import (
     answer_sharding,
     answer_tests,
 )
-from bench.handout.problem import Problem, record_blocks
+from bench.handout.problem import Problem, earlier_blocks, image_link, record_blocks
 from bench.handout.results import Record, Results
 from bench.handout.single_gpu import (
     answer_accumulation,
@@ -52,8 +54,8 @@ def _tool(*tools: str, stem: str | None = None):
     return claims
 
 
-def _nothing(res: Results) -> list[Block]:
-    return []
+def _any(*claims):
+    return lambda record: any(claim(record) for claim in claims)
 
 
 ONE_GPU = "one GPU (an H100 here: `packages/bench/scripts/handout_gpu.sh`)"
@@ -125,6 +127,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "(a) the memory-optimal nesting and its cost, (b) the best one-level segment size "
         "for xl at batch 4, context 2048, with measured peaks.",
         answer_checkpointing,
+        _tool("step", stem="step_checkpointing"),
     ),
     Problem(
         "pytorch_attention",
@@ -297,8 +300,13 @@ PROBLEMS: tuple[Problem, ...] = (
         "9",
         "The best wall-clock time of a full training step of the 8B model, batch 2, "
         "context 32,768, on two B200s.",
-        _nothing,
-        needs="two B200 GPUs (the leaderboard's machine)",
+        answer_leaderboard,
+        _any(
+            _tool("step", stem="step_leaderboard"),
+            _tool("flash", stem="flash_leaderboard"),
+            _tool("ops", "plan_leaderboard"),
+        ),
+        FULL_RUN,
     ),
 )
 
@@ -320,7 +328,10 @@ def build_document(res: Results, *, report_dir: Path, title: str) -> list[Block]
             f"`{res.folder.as_posix()}`: {what or 'nothing measured yet'}. Every number in the "
             "answers names the file it comes from and the code revision that file measured. "
             "Sections follow the 2026 handout; sizes are shown with their dimensions "
-            "(d_model/d_ff/layers/heads), since the 2025 handout's xl was 1600 wide."
+            "(d_model/d_ff/layers/heads), since the 2025 handout's xl was 1600 wide. A result "
+            "that a newer one of the same kind replaces is listed as an earlier run, without "
+            "its numbers; a problem whose run is missing says which command makes it and on "
+            "what hardware."
         ),
     ]
     shown: set[Path] = set()
@@ -334,16 +345,31 @@ def build_document(res: Results, *, report_dir: Path, title: str) -> list[Block]
         if not answer:
             needs = f" It needs {problem.needs}." if problem.needs else ""
             doc.append(Paragraph(f"Not measured: no result answers it yet.{needs}"))
-        doc.extend(answer)
+        doc.extend(_linked(block, report_dir) for block in answer)
         mine = [r for r in res.records if r.path not in shown and problem.claims(r)]
-        for record in mine:
-            shown.add(record.path)
-            doc.extend(record_blocks(record, report_dir, stems))
+        shown.update(r.path for r in mine)
+        doc.extend(_results(res, mine, report_dir, stems))
     rest = [r for r in res.records if r.path not in shown]
     if rest:
         doc.append(Heading(2, "Other results"))
-        for record in rest:
-            doc.extend(record_blocks(record, report_dir, stems))
+        doc.extend(_results(res, rest, report_dir, stems))
     if res.skipped:
         doc.append(Paragraph("Skipped files: " + "; ".join(res.skipped)))
     return doc
+
+
+def _results(res: Results, records: list[Record], report_dir: Path, stems: set[str]) -> list[Block]:
+    """The current results in full, then the earlier runs they replace, in brief."""
+    out: list[Block] = []
+    for record in (r for r in records if res.current(r)):
+        out += record_blocks(record, report_dir, stems)
+    for record in (r for r in records if not res.current(r)):
+        out += earlier_blocks(record, res.earlier[record.path])
+    return out
+
+
+def _linked(block: Block, report_dir: Path) -> Block:
+    """An answer's image (an absolute path) linked relative to the report."""
+    if isinstance(block, Image) and Path(block.path).is_absolute():
+        return Image(image_link(Path(block.path), report_dir), block.caption)
+    return block

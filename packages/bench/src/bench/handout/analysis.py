@@ -172,17 +172,18 @@ def analytic_answers(problem: str) -> Callable[[Results], list[Block]]:
 
     def answer(res: Results) -> list[Block]:
         s = EXAMPLE
+        text = (
+            "Formulas in the handout's symbols (B tokens, D, D_FF, N devices, C FLOP/s, W "
+            "bytes/s of egress per device, FP16 weights and activations, communication "
+            "overlapped with compute), from bench-plan's model (`bench-plan --section8`). "
+            f"Example: the FFN of `{lmcore.describe_size(_EXAMPLE_SIZE)}`, "
+            f"B = {s.batch:,} tokens (4 × 2048), {devices}; C = "
+            f"{s.flops_per_s / 1e12:g} TFLOP/s, the measured H100 bf16 matmul rate "
+            f"(`docs/results/matmul_ceiling_h100_2026-11-23.json`); W = "
+            f"{s.bandwidth / 1e9:g} GB/s, the {BANDWIDTH_SOURCE}."
+        )
         return [
-            Paragraph(
-                "Formulas in the handout's symbols (B tokens, D, D_FF, N devices, C FLOP/s, W "
-                "bytes/s of egress per device, FP16 weights and activations, communication "
-                "overlapped with compute), from bench-plan's model (`bench-plan --section8`). "
-                f"Example: the FFN of `{lmcore.describe_size(_EXAMPLE_SIZE)}`, "
-                f"B = {s.batch:,} tokens (4 × 2048), {devices}; C = "
-                f"{s.flops_per_s / 1e12:g} TFLOP/s, the measured H100 bf16 matmul rate "
-                f"(`docs/results/matmul_ceiling_h100_2026-11-23.json`); W = "
-                f"{s.bandwidth / 1e9:g} GB/s, the {BANDWIDTH_SOURCE}."
-            ),
+            Paragraph(f"{text} {res.cite_mentioned(text)}".rstrip()),
             Table(rows_of(), _COLUMNS),
         ]
 

@@ -1,24 +1,39 @@
-"""§2.1.6 and §3 of the 2026 handout: memory profiling, residuals and gradient checkpointing."""
+"""§2.1.6 of the 2026 handout: memory profiling (timelines, peaks, bf16, the residual stream,
+the largest allocations) and the residuals of one block."""
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
-from typing import Any
+from pathlib import Path
 
-from bench.core.document import Block, Paragraph, Table
+from bench.core.document import Block, Image, Paragraph, Table
 from bench.core.saved_tensors import RESIDUAL_KEYS as RK
-from bench.handout.results import OOM, Results, fmt, num, ok, pairs, size_label, span
+from bench.handout.results import (
+    DIM_KEYS,
+    OOM,
+    Record,
+    Results,
+    Rows,
+    fmt,
+    grouped,
+    num,
+    ok,
+    pairs,
+    size_label,
+    span,
+)
+from bench.handout.runs import MEMORY_TIMELINES
 from bench.handout.single_gpu import is_memory, said
 from bench.tools import model
 
-__all__ = ["answer_checkpointing", "answer_memory"]
+__all__ = ["answer_memory"]
 
 M = model.KEYS
 MIB = 2**20
 _LARGEST = re.compile(r"_snapshot_(\S+?)\.pickle.*largest allocation ([\d.,]+) MiB at (.+?)\.$")
-
+# A timeline image bench-model wrote for one cell: `<stem>_snapshot_<size>_ctx<n>_<mode>_...png`.
+_TIMELINE = re.compile(r"_snapshot_.+_ctx(\d+)_(forward|train-step)_(fp32|bf16)_")
 
 # ---------------------------------------------------------------- §2.1.6 memory_profiling
 
@@ -29,87 +44,108 @@ def answer_memory(res: Results) -> list[Block]:
     rows = [r for r in res.rows("model") if is_memory(res.record_of(r))]
     measured = [r for r in rows if num(r, M.peak_mib) or r.get(M.status) == OOM]
     if measured:
-        peaks = {
-            m: [r[M.peak_mib] for r in ok(measured) if r[M.mode] == m and num(r, M.peak_mib)]
-            for m in ("forward", "train-step")
+        current = list({id(rec): rec for rec in map(res.record_of, measured)}.values())
+        out += _timelines(res, current, measured)
+        out += _peaks(res, measured)
+    out += _activation_size(res, rows)
+    if measured:
+        out += _largest(res, current, measured)
+    out += _residual_answers(res)
+    return out
+
+
+_SHAPE = (
+    "The allocator timelines rise through the forward as each layer's activations are kept, "
+    "fall through the backward as they are freed and gradients appear, and in a training step "
+    "end with the optimizer's state and update; a forward alone under `no_grad` keeps only "
+    "about a layer's activations at a time above the weights."
+)
+
+
+def _timelines(res: Results, current: list[Record], measured: Rows) -> list[Block]:
+    """(a): the timelines and what they show, the peaks in one sentence."""
+    peaks = {
+        m: [r[M.peak_mib] for r in ok(measured) if r[M.mode] == m and num(r, M.peak_mib)]
+        for m in ("forward", "train-step")
+    }
+    forward, train = peaks["forward"], peaks["train-step"]
+    numbers = (
+        f" Here a forward peaks at {fmt(min(forward))}–{fmt(max(forward))} MiB and a "
+        f"training step at {fmt(min(train))}–{fmt(max(train))} MiB."
+        if forward and train
+        else ""
+    )
+    if any(_timeline_images(rec) for rec in current):
+        text = f"(a) {_SHAPE} (Below, one per context, dtype and mode.){numbers}"
+        return [said(res, text, measured)]
+    return _no_timelines(res, current, numbers, measured)
+
+
+def _peaks(res: Results, measured: Rows) -> list[Block]:
+    """(b) the peaks, forward and training step per context; (c) bf16 against fp32."""
+    table = [
+        {
+            "size": size_label(group[0]),
+            "ctx": ctx,
+            "dtype": dtype,
+            **{
+                f"{mode}_peak_mib": next(
+                    (r.get(M.peak_mib) or r.get(M.status) for r in group if r[M.mode] == mode),
+                    None,
+                )
+                for mode in ("forward", "train-step")
+            },
         }
-        forward, step = peaks["forward"], peaks["train-step"]
-        numbers = (
-            f" Here a forward peaks at {fmt(min(forward))}–{fmt(max(forward))} MiB and a "
-            f"training step at {fmt(min(step))}–{fmt(max(step))} MiB."
-            if forward and step
-            else ""
+        for (_, _, ctx, dtype), group in grouped(
+            measured, M.size, M.d_model, M.ctx, M.dtype
+        ).items()
+    ]
+    out: list[Block] = [
+        said(
+            res,
+            "(b) Peak memory (MiB) over the timed step, forward and full training step "
+            "(OOM: out of memory on the GPU measured):",
+            measured,
+        ),
+        Table(table, list(table[0])),
+    ]
+    ratios = [
+        b[M.peak_mib] / a[M.peak_mib]
+        for a, b in pairs(
+            ok(measured),
+            vary=M.dtype,
+            a="fp32",
+            b="bf16",
+            match=(M.size, M.d_model, M.ctx, M.mode),
+            same_file=False,
+        )
+        if num(a, M.peak_mib) and num(b, M.peak_mib)
+    ]
+    if ratios:
+        effect = (
+            "raises it: the fp32 weights, gradients and optimizer state stay, autocast "
+            "adds bf16 copies of the weights, and the activations it saves in bf16 do not "
+            "make up for them at these lengths"
+            if statistics.median(ratios) > 1
+            else "lowers it: the activations saved in bf16 take half the bytes, more than "
+            "autocast's bf16 copies of the weights add, while the fp32 weights, gradients "
+            "and optimizer state stay"
         )
         out.append(
             said(
                 res,
-                "(a) The allocator timelines (below, one per context, dtype and mode) rise "
-                "through the forward as each layer's activations are kept, fall through the "
-                "backward as they are freed and gradients appear, and in a training step end "
-                "with the optimizer's state and update; a forward alone under `no_grad` keeps "
-                "only about a layer's activations at a time above the weights." + numbers,
+                f"(c) bf16 autocast's peak is {span(ratios)} the fp32 peak: mixed "
+                f"precision {effect}.",
                 measured,
             )
         )
-        table = [
-            {
-                "size": size_label(r),
-                "ctx": r[M.ctx],
-                "dtype": r[M.dtype],
-                "mode": r[M.mode],
-                "peak_mib": r.get(M.peak_mib),
-                "status": r.get(M.status),
-            }
-            for r in measured
-        ]
-        out += [
-            said(res, "(b) Peak memory (MiB) over the timed step(s):", measured),
-            Table(table, list(table[0])),
-        ]
-        ratios = [
-            b[M.peak_mib] / a[M.peak_mib]
-            for a, b in pairs(
-                ok(measured), vary=M.dtype, a="fp32", b="bf16", match=(M.size, M.ctx, M.mode)
-            )
-            if num(a, M.peak_mib) and num(b, M.peak_mib)
-        ]
-        if ratios:
-            effect = (
-                "raises it: the fp32 weights, gradients and optimizer state stay, autocast "
-                "adds bf16 copies of the weights, and the activations it saves in bf16 do not "
-                "make up for them at these lengths"
-                if statistics.median(ratios) > 1
-                else "lowers it: the activations saved in bf16 take half the bytes, more than "
-                "autocast's bf16 copies of the weights add, while the fp32 weights, gradients "
-                "and optimizer state stay"
-            )
-            out.append(
-                said(
-                    res,
-                    f"(c) bf16 autocast's peak is {span(ratios)} the fp32 peak: mixed "
-                    f"precision {effect}.",
-                    measured,
-                )
-            )
-        largest = [
-            f"{m[1]}: {m[2]} MiB at {m[3]}"
-            for rec in res.records
-            if is_memory(rec)
-            for note in rec.run.notes
-            if (m := _LARGEST.search(note))
-        ]
-        if largest:
-            out.append(
-                said(
-                    res,
-                    "(e) The largest allocations: " + "; ".join(largest) + ". In the forward "
-                    "they are activations of the widest layers (the feed-forward's d_ff-wide "
-                    "hidden state, and at long contexts the attention scores); in a step, "
-                    "gradients and optimizer state of the largest weights.",
-                    measured,
-                )
-            )
-    shapes = {(r[M.batch], r[M.d_model], r[M.size]) for r in rows if r.get(M.d_model)}
+    return out
+
+
+def _activation_size(res: Results, rows: Rows) -> list[Block]:
+    """(d) one residual-stream activation, from the dimensions the runs recorded."""
+    out: list[Block] = []
+    shapes = {(r[M.batch], r[M.d_model], size_label(r)) for r in rows if r.get(M.d_model)}
     for batch, d_model, size in sorted(shapes):
         ctxs = sorted({r[M.ctx] for r in rows if r.get(M.d_model) == d_model})
         sizes = ", ".join(f"{fmt(batch * c * d_model * 4 / MIB)} MiB at context {c}" for c in ctxs)
@@ -121,7 +157,88 @@ def answer_memory(res: Results) -> list[Block]:
                 [r for r in rows if r.get(M.d_model) == d_model],
             )
         )
-    out += _residual_answers(res)
+    return out
+
+
+def _largest(res: Results, current: list[Record], measured: Rows) -> list[Block]:
+    """(e) the largest allocation of each cell, as the runs noted it from their snapshots."""
+    largest = [
+        f"{m[1]}: {m[2]} MiB at {m[3]}"
+        for rec in current
+        for note in rec.run.notes
+        if (m := _LARGEST.search(note))
+    ]
+    if not largest:
+        return []
+    text = (
+        "(e) The largest allocation of each run, as bench-model read it from the snapshot "
+        "when it took it: " + "; ".join(largest) + ". In the forward they are activations of "
+        "the widest layers (the feed-forward's d_ff-wide hidden state, and at long contexts "
+        "the attention scores); in a step, gradients and optimizer state of the largest "
+        "weights."
+    )
+    return [said(res, text, measured)]
+
+
+def _timeline_images(record: Record) -> list[Path]:
+    """The per-cell timeline images bench-model wrote beside a memory result."""
+    folder, stem = record.path.parent, record.path.stem
+    return sorted(folder.glob(f"{stem}_snapshot_*.png"))
+
+
+def _dims_of(row: dict) -> tuple:
+    return tuple(row.get(k) for k in DIM_KEYS)
+
+
+def _dims(rows: Rows) -> set[tuple]:
+    return {_dims_of(r) for r in rows}
+
+
+def _no_timelines(res: Results, current: list[Record], numbers: str, measured: Rows) -> list[Block]:
+    """(a) for results that kept no timeline: say so and which command makes them, and show an
+    earlier run's timelines where one measured the same dimensions."""
+    names = ", ".join(f"`{r.path.name}`" for r in current)
+    out: list[Block] = [
+        said(
+            res,
+            f"(a) Not run with timelines: the allocator snapshots (pickles) of the memory runs "
+            f"({names}) were not kept, and no timeline image of them is committed. "
+            f"{MEMORY_TIMELINES.sentence()} (and the same with `--dtype bf16`); bench-model "
+            "draws a timeline PNG beside each pickle, and the script moves them next to the "
+            f"results, where this report shows them.{numbers}",
+            measured,
+        )
+    ]
+    mine = [r for rec in current for r in rec.run.rows]
+    dims = _dims(mine)
+    for rec in res.records:
+        if res.current(rec) or not is_memory(rec) or not (_dims(rec.run.rows) & dims):
+            continue
+        cells: dict[tuple[int, str], dict[str, Path]] = {}
+        for image in _timeline_images(rec):
+            match = _TIMELINE.search(image.stem)
+            if match:
+                cells.setdefault((int(match[1]), match[3]), {})[match[2]] = image
+        both = sorted(k for k, modes in cells.items() if len(modes) == 2)
+        if not both:
+            continue
+        ctx, dtype = both[0]
+        row = next(r for r in rec.run.rows if _dims_of(r) in dims)
+        label = size_label(row)
+        same = next(r for r in mine if _dims_of(r) == _dims_of(row))
+        out.append(
+            Paragraph(
+                f"An earlier run measured the same dimensions as {size_label(same)}, recorded "
+                f"as {label}, and kept its timelines; its forward and "
+                f"training step at context {ctx}, {dtype}, are below (its other numbers are "
+                f"replaced by the runs above). {_SHAPE} {res.cite_records([rec])}"
+            )
+        )
+        out += [
+            Image(str(cells[(ctx, dtype)][mode].resolve()), f"{label}, context {ctx}, {mode}")
+            for mode in ("forward", "train-step")
+        ]
+        break
     return out
 
 
@@ -162,81 +279,3 @@ def _residual_answers(res: Results) -> list[Block]:
             )
         out.append(said(res, text + ".", [b, *ops, *kept]))
     return out
-
-
-# ---------------------------------------------------------------- §3.2 gradient_checkpointing
-
-_SKETCH = """```python
-def run(blocks, x):  # peak: O(log N) saved inputs + one block's residuals
-    if len(blocks) == 1:
-        (block,) = blocks
-        return block(x)
-    half = len(blocks) // 2
-    x = checkpoint(run, blocks[:half], x, use_reentrant=False)
-    return checkpoint(run, blocks[half:], x, use_reentrant=False)
-```"""
-
-
-def answer_checkpointing(res: Results) -> list[Block]:
-    out: list[Block] = [
-        Paragraph(
-            "(a) Checkpoint recursively: split the N blocks in two halves, wrap each half in a "
-            "checkpoint, and inside each half do the same until a single block remains. At any "
-            "time the backward holds the inputs of the checkpoints on one root-to-leaf path, "
-            "O(log N) activations, plus the residuals of the one block being differentiated, "
-            "so peak activation memory is O(log N) (O(1) blocks' residuals); every block's "
-            "forward is recomputed once per level of the recursion, O(N log N) compute in all "
-            "(lmcore's `nested` activation-checkpointing spec builds this)."
-        ),
-        Paragraph(_SKETCH),
-    ]
-    rows = [
-        r
-        for r in ok(res.rows("residuals"))
-        if r[RK.kind] == "block" and r[RK.dtype] == "fp32" and r[RK.ctx] == 2048
-    ]
-    plain = [r for r in rows if r[RK.checkpointing] == "none"]
-    kept = [r for r in rows if r[RK.checkpointing] == "block"]
-    if plain and kept:
-        p, k = plain[0], kept[0]
-        layers = model_layers(p)
-        best = math.sqrt(layers * k[RK.mib] / p[RK.mib])
-        choices = [s for s in range(1, layers + 1) if layers % s == 0]
-        peak = {s: layers / s * k[RK.mib] + s * p[RK.mib] for s in choices}
-        pick = min(peak, key=peak.get)
-        text = (
-            f"(b) With one level of recomputation and segments of K blocks, the backward holds "
-            f"N/K segment inputs of {fmt(k[RK.mib])} MiB each and, while a segment is "
-            f"recomputed, K blocks' residuals of {fmt(p[RK.mib])} MiB each ({size_label(p)}, "
-            f"batch {p[RK.batch]}, context 2048, fp32): peak ≈ (N/K)·{fmt(k[RK.mib])} + "
-            f"K·{fmt(p[RK.mib])} MiB, least at K = √(N·input/residuals) = {best:.2f}. Among "
-            f"segment sizes dividing N = {layers}: "
-            + ", ".join(f"K={s}: {fmt(v / 1024)} GiB" for s, v in peak.items())
-            + f", so K = {pick} (one checkpoint per block when the residuals dwarf the inputs). "
-            "Measuring the peaks needs an H100 and bench-model's activation-checkpointing "
-            "option (`--activation-checkpointing segments:K`, from the lmcore and step "
-            "branches); that run has not been made."
-        )
-        out.append(said(res, text, [p, k]))
-    else:
-        out.append(
-            Paragraph(
-                "(b) Not measured: the prediction needs the residuals of one xl block at "
-                "context 2048 (`bench-model --size xl --context-length 2048 --study "
-                "residuals`, `handout_gpu.sh part2`), the measured peaks an H100 and "
-                "bench-model's `--activation-checkpointing segments:K` (lmcore and step "
-                "branches); neither has run."
-            )
-        )
-    return out
-
-
-def model_layers(row: dict[str, Any]) -> int:
-    """The number of blocks of the row's size (lmcore's table when the row does not say)."""
-    from lmcore import MODEL_SIZES
-
-    layers = row.get("num_layers")
-    if layers:
-        return int(layers)
-    size = MODEL_SIZES.get(str(row.get("size")))
-    return size.num_layers if size is not None else 1

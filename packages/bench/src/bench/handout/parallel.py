@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from bench.core.document import Block, Paragraph, Table
-from bench.handout.results import Record, Results, Rows, fmt, grouped, num, ok
+from bench.handout.results import Record, Results, Rows, fmt, grouped, num, ok, size_label
 from bench.handout.single_gpu import said
 from bench.tools import allreduce, data_parallel, sharding
+from lmcore import describe_size
 
 __all__ = [
     "answer_allreduce",
@@ -28,9 +29,8 @@ def run_shape(record: Record) -> str:
     shape: dict[str, Any] = record.run.config.get("shape") or {}
     if not shape:
         return str(record.run.config.get("size", "?"))
-    dims = "/".join(str(shape.get(k)) for k in ("d_model", "d_ff"))
     return (
-        f"{shape.get('name')} ({dims}/{shape.get('num_layers')}L/{shape.get('num_heads')}H), "
+        f"{size_label({'size': shape.get('name'), **shape})}, "
         f"context {record.run.config.get('context_length')}, batch "
         f"{record.run.config.get('batch')}"
     )
@@ -108,9 +108,9 @@ def answer_ddp(variant: str, label: str):
 
 def _size_note(res: Results, rows: Rows) -> Paragraph:
     return Paragraph(
-        f"These runs trained {_setup(res, rows)}. The 2026 handout's xl (2560/10240/32L/32H) "
-        "needs `bench-ddp --size xl` on two GPUs; that run has not been made (the GPU runs "
-        "of this report used one H100)."
+        f"These runs trained {_setup(res, rows)}. The 2026 handout's "
+        f"{describe_size('xl')} needs `bench-ddp --size xl` on two GPUs of one node; that run "
+        "has not been made."
     )
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from bench.core.document import Block, Heading, Image, Paragraph, Table
 from bench.core.results import code_line
-from bench.handout.results import Record, Results
+from bench.handout.results import DIM_KEYS, Record, Results, name_with_dims, size_label
 
-__all__ = ["Problem", "record_blocks"]
+__all__ = ["Problem", "earlier_blocks", "image_link", "record_blocks"]
 
 Answer = Callable[[Results], list[Block]]
 
@@ -62,17 +62,39 @@ def _images(record: Record, stems: set[str]) -> list[Path]:
     return found + [p for p in recorded if p.is_file() and p not in found]
 
 
+def image_link(image: Path, report_dir: Path) -> str:
+    """`image`'s path relative to the report's folder, as a link."""
+    return Path(os.path.relpath(image.resolve(), report_dir.resolve())).as_posix()
+
+
+def _title(record: Record) -> str:
+    """The result's title, the size it names shown with its dimensions."""
+    return name_with_dims(record.run.title or record.path.stem, record.run.config.get("shape"))
+
+
+def _source(record: Record) -> Paragraph:
+    run, env = record.run, record.run.env
+    triton = f", triton {env['triton']}" if env.get("triton") else ""
+    return Paragraph(
+        f"Source: `{record.path.name}`. Device: {env.get('device_name')}; torch "
+        f"{env.get('torch')}{triton}; {run.date}. Command: `{run.command}`. {code_line(env)}"
+    )
+
+
+def earlier_blocks(record: Record, newer: Sequence[Record]) -> list[Block]:
+    """An earlier run in brief: title, source and what replaces it; its numbers not repeated."""
+    names = ", ".join(f"`{r.path.name}`" for r in newer)
+    return [
+        Heading(4, f"Earlier run: {_title(record)}"),
+        _source(record),
+        Paragraph(f"Replaced by {names}: its numbers are not quoted, its tables not repeated."),
+    ]
+
+
 def record_blocks(record: Record, report_dir: Path, stems: set[str]) -> list[Block]:
     """A result file in full: title, where and how it was measured, notes, tables, images."""
-    run, env = record.run, record.run.env
-    blocks: list[Block] = [Heading(4, run.title or record.path.stem)]
-    triton = f", triton {env['triton']}" if env.get("triton") else ""
-    blocks.append(
-        Paragraph(
-            f"Source: `{record.path.name}`. Device: {env.get('device_name')}; torch "
-            f"{env.get('torch')}{triton}; {run.date}. Command: `{run.command}`. {code_line(env)}"
-        )
-    )
+    run = record.run
+    blocks: list[Block] = [Heading(4, _title(record)), _source(record)]
     if run.tool == "profile" and any("phase" not in r for r in run.rows):
         return [
             *blocks,
@@ -86,13 +108,19 @@ def record_blocks(record: Record, report_dir: Path, stems: set[str]) -> list[Blo
     if (run.rows and run.columns is not None) or (run.rows and run.group_by is None):
         blocks += _tables(record)
     for image in _images(record, stems):
-        link = Path(os.path.relpath(image.resolve(), report_dir.resolve())).as_posix()
-        blocks.append(Image(link, image.stem))
+        blocks.append(Image(image_link(image, report_dir), image.stem))
     return blocks
+
+
+def _labelled(row: dict) -> dict:
+    """The row with its `size` shown with the dimensions it records."""
+    if "size" in row and all(row.get(k) is not None for k in DIM_KEYS):
+        return {**row, "size": size_label(row)}
+    return row
 
 
 def _tables(record: Record) -> Sequence[Block]:
     return [
-        Table(rows, columns, caption="" if value is None else str(value))
+        Table([_labelled(r) for r in rows], columns, caption="" if value is None else str(value))
         for value, rows, columns in record.run.groups()
     ]

@@ -2,15 +2,22 @@
 
 `Results.collect(folder)` reads every bench result in a folder and one level down (profile
 runs live in `<profile>/<profile>.json`), plus the hand-written records that carry an `env`
-with a revision (GPU test records). Each row handed to an answer carries where it came from, so
-that every number the answers quote is cited with its file and the code revision it measured
-(`Results.cite`).
+with a revision (GPU test records) and bench-train's `train_text_*` records. Each row handed to
+an answer carries where it came from, so that every number the answers quote is cited with its
+file and the code revision it measured (`Results.cite`).
+
+A result that a newer one of the same kind replaces is an earlier run (`Results.earlier`): the
+same tool on the same device, and either the same topic (the file name less `_<device>_<date>`,
+`model_h100_2026-11-22` → `model`) or cells that newer runs all measured again (an attention
+grid whose every (implementation, d, seq) a later grid holds). Answers quote current results
+only; the report lists earlier runs apart, without their numbers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -18,10 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.oom import OK, OOM
+from bench.core.plan_check import recorded_size_label
 from bench.core.results import Run, load_json
+from bench.tools import attn
+from bench.train.results import run_env, text_title
 from lmcore import MODEL_SIZES
 
 __all__ = [
+    "DIM_KEYS",
     "OK",
     "OOM",
     "Record",
@@ -29,17 +40,49 @@ __all__ = [
     "Rows",
     "fmt",
     "grouped",
+    "name_with_dims",
     "num",
     "ok",
     "pairs",
     "size_label",
     "span",
+    "topic",
 ]
 
 Rows = list[dict[str, Any]]
 
 # The key every tagged row carries: the index of the result it came from.
 SOURCE = "_source"
+
+# `<topic>_<device>_<date>[_suffix]` (`bench.core.results.result_stem`): the date and what
+# follows it, then the device (a chip's model number, `2xh200` for two, or `cpu`).
+_DATED = re.compile(r"_\d{4}-\d{2}-\d{2}.*$")
+_DEVICE = re.compile(r"_(?:\d+x)?(?:[abhl]\d{2,3}|cpu)$")
+
+# The keys that say what a row measured (not what it found), for the tools whose results are
+# grids that later runs may measure again in other files: a result all of whose cells newer
+# results of the same tool hold is an earlier run.
+_A = attn.KEYS
+_CELLS: dict[str, tuple[str, ...]] = {
+    "attn": (_A.impl, _A.batch, _A.d, _A.seq, _A.dtype, _A.causal),
+}
+
+# A result file named in prose: `docs/results/allreduce_2xh200_2026-11-22.json`.
+_MENTIONED = re.compile(r"([\w.-]+\.json)\b")
+
+# The keys a row records a model's dimensions under, in `size_label`'s order.
+DIM_KEYS = ("d_model", "d_ff", "num_layers", "num_heads")
+
+# Sizes whose name meant other dimensions in the 2025 handout: a row that records no
+# dimensions cannot say which it measured.
+_RENAMED = frozenset({"xl"})
+
+
+def topic(path: str | os.PathLike[str]) -> str:
+    """The kind of result a file holds: its name less `_<device>_<date>` and what follows
+    (`memory_fp32_h100_2026-11-25.json` → `memory_fp32`, `plan_check_2026-11-25` →
+    `plan_check`)."""
+    return _DEVICE.sub("", _DATED.sub("", Path(path).stem))
 
 
 @dataclass(frozen=True)
@@ -67,6 +110,7 @@ class Results:
     folder: Path
     records: list[Record] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    earlier: dict[Path, list[Record]] = field(default_factory=dict)
 
     @classmethod
     def collect(cls, folder: str | os.PathLike[str]) -> Results:
@@ -85,13 +129,18 @@ class Results:
             try:
                 out.records.append(Record(path, load_json(path)))
             except (ValueError, TypeError, KeyError) as exc:
-                record = _hand_written(path)
+                record = _hand_written(path) or _train_text(path)
                 if record is None:
                     out.skipped.append(f"{path.relative_to(folder).as_posix()}: {exc}")
                 else:
                     out.records.append(record)
         out.records.sort(key=lambda r: r.run.date)
+        out.earlier = _superseded(out.records)
         return out
+
+    def current(self, record: Record) -> bool:
+        """Whether no newer result of the same kind replaces `record` (see the module)."""
+        return record.path not in self.earlier
 
     def runs(self, tool: str, *, stem: str | None = None) -> list[Record]:
         """The records of `tool` (whose file name starts with `stem`, when given)."""
@@ -102,15 +151,15 @@ class Results:
         ]
 
     def rows(self, tool: str, *, stem: str | None = None, latest: bool = False) -> Rows:
-        """The rows of `tool`'s results, each tagged with its source (see `cite`); those
-        measured on a GPU only, where there are any.
+        """The rows of `tool`'s current results (not those of earlier runs), each tagged with
+        its source (see `cite`); those measured on a GPU only, where there are any.
 
         Args:
             tool: the tool that wrote them.
             stem: only files whose name starts with this.
             latest: only the newest such file's rows.
         """
-        records = self.runs(tool, stem=stem)
+        records = [r for r in self.runs(tool, stem=stem) if self.current(r)]
         on_gpu = [r for r in records if r.run.env.get("device_type") == "cuda"]
         records = on_gpu or records  # a CPU stand-in answers only where no GPU result does
         if latest and records:
@@ -125,8 +174,52 @@ class Results:
             return ""
         return "(source: " + "; ".join(self.records[i].citation for i in seen) + ")"
 
+    def cite_records(self, records: Iterable[Record]) -> str:
+        """`(source: ...)` for whole result files (a number taken from a file, not a row)."""
+        found = [r.citation for r in records]
+        return f"(source: {'; '.join(found)})" if found else ""
+
+    def cite_mentioned(self, text: str) -> str:
+        """`(source: ...)` for the result files `text` names (`name.json`), with revisions."""
+        names = dict.fromkeys(_MENTIONED.findall(text))
+        return self.cite_records(r for r in self.records if r.path.name in names)
+
     def record_of(self, row: dict[str, Any]) -> Record:
         return self.records[row[SOURCE]]
+
+
+def _device(record: Record) -> tuple[Any, Any]:
+    env = record.run.env
+    return env.get("device_type"), env.get("device_name")
+
+
+def _cells(record: Record) -> set[tuple]:
+    keys = _CELLS[record.run.tool]
+    return {tuple(row.get(k) for k in keys) for row in record.run.rows}
+
+
+def _superseded(records: Sequence[Record]) -> dict[Path, list[Record]]:
+    """Each earlier run (`records` oldest first) and the current results that replace it."""
+    out: dict[Path, list[Record]] = {}
+    for i in range(len(records) - 1, -1, -1):  # newest first: the newer ones are settled
+        old = records[i]
+        newer = [
+            r
+            for r in records[i + 1 :]
+            if r.path not in out
+            and r.run.tool == old.run.tool
+            and _device(r) == _device(old)
+            and str(r.run.date) > str(old.run.date)
+        ]
+        same = [r for r in newer if topic(r.path) == topic(old.path)]
+        if same:
+            out[old.path] = same
+        elif old.run.tool in _CELLS and newer and old.run.rows:
+            cells = _cells(old)
+            covering = [r for r in newer if _cells(r) & cells]
+            if cells <= set().union(*(_cells(r) for r in covering)):
+                out[old.path] = covering
+    return out
 
 
 def _hand_written(path: Path) -> Record | None:
@@ -148,6 +241,47 @@ def _hand_written(path: Path) -> Record | None:
         date=str(data["env"].get("date", meta.get("date", data.get("date", "")))),
         title=str(meta.get("title", path.stem)),
     )
+    return Record(path, run)
+
+
+def _train_text(path: Path) -> Record | None:
+    """A bench-train real-text record (`bench.train.results.text_result`: the run's summary
+    and metrics) as a run of one row, or None when `path` is not one."""
+    try:
+        data = json.loads(path.read_text())
+        summary, metrics = data["summary"], data["metrics"]
+        env = run_env(summary)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    evaluated = [m for m in metrics if m.get("val_loss") is not None]
+    best = min(evaluated, key=lambda m: m["val_loss"]) if evaluated else {}
+    row = {
+        "steps": summary["steps"],
+        "final_train_loss": summary["final_train_loss"],
+        "final_val_loss": summary.get("final_val_loss"),
+        "best_val_loss": best.get("val_loss"),
+        "best_val_step": best.get("step"),
+        "tokens_per_s": summary["tokens_per_s"],
+        "mfu": summary.get("mfu"),
+        "first_step_s": summary.get("first_step_s"),
+        "parameters": summary["parameters"],
+    }
+    run = Run(
+        tool="train_text",
+        rows=[row],
+        config=summary["config"],
+        env=env,
+        command=str(env.get("command", "")),
+        date=str(env.get("date", "")),
+        title=text_title(summary),
+        notes=[str(n) for n in data.get("notes") or []],
+    )
+    text = path.with_suffix(".md")
+    if text.is_file():
+        run.notes.append(
+            f"`{text.name}` holds the generated sample and, where the run had one, its speed "
+            "beside the same command under `--baseline torch`."
+        )
     return Record(path, run)
 
 
@@ -203,13 +337,28 @@ def pairs(
 
 def size_label(row: dict[str, Any]) -> str:
     """A size with its dimensions, `xl (2560/10240/32L/32H)`: names changed between handouts
-    (2025's xl was 1600 wide), so a table never shows the name alone when the row has them."""
+    (2025's xl was 1600 wide, and reads `xl-2025 (1600/6400/48L/25H; recorded as xl)`), so a
+    table never shows a name alone. A row without dimensions takes its name's from lmcore's
+    table, except a renamed size's (`xl`), which says that it did not record them."""
     name = str(row.get("size", "?"))
-    dims = [row.get(k) for k in ("d_model", "d_ff", "num_layers", "num_heads")]
-    if any(d is None for d in dims):
-        size = MODEL_SIZES.get(name)
-        if size is None or row.get("d_model") is not None:
-            return name
-        dims = [size.d_model, size.d_ff, size.num_layers, size.num_heads]
-    d_model, d_ff, layers, heads = dims
-    return f"{name} ({d_model}/{d_ff}/{layers}L/{heads}H)"
+    dims = [row.get(k) for k in DIM_KEYS]
+    if all(d is not None for d in dims):
+        return recorded_size_label(name, dims)
+    size = MODEL_SIZES.get(name)
+    if name in _RENAMED:
+        return f"{name} (dimensions not recorded)"
+    if size is None or row.get("d_model") is not None:
+        return name
+    return recorded_size_label(name, [size.d_model, size.d_ff, size.num_layers, size.num_heads])
+
+
+def name_with_dims(text: str, shape: dict[str, Any] | None = None) -> str:
+    """`text` (a result's title) with the size it names first after its colon given its
+    dimensions (`Data-parallel training step: xl, ...` → `...: xl-2025 (1600/6400/48L/25H;
+    recorded as xl), ...`), from the run's `shape` (its config's) where it has one."""
+    head, sep, rest = text.partition(": ")
+    word = rest.split(",")[0].split(" ")[0]
+    if not sep or word not in MODEL_SIZES or re.match(r" \(\d", rest[len(word) :]):
+        return text
+    row = {"size": word, **(shape or {})}
+    return f"{head}{sep}{size_label(row)}{rest[len(word) :]}"

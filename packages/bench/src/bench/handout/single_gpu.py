@@ -23,6 +23,7 @@ from bench.handout.results import (
     size_label,
     span,
 )
+from bench.handout.runs import PROFILES
 from bench.tools import model, precision
 
 __all__ = [
@@ -193,10 +194,14 @@ def answer_profile(res: Results) -> list[Block]:
             )
         )
     if not rows:
+        runs = "; ".join(run.sentence() for run in PROFILES)
         out.append(
             Paragraph(
-                "Not measured with kernel-only tables yet: it needs one GPU, "
-                "`handout_gpu.sh part2` (small at contexts 256, 512, 1024) and `part3` (xl)."
+                "Not run: profiles of two sizes at three contexts above 128 with kernel-only "
+                f"tables (ranges reported apart) have not been made. {runs}. Each writes "
+                "a kernel table per phase, the softmax-against-matmul comparison inside "
+                "attention and the Chrome traces; `bench-model --nvtx` under `nsys profile` "
+                "marks the same ranges for Nsight Systems."
             )
         )
     timing = {

@@ -45,6 +45,7 @@ __all__ = [
     "speed_comparison",
     "speed_result",
     "text_result",
+    "text_title",
 ]
 
 
@@ -151,6 +152,17 @@ def plot_speed(run: Run, path: str | Path) -> Path:
     )
 
 
+def text_title(summary: dict[str, Any]) -> str:
+    """What a real-text run trained, in one line: data, size, context, batch, precision,
+    attention, tokenizer and steps (the title of its `train_text_*` result)."""
+    c = summary["config"]
+    return (
+        f"bench-train on {Path(c['data']).name}: {c['size']}, context {c['context_length']}, "
+        f"batch {c['batch_size']}, {c['precision']}, {c['attention']}, {c['tokenizer']} "
+        f"tokens, {summary['steps']} steps"
+    )
+
+
 def text_result(
     run: str | Path,
     out: str | Path,
@@ -184,9 +196,7 @@ def text_result(
     else:
         mfu_text = "unknown (GPU not in the peak table)"
     parts = [
-        f"### bench-train on {Path(c['data']).name}: {c['size']}, context {c['context_length']}, "
-        f"batch {c['batch_size']}, {c['precision']}, {c['attention']}, {c['tokenizer']} "
-        f"tokens, {summary['steps']} steps",
+        f"### {text_title(summary)}",
         f"Device: {env['device_name']}; torch {env['torch']}, triton {env['triton']}; "
         f"{env['date']}. Command: `{env['command']}`. {code_line(env)}",
         f"- final train loss {summary['final_train_loss']:.4f}, validation loss "

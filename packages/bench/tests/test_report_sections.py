@@ -1,0 +1,271 @@
+"""bench-report's 2026 sections from results of several days: earlier runs set apart, sizes
+shown with their dimensions, the checkpointing study, the leaderboard, missing timelines, the
+committed report's links and the missing runs' commands."""
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from bench.core.env import collect_env
+from bench.core.results import Run, save_json
+from bench.handout.results import Results, topic
+from bench.handout.runs import (
+    CHECKPOINTING_STUDY,
+    COMPILE_MODEL,
+    FLASH_NAIVE,
+    MEMORY_TIMELINES,
+    PROFILES,
+    SCRIPT,
+)
+from bench.tools.report import build_report, report_links
+
+ROOT = Path(__file__).resolve().parents[3]
+H100 = "NVIDIA H100 80GB HBM3"
+XL_2025 = {"d_model": 1600, "d_ff": 6400, "num_layers": 48, "num_heads": 25}
+XL = {"d_model": 2560, "d_ff": 10240, "num_layers": 32, "num_heads": 32}
+
+
+@pytest.fixture(scope="module")
+def base_env() -> dict:
+    return collect_env("cpu", command="test")
+
+
+@pytest.fixture
+def save(tmp_path, base_env):
+    """`save(stem, tool, rows, date=..., **run_fields)`: a result as a GPU run of that day."""
+
+    def write(stem: str, tool: str, rows: list[dict], *, date: str, **fields) -> Path:
+        env = {**base_env, "device_type": "cuda", "device_name": H100, "date": date}
+        env["git_revision"] = f"{abs(hash(stem)):040x}"[:40]
+        run = Run.create(tool, rows, device="cpu", config=fields.pop("config", {}), env=env)
+        for key, value in fields.items():
+            setattr(run, key, value)
+        return save_json(run, tmp_path / f"{stem}.json")
+
+    return write
+
+
+def _section(text: str, key: str) -> str:
+    return text.split(f"`{key}`)\n")[1].split("\n## ")[0]
+
+
+def _model_row(size: str, dims: dict, ctx: int, mode: str, fwd_ms: float) -> dict:
+    return {
+        "size": size, **dims, "ctx": ctx, "batch": 4, "mode": mode, "dtype": "fp32",
+        "attention": "naive", "compiled": False, "fwd_ms": fwd_ms, "fwd_std": 0.1,
+        "bwd_ms": None if mode == "forward" else 2.1 * fwd_ms, "step_ms": 3.3 * fwd_ms,
+        "step_std": 0.2, "status": "ok",
+    }  # fmt: skip
+
+
+def test_topic_is_the_name_less_device_and_date():
+    assert topic("docs/results/memory_fp32_h100_2026-11-25.json") == "memory_fp32"
+    assert topic("ddp_2xh200_2026-11-22.json") == "ddp"
+    assert topic("profile_h100_2026-11-23_timing.json") == "profile"
+    assert topic("plan_check_2026-11-25.json") == "plan_check"
+
+
+def test_a_newer_result_of_the_same_kind_replaces_the_older(save, tmp_path):
+    old = [_model_row("xl", XL_2025, 256, m, 120.5) for m in ("forward", "train-step")]
+    new = [_model_row("xl", XL, 512, m, 326.25) for m in ("forward", "train-step")]
+    save("model_h100_2026-11-22", "model", old, date="2026-11-22T00:00:00+00:00")
+    save("model_h100_2026-11-25", "model", new, date="2026-11-25T00:00:00+00:00")
+    res = Results.collect(tmp_path)
+    assert [r.path.name for r in res.earlier[tmp_path / "model_h100_2026-11-22.json"]] == [
+        "model_h100_2026-11-25.json"
+    ]
+    section = _section(build_report(tmp_path), "benchmarking_script")
+    assert "326 ms" in section and "120.5" not in section and "121 ms" not in section
+    assert "Earlier run: " in section and "Replaced by `model_h100_2026-11-25.json`" in section
+    # the earlier run's table is left out, so its 1600-wide xl cannot pass for the 2026 one
+    assert "1600/6400" not in section
+
+
+def test_an_attention_grid_measured_again_elsewhere_is_an_earlier_run(save, tmp_path):
+    def cell(impl, d, seq, ms):
+        measured = {"fwd_ms": ms, "bwd_ms": 2 * ms, "mem_before_bwd_mib": seq / 10}
+        config = {"impl": impl, "batch": 8, "d": d, "seq": seq, "dtype": "fp32", "causal": False}
+        return {**config, **measured, "status": "ok"}
+
+    save("attn_h100_2026-11-23", "attn", [cell("naive", 64, 1024, 9.75)], date="2026-11-23")
+    grid = [
+        cell(i, d, s, 0.5) for i in ("naive", "compiled") for d in (16, 64) for s in (256, 1024)
+    ]
+    save("attn_grid_h100_2026-11-25", "attn", grid, date="2026-11-25")
+    save("attn_other_h100_2026-11-24", "attn", [cell("sdpa", 32, 97, 1.0)], date="2026-11-24")
+    res = Results.collect(tmp_path)
+    assert set(res.earlier) == {tmp_path / "attn_h100_2026-11-23.json"}
+    section = _section(build_report(tmp_path), "pytorch_attention")
+    assert "9.75" not in section and "| 64  | 1024" in section
+
+
+def test_tables_and_titles_show_what_a_size_name_meant(save, tmp_path):
+    save("model_h100_2026-11-22", "model", [_model_row("xl", XL_2025, 256, "forward", 120.5)],
+         date="2026-11-22")  # fmt: skip
+    shape = {"name": "xl", **XL_2025}
+    single = {"case": "single", "variant": "single", "step_ms": 236.5}
+    save("ddp_2xh200_2026-11-22", "ddp", [single], date="2026-11-22",
+         title="Data-parallel training step: xl, fp32, 2 ranks",
+         config={"shape": shape, "context_length": 128, "batch": 4})  # fmt: skip
+    text = build_report(tmp_path)
+    assert "xl-2025 (1600/6400/48L/25H; recorded as xl)" in text
+    assert "Data-parallel training step: xl-2025 (1600/6400/48L/25H; recorded as xl), fp32" in text
+    assert re.search(r"\|\s*xl\s*\|", text) is None  # no table cell names xl alone
+
+
+_STUDY_NOTE = (
+    "Checkpointing study: one block (bf16-autocast, fa2-triton, eager) saves A = 1,561.1 MiB "
+    "for backward and takes b = 80.0 MiB of input (lmcore.saved_activation_bytes); "
+    "lmcore.memory_optimal_segment_size(32, b, A) = 1: the rows are none, segments:1, "
+    "segments:2, nested (segments of 0 blocks: none)."
+)
+
+
+def _step_row(impl: str, ckpt: str, **values) -> dict:
+    base = {
+        "impl": impl, "size": "xl", "size_label": "xl (2560/10240/32L/32H)", **XL, "ctx": 2048,
+        "batch": 4, "precision": "bf16-autocast", "attention": "fa2-triton",
+        "loss": "materialized", "optimizer": "torch-fused", "activation_checkpointing": ckpt,
+        "compiled": False, "status": "ok",
+    }  # fmt: skip
+    return {**base, **values}
+
+
+def test_checkpointing_quotes_the_measured_peaks_and_the_chosen_k(save, tmp_path):
+    fixed = {"param_mib": 12996.0, "grad_mib": 12128.0, "state_mib": 25992.0}
+    rows = [
+        _step_row("ours", "none", status="OOM", pred_act_mib=49954.0),
+        _step_row("ours", "segments:1", peak_mib=54549.8, act_mib=3433.9, step_ms=672.36,
+                  pred_act_mib=4041.06, **fixed),
+        _step_row("ours", "segments:2", peak_mib=55672.8, act_mib=2153.9, step_ms=679.96,
+                  **fixed),
+        _step_row("ours", "nested", peak_mib=54539.8, act_mib=1353.9, step_ms=804.41, **fixed),
+    ]  # fmt: skip
+    save("step_checkpointing_h100_2026-11-25", "step", rows, date="2026-11-25",
+         notes=[_STUDY_NOTE])  # fmt: skip
+    section = _section(build_report(tmp_path), "gradient_checkpointing")
+    assert "`lmcore.memory_optimal_segment_size(32, b, A)` chooses k = 1" in section
+    assert "no checkpointing: out of memory (predicted activations 49,954 MiB)" in section
+    assert "segments of 1 block: peak 54,550 MiB" in section and "55,673 MiB" in section
+    assert "segments of 2 blocks needs 1,123 MiB more" in section
+    assert "nesting lowers the peak by 10 MiB at 1.20× the time" in section
+    assert "(source: `step_checkpointing_h100_2026-11-25.json` at `" in section
+    assert "Source: `step_checkpointing_h100_2026-11-25.json`" in section  # shown here, in full
+
+
+def _leaderboard_results(save) -> None:
+    lb = {"size": "leaderboard-8b", "size_label": "leaderboard-8b (4096/11008/19L/32H/V151936)",
+          "num_layers": 19, "ctx": 32768, "batch": 1, "precision": "bf16", "loss": "fused",
+          "activation_checkpointing": "blocks", "compiled": True, "status": "ok",
+          "mfu_ceiling_tflops": 800.9}  # fmt: skip
+    ours = {**lb, "impl": "ours", "attention": "fa2-triton", "optimizer": "torch-fused",
+            "step_ms": 3067.0, "peak_mib": 45225.6, "state_mib": 19416.6, "fwd_ms": 904.7,
+            "bwd_ms": 2128.0, "opt_ms": 36.04, "attn_ms": 1545.0, "attn_time_share": 0.5038,
+            "attn_flop_share": 0.3634, "mfu": 0.5617}  # fmt: skip
+    native = {**lb, "impl": "torch-native", "attention": "sdpa", "loss": "chunked",
+              "optimizer": "torch-fused", "step_ms": 3274.0, "peak_mib": 42753.0,
+              "state_mib": 19416.6}  # fmt: skip
+    save("step_leaderboard_h100_2026-11-25", "step", [ours, native], date="2026-11-25")
+    flash = [
+        {"case": "d128", "impl": impl, "dtype": "bf16", "batch": 64, "seq": 32768, "d": 128,
+         "fwd_ms": f, "bwd_ms": b, "fwd_bwd_ms": f + b, "status": "ok"}
+        for impl, f, b in (("fa2-triton", 32.4, 116.1), ("sdpa-cudnn", 28.28, 77.69))
+    ]  # fmt: skip
+    save("flash_leaderboard_h100_2026-11-25", "flash", flash, date="2026-11-25")
+    plan_rows = [
+        {"precision": "bf16", "layout": layout, "loss": "fused", "optimizer": "lmcore",
+         "ckpt_80gb": ckpt, "peak_80gb": peak, "ckpt_141gb": "blocks", "peak_141gb": 90.83,
+         "sent_gb": 23.1, "comm_ms": 72.24, "compute_ms": 5392.2}
+        for layout, ckpt, peak in (("fsdp", "blocks", 47.26), ("ddp", "does not fit", None))
+    ]  # fmt: skip
+    config = {"model": {"num_layers": 34, "context_length": 32768}, "batch": 2, "devices": 2,
+              "bandwidth_gbps": 320.2, "tflops": 800.9}  # fmt: skip
+    save("plan_leaderboard_2026-11-25", "plan_leaderboard", plan_rows, date="2026-11-25",
+         config=config)  # fmt: skip
+
+
+def test_leaderboard_presents_the_one_gpu_step_and_the_prediction(save, tmp_path):
+    _leaderboard_results(save)
+    section = _section(build_report(tmp_path), "leaderboard")
+    assert "cut to 19 of its 34 blocks (leaderboard-8b (4096/11008/19L/32H/V151936))" in section
+    assert "with torch-fused AdamW 3,067 ms, 1.07× as fast as the torch-native step" in section
+    assert "forward 905 ms, backward with its recomputation 2,128 ms, optimizer 36 ms" in section
+    assert "MFU: 56% of the GPU's measured bf16 matmul ceiling, 801 TFLOP/s" in section
+    assert "sdpa-cudnn is 1.40× as fast as fa2" in section
+    assert "With 80 GB per GPU 1 of 2 forms fit: bf16 fsdp fused loss lmcore AdamW" in section
+    assert "Not run: the leaderboard's own measurement" in section
+    assert "two such GPUs were not available" in section
+    for stem in ("step_leaderboard", "flash_leaderboard", "plan_leaderboard"):
+        assert f"Source: `{stem}_" in section  # each shown in this section
+
+
+def test_memory_without_timelines_says_so_and_shows_an_earlier_runs(save, tmp_path):
+    def rows(size, ctx):
+        return [
+            {**_model_row(size, XL, ctx, mode, 86.3), "peak_mib": 13236.7 if mode == "forward"
+             else 65687.0}
+            for mode in ("forward", "train-step")
+        ]  # fmt: skip
+
+    command = "bench-model --memory-snapshot x.pickle"
+    save("memory_fp32_h100_2026-11-23", "model", rows("2.7B", 128), date="2026-11-23",
+         command=command)  # fmt: skip
+    for mode in ("forward", "train-step"):
+        name = f"memory_fp32_h100_2026-11-23_snapshot_2.7B_ctx128_{mode}_fp32_naive.png"
+        (tmp_path / name).write_bytes(b"\x89PNG")
+    save("memory_fp32_h100_2026-11-25", "model", rows("xl", 128), date="2026-11-25",
+         command=command)  # fmt: skip
+    out = tmp_path / "REPORT.md"
+    section = _section(build_report(tmp_path, output=out), "memory_profiling")
+    assert "(a) Not run with timelines" in section and MEMORY_TIMELINES.command in section
+    assert "recorded as 2.7B (2560/10240/32L/32H)" in section
+    assert "(memory_fp32_h100_2026-11-23_snapshot_2.7B_ctx128_forward_fp32_naive.png)" in section
+    assert "| xl (2560/10240/32L/32H) | 128   | fp32    | 13,237" in section
+
+
+def test_a_bench_train_text_record_is_read(tmp_path, base_env):
+    summary = {
+        "final_train_loss": 1.0803, "final_val_loss": 1.5523, "steps": 500,
+        "tokens_per_s": 310975.3, "mfu": 0.2228, "first_step_s": 57.6, "parameters": 113658624,
+        "env": {**base_env, "command": "bench-train --size small"},
+        "config": {"data": "text.txt", "size": "small", "context_length": 256,
+                   "batch_size": 32, "precision": "bf16", "attention": "fa2-triton",
+                   "tokenizer": "bytes"},
+    }  # fmt: skip
+    metrics = [{"step": 50, "loss": 2.3, "val_loss": 2.28}, {"step": 450, "val_loss": 1.5502}]
+    path = tmp_path / "train_text_cpu_2026-11-25.json"
+    path.write_text(json.dumps({"summary": summary, "metrics": metrics}))
+    res = Results.collect(tmp_path)
+    assert res.skipped == []
+    (record,) = res.records
+    assert record.run.rows[0]["best_val_step"] == 450
+    text = build_report(tmp_path)
+    assert "bench-train on text.txt: small (768/3072/12L/12H), context 256" in text
+
+
+def test_every_link_in_the_committed_report_exists():
+    report = ROOT / "docs" / "results" / "REPORT.md"
+    links = [link for link in report_links(report.read_text()) if "://" not in link]
+    assert links
+    assert [link for link in links if not (report.parent / link).exists()] == []
+
+
+def test_the_missing_runs_are_the_commands_the_gpu_script_runs():
+    script = (ROOT / SCRIPT).read_text().replace("\\\n", " ")
+    runs = [*PROFILES, MEMORY_TIMELINES, COMPILE_MODEL, FLASH_NAIVE]
+    for run in runs:
+        body = script.split(f"\n{run.part}() {{")[1].split("\n}")[0]
+        tool, *options = shlex.split(run.command)
+        assert f"-m bench {tool.removeprefix('bench-')}" in body, run.part
+        # every option but those naming a path (named per run: `<device>_<date>`)
+        kept = [
+            o
+            for o, after in zip(options, [*options[1:], ""], strict=True)
+            if "<" not in o and "<" not in after
+        ]
+        missing = [o for o in kept if o not in body.split()]
+        assert missing == [], (run.part, missing)
+    assert CHECKPOINTING_STUDY.command.startswith("bench-step --study checkpointing")
