@@ -17,13 +17,16 @@ from pathlib import Path
 __all__ = ["dry_run"]
 
 
-def dry_run(script: Path, *args: str) -> list[tuple[int, str, list[str]]]:
-    """`(time limit in s, name, argv)` of every command `script *args` would run, in order.
+def dry_run(
+    script: Path, *args: str, env: dict[str, str] | None = None
+) -> list[tuple[int, str, list[str]]]:
+    """`(time limit in s, name, argv)` of every command `script *args` would run, in order
+    (`env`: variables to set besides `DRY_RUN`).
 
     Raises:
         subprocess.CalledProcessError: the script refused the arguments.
     """
-    env = {**os.environ, "DRY_RUN": "1"}
+    env = {**os.environ, **(env or {}), "DRY_RUN": "1"}
     out = subprocess.run(
         ["bash", str(script), *args], capture_output=True, text=True, env=env, check=True
     ).stdout

@@ -77,6 +77,9 @@ def _child(
 ) -> None:
     torch.set_num_threads(1)  # ranks share the machine's cores; keep them from oversubscribing
     if backend == "nccl":
+        # NVLink multicast off unless the environment says otherwise, as in bench's ranks
+        # (`bench.core.launch`: on shared machines it can take GPUs out of service)
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         torch.cuda.set_device(rank)
     dist.init_process_group(
         backend,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -189,9 +189,12 @@ def ddp_run() -> Run:
 
 
 @pytest.fixture(scope="session")
-def zero_run() -> Run:
-    """bench-zero's ddp, sharded (two caps), torch-zero and the FSDP rows on 2 gloo ranks."""
-    return run_zero(TINY_ZERO_CONFIG, device="cpu", command="bench-zero --test")
+def zero_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """bench-zero's ddp, sharded (two caps), torch-zero and the FSDP rows on 2 gloo ranks, each
+    FSDP row with a traced step (in `config["trace_dir"]`)."""
+    traces = str(tmp_path_factory.mktemp("zero_traces"))
+    config = replace(TINY_ZERO_CONFIG, trace_dir=traces)
+    return run_zero(config, device="cpu", command="bench-zero --test")
 
 
 # bench-train on the CPU: a model of one narrow layer, whose step takes milliseconds on one thread.

@@ -95,6 +95,11 @@ def test_end_to_end_hidden_fraction_is_against_the_standalone_all_reduce(run):
 
 def test_notes_judge_the_best_bucket_size_against_the_target(run):
     assert any(note.startswith("Best DDPBucketed: bucketed 0.01 MB") for note in run.notes)
+    (bucketed,) = [r for r in run.rows if r["variant"] == "bucketed"]
+    (note,) = [n for n in run.notes if n.startswith("Most hidden end to end")]
+    met = "met" if bucketed["hidden_e2e"] >= 0.75 else "NOT met"
+    assert f"{bucketed['hidden_e2e']:.0%} of a standalone" in note
+    assert f"target >= 75%: {met}" in note
 
 
 def test_table_json_and_plot(run, tmp_path):

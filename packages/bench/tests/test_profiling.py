@@ -7,6 +7,7 @@ import pytest
 from bench.core.profiling import (
     AttentionShape,
     attention_flops,
+    collective_overlap,
     kernel_category,
     profile_rows,
 )
@@ -143,3 +144,26 @@ def test_attention_ranges_carry_their_flops():
 def test_kernel_categories(name, category):
     assert kernel_category(name) == category
     assert kernel_category(name, phase="optimizer") == "optimizer"
+
+
+GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+REDUCE = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def test_collective_overlap_is_the_share_of_its_kernel_time_beside_compute():
+    events = [
+        _kernel_event(GATHER, 0, 100.0),  # 0-100: compute 40-70 and 60-90 overlap: 40-90
+        _kernel_event(GEMM, 40, 30.0),
+        _kernel_event(MUL, 60, 30.0),
+        _kernel_event(GATHER, 200, 50.0),  # 200-250 alone, beside a copy and another collective
+        _kernel_event("Memcpy DtoD (Device -> Device)", 200, 50.0),
+        _kernel_event(REDUCE, 210, 30.0),
+        _range("forward", 0, 300, device="CUDA"),  # a range's GPU copy is no compute
+        _op("aten::mm", 0, [(GEMM, 30.0)]),  # nor is the operator on the CPU
+    ]
+    assert collective_overlap(events, collective="AllGather") == pytest.approx(50 / 150)
+    assert collective_overlap(events, collective="ReduceScatter") == 0.0
+
+
+def test_collective_overlap_is_none_without_the_collective():
+    assert collective_overlap([_kernel_event(GEMM, 0, 10.0)], collective="AllGather") is None

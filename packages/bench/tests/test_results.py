@@ -116,6 +116,14 @@ def test_result_stem_slugs_device_and_date():
     assert result_stem("attn", {**env, "device_type": "cpu"}) == "attn_cpu_2025-05-01"
 
 
+def test_result_stem_names_the_gpu_count_of_a_multi_gpu_run():
+    env = {"device_type": "cuda", "device_name": "NVIDIA H200", "date": "2025-05-01T1"}
+    assert result_stem("zero", env, num_devices=2) == "zero_2xh200_2025-05-01"
+    assert (
+        result_stem("zero", {**env, "device_type": "cpu"}, num_devices=2) == "zero_cpu_2025-05-01"
+    )
+
+
 def test_keys_name_themselves_and_refuse_unknown_names():
     from bench.core.results import Keys
 

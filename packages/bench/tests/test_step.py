@@ -11,7 +11,7 @@ import torch
 
 import bench.core.full_step
 import lmcore
-from bench.commands.step import COMMAND, main
+from bench.commands.step import COMMAND, PRESETS, depth_reduced_argv, main
 from bench.core.capacity import TrainingPlan, estimate_memory
 from bench.core.memory import MIB
 from bench.core.oom import OK, OOM
@@ -235,6 +235,26 @@ def test_the_preset_says_what_it_needs_and_prints_the_one_gpu_command(capsys):
         "fit",
         1,
         "bf16",
+    )
+
+
+@pytest.mark.parametrize(
+    ("num_gpus", "nproc", "memory"), [(0, None, 80e9), (1, None, None), (2, 2, None), (4, 2, None)]
+)
+def test_the_depth_reduced_command_keeps_the_presets_ranks_where_there_are_enough(
+    num_gpus, nproc, memory
+):
+    argv = depth_reduced_argv(num_gpus=num_gpus)
+    assert argv[0] == "bench-step"
+    args = COMMAND.parser().parse_args(argv[1:])
+    assert (args.nproc, args.memory, args.num_layers, args.batch) == (nproc, memory, "fit", 1)
+    assert args.parallel == (None if nproc is None else "zero")
+    config = TOOL.config(args, COMMAND.parser(), "cpu")
+    preset = PRESETS["leaderboard-2026"]
+    assert (config.size, config.optimizer, config.loss) == (
+        preset["size"],
+        preset["optimizer"],
+        preset["loss"],
     )
 
 

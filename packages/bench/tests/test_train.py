@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from bench.train.config import TrainConfig
 from bench.train.record import Recorder, read_metrics
 from bench.train.results import plot_speed, speed_comparison
 from bench.train.run import config_from_args
+from bench.train.scaling import scaling_comparison
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +203,8 @@ def test_more_ranks_than_gpus_is_refused(train_argv, tmp_path, usage_error, monk
         (["--min-lr=-inf"], "--min-lr -inf: give a finite number"),
         (["--time-budget", "soon"], "not a duration"),
         (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+        (["--no-checkpoint", "--save-every", "2"], "--save-every need checkpoints"),
+        (["--no-checkpoint", "--stop-after", "1"], "--stop-after need checkpoints"),
     ],
 )
 def test_inconsistent_options_are_refused(train_argv, tmp_path, usage_error, extra, match):
@@ -245,6 +249,59 @@ def test_speed_comparison_table_and_plot(train_argv, one_process, tmp_path):
     assert run.env["git_revision"] == ours["env"]["git_revision"]  # the runs' machine, not ours
 
 
+def _copied_as(run, out, **changes):
+    """A copy of the run folder `run` whose summary says `changes` (config keys under
+    `config`), and whose logged losses are each 0.01 higher."""
+    shutil.copytree(run, out)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["config"] |= changes.pop("config", {})
+    summary |= changes
+    (out / "summary.json").write_text(json.dumps(summary))
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [{**r, "loss": r["loss"] + 0.01} if "loss" in r else r for r in lines]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return out
+
+
+def test_scaling_table_sets_each_run_against_the_one_rank_run(one_process, tmp_path):
+    one = json.loads((one_process.run / "summary.json").read_text())
+    tokens, loss = one["tokens_per_s"], one["final_train_loss"]
+    fsdp = _copied_as(
+        one_process.run,
+        tmp_path / "fsdp",
+        world_size=2,
+        tokens_per_s=1.5 * tokens,
+        final_train_loss=loss + 0.01,
+        peak_memory_mib=100.0,
+        config={"parallel": "fsdp", "nproc": 2},
+    )
+    run = scaling_comparison([("fsdp", fsdp), ("one", one_process.run)])
+    two, alone = run.rows
+    assert (alone["speedup"], alone["scaling_eff"], alone["loss_diff"]) == (1.0, 1.0, 0.0)
+    assert two["speedup"] == pytest.approx(1.5) and two["scaling_eff"] == pytest.approx(0.75)
+    assert two["loss_diff"] == pytest.approx(0.01) and two["max_loss_diff"] == pytest.approx(0.01)
+    assert (two["parallel"], two["ranks"], two["peak_memory_mib"]) == ("fsdp", 2, 100.0)
+    assert alone["peak_memory_mib"] is None  # a CPU run
+    assert run.env["git_revision"] == one["env"]["git_revision"]  # the runs' machine
+    other = _copied_as(one_process.run, tmp_path / "other", config={"seed": 7, "lr": 0.1})
+    with pytest.raises(ValueError, match=r"other against one: --lr 0.1 vs .*, --seed 7 vs 0"):
+        scaling_comparison([("one", one_process.run), ("other", other)])
+
+
+def test_scaling_table_without_a_one_rank_run_has_no_ratios(one_process, tmp_path):
+    zero = _copied_as(one_process.run, tmp_path / "zero", world_size=2, config={"nproc": 2})
+    (row,) = scaling_comparison([("zero", zero)]).rows
+    assert row["speedup"] is None and row["tokens_per_s"] > 0
+
+
+def test_no_checkpoint_leaves_none_and_records_the_peak(train_argv, tmp_path):
+    out = tmp_path / "run"
+    assert main(train_argv(out, "--steps", "2", "--generate", "0", "--no-checkpoint")) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["peak_memory_mib"] is None  # no peak on a CPU
+    assert not list(out.glob("checkpoint*"))
+
+
 def test_result_files_from_run_folders(trained, tmp_path):
     """bench-train-results: train_text_* and train_speed_* from finished runs, on any machine."""
     results = tmp_path / "results"
@@ -264,6 +321,10 @@ def test_result_files_from_run_folders(trained, tmp_path):
     assert {p.suffix for p in results.iterdir()} == {".md", ".json", ".png"}
     with pytest.raises(SystemExit):
         train_results(["--out", str(results), "--speed", *speed])  # no --baseline
+    assert train_results(["--out", str(results), "--scaling", f"one={trained}"]) == 0
+    scaling = json.loads(next(results.glob("train_scaling_cpu_*.json")).read_text())
+    assert [row["speedup"] for row in scaling["rows"]] == [1.0]
+    assert next(results.glob("train_scaling_cpu_*.png")).stat().st_size > 0
 
 
 @pytest.mark.gpu
@@ -283,5 +344,6 @@ def test_the_fast_default_trains_on_cuda(train_argv, tmp_path, capsys):
     assert "first step:" in capsys.readouterr().err
     assert summary["final_train_loss"] < math.log(256)
     assert summary["mfu"] is None or 0 < summary["mfu"] < 1
+    assert summary["peak_memory_mib"] > 0
     assert bench_generate(["--run", str(out), "--device", "cuda"]) == 0
     assert capsys.readouterr().out == (out / "sample.txt").read_text() + "\n"

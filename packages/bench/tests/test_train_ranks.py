@@ -21,6 +21,7 @@ from spawn_ranks import free_port
 import lmcore
 from bench.commands.train import main
 from bench.train.faults import KILL_AT
+from bench.train.scaling import scaling_comparison
 
 # The ranks average means of equal halves of each batch, and their gradients: the same sums in
 # another order, so float32 rounding (not the method) separates them from one process.
@@ -65,6 +66,12 @@ def test_two_ranks_continue_a_one_process_checkpoint(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["config"]["parallel"] == mode
     assert (out / "sample.txt").read_text()
+    # bench-train-results' scaling table sets the run against the one-process one
+    table = scaling_comparison([("one", one_process.run), (mode, out)])
+    one, two = table.rows
+    assert (one["ranks"], one["speedup"], one["loss_diff"]) == (1, 1.0, 0.0)
+    assert two["ranks"] == 2 and two["scaling_eff"] == pytest.approx(two["speedup"] / 2)
+    assert two["max_loss_diff"] <= RANKS_ATOL and two["peak_memory_mib"] is None  # CPU
 
 
 def _torchrun_two_nodes(argv: list[str], *, kill_at: str) -> list[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,6 +74,27 @@ def test_fsdp_rows_are_compared_with_torch_fsdp_of_the_same_dtype(run):
     assert sum("fsdp (" in note for note in run.notes) == 2
 
 
+def test_prefetching_is_set_against_the_same_dtype_without_it(run):
+    notes = [n for n in run.notes if n.startswith("Prefetching")]
+    assert len(notes) == 2
+    for dtype, note in zip(("fp32", "bf16"), notes, strict=True):
+        (ours,) = [r for r in _rows(run, "fsdp") if r["compute_dtype"] == dtype]
+        (alone,) = [r for r in _rows(run, "fsdp-no-prefetch") if r["compute_dtype"] == dtype]
+        assert f"({dtype})" in note and f"{ours['step_ms'] / alone['step_ms']:.3f}x" in note
+
+
+def test_every_fsdp_row_leaves_a_chrome_trace_of_one_step(run):
+    folder = Path(run.config["trace_dir"])
+    traced = {r["variant"] for r in run.rows if r["variant"] in ("fsdp", "torch-fsdp")}
+    traced |= {"fsdp-no-prefetch"}
+    expected = {f"{v}_{d}.pt.trace.json" for v in traced for d in ("fp32", "bf16")}
+    assert {p.name for p in folder.iterdir()} == expected
+    trace = json.loads((folder / "fsdp_fp32.pt.trace.json").read_text())
+    assert any("all_gather" in str(e.get("name", "")) for e in trace["traceEvents"])
+    # gloo on the CPU: no kernels, so no overlap to measure
+    assert all(r["gather_overlap"] is None for r in run.rows)
+
+
 def test_unsharded_adamw_state_is_two_moments_per_parameter(run):
     ddp_row = run.rows[0]
     # two fp32 moments per parameter, plus one 4-byte step counter per parameter tensor
@@ -113,6 +136,9 @@ def test_options_override_the_cpu_default():
     assert config.fsdp_dtypes == ("bf16",)
     assert config.steps == 4
     assert config.size == "tiny"
+    assert config.trace_dir is None
+    args = parser.parse_args(["--trace", "traces"])
+    assert TOOL.config(args, parser, torch.device("cpu")).trace_dir == "traces"
 
 
 def test_no_options_keep_the_announced_default():

@@ -31,6 +31,13 @@ compute dtype and checked against FSDP's targets: peak <= 1.05x torch-fsdp and (
 ddp, step time <= 1.10x torch-fsdp. For the FSDP variants, parameters and gradients are the
 shards (gathered weights count as `other`).
 
+With `fsdp-no-prefetch` beside `fsdp`, the notes say what prefetching buys: the step time and
+peak of each compute dtype with and without it. `--trace DIR` runs one more step of every FSDP
+row under torch.profiler and writes rank 0's Chrome trace (open it in Perfetto or
+chrome://tracing) to `DIR/<variant>_<dtype>.pt.trace.json`; on CUDA the row's `gather_overlap`
+is then the share of rank 0's all-gather kernel time during which a compute kernel ran too
+(1: every all-gather beside compute; 0: none).
+
 Without a GPU a tiny model runs on the CPU with gloo (and says so); memory is then the size of
 the parameter, gradient and state tensors, since the CPU keeps no allocator statistics.
 
@@ -39,11 +46,13 @@ Examples::
     bench-zero --json zero.json --plot zero.png
     bench-zero --variants ddp sharded --zero-bucket-mb 0 25 none
     bench-zero --variants fsdp torch-fsdp --fsdp-dtypes fp32 bf16 --world-size 4
+    bench-zero --variants fsdp fsdp-no-prefetch torch-fsdp --trace traces/   # + Chrome traces
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bench.core.cli import Command, LazyChoices, bucket_size_mb
 from bench.core.training_options import add_training_args
@@ -90,6 +99,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=list(COMPUTE_DTYPES),
         help="compute dtypes of the fsdp and torch-fsdp rows, a row each (fp32 bf16)",
+    )
+    run.add_argument(
+        "--trace",
+        type=Path,
+        metavar="DIR",
+        help="a torch.profiler Chrome trace of one step of each FSDP row (rank 0's) in DIR",
     )
 
 

@@ -37,7 +37,8 @@ the bytes one block saves for backward (A) and takes as input (b), asks lmcore's
 the nested form (the handout's §3.2 problem (b)). `--preset leaderboard-2026` runs the handout's
 leaderboard configuration (the 8B model, context 32,768, batch 2 over 2 ranks, bf16) with our
 fastest options; it needs 2 GPUs of at least 140 GB: elsewhere it says so and prints the
-depth-reduced command for one GPU.
+depth-reduced command (`--num-layers fit`): on 2 smaller GPUs the preset's two ranks cut to the
+deepest model they fit, on one GPU that GPU's share of the batch.
 
 Examples::
 
@@ -75,6 +76,7 @@ __all__ = [
     "PRESET_RANKS",
     "STUDIES",
     "add_options",
+    "depth_reduced_argv",
     "main",
 ]
 
@@ -107,6 +109,30 @@ PRESETS: Mapping[str, dict[str, Any]] = {
         "parallel": "zero",
     }
 }
+
+
+def depth_reduced_argv(*, num_gpus: int) -> list[str]:
+    """The command (argv) that stands in for the leaderboard preset where its GPUs are too small
+    (or too few): the preset's model, options and batch per rank, with `--num-layers fit`.
+
+    With `PRESET_RANKS` GPUs or more it keeps the preset's ranks and layout (the deepest model
+    two such GPUs fit); with fewer it is one GPU's share of the batch; without a GPU it names
+    the memory to fit (`--memory 80GB`), so that it runs as printed.
+
+    Example::
+
+        >>> " ".join(depth_reduced_argv(num_gpus=2)[:5])
+        'bench-step --size leaderboard-8b --num-layers fit'
+    """
+    preset = PRESETS["leaderboard-2026"]
+    argv = ["bench-step", "--size", preset["size"], "--num-layers", FIT]
+    argv += ["--batch", str(preset["batch"]), "--precision", preset["precision"]]
+    argv += ["--attention", *preset["attention"], "--loss", *preset["loss"]]
+    argv += ["--optimizer", *preset["optimizer"]]
+    argv += ["--activation-checkpointing", *preset["activation_checkpointing"], "--compile"]
+    if num_gpus >= PRESET_RANKS:
+        argv += ["--nproc", str(preset["nproc"]), "--parallel", preset["parallel"]]
+    return argv + ([] if num_gpus else ["--memory", "80GB"])
 
 
 def _num_layers(text: str) -> int | str:

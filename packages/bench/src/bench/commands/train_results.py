@@ -3,6 +3,11 @@ bench-train run folders (`bench.train.results` says what each holds).
 
     bench-train-results --out docs/results --text RUN --text-baseline RUN_UNDER_BASELINE \\
         --speed default=RUN_A torch-baseline=RUN_B --baseline torch-baseline
+    bench-train-results --out docs/results --scaling none-1=RUN_A fsdp-2=RUN_B torch-fsdp-2=RUN_C
+
+--scaling sets runs of the same training on one rank and on several side by side
+(train_scaling_*): tokens/s, speed-up and scaling efficiency against the one-rank run of the
+same model, the busiest rank's peak memory, and the losses against the one-rank run's.
 
 Everything is read from the run folders, so the files can be built on any machine from folders
 copied off the GPU; only --measure-ceiling needs CUDA.
@@ -37,6 +42,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="runs for the speed table, in order: train_speed_*",
     )  # fmt: skip
     parser.add_argument("--baseline", help="the --speed label the ratios divide by")
+    parser.add_argument(
+        "--scaling", nargs="+", type=_labelled, default=[], metavar="LABEL=RUN",
+        help="runs on one and on several ranks, in order: train_scaling_*",
+    )  # fmt: skip
     parser.add_argument(
         "--measure-ceiling", action="store_true", help="time a bf16 matmul here (needs CUDA)"
     )

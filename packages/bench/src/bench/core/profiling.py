@@ -22,6 +22,9 @@ module reads the profiler's raw events instead and keeps the kinds apart:
 
 `profile_rows(events, ...)` is pure: it takes the event objects (`prof.events()`, or any
 objects with the same attributes) and returns rows, so the ranking is tested without a GPU.
+So is `collective_overlap(events, collective=...)`: how much of a collective's kernel time
+(NCCL's all-gathers, say) ran while a compute kernel ran too, from the kernels' device-side
+start and end times.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ __all__ = [
     "PROFILE_KEYS",
     "AttentionShape",
     "attention_flops",
+    "collective_overlap",
     "kernel_category",
     "profile_rows",
     "profiled",
@@ -77,6 +81,10 @@ _ELEMENTWISE = re.compile(
 )
 
 _TOP_PER_PHASE = 15  # kernel rows kept per phase (the categories cover the rest)
+# NCCL names its kernels `ncclDevKernel_AllGather_RING_LL(...)` (older: `ncclKernel_...`);
+# copies and fills are the copy engines' or trivial, neither communication nor compute.
+_NCCL = re.compile(r"^nccl", re.IGNORECASE)
+_NOT_COMPUTE = re.compile(r"^(memcpy|memset)", re.IGNORECASE)
 
 
 def kernel_category(name: str, *, phase: str | None = None) -> str:
@@ -229,6 +237,59 @@ def profile_rows(
     for phase, items in [*by_phase.items(), ("all", work)]:
         rows.extend(_ranked(items, cell=cell, kind=kind, phase=phase, top=top))
     return rows
+
+
+def _merged(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Disjoint intervals covering the same time as `spans`, in order."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def collective_overlap(events: Sequence[Any], *, collective: str) -> float | None:
+    """The share of `collective`'s kernel time during which a compute kernel ran as well.
+
+    Kernels are the device-side events of `prof.events()` (`device_type` CUDA, not ranges):
+    the collective's are the NCCL kernels whose name contains `collective` (`AllGather`,
+    `ReduceScatter`, `AllReduce`); compute is every kernel that is neither NCCL's nor a copy or
+    fill. 1 means the collective ran entirely beside compute (hidden if compute never waited
+    for it), 0 entirely alone.
+
+    Args:
+        events: the profiler's events (objects with `name`, `device_type`,
+            `is_user_annotation` and `time_range.start/.end` in µs).
+        collective: part of the NCCL kernel's name, e.g. `AllGather`.
+
+    Returns:
+        The share in [0, 1]; None when no such collective kernel ran (a CPU profile, gloo).
+
+    Example::
+
+        share = collective_overlap(prof.events(), collective="AllGather")
+    """
+    comm, compute = [], []
+    for e in events:
+        if _on_cpu(e) or _is_range(e):
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        if _NCCL.match(e.name):
+            if collective.lower() in e.name.lower():
+                comm.append(span)
+        elif not _NOT_COMPUTE.match(e.name):
+            compute.append(span)
+    comm, compute = _merged(comm), _merged(compute)
+    total = sum(end - start for start, end in comm)
+    if not total:
+        return None
+    shared = 0.0
+    for start, end in comm:
+        for c_start, c_end in compute:
+            shared += max(0.0, min(end, c_end) - max(start, c_start))
+    return shared / total
 
 
 def _ranked(

@@ -330,16 +330,19 @@ def load_json(path: str | os.PathLike[str]) -> Run:
     return Run(**{k: v for k, v in data.items() if k in fields})
 
 
-def result_stem(topic: str, env: Mapping[str, Any]) -> str:
+def result_stem(topic: str, env: Mapping[str, Any], *, num_devices: int = 1) -> str:
     """The conventional file stem `<topic>_<device>_<date>` for `docs/results/`.
 
     The device part is the chip's model number where the name has one (`"NVIDIA H100 80GB
     HBM3"` → `h100`, as the committed results are named), else the name lower-cased with runs
-    of non-alphanumerics as `-`; `cpu` on a CPU. The date is the run's day.
+    of non-alphanumerics as `-`; `cpu` on a CPU. A measurement over `num_devices` GPUs names
+    the count (`2xh100`). The date is the run's day.
     """
     name = str(env.get("device_name", env.get("device", "device"))).lower()
     chip = re.search(r"\b[abhl]\d{2,3}\b", name)
     slug = chip.group(0) if chip else "-".join(re.sub(r"[^a-z0-9]+", " ", name).split())
     if env.get("device_type") == "cpu":
         slug = "cpu"
+    elif num_devices > 1:
+        slug = f"{num_devices}x{slug}"
     return f"{topic}_{slug}_{str(env.get('date', ''))[:10]}"

@@ -8,7 +8,7 @@ The variants, what is measured, the targets and the command line: `bench.command
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,6 +31,7 @@ from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
 from bench.core.plots import Bars, stacked_bar_plot
+from bench.core.profiling import collective_overlap
 from bench.core.results import Keys, Run
 from bench.core.step_memory import tensor_bytes
 from bench.core.timing import elapsed_ms
@@ -87,6 +88,7 @@ COLUMNS = (
     *_BREAKDOWN,
     "step_ms",
     "step_ms_std",
+    "gather_overlap",
     "state_vs_ddp",
     "peak_vs_ddp",
     "time_vs_ddp",
@@ -108,6 +110,8 @@ class ZeroBenchConfig(TrainingBenchConfig):
         bucket_sizes_mb: `ShardedOptimizer` broadcast caps in MiB (None = one bucket per owner),
             one row each of the `*sharded` variants.
         fsdp_dtypes: compute dtypes from `COMPUTE_DTYPES`, one `fsdp` and `torch-fsdp` row each.
+        trace_dir: where one more step of each FSDP row, traced on rank 0, leaves its Chrome
+            trace (`<variant>_<dtype>.pt.trace.json`); None: no trace.
     """
 
     VARIANTS: ClassVar[tuple[str, ...]] = VARIANTS
@@ -116,6 +120,7 @@ class ZeroBenchConfig(TrainingBenchConfig):
     optimizer: str = "torch"
     bucket_sizes_mb: tuple[float | None, ...] = (DEFAULT_BUCKET_SIZE_MB,)
     fsdp_dtypes: tuple[str, ...] = tuple(COMPUTE_DTYPES)
+    trace_dir: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -212,6 +217,9 @@ def _measure_case(
     for _ in range(config.warmup):
         step()
     times = [elapsed_ms(step, device=device)[1] for _ in range(config.steps)]
+    overlap = None
+    if config.trace_dir is not None and case.variant in FSDP_VARIANTS:
+        overlap = _traced_step(step, Path(config.trace_dir) / _trace_name(case), rank, device)
 
     # One more, instrumented, step for memory: the timed ones carry no synchronising probes.
     reset_peak_memory(device)
@@ -229,7 +237,31 @@ def _measure_case(
         "grad": grads,
         "state": state,
         "times": times,
+        "gather_overlap": overlap,
     }
+
+
+def _trace_name(case: ZeroCase) -> str:
+    return f"{case.variant}_{case.compute_dtype}.pt.trace.json"
+
+
+def _traced_step(
+    step: Callable[[], None], path: Path, rank: int, device: torch.device
+) -> float | None:
+    """One more step, under torch.profiler on rank 0 (the others just step): its Chrome trace
+    goes to `path`; the share of its all-gather kernel time beside compute comes back (None on
+    the other ranks and off CUDA)."""
+    if rank != 0:
+        elapsed_ms(step, device=device)
+        return None
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        elapsed_ms(step, device=device)  # synchronises: every kernel is in the trace
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    return collective_overlap(prof.events(), collective="AllGather")
 
 
 def _mib(values: Sequence[int | None]) -> float | None:
@@ -252,6 +284,7 @@ def _row(case: ZeroCase, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     row["other_mib"] = None if after is None else after - breakdown
     step = slowest_rank([r["times"] for r in per_rank])
     row["step_ms"], row["step_ms_std"] = step.median, step.std
+    row["gather_overlap"] = per_rank[0]["gather_overlap"]  # traced on rank 0
     row["status"] = OK
     return row
 
@@ -321,6 +354,30 @@ def _fsdp_target_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     return notes
 
 
+def _prefetch_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What issuing the next unit's all-gather one unit ahead buys, per compute dtype: `fsdp`
+    beside `fsdp-no-prefetch`."""
+    ok = [r for r in rows if r["status"] == OK]
+    without = {r["compute_dtype"]: r for r in ok if r["variant"] == "fsdp-no-prefetch"}
+    notes = []
+    for prefetch in (r for r in ok if r["variant"] == "fsdp"):
+        alone = without.get(prefetch["compute_dtype"])
+        if alone is None:
+            continue
+        peaks = ""
+        if prefetch["after_step_mib"] is not None and alone["after_step_mib"] is not None:
+            peaks = (
+                f"; peak {prefetch['after_step_mib']:,.0f} against "
+                f"{alone['after_step_mib']:,.0f} MiB"
+            )
+        notes.append(
+            f"Prefetching ({prefetch['compute_dtype']}): fsdp {prefetch['step_ms']:.4g} ms "
+            f"per step against {alone['step_ms']:.4g} ms without it (fsdp-no-prefetch), "
+            f"{prefetch['step_ms'] / alone['step_ms']:.3f}x the time{peaks}."
+        )
+    return notes
+
+
 def run_zero(
     config: ZeroBenchConfig | None = None,
     *,
@@ -364,6 +421,13 @@ def run_zero(
     notes += _target_notes(rows, config.world_size)
     if "fsdp" in config.variants:
         notes += _fsdp_target_notes(rows)
+    notes += _prefetch_notes(rows)
+    if config.trace_dir is not None:
+        notes.append(
+            f"Traces: one more step of each FSDP row under torch.profiler, rank 0's Chrome trace "
+            f"in {config.trace_dir}/<variant>_<dtype>.pt.trace.json; gather_overlap: the share "
+            "of its all-gather kernel time during which a compute kernel ran too (CUDA only)."
+        )
     return Run.create(
         "zero",
         rows,
@@ -418,6 +482,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "optimizer": args.optimizer,
         "bucket_sizes_mb": distinct(args.zero_bucket_mb),
         "fsdp_dtypes": distinct(args.fsdp_dtypes),
+        "trace_dir": None if args.trace is None else str(args.trace),
     }
 
 

@@ -27,6 +27,7 @@ from bench.commands.step import (
     PRESET_RANKS,
     PRESETS,
     STUDIES,
+    depth_reduced_argv,
 )
 from bench.core.cli import distinct, usage_errors
 from bench.core.distributed import measure_cases, slowest_rank
@@ -648,22 +649,24 @@ def plot_step(run: Run, path: Path) -> Path:
 # ---- the preset on a machine that cannot run it ----------------------------------------------
 
 
+def _num_gpus(device: torch.device) -> int:
+    """The GPUs a run on `device` may use: torchrun's ranks under torchrun, else the machine's."""
+    if device.type != "cuda":
+        return 0
+    return torchrun_world_size() if under_torchrun() else torch.cuda.device_count()
+
+
 def depth_reduced_command(device: torch.device) -> str:
-    """The one-GPU command that stands in for the leaderboard preset (`--num-layers fit`)."""
-    preset = PRESETS["leaderboard-2026"]
-    argv = ["bench-step", "--size", preset["size"], "--num-layers", FIT]
-    argv += ["--batch", str(preset["batch"]), "--precision", preset["precision"]]
-    argv += ["--attention", *preset["attention"], "--loss", *preset["loss"]]
-    argv += ["--optimizer", *preset["optimizer"]]
-    argv += ["--activation-checkpointing", *preset["activation_checkpointing"], "--compile"]
-    return " ".join(argv + ([] if device.type == "cuda" else ["--memory", "80GB"]))
+    """The command that stands in for the leaderboard preset on this machine (`--num-layers
+    fit`; see `bench.commands.step.depth_reduced_argv`)."""
+    return " ".join(depth_reduced_argv(num_gpus=_num_gpus(device)))
 
 
 def _preset_missing(device: torch.device) -> str | None:
     """Why this machine cannot run the leaderboard preset, or None when it can."""
     if device.type != "cuda":
         return "it needs CUDA GPUs, and this run has none"
-    ranks = torchrun_world_size() if under_torchrun() else torch.cuda.device_count()
+    ranks = _num_gpus(device)
     if ranks < PRESET_RANKS:
         return f"it needs {PRESET_RANKS} GPUs and finds {ranks}"
     for index in range(min(ranks, torch.cuda.device_count())):
@@ -715,13 +718,16 @@ def _run(config: StepConfig | None, cli: Invocation) -> Run:
     if cli.args.preset:
         missing = _preset_missing(cli.device)
         if missing is not None:
+            if _num_gpus(cli.device) >= PRESET_RANKS:
+                instead = f"on these {PRESET_RANKS} GPUs, the preset's ranks and layout"
+            else:
+                instead = "on one GPU, batch 1: one GPU's share of the leaderboard's batch"
             cli.parser.exit(
                 1,
                 f"bench-step: --preset {cli.args.preset} runs the handout's leaderboard step "
                 f"(8B, context 32,768, batch 2 over {PRESET_RANKS} ranks, bf16), but {missing}.\n"
-                "On one GPU, run the depth-reduced leaderboard model instead (the most blocks "
-                "that fit, batch 1: one GPU's share of the leaderboard's batch):\n\n  "
-                f"{depth_reduced_command(cli.device)}\n",
+                "Run the depth-reduced leaderboard model instead (the most blocks that fit, "
+                f"{instead}):\n\n  {depth_reduced_command(cli.device)}\n",
             )
     with usage_errors(cli.parser):
         return run_step(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)

@@ -140,10 +140,16 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     one: resuming it trains nothing and writes the outputs.
 
     Raises:
-        ValueError: `--resume` without a checkpoint, a checkpoint without `--resume`, a damaged
+        ValueError: `--resume`, `--save-every` or `--stop-after` under `--no-checkpoint`,
+            `--resume` without a checkpoint, a checkpoint without `--resume`, a damaged
             checkpoint or one of another training configuration, layout or tokenizer, files
             of different steps, or a checkpoint past the last step.
     """
+    if not config.checkpoint:
+        needs = ("resume", "save_every", "stop_after")
+        given = [f"--{name.replace('_', '-')}" for name in needs if getattr(config, name)]
+        if given:
+            raise ValueError(f"{' and '.join(given)} need checkpoints: drop --no-checkpoint")
     path = Path(config.out) / CHECKPOINT
     if not config.resume:
         if path.exists():

@@ -240,6 +240,7 @@ class TrainConfig:
     )
     eval_batches: int = option(10, "batches per evaluation", group=OUTPUT)
     save_every: int = option(0, "steps between checkpoints; 0: only at the end", group=OUTPUT)
+    checkpoint: bool = option(True, "write checkpoints; off: the run cannot resume", group=OUTPUT)
     progress: bool = option(True, "a progress bar (else log lines)", group=OUTPUT)
     profile_step: int | None = option(
         None,

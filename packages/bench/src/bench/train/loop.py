@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import lmcore
+from bench.core.memory import MIB, peak_memory
 from bench.core.training import train_step
 from bench.train import lm
 from bench.train.baseline import torch_native_step
@@ -60,6 +61,18 @@ def _mean_over_ranks(value: torch.Tensor) -> float:
         dist.all_reduce(value)
         value /= dist.get_world_size()
     return value.item()
+
+
+def _busiest_peak_mib(device: torch.device) -> float | None:
+    """The most memory allocated at once on any rank since the run began, in MiB (a collective
+    with several ranks); None off CUDA."""
+    peak = peak_memory(device)
+    if peak is None:
+        return None
+    value = torch.tensor(float(peak), dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item() / MIB
 
 
 def _device(config: TrainConfig) -> torch.device:
@@ -250,7 +263,7 @@ class Trainer:
                     recorder.restart_clock()
                 if last:
                     break
-            if step > self.start:
+            if step > self.start and c.checkpoint:
                 self.save(step)
         finally:
             recorder.close()
@@ -273,6 +286,7 @@ class Trainer:
             "val_source": self.corpus.val_source,
             "records": recorder.records,
             "world_size": self.world_size,
+            "peak_memory_mib": _busiest_peak_mib(self.device),
         }
 
     def sample(self) -> str | None:

@@ -1,13 +1,16 @@
 """bench-train-results' implementation: result files for `docs/results/` from finished
 `bench-train` runs; its command line is `bench.commands.train_results`.
 
-Two kinds, each `.md` + `.json` + `.png` under the standard names (`result_stem`):
+Three kinds, each `.md` + `.json` + `.png` under the standard names (`result_stem`):
 
 - `train_text_<device>_<date>`: one real-text run: its summary and metrics, the loss curve,
   the best validation loss and where it fell, the generated sample, and (`--text-baseline`)
   its speed beside the same command's under `--baseline torch`;
 - `train_speed_<device>_<date>`: several short runs side by side (`speed_comparison`), each
-  run's ratio to a baseline run, and the profiler table of one step when a run wrote one.
+  run's ratio to a baseline run, and the profiler table of one step when a run wrote one;
+- `train_scaling_<devices>_<date>`: runs of the same training on one rank and on several:
+  tokens/s, scaling efficiency, peak memory and the losses against the one-rank run's
+  (`bench.train.scaling`).
 
 Everything is read from the run folders (`summary.json`, `metrics.jsonl`, `loss.png`,
 `sample.txt`, `profile.txt`), so the files can be built on any machine from folders copied off
@@ -15,7 +18,8 @@ the GPU. Only `--measure-ceiling` needs CUDA: it times a bf16 matmul on this GPU
 step made only of matmuls would meet. Usage (also `python -m bench train-results`)::
 
     bench-train-results --out docs/results --text RUN --text-baseline RUN_UNDER_BASELINE \\
-        --speed default=RUN_A torch-baseline=RUN_B --baseline torch-baseline
+        --speed default=RUN_A torch-baseline=RUN_B --baseline torch-baseline \\
+        --scaling one-gpu=RUN_1 fsdp=RUN_2
 
 `speed_comparison` builds the speed table itself (a `Run`), `plot_speed` its bars.
 """
@@ -40,6 +44,7 @@ from bench.train.run import LOSS_PLOT, SAMPLE, SUMMARY
 __all__ = [
     "matmul_tflops",
     "plot_speed",
+    "read_summary",
     "run_env",
     "run_parsed",
     "speed_comparison",
@@ -49,7 +54,8 @@ __all__ = [
 ]
 
 
-def _summary(folder: str | Path) -> dict[str, Any]:
+def read_summary(folder: str | Path) -> dict[str, Any]:
+    """A finished run's `summary.json` (in its output folder)."""
     return json.loads((Path(folder) / SUMMARY).read_text())
 
 
@@ -94,7 +100,7 @@ def speed_comparison(
     Raises:
         ValueError: `baseline` is not one of the labels.
     """
-    summaries = {label: _summary(folder) for label, folder in runs}
+    summaries = {label: read_summary(folder) for label, folder in runs}
     if baseline not in summaries:
         raise ValueError(f"baseline {baseline!r} is not one of the runs {list(summaries)}")
     reference = summaries[baseline]["tokens_per_s"]
@@ -180,7 +186,7 @@ def text_result(
         notes: sentences to add (e.g. what else ran on the machine).
     """
     folder, out = Path(run), Path(out)
-    summary, metrics = _summary(folder), read_metrics(folder)
+    summary, metrics = read_summary(folder), read_metrics(folder)
     env = run_env(summary)
     stem = out / result_stem("train_text", env)
     record = {"summary": summary, "metrics": metrics, "notes": list(notes)}
@@ -206,7 +212,7 @@ def text_result(
         f"- {summary['tokens_per_s']:,.0f} tokens/s, MFU {mfu_text} (after the first logged "
         f"interval; evaluation time left out); compile {_shown(c['compile'])}, optimizer "
         f"{c['optimizer']}, first step {_seconds(summary.get('first_step_s'))}",
-        *([] if baseline is None else [_against(summary, _summary(baseline))]),
+        *([] if baseline is None else [_against(summary, read_summary(baseline))]),
         *(f"- {note}" for note in notes),
         f"![loss]({stem.with_suffix('.png').name})",
         f"Sample ({c['generate']} tokens after the prompt {c['prompt']!r}, temperature "
@@ -308,6 +314,13 @@ def run_parsed(
         try:
             print(speed_result(args.speed, args.out, baseline=args.baseline,
                                ceiling_tflops=ceiling, notes=args.note))  # fmt: skip
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.scaling:
+        from bench.train.scaling import scaling_result  # it reads this module's summaries
+
+        try:
+            print(scaling_result(args.scaling, args.out, notes=args.note))
         except ValueError as exc:
             parser.error(str(exc))
     return 0

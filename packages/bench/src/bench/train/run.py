@@ -11,13 +11,15 @@ into the same folder is refused). The folder holds
 - `metrics.jsonl`: per logged step `step`, `loss` (the mean over the global batch), `lr`,
   `tokens_per_s` and `mfu` since the last log, and `val_loss` on evaluation steps;
 - `checkpoint.pt` (and with `fsdp` one file per rank; `bench.train.checkpoint`), every
-  `--save-every` steps and at the end: `--resume` continues from it exactly;
+  `--save-every` steps and at the end (none with `--no-checkpoint`): `--resume` continues from
+  it exactly;
 - `tokenizer.json` (BPE), `loss.png`, `sample.txt`, `profile.txt` (`--profile-step`) and
   `tensorboard/` (`--tensorboard`);
 - `summary.json`, written last (a run that has one is finished): final losses, tokens/s and MFU
   (over the logged intervals after each invocation's first, which holds compilation and
-  warm-up, and without the profiled one), the first step's time, why the run stopped early (if
-  it did), the configuration, and the machine, software and command (`env`);
+  warm-up, and without the profiled one), the first step's time, the peak memory of the
+  busiest rank (CUDA), why the run stopped early (if it did), the configuration, and the
+  machine, software and command (`env`);
 - `run.lock` while a run holds the folder.
 """
 
@@ -170,6 +172,7 @@ def _write_outputs(config: TrainConfig, result: dict[str, Any], command: str) ->
         "vocab_size": result["vocab_size"],
         "validation": result["val_source"],
         "world_size": result["world_size"],
+        "peak_memory_mib": result["peak_memory_mib"],
         "config": dataclasses.asdict(config),
         "env": collect_env(config.device, command=command),
     }

@@ -1,0 +1,86 @@
+"""scripts/script_results.py: a pytest run's counts appended to the day's gpu_tests result, and a
+script's command log as a result with the results it wrote attached."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.core.results import load_json
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+# Two pass, one is skipped, one fails: what a pytest run of GPU tests may report.
+SAMPLE_TESTS = """
+import pytest
+
+def test_one():
+    assert 1 + 1 == 2
+
+def test_two():
+    assert "a" < "b"
+
+@pytest.mark.skip(reason="needs 2 GPUs")
+def test_skipped():
+    pass
+
+def test_broken():
+    assert 2 + 2 == 5
+"""
+
+
+@pytest.fixture(scope="module")
+def script_results():
+    spec = importlib.util.spec_from_file_location("script_results", SCRIPTS / "script_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_pytest_run_is_a_row_of_the_days_result(script_results, tmp_path):
+    tests = tmp_path / "sample" / "test_sample.py"
+    tests.parent.mkdir()
+    tests.write_text(SAMPLE_TESTS)
+    (tests.parent / "pytest.ini").write_text("[pytest]\n")  # its own root: no conftest of ours
+    out = tmp_path / "results"
+    argv = ["tests", "--out", str(out), "--gpus", "2", "--", str(tests), "-q"]
+    argv += ["-p", "no:cacheprovider", "-k", "not two"]
+    assert script_results.main(argv) == 1  # pytest's status: a test failed
+    assert script_results.main([*argv[:-2], "-k", "one"]) == 0
+    (saved,) = out.glob("gpu_tests_cpu_*.json")  # no GPU here: the device is the CPU
+    run = load_json(saved)
+    first, second = run.rows
+    assert (first["passed"], first["failed"], first["skipped"], first["deselected"]) == (1, 1, 1, 1)
+    assert first["not_passed"] == ["test_sample::test_broken"] and first["exit_status"] == 1
+    assert first["skip_reasons"] == {"needs 2 GPUs": 1}
+    assert (second["run"], second["passed"], second["failed"], second["deselected"]) == (2, 1, 0, 3)
+    assert second["command"].startswith("python3 -m pytest ") and second["command"].endswith("one")
+    assert run.env["git_revision"][:12] == first["revision"]
+    text = saved.with_suffix(".md").read_text()
+    assert "Run 1: 1 skipped: needs 2 GPUs" in text and "Run 1 failed: test_sample::" in text
+
+
+def test_a_command_log_becomes_a_result_with_what_it_wrote(script_results, tmp_path):
+    log = tmp_path / "log.tsv"
+    lines = [
+        ("zero", "300", "bench-zero xl", "41", "0", "python3 -m bench zero --size xl"),
+        ("ddp", "210", "bench-ddp xl-2025", "12", "1", "python3 -m bench ddp --size xl-2025"),
+        ("step", "470", "leaderboard step", "470", "124", "python3 -m bench step --preset x"),
+    ]
+    log.write_text("".join("\t".join(line) + "\n" for line in lines))
+    wrote = tmp_path / "wrote"
+    (wrote / "bulk").mkdir(parents=True)
+    (wrote / "zero_cpu.md").write_text("### Sharding\n\n| a |\n|---|\n| 1 |\n")
+    argv = ["log", str(log), "--topic", "rehearsal", "--title", "A rehearsal", "--out"]
+    argv += [str(tmp_path / "out"), "--attach", str(wrote), "--note", "not a measurement"]
+    assert script_results.main(argv) == 1  # a command failed
+    (saved,) = (tmp_path / "out").glob("rehearsal_cpu_*.json")
+    rows = json.loads(saved.read_text())["rows"]
+    assert [r["status"] for r in rows] == ["ok", "failed (exit 1)", "timed out (470 s)"]
+    assert [r["seconds"] for r in rows] == [41, 12, 470] and rows[1]["part"] == "ddp"
+    text = saved.with_suffix(".md").read_text()
+    assert text.startswith("### A rehearsal") and "- not a measurement" in text
+    assert "#### `zero_cpu.md`\n\n### Sharding" in text
