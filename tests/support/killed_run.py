@@ -1,8 +1,8 @@
 """bench-train runs that kill themselves at a named point (`bench.train.faults`), each in a
 process of its own, for tests of what `--resume` recovers.
 
-Each run is forked from one server process that imported bench once (multiprocessing's
-forkserver, started on the first call), so a kill costs a fork, not a Python start and the
+Each run is forked from one server process that imported bench once (the forkserver that
+`spawn_ranks` shares, started on the first call), so a kill costs a fork, not a Python start and the
 import of torch (and of torch._dynamo, which the first optimizer imports). The server imports
 but never computes, so the forks start without thread pools to inherit.
 
@@ -14,21 +14,18 @@ Example::
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 from collections.abc import Sequence
 
 import torch
+from spawn_ranks import forkserver
 
 from bench.commands.train import main
 from bench.train.faults import KILL_AT
 
 __all__ = ["run_killed"]
 
-# What the server imports, by name (it cannot see this folder: Python 3.11's forkserver drops
-# the caller's sys.path): bench-train, and torch._dynamo, which the first optimizer imports.
-_PRELOAD = ["bench.train.run", "torch._dynamo"]
 
 
 def _run(argv: list[str], point: str) -> None:
@@ -44,9 +41,7 @@ def run_killed(argv: Sequence[str], point: str, *, timeout: float = 300.0) -> No
         AssertionError: the run ended otherwise than killed (its exit code says how).
         TimeoutError: it ran past `timeout` seconds (it is killed).
     """
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)
-    process = context.Process(target=_run, args=(list(argv), point))
+    process = forkserver().Process(target=_run, args=(list(argv), point))
     process.start()
     process.join(timeout)
     if process.exitcode is None:

@@ -1,4 +1,10 @@
-"""Run a test function on several ranks of a real process group, one spawned process per rank.
+"""Run a test function on several ranks of a real process group, one process per rank.
+
+The ranks are forked from one server process that imported torch and the project's packages
+once (multiprocessing's forkserver, started on the first call, shared with `killed_run`), so a
+rank costs a fork, not a Python start and torch's import (seconds each on a small CI machine).
+The server imports but never computes, so the forks inherit no thread pools; a rank's worker
+and its arguments reach it pickled, as under `spawn`.
 
 Tests of `ddp`, `zero` and the cross-package tests use this; it is on pytest's `pythonpath`, so
 both the test process and the processes it spawns can import it.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import multiprocessing
 import os
 import socket
 import sys
@@ -34,7 +41,28 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "run_ranks"]
+__all__ = ["FORKSERVER_PRELOAD", "forkserver", "free_port", "run_ranks"]
+
+# What the server imports, by name (Python 3.11's forkserver drops the caller's sys.path, so
+# nothing of tests/support); a name this environment lacks is skipped (a package's own test
+# environment holds only that package and its dependencies). torch._dynamo is what a first
+# optimizer step or torch.compile imports; bench.train.run, what `killed_run`'s forks run.
+FORKSERVER_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "lmcore",
+    "ddp",
+    "zero",
+    "bench.train.run",
+]
+
+
+def forkserver() -> multiprocessing.context.BaseContext:
+    """The forkserver context, its server (one per test process) importing FORKSERVER_PRELOAD."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return context
 
 
 def free_port() -> int:
@@ -119,7 +147,7 @@ def run_ranks(
     args: Sequence[Any] = (),
     timeout: float = 180.0,
 ) -> list[Any]:
-    """Call `worker(rank, world_size, *args)` on `world_size` spawned ranks; return their results.
+    """Call `worker(rank, world_size, *args)` on `world_size` ranks; return their results.
 
     Each rank joins a fresh process group (`backend`, rendezvous on a free local port) before the
     call and leaves it after. Return values travel back through `torch.save`, so tensors and
@@ -131,13 +159,14 @@ def run_ranks(
     if code is None or "<locals>" in worker.__qualname__:
         raise TypeError("run_ranks needs a module-level function as the worker")
     ref = (worker.__module__, worker.__qualname__, code.co_filename)
+    forkserver()  # the preload, before the server starts
     with tempfile.TemporaryDirectory() as result_dir:
         ctx = mp.start_processes(
             _child,
             args=(ref, world_size, backend, free_port(), tuple(args), result_dir),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method="forkserver",
         )
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=1.0):
