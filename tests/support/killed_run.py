@@ -27,7 +27,6 @@ from bench.train.faults import KILL_AT
 __all__ = ["run_killed"]
 
 
-
 def _run(argv: list[str], point: str) -> None:
     os.environ[KILL_AT] = point
     torch.set_num_threads(1)  # as the tests' own process trains
