@@ -44,24 +44,18 @@ import torch.multiprocessing as mp
 __all__ = ["FORKSERVER_PRELOAD", "forkserver", "free_port", "run_ranks"]
 
 # What the server imports, by name (Python 3.11's forkserver drops the caller's sys.path, so
-# nothing of tests/support); a name this environment lacks is skipped (a package's own test
-# environment holds only that package and its dependencies). torch._dynamo is what a first
-# optimizer step or torch.compile imports; bench.train.run, what `killed_run`'s forks run.
-FORKSERVER_PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "torch._dynamo",
-    "lmcore",
-    "ddp",
-    "zero",
-    "bench.train.run",
-]
+# nothing of tests/support): bench's own list where bench is installed (one server serves
+# both, whichever starts it), else torch and the packages a package's own environment holds.
+try:
+    from bench.core.launch import FORKSERVER_PRELOAD
+except ImportError:
+    FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "lmcore", "ddp", "zero")
 
 
 def forkserver() -> multiprocessing.context.BaseContext:
     """The forkserver context, its server (one per test process) importing FORKSERVER_PRELOAD."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     return context
 
 

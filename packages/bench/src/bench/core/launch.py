@@ -4,8 +4,13 @@
 rank inside an initialised default process group and returns the ranks' return values, in rank
 order, to the caller:
 
-- Started normally, it spawns `world_size` processes: gloo ranks on the CPU (threads split
-  between them), or NCCL ranks with rank r on `cuda:r` (`torch.cuda.set_device`). Rendezvous
+- Started normally, it starts `world_size` processes: gloo ranks on the CPU (threads split
+  between them), or NCCL ranks with rank r on `cuda:r` (`torch.cuda.set_device`). They are
+  forked from a server process that imported torch and the project's packages once
+  (multiprocessing's forkserver, started on the first launch and kept while this process
+  lives; `FORKSERVER_PRELOAD`), so a later launch costs a fork per rank rather than a Python
+  start and torch's import; the server never computes, so the ranks inherit no thread pools
+  and no CUDA state, and each rank takes the launcher's current environment. Rendezvous
   is on a free local port; results come back through files. When ranks fail, the one that
   failed first re-raises here with its traceback (`RankFailed`): a rank that raises takes its
   peers down a moment later in their collectives ("Connection closed by peer"), and those are
@@ -35,10 +40,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +67,7 @@ from bench.core.ranks import (
 __all__ = [
     "BACKENDS",
     "DEFAULT_TIMEOUT_S",
+    "FORKSERVER_PRELOAD",
     "RankFailed",
     "all_ranks_ok",
     "backend_for",
@@ -70,6 +78,19 @@ __all__ = [
     "under_torchrun",
 ]
 
+# What the ranks' server imports before it forks any (a name this environment lacks is
+# skipped): torch, the packages the tools' workers use, and torch._dynamo, which a first
+# optimizer step or torch.compile imports. Taking effect when the server starts: the first
+# launch of a process (or another forkserver user's, whose list then applies).
+FORKSERVER_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "lmcore",
+    "ddp",
+    "zero",
+    "bench.train.run",
+)
 _JOIN_POLL_S = 1.0  # how often the parent checks on its ranks
 _FAILURE_FILE = "rank{rank}.failed"
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -136,19 +157,55 @@ def _prepare_rank(backend: str, local_rank: int, env: Mapping[str, str]) -> None
         torch.cuda.set_device(local_rank)
 
 
-def _end_with(parent: int) -> None:
-    """Have the kernel kill this rank when its launcher (`parent`) dies, on Linux.
+def _start_method() -> str:
+    """forkserver, its server importing FORKSERVER_PRELOAD (spawn where there is none)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    mp.get_context("forkserver").set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return "forkserver"
+
+
+def _end_with(launcher: int) -> None:
+    """Have this rank killed when its launcher (`launcher`) dies, on Linux.
 
     torch's spawn asks for SIGINT, which a rank blocked in C++ (a collective waiting for a
     peer, a kernel) acts on only when the call returns, maybe never: an orphan that holds its
     memory (a GPU's too) and may write where the next run (a `--resume`) writes. SIGKILL
-    cannot be ignored.
+    cannot be ignored. A spawned rank asks the kernel for it when its parent, the launcher,
+    dies; a rank forked by the forkserver (whose server lives on while its children do) has a
+    thread that waits for the launcher's end and then sends it.
     """
     if sys.platform != "linux":
         return
+    parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before the call above
+    if os.getppid() != parent:  # the parent died before the call above
         os._exit(1)
+    if parent != launcher:
+        threading.Thread(
+            target=_kill_self_after, args=(launcher,), name="launcher-watch", daemon=True
+        ).start()
+
+
+def _kill_self_after(pid: int) -> None:
+    """Wait for process `pid` to end (a pidfd; polling where the kernel has none), then
+    SIGKILL this process."""
+    try:
+        select.select([os.pidfd_open(pid)], [], [])
+    except ProcessLookupError:
+        pass
+    except OSError:  # no pidfd_open (a kernel before 5.3)
+        while _alive(pid):
+            time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _child(
@@ -161,9 +218,12 @@ def _child(
     env: Mapping[str, str],
     num_threads: int,
     result_dir: str,
-    parent: int,
+    launcher: int,
+    environ: Mapping[str, str],
 ) -> None:
-    _end_with(parent)
+    _end_with(launcher)
+    os.environ.clear()  # the launcher's environment now, not the server's at its start
+    os.environ.update(environ)
     _prepare_rank(backend, rank, env)
     if backend == "gloo":
         torch.set_num_threads(num_threads)
@@ -283,7 +343,7 @@ def launch(
     """Run `worker(rank, world_size, *args)` on `world_size` ranks; return their results.
 
     Args:
-        worker: a module-level function (spawned processes import it by name). It runs inside
+        worker: a module-level function (the ranks import it by name). It runs inside
             an initialised default process group of `backend`; with nccl its rank's GPU is the
             current device. Its return value must be picklable.
         world_size: number of ranks.
@@ -326,10 +386,11 @@ def launch(
                 num_threads,
                 result_dir,
                 os.getpid(),
+                dict(os.environ),
             ),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method=_start_method(),
         )
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
