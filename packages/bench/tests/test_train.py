@@ -74,6 +74,31 @@ def test_stopped_and_resumed_run_reproduces_the_uninterrupted_one(train_argv, tm
             assert abs(a["val_loss"] - b["val_loss"]) <= 1e-5
 
 
+def test_the_progress_bar_registers_no_semaphore_a_rank_could_leak(
+    train_argv, tmp_path, monkeypatch
+):
+    # A rank's start method is its launcher's (forkserver), where a multiprocessing lock is a
+    # named semaphore told to the launcher's resource tracker; a rank ends with os._exit, so
+    # the launcher warned at exit of "leaked semaphore objects". tqdm made one by default.
+    import multiprocessing
+    from multiprocessing import resource_tracker
+
+    from tqdm import tqdm
+    from tqdm.std import TqdmDefaultWriteLock
+
+    registered = []
+    monkeypatch.setattr(resource_tracker, "register", lambda name, kind: registered.append(kind))
+    monkeypatch.delattr(tqdm, "_lock", raising=False)  # as in a fresh rank
+    monkeypatch.delattr(TqdmDefaultWriteLock, "mp_lock", raising=False)
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)
+    try:
+        assert main(train_argv(tmp_path / "run", "--steps", "1", "--generate", "0")) == 0
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    assert "semaphore" not in registered
+
+
 def test_time_budget_ends_with_an_evaluation_a_checkpoint_and_a_sample(train_argv, tmp_path):
     out = tmp_path / "run"
     extra = ["--steps", "100000", "--time-budget", "1s", "--log-every", "1000"]

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -158,6 +159,10 @@ class Recorder:
                 self.writer = SummaryWriter(str(self.out / TENSORBOARD), purge_step=purge)
         show = primary and config.progress
         total = config.last_step - start
+        # A thread lock for tqdm, not its default cross-process one: a rank would register
+        # that semaphore with the launcher's resource tracker and end (os._exit) without
+        # unregistering it, and the launcher would warn of leaked semaphores on exit.
+        tqdm.set_lock(threading.RLock())
         self.bar = tqdm(total=total, desc="bench-train", file=sys.stderr, disable=not show)
 
     def _previous(self, start: int) -> list[dict[str, Any]]:
