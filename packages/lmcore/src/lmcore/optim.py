@@ -12,7 +12,8 @@ __all__ = ["AdamW"]
 
 # Parameter dtypes the fused kernel updates (its moments are float32 for all three).
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Launch tables kept per optimizer: one per set of parameters that had gradients together.
+# Launch tables and shared step counts kept per optimizer: one per set of parameters that had
+# gradients together.
 _MAX_LAUNCHES = 16
 
 
@@ -313,10 +314,7 @@ class AdamW(torch.optim.Optimizer):
         torch._foreach_add_(steps, 1)
         counts = torch.stack(steps).tolist()
         if len(set(counts)) == 1:
-            if len(self._shared_steps) >= _MAX_LAUNCHES:
-                self._shared_steps.clear()
-            shared = self._shared_steps[key] = steps[0]
-            steps = [shared] * len(steps)
+            steps = [_keep(self._shared_steps, key, steps[0])] * len(steps)
         for state, step in zip(states, steps, strict=True):
             state["step"] = step
         return counts
@@ -327,11 +325,16 @@ class AdamW(torch.optim.Optimizer):
 
         key = tuple(map(id, params))
         launch = self._launches.get(key)
-        if launch is None:
-            if len(self._launches) >= _MAX_LAUNCHES:
-                self._launches.clear()
-            launch = self._launches[key] = Launch(params)
-        return launch
+        return launch if launch is not None else _keep(self._launches, key, Launch(params))
+
+
+def _keep(cache: dict[tuple[int, ...], Any], key: tuple[int, ...], value: Any) -> Any:
+    """`value`, kept in `cache` under `key` (a cache of per-parameter-set objects, emptied
+    when it holds _MAX_LAUNCHES, so that sets of parameters no longer stepped are let go)."""
+    if len(cache) >= _MAX_LAUNCHES:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def _check_fused_params(params: list[torch.Tensor]) -> None:
