@@ -223,12 +223,25 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.grad_hidden, ctx.grad_weight = inputs[7], inputs[8]
 
 
+def _graph_is_kept() -> bool:
+    """Whether the backward running now keeps the graph (`retain_graph=True`, `create_graph`),
+    so that the saved gradients may be used again; True when it cannot be told (outside an
+    autograd backward, a torch without the query, a compiled backward)."""
+    if torch.compiler.is_compiling():
+        return True
+    keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if keep_graph is None else bool(keep_graph())
+
+
 def _backward(ctx, grad_loss, _dh, _dw):
     dh, dw = ctx.saved_tensors
-    d_hidden = dh.mul_(grad_loss) if ctx.grad_hidden else None
+    # The saved gradients are scaled in place (no second dh or dW, the size of the weight in
+    # float32) when this backward is their last use; a kept graph may run backward again.
+    scale_ = torch.mul if _graph_is_kept() else torch.Tensor.mul_
+    d_hidden = scale_(dh, grad_loss) if ctx.grad_hidden else None
     d_weight = None
     if ctx.grad_weight and dw.dtype == ctx.weight_dtype:
-        d_weight = dw.mul_(grad_loss)
+        d_weight = scale_(dw, grad_loss)
     elif ctx.grad_weight:  # the float32 accumulator, scaled and rounded to the weight's dtype
         d_weight = torch.mul(dw, grad_loss, out=dw.new_empty(dw.shape, dtype=ctx.weight_dtype))
     return d_hidden, d_weight, None, None, None, None, None, None, None, None
