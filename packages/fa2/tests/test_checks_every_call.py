@@ -59,7 +59,7 @@ def test_packed_arguments_are_checked_on_every_call(cu, max_len, error, match):
 def test_a_plan_serves_each_call_with_its_own_scale():
     # Before: a call without a scale after one with a scale got that earlier call's scale from
     # the cached plan, in o, the logsumexp and the backward (found by test_differential).
-    q, k, v = (torch.randn(2, 3, 37, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 37, 16, device=DEVICE, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
     options = dict(causal=True, window_size=(-1, -1), softcap=0.0, layout="bhsd", return_lse=True)
     results = {}
@@ -79,8 +79,8 @@ def test_a_plan_serves_each_call_with_its_own_scale():
 def test_window_sides_near_and_past_2_31_give_the_pytorch_paths_result(window):
     # Before: (4, 2**31 - 1) gave NaN, (2**31 - 1, -1) wrong dK/dV, >= 2**31 failed in the
     # kernel: int32 row arithmetic. A side longer than the sequences is now unbounded.
-    q = torch.randn(1, 2, 40, 16, device=DEVICE, requires_grad=True)
-    k, v = (torch.randn(1, 2, 33, 16, device=DEVICE, requires_grad=True) for _ in range(2))
+    q = torch.randn(1, 1, 40, 16, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(1, 1, 33, 16, device=DEVICE, requires_grad=True) for _ in range(2))
     do = torch.randn_like(q)
     results = []
     for implementation, dtype in (("triton", torch.float32), ("pytorch", torch.float64)):
@@ -124,6 +124,20 @@ def test_device_offsets_are_asserted_once_per_tensor_and_version(monkeypatch):
     cu[3] = 25
     with pytest.raises(RuntimeError, match="fa2: cu_seqlens_q must start at 0"):
         checks._assert_offsets_once("cu_seqlens_q", cu, 20, 14)
+
+
+def test_one_offsets_tensor_for_both_sides_is_checked_once(monkeypatch):
+    # Self-attention passes one tensor, which the front doors hand on as a view of itself
+    # (fa2.api._distinct): a new object each call, which must not cost a second check.
+    checked = []
+    monkeypatch.setattr(checks, "_raise_on_bad_offsets", lambda *a: checked.append(a[0]))
+    q = torch.randn(20, 2, 16)
+    cu = torch.tensor([0, 5, 6, 20], dtype=torch.int32)
+    checks.check_varlen(q, q, cu, cu.view(cu.shape), 14, 14)
+    assert checked == ["cu_seqlens_q"]
+    checks.check_varlen(q, q, cu, cu.clone(), 14, 14)  # equal values, other memory: both
+    checks.check_varlen(q, q, cu, cu.view(cu.shape), 14, 15)  # another max_seqlen_k: both
+    assert len(checked) == 5
 
 
 @pytest.mark.gpu

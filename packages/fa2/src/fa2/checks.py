@@ -142,7 +142,8 @@ def check_varlen(
         and no synchronisation, once per offsets tensor: an offsets tensor that passed is
         not checked again while it is the same object with the same version counter (which
         every in-place change through torch bumps) and the same totals and max_seqlen. A
-        training step passes the same offsets to every layer, so it pays once per step.
+        training step passes the same offsets to every layer, so it pays once per step
+        (once in all for self-attention: the same memory for both sides is checked once).
         Writes that torch does not see (through `.data`, numpy, DLPack or a kernel of
         another library) are not noticed; flash-attn checks no values at all.
     """
@@ -171,12 +172,22 @@ def check_varlen(
     if torch.compiler.is_compiling():
         for side in sides:
             _assert_offsets(*side)
-    elif cu_seqlens_q.device.type == "cpu":
-        for side in sides:
-            _raise_on_bad_offsets(*side)
-    else:
+        return
+    if sides[0][2:] == sides[1][2:] and _same_memory(cu_seqlens_q, cu_seqlens_k):
+        sides = sides[:1]  # self-attention: one tensor (or a view of it, see fa2.api) for both
+    if cu_seqlens_q.device.type == "cuda":
         for side in sides:
             _assert_offsets_once(*side)
+    else:  # the CPU; other devices read the values to the host (a sync) but say what is wrong
+        for side in sides:
+            _raise_on_bad_offsets(*side)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` are the same elements of the same memory (equal values, always)."""
+    return a is b or (
+        a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+    )
 
 
 def _raise_on_bad_offsets(name: str, cu: torch.Tensor, total: int, longest: int) -> None:
