@@ -28,9 +28,10 @@ import torch.nn.functional as F
 from spawn_ranks import run_ranks
 from torch import nn
 
-from lmcore import TransformerLM, apply_activation_checkpointing
+import lmcore
+from lmcore import Embedding, LMHead, TransformerLM, apply_activation_checkpointing
 from lmcore.model import TransformerBlock
-from zero import FSDP
+from zero import FSDP, MixedPrecision, apply_fsdp
 from zero.fsdp import _State
 
 VOCAB, DIM, HIDDEN = 13, 5, 7  # 65- and 35-element weights: 2 ranks need padding
@@ -110,6 +111,10 @@ def _loss(model: nn.Module, tokens: torch.Tensor, step: int) -> torch.Tensor:
 def _optimizer(name: str, params) -> torch.optim.Optimizer:
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    if name == "lmcore-fused-bf16":  # Triton's interpreter on a CPU
+        return lmcore.AdamW(
+            params, lr=1e-2, weight_decay=0.1, fused=True, moment_dtype=torch.bfloat16
+        )
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
@@ -136,17 +141,24 @@ def _train_reference(
 ) -> dict[str, torch.Tensor]:
     """One process; each step's gradient is the average of the `halves` parts' gradients.
 
-    With `dtype`, forward and backward run on a copy of the weights cast to it (the fp32
-    weights stay the masters, as in mixed-precision training).
+    With `dtype`, forward and backward run on a copy of the weights cast to it (the model's
+    weights stay the masters, as in mixed-precision training). Gradients are averaged in the
+    masters' dtype (bf16 for a bf16 model: one rounding of the sum, as a bf16 reduction).
     """
     opt = _optimizer(optimizer, model.parameters())
+    masters = list(model.parameters())
     for step, tokens in enumerate(_batches(seed)):
         grads: list[list[torch.Tensor | None]] = []
         for part in tokens.chunk(halves):
             worker = model if dtype is None else _cast_copy(model, dtype)
             worker.zero_grad()
             _loss(worker, part, step).backward()
-            grads.append([None if p.grad is None else p.grad.float() for p in worker.parameters()])
+            grads.append(
+                [
+                    None if p.grad is None else p.grad.to(m.dtype)
+                    for p, m in zip(worker.parameters(), masters, strict=True)
+                ]
+            )
         opt.zero_grad()
         for p, gs in zip(model.parameters(), zip(*grads, strict=True), strict=True):
             if gs[0] is not None:
@@ -488,9 +500,23 @@ def test_rejects_unsupported_dtypes(kwargs, match):
         FSDP(nn.Linear(2, 2), **kwargs)
 
 
-def test_rejects_parameters_that_are_not_float32():
-    with pytest.raises(ValueError, match="float32 master weights"):
-        FSDP(nn.Linear(2, 2).double())
+def _mixed_dtypes() -> nn.Module:
+    module = nn.Linear(2, 2)
+    module.bias.data = module.bias.data.bfloat16()
+    return module
+
+
+@pytest.mark.parametrize(
+    ("module", "match"),
+    [
+        (lambda: nn.Linear(2, 2).double(), "keeps its shards in"),
+        (lambda: nn.Linear(2, 2).half(), "keeps its shards in"),
+        (_mixed_dtypes, "one floating-point dtype"),
+    ],
+)
+def test_rejects_parameters_of_a_dtype_it_cannot_keep(module, match):
+    with pytest.raises(ValueError, match=match):
+        FSDP(module())
 
 
 def test_rejects_what_is_not_a_module():
@@ -501,6 +527,273 @@ def test_rejects_what_is_not_a_module():
 def test_rejects_units_that_are_not_module_classes():
     with pytest.raises(TypeError, match="units must be"):
         FSDP(nn.Linear(2, 2), units=(int,))  # type: ignore[arg-type]
+
+
+# ---- mixed precision: bf16 storage, the policy, optimizers on bf16 shards ----------------------
+#
+# bf16 elementwise operations on a CPU round differently in their vectorised body and their
+# scalar tail, so an optimizer stepping a 1-D shard and one stepping the whole matrix need not
+# agree to the bit: bf16 runs are compared by how far they land from float32 training instead.
+
+
+def _bf16_lm() -> TransformerLM:
+    return _lm().bfloat16()
+
+
+def _rounded_fp32_lm() -> TransformerLM:
+    """The bf16 model's initial weights in float32: the reference for bf16 training."""
+    return _lm().bfloat16().float()
+
+
+def _count_fused_launches() -> list[int]:
+    """Count `lmcore.kernels.adamw.adamw_step_` calls (one per kernel launch) in this process."""
+    from lmcore.kernels import adamw
+
+    calls: list[int] = []
+    launch = adamw.adamw_step_
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return launch(*args, **kwargs)
+
+    adamw.adamw_step_ = counted
+    return calls
+
+
+def _io_dtypes(policy: MixedPrecision, x: torch.Tensor) -> tuple[torch.dtype, ...]:
+    """(input dtype the unit saw, output dtype) of a float32 Linear wrapped with `policy`."""
+    torch.manual_seed(0)
+    seen: list[torch.dtype] = []
+    linear = nn.Linear(3, 4)
+    linear.register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+    fsdp = FSDP(nn.Sequential(linear), mixed_precision=policy, units=(nn.Linear,))
+    out = fsdp(x)
+    return seen[0], out.dtype
+
+
+def _precision_worker(rank: int, world_size: int, checkpoint: bytes) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    # bf16 storage: a model built in bf16, and a float32 one rounded as it is sharded
+    fsdp = FSDP(_bf16_lm(), units=(TransformerBlock,))
+    results["shard_dtypes"] = {p.dtype for p in fsdp.parameters()}
+    results["bf16"] = _train_fsdp(fsdp, "sgd", rank, world_size)
+    results["grad_dtypes"] = {p.grad.dtype for p in fsdp.parameters() if p.grad is not None}
+    fsdp = FSDP(
+        _lm(),
+        units=(TransformerBlock,),
+        mixed_precision=MixedPrecision(storage_dtype=torch.bfloat16),
+    )
+    results["bf16-from-fp32"] = _train_fsdp(fsdp, "sgd", rank, world_size)
+    results["bf16-plain"] = _train_reference(_bf16_lm(), "sgd", halves=1)
+    results["fp32-reference"] = _train_reference(_rounded_fp32_lm(), "sgd", halves=1)
+
+    # reduce in float32, gradients kept in bf16
+    reduced: list[torch.dtype] = []
+    scatter = dist.reduce_scatter_tensor
+    dist.reduce_scatter_tensor = lambda out, inp, **kw: (
+        reduced.append(inp.dtype) or scatter(out, inp, **kw)
+    )
+    try:
+        policy = MixedPrecision(reduce_dtype=torch.float32)
+        fsdp = FSDP(_bf16_lm(), units=(TransformerBlock,), mixed_precision=policy)
+        results["bf16-reduce-fp32"] = _train_fsdp(fsdp, "sgd", rank, world_size)
+    finally:
+        dist.reduce_scatter_tensor = scatter
+    results["reduced_dtypes"] = set(reduced)
+    results["grad_dtypes_reduce_fp32"] = {p.grad.dtype for p in fsdp.parameters()}
+
+    # lmcore's fused AdamW with bf16 moments over the bf16 shards: one launch per step
+    launches = _count_fused_launches()
+    fsdp = FSDP(_bf16_lm(), units=(TransformerBlock,))
+    results["fused"] = _train_fsdp(fsdp, "lmcore-fused-bf16", rank, world_size)
+    results["fused_launches"] = len(launches)
+    results["adamw-plain"] = _train_reference(_bf16_lm(), "adamw", halves=1)
+    results["adamw-reference"] = _train_reference(_rounded_fp32_lm(), "adamw", halves=1)
+
+    # the policy's input and output casts around a float32 module computing in bf16
+    x = torch.randn(2, 3)
+    results["io"] = _io_dtypes(MixedPrecision(compute_dtype=torch.bfloat16), x)
+    results["io-output"] = _io_dtypes(
+        MixedPrecision(compute_dtype=torch.bfloat16, output_dtype=torch.float32), x
+    )
+    uncast = MixedPrecision(compute_dtype=torch.bfloat16, cast_forward_inputs=False)
+    results["uncast"] = _error(lambda: _io_dtypes(uncast, x))
+
+    # a checkpoint saved on one rank loads on two, and training goes on as one process's
+    fsdp = FSDP(_bf16_lm(), units=(TransformerBlock,))
+    fsdp.load_state_dict(torch.load(io.BytesIO(checkpoint)))
+    results["resumed"] = _train_fsdp(fsdp, "sgd", rank, world_size, seed=4)
+    plain = _bf16_lm()
+    plain.load_state_dict(torch.load(io.BytesIO(checkpoint)))
+    results["resumed-plain"] = _train_reference(plain, "sgd", halves=1, seed=4)
+    fp32 = _rounded_fp32_lm()
+    fp32.load_state_dict(torch.load(io.BytesIO(checkpoint)))
+    results["resumed-fp32"] = _train_reference(fp32, "sgd", halves=1, seed=4)
+    return results
+
+
+def _bf16_one_rank_worker(rank: int, world_size: int) -> bytes:
+    """A bf16-storage FSDP on one rank, trained three steps: its checkpoint, as bytes."""
+    state = _train_fsdp(FSDP(_bf16_lm(), units=(TransformerBlock,)), "sgd", rank, world_size)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def bf16_one_rank_checkpoint() -> bytes:
+    return run_ranks(_bf16_one_rank_worker, world_size=1)[0]
+
+
+@pytest.fixture(scope="module")
+def precision(bf16_one_rank_checkpoint) -> list[dict[str, Any]]:
+    return run_ranks(_precision_worker, world_size=2, args=(bf16_one_rank_checkpoint,))
+
+
+def test_bf16_storage_keeps_shards_and_gradients_in_bf16(precision):
+    for rank in precision:
+        assert rank["shard_dtypes"] == rank["grad_dtypes"] == {torch.bfloat16}
+        assert all(v.dtype == torch.bfloat16 for v in rank["bf16"].values())
+
+
+def test_bf16_storage_is_within_twice_the_error_of_one_bf16_process(precision):
+    # The same SGD steps in float32 from the same (bf16-rounded) start are the oracle; a wrong
+    # gradient scale of 1.25 lands three times as far as plain bf16 training does.
+    result = precision[0]
+    _assert_within_twice_the_plain_error(
+        result["bf16"], result["bf16-plain"], result["fp32-reference"]
+    )
+
+
+def test_a_float32_module_stored_in_bf16_trains_as_a_bf16_module(precision):
+    for rank in precision:
+        _assert_equal(rank["bf16-from-fp32"], rank["bf16"])
+
+
+def test_reduce_dtype_is_the_reduction_s_and_gradients_stay_in_storage(precision):
+    result = precision[0]
+    assert result["reduced_dtypes"] == {torch.float32}
+    assert result["grad_dtypes_reduce_fp32"] == {torch.bfloat16}
+    _assert_within_twice_the_plain_error(
+        result["bf16-reduce-fp32"], result["bf16-plain"], result["fp32-reference"]
+    )
+
+
+def test_lmcore_fused_adamw_steps_bf16_shards_in_one_launch_per_step(precision):
+    result = precision[0]
+    # one group of one dtype and step count: one launch per step, for every shard and the
+    # replicated norm gains
+    assert result["fused_launches"] == STEPS
+    # against float32 AdamW: at most twice as far as torch's AdamW on one bf16 process
+    _assert_within_twice_the_plain_error(
+        result["fused"], result["adamw-plain"], result["adamw-reference"]
+    )
+
+
+def test_the_policy_casts_inputs_to_the_compute_dtype_and_outputs_if_asked(precision):
+    result = precision[0]
+    assert result["io"] == (torch.bfloat16, torch.bfloat16)
+    assert result["io-output"] == (torch.bfloat16, torch.float32)
+    assert "dtype" in result["uncast"]  # a float32 input meets bf16 weights
+
+
+def test_a_one_rank_checkpoint_loads_on_two_ranks(precision):
+    result = precision[0]
+    _assert_within_twice_the_plain_error(
+        result["resumed"], result["resumed-plain"], result["resumed-fp32"]
+    )
+
+
+def test_a_two_rank_bf16_checkpoint_loads_into_a_plain_module(precision):
+    plain = _bf16_lm()
+    plain.load_state_dict(precision[0]["bf16"])  # strict: every key, shape; bf16 values
+    assert all(torch.equal(v, precision[0]["bf16"][k]) for k, v in plain.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"storage_dtype": torch.float16}, ValueError, "storage_dtype must be one of"),
+        ({"compute_dtype": torch.float64}, ValueError, "compute_dtype must be one of"),
+        ({"output_dtype": torch.int32}, ValueError, "output_dtype must be one of"),
+        ({"cast_forward_inputs": 1}, TypeError, "True or False"),
+    ],
+)
+def test_the_policy_refuses_what_fsdp_does_not_keep(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        MixedPrecision(**kwargs)
+
+
+def test_a_policy_and_a_shorthand_together_are_refused():
+    with pytest.raises(ValueError, match="not both"):
+        FSDP(nn.Linear(2, 2), mixed_precision=MixedPrecision(), compute_dtype=torch.bfloat16)
+
+
+# ---- compiled per unit: the hooks outside, each unit's forward one graph ----------------------
+
+# Dynamo and AOT autograd without generating kernels: the CPU tests trace what inductor would
+# compile (graphs, guards, the saved tensors of the compiled backward) at a fraction of its cost.
+CPU_COMPILE = {"backend": "aot_eager", "fullgraph": True}
+LM_UNITS = (TransformerBlock, Embedding, LMHead)
+
+
+def _checkpointed_bf16_lm() -> TransformerLM:
+    return apply_activation_checkpointing(_lm(num_layers=3).bfloat16(), policy="blocks")
+
+
+def _compile_worker(rank: int, world_size: int) -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    results: dict[str, Any] = {}
+    eager = FSDP(_checkpointed_bf16_lm(), units=LM_UNITS)
+    results["eager"] = _train_fsdp(eager, "adamw", rank, world_size)
+    counters.clear()
+    compiled = apply_fsdp(
+        _checkpointed_bf16_lm(), units=LM_UNITS, compile=True, compile_options=CPU_COMPILE
+    )
+    results["compiled"] = _train_fsdp(compiled, "adamw", rank, world_size)
+    results["graphs"] = counters["stats"]["unique_graphs"]
+    results["units"] = len(compiled.unit_modules)
+    return results
+
+
+@pytest.fixture(scope="module")
+def compiled() -> list[dict[str, Any]]:
+    return run_ranks(_compile_worker, world_size=2)
+
+
+def test_compiled_units_train_as_the_eager_ones(compiled):
+    # bf16 storage, block checkpointing (the compiled forward re-run under FSDP's hooks), the
+    # fused loss inside the compiled head: the same operations, so the same bits.
+    for rank in compiled:
+        _assert_equal(rank["compiled"], rank["eager"])
+
+
+def test_identical_units_compile_once(compiled):
+    # three blocks, the embedding and the head, forward and recomputed over three steps: one
+    # graph per unit class
+    for rank in compiled:
+        assert rank["units"] == 5
+        assert rank["graphs"] == len(LM_UNITS)
+
+
+def _call_compiled() -> nn.Module:
+    linear = nn.Linear(2, 2)
+    linear.compile()  # compiles the module's call, its hooks included
+    return nn.Sequential(linear)
+
+
+@pytest.mark.parametrize(
+    "compiled_model", [lambda: torch.compile(nn.Sequential(nn.Linear(2, 2))), _call_compiled]
+)
+def test_a_model_compiled_as_a_whole_is_refused(compiled_model):
+    with pytest.raises(ValueError, match="compile each unit's forward"):
+        apply_fsdp(compiled_model(), units=(nn.Linear,))
+
+
+def test_compile_options_need_compile():
+    with pytest.raises(ValueError, match="compile=True"):
+        apply_fsdp(nn.Linear(2, 2), units=(nn.Linear,), compile_options=CPU_COMPILE)
 
 
 def _gpu_worker(rank: int, world_size: int) -> dict[str, Any]:
