@@ -812,3 +812,77 @@ def _gpu_worker(rank: int, world_size: int) -> dict[str, Any]:
 def test_nccl_bf16_compute_is_within_bf16_rounding_of_fp32():
     result = run_ranks(_gpu_worker, world_size=1, backend="nccl")[0]
     _assert_within_twice_the_plain_error(result["fsdp"], result["bf16"], result["fp32"])
+
+
+def _gpu_lm(attention: str = "fa2-triton") -> TransformerLM:
+    """Three checkpointed blocks wide enough for fa2's Triton kernels (head dim 16)."""
+    torch.manual_seed(0)
+    model = TransformerLM(
+        vocab_size=VOCAB, context_length=SEQ, d_model=64, num_layers=3, num_heads=4, d_ff=172,
+        attention=attention,
+    )  # fmt: skip
+    return apply_activation_checkpointing(model, policy="blocks")
+
+
+def _on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.cpu() for k, v in state.items()}
+
+
+def _gpu_compiled_worker(rank: int, world_size: int) -> dict[str, Any]:
+    """bf16 storage, fa2's Triton kernels, block checkpointing, units compiled by inductor."""
+    from torch._dynamo.utils import counters
+
+    def bf16() -> TransformerLM:
+        return _gpu_lm().cuda().bfloat16()
+
+    def reference(optimizer: str, *, plain: bool) -> dict[str, torch.Tensor]:
+        # float32 with naive attention (exact softmax, no TF32): the same weights and steps
+        model = bf16() if plain else _gpu_lm("naive").cuda().bfloat16().float()
+        return _on_cpu(_train_reference(model, optimizer, halves=1))
+
+    results: dict[str, Any] = {}
+    counters.clear()
+    for optimizer in ("sgd", "lmcore-fused-bf16"):
+        fsdp = apply_fsdp(bf16(), units=LM_UNITS, compile=True)
+        results[optimizer] = _on_cpu(_train_fsdp(fsdp, optimizer, rank, world_size))
+    results["graphs"] = counters["stats"]["unique_graphs"]
+    results["eager"] = _on_cpu(_train_fsdp(FSDP(bf16(), units=LM_UNITS), "sgd", rank, world_size))
+    results["sgd-plain"] = reference("sgd", plain=True)
+    results["sgd-fp32"] = reference("sgd", plain=False)
+    results["adamw-plain"] = reference("adamw", plain=True)
+    results["adamw-fp32"] = reference("adamw", plain=False)
+    return results
+
+
+@pytest.fixture(scope="module")
+def gpu_compiled() -> dict[str, Any]:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    return run_ranks(_gpu_compiled_worker, world_size=2, backend="nccl")[0]
+
+
+@pytest.mark.gpu
+def test_nccl_compiled_bf16_fa2_units_are_within_twice_the_error_of_one_bf16_process(
+    gpu_compiled,
+):
+    _assert_within_twice_the_plain_error(
+        gpu_compiled["sgd"], gpu_compiled["sgd-plain"], gpu_compiled["sgd-fp32"]
+    )
+    _assert_within_twice_the_plain_error(
+        gpu_compiled["eager"], gpu_compiled["sgd-plain"], gpu_compiled["sgd-fp32"]
+    )
+
+
+@pytest.mark.gpu
+def test_nccl_fused_adamw_with_bf16_moments_on_compiled_bf16_units(gpu_compiled):
+    _assert_within_twice_the_plain_error(
+        gpu_compiled["lmcore-fused-bf16"],
+        gpu_compiled["adamw-plain"],
+        gpu_compiled["adamw-fp32"],
+    )
+
+
+@pytest.mark.gpu
+def test_nccl_identical_units_compile_once_under_inductor(gpu_compiled):
+    # two models, each three blocks, an embedding and a head: one graph per unit class
+    assert gpu_compiled["graphs"] == len(LM_UNITS)
