@@ -67,6 +67,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "lmcore.data": ("get_batch",),
     "lmcore.ffn": ("SwiGLU",),
     "lmcore.generation": ("generate",),
+    "lmcore.kv_cache": ("KVCache", "LayerKVCache"),
     "lmcore.linear": ("Embedding", "LMHead", "Linear"),
     "lmcore.linear_cross_entropy": (
         "CHUNK_BUDGET_BYTES",
@@ -116,7 +117,9 @@ __all__ = [
     "CausalSelfAttention",
     "CheckpointedBlockStack",
     "Embedding",
+    "KVCache",
     "LMHead",
+    "LayerKVCache",
     "Linear",
     "ModelConfig",
     "ModelSize",
