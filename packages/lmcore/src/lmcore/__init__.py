@@ -47,6 +47,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "lmcore.activation_checkpointing": (
         "CheckpointedBlockStack",
         "apply_activation_checkpointing",
+        "apply_fused_linear_cross_entropy",
         "saved_activation_bytes",
     ),
     "lmcore.attention": ("CausalSelfAttention",),
@@ -68,10 +69,12 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "lmcore.ffn": ("SwiGLU",),
     "lmcore.generation": ("generate",),
     "lmcore.hf_export": ("export_hf", "hf_config", "hf_state_dict"),
+    "lmcore.hf_loss": ("FUSED_LOSS_MODEL_TYPES", "apply_fused_linear_cross_entropy"),
     "lmcore.kv_cache": ("KVCache", "LayerKVCache"),
     "lmcore.linear": ("Embedding", "LMHead", "Linear"),
     "lmcore.linear_cross_entropy": (
         "CHUNK_BUDGET_BYTES",
+        "FUSED_LOSS_MODEL_TYPES",
         "chunk_rows",
         "fused_linear_cross_entropy",
     ),
@@ -130,6 +133,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerLM",
     "apply_activation_checkpointing",
+    "apply_fused_linear_cross_entropy",
     "attention_names",
     "attention_scores",
     "causal_mask",
