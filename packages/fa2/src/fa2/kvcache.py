@@ -15,6 +15,7 @@ No backward (as flash-attn's): the call runs without autograd.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -181,6 +182,43 @@ def _packed_cache_offsets(
     return torch.cat((cu_q, close_q)).int(), torch.cat((cu_k, close_k)).int()
 
 
+def _check_uniform(
+    cache_seqlens: int, seqlen_new: int, seqlen_cache: int, rotary_len: int | None
+) -> None:
+    """`_check_values_on_cpu` for one length given as an int: checked on every device (free)."""
+    end = cache_seqlens + seqlen_new
+    if cache_seqlens < 0 or end > seqlen_cache:
+        raise ValueError(
+            f"cache_seqlens + seqlen_new must fit the cache's {seqlen_cache} positions, got "
+            f"cache_seqlens {cache_seqlens} with {seqlen_new} new tokens"
+        )
+    if rotary_len is not None and end > rotary_len:
+        raise ValueError(
+            f"rotary_cos and rotary_sin hold {rotary_len} positions; the keys reach position "
+            f"{end - 1}"
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _uniform_tables(
+    batch: int, seqlen_q: int, seqlen_cache: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cu_seqlens_q, base, step) with which `_packed_cache_offsets` of rows that all end at
+    `end` and start at 0 is `cu_seqlens_k = base + end * step`: one addition per call."""
+    zeros = torch.zeros(batch, dtype=torch.long, device=device)
+    cu_q, base = _packed_cache_offsets(zeros, zeros, seqlen_q, seqlen_cache)
+    _, ones = _packed_cache_offsets(zeros, zeros + 1, seqlen_q, seqlen_cache)
+    return cu_q, base, ones - base
+
+
+def _uniform_offsets(
+    batch: int, seqlen_q: int, seqlen_cache: int, end: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_packed_cache_offsets` for rows that all hold keys 0 ... end - 1."""
+    cu_q, base, step = _uniform_tables(batch, seqlen_q, seqlen_cache, device)
+    return cu_q, torch.add(base, step, alpha=end)
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -261,7 +299,6 @@ def flash_attn_with_kvcache(
     rotary = _check_rotary(rotary_cos, rotary_sin, k, q.shape[-1])
     batch, seqlen_q = q.shape[:2]
     seqlen_new = 0 if k is None else k.shape[1]
-    seqlens = _seqlens(cache_seqlens, q)
     rows = None
     if cache_batch_idx is not None:
         _check_index("cache_batch_idx", cache_batch_idx, batch, q.device)
@@ -275,47 +312,64 @@ def flash_attn_with_kvcache(
     if cache_leftpad is not None:
         _check_index("cache_leftpad", cache_leftpad, batch, q.device)
         leftpad = cache_leftpad.long()
-    _check_values_on_cpu(
-        seqlens, leftpad, rows, seqlen_new, k_cache, rotary_cos.shape[0] if rotary else None
-    )
+    # Every row at one length (an int), read from row 0 on: the decoding loop's common case,
+    # served by slices and one precomputed offset table instead of per-row index arithmetic.
+    uniform = type(cache_seqlens) is int and rows is None and leftpad is None
+    seqlens = _seqlens(cache_seqlens, q) if rotary or not uniform else None
+    rotary_len = rotary_cos.shape[0] if rotary else None
+    if uniform:
+        _check_uniform(cache_seqlens, seqlen_new, k_cache.shape[1], rotary_len)
+    else:
+        _check_values_on_cpu(seqlens, leftpad, rows, seqlen_new, k_cache, rotary_len)
     options = dict(
         causal=causal, scale=softmax_scale, window_size=window_size, softcap=softcap,
         return_lse=True, bottom_right=True,
     )  # fmt: skip
     with torch.no_grad():
         if k is not None:
-            new = torch.arange(seqlen_new, device=q.device)
-            positions = seqlens[:, None] + new  # (batch, seqlen_new): where k and v go
             if rotary:
+                positions = seqlens[:, None] + torch.arange(seqlen_new, device=q.device)
                 k = _rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
                 local = make_band(causal=causal, window_size=window_size).masked
                 at = seqlens[:, None] + (torch.arange(seqlen_q, device=q.device) if local else 0)
                 q = _rotate(q, rotary_cos, rotary_sin, at.expand(batch, seqlen_q),
                             rotary_interleaved)  # fmt: skip
-            cache_rows = torch.arange(batch, device=q.device) if rows is None else rows
-            k_cache.index_put_((cache_rows[:, None], positions), k)
-            v_cache.index_put_((cache_rows[:, None], positions), v)
+            if uniform:  # (batch, seqlen_new) slices of the caches
+                end = cache_seqlens + seqlen_new
+                k_cache[:batch, cache_seqlens:end] = k
+                v_cache[:batch, cache_seqlens:end] = v
+            else:
+                positions = seqlens[:, None] + torch.arange(seqlen_new, device=q.device)
+                cache_rows = (torch.arange(batch, device=q.device) if rows is None else rows)[
+                    :, None
+                ]
+                k_cache.index_put_((cache_rows, positions), k)
+                v_cache.index_put_((cache_rows, positions), v)
         if rows is None:
             keys, values = k_cache[:batch], v_cache[:batch]  # views
         else:
             keys, values = k_cache.index_select(0, rows), v_cache.index_select(0, rows)
-        if seqlens is None and leftpad is None:  # the whole cache: plain bottom-right attention
+        seqlen_cache = keys.shape[1]
+        if cache_seqlens is None and leftpad is None:  # the whole cache: plain bottom-right
             out, lse = attend(q, keys, values, layout="bshd", **options)
+            return (out, lse) if return_softmax_lse else out
+        if uniform:
+            cu_q, cu_k = _uniform_offsets(
+                batch, seqlen_q, seqlen_cache, cache_seqlens + seqlen_new, q.device
+            )
         else:
-            seqlen_cache = keys.shape[1]
             ends = keys.new_full((batch,), seqlen_cache, dtype=torch.long) if seqlens is None \
                 else seqlens + seqlen_new  # fmt: skip
             starts = torch.zeros_like(ends) if leftpad is None else leftpad
             cu_q, cu_k = _packed_cache_offsets(starts, ends, seqlen_q, seqlen_cache)
-            out, lse = attend(
-                q.reshape(batch * seqlen_q, *q.shape[2:]),
-                keys.reshape(batch * seqlen_cache, *keys.shape[2:]),  # a view when contiguous
-                values.reshape(batch * seqlen_cache, *values.shape[2:]),
-                layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=seqlen_q,
-                max_seqlen_k=seqlen_cache, **options,
-            )  # fmt: skip
-            out = out.view(batch, seqlen_q, *out.shape[1:])
-            lse = lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1)  # (batch, heads, seq)
-    if return_softmax_lse:
-        return out, lse.contiguous()
-    return out
+        out, lse = attend(
+            q.reshape(batch * seqlen_q, *q.shape[2:]),
+            keys.reshape(batch * seqlen_cache, *keys.shape[2:]),  # a view when contiguous
+            values.reshape(batch * seqlen_cache, *values.shape[2:]),
+            layout="thd", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=seqlen_q,
+            max_seqlen_k=seqlen_cache, **options,
+        )  # fmt: skip
+    out = out.view(batch, seqlen_q, *out.shape[1:])
+    if not return_softmax_lse:
+        return out
+    return out, lse.view(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous()
