@@ -207,3 +207,17 @@ def test_padding_helpers_check_shapes():
         unpad_input(x, torch.ones(2, 4))
     with pytest.raises(ValueError, match="one entry per row"):
         pad_input(torch.randn(3, 3), torch.arange(4), 2, 5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "n_q, n_k", [(3000, 1000), (1000, 3000)], ids=["more-queries", "more-keys"]
+)
+def test_return_attn_probs_lse_at_real_sizes(n_q, n_k):
+    # The Triton kernels' logsumexp in bf16, bottom-right aligned, against float64.
+    q = torch.randn(2, n_q, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, n_k, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    _, lse, s_dmask = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    _, ref_lse = attention_reference(*(_bhsd(t) for t in (q, k, v)), causal=True, bottom_right=True)
+    assert s_dmask.numel() == 0 and lse.dtype == torch.float32
+    torch.testing.assert_close(lse.double(), ref_lse.detach(), atol=1e-3, rtol=1e-3)

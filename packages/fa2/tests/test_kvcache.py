@@ -181,3 +181,20 @@ def test_unsupported_and_bad_arguments_raise_naming_them(kwargs, error, match):
         kwargs["k"] = kwargs["v"] = new[kwargs["k"]]
     with pytest.raises(error, match=match):
         flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_decoding_at_real_sizes(dtype):
+    # 4 rows of a 4096-token cache at different lengths, 32 query heads over 8, d 128: one new
+    # token each (Triton), against float64 attention over each row's tokens.
+    k_cache, v_cache = (torch.randn(4, 4096, 8, 128, device="cuda", dtype=dtype) for _ in range(2))
+    seqlens = torch.tensor([0, 17, 2049, 4095], dtype=torch.int32, device="cuda")
+    q = torch.randn(4, 1, 32, 128, device="cuda", dtype=dtype)
+    k, v = (torch.randn(4, 1, 8, 128, device="cuda", dtype=dtype) for _ in range(2))
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                       causal=True, return_softmax_lse=True)  # fmt: skip
+    for b, n in enumerate(seqlens.tolist()):
+        ref, ref_lse = _oracle(q[b], k_cache[b, : n + 1], v_cache[b, : n + 1], causal=True)
+        torch.testing.assert_close(out[b].double(), ref, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse[b].double(), ref_lse, atol=1e-3, rtol=1e-3)
