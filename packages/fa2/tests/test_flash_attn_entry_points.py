@@ -48,9 +48,9 @@ def _bhsd(t):
     return t.detach().transpose(1, 2).double().requires_grad_()
 
 
-@pytest.mark.parametrize("n_q, n_k", [(37, 20), (9, 30)], ids=["more-queries", "more-keys"])
+@pytest.mark.parametrize("n_q, n_k", [(23, 12), (9, 30)], ids=["more-queries", "more-keys"])
 def test_return_attn_probs_gives_flash_attns_lse_bottom_right(impl, n_q, n_k):
-    # 37 queries over 20 keys, causal: the first 17 rows see nothing (lse +inf, out 0).
+    # 23 queries over 12 keys, causal: the first 11 rows see nothing (lse +inf, out 0).
     q, k, v = _randn(2, n_q, 4, 16), _randn(2, n_k, 2, 16), _randn(2, n_k, 2, 16)
     out, lse, s_dmask = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     ins = [_bhsd(t) for t in (q, k, v)]

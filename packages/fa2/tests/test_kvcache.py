@@ -64,11 +64,11 @@ def test_new_keys_are_appended_in_place_and_attended_per_row(impl, options):
 
 
 def test_decoding_token_by_token_equals_attention_over_the_whole_sequence(impl):
-    # A prefill of 5 tokens, then one token at a time: the same as causal attention at once.
+    # A prefill of 8 tokens, then one token at a time: the same as causal attention at once.
     q, k, v = (torch.randn(2, 12, 4 if i == 0 else 2, 16, device=DEVICE) for i in range(3))
     k_cache = torch.zeros(2, 16, 2, 16, device=DEVICE)
     v_cache = torch.zeros_like(k_cache)
-    steps = [(0, 5), *((t, t + 1) for t in range(5, 12))]
+    steps = [(0, 8), *((t, t + 1) for t in range(8, 12))]
     outs = [
         flash_attn_with_kvcache(
             q[:, a:b], k_cache, v_cache, k[:, a:b], v[:, a:b], cache_seqlens=a, causal=True
