@@ -74,7 +74,6 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "lmcore.linear": ("Embedding", "LMHead", "Linear"),
     "lmcore.linear_cross_entropy": (
         "CHUNK_BUDGET_BYTES",
-        "FUSED_LOSS_MODEL_TYPES",
         "chunk_rows",
         "fused_linear_cross_entropy",
     ),
@@ -111,6 +110,7 @@ __all__ = [
     "BUILTIN_ATTENTION",
     "CHUNK_BUDGET_BYTES",
     "DEFAULT_ATTENTION",
+    "FUSED_LOSS_MODEL_TYPES",
     "HANDOUT_SIZES",
     "MODEL_SIZES",
     "VOCAB_SIZE",
