@@ -31,8 +31,8 @@ compute beside it (`exposed`), idle time, the compute time added over `single` (
 contention), the CTAs of NCCL's kernels.
 
 Usage, from the repository root, on a machine with 2 GPUs (the first two visible ones;
-`CUDA_VISIBLE_DEVICES=2,3` picks others); about 5 minutes, never more than `--budget-s` (330) plus
-the start-up::
+`CUDA_VISIBLE_DEVICES=2,3` picks others). It starts no new work `--budget-s` (330) seconds
+after it started its ranks, and kills them 25 s later, keeping what they measured::
 
     export PYTHONPATH=$(ls -d $PWD/packages/*/src | paste -sd:)
     python3 packages/bench/scripts/ddp_overlap.py --out "$OUT"
@@ -87,13 +87,14 @@ CPU_SHAPE = {"size": "tiny", "context_length": 32, "batch": 2}
 # bench's AdamW settings (`bench.core.training.ADAMW_OPTIONS`): only the state AdamW keeps
 # matters for timing.
 ADAMW_OPTIONS = {"lr": 1e-4, "weight_decay": 0.01}
-BUCKET_SIZES_MB = (25.0, 100.0, 1000.0)  # DDPBucketed's default, and the issue's 100 and 1000
+BUCKET_SIZES_MB = (25.0, 100.0, 1000.0)  # DDPBucketed's default, and bench-ddp's two largest
 DEFAULT_BUCKET_MB = ddp.DEFAULT_BUCKET_SIZE_MB
-# The shrinking buckets stop at torch DDP's default bucket size; at xl every weight matrix is at
-# least 25 MiB, so the last buckets are single tensors (the embedding, 100 MB, is the last one).
+# The shrinking buckets stop at torch DDP's default bucket size; xl's smallest weight matrices
+# are that size (2560 x 2560 x 4 B = 25 MiB), so its last buckets are single tensors, the
+# embedding (10,000 x 2560 x 4 B) the very last.
 LAST_BUCKET_MB = 25.0
-# `tiny` holds about 5.6 MB of fp32 gradients (two 2.56 MB embeddings, 0.26 MB per block): these
-# sizes give it several buckets, a few, and two, and a shrinking tail, as xl's do.
+# `tiny`'s fp32 gradients: 10,000 x 64 x 4 B = 2.56 MB for each of the embedding and the LM head,
+# and 65,664 x 4 B = 0.26 MB per block; these sizes give it many buckets, a few, and two.
 TINY_BUCKET_SIZES_MB = (0.25, 1.0, 4.0)
 TINY_LAST_BUCKET_MB = 0.1
 # Communicators: CTA caps around NCCL's own choice (which the traces' `nccl_ctas` shows), its
@@ -113,7 +114,7 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # autocast dtype of each precis
 # and the all-reduce sweep, fp32 rows, bf16 rows, traces, torch DDP. A part that ends early
 # leaves its time to the next.
 PART_DEADLINES = {"allreduce": 0.2, "fp32": 0.53, "bf16": 0.75, "traces": 0.9, "torch": 1.0}
-DEFAULT_BUDGET_S = 330.0  # the brief's 6 minutes, less 30 s for start-up and shut-down
+DEFAULT_BUDGET_S = 330.0  # a 6-minute GPU call, less 30 s for start-up and shut-down
 HARD_MARGIN_S = 25.0  # the parent kills ranks this long after the budget
 ROW_MARGIN = 1.2  # a row starts only if 1.2x the last row's duration fits before the deadline
 
@@ -487,7 +488,7 @@ class Wrapped:
 
 def _bucket_optimizers(wrapper: ddp.DDPBucketed, whole: torch.optim.Optimizer) -> list[Any]:
     """One AdamW per bucket, stepped from a reduced hook. They share `whole`'s state dict: the
-    same per-parameter moments, no second copy of them (27 GB at xl)."""
+    same per-parameter moments, no second copy of them (8 bytes per parameter)."""
     optimizers = []
     for params in wrapper.bucket_params:
         optimizer = torch.optim.AdamW(params, **ADAMW_OPTIONS)
@@ -658,16 +659,22 @@ class Recorder:
         (self.out / "ddp_overlap.json").write_text(json.dumps(payload, indent=1))
 
 
-def _row(case: Case, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    first = per_rank[0]
-    step, std = slowest_median([r["times"] for r in per_rank])
-    row: dict[str, Any] = {
+def _case_fields(case: Case) -> dict[str, Any]:
+    return {
         "dtype": case.dtype,
         "case": case.label,
         "variant": case.variant,
         "bucket_mb": case.bucket_mb,
         "levers": asdict(case.levers),
         "lever_count": len(case.levers.names()),
+    }
+
+
+def _row(case: Case, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    first = per_rank[0]
+    step, std = slowest_median([r["times"] for r in per_rank])
+    row: dict[str, Any] = {
+        **_case_fields(case),
         "step_ms": step,
         "step_ms_std": std,
         "backward_ms": first["backward_ms"],
@@ -687,15 +694,7 @@ def _row(case: Case, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _skipped(case: Case, why: str) -> dict[str, Any]:
-    return {
-        "dtype": case.dtype,
-        "case": case.label,
-        "variant": case.variant,
-        "bucket_mb": case.bucket_mb,
-        "levers": asdict(case.levers),
-        "lever_count": len(case.levers.names()),
-        "status": f"skipped: {why}",
-    }
+    return {**_case_fields(case), "status": f"skipped: {why}"}
 
 
 def run_rows(ctx: Rank, rec: Recorder | None, cases: Sequence[Case], part: str) -> list[dict]:
