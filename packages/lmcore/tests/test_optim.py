@@ -299,12 +299,18 @@ def test_adamw_moment_dtype_needs_the_fused_kernel_and_a_dtype_it_keeps():
         )
 
 
-def test_fused_adamw_refuses_moments_of_two_dtypes_in_one_launch():
-    params = _fused_params(0, torch.bfloat16)
+def _stepped_with_bf16_moments(seed: int) -> tuple[list[torch.Tensor], AdamW]:
+    """bf16 parameters, one step of the fused AdamW with bf16 moments."""
+    params = _fused_params(seed, torch.bfloat16)
     optimizer = AdamW(params, fused=True, moment_dtype=torch.bfloat16)
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer.step()
+    return params, optimizer
+
+
+def test_fused_adamw_refuses_moments_of_two_dtypes_in_one_launch():
+    params, optimizer = _stepped_with_bf16_moments(0)
     state = optimizer.state[params[0]]
     state["exp_avg_sq"] = state["exp_avg_sq"].float()
     with pytest.raises(ValueError, match="moments of one launch in one dtype"):
@@ -312,11 +318,7 @@ def test_fused_adamw_refuses_moments_of_two_dtypes_in_one_launch():
 
 
 def test_fused_state_dict_with_bf16_moments_loads_keeping_them_bf16():
-    params = _fused_params(3, torch.bfloat16)
-    mine = AdamW(params, fused=True, moment_dtype=torch.bfloat16)
-    for p in params:
-        p.grad = torch.randn_like(p)
-    mine.step()
+    params, mine = _stepped_with_bf16_moments(3)
     fresh = _fused_params(3, torch.bfloat16)
     resumed = AdamW(fresh, fused=True, moment_dtype=torch.bfloat16)
     resumed.load_state_dict(copy.deepcopy(mine.state_dict()))
