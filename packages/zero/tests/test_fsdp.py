@@ -754,6 +754,13 @@ def _compile_worker(rank: int, world_size: int) -> dict[str, Any]:
     results["compiled"] = _train_fsdp(compiled, "adamw", rank, world_size)
     results["graphs"] = counters["stats"]["unique_graphs"]
     results["units"] = len(compiled.unit_modules)
+    # between the forward and the backward: no weights gathered (the root holds no matrix)
+    loss = _loss(compiled, _batches()[0].chunk(world_size)[rank], 0)
+    results["gathered_after_forward"] = sum(
+        u.flat.untyped_storage().nbytes() for u in compiled._units
+    )
+    loss.backward()
+    compiled.finish_gradient_synchronization()
     return results
 
 
@@ -767,6 +774,11 @@ def test_compiled_units_train_as_the_eager_ones(compiled):
     # fused loss inside the compiled head: the same operations, so the same bits.
     for rank in compiled:
         _assert_equal(rank["compiled"], rank["eager"])
+
+
+def test_with_the_embedding_and_head_as_units_nothing_stays_gathered_for_backward(compiled):
+    for rank in compiled:
+        assert rank["gathered_after_forward"] == 0
 
 
 def test_identical_units_compile_once(compiled):
