@@ -2,7 +2,7 @@
 
 For each shape (causal, bf16, a random output gradient) and each implementation: cuDNN (SDPA's
 cuDNN backend), fa2 as it runs by default, and fa2 with each candidate forced through
-FA2_TILES / FA2_L2_GROUP (`fa2.triton.configs`): the warp-specialized forward and dK/dV tiles,
+FA2_TILES / FA2_L2_GROUP (`fa2.triton.configs`): the warp-specialised forward and dK/dV tiles,
 dQ on 128x128 tiles, the L2-grouped backward launch order, and all of them together. Measured:
 
 - forward, forward+backward (do_bench medians, L2 flushed between calls), backward = their
@@ -13,7 +13,7 @@ dQ on 128x128 tiles, the L2-grouped backward launch order, and all of them toget
   head 0, the first min(S, 8192) positions (a causal prefix is a problem of its own; 8192 keeps
   the tiles of the long sequences), beside SDPA cuDNN's error on the same slice;
 - whether two backward passes over the full shape give the same bits;
-- the tiles the plans launched, and whether the warp-specialized loop was compiled in.
+- the tiles the plans launched, and whether the warp-specialised loop was compiled in.
 
 Every part runs under a time budget (`--budget` seconds in all, shared evenly among the shapes
 not yet run, Triton's compilation included); what does not fit is recorded as skipped. Rows are
@@ -189,7 +189,7 @@ def deterministic(fn, q, k, v, do) -> bool:
 
 def launched(shape) -> dict[str, str]:
     """The tiles the forward and backward plans of `shape` launched under the current settings
-    ("+WS" only where the warp-specialized loop was compiled in), and the L2 groups."""
+    ("+WS" only where the warp-specialised loop was compiled in), and the L2 groups."""
     settings = configs.tile_settings()
     cache = forward._plans.cache
     plans = [p for key, p in cache.items() if key[0] == shape and key[-1] == settings]

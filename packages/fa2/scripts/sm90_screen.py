@@ -1,5 +1,5 @@
 """Compile fa2's kernels for a Hopper GPU (sm_90) on a machine without one, and report what each
-candidate tile would get: warp specialization, warps, registers, spills, shared memory.
+candidate tile would get: warp specialisation, warps, registers, spills, shared memory.
 
 The launch plans are built by fa2's own host code, on meta tensors (no memory), with the device
 taken to have a TMA unit, so each plan chooses what it would choose on a Hopper GPU; every
@@ -7,7 +7,7 @@ launch the plan makes is then compiled by Triton for sm_90 (the wheel's ptxas) i
 with the arguments and constexprs it would be launched with. Per launch:
 
 - ws: the TTGIR holds a `ttg.warp_specialize` region (Triton's Hopper pass split the loop);
-- warps: warps launched (a specialized kernel adds its producer and second consumer);
+- warps: warps launched (a specialised kernel adds its producer and second consumer);
 - setmaxnreg: the register counts the partitions set themselves (PTX);
 - regs, stack: registers per thread at launch and stack bytes per thread, where spills go
   (`cuobjdump -res-usage`);
@@ -22,7 +22,7 @@ Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
 
 `--tiles listed` (the default) compiles every candidate the tables list for the main cases and,
 for the option cases (grouped heads, windows, packed sequences, softcap...), the defaults and
-the warp-specialized candidates; `--tiles default` only what runs by default. `--extra` adds
+the warp-specialised candidates; `--tiles default` only what runs by default. `--extra` adds
 tiles the tables do not list (a failed compile is reported as such, not raised).
 """
 
@@ -69,7 +69,7 @@ class Case(NamedTuple):
     softcap: float = 0.0
     bottom_right: bool = False
     packed: int = 0  # > 0: that many equal packed sequences of n_q tokens (layout "thd")
-    main: bool = True  # every listed tile; else the defaults and the warp-specialized ones
+    main: bool = True  # every listed tile; else the defaults and the warp-specialised ones
 
 
 CASES = [
@@ -238,7 +238,7 @@ def _revision() -> str:
 def markdown(rows: list[dict], meta: dict) -> str:
     """The rows as a results page."""
     lines = [
-        "# fa2 kernels compiled for sm_90 on a CPU: warp specialization, registers, spills",
+        "# fa2 kernels compiled for sm_90 on a CPU: warp specialisation, registers, spills",
         "",
         f"Target sm_90 (compile only, no GPU); triton {meta['triton']}, torch {meta['torch']}; "
         f"{meta['date']}; code {meta['revision']}. Command: `{meta['command']}`.",

@@ -213,8 +213,8 @@ def _dkdv_kernel(
 ):
     """dK and dV of BLOCK_N keys; with ATOMIC_DQ also dQ, added atomically into DQ: fp32,
     zeroed, contiguous `(..., heads, N_Q, HEAD_DIM)` (unread otherwise). Masks, packed
-    sequences (VARLEN) and the softcap as in the forward kernel. WS: one warp-specialized
-    loop over the query tiles (configs, "Warp specialization"); L2_GROUP: the launch order
+    sequences (VARLEN) and the softcap as in the forward kernel. WS: one warp-specialised
+    loop over the query tiles (configs, "Warp specialisation"); L2_GROUP: the launch order
     (`program_ids`)."""
     tl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
     # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
@@ -227,8 +227,10 @@ def _dkdv_kernel(
     b, hk = bh // KV_HEADS, bh % KV_HEADS
     q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)
     # The grid covers the longest sequence; tiles past this one's end have no work. (Two
-    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
-    if VARLEN:  # noqa: SIM102
+    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.) A
+    # warp-specialised loop may not follow a return (the pass fails): there such a tile runs
+    # no query tile and, its keys past the end, stores nothing.
+    if VARLEN and not WS:  # noqa: SIM102
         if pid_n * BLOCK_N >= n_k:
             return
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -269,7 +271,9 @@ def _dkdv_kernel(
             dq_base = tl.make_tensor_descriptor(
                 dq_base, [n_q, HEAD_DIM], [HEAD_DIM, 1], block_shape=[BLOCK_M, BLOCK_D]
             )
-        if WS:  # one warp-specialized loop over every query tile, each masked
+        if WS:  # one warp-specialised loop over every query tile, each masked
+            if VARLEN:
+                end = tl.where(pid_n * BLOCK_N < n_k, end, start)
             dk, dv = _dkdv_tiles(
                 dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
                 offs_n, offs_d, start, end, n_q, lo, hi, qk_scale, sm_scale, cap_scale,
@@ -614,7 +618,7 @@ class BackwardPlan:
         kv_tma = tma_layouts((kv, views[2]), [sk, sv], traced=traced)
         q_do_tma = tma_layouts((qv, views[4]), [sq, sdo], traced=traced)
         self.tma_loads = dict(dq=kv_tma, dkdv=q_do_tma, fused=q_do_tma)
-        # A warp-specialized tile also reads its own keys and values through descriptors
+        # A warp-specialised tile also reads its own keys and values through descriptors
         # (`load_rows`); only the dK/dV pass and the single pass have such tiles.
         self.ws_loads = kv_tma and q_do_tma
         self.meta = dict(fwd.meta)
@@ -644,6 +648,8 @@ class BackwardPlan:
             precision=fwd.precision,
             seq_len=fwd.seq_len,
             key=lambda: (fwd.call.band, seq_bucket(n_q, n_k)),
+            # dK/dV's loop over grouped heads around a specialised one fails to compile
+            specialisable=self.ws_loads and group == 1,
         )
         # In launch order: the first pass writes D, which the second reads.
         passes = (("fused", DKDV_ATOMIC),) if self.single_pass else (("dq", DQ), ("dkdv", DKDV))
@@ -680,7 +686,7 @@ class BackwardPlan:
             kernel = _dkdv_kernel
             constexprs["EVEN_Q"] = not self.varlen and self.n_q % tile.block_m == 0
             constexprs["ATOMIC_DQ"] = 0 if which == "dkdv" else (2 if self.tma_reduce else 1)
-            constexprs["WS"] = tile.ws and tma and self.ws_loads  # else the plain kernel
+            constexprs["WS"] = tile.ws and tma  # plain loads (misaligned tensors): plain kernel
             constexprs["L2_GROUP"] = self.l2_groups["dkdv"]
             checked = (0, 1, 2, 3, 9, 10) if self.varlen else (0, 1, 2, 3)
         return CachedLaunch(

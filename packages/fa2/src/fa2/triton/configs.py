@@ -187,7 +187,7 @@ class Tile(NamedTuple):
     # Read the tiles of the inner loop through TMA descriptors (Hopper's copy unit) where the
     # device and the layout allow (`fa2.triton.launch.tma_layouts`); plain loads elsewhere.
     tma: bool = False
-    # Warp-specialized (needs `tma`; see "Warp specialization" below): one inner loop over
+    # Warp-specialised (needs `tma`; see "Warp specialisation" below): one inner loop over
     # every tile, each masked, which Triton splits into a TMA producer warp and two consumer
     # warpgroups. Without TMA descriptors (a misaligned tensor) the plain kernel runs.
     ws: bool = False
@@ -221,19 +221,22 @@ class Tile(NamedTuple):
 # loop's fixed costs weigh more there, and a smaller tile, two programs to a multiprocessor,
 # hides them (d = 128 forward: 0.335 against 0.372 ms at (4, 32, 2048)).
 #
-# Warp specialization ("+WS" tiles; candidates, not yet defaults: no GPU has timed them). For
+# Warp specialisation ("+WS" tiles; candidates, not yet defaults: no GPU has timed them). For
 # sm_90 Triton 3.6 splits a loop written `tl.range(..., warp_specialize=True)` into one TMA
 # producer warp and two consumer warpgroups, each taking half of the tile's 128 rows (FA3's
-# layout), when: the kernel has 4 warps (with 8 it silently does not specialize); the loop is
+# layout), when: the kernel has 4 warps (with 8 it silently does not specialise); the loop is
 # the kernel's only one (a second loop after it crashes the pass, so causal and ragged tiles
 # are masked inside it); and every tile its matmuls read comes through a TMA descriptor, the
-# program's own rows (q; k and v) too (a plain load there crashes it). The forward splits its
-# 128 query rows, dK/dV its 128 keys. dQ (the row vectors L and D along the split rows) and
-# the single pass (dQ summed over the split keys) do not compile specialized. Compiled for
-# sm_90 on a CPU: docs/design/fa2.md, "Warp specialization".
+# program's own rows (q; k and v) too (a plain load there crashes it); and the kernel does not
+# return early (packed sequences' tiles past their end idle instead). The forward splits its
+# 128 query rows, dK/dV its 128 keys. dK/dV with grouped heads (the loop over the query heads
+# around the specialised one, unrolled or not), dQ (its row vectors L and D along the split
+# rows) and the single pass (dQ summed over the split keys) do not compile specialised: they
+# take the plain kernels. Compiled for sm_90 on a CPU: docs/design/fa2.md, "Warp
+# specialisation on Hopper".
 SHORT_SEQ = 4096
 FORWARD = {
-    # the second tile runs the warp-specialized kernel's loop (tests force it)
+    # the second tile runs the warp-specialised kernel's loop (tests force it)
     "interpreter": [Tile(32, 16, 1, 1), Tile(32, 16, 1, 1, tma=True, ws=True)],
     # 1.33 ms at (16, 16384, 64) (64x64/4w/3s 1.44); TMA slower here (1.263 -> 1.279)
     "16bit_d64": [
@@ -282,7 +285,7 @@ FORWARD = {
     "tf32_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],  # untimed
 }
 DKDV = {
-    # the second tile runs the warp-specialized kernel's loop (tests force it)
+    # the second tile runs the warp-specialised kernel's loop (tests force it)
     "interpreter": [Tile(16, 32, 1, 1), Tile(16, 32, 1, 1, tma=True, ws=True)],
     # 2.05 ms at (16, 16384, 64) (64x64/4w/4s 2.19, 32x64/4w/4s 2.29); TMA about equal
     "16bit_d64": [
@@ -508,6 +511,7 @@ def choose_tile(
     seq_len: int,
     key: Callable[[], tuple],
     run: Callable[[Tile], object] | None,
+    specialisable: bool = True,
 ) -> Tile:
     """The tile to launch with: the table's default, the one FA2_TILES names, or with
     FA2_AUTOTUNE=1 the fastest of the list for `key()`, found once by timing `run(tile)` for
@@ -517,7 +521,10 @@ def choose_tile(
     `seq_len` (the longer of the query and key lengths) picks a family's `_short` list where
     the table has one and the sequences are at most `SHORT_SEQ` long (when traced with
     symbolic lengths: only where that holds for every length). FA2_TILES may name a tile of
-    either list of the family."""
+    either list of the family. Where the call cannot run a warp-specialised kernel
+    (`specialisable` False: its rows cannot be read through TMA descriptors, or dK/dV has
+    grouped heads), "+WS" tiles are left out: a named one gives way to the list's default,
+    whose block sizes suit the plain kernel."""
     short = known_true(seq_len <= SHORT_SEQ)
     families = _families(head_dim_block, dtype.itemsize, precision)
     keys = [k for f in families for k in ((f"{f}_short", f) if short else (f,))]
@@ -531,7 +538,9 @@ def choose_tile(
                 f"FA2_TILES names {kernel} tile {forced}, which is not a candidate for this "
                 f"call ({', '.join(families)}); candidates: {', '.join(map(str, listed))}"
             )
-        return forced
+        return candidates[0] if forced.ws and not specialisable else forced
+    if not specialisable:
+        candidates = [tile for tile in candidates if not tile.ws]
     if run is None or not autotuning() or len(candidates) == 1:
         return candidates[0]
     full_key = (id(table), head_dim_block, dtype, precision, *key())

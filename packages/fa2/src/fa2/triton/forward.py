@@ -176,13 +176,19 @@ def _fwd_kernel(
     pid_m = tl.program_id(0)
     q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, tl.program_id(1) // HEADS, N_Q, N_K, VARLEN)
     # The grid covers the longest sequence; tiles past this one's end have no work. (Two
-    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
-    if VARLEN:  # noqa: SIM102
+    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.) A
+    # warp-specialised loop may not follow a return (the pass fails): there such a tile runs
+    # no key tile and, its rows past the end, stores nothing.
+    IDLE_TILES: tl.constexpr = VARLEN and WS
+    if VARLEN and not WS:  # noqa: SIM102
         if pid_m * BLOCK_M >= n_q:
             return
     # Heaviest causal tiles (the last query rows) start first, so the grid's tail is short.
     if IS_CAUSAL:
-        pid_m = tl.cdiv(n_q, BLOCK_M) - 1 - pid_m
+        if IDLE_TILES:
+            pid_m = tl.where(pid_m * BLOCK_M < n_q, tl.cdiv(n_q, BLOCK_M) - 1 - pid_m, pid_m)
+        else:
+            pid_m = tl.cdiv(n_q, BLOCK_M) - 1 - pid_m
     # One program per (batch, query head); GROUP query heads share one key/value head.
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HEADS, bh % HEADS
@@ -207,7 +213,9 @@ def _fwd_kernel(
     start, full_start, full_end, end = key_range(
         pid_m, n_k, lo, hi, BLOCK_M, BLOCK_N, IS_CAUSAL, LOCAL, ALIGNED
     )
-    if WS:  # one warp-specialized loop over every key tile, each masked (see `_launch`)
+    if WS:  # one warp-specialised loop over every key tile, each masked (see `_launch`)
+        if IDLE_TILES:
+            end = tl.where(pid_m * BLOCK_M < n_q, end, start)
         acc, l_i, m_i = _fwd_tiles(
             acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
             start, end, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
@@ -295,7 +303,7 @@ class ForwardPlan:
         # Tiles with `tma` read keys and values through TMA descriptors where the layout
         # allows (and, when traced, the alignment is known: see `tma_layouts`).
         self.tma_loads = tma_layouts(views[1:], strides[1:3], traced=traced)
-        # A warp-specialized tile also reads its queries through a descriptor (`load_rows`).
+        # A warp-specialised tile also reads its queries through a descriptor (`load_rows`).
         self.ws_loads = self.tma_loads and tma_layouts(views[:1], strides[:1], traced=traced)
         self.backward_plans: dict = {}
         # no guard when traced with symbolic lengths
@@ -314,13 +322,14 @@ class ForwardPlan:
             seq_len=self.seq_len,
             key=lambda: (call.band, seq_bucket(n_q, n_k)),
             run=None if traced or self.varlen else run,
+            specialisable=self.ws_loads,
         )
         self.tile = tile
         self.launch = self._launch(tile)
 
     def _launch(self, tile: Tile) -> CachedLaunch:
         tma = tile.tma and self.tma_loads
-        ws = tile.ws and tma and self.ws_loads  # else the plain kernel
+        ws = tile.ws and tma  # plain loads (misaligned tensors): the plain kernel
         grid = None if self.varlen else (cdiv(self.n_q, tile.block_m), self.batch_heads)
         constexprs = dict(self.meta, TMA=tma, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WS=ws)
         return CachedLaunch(

@@ -110,8 +110,8 @@ def load_rows(
 ):
     """`load_tile` of the rows [start, start + BLOCK_ROWS) of an (n_rows, HEAD_DIM) row-major
     matrix, with TMA through a descriptor of its own (`row_source`): a program's own tile,
-    loaded once before its loop. Triton 3.6's Hopper warp specialization fails to compile a
-    loop whose matmul operand was loaded before it with plain loads, so the specialized
+    loaded once before its loop. Triton 3.6's Hopper warp specialisation fails to compile a
+    loop whose matmul operand was loaded before it with plain loads, so the specialised
     kernels load such tiles this way."""
     if TMA:
         x = row_source(base, n_rows, stride, HEAD_DIM, BLOCK_ROWS, BLOCK_D, True).load([start, 0])
