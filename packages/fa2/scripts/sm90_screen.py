@@ -230,7 +230,10 @@ def _line(row: dict) -> str:
 
 
 def _revision() -> str:
-    """The git revision of the working tree, "+dirty" where it has uncommitted changes."""
+    """The git revision of the working tree, "+dirty" where it has uncommitted changes; or
+    BENCH_GIT_REVISION where the sources are a copy of that commit's tree (bench's convention)."""
+    if os.environ.get("BENCH_GIT_REVISION"):
+        return os.environ["BENCH_GIT_REVISION"]
     run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
     return run("rev-parse", "--short", "HEAD") + ("+dirty" if run("status", "--porcelain") else "")
 
