@@ -15,8 +15,10 @@ dQ on 128x128 tiles, the L2-grouped backward launch order, and all of them toget
 - whether two backward passes over the full shape give the same bits;
 - the tiles the plans launched, and whether the warp-specialised loop was compiled in.
 
-Every part runs under a time budget (`--budget` seconds in all, shared evenly among the shapes
-not yet run, Triton's compilation included); what does not fit is recorded as skipped. Rows are
+Every part runs under a time budget (`--budget` seconds in all, Triton's compilation included):
+the time left is shared among the shapes not yet run, each weighing 1 plus its FLOPs over
+`FLOPS_PER_WEIGHT` (the long shapes' timing runs take seconds where the short ones' take less
+than their compilation); what does not fit is recorded as skipped. Rows are
 written to `OUT/hopper_screen.json` as they come, so a run stopped early keeps them; a compact
 table is printed last. Imports nothing from bench.
 
@@ -70,6 +72,7 @@ SHAPES = [  # (batch, heads, seq, head dim), in the order they run
     (16, 1, 32768, 128),
 ]
 TINY_SHAPES = [(1, 2, 70, 64), (2, 2, 45, 128)]
+FLOPS_PER_WEIGHT = 2e13  # forward+backward FLOPs that weigh as much as one shape's compilation
 ACCURACY_PREFIX = 8192  # longer than configs.SHORT_SEQ: the slice takes the long tiles
 ROTATE_BYTES = 2**30  # inputs (q, k, v, dO) rotate among up to 4 copies until they span this
 
@@ -347,16 +350,18 @@ def main() -> int:
     meta = dict(
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (interpreter)",
         torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-        cudnn=torch.backends.cudnn.version(), date=datetime.datetime.now(datetime.UTC).isoformat(),
+        cudnn=torch.backends.cudnn.version(),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command="python3 packages/fa2/scripts/hopper_screen.py " + " ".join(sys.argv[1:]),
         budget_s=args.budget, rep_ms=args.rep_ms, **_revision(),
     )  # fmt: skip
     rows = Results(args.out / "hopper_screen.json", meta)
     shapes = [s for s in (TINY_SHAPES if args.tiny else SHAPES) if args.shapes in str(s)]
     deadline = started + args.budget
+    weights = [1 + sum(flops(shape)) / FLOPS_PER_WEIGHT for shape in shapes]
     for i, shape in enumerate(shapes):
         now = time.monotonic()
-        share = now + (deadline - now) / (len(shapes) - i)
+        share = now + (deadline - now) * weights[i] / sum(weights[i:])
         try:
             screen_shape(shape, rows, share, tiny=args.tiny, rep_ms=args.rep_ms)
         except Exception as exc:  # e.g. out of memory: keep the other shapes
