@@ -189,7 +189,8 @@ class Tile(NamedTuple):
     tma: bool = False
     # Warp-specialised (needs `tma`; see "Warp specialisation" below): one inner loop over
     # every tile, each masked, which Triton splits into a TMA producer warp and two consumer
-    # warpgroups. Without TMA descriptors (a misaligned tensor) the plain kernel runs.
+    # warpgroups. A call that cannot take it gets the list's default (`choose_tile`); a
+    # misaligned tensor, the same block sizes in the plain kernel (as `tma` tiles do).
     ws: bool = False
 
     def __str__(self) -> str:

@@ -168,7 +168,8 @@ def _fwd_kernel(
     sequence, head): sequence b is rows CU_Q[b]:CU_Q[b + 1] of q and o (and CU_K of k, v),
     N_Q and N_K are then the total rows, and L is (heads, N_Q). Query i sees key j iff j is in
     range and, where bounded, i + lo <= j (LOCAL) and j <= i + hi (IS_CAUSAL), with
-    lo, hi = d - WIN_LEFT, d + WIN_RIGHT, d = 0 or with BOTTOM_RIGHT n_k - n_q (fa2.masks)."""
+    lo, hi = d - WIN_LEFT, d + WIN_RIGHT, d = 0 or with BOTTOM_RIGHT n_k - n_q (fa2.masks).
+    WS: one warp-specialised loop over the key tiles (configs, "Warp specialisation")."""
     tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal must start on a key tile")
     # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -213,7 +214,7 @@ def _fwd_kernel(
     start, full_start, full_end, end = key_range(
         pid_m, n_k, lo, hi, BLOCK_M, BLOCK_N, IS_CAUSAL, LOCAL, ALIGNED
     )
-    if WS:  # one warp-specialised loop over every key tile, each masked (see `_launch`)
+    if WS:  # one warp-specialised loop over every key tile, each masked
         if IDLE_TILES:
             end = tl.where(pid_m * BLOCK_M < n_q, end, start)
         acc, l_i, m_i = _fwd_tiles(
