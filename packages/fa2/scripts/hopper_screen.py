@@ -29,7 +29,7 @@ GPU (one H100 or H200), from the repository root, with no install::
 
 Rehearsal on a CPU (Triton's interpreter, tiny shapes and the interpreter's tiles)::
 
-    uv run python packages/fa2/scripts/hopper_screen.py --tiny --out /tmp/screen
+    uv run python packages/fa2/scripts/hopper_screen.py --tiny --out screen_tiny
 """
 
 from __future__ import annotations
