@@ -124,6 +124,28 @@ def test_the_implementation_is_the_constructors_and_training_continues_exactly(
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("saved_dtype, our_dtype", [(torch.bfloat16, None), (None, torch.bfloat16)])
+def test_the_fused_moment_dtype_is_the_constructors(saved_dtype, our_dtype):
+    # A state saved with bf16 moments into float32 ones and back: converted, and the groups
+    # keep the dtype this optimizer was built with, which its next step uses.
+    saved = copy.deepcopy(
+        _trained(
+            AdamW, _params(13, torch.bfloat16), fused=True, moment_dtype=saved_dtype
+        ).state_dict()
+    )
+    params = _params(14, torch.bfloat16)
+    optimizer = AdamW(_groups(params), fused=True, moment_dtype=our_dtype)
+    optimizer.load_state_dict(saved)
+    want = torch.float32 if our_dtype is None else our_dtype
+    assert all(g["moment_dtype"] == our_dtype for g in optimizer.param_groups)
+    _step([(optimizer, params)], seed=15)
+    for i, p in enumerate(params):
+        state = optimizer.state[p]
+        assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == want
+        assert state["step"].item() == 3 and torch.isfinite(state["exp_avg_sq"]).all()
+        assert not torch.equal(state["exp_avg"], saved["state"][i]["exp_avg"].to(want))
+
+
 def _torch_state(optimizer_cls, **kwargs):
     return copy.deepcopy(_trained(optimizer_cls, _params(6), **kwargs).state_dict())
 

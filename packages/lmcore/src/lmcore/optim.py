@@ -10,14 +10,17 @@ import torch
 
 __all__ = ["AdamW"]
 
-# Parameter dtypes the fused kernel updates (its moments are float32 for all three).
+# Parameter dtypes the fused kernel updates (its moments are float32 for all three unless
+# `moment_dtype` says otherwise).
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The fused kernel's moments when `moment_dtype` is not given.
+_FUSED_MOMENT_DTYPE = torch.float32
 # Launch tables and shared step counts kept per optimizer: one per set of parameters that had
 # gradients together.
 _MAX_LAUNCHES = 16
 # Group options that pick how the arithmetic is carried out, not what it computes: the
 # constructor's choice, which a loaded state dict never changes.
-_IMPLEMENTATION_OPTIONS = ("fused", "foreach")
+_IMPLEMENTATION_OPTIONS = ("fused", "foreach", "moment_dtype")
 # The per-parameter state of this AdamW and of torch's, in torch's names.
 _STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq"})
 # torch.optim.AdamW's group options that this AdamW does not take, with the value under which
@@ -64,7 +67,8 @@ class AdamW(torch.optim.Optimizer):
       and step count within it, normally one) that reads each parameter, gradient and moment
       once and writes the parameter and moments once (`lmcore.kernels.adamw`: a table of the
       tensors' addresses, one program per block of 2,048 elements). The moments are float32
-      also for bf16 and fp16 parameters; the parameter is updated in float32 and rounded once.
+      also for bf16 and fp16 parameters unless `moment_dtype` says otherwise; the update is
+      computed in float32 and the parameter and each moment rounded once to their dtypes.
 
     By default (`foreach=None`, `fused=False`) a group whose parameters are all on CUDA takes
     the multi-tensor path and any other the per-parameter one, torch's own rule: on the CPU the
@@ -89,10 +93,17 @@ class AdamW(torch.optim.Optimizer):
             float32, bfloat16 or float16 (on a CPU only under Triton's interpreter,
             `TRITON_INTERPRET=1`, which is how the tests run it), contiguous, with contiguous
             gradients.
+        moment_dtype: the dtype of the fused kernel's moments, `torch.float32` or
+            `torch.bfloat16`; None (the default) is float32. `torch.bfloat16` halves the
+            optimizer state (4 bytes per parameter instead of 8), and for bf16 parameters keeps
+            the moments as torch's AdamW does (in the parameter's dtype); each moment is then
+            rounded to bf16 once per step. Only with `fused=True`: the other paths keep the
+            moments in each parameter's dtype, as torch's AdamW does.
 
     Raises:
-        ValueError: a hyper-parameter is out of range, both `fused` and `foreach` are True, or
-            a fused group has parameters the kernel cannot update (the message says why).
+        ValueError: a hyper-parameter is out of range, both `fused` and `foreach` are True,
+            `moment_dtype` is given without `fused` or is not float32 or bfloat16, or a fused
+            group has parameters the kernel cannot update (the message says why).
 
     Example::
 
@@ -112,6 +123,7 @@ class AdamW(torch.optim.Optimizer):
         *,
         foreach: bool | None = None,
         fused: bool = False,
+        moment_dtype: torch.dtype | None = None,
     ) -> None:
         if not lr >= 0.0:
             raise ValueError(f"learning rate must be >= 0, got {lr}")
@@ -130,6 +142,7 @@ class AdamW(torch.optim.Optimizer):
             "weight_decay": weight_decay,
             "foreach": foreach,
             "fused": fused,
+            "moment_dtype": moment_dtype,
         }
         self._launches: dict[tuple[Any, ...], Any] = {}
         self._shared_steps: dict[tuple[int, ...], torch.Tensor] = {}
@@ -139,19 +152,25 @@ class AdamW(torch.optim.Optimizer):
         """Add a group (as `torch.optim.Optimizer` does); a fused group's parameters are checked.
 
         Raises:
-            ValueError: a fused group holds parameters the fused kernel cannot update.
+            ValueError: a fused group holds parameters the fused kernel cannot update, or the
+                group's `moment_dtype` is not one the fused kernel keeps (or it is not fused).
         """
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        _check_moment_dtype(group["moment_dtype"], fused=group["fused"])
         if group["fused"]:
             if group["foreach"]:
                 raise ValueError("fused and foreach are two implementations: pick one")
             _check_fused_params(group["params"])
 
-    def _init_state(self, param: torch.Tensor, *, fused: bool = False) -> dict[str, torch.Tensor]:
+    def _init_state(
+        self, param: torch.Tensor, *, moment_dtype: torch.dtype | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The parameter's state, created on its first step: moments of `moment_dtype` (None:
+        the parameter's own dtype, as torch keeps them)."""
         state = self.state[param]
         if not state:
-            dtype = _moment_dtype(param, fused=fused)
+            dtype = param.dtype if moment_dtype is None else moment_dtype
             state["step"] = torch.tensor(0.0, dtype=_step_dtype())
             for key in ("exp_avg", "exp_avg_sq"):
                 state[key] = torch.zeros_like(
@@ -176,14 +195,14 @@ class AdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this AdamW or of `torch.optim.AdamW`, in any implementation.
 
-        The implementation stays this optimizer's: `fused` and `foreach` are the constructor's
-        choice, never the checkpoint's. Each parameter's saved state is converted to what its
-        group's implementation keeps: moments in float32 for a fused group and in the
-        parameter's dtype otherwise (torch's rule), on the parameter's device, and `step` a
-        float CPU scalar of its own. The hyper-parameters (lr, betas, eps, weight_decay) and
-        whatever else the saved groups carry (a scheduler's `initial_lr`) are loaded, as any
-        torch optimizer loads them; torch's own options that this AdamW does not take are
-        dropped once they are found to change nothing.
+        The implementation stays this optimizer's: `fused`, `foreach` and `moment_dtype` are the
+        constructor's choice, never the checkpoint's. Each parameter's saved state is converted
+        to what its group's implementation keeps: moments in the group's `moment_dtype` (float32
+        by default) for a fused group and in the parameter's dtype otherwise (torch's rule), on
+        the parameter's device, and `step` a float CPU scalar of its own. The hyper-parameters
+        (lr, betas, eps, weight_decay) and whatever else the saved groups carry (a scheduler's
+        `initial_lr`) are loaded, as any torch optimizer loads them; torch's own options that
+        this AdamW does not take are dropped once they are found to change nothing.
 
         Raises:
             ValueError: the state dict is of another kind, and nothing is loaded: groups of
@@ -200,12 +219,12 @@ class AdamW(torch.optim.Optimizer):
         ]
         super().load_state_dict({**state_dict, "param_groups": groups})
         # torch's loading cast every moment to its parameter's dtype; convert from the saved
-        # tensors instead, so that float32 moments reach a fused group unrounded.
+        # tensors instead, so that float32 moments reach a float32 fused group unrounded.
         saved_state = state_dict["state"]
         for group, saved in zip(self.param_groups, groups, strict=True):
             for param, index in zip(group["params"], saved["params"], strict=True):
                 if saved_state.get(index):
-                    self.state[param] = _converted(saved_state[index], param, fused=group["fused"])
+                    self.state[param] = _converted(saved_state[index], param, group)
         self._launches.clear()  # the moments are new tensors
         self._shared_steps.clear()
 
@@ -297,16 +316,18 @@ class AdamW(torch.optim.Optimizer):
         torch._foreach_addcdiv_(params, exp_avgs, denom, neg_step_sizes)
 
     def _step_fused(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
-        """One kernel launch per (parameter dtype, step count) of the group's `params`."""
+        """One kernel launch per (parameter dtype, moment dtype, step count) of the group's
+        `params` (normally one: a group's moments share the group's moment dtype)."""
         from lmcore.kernels.adamw import adamw_step_
 
-        states = [self._init_state(p, fused=True) for p in params]
+        moment_dtype = _fused_moment_dtype(group)
+        states = [self._init_state(p, moment_dtype=moment_dtype) for p in params]
         counts = self._advance_steps(params, states)
-        launches: dict[tuple[torch.dtype, float], list[int]] = {}
-        for i, (p, count) in enumerate(zip(params, counts, strict=True)):
-            launches.setdefault((p.dtype, count), []).append(i)
+        launches: dict[tuple[torch.dtype, torch.dtype, float], list[int]] = {}
+        for i, (p, state, count) in enumerate(zip(params, states, counts, strict=True)):
+            launches.setdefault((p.dtype, state["exp_avg"].dtype, count), []).append(i)
         beta1, beta2 = group["betas"]
-        for (_, count), indices in launches.items():
+        for (_, _, count), indices in launches.items():
             chosen = [params[i] for i in indices]
             tensors = (
                 chosen,
@@ -369,10 +390,10 @@ class AdamW(torch.optim.Optimizer):
         return launch if launch is not None else _keep(self._launches, key, Launch(params))
 
 
-def _moment_dtype(param: torch.Tensor, *, fused: bool) -> torch.dtype:
-    """The dtype of a parameter's moments: float32 in a fused group (the kernel keeps float32
-    moments also for bf16 and fp16 parameters), else the parameter's own (torch's rule)."""
-    return torch.float32 if fused else param.dtype
+def _moment_dtype(param: torch.Tensor, group: dict[str, Any]) -> torch.dtype:
+    """The dtype `group` keeps `param`'s moments in: a fused group's `_fused_moment_dtype`,
+    else the parameter's own (torch's rule, as `_init_state` makes them)."""
+    return _fused_moment_dtype(group) if group["fused"] else param.dtype
 
 
 def _check_loadable(groups: list[dict[str, Any]], state_dict: Any) -> None:
@@ -423,10 +444,10 @@ def _check_entry(entry: Any, param: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} has a step count of {entry['step']!r}, not a number")
 
 
-def _converted(entry: dict[str, Any], param: torch.Tensor, *, fused: bool) -> dict[str, Any]:
-    """A parameter's saved state (checked by `_check_entry`) as its group keeps it: moments in
+def _converted(entry: dict[str, Any], param: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's saved state (checked by `_check_entry`) as `group` keeps it: moments in
     `_moment_dtype` on the parameter's device, `step` a float CPU scalar of its own."""
-    dtype = _moment_dtype(param, fused=fused)
+    dtype = _moment_dtype(param, group)
     step = torch.as_tensor(entry["step"]).reshape(())
     return {
         "step": step.to(device="cpu", dtype=_step_dtype(), copy=True),
@@ -442,6 +463,32 @@ def _keep(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: Any) -
         cache.clear()
     cache[key] = value
     return value
+
+
+def _fused_moment_dtype(group: dict[str, Any]) -> torch.dtype:
+    """The dtype a fused group keeps its moments in (a group loaded from a state dict saved
+    before `moment_dtype` existed has no entry: the default)."""
+    dtype = group.get("moment_dtype")
+    return _FUSED_MOMENT_DTYPE if dtype is None else dtype
+
+
+def _check_moment_dtype(moment_dtype: object, *, fused: bool) -> None:
+    """Raise unless `moment_dtype` is None or, with `fused`, a dtype the kernel keeps moments in."""
+    from lmcore.kernels.adamw import MOMENT_DTYPES
+
+    if moment_dtype is None:
+        return
+    if not fused:
+        raise ValueError(
+            "moment_dtype chooses the fused kernel's moments: pass fused=True, or leave it "
+            "unset (the other paths keep the moments in each parameter's dtype, as torch's "
+            "AdamW does)"
+        )
+    if moment_dtype not in MOMENT_DTYPES:
+        raise ValueError(
+            f"moment_dtype must be one of {[str(d) for d in MOMENT_DTYPES]} or None, got "
+            f"{moment_dtype!r}"
+        )
 
 
 def _check_fused_params(params: list[torch.Tensor]) -> None:
