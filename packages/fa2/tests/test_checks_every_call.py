@@ -126,6 +126,24 @@ def test_device_offsets_are_asserted_once_per_tensor_and_version(monkeypatch):
         checks._assert_offsets_once("cu_seqlens_q", cu, 20, 14)
 
 
+def test_offsets_fa2_vouches_for_get_no_device_assertions(monkeypatch):
+    # flash_attn_with_kvcache's rows at one length: offsets built each call from a length
+    # checked on the host, read by every layer of a decoding step, asserted never.
+    from fa2.kvcache import _uniform_offsets
+
+    issued = []
+    monkeypatch.setattr(checks, "_assert_offsets", lambda *a: issued.append(a))
+    batch, seqlen_q, seqlen_cache = 3, 1, 40
+    cu_q, cu_k = _uniform_offsets(batch, seqlen_q, seqlen_cache, 17, torch.device("cpu"))
+    for _ in range(2):  # as attend passes them (see kvcache's call)
+        checks._assert_offsets_once("cu_seqlens_q", cu_q, batch * seqlen_q, seqlen_q)
+        checks._assert_offsets_once("cu_seqlens_k", cu_k, batch * seqlen_cache, seqlen_cache)
+    assert not issued
+    cu_k += 0  # changed in place: no longer vouched for
+    checks._assert_offsets_once("cu_seqlens_k", cu_k, batch * seqlen_cache, seqlen_cache)
+    assert len(issued) == 1
+
+
 def test_one_offsets_tensor_for_both_sides_is_checked_once(monkeypatch):
     # Self-attention passes one tensor, which the front doors hand on as a view of itself
     # (fa2.api._distinct): a new object each call, which must not cost a second check.

@@ -21,6 +21,7 @@ __all__ = [
     "group_heads",
     "longest_sequence",
     "softmax_scale",
+    "vouch_for_offsets",
 ]
 
 # Head dims up to this size run in the Triton kernels (padded internally to a power of two
@@ -228,14 +229,29 @@ _MAX_CHECKED_OFFSETS = 16
 
 def _assert_offsets_once(name: str, cu: torch.Tensor, total: int, longest: int) -> None:
     """`_assert_offsets`, skipped for an offsets tensor already checked and unchanged since."""
-    key = (cu._version, total, longest)
     seen = _CHECKED_OFFSETS.get(id(cu))
-    if seen is not None and seen[0]() is cu and seen[1] == key:
+    if seen is not None and seen[0]() is cu and seen[1] == (cu._version, total, longest):
         return
     _assert_offsets(name, cu, total, longest)
+    _record_checked(cu, total, longest)
+
+
+def _record_checked(cu: torch.Tensor, total: int, longest: int) -> None:
     if len(_CHECKED_OFFSETS) >= _MAX_CHECKED_OFFSETS:
         _CHECKED_OFFSETS.clear()
-    _CHECKED_OFFSETS[id(cu)] = (weakref.ref(cu), key)
+    _CHECKED_OFFSETS[id(cu)] = (weakref.ref(cu), (cu._version, total, longest))
+
+
+def vouch_for_offsets(cu: torch.Tensor, *, total: int, max_seqlen: int) -> torch.Tensor:
+    """`cu`, recorded as valid cumulative lengths of `total` tokens with no sequence longer
+    than `max_seqlen`: `check_varlen` then issues no device-side assertions for it while it
+    is unchanged (and called with that total and max_seqlen). Nothing is checked.
+
+    For offsets fa2 builds itself from lengths it checked on the host, where a new tensor each
+    call would otherwise pay the assertions every time: `flash_attn_with_kvcache`'s rows at one
+    length, which a decoding step reads in every layer."""
+    _record_checked(cu, total, max_seqlen)
+    return cu
 
 
 class Call(NamedTuple):
