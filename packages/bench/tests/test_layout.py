@@ -25,7 +25,7 @@ SRC = Path(bench.__file__).parent
 PYPROJECT = SRC.parents[1] / "pyproject.toml"
 MEASURED_PACKAGES = {"lmcore", "fa2", "ddp", "zero"}
 # plumbing, the commands, tools, the trainer, and the handout answers (which only the report reads)
-LAYERS = ("core", "commands", "tools", "train", "handout")
+LAYERS = ("core", "commands", "tools", "train", "plan", "handout")
 REPORT = "bench.tools.report"  # the one module that may read both tools and the trainer
 # What a command may import of the trainer: its options (bench-train's and bench-generate's
 # command lines are generated from `TrainConfig`) and the names they offer, which import no torch.
@@ -62,6 +62,14 @@ def test_plumbing_imports_neither_a_tool_nor_the_trainer(path):
     assert not others, (
         f"bench/core/{path.name} imports {sorted(others)}; plumbing may import only bench.core"
     )
+
+
+@pytest.mark.parametrize("path", _modules("plan"), ids=lambda p: p.name)
+def test_the_planner_imports_only_plumbing(path):
+    """bench-plan's model (`bench.plan`) builds on `bench.core` and the measured packages; no
+    tool, command, trainer or report module."""
+    others = {m for m in _imported_modules(path) if _layer(m) not in ("core", "plan")}
+    assert not others, f"bench/plan/{path.name} imports {sorted(others)}"
 
 
 @pytest.mark.parametrize(

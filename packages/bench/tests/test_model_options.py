@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 
 import lmcore
-from bench.core.capacity import TrainingPlan, estimate_memory
-from bench.core.fit import largest_num_layers
 from bench.core.hardware import matmul_ceiling
 from bench.core.model_options import add_model_options, checkpointing_spec, with_depth
 from bench.core.model_runtime import build_optimizer, next_token_loss, optimizer_class
 from bench.core.step_memory import PhaseReadings, breakdown, tensor_bytes
 from bench.core.torch_native import TorchNativeLM, chunked_cross_entropy
 from bench.core.training import train_step
+from bench.plan.fit import largest_num_layers
+from bench.plan.memory import TrainingPlan, estimate_memory
 
 # vocabulary 61, context 13, d 16, 3 layers of 2 heads, d_ff 40: odd sizes, milliseconds a step
 TINY = lmcore.ModelConfig(

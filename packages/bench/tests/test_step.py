@@ -12,11 +12,11 @@ import torch
 import bench.core.full_step
 import lmcore
 from bench.commands.step import COMMAND, PRESETS, depth_reduced_argv, main
-from bench.core.capacity import TrainingPlan, estimate_memory
 from bench.core.memory import MIB
 from bench.core.oom import OK, OOM
-from bench.core.plan_check import STEP_KEYS, check_results
 from bench.core.results import save_json
+from bench.plan.check import STEP_KEYS, check_results
+from bench.plan.memory import TrainingPlan, estimate_memory
 from bench.tools.step import COLUMNS, KEYS, TOOL, StepConfig, fit_depth, plot_step, run_step
 
 # One narrow block at context 16, vocabulary 97, fp32: milliseconds a step on one CPU thread.

@@ -7,8 +7,8 @@ moment of its peak (parameters, gradients, optimizer state, activations, the los
 communication buffers, temporaries), whether it fits `--memory`, the largest batch and context
 that would, and the bytes each device sends per step with their time beside the step's compute
 time. Every number comes with the formula that gives it (the second table, per configuration).
-Options with several values multiply. The model behind it is `bench.core.capacity` and
-`bench.core.step_traffic`; the assumptions are in their docstrings.
+Options with several values multiply. The model behind it is `bench.plan.memory` and
+`bench.plan.traffic`; the assumptions are in their docstrings.
 
 Three other modes:
   --check DIR          every bench-model, bench-zero (and bench-step) result row in DIR that the
@@ -40,7 +40,12 @@ import argparse
 from pathlib import Path
 
 import lmcore
-from bench.core.capacity import (
+from bench.core.cli import Command
+from bench.core.model_options import LOSSES
+from bench.plan.activations import ATTENTION_KINDS
+from bench.plan.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS
+from bench.plan.fit import memory_argument
+from bench.plan.memory import (
     CHECKPOINTING_FORMS,
     DDP_BUCKETS,
     LAYOUTS,
@@ -48,10 +53,6 @@ from bench.core.capacity import (
     OPTIMIZERS,
     PRECISIONS,
 )
-from bench.core.cli import Command
-from bench.core.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS
-from bench.core.fit import memory_argument
-from bench.core.residuals import ATTENTION_KINDS, LOSSES
 
 __all__ = ["COMMAND", "PRESETS", "add_options", "main"]
 

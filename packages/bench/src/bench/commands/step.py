@@ -62,9 +62,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from bench.core.cli import Command, add_timeout_arg
-from bench.core.fit import memory_argument
 from bench.core.model_options import add_model_options, positive_int
 from bench.core.step_names import PARALLEL, PRECISIONS
+from bench.plan.fit import memory_argument
 from lmcore import MODEL_SIZES, attention_names
 
 __all__ = [

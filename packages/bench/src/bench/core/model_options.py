@@ -35,7 +35,6 @@ import dataclasses
 from collections.abc import Mapping
 
 import lmcore
-from bench.core.residuals import LOSSES
 
 __all__ = [
     "CHECKPOINTING_FORMS",
@@ -52,6 +51,8 @@ __all__ = [
 
 # The optimizers a tool offers, by the name tools and bench-plan share.
 OPTIMIZERS = ("lmcore", "lmcore-fused", "torch-fused")
+# The next-token losses: the full logits, or lmcore's fused LM head + cross-entropy.
+LOSSES = ("materialized", "fused")
 CHECKPOINTING_FORMS = lmcore.ActivationCheckpointing.FORMS
 # What a model gets when the option is not given: nothing recomputed, the full logits (the
 # handout's model, as every tool measured it before the options existed).

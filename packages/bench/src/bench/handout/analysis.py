@@ -1,6 +1,6 @@
 """§8 of the 2026 handout: the analytic problems (ring all-reduce, DP, FSDP, TP, FSDP × TP).
 
-Answered with bench-plan's formulas (`bench.core.collectives`, `bench.core.ffn_parallelism`):
+Answered with bench-plan's formulas (`bench.plan.collectives`, `bench.plan.ffn`):
 each answer is the formula in the handout's symbols with its one-sentence justification, and its
 value at one worked example, so a reader can check the algebra against numbers. The example is
 the FFN of the 2026 `xl` (D = 2560, D_FF = 10240) on a batch of 4 × 2048 tokens, with the
@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import lmcore
-from bench.core import ffn_parallelism as ffn
-from bench.core.collectives import (
+from bench.core.document import Block, Paragraph, Table
+from bench.core.hardware import MEASURED_MATMUL_TFLOPS
+from bench.handout.results import Results
+from bench.plan import ffn
+from bench.plan.collectives import (
     BANDWIDTH_SOURCE,
     DEFAULT_BANDWIDTH_GBPS,
     alternate_ring_all_reduce_seconds,
     ring_all_reduce_seconds,
 )
-from bench.core.document import Block, Paragraph, Table
-from bench.core.hardware import MEASURED_MATMUL_TFLOPS
-from bench.handout.results import Results
 
 __all__ = ["ANALYTIC_PROBLEMS", "EXAMPLE", "analytic_answers"]
 

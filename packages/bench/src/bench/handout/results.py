@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.oom import OK, OOM
-from bench.core.plan_check import recorded_size_label
 from bench.core.results import Run, load_json
+from bench.plan.check import recorded_size_label
 from bench.tools import attn
 from bench.train.results import run_env, text_title
 from lmcore import MODEL_SIZES

@@ -15,8 +15,29 @@ from pathlib import Path
 from typing import Any
 
 import lmcore
-from bench.core import ffn_parallelism as ffn
-from bench.core.capacity import (
+from bench.core.cli import distinct, usage_errors
+from bench.core.memory import GIB
+from bench.core.model_options import LOSSES
+from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
+from bench.core.results import Keys, Run
+from bench.core.shapes import size_label
+from bench.core.tool import Invocation, Tool
+from bench.plan import ffn
+from bench.plan.check import CHECK_COLUMNS, check_results
+from bench.plan.collectives import (
+    BANDWIDTH_SOURCE,
+    DEFAULT_BANDWIDTH_GBPS,
+    alternate_ring_all_reduce_seconds,
+    ring_all_reduce_seconds,
+)
+from bench.plan.fit import (
+    checkpointing_candidates,
+    largest_batch,
+    largest_seq_len,
+    least_recompute,
+    parse_memory,
+)
+from bench.plan.memory import (
     DATA_PARALLEL_LAYOUTS,
     TENSOR_PARALLEL_LAYOUTS,
     Checkpointing,
@@ -25,28 +46,7 @@ from bench.core.capacity import (
     TrainingPlan,
     estimate_memory,
 )
-from bench.core.cli import distinct, usage_errors
-from bench.core.collectives import (
-    BANDWIDTH_SOURCE,
-    DEFAULT_BANDWIDTH_GBPS,
-    alternate_ring_all_reduce_seconds,
-    ring_all_reduce_seconds,
-)
-from bench.core.fit import (
-    checkpointing_candidates,
-    largest_batch,
-    largest_seq_len,
-    least_recompute,
-    parse_memory,
-)
-from bench.core.memory import GIB
-from bench.core.plan_check import CHECK_COLUMNS, check_results
-from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
-from bench.core.residuals import LOSSES
-from bench.core.results import Keys, Run
-from bench.core.shapes import size_label
-from bench.core.step_traffic import StepTraffic, default_tflops, estimate_traffic
-from bench.core.tool import Invocation, Tool
+from bench.plan.traffic import StepTraffic, default_tflops, estimate_traffic
 
 __all__ = [
     "KEYS",
@@ -149,7 +149,7 @@ class PlanSweep:
             sequence length and its `attention` is replaced by each of `attentions`.
         batches: sequences per step in all.
         precisions, layouts, checkpointing, losses, optimizers, attentions: names from
-            `bench.core.capacity` (see `TrainingPlan`).
+            `bench.plan.memory` (see `TrainingPlan`).
         dp, tp: data- and tensor-parallel ranks (a layout uses the ones it has).
         mode: `train-step`, `forward-backward` or `forward`.
         hold_logits: the step keeps the logits through backward.
@@ -408,7 +408,7 @@ def run_leaderboard(
 
     Returns:
         A `Run` (tool `"plan_leaderboard"`), a row per (precision, layout, loss, optimizer).
-        The default checkpointing forms are `bench.core.fit.checkpointing_candidates`.
+        The default checkpointing forms are `bench.plan.fit.checkpointing_candidates`.
     """
     config = LEADERBOARD_2026
     candidates = list(checkpointing or checkpointing_candidates(config.num_layers))
@@ -582,7 +582,7 @@ def run_section8(
 
 
 def run_check(folder: str | Path, *, command: str | None = None) -> Run:
-    """`bench.core.plan_check.check_results` of `folder` as a run (tool `"plan_check"`).
+    """`bench.plan.check.check_results` of `folder` as a run (tool `"plan_check"`).
 
     Raises:
         ValueError: `folder` is not a directory.

@@ -221,7 +221,7 @@ def default_step_config(device: torch.device | str) -> StepConfig:
 def _plan(spec: StepSpec) -> Any:
     """bench-plan's `TrainingPlan` of a row (the native chunked loss modelled as the fused one:
     both hold one chunk of logits at a time)."""
-    from bench.core.capacity import TrainingPlan
+    from bench.plan.memory import TrainingPlan
 
     return TrainingPlan(
         spec.model,
@@ -244,8 +244,8 @@ def fit_depth(config: StepConfig, device: torch.device) -> tuple[int, str]:
         ValueError: no memory to fill, an attention backend bench-plan does not model, or not
             even one block fits.
     """
-    from bench.core.fit import largest_num_layers
-    from bench.core.residuals import ATTENTION_KINDS
+    from bench.plan.activations import ATTENTION_KINDS
+    from bench.plan.fit import largest_num_layers
 
     if config.memory_bytes is not None:
         memory = config.memory_bytes
@@ -373,7 +373,7 @@ def _mib(value: int | None) -> float | None:
 
 
 def _identity(spec: StepSpec, config: StepConfig) -> dict[str, Any]:
-    """What a row ran, in the keys `bench-plan --check` reads (`bench.core.plan_check`)."""
+    """What a row ran, in the keys `bench-plan --check` reads (`bench.plan.check`)."""
     m = spec.model
     shape = replace(
         lmcore.MODEL_SIZES[config.size], num_layers=m.num_layers, vocab_size=m.vocab_size
@@ -403,7 +403,7 @@ def _identity(spec: StepSpec, config: StepConfig) -> dict[str, Any]:
 
 def _attention_ms(spec: StepSpec, per_rank: Sequence[dict[str, Any]]) -> float | None:
     """The step's attention time: forward + backward per block, a forward per recomputed one."""
-    from bench.core.capacity import Checkpointing
+    from bench.plan.memory import Checkpointing
 
     measured = [r["attention"] for r in per_rank if r["attention"] is not None]
     if not measured:

@@ -8,7 +8,7 @@ with x of shape (B, D), W1 and W2 (D, F), W3 (F, D) (F is D_FF), every weight an
 FP16 (2 bytes), devices computing at C FLOP/s and sending W bytes/s, a matmul (a, b)(b, c) costing
 2abc FLOPs, non-matmul work ignored. Communication is overlapped with computation, so a strategy
 is communication-bound when its communication time exceeds its computation time. Collectives are
-the ring algorithms of `bench.core.collectives`.
+the ring algorithms of `bench.plan.collectives`.
 
 Note the names: the handout's W1, W2 are the two input projections and W3 the output one;
 `lmcore.SwiGLU` calls them w1, w3 (inputs) and w2 (output).
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.core.collectives import (
+from bench.plan.collectives import (
     ring_all_gather_seconds,
     ring_all_reduce_seconds,
     ring_reduce_scatter_seconds,

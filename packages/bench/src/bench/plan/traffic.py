@@ -1,7 +1,7 @@
 """What one training step of a `TrainingPlan` sends per device, and how long that and its math take.
 
 Per layout, the collectives of one step on the busiest device (sizes from the parameter list of
-`bench.core.lm_params`, costs from the ring formulas of `bench.core.collectives`):
+`bench.plan.params`, costs from the ring formulas of `bench.plan.collectives`):
 
 - `ddp`: one all-reduce of every gradient (in buckets; the total is what counts).
 - `zero1` (`zero.ShardedOptimizer`): the same all-reduce, then each owner broadcasts the
@@ -35,11 +35,11 @@ import dataclasses
 from dataclasses import dataclass
 
 import lmcore
-from bench.core.capacity import TrainingPlan
-from bench.core.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS, Collective
 from bench.core.hardware import MEASURED_MATMUL_TFLOPS, peak_tflops
-from bench.core.lm_params import model_parameters
-from bench.core.residuals import compute_bytes, residual_bytes
+from bench.plan.activations import compute_bytes, residual_bytes
+from bench.plan.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS, Collective
+from bench.plan.memory import TrainingPlan
+from bench.plan.params import model_parameters
 
 __all__ = [
     "StepTraffic",
@@ -215,7 +215,7 @@ def estimate_traffic(
     Args:
         plan: the configuration.
         bandwidth_gbps: W, each device's egress in GB/s (default: `DEFAULT_BANDWIDTH_GBPS`, a
-            measured NVLink bus bandwidth; see `bench.core.collectives`).
+            measured NVLink bus bandwidth; see `bench.plan.collectives`).
         tflops: matmul rate in TFLOP/s (default: `default_tflops` of the plan's precision).
 
     Raises:

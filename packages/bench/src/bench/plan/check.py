@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import lmcore
-from bench.core.capacity import Phase, TrainingPlan, estimate_memory
 from bench.core.memory import MIB
-from bench.core.residuals import ATTENTION_KINDS
 from bench.core.results import Run, load_json
 from bench.core.shapes import size_label
+from bench.plan.activations import ATTENTION_KINDS
+from bench.plan.memory import Phase, TrainingPlan, estimate_memory
 
 __all__ = ["CHECK_COLUMNS", "STEP_KEYS", "CheckResult", "check_results", "recorded_size_label"]
 

@@ -1,6 +1,6 @@
 """How much fits: the largest batch, context or depth for a memory, and the cheapest checkpointing.
 
-Built on `bench.core.capacity.estimate_memory`, which grows with the batch, the context and
+Built on `bench.plan.memory.estimate_memory`, which grows with the batch, the context and
 every saved activation, so a binary search finds the largest batch or context that fits, and
 trying every activation-checkpointing form finds the one that recomputes least while fitting.
 
@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from bench.core.capacity import MemoryEstimate, TrainingPlan, estimate_memory
+from bench.plan.memory import MemoryEstimate, TrainingPlan, estimate_memory
 
 __all__ = [
     "checkpointing_candidates",

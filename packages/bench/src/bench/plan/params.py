@@ -101,7 +101,7 @@ def _describe(module_name: str, module: torch.nn.Module) -> tuple[str, str]:
     if attribute not in _ROLE_OF or kind is None:
         raise ValueError(
             f"lmcore layer {module_name!r} ({type(module).__name__}) has no known tensor-parallel "
-            "role; lmcore's layers changed: add it to bench.core.lm_params._ROLE_OF"
+            "role; lmcore's layers changed: add it to bench.plan.params._ROLE_OF"
         )
     return _ROLE_OF[attribute], kind
 

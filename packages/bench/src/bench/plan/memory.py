@@ -17,11 +17,11 @@ Each moment is a `Phase` of named `Term`s, each with the formula that gives it, 
 show the arithmetic beside the number. What is modelled, and what is not:
 
 - Parameters, gradients and optimizer state: exact byte counts of the tensors (the parameter
-  list comes from the model itself, `bench.core.lm_params`), sharded as each layout shards them:
+  list comes from the model itself, `bench.plan.params`), sharded as each layout shards them:
   ZeRO-1 assigns whole parameters to ranks with `zero.partition_by_numel` (the busiest rank is
   reported), FSDP pads every weight to a multiple of the ranks as `zero.FSDP` does and keeps norm
   gains whole, tensor parallelism splits Megatron-style (`ParamSpec.tp_numel`).
-- Activations: the residuals of `bench.core.residuals`, read off lmcore's eager code; not what
+- Activations: the residuals of `bench.plan.activations`, read off lmcore's eager code; not what
   `torch.compile` saves.
 - Estimates, not exact: a block's backward working set, the optimizer's temporaries (the foreach
   AdamW's `sqrt(v)` list, one moment's size; none for the fused ones), communication staging.
@@ -38,16 +38,14 @@ Example::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import ddp
 import lmcore
-from bench.core.lm_params import model_parameters
-from bench.core.residuals import (
-    LOSSES,
+from bench.core.model_options import LOSSES
+from bench.plan.activations import (
     LossMemory,
     Residual,
     block_backward_working_set,
@@ -59,6 +57,7 @@ from bench.core.residuals import (
     residual_stream_bytes,
     total_bytes,
 )
+from bench.plan.params import model_parameters
 
 __all__ = [
     "CHECKPOINTING_FORMS",
@@ -90,7 +89,7 @@ class Precision:
         grad_bytes: gradients.
         moment_bytes: each of AdamW's two moments.
         master_bytes: a float32 master copy the optimizer steps (0: none).
-        regime: the activations' regime (`bench.core.residuals.REGIMES`).
+        regime: the activations' regime (`bench.plan.activations.REGIMES`).
         compute_bytes: the dtype FSDP gathers weights in (its compute dtype).
     """
 
@@ -169,39 +168,25 @@ class Checkpointing:
 
     @classmethod
     def parse(cls, spec: str, num_layers: int) -> Checkpointing:
-        """Parse `none | blocks | every:K | segments:K | nested | nested:K` for `num_layers` blocks.
+        """The runs of `spec` over `num_layers` blocks, as lmcore plans them.
 
-        `nested` without K uses runs of round(√L) blocks (pass `nested:K` to match another
-        choice).
+        The grammar and the plan are lmcore's (`lmcore.ActivationCheckpointing.parse(spec)
+        .plan(num_layers)`: a block index runs as it is, a tuple of indices is one checkpoint,
+        a tuple of tuples a checkpoint of checkpoints), so that what is predicted is what
+        `lmcore.apply_activation_checkpointing` applies.
 
         Raises:
-            ValueError: an unknown form or a K that is not a positive integer.
+            ValueError: a spec lmcore does not read (its message lists the forms).
         """
-        form, _, arg = spec.partition(":")
-        needs_k = form in ("every", "segments") or (form == "nested" and arg)
-        if form not in ("none", "blocks", "every", "segments", "nested") or (
-            form in ("none", "blocks") and arg
-        ):
-            raise ValueError(
-                f"activation checkpointing {spec!r}: use one of {', '.join(CHECKPOINTING_FORMS)}"
-            )
-        k = 0
-        if needs_k:
-            if not arg.isdigit() or int(arg) < 1:
-                raise ValueError(f"activation checkpointing {spec!r}: K must be a positive integer")
-            k = int(arg)
-        n = num_layers
-        if form == "none":
-            runs = [(i, i + 1, "plain") for i in range(n)]
-        elif form == "blocks":
-            runs = [(i, i + 1, "segment") for i in range(n)]
-        elif form == "every":
-            runs = [(i, i + 1, "segment" if (i + 1) % k == 0 else "plain") for i in range(n)]
-        else:
-            if form == "nested" and not k:
-                k = max(1, round(math.sqrt(n)))
-            kind = "segment" if form == "segments" else "nested"
-            runs = [(a, min(a + k, n), kind) for a in range(0, n, k)]
+        runs = []
+        for item in lmcore.ActivationCheckpointing.parse(spec).plan(num_layers):
+            if isinstance(item, int):
+                runs.append((item, item + 1, "plain"))
+                continue
+            nested = isinstance(item[0], tuple)
+            first = item[0][0] if nested else item[0]
+            last = item[-1][-1] if nested else item[-1]
+            runs.append((first, last + 1, "nested" if nested else "segment"))
         return cls(spec, tuple(runs))
 
     @property
@@ -227,7 +212,7 @@ class TrainingPlan:
         dp: data-parallel ranks (`ddp`, `zero1`, `fsdp`, `fsdp-tp`).
         tp: tensor-parallel ranks (`tp`, `fsdp-tp`).
         activation_checkpointing: a spec of `CHECKPOINTING_FORMS`.
-        loss: `"materialized"` or `"fused"` (see `bench.core.residuals.loss_memory`).
+        loss: `"materialized"` or `"fused"` (see `bench.plan.activations.loss_memory`).
         optimizer: a key of `OPTIMIZERS`.
         mode: `train-step` (forward, backward, optimizer step; the optimizer state exists),
             `forward-backward` (no optimizer) or `forward` (inference under `no_grad`).

@@ -38,11 +38,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import lmcore
-from bench.core.lm_params import model_parameters
+from bench.core.model_options import LOSSES
+from bench.plan.params import model_parameters
 
 __all__ = [
     "ATTENTION_KINDS",
-    "LOSSES",
     "REGIMES",
     "LossMemory",
     "Residual",
@@ -62,7 +62,6 @@ __all__ = [
 REGIMES = ("fp32", "autocast", "bf16")
 # lmcore's attention backends and whether each materialises the (s × s) scores.
 ATTENTION_KINDS = {"naive": True, "sdpa": False, "fa2-pytorch": False, "fa2-triton": False}
-LOSSES = ("materialized", "fused")
 
 _INT64 = 8  # token ids and targets
 _FP32 = 4
