@@ -325,7 +325,7 @@ def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
     model = lmcore.model_config(
         config["size"], context_length=config["context_length"], vocab_size=config["vocab_size"]
     )
-    layouts = {"ddp": "ddp", "sharded": "zero1", "fsdp": "fsdp", "fsdp-no-prefetch": "fsdp"}
+    layouts = ("ddp:torch", "zero1:torch-ddp", "fsdp", "fsdp:no-prefetch")
     # bench-zero counts whole storages, and on the CPU two kinds of 4-byte bookkeeping ride
     # along: torch AdamW's step counter per parameter (on the GPU it lives on the host) and
     # zero.FSDP's "any rank had a gradient" flag beside each replicated gain's gradient. So the
@@ -336,7 +336,7 @@ def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
         if row["variant"] not in layouts:
             continue
         plan = TrainingPlan(
-            model, batch=config["batch"] * 2, layout=layouts[row["variant"]], dp=2,
+            model, batch=config["batch"] * 2, layout=row["variant"], dp=2,
             precision="bf16-master" if row["compute_dtype"] == "bf16" else "fp32",
         )  # fmt: skip
         step = estimate_memory(plan).phase("optimizer step")
@@ -345,4 +345,4 @@ def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
             extra = row[f"{key}_mib"] * 2**20 - step.bytes_of(name)
             assert 0 <= extra <= slack, (row, key, extra)
         checked += 1
-    assert checked == 7  # ddp, sharded at two caps, fsdp and fsdp-no-prefetch in two dtypes
+    assert checked == 7  # ddp:torch, zero1:torch-ddp at two caps, both fsdp rows in two dtypes

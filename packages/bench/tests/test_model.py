@@ -65,11 +65,11 @@ def test_injected_oom_in_the_loss_marks_training_rows(tiny_model_config, monkeyp
 
 def test_bf16_autocast_rows(tiny_model_config):
     run = run_model(
-        tiny_model_config(modes=("forward-backward",), dtypes=("fp32", "bf16")),
+        tiny_model_config(modes=("forward-backward",), dtypes=("fp32", "bf16-autocast")),
         device="cpu",
         show_progress=False,
     )
-    assert [(r["dtype"], r["status"]) for r in run.rows] == [("fp32", OK), ("bf16", OK)]
+    assert [(r["dtype"], r["status"]) for r in run.rows] == [("fp32", OK), ("bf16-autocast", OK)]
 
 
 def test_profile_writes_traces_kernel_tables_and_a_profile_run(tiny_model_config, tmp_path):
@@ -141,7 +141,7 @@ def test_annotated_other_backend_wraps_it():
 def test_config_argv_round_trips(tiny_model_config):
     custom = ("mini", ModelSize(d_model=48, d_ff=96, num_layers=2, num_heads=3))
     config = tiny_model_config(
-        shapes=(shape_named("small"), custom), compile=(False, True), dtypes=("bf16",)
+        shapes=(shape_named("small"), custom), compile=(False, True), dtypes=("bf16-autocast",)
     )
     parser = COMMAND.parser()
     args = parser.parse_args(config_argv(config))
@@ -191,7 +191,9 @@ def test_cuda_run_reports_memory_mfu_and_snapshot(tiny_model_config, tmp_path):
 @pytest.mark.gpu
 def test_cuda_compiled_bf16_nvtx_step(tiny_model_config):
     run = run_model(
-        tiny_model_config(modes=("train-step",), dtypes=("bf16",), compile=(True,), nvtx=True),
+        tiny_model_config(
+            modes=("train-step",), dtypes=("bf16-autocast",), compile=(True,), nvtx=True
+        ),
         device="cuda",
         show_progress=False,
     )

@@ -37,7 +37,7 @@ def test_help_explains_with_examples(help_text):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--size", "tiny", "--layout", "ddp", "--batch", "3"], "does not split over 2"),
+        (["--size", "tiny", "--layout", "ddp", "--global-batch", "3"], "does not split over 2"),
         (["--size", "tiny", "--memory", "80"], "memory size"),
         (["--d-model", "64"], "need all of --d-model"),
         ([], "name a model"),

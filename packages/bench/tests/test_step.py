@@ -110,7 +110,7 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
     import lmcore.linear
 
     rows: list[dict] = []
-    build, optimizer = bench.core.full_step._build, bench.core.full_step.build_optimizer
+    build, optimizer = bench.core.full_step._build, bench.core.full_step.optimizer_class
     apply, fused = lmcore.apply_activation_checkpointing, lmcore.linear.fused_linear_cross_entropy
 
     def spy_build(spec, rank, device):
@@ -121,16 +121,16 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
         rows[-1]["policy"] = policy
         return apply(model, policy=policy)
 
-    def spy_optimizer(name, params, **options):
+    def spy_optimizer(name):
         rows[-1]["optimizer"] = name
-        return optimizer(name, params, **options)
+        return optimizer(name)
 
     def spy_fused(*args, **kwargs):
         rows[-1]["fused"] += 1
         return fused(*args, **kwargs)
 
     monkeypatch.setattr(bench.core.full_step, "_build", spy_build)
-    monkeypatch.setattr(bench.core.full_step, "build_optimizer", spy_optimizer)
+    monkeypatch.setattr(bench.core.full_step, "optimizer_class", spy_optimizer)
     monkeypatch.setattr(lmcore, "apply_activation_checkpointing", spy_apply)
     monkeypatch.setattr(lmcore.linear, "fused_linear_cross_entropy", spy_fused)
     config = _config(
@@ -156,7 +156,7 @@ def test_fsdp_on_two_gloo_ranks_beside_torch_fsdp2():
     ours = run.rows[0]
     assert [(r["impl"], r["layout"], r["world_size"], r["status"]) for r in run.rows] == [
         ("ours", "fsdp", 2, OK),
-        ("torch-native", "fsdp", 2, OK),
+        ("torch-native", "fsdp:torch", 2, OK),
     ]
     full = 4 * _params(num_layers=2)
     for row in run.rows:  # each rank holds about half of every weight (norm gains whole)
@@ -248,7 +248,7 @@ def test_the_depth_reduced_command_keeps_the_presets_ranks_where_there_are_enoug
     assert argv[0] == "bench-step"
     args = COMMAND.parser().parse_args(argv[1:])
     assert (args.nproc, args.memory, args.num_layers, args.batch) == (nproc, memory, "fit", 1)
-    assert args.parallel == (None if nproc is None else "zero")
+    assert args.parallel == (None if nproc is None else "zero1")
     config = TOOL.config(args, COMMAND.parser(), "cpu")
     preset = PRESETS["leaderboard-2026"]
     assert (config.size, config.optimizer, config.loss) == (

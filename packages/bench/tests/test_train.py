@@ -209,8 +209,8 @@ def test_more_ranks_than_gpus_is_refused(train_argv, tmp_path, usage_error, monk
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
-        (["--batch-size", "6", "--nproc", "4", "--parallel", "zero"], "multiple of --grad-accum"),
-        (["--nproc", "2", "--parallel", "none"], "needs a --parallel mode"),
+        (["--batch-size", "6", "--nproc", "4", "--parallel", "zero1"], "multiple of --grad-accum"),
+        (["--nproc", "2", "--parallel", "single"], "needs a --parallel mode"),
         (["--warmup-steps", "5", "--steps", "5"], "--warmup-steps must be in"),
         (["--stop-after", "9", "--steps", "5"], "--stop-after must be in"),
         (["--d-model", "33"], "divisible by num_heads"),
@@ -250,7 +250,7 @@ def test_resume_checks_the_checkpoint(train_argv, tmp_path, usage_error):
     err = usage_error([*argv, "--resume", "--lr", "1e-2", "--seed", "4"])
     assert "--lr 0.0006 → 0.01" in err and "--seed 0 → 4" in err
     err = usage_error([*argv, "--resume", "--nproc", "2", "--parallel", "fsdp"])
-    assert "resume with --parallel none --nproc 1" in err
+    assert "resume with --parallel single --nproc 1" in err
     # How to run may change: the log interval and the optimizer's implementation, here.
     extra = ["--stop-after", "2", "--log-every", "2", "--optimizer", "torch-fused"]
     assert main([*argv, "--resume", *extra]) == 0
@@ -361,7 +361,7 @@ def test_the_fast_default_trains_on_cuda(train_argv, tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     c = summary["config"]
     assert (c["precision"], c["attention"], c["compile"], c["optimizer"]) == (
-        "bf16",
+        "bf16-autocast",
         "fa2-triton",
         True,
         "torch-fused",

@@ -55,7 +55,12 @@ from bench.core.training_options import add_training_args
 
 __all__ = ["COMMAND", "VARIANTS", "add_options", "main"]
 
-VARIANTS = ("single", "naive", "flat", "individual", "bucketed", "torch-ddp", "all-reduce")
+# The layouts compared (`bench.core.layouts`): the model alone on each rank, every ddp wrapper
+# and torch's DDP; and the all-reduce of all gradients alone, which is no layout.
+SINGLE, BUCKETED, TORCH_DDP = "single", "ddp", "ddp:torch"
+ALL_REDUCE = "all-reduce"
+LAYOUTS = (SINGLE, "ddp:naive", "ddp:flat", "ddp:individual", BUCKETED, TORCH_DDP)
+VARIANTS = (*LAYOUTS, ALL_REDUCE)
 
 
 def _torch_bucket_mb(text: str) -> float | None:
@@ -70,7 +75,7 @@ def _torch_bucket_mb(text: str) -> float | None:
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """bench-ddp's options: the model and run of the training benchmarks, and the buckets."""
-    model, run = add_training_args(parser, variants=VARIANTS)
+    model, run = add_training_args(parser, variants=VARIANTS, command="bench-ddp")
     model.add_argument("--attention", help="lmcore attention backend (naive)")
     run.add_argument(
         "--bucket-mb",

@@ -13,8 +13,8 @@ own and a step is their sum. Reported: mean ± std per region and per step, the 
 tokens per second, peak memory (CUDA), and MFU where the device's peak is known (the assumed peak
 is in the notes; FLOPs from `lmcore.forward_flops` / `training_flops`).
 
-Options multiply: several `--size`, `--context-length`, `--mode`, `--dtype` (fp32, or bf16
-autocast), `--attention`, `--compile both`, `--activation-checkpointing` (lmcore's forms: none,
+Options multiply: several `--size`, `--context-length`, `--mode`, `--precision` (fp32, or
+bf16-autocast), `--attention`, `--compile both`, `--activation-checkpointing` (lmcore's forms: none,
 blocks, every:K, segments:K, nested, nested:K), `--loss` (materialized or fused: lmcore's LM head +
 cross-entropy without the logits) and `--optimizer` (lmcore, lmcore-fused, torch-fused; the
 train step's AdamW) run every combination (the loss only in the training modes, the optimizer
@@ -37,16 +37,20 @@ handout's §2.1.6 (f) and §3.1): the bytes by operation, the five largest with 
 and without activation checkpointing, and the gradient bytes the block produces in backward
 (`bench.core.saved_tensors`; no GPU or Nsight needed). Examples::
 
-    bench-model --size small --context-length 128 256 --mode forward train-step --dtype fp32 bf16
+    bench-model --size small --context-length 128 256 --mode forward train-step \\
+        --precision fp32 bf16-autocast
     bench-model --size xl --context-length 128 2048 --mode forward train-step --warmup 1 \\
         --steps 1 --memory-snapshot memory.pickle
     bench-model --size small --context-length 256 --mode forward train-step --profile profile
-    bench-model --size xl --context-length 128 2048 --dtype fp32 bf16 --study residuals
-    bench-model --size xl --context-length 2048 --batch 4 --dtype bf16 --mode train-step \\
+    bench-model --size xl --context-length 128 2048 --precision fp32 bf16-autocast \\
+        --study residuals
+    bench-model --size xl --context-length 2048 --batch 4 --precision bf16-autocast \\
+        --mode train-step \\
         --attention fa2-triton --activation-checkpointing none blocks segments:2 nested \\
         --loss fused --optimizer lmcore-fused
     bench-model --size leaderboard-8b --num-layers 4 --context-length 8192 --batch 1 \\
-        --dtype bf16 --attention fa2-triton --mode forward-backward --loss materialized fused
+        --precision bf16-autocast --attention fa2-triton --mode forward-backward \\
+        --loss materialized fused
 
 Without a GPU a tiny model runs on the CPU by default (and says so).
 """
@@ -56,14 +60,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.core.cli import Command, LazyChoices, add_timing_args
+from bench.core.cli import Command, add_timing_args
+from bench.core.layouts import parse_name
 from bench.core.model_options import DEFAULT_CHECKPOINTING, DEFAULT_LOSS, add_model_options
 from lmcore import DEFAULT_ATTENTION, MODEL_SIZES, VOCAB_SIZE, attention_names
 
-__all__ = ["COMMAND", "DTYPES", "MODES", "STUDIES", "WARMUP_STUDY", "add_options", "main"]
+__all__ = ["COMMAND", "MODES", "PRECISIONS", "STUDIES", "WARMUP_STUDY", "add_options", "main"]
 
 MODES = ("forward", "forward-backward", "train-step")
-DTYPES = LazyChoices(fp32=None, bf16="torch:bfloat16")  # None: no autocast, fp32 throughout
+# float32 throughout, or float32 weights with the forward and loss under bf16 autocast
+# (`bench.core.layouts` says what each keeps).
+PRECISIONS = ("fp32", "bf16-autocast")
 WARMUP_STUDY = (0, 1, 2, 5)  # the handout's §2.1.3 (c)
 STUDIES = ("residuals",)
 
@@ -101,7 +108,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     run = parser.add_argument_group("run")
     run.add_argument("--mode", nargs="+", choices=MODES, help="modes (all three)")
-    run.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="fp32 and/or bf16 autocast")
+    run.add_argument(
+        "--precision",
+        "--dtype",  # its name before the one vocabulary
+        dest="dtype",
+        nargs="+",
+        type=parse_name(command="bench-model", offered=PRECISIONS),
+        choices=PRECISIONS,
+        help="fp32 and/or bf16-autocast (fp32)",
+    )
     run.add_argument("--compile", choices=["off", "on", "both"], help="torch.compile (off)")
     add_timing_args(parser, warmup=None, steps=None)
     tools = parser.add_argument_group("profiling")

@@ -17,18 +17,19 @@ Three other modes:
                        the CS336 2026 leaderboard step (8B, context 32,768, batch 2, bf16, on 2
                        GPUs): which options fit in 80 GB and in 141 GB per GPU
   --section8           the handout's §8 FFN-layer answers (DP, FSDP, TP, FSDP + TP) for the
-                       model's d_model and d_ff, B = batch x context tokens, --dp / --tp devices
+                       model's d_model and d_ff, B = global batch x context tokens, --dp / --tp
+                       devices
 
 Examples:
   bench-plan --size xl --context-length 2048 --batch 4 --precision fp32 bf16-autocast
-  bench-plan --size 2.7B --context-length 512 --batch 8 --layout ddp zero1 fsdp --dp 2 \\
+  bench-plan --size 2.7B --context-length 512 --batch 4 --layout ddp zero1 fsdp --dp 2 \\
       --precision bf16-master --memory 80GB
   bench-plan --d-model 4096 --d-ff 11008 --num-layers 34 --num-heads 32 --vocab-size 151936 \\
-      --context-length 32768 --batch 2 --precision bf16 --layout fsdp --dp 2 \\
+      --context-length 32768 --global-batch 2 --precision bf16 --layout fsdp --dp 2 \\
       --attention fa2-triton --activation-checkpointing blocks nested --loss fused --memory 80GB
   bench-plan --preset leaderboard-2026 --json plan_leaderboard.json --plot plan_leaderboard.png
   bench-plan --check docs/results --json check.json --markdown check.md --plot check.png
-  bench-plan --section8 --size xl --context-length 128 --batch 8 --dp 8 --tp 4
+  bench-plan --section8 --size xl --context-length 128 --global-batch 8 --dp 8 --tp 4
 
 Memory sizes read as `80GB` (10^9 bytes), `80GiB` (2^30) or `512MiB`. Bandwidth and FLOP rate
 default to measured numbers (the run's notes say which).
@@ -41,13 +42,13 @@ from pathlib import Path
 
 import lmcore
 from bench.core.cli import Command
+from bench.core.layouts import parse_name
 from bench.core.model_options import LOSSES
 from bench.plan.activations import ATTENTION_KINDS
 from bench.plan.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS
 from bench.plan.fit import memory_argument
 from bench.plan.memory import (
     CHECKPOINTING_FORMS,
-    DDP_BUCKETS,
     LAYOUTS,
     MODES,
     OPTIMIZERS,
@@ -95,14 +96,28 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="attention backends (naive: materialises the scores)",
     )
     step = parser.add_argument_group("training step")
-    step.add_argument("--batch", type=int, nargs="+", help="sequences per step in all (4)")
+    batch = step.add_mutually_exclusive_group()
+    batch.add_argument("--batch", type=int, nargs="+", help="sequences per data-parallel rank")
+    batch.add_argument(
+        "--global-batch",
+        type=int,
+        nargs="+",
+        help="sequences per step in all, split over the data-parallel ranks (4)",
+    )
     step.add_argument(
         "--precision",
         nargs="+",
         choices=list(PRECISIONS),
         help="; ".join(f"{p.name}: {p.description}" for p in PRECISIONS.values()),
     )
-    step.add_argument("--layout", nargs="+", choices=LAYOUTS, help="parallel layouts (single)")
+    step.add_argument(
+        "--layout",
+        nargs="+",
+        type=parse_name(command="bench-plan", offered=LAYOUTS),
+        choices=LAYOUTS,
+        help="parallel layouts (single); ddp, zero1: DDPBucketed's gradient views; ddp:torch, "
+        "zero1:torch-ddp: torch DDP's gradient buckets",
+    )
     step.add_argument(
         "--dp", type=int, default=2, help="data-parallel ranks of ddp, zero1, fsdp (2)"
     )
@@ -131,9 +146,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the step does not keep the logits through backward (bench-model's)",
     )
-    step.add_argument("--ddp-buckets", choices=DDP_BUCKETS, default="torch",
-                      help="torch: DDP keeps a flat copy of the gradients (default); views: "
-                      "ddp.DDPBucketed's gradients are views of its buckets")  # fmt: skip
+    # Before the one vocabulary the bucket kind was an option of its own; the layout's name
+    # says it now (`ddp:torch`), and the option reads on for old command lines.
+    step.add_argument("--ddp-buckets", choices=("torch", "views"), help=argparse.SUPPRESS)
     hw = parser.add_argument_group("hardware")
     hw.add_argument(
         "--memory",

@@ -55,6 +55,7 @@ import argparse
 from pathlib import Path
 
 from bench.core.cli import Command, LazyChoices, bucket_size_mb
+from bench.core.layouts import layout_names
 from bench.core.training_options import add_training_args
 from ddp import DEFAULT_BUCKET_SIZE_MB
 
@@ -68,23 +69,19 @@ __all__ = [
     "main",
 ]
 
-VARIANTS = (
-    "ddp",
-    "sharded",
-    "torch-zero",
-    "bucketed-sharded",
-    "fsdp",
-    "torch-fsdp",
-    "fsdp-no-prefetch",
-)
-DEFAULT_VARIANTS = ("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp")
+# Our DDP wrappers but DDPBucketed, which bench-ddp compares: their memory is torch DDP's.
+_UNSHARDED_DDP = ("ddp:naive", "ddp:flat", "ddp:individual")
+# The layouts compared (`bench.core.layouts`): torch's DDP (the baseline of the ratios), our
+# DDPBucketed, the three ZeRO-1 pairings, and the three FSDPs.
+VARIANTS = layout_names(family=("ddp", "zero1", "fsdp"), runs=True, exclude=_UNSHARDED_DDP)
+DEFAULT_VARIANTS = ("ddp:torch", "zero1:torch-ddp", "zero1:torch", "fsdp", "fsdp:torch")
 COMPUTE_DTYPES = LazyChoices(fp32="torch:float32", bf16="torch:bfloat16")
 OPTIMIZERS = LazyChoices(torch="torch.optim:AdamW", lmcore="lmcore:AdamW")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """bench-zero's options: the model and run of the training benchmarks, and the sharding."""
-    _, run = add_training_args(parser, variants=VARIANTS)
+    _, run = add_training_args(parser, variants=VARIANTS, command="bench-zero")
     run.add_argument("--optimizer", choices=list(OPTIMIZERS), help="AdamW implementation (torch)")
     run.add_argument(
         "--zero-bucket-mb",

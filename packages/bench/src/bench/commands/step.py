@@ -7,8 +7,8 @@ the forward, the mean next-token cross-entropy, `loss.backward()`, the AdamW ste
 - `ours`: lmcore's model with the options given: attention backend, `--loss` (the fused LM
   head + cross-entropy, or the full logits), `--optimizer` (lmcore's AdamW, its fused kernel, or
   torch's fused one), `--activation-checkpointing`, `--compile` (the whole model), and on several
-  ranks `--parallel zero` (ZeRO-1: `ddp.DDPBucketed` with `zero.ShardedOptimizer`; the default)
-  or `fsdp` (`zero.FSDP`, a unit per block).
+  ranks `--parallel zero1` (ZeRO-1: `ddp.DDPBucketed` with `zero.ShardedOptimizer`; the
+  default) or `fsdp` (`zero.FSDP`, a unit per block).
 - `torch-native`: what torch's own tools give for the same model: SDPA attention,
   `torch.utils.checkpoint` around the same segments, a compiled chunked cross-entropy (each
   chunk of tokens checkpointed: one chunk's logits at a time), `torch.optim.AdamW(fused=True)`,
@@ -62,8 +62,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from bench.core.cli import Command, add_timeout_arg
+from bench.core.layouts import parse_name
 from bench.core.model_options import add_model_options, positive_int
-from bench.core.step_names import PARALLEL, PRECISIONS
 from bench.plan.fit import memory_argument
 from lmcore import MODEL_SIZES, attention_names
 
@@ -72,6 +72,8 @@ __all__ = [
     "CUDA_BUDGET_MS",
     "DEFAULT_HEADROOM",
     "FIT",
+    "PARALLEL",
+    "PRECISIONS",
     "PRESETS",
     "PRESET_RANKS",
     "STUDIES",
@@ -81,6 +83,11 @@ __all__ = [
 ]
 
 STUDIES = ("checkpointing",)
+# `--precision`: float32; float32 weights under bf16 autocast; the model stored in bf16 (the
+# leaderboard's `torch_dtype`) (`bench.core.layouts` says what each keeps).
+PRECISIONS = ("fp32", "bf16-autocast", "bf16")
+# `--parallel`: ours on several ranks (`bench.core.layouts`): ZeRO-1 or zero.FSDP.
+PARALLEL = ("single", "zero1", "fsdp")
 # `--num-layers fit`: the deepest model every row fits, by bench-plan's memory model.
 FIT = "fit"
 # do_bench budgets (ms): the leaderboard's are 10,000 (warm-up) and 30,000 (measurement).
@@ -106,7 +113,7 @@ PRESETS: Mapping[str, dict[str, Any]] = {
         "compile": True,
         "native": True,
         "nproc": PRESET_RANKS,
-        "parallel": "zero",
+        "parallel": "zero1",
     }
 }
 
@@ -180,6 +187,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run")
     run.add_argument(
         "--precision",
+        type=parse_name(command="bench-step", offered=PRECISIONS),
         choices=PRECISIONS,
         help="fp32; bf16-autocast (float32 weights); bf16: the model built in bf16, the "
         "leaderboard's (the default with CUDA; fp32 on a CPU)",
@@ -194,7 +202,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--nproc", type=positive_int, metavar="N", help="ranks (1; torchrun's under torchrun)"
     )
     run.add_argument(
-        "--parallel", choices=PARALLEL, help="ours on several ranks: zero (default) or fsdp"
+        "--parallel",
+        type=parse_name(command="bench-step", offered=PARALLEL),
+        choices=PARALLEL,
+        help="ours on several ranks: zero1 (default) or fsdp",
     )
     run.add_argument("--preset", choices=list(PRESETS), help="the handout's leaderboard step")
     run.add_argument("--study", choices=STUDIES, help="checkpointing: k−1, k, k+1 and nested")

@@ -66,7 +66,8 @@ __all__ = [
 ]
 
 CHECKPOINTING = ("none", "block")  # the block as it is, or wrapped in torch.utils.checkpoint
-_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: no autocast
+# The precisions of `bench.core.layouts` the study runs: the autocast dtype (None: none).
+_DTYPES = {"fp32": None, "bf16-autocast": torch.bfloat16}
 TOP_OPERATIONS = 5  # the handout's "5 largest contributing operations"
 
 
@@ -405,7 +406,7 @@ def run_residual_study(
         shapes: model shapes (one block of each is built).
         context_lengths: sequence lengths.
         batch: sequences per batch.
-        dtypes: `fp32`, or `bf16` (autocast around the forward).
+        dtypes: `fp32`, or `bf16-autocast` (autocast around the forward).
         attention: lmcore attention backends.
         device: where to run.
         command: the command line to record.

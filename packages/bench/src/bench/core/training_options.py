@@ -11,13 +11,14 @@ from typing import Any
 
 import lmcore
 from bench.core.cli import add_timeout_arg, add_timing_args, distinct
+from bench.core.layouts import parse_name
 from bench.core.shapes import CPU_SIZE
 
 __all__ = ["add_training_args", "training_overrides"]
 
 
 def add_training_args(
-    parser: argparse.ArgumentParser, *, variants: Sequence[str]
+    parser: argparse.ArgumentParser, *, variants: Sequence[str], command: str
 ) -> tuple[argparse._ArgumentGroup, argparse._ArgumentGroup]:
     """Add the options of `TrainingBenchConfig`, `--timeout` and the timing options.
 
@@ -32,8 +33,16 @@ def add_training_args(
     model.add_argument("--batch", type=int, help="sequences per rank (4)")
     model.add_argument("--vocab-size", type=int, help=f"vocabulary ({lmcore.VOCAB_SIZE:,})")
     run = parser.add_argument_group("run")
-    run.add_argument("--world-size", type=int, help="ranks, one GPU each on CUDA (2)")
-    run.add_argument("--variants", nargs="+", choices=variants, help="what to compare")
+    run.add_argument("--nproc", type=int, dest="world_size", help="ranks, one GPU each on CUDA (2)")
+    # its name before one spelling per idea: read on, not shown
+    run.add_argument("--world-size", type=int, dest="world_size", help=argparse.SUPPRESS)
+    run.add_argument(
+        "--variants",
+        nargs="+",
+        type=parse_name(command=command, offered=variants),
+        choices=variants,
+        help="what to compare",
+    )
     add_timeout_arg(run, scope="for all ranks")
     add_timing_args(parser, warmup=None, steps=None)
     return model, run

@@ -199,7 +199,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "Naïve DDP Benchmarking",
         "5.2",
         "Time per step and in communication, xl on 1 node × 2 GPUs.",
-        answer_ddp("naive", "Naïve DDP"),
+        answer_ddp("ddp:naive", "Naïve DDP"),
         _tool("ddp"),
         TWO_GPUS,
     ),
@@ -208,7 +208,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "Minimal DDP with Flat Gradients",
         "5.3.1",
         "Time per step and in communication with one all-reduce of flat gradients.",
-        answer_ddp("flat", "Flat DDP"),
+        answer_ddp("ddp:flat", "Flat DDP"),
         needs=TWO_GPUS,
     ),
     Problem(
@@ -223,7 +223,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "DDP Overlap Benchmarking",
         "5.3.2",
         "(a) its time per step against the others, (b) Nsight screenshots.",
-        answer_ddp("individual", "Overlapped DDP, one all-reduce per gradient"),
+        answer_ddp("ddp:individual", "Overlapped DDP, one all-reduce per gradient"),
         needs=TWO_GPUS + "; (b) needs Nsight Systems, not run",
     ),
     Problem(

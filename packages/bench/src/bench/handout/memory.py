@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 from bench.core.document import Block, Image, Paragraph, Table
+from bench.core.layouts import renamed_row
 from bench.core.saved_tensors import RESIDUAL_KEYS as RK
 from bench.handout.results import (
     DIM_KEYS,
@@ -33,7 +34,7 @@ M = model.KEYS
 MIB = 2**20
 _LARGEST = re.compile(r"_snapshot_(\S+?)\.pickle.*largest allocation ([\d.,]+) MiB at (.+?)\.$")
 # A timeline image bench-model wrote for one cell: `<stem>_snapshot_<size>_ctx<n>_<mode>_...png`.
-_TIMELINE = re.compile(r"_snapshot_.+_ctx(\d+)_(forward|train-step)_(fp32|bf16)_")
+_TIMELINE = re.compile(r"_snapshot_.+_ctx(\d+)_(forward|train-step)_(fp32|bf16-autocast|bf16)_")
 
 # ---------------------------------------------------------------- §2.1.6 memory_profiling
 
@@ -115,7 +116,7 @@ def _peaks(res: Results, measured: Rows) -> list[Block]:
             ok(measured),
             vary=M.dtype,
             a="fp32",
-            b="bf16",
+            b="bf16-autocast",
             match=(M.size, M.d_model, M.ctx, M.mode),
             same_file=False,
         )
@@ -203,9 +204,9 @@ def _no_timelines(res: Results, current: list[Record], numbers: str, measured: R
             res,
             f"(a) Not run with timelines: the allocator snapshots (pickles) of the memory runs "
             f"({names}) were not kept, and no timeline image of them is committed. "
-            f"{MEMORY_TIMELINES.sentence()} (and the same with `--dtype bf16`); bench-model "
-            "draws a timeline PNG beside each pickle, and the script moves them next to the "
-            f"results, where this report shows them.{numbers}",
+            f"{MEMORY_TIMELINES.sentence()} (and the same with `--precision bf16-autocast`); "
+            "bench-model draws a timeline PNG beside each pickle, and the script moves them next "
+            f"to the results, where this report shows them.{numbers}",
             measured,
         )
     ]
@@ -217,8 +218,9 @@ def _no_timelines(res: Results, current: list[Record], numbers: str, measured: R
         cells: dict[tuple[int, str], dict[str, Path]] = {}
         for image in _timeline_images(rec):
             match = _TIMELINE.search(image.stem)
-            if match:
-                cells.setdefault((int(match[1]), match[3]), {})[match[2]] = image
+            if match:  # images named before the one vocabulary say bf16 for autocast
+                dtype = renamed_row("model", {"dtype": match[3]})["dtype"]
+                cells.setdefault((int(match[1]), dtype), {})[match[2]] = image
         both = sorted(k for k, modes in cells.items() if len(modes) == 2)
         if not both:
             continue

@@ -74,6 +74,10 @@ def answer_allreduce(res: Results) -> list[Block]:
     return out
 
 
+# bench-ddp's rows an answer sets beside its own: the model alone, the plain wrappers, torch's.
+_COMPARED = ("single", "ddp:naive", "ddp:flat", "ddp:individual", "ddp:torch")
+
+
 def answer_ddp(variant: str, label: str):
     """An answer quoting one DDP variant's step and communication time against the others."""
 
@@ -88,18 +92,13 @@ def answer_ddp(variant: str, label: str):
             + (f", {fmt(r[D.comm_ms])} ms of it communicating" if num(r, D.comm_ms) else "")
             + (f", {fmt(r[D.overhead_ms])} ms beyond one GPU" if num(r, D.overhead_ms) else "")
         )
-        others = [
-            o
-            for o in rows
-            if o is not r
-            and o.get(D.variant) in ("single", "naive", "flat", "individual", "torch-ddp")
-        ]
+        others = [o for o in rows if o is not r and o.get(D.variant) in _COMPARED]
         if others:
             text += "; beside " + ", ".join(f"{o[D.case]} {fmt(o[D.step_ms])} ms" for o in others)
         if num(r, D.hidden_e2e) is not None:
             text += f"; it hides {r[D.hidden_e2e]:.0%} of a standalone all-reduce of the gradients"
         out: list[Block] = [said(res, text + ".", [r, *others])]
-        if variant == "naive":
+        if variant == "ddp:naive":
             out.append(_size_note(res, rows))
         return out
 
@@ -133,9 +132,9 @@ def answer_sharding(res: Results) -> list[Block]:
             )
         }
         for r in rows
-        if r.get(Z.variant) in ("ddp", "sharded", "torch-zero")
+        if r.get(Z.variant) in ("ddp:torch", "zero1:torch-ddp", "zero1:torch")
     ]
-    sharded = next((r for r in rows if r.get(Z.variant) == "sharded"), None)
+    sharded = next((r for r in rows if r.get(Z.variant) == "zero1:torch-ddp"), None)
     out: list[Block] = [Table(table, list(table[0]))] if table else []
     if sharded:
         text = (

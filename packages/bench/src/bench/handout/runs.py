@@ -65,7 +65,7 @@ PROFILES = (
 )
 MEMORY_TIMELINES = GpuRun(
     "part2",
-    "bench-model --size xl --context-length 128 2048 --mode forward train-step --dtype fp32 "
+    "bench-model --size xl --context-length 128 2048 --mode forward train-step --precision fp32 "
     "--warmup 1 --steps 1 --memory-snapshot "
     "docs/results/bulk/memory_fp32_<device>_<date>_snapshot.pickle "
     "--json docs/results/memory_fp32_<device>_<date>.json",

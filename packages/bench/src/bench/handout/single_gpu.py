@@ -327,7 +327,11 @@ def answer_mixed_precision(res: Results) -> list[Block]:
     )
     model_rows = ok(_study_rows(res))
     found = pairs(
-        model_rows, vary=M.dtype, a="fp32", b="bf16", match=(M.size, M.ctx, M.mode, M.d_model)
+        model_rows,
+        vary=M.dtype,
+        a="fp32",
+        b="bf16-autocast",
+        match=(M.size, M.ctx, M.mode, M.d_model),
     )
     found = [(a, b) for a, b in found if num(a, M.step_ms) and num(b, M.step_ms)]
     if found:

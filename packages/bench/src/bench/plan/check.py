@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import lmcore
+from bench.core.layouts import LAYOUTS as ALL_LAYOUTS
 from bench.core.memory import MIB
 from bench.core.results import Run, load_json
 from bench.core.shapes import size_label
 from bench.plan.activations import ATTENTION_KINDS
-from bench.plan.memory import Phase, TrainingPlan, estimate_memory
+from bench.plan.memory import LAYOUTS, Phase, TrainingPlan, estimate_memory
 
 __all__ = ["CHECK_COLUMNS", "STEP_KEYS", "CheckResult", "check_results", "recorded_size_label"]
 
@@ -71,19 +72,11 @@ def _dims_of(name: str, date: str) -> tuple[int, int, int, int]:
     return (size.d_model, size.d_ff, size.num_layers, size.num_heads)
 
 
-# bench-zero's variants as (layout, options of the plan, what differs from the model).
-_ZERO_VARIANTS: Mapping[str, tuple[str, dict[str, Any], str]] = {
-    "ddp": ("ddp", {}, ""),
-    "sharded": ("zero1", {}, ""),
-    "torch-zero": (
-        "zero1",
-        {"zero_bucket_mb": 0},
-        "torch's ZeroRedundancyOptimizer (it broadcasts each parameter in place: no staging)",
-    ),
-    "bucketed-sharded": ("zero1", {"ddp_buckets": "views"}, ""),
-    "fsdp": ("fsdp", {}, ""),
-    "fsdp-no-prefetch": ("fsdp", {"fsdp_prefetch": False}, ""),
-    "torch-fsdp": ("fsdp", {}, "torch FSDP2 (modelled as zero.FSDP)"),
+# What the model leaves out of a bench-zero variant it predicts as another of its family.
+_ZERO_CAVEATS: Mapping[str, str] = {
+    "zero1:torch": "torch's ZeroRedundancyOptimizer (it broadcasts each parameter in place: no "
+    "staging)",
+    "fsdp:torch": "torch FSDP2 (modelled as zero.FSDP)",
 }
 
 
@@ -195,7 +188,7 @@ def _check_zero_run(source: str, run: Run) -> list[dict[str, Any]]:
         if name is None:
             return [_check_row(source, "?", "run", None, None, None, "records no model")]
         dims = list(_dims_of(name, run.date))
-    world = cfg.get("world_size", 2)
+    world = cfg.get("nproc", cfg.get("world_size", 2))  # `world_size` before the one vocabulary
     model = lmcore.ModelConfig(
         vocab_size=cfg["vocab_size"], context_length=cfg["context_length"], d_model=dims[0],
         d_ff=dims[1], num_layers=dims[2], num_heads=dims[3],
@@ -212,18 +205,19 @@ def _check_zero_run(source: str, run: Run) -> list[dict[str, Any]]:
             + (f" {row['compute_dtype']}" if row.get("compute_dtype") else "")
             + (f" {row['bucket_mb']:g} MB" if row.get("bucket_mb") is not None else "")
         )
-        if variant not in _ZERO_VARIANTS:
+        if variant not in LAYOUTS:
             out.append(_check_row(source, what, "all", None, None, None, "variant not modelled"))
             continue
         if row.get("status") != "ok":
             out.append(_check_row(source, what, "all", None, None, None, str(row.get("status"))))
             continue
-        layout, options, caveat = _ZERO_VARIANTS[variant]
+        caveat = _ZERO_CAVEATS.get(variant, "")
         precision = "bf16-master" if row.get("compute_dtype") == "bf16" else "fp32"
-        if variant.endswith("sharded"):
-            options = {**options, "zero_bucket_mb": row.get("bucket_mb")}
+        options = {}
+        if ALL_LAYOUTS[variant].optimizer == "ShardedOptimizer":
+            options["zero_bucket_mb"] = row.get("bucket_mb")
         plan = TrainingPlan(
-            model, batch=cfg["batch"] * world, layout=layout, dp=world, precision=precision,
+            model, batch=cfg["batch"] * world, layout=variant, dp=world, precision=precision,
             optimizer=cfg.get("optimizer", "torch"), **options,
         )  # fmt: skip
         estimate = estimate_memory(plan)

@@ -44,6 +44,8 @@ from types import MappingProxyType
 
 import ddp
 import lmcore
+from bench.core.layouts import LAYOUTS as ALL_LAYOUTS
+from bench.core.layouts import PRECISIONS, Layout, Precision, layout_names
 from bench.core.model_options import LOSSES
 from bench.plan.activations import (
     LossMemory,
@@ -61,81 +63,22 @@ from bench.plan.params import model_parameters
 
 __all__ = [
     "CHECKPOINTING_FORMS",
-    "DATA_PARALLEL_LAYOUTS",
-    "DDP_BUCKETS",
     "LAYOUTS",
     "MODES",
     "OPTIMIZERS",
     "PRECISIONS",
-    "TENSOR_PARALLEL_LAYOUTS",
     "Checkpointing",
     "MemoryEstimate",
     "Phase",
-    "Precision",
     "Term",
     "TrainingPlan",
     "estimate_memory",
 ]
 
 
-@dataclass(frozen=True)
-class Precision:
-    """How many bytes each kind of tensor takes.
-
-    Attributes:
-        name: its key in `PRECISIONS`.
-        description: in words.
-        param_bytes: the model's own weights (what it computes with, outside FSDP).
-        grad_bytes: gradients.
-        moment_bytes: each of AdamW's two moments.
-        master_bytes: a float32 master copy the optimizer steps (0: none).
-        regime: the activations' regime (`bench.plan.activations.REGIMES`).
-        compute_bytes: the dtype FSDP gathers weights in (its compute dtype).
-    """
-
-    name: str
-    description: str
-    param_bytes: int
-    grad_bytes: int
-    moment_bytes: int
-    master_bytes: int
-    regime: str
-    compute_bytes: int
-
-    @property
-    def shard_bytes(self) -> int:
-        """Bytes per element of FSDP's local shards: the master dtype (fp32 with masters)."""
-        return self.master_bytes or self.param_bytes
-
-
-PRECISIONS: Mapping[str, Precision] = MappingProxyType(
-    {
-        "fp32": Precision("fp32", "float32 throughout", 4, 4, 4, 0, "fp32", 4),
-        "bf16-autocast": Precision(
-            "bf16-autocast",
-            "float32 weights, gradients and AdamW moments; matmuls in bf16 under torch.autocast",
-            4, 4, 4, 0, "autocast", 2,
-        ),
-        "bf16-master": Precision(
-            "bf16-master",
-            "bf16 weights, gradients and activations; float32 master weights and AdamW moments "
-            "(FSDP: float32 shards gathered in bf16)",
-            2, 2, 4, 4, "bf16", 2,
-        ),
-        "bf16": Precision(
-            "bf16",
-            "bf16 everywhere, AdamW moments in the parameters' dtype (a model built in bf16, as "
-            "the leaderboard's torch_dtype)",
-            2, 2, 2, 0, "bf16", 2,
-        ),
-    }
-)  # fmt: skip
-
-LAYOUTS = ("single", "ddp", "zero1", "fsdp", "tp", "fsdp-tp")
-# The layouts with data-parallel ranks (`dp`) and those with tensor-parallel ones (`tp`).
-DATA_PARALLEL_LAYOUTS = ("ddp", "zero1", "fsdp", "fsdp-tp")
-TENSOR_PARALLEL_LAYOUTS = ("tp", "fsdp-tp")
-_FSDP = ("fsdp", "fsdp-tp")
+# What bench-plan predicts: every layout of one family (`bench.core.layouts`) whose memory the
+# model tells apart (our DDP wrappers but DDPBucketed keep their gradients as torch keeps them).
+LAYOUTS = layout_names(exclude=("ddp:naive", "ddp:flat", "ddp:individual"))
 MODES = ("train-step", "forward-backward", "forward")
 # Optimizer implementations and their temporaries in units of one moment of the stepped
 # parameters: the foreach AdamWs (lmcore's on CUDA, torch's default) build `sqrt(v)` as a new
@@ -147,9 +90,6 @@ OPTIMIZERS: Mapping[str, int] = MappingProxyType(
 # lmcore's fused kernel keeps float32 moments also for bf16 parameters; the others keep them in
 # the parameters' dtype, as torch's AdamW does.
 _FLOAT32_MOMENTS: Mapping[str, int] = MappingProxyType({"lmcore-fused": 4})
-# "torch": torch DDP's reducer copies gradients into flat buckets it keeps for the whole run (a
-# second copy of every gradient); "views": ddp.DDPBucketed makes `.grad` views of its buckets.
-DDP_BUCKETS = ("torch", "views")
 CHECKPOINTING_FORMS = lmcore.ActivationCheckpointing.FORMS
 
 
@@ -205,10 +145,14 @@ class TrainingPlan:
         batch: sequences per step in all (split over the data-parallel ranks).
         seq_len: tokens per sequence; the model's context length when None.
         precision: a key of `PRECISIONS`.
-        layout: one of `LAYOUTS`: `single` device, `ddp`, `zero1` (optimizer state sharded,
-            as `zero.ShardedOptimizer`), `fsdp` (weights, gradients and state sharded, one unit
-            per block, as `zero.FSDP`), `tp` (Megatron-style tensor parallelism), `fsdp-tp`
-            (FSDP across `dp` ranks of `tp`-way tensor-parallel groups).
+        layout: one of `LAYOUTS` (`bench.core.layouts` says what each runs): `single` device;
+            the `ddp` family (torch DDP's flat gradient buckets kept for the whole run under
+            `ddp:torch`, DDPBucketed's `.grad` views of its buckets under `ddp`); the `zero1`
+            family (optimizer state sharded as `zero.ShardedOptimizer` does; torch's
+            ZeroRedundancyOptimizer stages no broadcast); the `fsdp` family (weights, gradients
+            and state sharded, one unit per block, as `zero.FSDP`; `fsdp:no-prefetch` gathers
+            one unit at a time); `tp` (Megatron-style tensor parallelism); `fsdp-tp` (FSDP
+            across `dp` ranks of `tp`-way tensor-parallel groups).
         dp: data-parallel ranks (`ddp`, `zero1`, `fsdp`, `fsdp-tp`).
         tp: tensor-parallel ranks (`tp`, `fsdp-tp`).
         activation_checkpointing: a spec of `CHECKPOINTING_FORMS`.
@@ -218,8 +162,6 @@ class TrainingPlan:
             `forward-backward` (no optimizer) or `forward` (inference under `no_grad`).
         hold_logits: the training step keeps the logits alive through backward
             (`logits = model(x); loss = ce(logits, y)`; bench-model's step does not).
-        ddp_buckets: one of `DDP_BUCKETS`, for `ddp` and `zero1`.
-        fsdp_prefetch: FSDP gathers the next unit while one computes (two units gathered).
         zero_bucket_mb: `zero.ShardedOptimizer`'s broadcast cap (MiB; None: one per owner).
         loss_chunk_tokens: the fused loss's chunk (None: Liger-Kernel's rule).
 
@@ -241,8 +183,6 @@ class TrainingPlan:
     optimizer: str = "lmcore"
     mode: str = "train-step"
     hold_logits: bool = True
-    ddp_buckets: str = "torch"
-    fsdp_prefetch: bool = True
     # zero.ShardedOptimizer's default cap, which is ddp's (tests/test_zero_with_ddp.py checks), read
     # from ddp so that this module imports no torch (bench-plan's command line reads it).
     zero_bucket_mb: float | None = ddp.DEFAULT_BUCKET_SIZE_MB
@@ -256,7 +196,6 @@ class TrainingPlan:
             ("loss", self.loss, LOSSES),
             ("optimizer", self.optimizer, tuple(OPTIMIZERS)),
             ("mode", self.mode, MODES),
-            ("ddp_buckets", self.ddp_buckets, DDP_BUCKETS),
         )
         for name, value, allowed in choices:
             if value not in allowed:
@@ -269,12 +208,12 @@ class TrainingPlan:
             isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1
         ):
             raise ValueError(f"seq_len must be a positive integer, got {self.seq_len!r}")
-        if self.dp > 1 and self.layout not in DATA_PARALLEL_LAYOUTS:
+        if self.dp > 1 and not self.layout_spec.data_parallel:
             raise ValueError(
                 f"layout {self.layout!r} has no data-parallel ranks (dp={self.dp}); use one of "
-                f"{', '.join(DATA_PARALLEL_LAYOUTS)}"
+                f"{', '.join(n for n in LAYOUTS if ALL_LAYOUTS[n].data_parallel)}"
             )
-        if self.tp > 1 and self.layout not in TENSOR_PARALLEL_LAYOUTS:
+        if self.tp > 1 and not self.layout_spec.tensor_parallel:
             raise ValueError(f"layout {self.layout!r} has no tensor parallelism (tp={self.tp})")
         if self.batch % self.dp:
             raise ValueError(
@@ -287,7 +226,7 @@ class TrainingPlan:
                 f"tp={tp} must divide the heads ({m.num_heads}), key/value heads ({m.kv_heads}) "
                 f"and d_ff ({m.d_ff})"
             )
-        if self.layout in _FSDP and self.precision == "bf16-autocast":
+        if self.layout_spec.shards_weights and self.precision == "bf16-autocast":
             raise ValueError(
                 "FSDP gathers weights in its own compute dtype instead of autocast: use "
                 "precision bf16-master (float32 shards gathered in bf16, as "
@@ -321,6 +260,16 @@ class TrainingPlan:
         """The `Precision` named by `precision`."""
         return PRECISIONS[self.precision]
 
+    @property
+    def layout_spec(self) -> Layout:
+        """The `bench.core.layouts.Layout` named by `layout`."""
+        return ALL_LAYOUTS[self.layout]
+
+    @property
+    def family(self) -> str:
+        """What each device holds: `single`, `ddp`, `zero1`, `fsdp`, `tp` or `fsdp-tp`."""
+        return self.layout_spec.family
+
     def describe(self) -> str:
         """The configuration in one line."""
         m = self.model
@@ -328,7 +277,7 @@ class TrainingPlan:
             "single": "1 device",
             "tp": f"TP {self.tp}",
             "fsdp-tp": f"FSDP {self.dp} × TP {self.tp}",
-        }.get(self.layout, f"{self.layout.upper()} {self.dp}")
+        }.get(self.family, f"{self.layout.upper()} {self.dp}")
         return (
             f"{m.d_model}/{m.d_ff}/{m.num_layers}L/{m.num_heads}H V={m.vocab_size:,}, "
             f"batch {self.batch} × {self.tokens_per_sequence:,}, {self.precision}, {mesh}, "
@@ -434,7 +383,7 @@ def _state(plan: TrainingPlan) -> _State:
     prec = plan.precision_spec
     params = model_parameters(plan.model)
     tp, dp = plan.tp, plan.dp
-    fsdp = plan.layout in _FSDP
+    fsdp = plan.layout_spec.shards_weights
     training = plan.mode != "forward"
     stepping = plan.mode == "train-step"
     local = [p.tp_numel(tp) for p in params]  # after tensor parallelism
@@ -442,7 +391,7 @@ def _state(plan: TrainingPlan) -> _State:
     on_device = [_padded_shard(n, dp) if s else n for n, s in zip(local, sharded, strict=True)]
     total_local = sum(local)
     tp_text = "" if tp == 1 else f" / TP {tp}"
-    if plan.layout == "zero1":
+    if plan.family == "zero1":
         from zero import partition_by_numel  # imports torch: only when a plan is computed
 
         owners = partition_by_numel(local, dp)
@@ -500,14 +449,14 @@ def _state(plan: TrainingPlan) -> _State:
         f"RoPE cos, sin tables: 2 × {plan.model.context_length:,} × {head_dim // 2} × 4 B",
     )
     gb = prec.grad_bytes
-    ddp_on = plan.layout in ("ddp", "zero1") and plan.ddp_buckets == "torch" and training
+    ddp_on = plan.layout_spec.torch_buckets and training
     ddp_buckets = Term(
         "communication buffers",
         gb * total_local if ddp_on else 0,
         f"torch DDP's flat gradient buckets: {gb} B × {total_local:,}" if ddp_on else "none",
     )
     zero_staging = Term("communication buffers", 0, "none")
-    if plan.layout == "zero1" and stepping:
+    if plan.layout_spec.optimizer == "ShardedOptimizer" and stepping:
         shard_bytes = prec.param_bytes * stepped
         cap = plan.zero_bucket_mb
         if cap is None:
@@ -529,7 +478,8 @@ def _state(plan: TrainingPlan) -> _State:
     root_numel = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in root)
     head_numel = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in root if p.kind == "linear")
     unit_numel = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in unit)
-    gathered_units = (2 if plan.fsdp_prefetch else 1) + 1
+    prefetch = plan.layout_spec.prefetch
+    gathered_units = (2 if prefetch else 1) + 1
     if fsdp:
         root_gathered = Term(
             "communication buffers",
@@ -540,7 +490,7 @@ def _state(plan: TrainingPlan) -> _State:
             "communication buffers",
             gathered_units * c * unit_numel,
             f"FSDP units gathered: {gathered_units} × {c} B × {unit_numel:,} (one computing"
-            + (", one prefetched" if plan.fsdp_prefetch else "")
+            + (", one prefetched" if prefetch else "")
             + ", one all-gather staging copy)",
         )
         unit_grads = Term(
@@ -683,7 +633,7 @@ def _forward_mode(plan: TrainingPlan, s: _State, acts: _Activations) -> list[Pha
 def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[Phase]:
     ckpt = plan.checkpointing
     block, x_in, loss = acts.block, acts.checkpoint, acts.loss
-    views = plan.layout in ("ddp", "zero1") and plan.ddp_buckets == "views"
+    views = plan.family in ("ddp", "zero1") and not plan.layout_spec.torch_buckets
     resident = _resident(s, grads_always=views)
     forward_saved = {"plain": block, "segment": x_in, "nested": x_in}
     saved_by_run = [forward_saved[kind] for _, _, kind in ckpt.segments]
@@ -787,7 +737,7 @@ def estimate_memory(plan: TrainingPlan) -> MemoryEstimate:
             "autocast: float32 residual stream and norms, bf16 matmul inputs cast per matmul, "
             "float32 softmax (CUDA's autocast lists)."
         )
-    if plan.layout in ("tp", "fsdp-tp"):
+    if plan.layout_spec.tensor_parallel:
         notes.append(
             "TP: norms and the residual stream are whole on every rank (no sequence "
             "parallelism); attention heads, the FFN width and the vocabulary are split."

@@ -124,7 +124,7 @@ def step_collectives(plan: TrainingPlan) -> list[Collective]:
     """The collectives one step of `plan` runs, as the busiest device sees them."""
     training = plan.mode != "forward"
     prec = plan.precision_spec
-    layout = plan.layout
+    layout = plan.family
     params = model_parameters(plan.model)
     numel = sum(p.tp_numel(plan.tp) for p in params)
     out: list[Collective] = []

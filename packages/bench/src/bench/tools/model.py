@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
-from bench.commands.model import DTYPES, MODES, WARMUP_STUDY
+from bench.commands.model import MODES, PRECISIONS, WARMUP_STUDY
 from bench.core.cli import distinct
 from bench.core.env import device_name
 from bench.core.hardware import matmul_format, peak_tflops
+from bench.core.layouts import autocast_dtype, compute_dtype
 from bench.core.memory import free_memory, peak_memory, reset_peak_memory, to_mib
 from bench.core.memviz import render_memory_snapshot
 from bench.core.model_options import (
@@ -93,7 +94,8 @@ class ModelBenchConfig:
         batch: sequences per batch.
         vocab_size: vocabulary size; each size's own (`ModelSize.vocab_size`) when None.
         modes: from `MODES`.
-        dtypes: `fp32`, or `bf16` (autocast around forward and loss).
+        dtypes: precisions of `PRECISIONS`: `fp32`, or `bf16-autocast` (autocast around forward
+            and loss).
         attention: lmcore attention backend names.
         compile: run eagerly (False), through `torch.compile` (True), or both.
         activation_checkpointing: lmcore specs (`none`, `blocks`, `segments:K`, ...), in the
@@ -128,7 +130,7 @@ class ModelBenchConfig:
     def __post_init__(self) -> None:
         choices = (
             ("modes", MODES),
-            ("dtypes", tuple(DTYPES)),
+            ("dtypes", PRECISIONS),
             ("loss", LOSSES),
             ("optimizer", OPTIMIZERS),
         )
@@ -280,12 +282,12 @@ def _measure(
     shape = (config.batch, cell.context_length)
     x = torch.randint(0, vocab_size, shape, device=device)  # (batch, seq) token ids
     y = torch.randint(0, vocab_size, shape, device=device)  # next-token targets
-    autocast_dtype = DTYPES[cell.dtype]
+    autocast_to = autocast_dtype(cell.dtype)
 
     def autocast() -> contextlib.AbstractContextManager:
-        if autocast_dtype is None:
+        if autocast_to is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=autocast_dtype)
+        return torch.autocast(device_type=device.type, dtype=autocast_to)
 
     def region(name: str, fn: Any) -> tuple[Any, float]:
         with nvtx_range(name, enabled=ranges):
@@ -343,7 +345,7 @@ def _metrics(
     tokens = config.batch * cell.context_length
     count = forward_flops if cell.mode == "forward" else training_flops
     flops = count(model_config, batch_size=config.batch, seq_len=cell.context_length)
-    fmt = matmul_format(DTYPES[cell.dtype] or torch.float32)
+    fmt = matmul_format(compute_dtype(cell.dtype))
     peak = peak_tflops(device_name(device), fmt) if device.type == "cuda" else None
     row.update(
         step_ms=step.mean,
@@ -588,7 +590,8 @@ def config_argv(config: ModelBenchConfig) -> list[str]:
         ("--num-layers", config.num_layers),
     ):
         argv += [] if value is None else [flag, str(value)]
-    argv += ["--mode", *config.modes, "--dtype", *config.dtypes, "--attention", *config.attention]
+    argv += ["--mode", *config.modes, "--precision", *config.dtypes]
+    argv += ["--attention", *config.attention]
     argv += ["--activation-checkpointing", *config.activation_checkpointing]
     argv += ["--loss", *config.loss, "--optimizer", *config.optimizer]
     compiled = set(config.compile)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import lmcore
 from bench.core.cli import distinct, usage_errors
+from bench.core.layouts import LAYOUTS
 from bench.core.memory import GIB
 from bench.core.model_options import LOSSES
 from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
@@ -38,8 +40,6 @@ from bench.plan.fit import (
     parse_memory,
 )
 from bench.plan.memory import (
-    DATA_PARALLEL_LAYOUTS,
-    TENSOR_PARALLEL_LAYOUTS,
     Checkpointing,
     MemoryEstimate,
     Phase,
@@ -61,21 +61,15 @@ __all__ = [
     "run_section8",
 ]
 
-# The CS336 spring-2026 leaderboard's model and step (the handout's `Config`): vocabulary
-# 151,936, d_model 4096, d_ff 11,008, 34 layers, 32 heads, context 32,768, batch 2, bf16, causal,
-# on two GPUs. Attention through fa2's Triton kernels (a fused kernel; naive attention would hold
+# The CS336 spring-2026 leaderboard's model and step (lmcore's size `leaderboard-8b`, the
+# handout's `Config`, with its own vocabulary and context), batch 2, bf16, causal, on two GPUs.
+# Attention through fa2's Triton kernels (a fused kernel; naive attention would hold
 # 2·32·32,768² scores per block).
-LEADERBOARD_2026 = lmcore.ModelConfig(
-    vocab_size=151_936,
-    context_length=32_768,
-    d_model=4096,
-    num_layers=34,
-    num_heads=32,
-    d_ff=11_008,
-    attention="fa2-triton",
-)
+LEADERBOARD_2026 = lmcore.MODEL_SIZES["leaderboard-8b"].config(attention="fa2-triton")
 LEADERBOARD_BATCH = 2
 LEADERBOARD_DEVICES = 2
+# Its layouts over the two GPUs: each family with the gradient buckets of torch's DDP.
+LEADERBOARD_LAYOUTS = ("ddp:torch", "zero1:torch-ddp", "fsdp", "tp")
 # Memory per GPU the leaderboard prediction is asked for: an 80 GB H100 and a 141 GB H200.
 LEADERBOARD_MEMORY = {"80 GB": parse_memory("80GB"), "141 GB": parse_memory("141GB")}
 
@@ -147,20 +141,22 @@ class PlanSweep:
     Args:
         models: (label, `lmcore.ModelConfig`) pairs; the config's context length is the
             sequence length and its `attention` is replaced by each of `attentions`.
-        batches: sequences per step in all.
+        batches: sequences per data-parallel rank (per step).
+        global_batches: sequences per step in all, split over the data-parallel ranks; in
+            place of `batches` (give one of the two; neither: a global batch of 4).
         precisions, layouts, checkpointing, losses, optimizers, attentions: names from
             `bench.plan.memory` (see `TrainingPlan`).
         dp, tp: data- and tensor-parallel ranks (a layout uses the ones it has).
         mode: `train-step`, `forward-backward` or `forward`.
         hold_logits: the step keeps the logits through backward.
-        ddp_buckets: torch DDP's bucket copy or ddp.DDPBucketed's views.
         memory_bytes: the device memory to fit (None: no fit columns).
         bandwidth_gbps: W per device.
         tflops: the FLOP rate (None: `default_tflops`).
     """
 
     models: tuple[tuple[str, lmcore.ModelConfig], ...]
-    batches: tuple[int, ...] = (4,)
+    batches: tuple[int, ...] = ()
+    global_batches: tuple[int, ...] = ()
     precisions: tuple[str, ...] = ("fp32",)
     layouts: tuple[str, ...] = ("single",)
     dp: int = 2
@@ -171,15 +167,15 @@ class PlanSweep:
     attentions: tuple[str, ...] = ("naive",)
     mode: str = "train-step"
     hold_logits: bool = True
-    ddp_buckets: str = "torch"
     memory_bytes: int | None = None
     bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
     tflops: float | None = None
 
     def __post_init__(self) -> None:
+        if self.batches and self.global_batches:
+            raise ValueError("give --batch (per rank) or --global-batch, not both")
         named = {
             "models": self.models,
-            "batches": self.batches,
             "precisions": self.precisions,
             "layouts": self.layouts,
             "checkpointing": self.checkpointing,
@@ -198,16 +194,17 @@ class PlanSweep:
             ValueError: a combination the plan refuses (the message names it).
         """
         out = []
+        per_rank = bool(self.batches)
         combos = itertools.product(
-            self.models, self.attentions, self.batches, self.precisions, self.layouts,
-            self.checkpointing, self.losses, self.optimizers,
+            self.models, self.attentions, self.batches or self.global_batches or (4,),
+            self.precisions, self.layouts, self.checkpointing, self.losses, self.optimizers,
         )  # fmt: skip
         for (label, model), attention, batch, precision, layout, ckpt, loss, opt in combos:
-            dp = self.dp if layout in DATA_PARALLEL_LAYOUTS else 1
-            tp = self.tp if layout in TENSOR_PARALLEL_LAYOUTS else 1
+            dp = self.dp if LAYOUTS[layout].data_parallel else 1
+            tp = self.tp if LAYOUTS[layout].tensor_parallel else 1
             plan = TrainingPlan(
                 replace(model, attention=attention),
-                batch=batch,
+                batch=batch * dp if per_rank else batch,
                 precision=precision,
                 layout=layout,
                 dp=dp,
@@ -217,7 +214,6 @@ class PlanSweep:
                 optimizer=opt,
                 mode=self.mode,
                 hold_logits=self.hold_logits,
-                ddp_buckets=self.ddp_buckets,
             )
             out.append((label, plan))
         return out
@@ -234,11 +230,11 @@ def _categories(phase: Phase) -> dict[str, float]:
 
 
 def _mesh(plan: TrainingPlan) -> str:
-    if plan.layout == "single":
+    if plan.family == "single":
         return "1"
-    if plan.layout == "tp":
+    if plan.family == "tp":
         return f"tp{plan.tp}"
-    if plan.layout == "fsdp-tp":
+    if plan.family == "fsdp-tp":
         return f"dp{plan.dp}×tp{plan.tp}"
     return f"dp{plan.dp}"
 
@@ -414,9 +410,10 @@ def run_leaderboard(
     candidates = list(checkpointing or checkpointing_candidates(config.num_layers))
     rows = []
     for precision, layout, loss, optimizer in itertools.product(
-        ("bf16", "bf16-master"), ("ddp", "zero1", "fsdp", "tp"), LOSSES, ("lmcore", "lmcore-fused")
+        ("bf16", "bf16-master"), LEADERBOARD_LAYOUTS, LOSSES, ("lmcore", "lmcore-fused")
     ):
-        degrees = {"tp": LEADERBOARD_DEVICES} if layout == "tp" else {"dp": LEADERBOARD_DEVICES}
+        tensor = LAYOUTS[layout].tensor_parallel
+        degrees = {"tp": LEADERBOARD_DEVICES} if tensor else {"dp": LEADERBOARD_DEVICES}
         base = TrainingPlan(
             config, batch=LEADERBOARD_BATCH, precision=precision, layout=layout, loss=loss,
             optimizer=optimizer, **degrees,
@@ -676,6 +673,38 @@ def _models_from_args(args: argparse.Namespace) -> tuple[tuple[str, lmcore.Model
     return tuple(out)
 
 
+def _global_batch(args: argparse.Namespace) -> int:
+    """§8's batch B in sequences: `--global-batch`, else `--batch` per rank times `--dp`."""
+    if args.global_batch:
+        return args.global_batch[0]
+    return args.batch[0] * args.dp if args.batch else 4
+
+
+# The gradient buckets the old `--ddp-buckets torch` chose, as the layouts now name them.
+_TORCH_BUCKETS = {"ddp": "ddp:torch", "zero1": "zero1:torch-ddp"}
+
+
+def _layouts(args: argparse.Namespace) -> tuple[str, ...]:
+    """`--layout`, with the old `--ddp-buckets` folded into the names, and a note where
+    `--batch` (now per rank) meets a data-parallel layout."""
+    layouts = distinct(args.layout) or ("single",)
+    if args.ddp_buckets is not None:
+        print(
+            "bench-plan: --ddp-buckets is part of the layout's name now (ddp, zero1: "
+            "DDPBucketed's views; ddp:torch, zero1:torch-ddp: torch DDP's buckets)",
+            file=sys.stderr,
+        )
+        if args.ddp_buckets == "torch":
+            layouts = tuple(dict.fromkeys(_TORCH_BUCKETS.get(n, n) for n in layouts))
+    if args.batch and any(LAYOUTS[n].data_parallel for n in layouts):
+        print(
+            "bench-plan: --batch counts sequences per data-parallel rank, as in every command; "
+            "the batch in all is --global-batch",
+            file=sys.stderr,
+        )
+    return layouts
+
+
 def _run(config: object, cli: Invocation) -> Run:
     args = cli.args
     if args.check is not None:
@@ -689,15 +718,16 @@ def _run(config: object, cli: Invocation) -> Run:
             _, model = models[0]
             rate = args.tflops or default_tflops("bf16")[0]
             setting = ffn.FFNSetting(
-                batch=(args.batch or [4])[0] * model.context_length, d_model=model.d_model,
+                batch=_global_batch(args) * model.context_length, d_model=model.d_model,
                 d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=args.bandwidth * 1e9,
             )  # fmt: skip
             return run_section8(setting, num_dp=args.dp, num_tp=args.tp, command=cli.command)
         sweep = PlanSweep(
             models=models,
-            batches=distinct(args.batch) or (4,),
+            batches=distinct(args.batch) or (),
+            global_batches=distinct(args.global_batch) or (),
             precisions=distinct(args.precision) or ("fp32",),
-            layouts=distinct(args.layout) or ("single",),
+            layouts=_layouts(args),
             dp=args.dp,
             tp=args.tp,
             checkpointing=distinct(args.activation_checkpointing) or ("none",),
@@ -706,7 +736,6 @@ def _run(config: object, cli: Invocation) -> Run:
             attentions=distinct(args.attention) or ("naive",),
             mode=args.mode,
             hold_logits=not args.no_hold_logits,
-            ddp_buckets=args.ddp_buckets,
             memory_bytes=args.memory,
             bandwidth_gbps=args.bandwidth,
             tflops=args.tflops,

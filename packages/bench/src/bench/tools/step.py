@@ -41,6 +41,7 @@ from bench.core.full_step import (
     step_flops,
 )
 from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
+from bench.core.layouts import compute_dtype
 from bench.core.memory import GIB, MIB, free_memory
 from bench.core.model_options import LOSSES, OPTIMIZERS, with_depth
 from bench.core.oom import OK, guarded
@@ -80,7 +81,7 @@ class StepConfig:
         batch: sequences per rank.
         vocab_size: the vocabulary; the size's own when None.
         num_kv_heads: grouped-query attention's key/value heads (None: one per head).
-        precision: from `bench.core.step_names.PRECISIONS`.
+        precision: from `bench.commands.step.PRECISIONS`.
         attention: lmcore backends of `ours`.
         loss: `materialized` or `fused`, for `ours`.
         optimizer: from `bench.core.model_options.OPTIMIZERS`, for `ours`.
@@ -88,7 +89,8 @@ class StepConfig:
         compile: `torch.compile` (ours: the model; torch-native: each block and the loss).
         native: add the torch-native rows.
         nproc: ranks (one GPU each on CUDA, gloo ranks on the CPU).
-        parallel: `none` (one rank), `zero` (ZeRO-1 + DDPBucketed) or `fsdp` (`zero.FSDP`).
+        parallel: `single` (one rank), `zero1` (ZeRO-1: DDPBucketed + ShardedOptimizer) or `fsdp`
+            (`zero.FSDP`).
         warmup_ms, rep_ms: the timing's warm-up and measurement budgets per row.
         memory_bytes: the memory `--num-layers fit` fills; the GPU's when None.
         headroom: the share of it `--num-layers fit` leaves free.
@@ -112,7 +114,7 @@ class StepConfig:
     compile: bool = True
     native: bool = True
     nproc: int = 1
-    parallel: str = "none"
+    parallel: str = "single"
     warmup_ms: float = CUDA_BUDGET_MS[0]
     rep_ms: float = CUDA_BUDGET_MS[1]
     memory_bytes: int | None = None
@@ -427,7 +429,7 @@ def _metrics(
     phases = {p: max(r["phases"][p] for r in per_rank) for p in per_rank[0]["phases"]}
     flops, attention_flops = step_flops(spec.model, spec.batch)
     seconds = step.median * 1e-3
-    ceiling = matmul_ceiling(device_name(device), matmul_format(spec.compute_dtype))
+    ceiling = matmul_ceiling(device_name(device), matmul_format(compute_dtype(spec.precision)))
     attention_ms = _attention_ms(spec, per_rank)
     return {
         "step_ms": step.median,
@@ -706,7 +708,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "rep_ms": args.rep_ms,
     }
     if (given["nproc"] or 1) > 1 and args.parallel is None:
-        given["parallel"] = "zero"  # compiles, and takes a model built in bf16
+        given["parallel"] = "zero1"  # compiles, and takes a model built in bf16
     if args.size is not None and args.num_layers is None:
         # a named size runs at its own depth unless told otherwise (CUDA's default is `fit`)
         given["num_layers"] = lmcore.MODEL_SIZES[args.size].num_layers

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,22 +22,23 @@ import ddp
 import lmcore
 from bench.core import model_options
 from bench.core.cli import bucket_size_mb, resolve_device
+from bench.core.layouts import parse_name
 from bench.core.ranks import DEFAULT_TIMEOUT_S, torchrun_world_size
 from bench.core.shapes import CPU_SIZE
 from bench.train.choices import BASELINES, PARALLEL_MODES, PRECISIONS
 from bench.train.options import (
     Group,
+    check_values,
     device_defaults,
     flag_of,
     given_values,
     option,
-    option_of,
     parse_duration,
 )
 from bench.train.tokenizer import TOKENIZERS
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 __all__ = ["CONFIG_FILE", "TrainConfig"]
 
@@ -158,10 +158,12 @@ class TrainConfig:
     device: str = option("auto", "auto (CUDA when present), cpu, cuda", group=RUN, metavar="DEVICE")
     precision: str | None = option(
         None,
-        "bf16 autocast (fp32 master weights) or fp32",
+        "fp32; bf16-autocast: float32 weights, matmuls in bf16 under autocast; bf16: the model "
+        "stored in bf16 (not yet under --parallel fsdp)",
         group=TRAINING,
-        choices=list(PRECISIONS),
-        device_default=("bf16", "fp32"),
+        choices=PRECISIONS,
+        parse=parse_name(command="bench-train", offered=PRECISIONS),
+        device_default=("bf16-autocast", "fp32"),
     )
     compile: bool | None = option(
         None,
@@ -178,10 +180,12 @@ class TrainConfig:
     )
     parallel: str | None = option(
         None,
-        "data parallelism: the ddp wrappers, torch DDP, ZeRO-1, zero.FSDP, torch's FSDP2",
+        "data parallelism: ddp (DDPBucketed), the other ddp wrappers, torch DDP, ZeRO-1, "
+        "zero.FSDP, torch's FSDP2",
         group=RUN,
         choices=PARALLEL_MODES,
-        default_text="none; bucketed with several ranks",
+        parse=parse_name(command="bench-train", offered=PARALLEL_MODES),
+        default_text="single; ddp with several ranks",
     )
     nproc: int | None = option(
         None,
@@ -294,12 +298,7 @@ class TrainConfig:
         from bench.train import parallel
 
         flag = functools.partial(flag_of, type(self))
-        for f in dataclasses.fields(self):
-            allowed, value = option_of(type(self), f.name).allowed(), getattr(self, f.name)
-            if allowed is not None and value is not None and value not in allowed:
-                raise ValueError(f"--{flag(f.name)} {value!r}: choose one of {', '.join(allowed)}")
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"--{flag(f.name)} {value}: give a finite number")
+        check_values(self)
         positive = ("context_length", "batch_size", "grad_accum", "steps", "nproc")
         for name in (*positive, "eval_batches", "log_every"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -338,6 +337,7 @@ class TrainConfig:
             self.parallel,
             nproc=self.nproc,
             compile=self.compile,
+            precision=self.precision,
             baseline=self.baseline,
             device=torch.device(self.device),
         )
@@ -365,11 +365,6 @@ class TrainConfig:
             attention=self.attention,
             num_kv_heads=self.num_kv_heads,
         )
-
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        """The autocast dtype of `--precision`; None for fp32 (no autocast)."""
-        return PRECISIONS[self.precision]
 
     @property
     def warmup(self) -> int:

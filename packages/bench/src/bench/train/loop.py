@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import lmcore
+from bench.core.layouts import autocast_dtype
 from bench.core.memory import MIB, peak_memory
 from bench.core.training import train_step
 from bench.train import lm
@@ -33,7 +34,7 @@ from bench.train.config import TrainConfig
 from bench.train.data import Batches, Corpus, default_cache_dir, load_corpus
 from bench.train.faults import kill_point
 from bench.train.generate import sample
-from bench.train.parallel import Parallel
+from bench.train.parallel import TrainerParallel
 from bench.train.record import Recorder, mfu_function, profiled
 from bench.train.tokenizer import load_tokenizer
 
@@ -114,13 +115,14 @@ class Trainer:
         )
         decayed = lm.decayed_names(self.raw)
         self.loss_fn = lm.loss_function(compile=config.compile)
-        self.parallel = Parallel(
+        self.parallel = TrainerParallel(
             config.parallel,
             rank=rank,
+            device=device,
+            precision=config.precision,
             compile=config.compile,
             bucket_size_mb=config.bucket_size_mb,
-            compute_dtype=config.autocast_dtype,
-            device=device,
+            broadcast_mb=config.bucket_size_mb,
         )
         self.model = self.parallel.wrap(self.raw)
         optimizer_cls, options = lm.optimizer_class(config.optimizer, lr=config.lr)
@@ -179,7 +181,7 @@ class Trainer:
                 self.model,
                 self.optimizer,
                 micro_batches,
-                autocast_dtype=c.autocast_dtype,
+                autocast_dtype=autocast_dtype(c.precision),
                 max_grad_norm=c.grad_clip or None,
             )
         kill_point("step", step)
@@ -190,7 +192,7 @@ class Trainer:
         """Mean validation loss over `--eval-batches` global batches, the same ones every time."""
         c = self.config
         batches = self._batches(self.corpus.val, seed=c.seed + 1)
-        dtype = c.autocast_dtype
+        dtype = autocast_dtype(c.precision)
         total = torch.zeros((), device=self.device)
         for _ in range(c.eval_batches):
             tokens = batches.next(self.device)
@@ -313,7 +315,7 @@ class Trainer:
             temperature=c.temperature,
             top_p=c.top_p,
             seed=c.seed,
-            autocast_dtype=c.autocast_dtype,
+            autocast_dtype=autocast_dtype(c.precision),
         )
 
 

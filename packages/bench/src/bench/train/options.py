@@ -33,6 +33,7 @@ __all__ = [
     "Group",
     "Option",
     "add_options",
+    "check_values",
     "device_defaults",
     "given_options",
     "given_values",
@@ -224,6 +225,24 @@ def add_options(
     return parser
 
 
+def check_values(config: Any) -> None:
+    """Refuse a field of the dataclass `config` whose value is not among its option's choices,
+    or a float that is not finite.
+
+    Raises:
+        ValueError: the first such field, by its flag.
+    """
+    cls = type(config)
+    for name in _fields(cls):
+        allowed, value = option_of(cls, name).allowed(), getattr(config, name)
+        if allowed is not None and value is not None and value not in allowed:
+            raise ValueError(
+                f"--{flag_of(cls, name)} {value!r}: choose one of {', '.join(allowed)}"
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{flag_of(cls, name)} {value}: give a finite number")
+
+
 def given_options(args: argparse.Namespace, cls: Any) -> dict[str, Any]:
     """The fields of `cls` given on a command line `add_options` parsed."""
     return {name: value for name, value in vars(args).items() if name in _fields(cls)}
@@ -245,7 +264,7 @@ def _from_file(cls: Any, name: str, value: Any, where: str) -> Any:
     opt, kind = option_of(cls, name), _kind(cls, name)
     if value is None:
         return None
-    if isinstance(value, str) and kind is not str and kind is not bool:
+    if isinstance(value, str) and kind is not bool and (kind is not str or opt.parse):
         try:
             return (opt.parse or kind)(value)
         except (TypeError, ValueError, argparse.ArgumentTypeError) as error:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from bench.core.hardware import peak_tflops
+from bench.core.layouts import recorded_config
 from bench.core.plots import hbar_plot
 from bench.core.results import Run, code_line, result_stem, save_json
 from bench.train.record import PROFILE, read_metrics
@@ -55,8 +56,10 @@ __all__ = [
 
 
 def read_summary(folder: str | Path) -> dict[str, Any]:
-    """A finished run's `summary.json` (in its output folder)."""
-    return json.loads((Path(folder) / SUMMARY).read_text())
+    """A finished run's `summary.json` (in its output folder), its configuration in the current
+    names (`bench.core.layouts.recorded_config`)."""
+    summary = json.loads((Path(folder) / SUMMARY).read_text())
+    return {**summary, "config": recorded_config(summary)}
 
 
 def run_env(summary: dict[str, Any]) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def _reference(label: str, summaries: Mapping[str, dict[str, Any]]) -> str | Non
         for other, s in summaries.items()
         if s["world_size"] == 1 and _model(s["config"]) == model
     ]
-    alone.sort(key=lambda other: summaries[other]["config"]["parallel"] != "none")
+    alone.sort(key=lambda other: summaries[other]["config"]["parallel"] != "single")
     return alone[0] if alone else None
 
 
