@@ -119,7 +119,7 @@ def test_table_json_and_plot(run, tmp_path):
         {"bucket_sizes_mb": (-1.0,)},
         {"torch_bucket_mbs": (0.0,)},
         {"bucket_sizes_mb": (float("inf"),)},
-        {"world_size": 1},
+        {"nproc": 1},
         {"warmup": 0},
     ],
 )
@@ -131,7 +131,7 @@ def test_invalid_config_raises(bad):
 def test_options_override_the_device_default():
     parser = COMMAND.parser()
     argv = ["--size", "small", "--bucket-mb", "5", "none", "--torch-bucket-mb", "default", "50"]
-    config = TOOL.config(parser.parse_args(argv), parser, torch.device("cpu"))
+    config = TOOL.configure(parser.parse_args(argv), parser, torch.device("cpu"))
     assert config.size == "small"
     assert config.bucket_sizes_mb == (5.0, None) and config.torch_bucket_mbs == (None, 50.0)
 

@@ -29,7 +29,7 @@ LAYERS = ("core", "commands", "tools", "train", "plan", "handout")
 REPORT = "bench.tools.report"  # the one module that may read both tools and the trainer
 # What a command may import of the trainer: its options (bench-train's and bench-generate's
 # command lines are generated from `TrainConfig`) and the names they offer, which import no torch.
-TRAINER_OPTIONS = {"bench.train.config", "bench.train.options", "bench.train.choices"}
+TRAINER_OPTIONS = {"bench.train.config", "bench.train.choices"}
 MAX_TRAINER_LINES = 400
 
 

@@ -75,7 +75,7 @@ def test_a_name_whose_meaning_changed_runs_the_new_meaning_with_a_note(capsys):
     ]
     note = capsys.readouterr().err
     assert "bench-zero: 'ddp' now means ddp.DDPBucketed" in note and "'ddp:torch'" in note
-    assert model.COMMAND.parser().parse_args(["--dtype", "bf16"]).dtype == ["bf16-autocast"]
+    assert model.COMMAND.parser().parse_args(["--dtype", "bf16"]).dtypes == ["bf16-autocast"]
     assert "'bf16' is spelled 'bf16-autocast' now" in capsys.readouterr().err
     for command, name in CHANGED:
         assert name in LAYOUTS or name in PRECISIONS, (command, name)

@@ -145,7 +145,7 @@ def test_config_argv_round_trips(tiny_model_config):
     )
     parser = COMMAND.parser()
     args = parser.parse_args(config_argv(config))
-    assert TOOL.config(args, parser, torch.device("cpu")) == config
+    assert TOOL.configure(args, parser, torch.device("cpu")) == config
 
 
 def test_unknown_size_is_a_clear_error():
@@ -265,7 +265,7 @@ def test_depth_and_grouped_query_attention_reach_the_model(tiny_model_config):
 def test_num_layers_alone_overrides_the_sizes_depth():
     parser = COMMAND.parser()
     args = parser.parse_args(["--size", "leaderboard-8b", "--num-layers", "2"])
-    config = TOOL.config(args, parser, torch.device("cpu"))
+    config = TOOL.configure(args, parser, torch.device("cpu"))
     (cell,) = {c.shape for c in bench.tools.model._cells(config)}
     name, size = cell
     assert name == "leaderboard-8b" and size.num_layers == 2 and size.vocab_size == 151_936

@@ -15,7 +15,7 @@ from bench.core.shapes import size_label
 from bench.plan.check import recorded_size_label
 from bench.plan.memory import TrainingPlan, estimate_memory
 from bench.tools.plan import (
-    PlanSweep,
+    PlanConfig,
     plot_plan,
     run_check,
     run_leaderboard,
@@ -53,9 +53,9 @@ def test_bad_input_is_a_usage_error(argv, message, capsys):
 
 
 def test_a_sweep_predicts_each_configuration_with_its_formulas(tmp_path):
-    sweep = PlanSweep(
+    sweep = PlanConfig(
         models=(("tiny", TINY),),
-        batches=(4,),
+        global_batches=(4,),
         layouts=("single", "fsdp"),
         checkpointing=("none", "blocks"),
         memory_bytes=2**30,

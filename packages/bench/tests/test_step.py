@@ -17,7 +17,16 @@ from bench.core.oom import OK, OOM
 from bench.core.results import save_json
 from bench.plan.check import STEP_KEYS, check_results
 from bench.plan.memory import TrainingPlan, estimate_memory
-from bench.tools.step import COLUMNS, KEYS, TOOL, StepConfig, fit_depth, plot_step, run_step
+from bench.tools.step import (
+    COLUMNS,
+    KEYS,
+    TOOL,
+    StepConfig,
+    fit_depth,
+    plot_step,
+    run_step,
+    step_specs,
+)
 
 # One narrow block at context 16, vocabulary 97, fp32: milliseconds a step on one CPU thread.
 TINY = {
@@ -203,7 +212,7 @@ def test_num_layers_fit_is_the_deepest_every_row_fits():
                             activation_checkpointing="blocks", loss=loss)  # fmt: skip
         return estimate_memory(plan).fits(80e9 * (1 - config.headroom))
 
-    specs = config.specs()
+    specs = step_specs(config)
     assert all(fits(spec, depth) for spec in specs)
     assert not all(fits(spec, depth + 1) for spec in specs)
 
@@ -247,9 +256,14 @@ def test_the_depth_reduced_command_keeps_the_presets_ranks_where_there_are_enoug
     argv = depth_reduced_argv(num_gpus=num_gpus)
     assert argv[0] == "bench-step"
     args = COMMAND.parser().parse_args(argv[1:])
-    assert (args.nproc, args.memory, args.num_layers, args.batch) == (nproc, memory, "fit", 1)
-    assert args.parallel == (None if nproc is None else "zero1")
-    config = TOOL.config(args, COMMAND.parser(), "cpu")
+    config = TOOL.configure(args, COMMAND.parser(), "cpu")
+    assert (config.nproc, config.memory_bytes, config.num_layers, config.batch) == (
+        nproc or 1,
+        memory,
+        "fit",
+        1,
+    )
+    assert config.parallel == ("single" if nproc is None else "zero1")
     preset = PRESETS["leaderboard-2026"]
     assert (config.size, config.optimizer, config.loss) == (
         preset["size"],
@@ -260,8 +274,8 @@ def test_the_depth_reduced_command_keeps_the_presets_ranks_where_there_are_enoug
 
 def test_the_preset_is_the_handouts_configuration():
     parser = COMMAND.parser()
-    config = TOOL.config(parser.parse_args(["--preset", "leaderboard-2026"]), parser, "cpu")
-    spec = config.specs()[0]
+    config = TOOL.configure(parser.parse_args(["--preset", "leaderboard-2026"]), parser, "cpu")
+    spec = step_specs(config)[0]
     assert (spec.model.num_layers, spec.model.context_length, spec.model.vocab_size) == (
         34,
         32_768,
@@ -319,7 +333,7 @@ def test_cuda_rows_compiled_with_the_peak_split_into_its_parts():
         rep_ms=100.0,
     )
     ours, native = run_step(config, device="cuda").rows
-    params = lmcore.count_parameters(config.specs()[0].model)
+    params = lmcore.count_parameters(step_specs(config)[0].model)
     for row in (ours, native):
         assert row["status"] == OK and row["mfu"] > 0 and row["attn_ms"] > 0
         parts = ("param_mib", "grad_mib", "state_mib", "act_mib", "rest_mib")

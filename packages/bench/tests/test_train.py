@@ -17,7 +17,7 @@ import lmcore
 from bench.commands.generate import main as bench_generate
 from bench.commands.train import COMMAND, main
 from bench.commands.train_results import main as train_results
-from bench.core.training import train_step
+from bench.core.step import train_step
 from bench.train.baseline import torch_native_step
 from bench.train.config import TrainConfig
 from bench.train.record import Recorder, read_metrics
@@ -266,7 +266,7 @@ def test_speed_comparison_table_and_plot(train_argv, one_process, tmp_path):
     assert rows["torch-fused"]["vs_baseline"] == 1.0
     ours = json.loads((one_process.run / "summary.json").read_text())
     assert rows["ours"]["tokens_per_s"] == ours["tokens_per_s"]
-    assert rows["ours"]["optimizer"] == "lmcore" and rows["ours"]["step"] == "bench.core.training"
+    assert rows["ours"]["optimizer"] == "lmcore" and rows["ours"]["step"] == "bench.core.step"
     assert rows["ours"]["first_step_s"] == ours["first_step_s"]
     assert plot_speed(run, tmp_path / "speed.png").stat().st_size > 0
     with pytest.raises(ValueError, match="baseline"):

@@ -19,12 +19,13 @@ import lmcore
 from bench.commands.train import COMMAND, main
 from bench.core import parallel as parallel_module
 from bench.core.cli import resolve_device
+from bench.core.options import may_change, parse_duration
 from bench.train import lm
 from bench.train import run as run_module
 from bench.train.config import TrainConfig
+from bench.train.config_files import read_config_file, write_config_file
 from bench.train.lock import LOCK_FILE
 from bench.train.loop import Trainer
-from bench.train.options import may_change, parse_duration, read_config_file, write_config_file
 from bench.train.record import read_metrics
 from bench.train.run import config_from_args, prepare
 

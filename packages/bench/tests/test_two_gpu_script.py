@@ -107,7 +107,7 @@ def test_the_step_part_runs_what_bench_step_prints_where_the_preset_is_refused()
     printed = depth_reduced_argv(num_gpus=2)
     assert instead[2][4 : 4 + len(printed) - 1] == printed[1:]
     args = _parsed(plan[2])
-    assert (args.layout, args.dp, args.batch) == (["zero1", "fsdp"], 2, [1])  # per rank
+    assert (args.layouts, args.dp, args.batches) == (["zero1", "fsdp"], 2, [1])  # per rank
 
 
 def test_nvlink_multicast_is_off_before_any_part_runs():

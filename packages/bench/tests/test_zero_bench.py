@@ -120,7 +120,7 @@ def test_cpu_rows_have_times_but_no_peaks(run):
 def test_json_round_trip_and_plot(run, tmp_path):
     loaded = load_json(save_json(run, tmp_path / "zero.json"))
     assert loaded.rows == run.rows
-    assert loaded.config["world_size"] == 2
+    assert loaded.config["nproc"] == 2
     assert plot_zero(run, tmp_path / "zero.png").stat().st_size > 0
 
 
@@ -133,19 +133,19 @@ def test_options_override_the_cpu_default():
     args = parser.parse_args(
         ["--size", "tiny", "--zero-bucket-mb", "0", "none", "--steps", "4", "--fsdp-dtypes", "bf16"]
     )
-    config = TOOL.config(args, parser, torch.device("cpu"))
+    config = TOOL.configure(args, parser, torch.device("cpu"))
     assert config.bucket_sizes_mb == (0.0, None)
     assert config.fsdp_dtypes == ("bf16",)
     assert config.steps == 4
     assert config.size == "tiny"
     assert config.trace_dir is None
     args = parser.parse_args(["--trace", "traces"])
-    assert TOOL.config(args, parser, torch.device("cpu")).trace_dir == "traces"
+    assert TOOL.configure(args, parser, torch.device("cpu")).trace_dir == "traces"
 
 
 def test_no_options_keep_the_announced_default():
     parser = COMMAND.parser()
-    assert TOOL.config(parser.parse_args([]), parser, torch.device("cpu")) is None
+    assert TOOL.configure(parser.parse_args([]), parser, torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_no_options_keep_the_announced_default():
         {"bucket_sizes_mb": (-1.0,)},
         {"bucket_sizes_mb": (float("inf"),)},
         {"bucket_sizes_mb": ()},
-        {"world_size": 1},
+        {"nproc": 1},
         {"fsdp_dtypes": ("fp16",)},
         {"fsdp_dtypes": ()},
     ],

@@ -19,9 +19,9 @@ from pathlib import Path
 import lmcore
 from bench.core.cli import Command
 from bench.core.layouts import parse_name
+from bench.core.options import add_options as add_config_options
 from bench.train.choices import PRECISIONS, SAMPLING
 from bench.train.config import TrainConfig
-from bench.train.options import add_options as add_config_options
 
 __all__ = ["COMMAND", "add_options", "main"]
 

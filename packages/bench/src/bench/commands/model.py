@@ -58,14 +58,43 @@ Without a GPU a tiny model runs on the CPU by default (and says so).
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from bench.core.cli import Command, add_timing_args
+from bench.core.cli import Command
 from bench.core.layouts import parse_name
-from bench.core.model_options import DEFAULT_CHECKPOINTING, DEFAULT_LOSS, add_model_options
-from lmcore import DEFAULT_ATTENTION, MODEL_SIZES, VOCAB_SIZE, attention_names
+from bench.core.model_options import (
+    DEFAULT_CHECKPOINTING,
+    DEFAULT_LOSS,
+    HELP,
+    LOSSES,
+    OPTIMIZERS,
+    checkpointing_spec,
+    positive_int,
+)
+from bench.core.options import Group, option
+from bench.core.shapes import CPU_SIZE, Shape, shape_named
+from lmcore import (
+    DEFAULT_ATTENTION,
+    HANDOUT_SIZES,
+    MODEL_SIZES,
+    ActivationCheckpointing,
+    ModelSize,
+    attention_names,
+)
 
-__all__ = ["COMMAND", "MODES", "PRECISIONS", "STUDIES", "WARMUP_STUDY", "add_options", "main"]
+__all__ = [
+    "COMMAND",
+    "MODES",
+    "PRECISIONS",
+    "STUDIES",
+    "WARMUP_STUDY",
+    "ModelBenchConfig",
+    "add_options",
+    "main",
+    "shapes_given",
+]
 
 MODES = ("forward", "forward-backward", "train-step")
 # float32 throughout, or float32 weights with the forward and loss under bf16 autocast
@@ -73,54 +102,153 @@ MODES = ("forward", "forward-backward", "train-step")
 PRECISIONS = ("fp32", "bf16-autocast")
 WARMUP_STUDY = (0, 1, 2, 5)  # the handout's §2.1.3 (c)
 STUDIES = ("residuals",)
+# `--compile`: eager, compiled, or both (a row each).
+COMPILE = {"off": (False,), "on": (True,), "both": (False, True)}
+
+MODEL = Group("model")
+RUN = Group("run")
+PROFILING = Group("profiling")
+
+
+def _shape(text: str) -> Shape:
+    """A `--size` value: a size of `lmcore.MODEL_SIZES` under its own name."""
+    try:
+        return shape_named(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _compile(text: str) -> tuple[bool, ...]:
+    """A `--compile` value: off, on or both."""
+    if text not in COMPILE:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose off, on or both")
+    return COMPILE[text]
+
+
+@dataclass(frozen=True)
+class ModelBenchConfig:
+    """What `bench.tools.model.run_model` measures; every tuple is a sweep dimension (all
+    combinations run). Each field is the option of its name; explicit dimensions (`--d-model`,
+    `--d-ff`, `--num-heads`, with `--num-layers` and `--name`) add a shape of their own
+    (`shapes_given`).
+
+    Raises:
+        ValueError: an unknown name, an empty sweep, or a size that is not positive.
+    """
+
+    shapes: tuple[Shape, ...] = option(
+        tuple(shape_named(n) for n in HANDOUT_SIZES),
+        f"named sizes: {', '.join(MODEL_SIZES)}",
+        group=MODEL,
+        flag="size",
+        parse=_shape,
+        cpu=(shape_named(CPU_SIZE),),
+        default_text=f"the handout's {' '.join(HANDOUT_SIZES)} with CUDA, {CPU_SIZE} on a CPU",
+        metavar="SIZE",
+    )
+    context_lengths: tuple[int, ...] = option(
+        (512,), "sequence lengths (each also the context length)", group=MODEL,
+        flag="context-length", cpu=(64,),
+    )  # fmt: skip
+    batch: int = option(4, "sequences per batch", group=MODEL)
+    vocab_size: int | None = option(
+        None, "vocabulary", group=MODEL, default_text="the size's own: 10,000 for most"
+    )
+    attention: tuple[str, ...] = option(
+        (DEFAULT_ATTENTION,), "attention backends", group=MODEL, choices=attention_names
+    )
+    activation_checkpointing: tuple[str, ...] = option(
+        (DEFAULT_CHECKPOINTING,), HELP["activation_checkpointing"] + "; in the training modes",
+        group=MODEL, parse=checkpointing_spec, metavar="SPEC",
+    )  # fmt: skip
+    loss: tuple[str, ...] = option(
+        (DEFAULT_LOSS,), HELP["loss"] + "; in the training modes", group=MODEL, choices=LOSSES
+    )
+    optimizer: tuple[str, ...] = option(
+        ("lmcore",), HELP["optimizer"] + "; the train step's", group=MODEL, choices=OPTIMIZERS
+    )
+    num_layers: int | None = option(
+        None,
+        HELP["num_layers"] + "; with explicit dimensions, that shape's depth",
+        group=MODEL,
+        parse=positive_int,
+        default_text="the sizes' own",
+    )
+    num_kv_heads: int | None = option(
+        None, HELP["num_kv_heads"], group=MODEL, parse=positive_int, default_text="one per head"
+    )
+    modes: tuple[str, ...] = option(MODES, "modes", group=RUN, flag="mode", choices=MODES)
+    dtypes: tuple[str, ...] = option(
+        ("fp32",), "precisions: fp32 and/or bf16-autocast", group=RUN, flag="precision",
+        aliases=("dtype",), choices=PRECISIONS,
+        parse=parse_name(command="bench-model", offered=PRECISIONS),
+    )  # fmt: skip
+    compile: tuple[bool, ...] = option(
+        (False,), "torch.compile: off, on, or both (a row each)", group=RUN, parse=_compile,
+        several=False, metavar="{off,on,both}",
+    )  # fmt: skip
+    warmup: int = option(5, "untimed steps first", group=RUN, cpu=1)
+    steps: int = option(10, "timed steps", group=RUN, cpu=3)
+    nvtx: bool = option(False, "NVTX ranges for Nsight Systems (CUDA)", group=PROFILING)
+
+    def __post_init__(self) -> None:
+        choices = (
+            ("modes", MODES),
+            ("dtypes", PRECISIONS),
+            ("loss", LOSSES),
+            ("optimizer", OPTIMIZERS),
+        )
+        for name, allowed in choices:
+            values = getattr(self, name)
+            if not values or not set(values) <= set(allowed):
+                raise ValueError(f"{name} must be non-empty, from {allowed}; got {values}")
+        if not self.activation_checkpointing:
+            raise ValueError("activation_checkpointing must be non-empty (none: no recomputation)")
+        for spec in self.activation_checkpointing:
+            ActivationCheckpointing.parse(spec)
+        optional = [
+            v for v in (self.vocab_size, self.num_layers, self.num_kv_heads) if v is not None
+        ]
+        sizes = (self.batch, self.steps, *self.context_lengths, *optional)
+        if not self.shapes or not self.context_lengths or not self.attention or min(sizes) < 1:
+            raise ValueError(
+                "shapes, context_lengths and attention must be non-empty; batch, vocab_size, "
+                f"num_layers, num_kv_heads, steps and context lengths positive; got {self}"
+            )
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+
+
+def shapes_given(args: argparse.Namespace, given: dict[str, Any]) -> dict[str, Any]:
+    """The fields given, with the shape of explicit dimensions added to the named sizes
+    (`--num-layers` is then its depth, not every size's).
+
+    Raises:
+        ValueError: explicit dimensions without all four.
+    """
+    dims = (args.d_model, args.d_ff, args.num_heads)
+    if all(d is None for d in dims):
+        return given
+    given = dict(given)
+    depth = given.pop("num_layers", None)
+    if None in dims or depth is None:
+        raise ValueError(
+            "explicit dimensions need all of --d-model --d-ff --num-layers --num-heads"
+        )
+    d_model, d_ff, num_heads = dims
+    custom = (args.name, ModelSize(d_model, d_ff, depth, num_heads))
+    return {**given, "shapes": (*given.get("shapes", ()), custom)}
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """bench-model's options: the model, the run, the timing and the profiling."""
-    model = parser.add_argument_group("model")
-    model.add_argument("--size", nargs="+", choices=list(MODEL_SIZES), help="named sizes")
-    model.add_argument(
-        "--d-model", type=int, help="explicit width (with --d-ff, --num-heads, --num-layers)"
-    )
-    model.add_argument("--d-ff", type=int, help="explicit feed-forward width")
-    model.add_argument("--num-heads", type=int, help="explicit head count")
+    """The options that are no field of `ModelBenchConfig`: a shape's explicit dimensions, the
+    files the profiling writes, and the studies."""
+    model = parser.add_argument_group("explicit dimensions (with --num-layers)")
+    model.add_argument("--d-model", type=positive_int, help="explicit width")
+    model.add_argument("--d-ff", type=positive_int, help="explicit feed-forward width")
+    model.add_argument("--num-heads", type=positive_int, help="explicit head count")
     model.add_argument("--name", default="custom", help="table name of explicit dimensions")
-    model.add_argument("--context-length", type=int, nargs="+", help="sequence lengths")
-    model.add_argument("--batch", type=int, help="batch size (4)")
-    model.add_argument(
-        "--vocab-size", type=int, help=f"vocabulary (the size's own: {VOCAB_SIZE:,} for most)"
-    )
-    model.add_argument(
-        "--attention",
-        nargs="+",
-        choices=attention_names(),
-        help=f"backends ({DEFAULT_ATTENTION})",
-    )
-    add_model_options(
-        model,
-        several=True,
-        optimizer=True,
-        defaults={
-            "activation_checkpointing": DEFAULT_CHECKPOINTING,
-            "loss": DEFAULT_LOSS,
-            "optimizer": "lmcore",
-        },
-    )
-    run = parser.add_argument_group("run")
-    run.add_argument("--mode", nargs="+", choices=MODES, help="modes (all three)")
-    run.add_argument(
-        "--precision",
-        "--dtype",  # its name before the one vocabulary
-        dest="dtype",
-        nargs="+",
-        type=parse_name(command="bench-model", offered=PRECISIONS),
-        choices=PRECISIONS,
-        help="fp32 and/or bf16-autocast (fp32)",
-    )
-    run.add_argument("--compile", choices=["off", "on", "both"], help="torch.compile (off)")
-    add_timing_args(parser, warmup=None, steps=None)
-    tools = parser.add_argument_group("profiling")
-    tools.add_argument("--nvtx", action="store_true", help="NVTX ranges for Nsight Systems")
+    tools = parser.add_argument_group("profiling and studies")
     tools.add_argument("--memory-snapshot", type=Path, metavar="PATH", help="allocator pickle")
     tools.add_argument(
         "--profile", type=Path, metavar="DIR", help="torch.profiler traces and kernel tables"
@@ -140,5 +268,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-COMMAND = Command("bench-model", __doc__, add_options=add_options, run="bench.tools.model:TOOL")
+COMMAND = Command(
+    "bench-model",
+    __doc__,
+    config=ModelBenchConfig,
+    add_options=add_options,
+    run="bench.tools.model:TOOL",
+)
 main = COMMAND.main

@@ -51,9 +51,10 @@ from bench.core.memory import free_memory
 from bench.core.model_options import LOSSES, OPTIMIZERS
 from bench.core.model_runtime import loss_function, next_token_loss, optimizer_class
 from bench.core.parallel import Parallel
+from bench.core.step import build_lm
 from bench.core.step_memory import PhaseMeter, breakdown, tensor_bytes
 from bench.core.timing import do_bench, elapsed_ms
-from bench.core.training import ADAMW_OPTIONS, build_lm
+from bench.core.training_bench import ADAMW_OPTIONS
 
 __all__ = [
     "IMPLS",

@@ -8,21 +8,25 @@ The variants, what each column means and the command line: `bench.commands.data_
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 import ddp
 import lmcore
-from bench.commands.data_parallel import ALL_REDUCE, BUCKETED, SINGLE, TORCH_DDP, VARIANTS
-from bench.core.cli import distinct
+from bench.commands.data_parallel import (
+    ALL_REDUCE,
+    BUCKETED,
+    SINGLE,
+    TORCH_DDP,
+    VARIANTS,
+    DDPBenchConfig,
+)
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.memory import free_memory
@@ -31,17 +35,10 @@ from bench.core.oom import OK, OOM
 from bench.core.parallel import Parallel
 from bench.core.plots import hbar_plot
 from bench.core.results import Keys, Run
+from bench.core.step import train_step
 from bench.core.timing import elapsed_ms
-from bench.core.tool import Invocation, Tool, as_device
-from bench.core.training import (
-    ADAMW_OPTIONS,
-    Case,
-    TrainingBenchConfig,
-    build_model,
-    token_batches,
-    train_step,
-)
-from bench.core.training_options import training_overrides
+from bench.core.tool import Invocation, Tool, as_device, config_or_default
+from bench.core.training_bench import ADAMW_OPTIONS, Case, build_model, token_batches
 
 __all__ = [
     "COLUMNS",
@@ -49,7 +46,6 @@ __all__ = [
     "TOOL",
     "VARIANTS",
     "DDPBenchConfig",
-    "default_ddp_config",
     "plot_ddp",
     "run_ddp",
 ]
@@ -76,46 +72,6 @@ COLUMNS = (
 _RANK_ENV = {"TORCH_NCCL_ENABLE_TIMING": "1"}  # NCCL times each collective: `comm_ms`
 # Every key of a row, for readers (bench-report).
 KEYS = Keys(*COLUMNS, "variant", "bucket_mb")
-
-
-@dataclass(frozen=True)
-class DDPBenchConfig(TrainingBenchConfig):
-    """What `run_ddp` measures: the fields of `bench.core.training.TrainingBenchConfig` and these.
-
-    Args:
-        variants: from `VARIANTS`, in the order they run (all by default).
-        warmup: untimed steps per variant (the first creates the optimizer state); 3.
-        attention: lmcore attention backend.
-        bucket_sizes_mb: `DDPBucketed` bucket sizes (MiB; None = one bucket), a row each.
-        torch_bucket_mbs: torch DDP `bucket_cap_mb` values, a row each; None is its default.
-    """
-
-    VARIANTS: ClassVar[tuple[str, ...]] = VARIANTS
-
-    variants: tuple[str, ...] = VARIANTS
-    warmup: int = 3
-    attention: str = lmcore.DEFAULT_ATTENTION
-    bucket_sizes_mb: tuple[float | None, ...] = (1.0, 10.0, 100.0, 1000.0)
-    torch_bucket_mbs: tuple[float | None, ...] = (None, 100.0)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for size in self.bucket_sizes_mb:
-            ddp.bucket_bytes(size)  # finite and >= 0, or None
-        # torch turns the size into a whole number of bytes, so it must be finite.
-        if any(b is not None and not 0 < b < math.inf for b in self.torch_bucket_mbs):
-            raise ValueError(
-                f"torch bucket sizes must be finite and > 0 or None, got {self.torch_bucket_mbs}"
-            )
-        if BUCKETED in self.variants and not self.bucket_sizes_mb:
-            raise ValueError(f"the {BUCKETED} variant needs at least one bucket size")
-        if TORCH_DDP in self.variants and not self.torch_bucket_mbs:
-            raise ValueError(f"the {TORCH_DDP} variant needs at least one bucket_cap_mb")
-
-
-def default_ddp_config(device: torch.device | str) -> DDPBenchConfig:
-    """XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks otherwise."""
-    return DDPBenchConfig.for_device(device)
 
 
 def _label(case: Case) -> str:
@@ -288,10 +244,10 @@ def run_ddp(
     command: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> Run:
-    """Measure every variant of `config` on `config.world_size` ranks, in one launch.
+    """Measure every variant of `config` on `config.nproc` ranks, in one launch.
 
     Args:
-        config: what to run; `default_ddp_config(device)` when None.
+        config: what to run; the device's default (`DDPBenchConfig`) when None.
         device: `cuda` (NCCL, one GPU per rank) or `cpu` (gloo); CUDA when available when None.
         command: the command line to record; the process's own when None.
         timeout: seconds the ranks may take in all.
@@ -301,10 +257,12 @@ def run_ddp(
         for the columns; rows also carry `variant` and `bucket_mb`).
 
     Raises:
-        ValueError: CUDA with fewer GPUs than `config.world_size`.
+        ValueError: CUDA with fewer GPUs than `config.nproc`.
     """
     device = as_device(device)
-    config, notes = DDPBenchConfig.or_default(config, device, tool="bench-ddp")
+    config, notes = config_or_default(
+        config, device, cls=DDPBenchConfig, tool="bench-ddp", describe=DDPBenchConfig.cpu_summary
+    )
     measured = measure_cases(
         _measure_case, _cases(config), config, device=device, env=_RANK_ENV, timeout=timeout
     )
@@ -346,17 +304,8 @@ def plot_ddp(run: Run, path: str | Path) -> Path:
     )
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        **training_overrides(args),
-        "attention": args.attention,
-        "bucket_sizes_mb": distinct(args.bucket_mb),
-        "torch_bucket_mbs": distinct(args.torch_bucket_mb),
-    }
-
-
 def _run(config: DDPBenchConfig | None, cli: Invocation) -> Run:
     return run_ddp(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
 
 
-TOOL = Tool(run=_run, default=default_ddp_config, overrides=_overrides, plot=plot_ddp)
+TOOL = Tool(run=_run, config=DDPBenchConfig, plot=plot_ddp)

@@ -6,7 +6,6 @@ What each mode measures and the command line: `bench.commands.model` (`bench-mod
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import subprocess
@@ -19,8 +18,7 @@ from typing import Any
 
 import torch
 
-from bench.commands.model import MODES, PRECISIONS, WARMUP_STUDY
-from bench.core.cli import distinct
+from bench.commands.model import COMPILE, MODES, WARMUP_STUDY, ModelBenchConfig, shapes_given
 from bench.core.env import device_name
 from bench.core.hardware import matmul_format, peak_tflops
 from bench.core.layouts import autocast_dtype, compute_dtype
@@ -29,8 +27,6 @@ from bench.core.memviz import render_memory_snapshot
 from bench.core.model_options import (
     DEFAULT_CHECKPOINTING,
     DEFAULT_LOSS,
-    LOSSES,
-    OPTIMIZERS,
     with_depth,
 )
 from bench.core.model_runtime import build_optimizer, next_token_loss
@@ -46,16 +42,19 @@ from bench.core.profiling import (
 )
 from bench.core.results import Keys, Run, load_json
 from bench.core.saved_tensors import run_residual_study
-from bench.core.shapes import CPU_SIZE, Shape, shape_named
+from bench.core.shapes import Shape
 from bench.core.timing import elapsed_ms, summarize
-from bench.core.tool import Invocation, Tool, as_device, config_or_default, progress
+from bench.core.tool import (
+    Invocation,
+    Tool,
+    as_device,
+    config_or_default,
+    device_config,
+    progress,
+)
 from lmcore import (
-    DEFAULT_ATTENTION,
-    HANDOUT_SIZES,
     MODEL_SIZES,
-    ActivationCheckpointing,
     ModelConfig,
-    ModelSize,
     TransformerLM,
     apply_activation_checkpointing,
     count_parameters,
@@ -72,7 +71,6 @@ __all__ = [
     "TOOL",
     "ModelBenchConfig",
     "config_argv",
-    "default_model_config",
     "plot_model",
     "run_model",
     "run_warmup_study",
@@ -82,86 +80,6 @@ __all__ = [
 # Allocator events kept while recording a memory snapshot: enough for several training steps
 # of the largest model (each step allocates a few thousand blocks per layer).
 _SNAPSHOT_MAX_ENTRIES = 1_000_000
-
-
-@dataclass(frozen=True)
-class ModelBenchConfig:
-    """What `run_model` measures; every tuple is a sweep dimension (all combinations run).
-
-    Args:
-        shapes: model shapes (`bench.core.shapes.shape_named("small")`, or explicit).
-        context_lengths: sequence lengths (each also the model's context length).
-        batch: sequences per batch.
-        vocab_size: vocabulary size; each size's own (`ModelSize.vocab_size`) when None.
-        modes: from `MODES`.
-        dtypes: precisions of `PRECISIONS`: `fp32`, or `bf16-autocast` (autocast around forward
-            and loss).
-        attention: lmcore attention backend names.
-        compile: run eagerly (False), through `torch.compile` (True), or both.
-        activation_checkpointing: lmcore specs (`none`, `blocks`, `segments:K`, ...), in the
-            training modes.
-        loss: `materialized` (`cross_entropy` of the logits) or `fused` (the model's own LM
-            head + loss), in the training modes.
-        optimizer: the train step's AdamW, from `bench.core.model_options.OPTIMIZERS`.
-        num_layers: every shape's depth (a depth-reduced model); the shapes' own when None.
-        num_kv_heads: grouped-query attention's key/value heads (None: one per head).
-        warmup: untimed steps first.
-        steps: timed steps.
-        nvtx: mark NVTX ranges (CUDA only).
-    """
-
-    shapes: tuple[Shape, ...]
-    context_lengths: tuple[int, ...] = (512,)
-    batch: int = 4
-    vocab_size: int | None = None
-    modes: tuple[str, ...] = MODES
-    dtypes: tuple[str, ...] = ("fp32",)
-    attention: tuple[str, ...] = (DEFAULT_ATTENTION,)
-    compile: tuple[bool, ...] = (False,)
-    activation_checkpointing: tuple[str, ...] = (DEFAULT_CHECKPOINTING,)
-    loss: tuple[str, ...] = (DEFAULT_LOSS,)
-    optimizer: tuple[str, ...] = ("lmcore",)
-    num_layers: int | None = None
-    num_kv_heads: int | None = None
-    warmup: int = 5
-    steps: int = 10
-    nvtx: bool = False
-
-    def __post_init__(self) -> None:
-        choices = (
-            ("modes", MODES),
-            ("dtypes", PRECISIONS),
-            ("loss", LOSSES),
-            ("optimizer", OPTIMIZERS),
-        )
-        for name, allowed in choices:
-            values = getattr(self, name)
-            if not values or not set(values) <= set(allowed):
-                raise ValueError(f"{name} must be non-empty, from {allowed}; got {values}")
-        if not self.activation_checkpointing:
-            raise ValueError("activation_checkpointing must be non-empty (none: no recomputation)")
-        for spec in self.activation_checkpointing:
-            ActivationCheckpointing.parse(spec)
-        optional = [
-            v for v in (self.vocab_size, self.num_layers, self.num_kv_heads) if v is not None
-        ]
-        sizes = (self.batch, self.steps, *self.context_lengths, *optional)
-        if not self.shapes or not self.context_lengths or not self.attention or min(sizes) < 1:
-            raise ValueError(
-                "shapes, context_lengths and attention must be non-empty; batch, vocab_size, "
-                f"num_layers, num_kv_heads, steps and context lengths positive; got {self}"
-            )
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
-
-
-def default_model_config(device: torch.device | str) -> ModelBenchConfig:
-    """The handout's sizes at context 512 on CUDA (its Table 1); the tiny size on the CPU."""
-    if torch.device(device).type == "cuda":
-        return ModelBenchConfig(shapes=tuple(shape_named(n) for n in HANDOUT_SIZES))
-    return ModelBenchConfig(
-        shapes=(shape_named(CPU_SIZE),), context_lengths=(64,), warmup=1, steps=3
-    )
 
 
 @dataclass(frozen=True)
@@ -439,7 +357,7 @@ def run_model(
     """Time every configuration of `config` on `device`.
 
     Args:
-        config: what to run; `default_model_config(device)` when None.
+        config: what to run; the device's default (`ModelBenchConfig`) when None.
         device: where to run; CUDA when available, else the CPU, when None.
         memory_snapshot: record the allocator over the timed steps and dump the pickle here
             (with a `.png` timeline beside it); CUDA only. Several configurations get one file
@@ -459,7 +377,7 @@ def run_model(
     config, notes = config_or_default(
         config,
         device,
-        default=default_model_config,
+        cls=ModelBenchConfig,
         tool="bench-model",
         describe=lambda c: (
             f"{c.shapes[0][1].num_layers} layers of width {c.shapes[0][1].d_model}, "
@@ -594,8 +512,8 @@ def config_argv(config: ModelBenchConfig) -> list[str]:
     argv += ["--attention", *config.attention]
     argv += ["--activation-checkpointing", *config.activation_checkpointing]
     argv += ["--loss", *config.loss, "--optimizer", *config.optimizer]
-    compiled = set(config.compile)
-    argv += ["--compile", "both" if len(compiled) == 2 else ("on" if True in compiled else "off")]
+    compiled = next(word for word, value in COMPILE.items() if set(value) == set(config.compile))
+    argv += ["--compile", compiled]
     argv += ["--warmup", str(config.warmup), "--steps", str(config.steps)]
     return argv + (["--nvtx"] if config.nvtx else [])
 
@@ -641,7 +559,7 @@ def run_warmup_study(
         RuntimeError: a child process failed (its stderr is in the message).
     """
     device = as_device(device)
-    config = config if config is not None else default_model_config(device)
+    config = config if config is not None else device_config(ModelBenchConfig, device)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for w in progress(list(warmups), desc="warm-up study", enabled=show_progress):
@@ -702,46 +620,9 @@ def plot_model(run: Run, path: Path) -> Path:
     )
 
 
-def _shapes_from_args(args: argparse.Namespace) -> list[Shape]:
-    """The named sizes, and a shape of explicit dimensions (`--d-model`, `--d-ff`,
-    `--num-heads` and `--num-layers`, which alone instead sets every size's depth)."""
-    dims = [args.d_model, args.d_ff, args.num_layers, args.num_heads]
-    shapes = [shape_named(n) for n in dict.fromkeys(args.size or ())]
-    if any(d is not None for d in (args.d_model, args.d_ff, args.num_heads)):
-        if any(d is None for d in dims):
-            raise ValueError(
-                "explicit dimensions need all of --d-model --d-ff --num-layers --num-heads"
-            )
-        shapes.append((args.name, ModelSize(*dims)))
-    return shapes
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    compile_choice = {"off": (False,), "on": (True,), "both": (False, True)}
-    return {
-        "shapes": tuple(_shapes_from_args(args)) or None,
-        "context_lengths": distinct(args.context_length),
-        "batch": args.batch,
-        "vocab_size": args.vocab_size,
-        # with explicit dimensions --num-layers is that shape's depth, else every size's
-        "num_layers": args.num_layers if args.d_model is None else None,
-        "num_kv_heads": args.num_kv_heads,
-        "modes": distinct(args.mode),
-        "dtypes": distinct(args.dtype),
-        "attention": distinct(args.attention),
-        "compile": compile_choice[args.compile] if args.compile else None,
-        "activation_checkpointing": distinct(args.activation_checkpointing),
-        "loss": distinct(args.loss),
-        "optimizer": distinct(args.optimizer),
-        "warmup": args.warmup,
-        "steps": args.steps,
-        "nvtx": args.nvtx or None,
-    }
-
-
 def _run(config: ModelBenchConfig | None, cli: Invocation) -> Run:
     if cli.args.study == "residuals":
-        config = config if config is not None else default_model_config(cli.device)
+        config = config if config is not None else device_config(ModelBenchConfig, cli.device)
         return run_residual_study(
             config.shapes,
             context_lengths=config.context_lengths,
@@ -770,4 +651,4 @@ def _run(config: ModelBenchConfig | None, cli: Invocation) -> Run:
     )
 
 
-TOOL = Tool(run=_run, default=default_model_config, overrides=_overrides, plot=plot_model)
+TOOL = Tool(run=_run, config=ModelBenchConfig, preset=shapes_given, plot=plot_model)

@@ -11,18 +11,18 @@ import argparse
 import itertools
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import lmcore
-from bench.core.cli import distinct, usage_errors
+from bench.commands.plan import PlanConfig
+from bench.core.cli import usage_errors
 from bench.core.layouts import LAYOUTS
 from bench.core.memory import GIB
 from bench.core.model_options import LOSSES
 from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
 from bench.core.results import Keys, Run
-from bench.core.shapes import size_label
 from bench.core.tool import Invocation, Tool
 from bench.plan import ffn
 from bench.plan.check import CHECK_COLUMNS, check_results
@@ -53,7 +53,7 @@ __all__ = [
     "LEADERBOARD_2026",
     "PLAN_COLUMNS",
     "TOOL",
-    "PlanSweep",
+    "PlanConfig",
     "plot_plan",
     "run_check",
     "run_leaderboard",
@@ -132,91 +132,6 @@ KEYS = Keys(*PLAN_COLUMNS, *CHECK_COLUMNS, *LEADERBOARD_COLUMNS, *SECTION8_COLUM
 
 
 # --- predictions ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PlanSweep:
-    """What `run_plan` predicts; every tuple is a sweep dimension (all combinations).
-
-    Args:
-        models: (label, `lmcore.ModelConfig`) pairs; the config's context length is the
-            sequence length and its `attention` is replaced by each of `attentions`.
-        batches: sequences per data-parallel rank (per step).
-        global_batches: sequences per step in all, split over the data-parallel ranks; in
-            place of `batches` (give one of the two; neither: a global batch of 4).
-        precisions, layouts, checkpointing, losses, optimizers, attentions: names from
-            `bench.plan.memory` (see `TrainingPlan`).
-        dp, tp: data- and tensor-parallel ranks (a layout uses the ones it has).
-        mode: `train-step`, `forward-backward` or `forward`.
-        hold_logits: the step keeps the logits through backward.
-        memory_bytes: the device memory to fit (None: no fit columns).
-        bandwidth_gbps: W per device.
-        tflops: the FLOP rate (None: `default_tflops`).
-    """
-
-    models: tuple[tuple[str, lmcore.ModelConfig], ...]
-    batches: tuple[int, ...] = ()
-    global_batches: tuple[int, ...] = ()
-    precisions: tuple[str, ...] = ("fp32",)
-    layouts: tuple[str, ...] = ("single",)
-    dp: int = 2
-    tp: int = 2
-    checkpointing: tuple[str, ...] = ("none",)
-    losses: tuple[str, ...] = ("materialized",)
-    optimizers: tuple[str, ...] = ("lmcore",)
-    attentions: tuple[str, ...] = ("naive",)
-    mode: str = "train-step"
-    hold_logits: bool = True
-    memory_bytes: int | None = None
-    bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
-    tflops: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.batches and self.global_batches:
-            raise ValueError("give --batch (per rank) or --global-batch, not both")
-        named = {
-            "models": self.models,
-            "precisions": self.precisions,
-            "layouts": self.layouts,
-            "checkpointing": self.checkpointing,
-            "losses": self.losses,
-            "optimizers": self.optimizers,
-            "attentions": self.attentions,
-        }
-        empty = [name for name, values in named.items() if not values]
-        if empty:
-            raise ValueError(f"{', '.join(empty)} must not be empty")
-
-    def plans(self) -> list[tuple[str, TrainingPlan]]:
-        """Every combination as a validated `TrainingPlan` with its model's label.
-
-        Raises:
-            ValueError: a combination the plan refuses (the message names it).
-        """
-        out = []
-        per_rank = bool(self.batches)
-        combos = itertools.product(
-            self.models, self.attentions, self.batches or self.global_batches or (4,),
-            self.precisions, self.layouts, self.checkpointing, self.losses, self.optimizers,
-        )  # fmt: skip
-        for (label, model), attention, batch, precision, layout, ckpt, loss, opt in combos:
-            dp = self.dp if LAYOUTS[layout].data_parallel else 1
-            tp = self.tp if LAYOUTS[layout].tensor_parallel else 1
-            plan = TrainingPlan(
-                replace(model, attention=attention),
-                batch=batch * dp if per_rank else batch,
-                precision=precision,
-                layout=layout,
-                dp=dp,
-                tp=tp,
-                activation_checkpointing=ckpt,
-                loss=loss,
-                optimizer=opt,
-                mode=self.mode,
-                hold_logits=self.hold_logits,
-            )
-            out.append((label, plan))
-        return out
 
 
 def _gib(num_bytes: float | None) -> float | None:
@@ -318,7 +233,7 @@ def _term_rows(label: str, estimate: MemoryEstimate, traffic: StepTraffic) -> li
     return rows
 
 
-def run_plan(sweep: PlanSweep, *, command: str | None = None, formulas: bool = True) -> Run:
+def run_plan(sweep: PlanConfig, *, command: str | None = None, formulas: bool = True) -> Run:
     """Predict every configuration of `sweep`.
 
     Args:
@@ -373,9 +288,9 @@ def run_plan(sweep: PlanSweep, *, command: str | None = None, formulas: bool = T
     )
 
 
-def _sweep_config(sweep: PlanSweep) -> dict[str, Any]:
+def _sweep_config(sweep: PlanConfig) -> dict[str, Any]:
     config = asdict(sweep)
-    config["models"] = [[label, asdict(model)] for label, model in sweep.models]
+    config["models"] = [[label, asdict(model)] for label, model in sweep.model_configs()]
     return config
 
 
@@ -646,48 +561,14 @@ def plot_plan(run: Run, path: Path) -> Path:
 # --- the command line -------------------------------------------------------------------------
 
 
-def _models_from_args(args: argparse.Namespace) -> tuple[tuple[str, lmcore.ModelConfig], ...]:
-    dims = [args.d_model, args.d_ff, args.num_layers, args.num_heads]
-    contexts = distinct(args.context_length) or (None,)
-    vocab = args.vocab_size or lmcore.VOCAB_SIZE
-    out = []
-    for ctx in contexts:
-        for name in dict.fromkeys(args.size or ()):
-            size = lmcore.MODEL_SIZES[name]
-            config = size.config(context_length=ctx or 512, vocab_size=vocab,
-                                 num_kv_heads=args.num_kv_heads)  # fmt: skip
-            out.append((size_label(name, (size.d_model, size.d_ff, size.num_layers,
-                                          size.num_heads)), config))  # fmt: skip
-        if any(d is not None for d in dims):
-            if any(d is None for d in dims):
-                raise ValueError(
-                    "explicit dimensions need all of --d-model --d-ff --num-layers --num-heads"
-                )
-            config = lmcore.ModelConfig(
-                vocab_size=vocab, context_length=ctx or 512, d_model=dims[0], d_ff=dims[1],
-                num_layers=dims[2], num_heads=dims[3], num_kv_heads=args.num_kv_heads,
-            )  # fmt: skip
-            out.append((size_label(args.name, dims), config))
-    if not out:
-        raise ValueError("name a model: --size NAME, or --d-model --d-ff --num-layers --num-heads")
-    return tuple(out)
-
-
-def _global_batch(args: argparse.Namespace) -> int:
-    """§8's batch B in sequences: `--global-batch`, else `--batch` per rank times `--dp`."""
-    if args.global_batch:
-        return args.global_batch[0]
-    return args.batch[0] * args.dp if args.batch else 4
-
-
 # The gradient buckets the old `--ddp-buckets torch` chose, as the layouts now name them.
 _TORCH_BUCKETS = {"ddp": "ddp:torch", "zero1": "zero1:torch-ddp"}
 
 
-def _layouts(args: argparse.Namespace) -> tuple[str, ...]:
-    """`--layout`, with the old `--ddp-buckets` folded into the names, and a note where
-    `--batch` (now per rank) meets a data-parallel layout."""
-    layouts = distinct(args.layout) or ("single",)
+def _plan_given(args: argparse.Namespace, given: dict[str, Any]) -> dict[str, Any]:
+    """The fields given, with the old `--ddp-buckets` folded into the layouts' names, and a note
+    where `--batch` (per rank now) meets a data-parallel layout."""
+    layouts = given.get("layouts", ("single",))
     if args.ddp_buckets is not None:
         print(
             "bench-plan: --ddp-buckets is part of the layout's name now (ddp, zero1: "
@@ -696,52 +577,34 @@ def _layouts(args: argparse.Namespace) -> tuple[str, ...]:
         )
         if args.ddp_buckets == "torch":
             layouts = tuple(dict.fromkeys(_TORCH_BUCKETS.get(n, n) for n in layouts))
-    if args.batch and any(LAYOUTS[n].data_parallel for n in layouts):
+            given = {**given, "layouts": layouts}
+    if given.get("batches") and any(LAYOUTS[n].data_parallel for n in layouts):
         print(
             "bench-plan: --batch counts sequences per data-parallel rank, as in every command; "
             "the batch in all is --global-batch",
             file=sys.stderr,
         )
-    return layouts
+    return given
 
 
-def _run(config: object, cli: Invocation) -> Run:
-    args = cli.args
+def _run(config: PlanConfig | None, cli: Invocation) -> Run:
+    args, config = cli.args, config or PlanConfig()
     if args.check is not None:
         return run_check(args.check, command=cli.command)
     if args.preset == "leaderboard-2026":
-        return run_leaderboard(command=cli.command, bandwidth_gbps=args.bandwidth,
-                               tflops=args.tflops)  # fmt: skip
+        return run_leaderboard(command=cli.command, bandwidth_gbps=config.bandwidth_gbps,
+                               tflops=config.tflops)  # fmt: skip
     with usage_errors(cli.parser):
-        models = _models_from_args(args)
         if args.section8:
-            _, model = models[0]
-            rate = args.tflops or default_tflops("bf16")[0]
+            _, model = config.model_configs()[0]
+            rate = config.tflops or default_tflops("bf16")[0]
             setting = ffn.FFNSetting(
-                batch=_global_batch(args) * model.context_length, d_model=model.d_model,
-                d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=args.bandwidth * 1e9,
+                batch=config.global_batch * model.context_length, d_model=model.d_model,
+                d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=config.bandwidth_gbps * 1e9,
             )  # fmt: skip
-            return run_section8(setting, num_dp=args.dp, num_tp=args.tp, command=cli.command)
-        sweep = PlanSweep(
-            models=models,
-            batches=distinct(args.batch) or (),
-            global_batches=distinct(args.global_batch) or (),
-            precisions=distinct(args.precision) or ("fp32",),
-            layouts=_layouts(args),
-            dp=args.dp,
-            tp=args.tp,
-            checkpointing=distinct(args.activation_checkpointing) or ("none",),
-            losses=distinct(args.loss) or ("materialized",),
-            optimizers=distinct(args.optimizer) or ("lmcore",),
-            attentions=distinct(args.attention) or ("naive",),
-            mode=args.mode,
-            hold_logits=not args.no_hold_logits,
-            memory_bytes=args.memory,
-            bandwidth_gbps=args.bandwidth,
-            tflops=args.tflops,
-        )
-        sweep.plans()  # validate every combination before predicting any
-    return run_plan(sweep, command=cli.command)
+            return run_section8(setting, num_dp=config.dp, num_tp=config.tp, command=cli.command)
+        config.plans()  # validate every combination before predicting any
+    return run_plan(config, command=cli.command)
 
 
-TOOL = Tool(run=_run, plot=plot_plan)
+TOOL = Tool(run=_run, config=PlanConfig, preset=_plan_given, plot=plot_plan)

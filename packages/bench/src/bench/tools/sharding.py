@@ -7,21 +7,14 @@ The variants, what is measured, the targets and the command line: `bench.command
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from bench.commands.sharding import (
-    COMPUTE_DTYPES,
-    DEFAULT_VARIANTS,
-    OPTIMIZERS,
-    VARIANTS,
-)
-from bench.core.cli import distinct
+from bench.commands.sharding import COMPUTE_DTYPES, OPTIMIZERS, VARIANTS, ZeroBenchConfig
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.layouts import LAYOUTS
@@ -31,20 +24,11 @@ from bench.core.parallel import Parallel
 from bench.core.plots import Bars, stacked_bar_plot
 from bench.core.profiling import collective_overlap
 from bench.core.results import Keys, Run
+from bench.core.step import forward_backward, train_step
 from bench.core.step_memory import tensor_bytes
 from bench.core.timing import elapsed_ms
-from bench.core.tool import Invocation, Tool, as_device
-from bench.core.training import (
-    ADAMW_OPTIONS,
-    Case,
-    TrainingBenchConfig,
-    build_model,
-    forward_backward,
-    token_batches,
-    train_step,
-)
-from bench.core.training_options import training_overrides
-from ddp import DEFAULT_BUCKET_SIZE_MB, bucket_bytes
+from bench.core.tool import Invocation, Tool, as_device, config_or_default
+from bench.core.training_bench import ADAMW_OPTIONS, Case, build_model, token_batches
 
 __all__ = [
     "COLUMNS",
@@ -55,7 +39,6 @@ __all__ = [
     "VARIANTS",
     "ZeroBenchConfig",
     "ZeroCase",
-    "default_zero_config",
     "plot_zero",
     "run_zero",
 ]
@@ -98,54 +81,10 @@ KEYS = Keys(*COLUMNS)
 
 
 @dataclass(frozen=True)
-class ZeroBenchConfig(TrainingBenchConfig):
-    """What `run_zero` measures: the fields of `bench.core.training.TrainingBenchConfig` and these.
-
-    Args:
-        variants: from `VARIANTS`; `ddp` is the baseline of the ratios.
-        optimizer: `"torch"` (`torch.optim.AdamW`) or `"lmcore"` (`lmcore.AdamW`).
-        bucket_sizes_mb: `ShardedOptimizer` broadcast caps in MiB (None = one bucket per owner),
-            one row each of the `*sharded` variants.
-        fsdp_dtypes: compute dtypes from `COMPUTE_DTYPES`, one `fsdp` and `torch-fsdp` row each.
-        trace_dir: where one more step of each FSDP row, traced on rank 0, leaves its Chrome
-            trace (`<variant>_<dtype>.pt.trace.json`); None: no trace.
-    """
-
-    VARIANTS: ClassVar[tuple[str, ...]] = VARIANTS
-
-    variants: tuple[str, ...] = DEFAULT_VARIANTS
-    optimizer: str = "torch"
-    bucket_sizes_mb: tuple[float | None, ...] = (DEFAULT_BUCKET_SIZE_MB,)
-    fsdp_dtypes: tuple[str, ...] = tuple(COMPUTE_DTYPES)
-    trace_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(
-                f"optimizer must be one of {tuple(OPTIMIZERS)}, got {self.optimizer!r}"
-            )
-        if not self.bucket_sizes_mb:
-            raise ValueError("bucket_sizes_mb must be non-empty")
-        for size in self.bucket_sizes_mb:
-            bucket_bytes(size)  # finite and >= 0, or None
-        if not self.fsdp_dtypes or not set(self.fsdp_dtypes) <= set(COMPUTE_DTYPES):
-            raise ValueError(
-                f"fsdp_dtypes must be non-empty, from {tuple(COMPUTE_DTYPES)}; "
-                f"got {self.fsdp_dtypes}"
-            )
-
-
-@dataclass(frozen=True)
 class ZeroCase(Case):
     """A row of bench-zero: a `Case` and, for the FSDP variants, the compute dtype."""
 
     compute_dtype: str | None = None
-
-
-def default_zero_config(device: torch.device | str) -> ZeroBenchConfig:
-    """XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks otherwise."""
-    return ZeroBenchConfig.for_device(device)
 
 
 def _broadcasts(variant: str) -> bool:
@@ -363,10 +302,10 @@ def run_zero(
     command: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> Run:
-    """Measure every variant of `config` on `config.world_size` ranks.
+    """Measure every variant of `config` on `config.nproc` ranks.
 
     Args:
-        config: what to run; `default_zero_config(device)` when None.
+        config: what to run; the device's default (`ZeroBenchConfig`) when None.
         device: `cuda` (NCCL, one GPU per rank) or `cpu` (gloo); CUDA when available when None.
         command: the command line to record; the process's own when None.
         timeout: seconds the ranks may take in all before they are stopped.
@@ -377,10 +316,12 @@ def run_zero(
         step time in ms, ratios to `ddp` and `status`.
 
     Raises:
-        ValueError: CUDA with fewer GPUs than `config.world_size`.
+        ValueError: CUDA with fewer GPUs than `config.nproc`.
     """
     device = as_device(device)
-    config, notes = ZeroBenchConfig.or_default(config, device, tool="bench-zero")
+    config, notes = config_or_default(
+        config, device, cls=ZeroBenchConfig, tool="bench-zero", describe=ZeroBenchConfig.cpu_summary
+    )
     measured = measure_cases(_measure_case, _cases(config), config, device=device, timeout=timeout)
     rows = [_row(case, results) for case, results in measured]
     _add_ratios(rows)
@@ -396,7 +337,7 @@ def run_zero(
         "gathered weights). The after-step peak covers the whole step (forward, backward and "
         "optimizer step): peak ratios use it."
     )
-    notes += _target_notes(rows, config.world_size)
+    notes += _target_notes(rows, config.nproc)
     if FSDP in config.variants:
         notes += _fsdp_target_notes(rows)
     notes += _prefetch_notes(rows)
@@ -455,18 +396,8 @@ def plot_zero(run: Run, path: str | Path) -> Path:
     )
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        **training_overrides(args),
-        "optimizer": args.optimizer,
-        "bucket_sizes_mb": distinct(args.zero_bucket_mb),
-        "fsdp_dtypes": distinct(args.fsdp_dtypes),
-        "trace_dir": None if args.trace is None else str(args.trace),
-    }
-
-
 def _run(config: ZeroBenchConfig | None, cli: Invocation) -> Run:
     return run_zero(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
 
 
-TOOL = Tool(run=_run, default=default_zero_config, overrides=_overrides, plot=plot_zero)
+TOOL = Tool(run=_run, config=ZeroBenchConfig, plot=plot_zero)

@@ -3,7 +3,7 @@
 SDPA attention, `torch.nn.functional.cross_entropy`, `torch.nn.utils.clip_grad_norm_`,
 `torch.optim.AdamW(fused=True)`, the model compiled (`bench.train.choices.BASELINES` sets those
 options): the strongest plain-PyTorch set-up a user could pick, to compare speed with side by
-side. Deliberately independent of `bench.core.training.train_step`: the reference the project's
+side. Deliberately independent of `bench.core.step.train_step`: the reference the project's
 step is compared with, not a second training step of the project.
 """
 

@@ -34,9 +34,9 @@ import torch.distributed as dist
 
 import lmcore
 from bench.core.layouts import NAMES_VERSION, recorded_config
+from bench.core.options import may_change
 from bench.train.config import TrainConfig
 from bench.train.faults import kill_point
-from bench.train.options import may_change
 from bench.train.parallel import TrainerParallel, checkpoint_layout
 from bench.train.tokenizer import load_tokenizer
 

@@ -21,7 +21,7 @@ from torch import nn
 
 import lmcore
 from bench.core import model_options, model_runtime
-from bench.core.training import build_lm
+from bench.core.step import build_lm
 
 __all__ = [
     "BETAS",

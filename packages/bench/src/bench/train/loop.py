@@ -9,7 +9,7 @@ the micro-batches, the step, and on schedule a log line with an evaluation, a ch
 after `--stop-after`, `--steps` or `--time-budget`, whichever comes first, with an evaluation, a
 checkpoint and a sample.
 
-Every step is the project's one training step (`bench.core.training.train_step`: autocast,
+Every step is the project's one training step (`bench.core.step.train_step`: autocast,
 gradient accumulation with the wrapper's `no_sync`, the wrapper's synchronisation, clipping, the
 optimizer step), or torch's own under `--baseline torch` (`bench.train.baseline`).
 """
@@ -26,7 +26,7 @@ import torch.distributed as dist
 import lmcore
 from bench.core.layouts import autocast_dtype
 from bench.core.memory import MIB, peak_memory
-from bench.core.training import train_step
+from bench.core.step import train_step
 from bench.train import lm
 from bench.train.baseline import torch_native_step
 from bench.train.checkpoint import Checkpointer

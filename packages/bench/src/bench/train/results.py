@@ -116,7 +116,7 @@ def speed_comparison(
                 "attention": c["attention"],
                 "compile": c["compile"],
                 "optimizer": c["optimizer"],
-                "step": "torch-native" if c["baseline"] else "bench.core.training",
+                "step": "torch-native" if c["baseline"] else "bench.core.step",
                 "tokens_per_s": summary["tokens_per_s"],
                 "mfu": summary["mfu"],
                 "vs_baseline": summary["tokens_per_s"] / reference,

@@ -1,28 +1,16 @@
-"""The training step every training tool runs, and the data-parallel set-up bench-ddp and
-bench-zero share.
+"""The training step every training tool runs: bench-train's, bench-ddp's and bench-zero's
+steps are this one, so that their numbers measure the same work.
 
 - `train_step` (and its first half, `forward_backward`): one optimizer step of next-token
   training over one or more micro-batches, through any model or data-parallel wrapper;
   `clip_grad_norm`, its clipping, which also handles gradients sharded over the ranks (FSDP).
-- `TrainingBenchConfig`: the model (size, context, vocabulary), batch per rank, world size,
-  variants, warm-up and timed steps, validated once; the device's default (`for_device`: the
-  handout's XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks without
-  a GPU) and the words for its notice and the run's title. Each tool subclasses it with its own
-  fields.
-- `Case`: one measured row, a variant and its bucket size.
-- On each rank: `build_model` (an XL model materialised from the meta device on the GPU),
-  `token_batches` (each rank its own data), `ADAMW_OPTIONS`.
-- On the command line: `bench.core.training_options` (light: the commands import it).
-
-The ranks themselves are run by `bench.core.distributed.measure_cases`.
+- `build_lm`: the model on a device, materialised from the meta device on a GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
-from typing import ClassVar, Self
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,110 +18,8 @@ from torch import nn
 
 import lmcore
 from bench.core.model_runtime import next_token_loss
-from bench.core.shapes import CPU_SIZE, shape_named
-from bench.core.tool import config_or_default
 
-__all__ = [
-    "ADAMW_OPTIONS",
-    "Case",
-    "TrainingBenchConfig",
-    "build_lm",
-    "build_model",
-    "clip_grad_norm",
-    "forward_backward",
-    "token_batches",
-    "train_step",
-]
-
-# The training recipe does not matter for timing or memory beyond the state AdamW keeps (two
-# moments per parameter); these are the usual values.
-ADAMW_OPTIONS = {"lr": 1e-4, "weight_decay": 0.01}
-_DATA_SEED = 1000  # rank r draws its batches from seed 1000 + r: each rank its own data
-
-
-@dataclass(frozen=True)
-class TrainingBenchConfig:
-    """The model, data and run bench-ddp and bench-zero share; each tool adds its own fields.
-
-    Args:
-        size: a size of `lmcore.MODEL_SIZES` ("xl", or "tiny" on a CPU).
-        context_length: tokens per sequence.
-        batch: sequences per rank per step.
-        vocab_size: vocabulary size.
-        world_size: ranks (one GPU each on CUDA).
-        variants: what to compare, from the tool's `VARIANTS`, in the order they run.
-        warmup: untimed steps first (the first one creates the optimizer state).
-        steps: timed steps.
-    """
-
-    VARIANTS: ClassVar[tuple[str, ...]] = ()
-
-    size: str
-    context_length: int = 128
-    batch: int = 4
-    vocab_size: int = lmcore.VOCAB_SIZE
-    world_size: int = 2
-    variants: tuple[str, ...] = ()
-    warmup: int = 2
-    steps: int = 10
-
-    def __post_init__(self) -> None:
-        shape_named(self.size)  # raises on an unknown size, listing the known ones
-        if not self.variants or not set(self.variants) <= set(self.VARIANTS):
-            raise ValueError(
-                f"variants must be non-empty, from {self.VARIANTS}; got {self.variants}"
-            )
-        sizes = (self.context_length, self.batch, self.vocab_size, self.steps)
-        if min(sizes) < 1 or self.warmup < 1 or self.world_size < 2:
-            raise ValueError(
-                "context_length, batch, vocab_size and steps must be positive, warmup at least 1 "
-                f"(it creates the optimizer state) and world_size at least 2; got {self}"
-            )
-
-    @classmethod
-    def for_device(cls, device: torch.device | str) -> Self:
-        """XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks otherwise."""
-        if torch.device(device).type == "cuda":
-            return cls(size="xl")
-        return cls(size=CPU_SIZE, context_length=32, batch=2, warmup=1, steps=3)
-
-    @classmethod
-    def or_default(
-        cls, config: Self | None, device: torch.device, *, tool: str
-    ) -> tuple[Self, list[str]]:
-        """`config`, or `for_device(device)` announced off CUDA (see `cli.config_or_default`)."""
-        return config_or_default(
-            config, device, default=cls.for_device, tool=tool, describe=cls.cpu_summary
-        )
-
-    def cpu_summary(self) -> str:
-        """The model and run in words, for the notice that the CPU default ran."""
-        s = self.model_size
-        return (
-            f"{s.num_layers} layers of width {s.d_model}, context {self.context_length}, "
-            f"batch {self.batch} per rank, {self.world_size} gloo ranks"
-        )
-
-    @property
-    def model_size(self) -> lmcore.ModelSize:
-        """The widths and depth of `size`."""
-        return lmcore.MODEL_SIZES[self.size]
-
-    def summary(self) -> str:
-        """The run in words, for a title: ranks, batch, context, warm-up and timed steps."""
-        return (
-            f"{self.world_size} ranks, batch {self.batch} per rank, context {self.context_length}, "
-            f"{self.warmup} warm-up + {self.steps} timed steps"
-        )
-
-
-@dataclass(frozen=True)
-class Case:
-    """One measured row of a training benchmark: a variant, and its bucket size where it has one
-    (in ddp's vocabulary, `None` = one bucket, for the variants that take a size)."""
-
-    variant: str
-    bucket_size_mb: float | None = None
+__all__ = ["build_lm", "clip_grad_norm", "forward_backward", "train_step"]
 
 
 def build_lm(
@@ -152,34 +38,6 @@ def build_lm(
     model = model.to_empty(device=device)
     model.reset_parameters()
     return model
-
-
-def build_model(
-    config: TrainingBenchConfig,
-    device: torch.device,
-    *,
-    seed: int,
-    attention: str = lmcore.DEFAULT_ATTENTION,
-) -> lmcore.TransformerLM:
-    """`config`'s `lmcore.TransformerLM` on `device`, initialised from `seed` (see `build_lm`)."""
-    model_config = config.model_size.config(
-        context_length=config.context_length, vocab_size=config.vocab_size, attention=attention
-    )
-    return build_lm(model_config, device, seed=seed)
-
-
-def token_batches(
-    config: TrainingBenchConfig, *, rank: int, device: torch.device
-) -> Iterator[torch.Tensor]:
-    """Endless random token batches `(batch, context_length + 1)` on `device`, one stream per rank.
-
-    Each rank draws its own data, as in data-parallel training; inputs are `[:, :-1]` and the
-    next-token targets `[:, 1:]`.
-    """
-    g = torch.Generator().manual_seed(_DATA_SEED + rank)
-    shape = (config.batch, config.context_length + 1)  # (batch, seq + 1)
-    while True:
-        yield torch.randint(config.vocab_size, shape, generator=g).to(device)
 
 
 def forward_backward(
