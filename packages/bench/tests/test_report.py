@@ -5,13 +5,13 @@ import json
 import pytest
 
 from bench.commands.report import main
-from bench.core.document import Heading, Image, Paragraph, Table, render
 from bench.core.results import Run, save_json
-from bench.core.saved_tensors import run_residual_study
-from bench.handout.analysis import ANALYTIC_PROBLEMS
-from bench.handout.results import Results
+from bench.report.analysis import ANALYTIC_PROBLEMS
+from bench.report.document import Heading, Image, Paragraph, Table, render
+from bench.report.results import Results
+from bench.report.tool import PROBLEMS, build_report, report_links
 from bench.tools.attn import run_attention
-from bench.tools.report import PROBLEMS, build_report, report_links
+from bench.tools.model.residuals import run_residual_study
 from lmcore import ModelSize
 
 NOT_MEASURED = "Not measured: no result answers it yet."

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bench.commands.model import main
-from bench.core.saved_tensors import (
+from bench.tools.model.residuals import (
     RESIDUAL_COLUMNS,
     SavedTensorLog,
     measure_block,

@@ -35,7 +35,7 @@ naive attention comes from the same profile (see `bench.core.profiling`).
 `--study residuals` measures what one TransformerBlock of each size saves for backward (the
 handout's §2.1.6 (f) and §3.1): the bytes by operation, the five largest with their share, with
 and without activation checkpointing, and the gradient bytes the block produces in backward
-(`bench.core.saved_tensors`; no GPU or Nsight needed). Examples::
+(`bench.tools.model.residuals`; no GPU or Nsight needed). Examples::
 
     bench-model --size small --context-length 128 256 --mode forward train-step \\
         --precision fp32 bf16-autocast

@@ -12,8 +12,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.core.document import FORMATS, render
-from bench.handout import PROBLEMS, Results, build_document
+from bench.report.document import FORMATS, render
+from bench.report.problems import PROBLEMS, Results, build_document
 
 __all__ = ["PROBLEMS", "build_report", "report_links", "run_parsed"]
 

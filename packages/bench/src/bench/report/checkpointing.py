@@ -13,16 +13,16 @@ import math
 import re
 from typing import Any
 
-from bench.core.document import Block, Paragraph
-from bench.core.saved_tensors import RESIDUAL_KEYS as RK
-from bench.handout.results import OOM, Results, Rows, fmt, num, ok, size_label
-from bench.handout.runs import CHECKPOINTING_STUDY
-from bench.handout.single_gpu import said
+from bench.report.document import Block, Paragraph
+from bench.report.results import OOM, Results, Rows, fmt, num, ok, size_label
+from bench.report.runs import CHECKPOINTING_STUDY
+from bench.report.single_gpu import said
 from bench.tools import step
+from bench.tools.model.residuals import RESIDUAL_KEYS as residual_keys
 
 __all__ = ["answer_checkpointing"]
 
-S = step.KEYS
+step_keys = step.KEYS
 
 # bench-step's checkpointing-study note: A, b, the depth and the k lmcore chose.
 _STUDY = re.compile(
@@ -67,7 +67,8 @@ def answer_checkpointing(res: Results) -> list[Block]:
         )
         text = (
             f"Which is which: the prediction reasons from fp32 residuals with the naive "
-            f"attention ({fmt(residual[RK.mib])} MiB per block); the measurement ran {setting} "
+            f"attention ({fmt(residual[residual_keys.mib])} MiB per block); the measurement ran "
+            f"{setting} "
             f"(A = {saved} MiB per block); {agree}."
         )
         out.append(said(res, text, [residual, *rows]))
@@ -82,10 +83,12 @@ def _predicted_segments(
     rows = [
         r
         for r in ok(res.rows("residuals"))
-        if r[RK.kind] == "block" and r[RK.dtype] == "fp32" and r[RK.ctx] == 2048
+        if r[residual_keys.kind] == "block"
+        and r[residual_keys.dtype] == "fp32"
+        and r[residual_keys.ctx] == 2048
     ]
-    plain = [r for r in rows if r[RK.checkpointing] == "none"]
-    kept = [r for r in rows if r[RK.checkpointing] == "block"]
+    plain = [r for r in rows if r[residual_keys.checkpointing] == "none"]
+    kept = [r for r in rows if r[residual_keys.checkpointing] == "block"]
     if not (plain and kept):
         blocks = [
             Paragraph(
@@ -97,17 +100,21 @@ def _predicted_segments(
         return blocks, None, None
     p, k = plain[0], kept[0]
     layers = model_layers(p)
-    best = math.sqrt(layers * k[RK.mib] / p[RK.mib])
+    best = math.sqrt(layers * k[residual_keys.mib] / p[residual_keys.mib])
     choices = [s for s in range(1, layers + 1) if layers % s == 0]
-    peak = {s: layers / s * k[RK.mib] + s * p[RK.mib] for s in choices}
+    peak = {s: layers / s * k[residual_keys.mib] + s * p[residual_keys.mib] for s in choices}
     pick = min(peak, key=peak.get)
     text = (
         f"(b) Predicted from the residual study of §2.1.6 (fp32 residuals with the naive "
         f"attention, which saves the seq × seq softmax): with one level of recomputation and "
-        f"segments of K blocks, the backward holds N/K segment inputs of {fmt(k[RK.mib])} MiB "
-        f"each and, while a segment is recomputed, K blocks' residuals of {fmt(p[RK.mib])} "
-        f"MiB each ({size_label(p)}, batch {p[RK.batch]}, context 2048, fp32): activation peak ≈ "
-        f"(N/K)·{fmt(k[RK.mib])} + K·{fmt(p[RK.mib])} MiB, least at K = √(N·input/residuals) "
+        "segments of K blocks, the backward holds N/K segment inputs of "
+        f"{fmt(k[residual_keys.mib])} MiB "
+        "each and, while a segment is recomputed, K blocks' residuals of "
+        f"{fmt(p[residual_keys.mib])} "
+        f"MiB each ({size_label(p)}, batch {p[residual_keys.batch]}, context 2048, fp32): "
+        "activation peak ≈ "
+        f"(N/K)·{fmt(k[residual_keys.mib])} + K·{fmt(p[residual_keys.mib])} MiB, least at K = "
+        "√(N·input/residuals) "
         f"= {best:.2f}. Among segment sizes dividing N = {layers}: "
         + ", ".join(f"K={s}: {fmt(v / 1024)} GiB" for s, v in peak.items())
         + f", so K = {pick} (one checkpoint per block when the residuals dwarf the inputs)."
@@ -144,9 +151,11 @@ def _measured_segments(
     first = rows[0]
     study = next((m for note in record.run.notes if (m := _STUDY.search(note))), None)
     setup = (
-        f"{first.get(S.size_label) or size_label(first)}, batch {first[S.batch]}, context "
-        f"{first[S.ctx]:,}, {first[S.precision]}, {first[S.attention]} attention, "
-        f"{first[S.loss]} loss, {first[S.optimizer]} AdamW, on one "
+        f"{first.get(step_keys.size_label) or size_label(first)}, batch {first[step_keys.batch]}, "
+        "context "
+        f"{first[step_keys.ctx]:,}, {first[step_keys.precision]}, {first[step_keys.attention]} "
+        "attention, "
+        f"{first[step_keys.loss]} loss, {first[step_keys.optimizer]} AdamW, on one "
         f"{record.run.env.get('device_name')}"
     )
     text = f"(b) Measured with bench-step's checkpointing study ({setup}): "
@@ -158,65 +167,74 @@ def _measured_segments(
         )
 
     def found(r: dict[str, Any]) -> str:
-        if r.get(S.status) == OOM:
-            predicted = num(r, S.pred_act_mib)
+        if r.get(step_keys.status) == OOM:
+            predicted = num(r, step_keys.pred_act_mib)
             extra = f" (predicted activations {fmt(predicted)} MiB)" if predicted else ""
             return f"out of memory{extra}"
         return (
-            f"peak {fmt(r[S.peak_mib])} MiB ({fmt(r[S.act_mib])} MiB of it activations), "
-            f"{fmt(r[S.step_ms])} ms per step"
+            f"peak {fmt(r[step_keys.peak_mib])} MiB ({fmt(r[step_keys.act_mib])} MiB of it "
+            "activations), "
+            f"{fmt(r[step_keys.step_ms])} ms per step"
         )
 
     text += (
         "Measured: "
-        + "; ".join(f"{_describe_form(r[S.activation_checkpointing])}: {found(r)}" for r in rows)
+        + "; ".join(
+            f"{_describe_form(r[step_keys.activation_checkpointing])}: {found(r)}" for r in rows
+        )
         + "."
     )
     one_level = [
         r
         for r in ok(rows)
-        if str(r[S.activation_checkpointing]).startswith("segments:") and num(r, S.peak_mib)
+        if str(r[step_keys.activation_checkpointing]).startswith("segments:")
+        and num(r, step_keys.peak_mib)
     ]
     if one_level:
-        best = min(one_level, key=lambda r: r[S.peak_mib])
+        best = min(one_level, key=lambda r: r[step_keys.peak_mib])
         others = [r for r in one_level if r is not best]
         text += (
-            f" Of the one-level forms, {_describe_form(best[S.activation_checkpointing])} "
+            f" Of the one-level forms, {_describe_form(best[step_keys.activation_checkpointing])} "
             f"has the lowest peak"
             + (
                 "; "
                 + ", ".join(
-                    f"{_describe_form(r[S.activation_checkpointing])} needs "
-                    f"{fmt(r[S.peak_mib] - best[S.peak_mib])} MiB more"
+                    f"{_describe_form(r[step_keys.activation_checkpointing])} needs "
+                    f"{fmt(r[step_keys.peak_mib] - best[step_keys.peak_mib])} MiB more"
                     for r in others
                 )
                 if others
                 else ""
             )
         )
-        nested = next((r for r in ok(rows) if r[S.activation_checkpointing] == "nested"), None)
-        if nested and num(nested, S.peak_mib) and num(nested, S.step_ms):
-            change = nested[S.peak_mib] - best[S.peak_mib]
+        nested = next(
+            (r for r in ok(rows) if r[step_keys.activation_checkpointing] == "nested"), None
+        )
+        if nested and num(nested, step_keys.peak_mib) and num(nested, step_keys.step_ms):
+            change = nested[step_keys.peak_mib] - best[step_keys.peak_mib]
             text += (
                 f"; nesting {'lowers' if change < 0 else 'raises'} the peak by "
-                f"{fmt(abs(change))} MiB at {nested[S.step_ms] / best[S.step_ms]:.2f}× the time"
+                f"{fmt(abs(change))} MiB at "
+                f"{nested[step_keys.step_ms] / best[step_keys.step_ms]:.2f}× the time"
             )
-        fixed = [best.get(k) for k in (S.param_mib, S.grad_mib, S.state_mib)]
+        fixed = [
+            best.get(k) for k in (step_keys.param_mib, step_keys.grad_mib, step_keys.state_mib)
+        ]
         if all(isinstance(v, int | float) for v in fixed):
             predicted = (
-                f", predicted {fmt(best[S.pred_act_mib])} MiB from A and b"
-                if num(best, S.pred_act_mib)
+                f", predicted {fmt(best[step_keys.pred_act_mib])} MiB from A and b"
+                if num(best, step_keys.pred_act_mib)
                 else ""
             )
             text += (
                 f". These are whole-step peaks: parameters ({fmt(fixed[0])} MiB), gradients "
                 f"(up to {fmt(fixed[1])} MiB) and AdamW state ({fmt(fixed[2])} MiB) sit under "
                 "every form, and the forms differ in the activations on top ("
-                f"{fmt(best[S.act_mib])} MiB for "
-                f"{_describe_form(best[S.activation_checkpointing])}{predicted})"
+                f"{fmt(best[step_keys.act_mib])} MiB for "
+                f"{_describe_form(best[step_keys.activation_checkpointing])}{predicted})"
             )
         text += "."
-    setting = f"{first[S.precision]} with {first[S.attention]} attention"
+    setting = f"{first[step_keys.precision]} with {first[step_keys.attention]} attention"
     found = None if study is None else (int(study[4]), study[1], setting, rows)
     return [said(res, text, rows)], found
 

@@ -21,11 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.commands.report import FORMATS
 from bench.core.results import format_value, to_markdown
 
 __all__ = ["FORMATS", "Block", "Heading", "Image", "Paragraph", "Table", "render"]
-
-FORMATS = ("markdown", "latex", "typst")
 
 
 @dataclass(frozen=True)

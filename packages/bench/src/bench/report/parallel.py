@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.core.document import Block, Paragraph, Table
-from bench.handout.results import Record, Results, Rows, fmt, grouped, num, ok, size_label
-from bench.handout.single_gpu import said
+from bench.report.document import Block, Paragraph, Table
+from bench.report.results import Record, Results, Rows, fmt, grouped, num, ok, size_label
+from bench.report.single_gpu import said
 from bench.tools import allreduce, data_parallel, sharding
 from lmcore import describe_size
 
@@ -21,7 +21,7 @@ __all__ = [
     "run_shape",
 ]
 
-R, D, Z = allreduce.KEYS, data_parallel.KEYS, sharding.KEYS
+allreduce_keys, ddp_keys, zero_keys = allreduce.KEYS, data_parallel.KEYS, sharding.KEYS
 
 
 def run_shape(record: Record) -> str:
@@ -45,18 +45,24 @@ def _setup(res: Results, rows: Rows) -> str:
 
 
 def answer_allreduce(res: Results) -> list[Block]:
-    rows = [r for r in ok(res.rows("allreduce")) if num(r, R.ms)]
+    rows = [r for r in ok(res.rows("allreduce")) if num(r, allreduce_keys.ms)]
     out: list[Block] = []
-    for (backend, world), group in grouped(rows, R.backend, R.world_size).items():
-        group.sort(key=lambda r: r[R.size_mb])
+    for (backend, world), group in grouped(
+        rows, allreduce_keys.backend, allreduce_keys.world_size
+    ).items():
+        group.sort(key=lambda r: r[allreduce_keys.size_mb])
         items = ", ".join(
-            f"{fmt(r[R.size_mb])} MB {fmt(r[R.ms])} ms"
-            + (f" ({fmt(r[R.busbw_gbps])} GB/s bus)" if num(r, R.busbw_gbps) else "")
+            f"{fmt(r[allreduce_keys.size_mb])} MB {fmt(r[allreduce_keys.ms])} ms"
+            + (
+                f" ({fmt(r[allreduce_keys.busbw_gbps])} GB/s bus)"
+                if num(r, allreduce_keys.busbw_gbps)
+                else ""
+            )
             for r in group
         )
         out.append(said(res, f"{backend}, {world} processes (median): {items}.", group))
     if rows:
-        worlds = sorted({r[R.world_size] for r in rows})
+        worlds = sorted({r[allreduce_keys.world_size] for r in rows})
         out.append(
             Paragraph(
                 "Small tensors are bound by latency (the time barely changes from 1 MB to 10 "
@@ -82,21 +88,32 @@ def answer_ddp(variant: str, label: str):
     """An answer quoting one DDP variant's step and communication time against the others."""
 
     def answer(res: Results) -> list[Block]:
-        rows = [r for r in ok(res.rows("ddp")) if num(r, D.step_ms)]
-        mine = [r for r in rows if r.get(D.variant) == variant]
+        rows = [r for r in ok(res.rows("ddp")) if num(r, ddp_keys.step_ms)]
+        mine = [r for r in rows if r.get(ddp_keys.variant) == variant]
         if not mine:
             return []
         r = mine[0]
         text = (
-            f"{label} ({_setup(res, [r])}): {fmt(r[D.step_ms])} ms per step"
-            + (f", {fmt(r[D.comm_ms])} ms of it communicating" if num(r, D.comm_ms) else "")
-            + (f", {fmt(r[D.overhead_ms])} ms beyond one GPU" if num(r, D.overhead_ms) else "")
+            f"{label} ({_setup(res, [r])}): {fmt(r[ddp_keys.step_ms])} ms per step"
+            + (
+                f", {fmt(r[ddp_keys.comm_ms])} ms of it communicating"
+                if num(r, ddp_keys.comm_ms)
+                else ""
+            )
+            + (
+                f", {fmt(r[ddp_keys.overhead_ms])} ms beyond one GPU"
+                if num(r, ddp_keys.overhead_ms)
+                else ""
+            )
         )
-        others = [o for o in rows if o is not r and o.get(D.variant) in _COMPARED]
+        others = [o for o in rows if o is not r and o.get(ddp_keys.variant) in _COMPARED]
         if others:
-            text += "; beside " + ", ".join(f"{o[D.case]} {fmt(o[D.step_ms])} ms" for o in others)
-        if num(r, D.hidden_e2e) is not None:
-            text += f"; it hides {r[D.hidden_e2e]:.0%} of a standalone all-reduce of the gradients"
+            text += "; beside " + ", ".join(
+                f"{o[ddp_keys.case]} {fmt(o[ddp_keys.step_ms])} ms" for o in others
+            )
+        if num(r, ddp_keys.hidden_e2e) is not None:
+            hidden = r[ddp_keys.hidden_e2e]
+            text += f"; it hides {hidden:.0%} of a standalone all-reduce of the gradients"
         out: list[Block] = [said(res, text + ".", [r, *others])]
         if variant == "ddp:naive":
             out.append(_size_note(res, rows))
@@ -121,36 +138,37 @@ def answer_sharding(res: Results) -> list[Block]:
         {
             k: r.get(k)
             for k in (
-                Z.variant,
-                Z.init_mib,
-                Z.before_step_mib,
-                Z.after_step_mib,
-                Z.param_mib,
-                Z.grad_mib,
-                Z.state_mib,
-                Z.step_ms,
+                zero_keys.variant,
+                zero_keys.init_mib,
+                zero_keys.before_step_mib,
+                zero_keys.after_step_mib,
+                zero_keys.param_mib,
+                zero_keys.grad_mib,
+                zero_keys.state_mib,
+                zero_keys.step_ms,
             )
         }
         for r in rows
-        if r.get(Z.variant) in ("ddp:torch", "zero1:torch-ddp", "zero1:torch")
+        if r.get(zero_keys.variant) in ("ddp:torch", "zero1:torch-ddp", "zero1:torch")
     ]
-    sharded = next((r for r in rows if r.get(Z.variant) == "zero1:torch-ddp"), None)
+    sharded = next((r for r in rows if r.get(zero_keys.variant) == "zero1:torch-ddp"), None)
     out: list[Block] = [Table(table, list(table[0]))] if table else []
     if sharded:
         text = (
             f"(a) ({_setup(res, [sharded])}) With the optimizer state sharded each rank keeps "
-            f"{fmt(sharded[Z.state_mib])} MiB of AdamW state"
+            f"{fmt(sharded[zero_keys.state_mib])} MiB of AdamW state"
             + (
-                f", {sharded[Z.state_vs_ddp]:.2f}× plain DDP's"
-                if num(sharded, Z.state_vs_ddp)
+                f", {sharded[zero_keys.state_vs_ddp]:.2f}× plain DDP's"
+                if num(sharded, zero_keys.state_vs_ddp)
                 else ""
             )
-            + f"; parameters ({fmt(sharded[Z.param_mib])} MiB) and gradients "
-            f"({fmt(sharded[Z.grad_mib])} MiB) stay whole, as expected of ZeRO stage 1. "
+            + f"; parameters ({fmt(sharded[zero_keys.param_mib])} MiB) and gradients "
+            f"({fmt(sharded[zero_keys.grad_mib])} MiB) stay whole, as expected of ZeRO stage 1. "
             + (
-                f"(b) A step takes {fmt(sharded[Z.step_ms])} ms, {sharded[Z.time_vs_ddp]:.2f}× "
+                f"(b) A step takes {fmt(sharded[zero_keys.step_ms])} ms, "
+                f"{sharded[zero_keys.time_vs_ddp]:.2f}× "
                 "DDP's: the broadcast of the updated parameters replaces nothing DDP does."
-                if num(sharded, Z.time_vs_ddp)
+                if num(sharded, zero_keys.time_vs_ddp)
                 else ""
             )
         )
@@ -211,15 +229,20 @@ def answer_fsdp_tests(res: Results) -> list[Block]:
 
 
 def answer_fsdp_accounting(res: Results) -> list[Block]:
-    rows = [r for r in ok(res.rows("zero")) if str(r.get(Z.variant, "")).startswith("fsdp")]
+    rows = [r for r in ok(res.rows("zero")) if str(r.get(zero_keys.variant, "")).startswith("fsdp")]
     if not rows:
         return []
     r = rows[0]
     text = (
-        f"(a) ({_setup(res, [r])}) FSDP keeps {fmt(r[Z.param_mib])} MiB of parameters, "
-        f"{fmt(r[Z.grad_mib])} MiB of gradients and {fmt(r[Z.state_mib])} MiB of optimizer "
+        f"(a) ({_setup(res, [r])}) FSDP keeps {fmt(r[zero_keys.param_mib])} MiB of parameters, "
+        f"{fmt(r[zero_keys.grad_mib])} MiB of gradients and {fmt(r[zero_keys.state_mib])} MiB of "
+        "optimizer "
         "state per rank, each 1/N of the whole"
-        + (f"; its peak is {r[Z.peak_vs_ddp]:.2f}× DDP's" if num(r, Z.peak_vs_ddp) else "")
+        + (
+            f"; its peak is {r[zero_keys.peak_vs_ddp]:.2f}× DDP's"
+            if num(r, zero_keys.peak_vs_ddp)
+            else ""
+        )
         + "."
     )
     return [said(res, text, rows)]

@@ -127,7 +127,7 @@ class Results:
             if path.name.endswith(".trace.json"):
                 continue
             try:
-                out.records.append(Record(path, load_json(path)))
+                out.records.append(Record(path, _with_study(load_json(path))))
             except (ValueError, TypeError, KeyError) as exc:
                 record = _hand_written(path) or _train_text(path)
                 if record is None:
@@ -362,3 +362,17 @@ def name_with_dims(text: str, shape: dict[str, Any] | None = None) -> str:
         return text
     row = {"size": word, **(shape or {})}
     return f"{head}{sep}{size_label(row)}{rest[len(word) :]}"
+
+
+def _with_study(run: Run) -> Run:
+    """`run`, its bench-model rows saying what the run was for (`study`): results recorded
+    before the rows said it are read by the options their command gave."""
+    if run.tool != "model" or all("study" in row for row in run.rows):
+        return run
+    study = "timing"
+    if "--memory-snapshot" in run.command:
+        study = "memory"
+    elif "--profile" in run.command:
+        study = "profile"
+    run.rows = [{**row, "study": study} for row in run.rows]
+    return run

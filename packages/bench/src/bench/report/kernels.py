@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.core.document import Block, Paragraph, Table
-from bench.handout.results import (
+from bench.report.document import Block, Paragraph, Table
+from bench.report.results import (
     OOM,
     Record,
     Results,
@@ -16,8 +16,8 @@ from bench.handout.results import (
     size_label,
     span,
 )
-from bench.handout.runs import COMPILE_MODEL, FLASH_NAIVE
-from bench.handout.single_gpu import said
+from bench.report.runs import COMPILE_MODEL, FLASH_NAIVE
+from bench.report.single_gpu import said
 from bench.tools import attn, flash, model
 
 __all__ = [
@@ -28,34 +28,34 @@ __all__ = [
     "is_compile",
 ]
 
-A, F, M = attn.KEYS, flash.KEYS, model.KEYS
+attn_keys, flash_keys, model_keys = attn.KEYS, flash.KEYS, model.KEYS
 
 
 def is_compile(record: Record) -> bool:
     """A torch.compile comparison: attention naive vs compiled only, or a compiled model run."""
     run = record.run
     if run.tool == "attn":
-        return {r.get(A.impl) for r in run.rows} <= {"naive", "compiled"}
-    return run.tool == "model" and any(r.get(M.compiled) for r in run.rows)
+        return {r.get(attn_keys.impl) for r in run.rows} <= {"naive", "compiled"}
+    return run.tool == "model" and any(r.get(model_keys.compiled) for r in run.rows)
 
 
 def answer_attention(res: Results) -> list[Block]:
     """pytorch_attention: the grid, where it runs out of memory, the memory accounting."""
-    rows = _newest_per_cell([r for r in res.rows("attn") if r[A.impl] == "naive"])
+    rows = _newest_per_cell([r for r in res.rows("attn") if r[attn_keys.impl] == "naive"])
     if not rows:
         return []
     out: list[Block] = []
-    cells = {(r[A.d], r[A.seq]) for r in rows}
+    cells = {(r[attn_keys.d], r[attn_keys.seq]) for r in rows}
     table = [
         {
-            "d": r[A.d],
-            "seq": r[A.seq],
-            "fwd_ms": r.get(A.fwd_ms),
-            "bwd_ms": r.get(A.bwd_ms),
-            "mem_before_bwd_mib": r.get(A.mem_before_bwd_mib),
-            "status": r[A.status],
+            "d": r[attn_keys.d],
+            "seq": r[attn_keys.seq],
+            "fwd_ms": r.get(attn_keys.fwd_ms),
+            "bwd_ms": r.get(attn_keys.bwd_ms),
+            "mem_before_bwd_mib": r.get(attn_keys.mem_before_bwd_mib),
+            "status": r[attn_keys.status],
         }
-        for r in sorted(rows, key=lambda r: (r[A.d], r[A.seq]))
+        for r in sorted(rows, key=lambda r: (r[attn_keys.d], r[attn_keys.seq]))
     ]
     out.append(
         said(
@@ -67,12 +67,15 @@ def answer_attention(res: Results) -> list[Block]:
         )
     )
     out.append(Table(table, list(table[0])))
-    ooms = sorted((r for r in rows if r[A.status] == OOM), key=lambda r: (r[A.seq], r[A.d]))
-    fits = [r for r in ok(rows) if num(r, A.mem_before_bwd_mib)]
+    ooms = sorted(
+        (r for r in rows if r[attn_keys.status] == OOM),
+        key=lambda r: (r[attn_keys.seq], r[attn_keys.d]),
+    )
+    fits = [r for r in ok(rows) if num(r, attn_keys.mem_before_bwd_mib)]
     if ooms:
         first = ooms[0]
-        b, s, d = first.get(A.batch, 8), first[A.seq], first[A.d]
-        itemsize = 4 if first.get(A.dtype, "fp32") == "fp32" else 2
+        b, s, d = first.get(attn_keys.batch, 8), first[attn_keys.seq], first[attn_keys.d]
+        itemsize = 4 if first.get(attn_keys.dtype, "fp32") == "fp32" else 2
         scores = b * s * s * itemsize / 2**20
         text = (
             f"Out of memory from seq {s} (d={d}). Accounting for that cell: q, k, v and the "
@@ -85,9 +88,9 @@ def answer_attention(res: Results) -> list[Block]:
         )
         out.append(said(res, text, [first]))
     elif fits:
-        big = max(fits, key=lambda r: (r[A.seq], r[A.d]))
-        b, s, d = big.get(A.batch, 8), big[A.seq], big[A.d]
-        itemsize = 4 if big.get(A.dtype, "fp32") == "fp32" else 2
+        big = max(fits, key=lambda r: (r[attn_keys.seq], r[attn_keys.d]))
+        b, s, d = big.get(attn_keys.batch, 8), big[attn_keys.seq], big[attn_keys.d]
+        itemsize = 4 if big.get(attn_keys.dtype, "fp32") == "fp32" else 2
         scores = b * s * s * itemsize / 2**20
         device = res.record_of(big).run.env.get("device_name")
         text = (
@@ -95,20 +98,25 @@ def answer_attention(res: Results) -> list[Block]:
             f"and d = {d}: q, k, v and the output are 4·{b}·{s}·{d}·{itemsize} bytes = "
             f"{fmt(4 * b * s * d * itemsize / 2**20)} MiB, but one seq × seq matrix is "
             f"{b}·{s}²·{itemsize} bytes = {fmt(scores)} MiB; the forward keeps the softmax "
-            f"for backward, and {fmt(big[A.mem_before_bwd_mib])} MiB are in use before the "
-            f"backward, about {big[A.mem_before_bwd_mib] / scores:.2f} such matrices. A GPU "
+            f"for backward, and {fmt(big[attn_keys.mem_before_bwd_mib])} MiB are in use before the "
+            f"backward, about {big[attn_keys.mem_before_bwd_mib] / scores:.2f} such matrices. A "
+            "GPU "
             "with less memory, a longer sequence or a larger batch runs out first."
         )
         out.append(said(res, text, [big]))
     if len(fits) >= 2:
-        z = max(fits, key=lambda r: (r[A.seq], r[A.d]))
-        a = min((r for r in fits if r[A.d] == z[A.d]), key=lambda r: r[A.seq])
-        growth = z[A.mem_before_bwd_mib] / a[A.mem_before_bwd_mib]
+        z = max(fits, key=lambda r: (r[attn_keys.seq], r[attn_keys.d]))
+        a = min(
+            (r for r in fits if r[attn_keys.d] == z[attn_keys.d]), key=lambda r: r[attn_keys.seq]
+        )
+        growth = z[attn_keys.mem_before_bwd_mib] / a[attn_keys.mem_before_bwd_mib]
         text = (
             f"The memory saved for backward grows with the square of the sequence: from "
-            f"{fmt(a[A.mem_before_bwd_mib])} MiB at seq {a[A.seq]} to "
-            f"{fmt(z[A.mem_before_bwd_mib])} MiB at seq {z[A.seq]} ({growth:,.0f}× for "
-            f"{z[A.seq] / a[A.seq]:g}× the length). FlashAttention removes it: it never "
+            f"{fmt(a[attn_keys.mem_before_bwd_mib])} MiB at seq {a[attn_keys.seq]} to "
+            f"{fmt(z[attn_keys.mem_before_bwd_mib])} MiB at seq {z[attn_keys.seq]} ({growth:,.0f}× "
+            "for "
+            f"{z[attn_keys.seq] / a[attn_keys.seq]:g}× the length). FlashAttention removes it: it "
+            "never "
             "materialises the seq × seq matrices, saves only the output and the logsumexp "
             "(linear in seq) and recomputes the scores tile by tile in the backward."
         )
@@ -117,9 +125,10 @@ def answer_attention(res: Results) -> list[Block]:
             (
                 r
                 for r in _newest_per_cell(ok(res.rows("attn")))
-                if r[A.impl] == "fa2-triton"
-                and (r[A.d], r[A.seq], r.get(A.batch)) == (z[A.d], z[A.seq], z.get(A.batch))
-                and num(r, A.mem_before_bwd_mib)
+                if r[attn_keys.impl] == "fa2-triton"
+                and (r[attn_keys.d], r[attn_keys.seq], r.get(attn_keys.batch))
+                == (z[attn_keys.d], z[attn_keys.seq], z.get(attn_keys.batch))
+                and num(r, attn_keys.mem_before_bwd_mib)
             ),
             None,
         )
@@ -127,9 +136,11 @@ def answer_attention(res: Results) -> list[Block]:
             out.append(
                 said(
                     res,
-                    f"Measured: fa2-triton at the same cell (seq {z[A.seq]}, d = {z[A.d]}) has "
-                    f"{fmt(fa2[A.mem_before_bwd_mib])} MiB in use before the backward against "
-                    f"the naive attention's {fmt(z[A.mem_before_bwd_mib])} MiB.",
+                    f"Measured: fa2-triton at the same cell (seq {z[attn_keys.seq]}, d = "
+                    f"{z[attn_keys.d]}) has "
+                    f"{fmt(fa2[attn_keys.mem_before_bwd_mib])} MiB in use before the backward "
+                    "against "
+                    f"the naive attention's {fmt(z[attn_keys.mem_before_bwd_mib])} MiB.",
                     [fa2, z],
                 )
             )
@@ -139,7 +150,16 @@ def answer_attention(res: Results) -> list[Block]:
 def _newest_per_cell(rows: Rows) -> Rows:
     """One row per (implementation, batch, d, seq, dtype): the newest result's (rows come
     oldest result first)."""
-    cells = {(r[A.impl], r.get(A.batch), r[A.d], r[A.seq], r.get(A.dtype)): r for r in rows}
+    cells = {
+        (
+            r[attn_keys.impl],
+            r.get(attn_keys.batch),
+            r[attn_keys.d],
+            r[attn_keys.seq],
+            r.get(attn_keys.dtype),
+        ): r
+        for r in rows
+    }
     return list(cells.values())
 
 
@@ -147,21 +167,31 @@ def answer_compile(res: Results) -> list[Block]:
     """torch_compile: (a) compiled attention vs eager, every head dim; (b) the whole model."""
     out: list[Block] = []
     rows = _newest_per_cell(ok(res.rows("attn")))
-    found = pairs(rows, vary=A.impl, a="naive", b="compiled", match=(A.d, A.seq, A.batch))
+    found = pairs(
+        rows,
+        vary=attn_keys.impl,
+        a="naive",
+        b="compiled",
+        match=(attn_keys.d, attn_keys.seq, attn_keys.batch),
+    )
     if found:
         table = [
             {
-                "d": a[A.d],
-                "seq": a[A.seq],
-                "eager_fwd_ms": a[A.fwd_ms],
-                "compiled_fwd_ms": b[A.fwd_ms],
-                "eager_bwd_ms": a[A.bwd_ms],
-                "compiled_bwd_ms": b[A.bwd_ms],
+                "d": a[attn_keys.d],
+                "seq": a[attn_keys.seq],
+                "eager_fwd_ms": a[attn_keys.fwd_ms],
+                "compiled_fwd_ms": b[attn_keys.fwd_ms],
+                "eager_bwd_ms": a[attn_keys.bwd_ms],
+                "compiled_bwd_ms": b[attn_keys.bwd_ms],
             }
             for a, b in found
         ]
-        fwd = [a[A.fwd_ms] / b[A.fwd_ms] for a, b in found if num(b, A.fwd_ms)]
-        bwd = [a[A.bwd_ms] / b[A.bwd_ms] for a, b in found if num(b, A.bwd_ms)]
+        fwd = [
+            a[attn_keys.fwd_ms] / b[attn_keys.fwd_ms] for a, b in found if num(b, attn_keys.fwd_ms)
+        ]
+        bwd = [
+            a[attn_keys.bwd_ms] / b[attn_keys.bwd_ms] for a, b in found if num(b, attn_keys.bwd_ms)
+        ]
         ds = sorted({t["d"] for t in table})
         text = (
             f"(a) torch.compile'd attention against eager, head dims {', '.join(map(str, ds))}: "
@@ -171,21 +201,31 @@ def answer_compile(res: Results) -> list[Block]:
         out += [said(res, text, [r for p in found for r in p]), Table(table, list(table[0]))]
     models = ok(r for r in res.rows("model") if is_compile(res.record_of(r)))
     found_m = pairs(
-        models, vary=M.compiled, a=False, b=True, match=(M.size, M.ctx, M.mode, M.dtype, M.d_model)
+        models,
+        vary=model_keys.compiled,
+        a=False,
+        b=True,
+        match=(
+            model_keys.size,
+            model_keys.ctx,
+            model_keys.mode,
+            model_keys.dtype,
+            model_keys.d_model,
+        ),
     )
     if found_m:
         table = [
             {
                 "size": size_label(a),
-                "ctx": a[M.ctx],
-                "mode": a[M.mode],
-                "dtype": a[M.dtype],
-                "eager_ms": a[M.step_ms],
-                "compiled_ms": b[M.step_ms],
-                "speedup": a[M.step_ms] / b[M.step_ms],
+                "ctx": a[model_keys.ctx],
+                "mode": a[model_keys.mode],
+                "dtype": a[model_keys.dtype],
+                "eager_ms": a[model_keys.step_ms],
+                "compiled_ms": b[model_keys.step_ms],
+                "speedup": a[model_keys.step_ms] / b[model_keys.step_ms],
             }
             for a, b in found_m
-            if num(a, M.step_ms) and num(b, M.step_ms)
+            if num(a, model_keys.step_ms) and num(b, model_keys.step_ms)
         ]
         by_mode = grouped(table, "mode")
         speedups = "; ".join(
@@ -273,25 +313,29 @@ def answer_flash_benchmarking(res: Results) -> list[Block]:
         for dtype in ("bf16", "fp32")
         for r in res.rows("flash", stem=f"flash_sweep_{dtype}", latest=True)
     ]
-    rows = [r for r in ok(latest or res.rows("flash")) if r[F.case] == "sweep"]
+    rows = [r for r in ok(latest or res.rows("flash")) if r[flash_keys.case] == "sweep"]
     out: list[Block] = []
     for impl in ("naive", "sdpa"):
         found = pairs(
             rows,
-            vary=F.impl,
+            vary=flash_keys.impl,
             a=impl,
             b="fa2-triton",
-            match=(F.dtype, F.seq, F.d, F.batch),
+            match=(flash_keys.dtype, flash_keys.seq, flash_keys.d, flash_keys.batch),
         )
-        found = [(a, b) for a, b in found if num(a, F.fwd_bwd_ms) and num(b, F.fwd_bwd_ms)]
+        found = [
+            (a, b)
+            for a, b in found
+            if num(a, flash_keys.fwd_bwd_ms) and num(b, flash_keys.fwd_bwd_ms)
+        ]
         if not found:
             continue
         name = "plain PyTorch attention" if impl == "naive" else "SDPA"
         parts = []
         for key, label in (
-            (F.fwd_ms, "forward"),
-            (F.bwd_ms, "backward"),
-            (F.fwd_bwd_ms, "end to end"),
+            (flash_keys.fwd_ms, "forward"),
+            (flash_keys.bwd_ms, "backward"),
+            (flash_keys.fwd_bwd_ms, "end to end"),
         ):
             ratios = [a[key] / b[key] for a, b in found if num(a, key) and num(b, key)]
             if ratios:
@@ -304,9 +348,9 @@ def answer_flash_benchmarking(res: Results) -> list[Block]:
         if impl == "naive":
             ooms = sorted(
                 {
-                    (r[F.dtype], r[F.seq])
+                    (r[flash_keys.dtype], r[flash_keys.seq])
                     for r in res.rows("flash")
-                    if r.get(F.impl) == "naive" and r.get(F.status) == OOM
+                    if r.get(flash_keys.impl) == "naive" and r.get(flash_keys.status) == OOM
                 }
             )
             if ooms:
@@ -316,18 +360,21 @@ def answer_flash_benchmarking(res: Results) -> list[Block]:
                     + "; fa2 runs every length."
                 )
         out.append(said(res, text, [r for p in found for r in p]))
-    best = [r for r in rows if r[F.impl] == "fa2-triton" and num(r, F.fwd_bwd_tflops)]
+    best = [
+        r for r in rows if r[flash_keys.impl] == "fa2-triton" and num(r, flash_keys.fwd_bwd_tflops)
+    ]
     if best:
-        top = max(best, key=lambda r: r[F.fwd_bwd_tflops])
+        top = max(best, key=lambda r: r[flash_keys.fwd_bwd_tflops])
         out.append(
             said(
                 res,
-                f"fa2-triton peaks at {fmt(top[F.fwd_bwd_tflops])} TFLOP/s forward + backward "
-                f"(seq {top[F.seq]}, d {top[F.d]}, {top[F.dtype]}); the full tables are below.",
+                f"fa2-triton peaks at {fmt(top[flash_keys.fwd_bwd_tflops])} TFLOP/s forward + "
+                f"backward (seq {top[flash_keys.seq]}, d {top[flash_keys.d]}, "
+                f"{top[flash_keys.dtype]}); the full tables are below.",
                 [top],
             )
         )
-    if not any(r[F.impl] == "naive" for r in rows):
+    if not any(r[flash_keys.impl] == "naive" for r in rows):
         out.append(
             Paragraph(
                 "Not run: the comparison the handout asks for, fa2 against regular PyTorch "

@@ -7,10 +7,9 @@ import re
 import statistics
 from pathlib import Path
 
-from bench.core.document import Block, Image, Paragraph, Table
 from bench.core.layouts import renamed_row
-from bench.core.saved_tensors import RESIDUAL_KEYS as RK
-from bench.handout.results import (
+from bench.report.document import Block, Image, Paragraph, Table
+from bench.report.results import (
     DIM_KEYS,
     OOM,
     Record,
@@ -24,13 +23,14 @@ from bench.handout.results import (
     size_label,
     span,
 )
-from bench.handout.runs import MEMORY_TIMELINES
-from bench.handout.single_gpu import is_memory, said
+from bench.report.runs import MEMORY_TIMELINES
+from bench.report.single_gpu import is_memory, said
 from bench.tools import model
+from bench.tools.model.residuals import RESIDUAL_KEYS as residual_keys
 
 __all__ = ["answer_memory"]
 
-M = model.KEYS
+model_keys = model.KEYS
 MIB = 2**20
 _LARGEST = re.compile(r"_snapshot_(\S+?)\.pickle.*largest allocation ([\d.,]+) MiB at (.+?)\.$")
 # A timeline image bench-model wrote for one cell: `<stem>_snapshot_<size>_ctx<n>_<mode>_...png`.
@@ -43,7 +43,7 @@ def answer_memory(res: Results) -> list[Block]:
     """(a)–(f): timelines, peaks, bf16, activation size, largest allocations, residuals."""
     out: list[Block] = []
     rows = [r for r in res.rows("model") if is_memory(res.record_of(r))]
-    measured = [r for r in rows if num(r, M.peak_mib) or r.get(M.status) == OOM]
+    measured = [r for r in rows if num(r, model_keys.peak_mib) or r.get(model_keys.status) == OOM]
     if measured:
         current = list({id(rec): rec for rec in map(res.record_of, measured)}.values())
         out += _timelines(res, current, measured)
@@ -66,7 +66,11 @@ _SHAPE = (
 def _timelines(res: Results, current: list[Record], measured: Rows) -> list[Block]:
     """(a): the timelines and what they show, the peaks in one sentence."""
     peaks = {
-        m: [r[M.peak_mib] for r in ok(measured) if r[M.mode] == m and num(r, M.peak_mib)]
+        m: [
+            r[model_keys.peak_mib]
+            for r in ok(measured)
+            if r[model_keys.mode] == m and num(r, model_keys.peak_mib)
+        ]
         for m in ("forward", "train-step")
     }
     forward, train = peaks["forward"], peaks["train-step"]
@@ -91,14 +95,18 @@ def _peaks(res: Results, measured: Rows) -> list[Block]:
             "dtype": dtype,
             **{
                 f"{mode}_peak_mib": next(
-                    (r.get(M.peak_mib) or r.get(M.status) for r in group if r[M.mode] == mode),
+                    (
+                        r.get(model_keys.peak_mib) or r.get(model_keys.status)
+                        for r in group
+                        if r[model_keys.mode] == mode
+                    ),
                     None,
                 )
                 for mode in ("forward", "train-step")
             },
         }
         for (_, _, ctx, dtype), group in grouped(
-            measured, M.size, M.d_model, M.ctx, M.dtype
+            measured, model_keys.size, model_keys.d_model, model_keys.ctx, model_keys.dtype
         ).items()
     ]
     out: list[Block] = [
@@ -111,16 +119,16 @@ def _peaks(res: Results, measured: Rows) -> list[Block]:
         Table(table, list(table[0])),
     ]
     ratios = [
-        b[M.peak_mib] / a[M.peak_mib]
+        b[model_keys.peak_mib] / a[model_keys.peak_mib]
         for a, b in pairs(
             ok(measured),
-            vary=M.dtype,
+            vary=model_keys.dtype,
             a="fp32",
             b="bf16-autocast",
-            match=(M.size, M.d_model, M.ctx, M.mode),
+            match=(model_keys.size, model_keys.d_model, model_keys.ctx, model_keys.mode),
             same_file=False,
         )
-        if num(a, M.peak_mib) and num(b, M.peak_mib)
+        if num(a, model_keys.peak_mib) and num(b, model_keys.peak_mib)
     ]
     if ratios:
         effect = (
@@ -146,16 +154,20 @@ def _peaks(res: Results, measured: Rows) -> list[Block]:
 def _activation_size(res: Results, rows: Rows) -> list[Block]:
     """(d) one residual-stream activation, from the dimensions the runs recorded."""
     out: list[Block] = []
-    shapes = {(r[M.batch], r[M.d_model], size_label(r)) for r in rows if r.get(M.d_model)}
+    shapes = {
+        (r[model_keys.batch], r[model_keys.d_model], size_label(r))
+        for r in rows
+        if r.get(model_keys.d_model)
+    }
     for batch, d_model, size in sorted(shapes):
-        ctxs = sorted({r[M.ctx] for r in rows if r.get(M.d_model) == d_model})
+        ctxs = sorted({r[model_keys.ctx] for r in rows if r.get(model_keys.d_model) == d_model})
         sizes = ", ".join(f"{fmt(batch * c * d_model * 4 / MIB)} MiB at context {c}" for c in ctxs)
         out.append(
             said(
                 res,
                 f"(d) One residual-stream activation of {size} in fp32 is batch × context × "
                 f"d_model × 4 bytes = {batch} × context × {d_model} × 4: {sizes}.",
-                [r for r in rows if r.get(M.d_model) == d_model],
+                [r for r in rows if r.get(model_keys.d_model) == d_model],
             )
         )
     return out
@@ -246,38 +258,56 @@ def _no_timelines(res: Results, current: list[Record], numbers: str, measured: R
 
 def _residual_answers(res: Results) -> list[Block]:
     rows = res.rows("residuals")
-    blocks = [r for r in ok(rows) if r[RK.kind] == "block" and r[RK.checkpointing] == "none"]
+    blocks = [
+        r
+        for r in ok(rows)
+        if r[residual_keys.kind] == "block" and r[residual_keys.checkpointing] == "none"
+    ]
     out: list[Block] = []
     for b in blocks:
-        ops = [r for r in rows if r[RK.kind] == "operation" and r.get(RK.cell) == b.get(RK.cell)]
-        top = ", ".join(f"{r[RK.operation]} {fmt(r[RK.mib])} MiB ({r[RK.share]:.0%})" for r in ops)
+        ops = [
+            r
+            for r in rows
+            if r[residual_keys.kind] == "operation"
+            and r.get(residual_keys.cell) == b.get(residual_keys.cell)
+        ]
+        top = ", ".join(
+            f"{r[residual_keys.operation]} {fmt(r[residual_keys.mib])} MiB "
+            f"({r[residual_keys.share]:.0%})"
+            for r in ops
+        )
         kept = [
             r
             for r in ok(rows)
-            if r[RK.kind] == "block"
-            and r[RK.checkpointing] == "block"
-            and (r[RK.size], r[RK.ctx], r[RK.dtype]) == (b[RK.size], b[RK.ctx], b[RK.dtype])
+            if r[residual_keys.kind] == "block"
+            and r[residual_keys.checkpointing] == "block"
+            and (r[residual_keys.size], r[residual_keys.ctx], r[residual_keys.dtype])
+            == (b[residual_keys.size], b[residual_keys.ctx], b[residual_keys.dtype])
         ]
-        d, f = b[RK.d_model], b[RK.d_ff]
+        d, f = b[residual_keys.d_model], b[residual_keys.d_ff]
         expected = (2 * d + 4 * d * d + 3 * d * f) * 4 / MIB
         text = (
-            f"(f) One {size_label(b)} block at context {b[RK.ctx]} ({b[RK.dtype]}, batch "
-            f"{b[RK.batch]}) keeps {fmt(b[RK.mib])} MiB for backward ({fmt(b[RK.saved_mib])} "
+            f"(f) One {size_label(b)} block at context {b[residual_keys.ctx]} "
+            f"({b[residual_keys.dtype]}, batch "
+            f"{b[residual_keys.batch]}) keeps {fmt(b[residual_keys.mib])} MiB for backward "
+            f"({fmt(b[residual_keys.saved_mib])} "
             f"MiB counting every save, as a saved-tensor hook adds them); the five largest "
-            f"contributors: {top}. Its backward produces {fmt(b[RK.grad_mib])} MiB of "
-            f"gradients: {fmt(b[RK.param_grad_mib])} MiB for its weights, as expected from "
+            f"contributors: {top}. Its backward produces {fmt(b[residual_keys.grad_mib])} MiB of "
+            f"gradients: {fmt(b[residual_keys.param_grad_mib])} MiB for its weights, as expected "
+            "from "
             f"its (2·d + 4·d² + 3·d·d_ff) fp32 parameters = {fmt(expected)} MiB, and "
-            f"{fmt(b[RK.input_grad_mib])} MiB for its input"
+            f"{fmt(b[residual_keys.input_grad_mib])} MiB for its input"
         )
-        if num(b, RK.grad_from_memory_mib) is not None:
+        if num(b, residual_keys.grad_from_memory_mib) is not None:
             text += (
                 f"; read from the allocator (change over the backward plus the freed "
-                f"residuals) it is {fmt(b[RK.grad_from_memory_mib])} MiB"
+                f"residuals) it is {fmt(b[residual_keys.grad_from_memory_mib])} MiB"
             )
         if kept:
             text += (
                 f". Under activation checkpointing the block keeps only "
-                f"{fmt(kept[0][RK.mib])} MiB (its input) and recomputes the rest in backward"
+                f"{fmt(kept[0][residual_keys.mib])} MiB (its input) and recomputes the rest in "
+                "backward"
             )
         out.append(said(res, text + ".", [b, *ops, *kept]))
     return out

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.core.document import Block, Heading, Image, Paragraph, Table
 from bench.core.results import code_line
-from bench.handout.results import DIM_KEYS, Record, Results, name_with_dims, size_label
+from bench.report.document import Block, Heading, Image, Paragraph, Table
+from bench.report.results import DIM_KEYS, Record, Results, name_with_dims, size_label
 
 __all__ = ["Problem", "earlier_blocks", "image_link", "record_blocks"]
 

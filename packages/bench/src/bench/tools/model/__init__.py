@@ -2,6 +2,9 @@
 to §1.1.6), as `run_model(config)` and `run_warmup_study(config)`, and the `TOOL` its command runs.
 
 What each mode measures and the command line: `bench.commands.model` (`bench-model --help`).
+Beside it, what only bench-model uses: `residuals` (what one block saves for backward, by
+operation: `--study residuals`) and `timeline` (a memory snapshot drawn as a timeline:
+`--memory-snapshot`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from bench.core.env import device_name
 from bench.core.hardware import matmul_format, peak_tflops
 from bench.core.layouts import autocast_dtype, compute_dtype
 from bench.core.memory import free_memory, peak_memory, reset_peak_memory, to_mib
-from bench.core.memviz import render_memory_snapshot
 from bench.core.model_options import (
     DEFAULT_CHECKPOINTING,
     DEFAULT_LOSS,
@@ -41,7 +43,6 @@ from bench.core.profiling import (
     save_profile,
 )
 from bench.core.results import Keys, Run, load_json
-from bench.core.saved_tensors import run_residual_study
 from bench.core.shapes import Shape
 from bench.core.timing import elapsed_ms, summarize
 from bench.core.tool import (
@@ -52,6 +53,8 @@ from bench.core.tool import (
     device_config,
     progress,
 )
+from bench.tools.model.residuals import run_residual_study
+from bench.tools.model.timeline import render_memory_snapshot
 from lmcore import (
     MODEL_SIZES,
     ModelConfig,
@@ -323,6 +326,7 @@ _METRICS = [
 KEYS = Keys(
     *COLUMNS,
     *_METRICS,
+    "study",
     "batch",
     "vocab_size",
     "context_length",
@@ -391,6 +395,7 @@ def run_model(
     profile_rows: list[dict[str, Any]] = []
     profile = None if profile is None else Path(profile)
     snapshot_on = memory_snapshot is not None and device.type == "cuda"
+    study = "memory" if memory_snapshot is not None else "profile" if profile else "timing"
     for cell in progress(cells, desc="bench-model", enabled=show_progress):
         snapshot = _per_cell_path(memory_snapshot, cell, len(cells)) if snapshot_on else None
         outcome = guarded(
@@ -399,7 +404,8 @@ def run_model(
             ),
             device=device,
         )
-        rows.append(_row(cell, config, outcome.value if outcome.ok else None, outcome.status))
+        metrics = outcome.value if outcome.ok else None
+        rows.append(_row(cell, config, metrics, outcome.status, study=study))
         free_memory(device)
         if outcome.ok and snapshot is not None:
             notes.append(_snapshot_note(snapshot, cell))
@@ -450,8 +456,15 @@ def _snapshot_note(snapshot: Path, cell: _Cell) -> str:
 
 
 def _row(
-    cell: _Cell, config: ModelBenchConfig, metrics: dict[str, Any] | None, status: str
+    cell: _Cell,
+    config: ModelBenchConfig,
+    metrics: dict[str, Any] | None,
+    status: str,
+    *,
+    study: str = "timing",
 ) -> dict[str, Any]:
+    """One configuration's row; `study` says what the run was for: `timing`, `memory` (with
+    allocator snapshots) or `profile` (under torch.profiler)."""
     name, size = cell.shape
     dims = {
         "vocab_size": _vocab_size(cell, config),
@@ -478,6 +491,7 @@ def _row(
         **dict.fromkeys(_METRICS),  # every row has every key, whatever its mode or status
         **(metrics or {}),
         "warmup": config.warmup,
+        "study": study,
         "status": status,
     }
 

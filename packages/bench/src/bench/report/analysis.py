@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import lmcore
-from bench.core.document import Block, Paragraph, Table
 from bench.core.hardware import MEASURED_MATMUL_TFLOPS
-from bench.handout.results import Results
 from bench.plan import ffn
 from bench.plan.collectives import (
     BANDWIDTH_SOURCE,
@@ -23,6 +21,8 @@ from bench.plan.collectives import (
     alternate_ring_all_reduce_seconds,
     ring_all_reduce_seconds,
 )
+from bench.report.document import Block, Paragraph, Table
+from bench.report.results import Results
 
 __all__ = ["ANALYTIC_PROBLEMS", "EXAMPLE", "analytic_answers"]
 

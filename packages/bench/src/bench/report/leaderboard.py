@@ -15,16 +15,16 @@ two B200s. What this project measured and predicts instead, each cited with its 
 
 from __future__ import annotations
 
-from bench.core.document import Block, Paragraph
 from bench.core.hardware import peak_tflops
-from bench.handout.results import Results, Rows, fmt, num, ok
-from bench.handout.single_gpu import said
+from bench.report.document import Block, Paragraph
+from bench.report.results import Results, Rows, fmt, num, ok
+from bench.report.single_gpu import said
 from bench.tools import flash, ops, plan, step
 from lmcore import MODEL_SIZES
 
 __all__ = ["FULL_RUN", "answer_leaderboard"]
 
-S, F, O, P = step.KEYS, flash.KEYS, ops.KEYS, plan.KEYS
+step_keys, flash_keys, ops_keys, plan_keys = step.KEYS, flash.KEYS, ops.KEYS, plan.KEYS
 _MODEL = "leaderboard-8b"
 _BLOCKS = MODEL_SIZES[_MODEL].num_layers
 
@@ -65,26 +65,28 @@ def answer_leaderboard(res: Results) -> list[Block]:
 
 def _step(res: Results) -> list[Block]:
     rows = ok(res.rows("step", stem="step_leaderboard", latest=True))
-    ours = [r for r in rows if r[S.impl] == "ours" and num(r, S.step_ms)]
-    native = [r for r in rows if r[S.impl] == "torch-native" and num(r, S.step_ms)]
+    ours = [r for r in rows if r[step_keys.impl] == "ours" and num(r, step_keys.step_ms)]
+    native = [r for r in rows if r[step_keys.impl] == "torch-native" and num(r, step_keys.step_ms)]
     if not ours:
         return []
-    best = min(ours, key=lambda r: r[S.step_ms])
+    best = min(ours, key=lambda r: r[step_keys.step_ms])
     device = res.record_of(best).run.env.get("device_name")
     full = _BLOCKS
-    label = best.get(S.size_label) or best[S.size]
+    label = best.get(step_keys.size_label) or best[step_keys.size]
     what = (
         f"What was run: the handout's leaderboard model does not fit one GPU with its AdamW "
-        f"state, so bench-step ran it cut to {best[S.num_layers]} of its {full} blocks "
+        f"state, so bench-step ran it cut to {best[step_keys.num_layers]} of its {full} blocks "
         f"({label}), the most whose predicted peak fits (`--num-layers fit`), on one sequence "
-        f"of {best[S.ctx]:,} tokens (batch {best[S.batch]}), {best[S.precision]}, on one "
-        f"{device}: ours ({best[S.attention]} attention, {best[S.loss]} loss, "
-        f"{best[S.activation_checkpointing]} checkpointing, "
-        f"{'compiled' if best.get(S.compiled) else 'eager'}) with "
-        + " and with ".join(f"{r[S.optimizer]} AdamW" for r in ours)
+        f"of {best[step_keys.ctx]:,} tokens (batch {best[step_keys.batch]}), "
+        f"{best[step_keys.precision]}, on one "
+        f"{device}: ours ({best[step_keys.attention]} attention, {best[step_keys.loss]} loss, "
+        f"{best[step_keys.activation_checkpointing]} checkpointing, "
+        f"{'compiled' if best.get(step_keys.compiled) else 'eager'}) with "
+        + " and with ".join(f"{r[step_keys.optimizer]} AdamW" for r in ours)
         + (
-            f", beside a torch-native step ({native[0][S.attention]}, {native[0][S.loss]} "
-            f"cross-entropy, {native[0][S.optimizer]} AdamW, the same checkpointing)."
+            f", beside a torch-native step ({native[0][step_keys.attention]}, "
+            f"{native[0][step_keys.loss]} "
+            f"cross-entropy, {native[0][step_keys.optimizer]} AdamW, the same checkpointing)."
             if native
             else "."
         )
@@ -93,43 +95,47 @@ def _step(res: Results) -> list[Block]:
     if native:
         n = native[0]
         each = "; ".join(
-            f"with {r[S.optimizer]} AdamW {fmt(r[S.step_ms])} ms, "
-            f"{n[S.step_ms] / r[S.step_ms]:.2f}× as fast as the torch-native step (peak "
-            f"{fmt(r[S.peak_mib])} MiB, {fmt(r[S.state_mib])} MiB of it AdamW state)"
+            f"with {r[step_keys.optimizer]} AdamW {fmt(r[step_keys.step_ms])} ms, "
+            f"{n[step_keys.step_ms] / r[step_keys.step_ms]:.2f}× as fast as the torch-native step "
+            "(peak "
+            f"{fmt(r[step_keys.peak_mib])} MiB, {fmt(r[step_keys.state_mib])} MiB of it AdamW "
+            "state)"
             for r in ours
         )
         out.append(
             said(
                 res,
-                f"Ratio to the torch-native step, which takes {fmt(n[S.step_ms])} ms (peak "
-                f"{fmt(n[S.peak_mib])} MiB, {fmt(n[S.state_mib])} MiB of it AdamW state): ours "
+                f"Ratio to the torch-native step, which takes {fmt(n[step_keys.step_ms])} ms (peak "
+                f"{fmt(n[step_keys.peak_mib])} MiB, {fmt(n[step_keys.state_mib])} MiB of it AdamW "
+                "state): ours "
                 f"{each}.",
                 [*ours, n],
             )
         )
-    phases = [best.get(k) for k in (S.fwd_ms, S.bwd_ms, S.opt_ms)]
+    phases = [best.get(k) for k in (step_keys.fwd_ms, step_keys.bwd_ms, step_keys.opt_ms)]
     if all(isinstance(p, int | float) for p in phases):
         fwd, bwd, opt = phases
         text = (
-            f"Where the time goes (ours, {best[S.optimizer]} AdamW): forward {fmt(fwd)} ms, "
+            f"Where the time goes (ours, {best[step_keys.optimizer]} AdamW): forward {fmt(fwd)} "
+            "ms, "
             f"backward with its recomputation {fmt(bwd)} ms, optimizer {fmt(opt)} ms"
         )
-        if num(best, S.attn_ms) and num(best, S.attn_time_share):
+        if num(best, step_keys.attn_ms) and num(best, step_keys.attn_time_share):
             text += (
-                f"; the attention alone {fmt(best[S.attn_ms])} ms, "
-                f"{best[S.attn_time_share]:.0%} of the step"
+                f"; the attention alone {fmt(best[step_keys.attn_ms])} ms, "
+                f"{best[step_keys.attn_time_share]:.0%} of the step"
                 + (
-                    f" for {best[S.attn_flop_share]:.0%} of its FLOPs"
-                    if num(best, S.attn_flop_share)
+                    f" for {best[step_keys.attn_flop_share]:.0%} of its FLOPs"
+                    if num(best, step_keys.attn_flop_share)
                     else ""
                 )
             )
         out.append(said(res, text + ".", [best]))
-    if num(best, S.mfu) and num(best, S.mfu_ceiling_tflops):
-        ceiling = best[S.mfu_ceiling_tflops]
+    if num(best, step_keys.mfu) and num(best, step_keys.mfu_ceiling_tflops):
+        ceiling = best[step_keys.mfu_ceiling_tflops]
         peak = peak_tflops(str(device), "bf16")
         of_peak = (
-            f" ({best[S.mfu] * ceiling / peak:.0%} of the data sheet's dense bf16 peak, "
+            f" ({best[step_keys.mfu] * ceiling / peak:.0%} of the data sheet's dense bf16 peak, "
             f"{fmt(peak)} TFLOP/s)"
             if peak
             else ""
@@ -137,7 +143,7 @@ def _step(res: Results) -> list[Block]:
         out.append(
             said(
                 res,
-                f"MFU: {best[S.mfu]:.0%} of the GPU's measured bf16 matmul ceiling, "
+                f"MFU: {best[step_keys.mfu]:.0%} of the GPU's measured bf16 matmul ceiling, "
                 f"{fmt(ceiling)} TFLOP/s{of_peak}; matmul FLOPs only, recomputation not counted.",
                 [best],
             )
@@ -147,42 +153,49 @@ def _step(res: Results) -> list[Block]:
 
 def _attention(res: Results) -> list[Block]:
     rows = ok(res.rows("flash", stem="flash_leaderboard", latest=True))
-    by_impl = {r[F.impl]: r for r in rows if num(r, F.fwd_bwd_ms)}
+    by_impl = {r[flash_keys.impl]: r for r in rows if num(r, flash_keys.fwd_bwd_ms)}
     ours = by_impl.get("fa2-triton")
     if ours is None:
         return []
     others = [r for name, r in by_impl.items() if name.startswith("sdpa")]
     parts = "; ".join(
-        f"{r[F.impl]} {fmt(r[F.fwd_bwd_ms])} ms ({_against(ours, r)})" for r in others
+        f"{r[flash_keys.impl]} {fmt(r[flash_keys.fwd_bwd_ms])} ms ({_against(ours, r)})"
+        for r in others
     )
     text = (
-        f"Attention alone at the leaderboard's shape ({ours[F.batch]} sequence-heads of "
-        f"{ours[F.seq]:,} tokens, d {ours[F.d]}, causal, {ours[F.dtype]}): fa2-triton's "
-        f"forward + backward takes {fmt(ours[F.fwd_bwd_ms])} ms (backward "
-        f"{fmt(ours[F.bwd_ms])} ms); {parts}."
+        f"Attention alone at the leaderboard's shape ({ours[flash_keys.batch]} sequence-heads of "
+        f"{ours[flash_keys.seq]:,} tokens, d {ours[flash_keys.d]}, causal, "
+        f"{ours[flash_keys.dtype]}): fa2-triton's "
+        f"forward + backward takes {fmt(ours[flash_keys.fwd_bwd_ms])} ms (backward "
+        f"{fmt(ours[flash_keys.bwd_ms])} ms); {parts}."
     )
     return [said(res, text, [ours, *others])]
 
 
 def _against(ours: dict, other: dict) -> str:
     """Who is faster, fa2 or `other`, and by how much, forward + backward (backward apart)."""
-    ratio = other[F.fwd_bwd_ms] / ours[F.fwd_bwd_ms]
+    ratio = other[flash_keys.fwd_bwd_ms] / ours[flash_keys.fwd_bwd_ms]
     faster = (
         f"fa2 is {ratio:.2f}× as fast as it"
         if ratio >= 1
-        else f"{other[F.impl]} is {1 / ratio:.2f}× as fast as fa2"
+        else f"{other[flash_keys.impl]} is {1 / ratio:.2f}× as fast as fa2"
     )
-    return f"{faster}; backward {fmt(other[F.bwd_ms])} ms"
+    return f"{faster}; backward {fmt(other[flash_keys.bwd_ms])} ms"
 
 
 def _fused_ops(res: Results) -> list[Block]:
     rows = ok(res.rows("ops", latest=True))
-    loss = [r for r in rows if r.get(O.study) == "loss" and r.get(O.shape) == "leaderboard"]
-    adamw = [r for r in rows if r.get(O.study) == "adamw"]
-    fused_loss = next((r for r in loss if r[O.impl] == "fused"), None)
-    biggest = max((r[O.shape] for r in adamw), key=lambda s: _params(adamw, s), default=None)
+    loss = [
+        r
+        for r in rows
+        if r.get(ops_keys.study) == "loss" and r.get(ops_keys.shape) == "leaderboard"
+    ]
+    adamw = [r for r in rows if r.get(ops_keys.study) == "adamw"]
+    fused_loss = next((r for r in loss if r[ops_keys.impl] == "fused"), None)
+    biggest = max((r[ops_keys.shape] for r in adamw), key=lambda s: _params(adamw, s), default=None)
     fused_adamw = next(
-        (r for r in adamw if r[O.impl] == "lmcore-fused" and r[O.shape] == biggest), None
+        (r for r in adamw if r[ops_keys.impl] == "lmcore-fused" and r[ops_keys.shape] == biggest),
+        None,
     )
     if fused_loss is None and fused_adamw is None:
         return []
@@ -190,18 +203,19 @@ def _fused_ops(res: Results) -> list[Block]:
     cited: Rows = []
     if fused_loss is not None:
         parts.append(
-            f"the fused LM-head loss at the leaderboard's shape ({fused_loss[O.about]}, "
-            f"vocabulary {fused_loss[O.vocab]:,}) takes {fmt(fused_loss[O.ms])} ms, "
-            f"{fused_loss[O.vs_baseline]:.2f}× as fast as torch's compiled loss, and needs "
-            f"{fmt(fused_loss[O.extra_mib])} MiB beyond its inputs, "
-            f"{fused_loss[O.extra_vs_baseline]:.2f}× the compiled loss's (which holds the "
-            f"{fmt(fused_loss[O.logits_mib])} MiB of logits)"
+            f"the fused LM-head loss at the leaderboard's shape ({fused_loss[ops_keys.about]}, "
+            f"vocabulary {fused_loss[ops_keys.vocab]:,}) takes {fmt(fused_loss[ops_keys.ms])} ms, "
+            f"{fused_loss[ops_keys.vs_baseline]:.2f}× as fast as torch's compiled loss, and needs "
+            f"{fmt(fused_loss[ops_keys.extra_mib])} MiB beyond its inputs, "
+            f"{fused_loss[ops_keys.extra_vs_baseline]:.2f}× the compiled loss's (which holds the "
+            f"{fmt(fused_loss[ops_keys.logits_mib])} MiB of logits)"
         )
         cited.append(fused_loss)
     if fused_adamw is not None:
         parts.append(
-            f"lmcore's fused AdamW steps {fused_adamw[O.size]} in {fmt(fused_adamw[O.ms])} ms, "
-            f"{fused_adamw[O.vs_baseline]:.2f}× as fast as torch's fused AdamW"
+            f"lmcore's fused AdamW steps {fused_adamw[ops_keys.size]} in "
+            f"{fmt(fused_adamw[ops_keys.ms])} ms, "
+            f"{fused_adamw[ops_keys.vs_baseline]:.2f}× as fast as torch's fused AdamW"
         )
         cited.append(fused_adamw)
     text = (
@@ -213,7 +227,7 @@ def _fused_ops(res: Results) -> list[Block]:
 
 
 def _params(rows: Rows, shape: str) -> float:
-    return max((num(r, O.params) or 0.0) for r in rows if r[O.shape] == shape)
+    return max((num(r, ops_keys.params) or 0.0) for r in rows if r[ops_keys.shape] == shape)
 
 
 def _prediction(res: Results) -> list[Block]:
@@ -229,9 +243,10 @@ def _prediction(res: Results) -> list[Block]:
         if not fits:
             continue
         forms = "; ".join(
-            f"{r[P.precision]} {r[P.layout]} {r[P.loss]} loss {r[P.optimizer]} AdamW, "
+            f"{r[plan_keys.precision]} {r[plan_keys.layout]} {r[plan_keys.loss]} loss "
+            f"{r[plan_keys.optimizer]} AdamW, "
             f"checkpointing {r[f'ckpt_{size}']}: {fmt(r[peak_key])} GiB, communication "
-            f"{fmt(r[P.comm_ms])} ms against {fmt(r[P.compute_ms])} ms of matmuls"
+            f"{fmt(r[plan_keys.comm_ms])} ms against {fmt(r[plan_keys.compute_ms])} ms of matmuls"
             for r in sorted(fits, key=lambda r: r[peak_key])
         )
         gb = size.removesuffix("gb")
@@ -261,12 +276,12 @@ def _prediction(res: Results) -> list[Block]:
     checks = [
         r
         for r in res.rows("plan_check", latest=True)
-        if str(r.get(P.source, "")).startswith("step_leaderboard")
-        and r.get(P.quantity) == "peak"
-        and num(r, P.error_pct) is not None
+        if str(r.get(plan_keys.source, "")).startswith("step_leaderboard")
+        and r.get(plan_keys.quantity) == "peak"
+        and num(r, plan_keys.error_pct) is not None
     ]
     if checks:
-        errors = ", ".join(f"{r[P.error_pct]:+.1f} %" for r in checks)
+        errors = ", ".join(f"{r[plan_keys.error_pct]:+.1f} %" for r in checks)
         out.append(
             said(
                 res,

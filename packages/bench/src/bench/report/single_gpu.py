@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bench.core.document import Block, Paragraph, Table
-from bench.core.profiling import PROFILE_KEYS as PR
-from bench.handout.results import (
+from bench.core.profiling import PROFILE_KEYS as profile_keys
+from bench.report.document import Block, Paragraph, Table
+from bench.report.results import (
     Record,
     Results,
     Rows,
@@ -23,7 +23,7 @@ from bench.handout.results import (
     size_label,
     span,
 )
-from bench.handout.runs import PROFILES
+from bench.report.runs import PROFILES
 from bench.tools import model, precision
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
     "is_profile",
 ]
 
-M, P = model.KEYS, precision.KEYS
+model_keys, precision_keys = model.KEYS, precision.KEYS
 MIB = 2**20
 
 
@@ -46,17 +46,20 @@ def said(res: Results, text: str, rows: Rows) -> Paragraph:
     return Paragraph(f"{text} {res.cite(rows)}".strip())
 
 
+def _model_study(record: Record) -> str | None:
+    """What a bench-model run was for (its rows' `study`), None for another tool's."""
+    run = record.run
+    return run.rows[0].get(model_keys.study) if run.tool == "model" and run.rows else None
+
+
 def is_memory(record: Record) -> bool:
     """A model run that recorded allocator snapshots, or a residuals study."""
-    run = record.run
-    return (run.tool == "model" and "--memory-snapshot" in run.command) or run.tool == "residuals"
+    return _model_study(record) == "memory" or record.run.tool == "residuals"
 
 
 def is_profile(record: Record) -> bool:
     """A profile run, or the timing of the steps it profiled."""
-    return record.run.tool == "profile" or (
-        record.run.tool == "model" and "--profile" in record.run.command
-    )
+    return record.run.tool == "profile" or _model_study(record) == "profile"
 
 
 def is_model_study(record: Record) -> bool:
@@ -66,7 +69,7 @@ def is_model_study(record: Record) -> bool:
         run.tool == "model"
         and not is_memory(record)
         and not is_profile(record)
-        and not any(r.get(M.compiled) for r in run.rows)
+        and not any(r.get(model_keys.compiled) for r in run.rows)
     )
 
 
@@ -89,35 +92,40 @@ def answer_benchmarking(res: Results) -> list[Block]:
             "10B --context-length 512 --warmup 5 --steps 10`."
         )
     ]
-    rows = [r for r in ok(_study_rows(res)) if r.get(M.dtype) == "fp32"]
+    rows = [r for r in ok(_study_rows(res)) if r.get(model_keys.dtype) == "fp32"]
     if not rows:
         return out
-    ctx = max((r[M.ctx] for r in rows), key=lambda c: (c == 512, c))
-    rows = [r for r in rows if r[M.ctx] == ctx]
+    ctx = max((r[model_keys.ctx] for r in rows), key=lambda c: (c == 512, c))
+    rows = [r for r in rows if r[model_keys.ctx] == ctx]
     table = []
     for (label,), group in grouped([dict(r, label=size_label(r)) for r in rows], "label").items():
-        by_mode = {r[M.mode]: r for r in group}
+        by_mode = {r[model_keys.mode]: r for r in group}
         full = by_mode.get("train-step") or by_mode.get("forward-backward") or {}
         fwd = by_mode.get("forward", full)
         table.append(
             {
                 "size": label,
-                "forward_ms": fwd.get(M.fwd_ms),
-                "forward_std": fwd.get(M.fwd_std),
-                "backward_ms": full.get(M.bwd_ms),
-                "backward_std": full.get(M.bwd_std),
-                "optimizer_ms": full.get(M.opt_ms),
+                "forward_ms": fwd.get(model_keys.fwd_ms),
+                "forward_std": fwd.get(model_keys.fwd_std),
+                "backward_ms": full.get(model_keys.bwd_ms),
+                "backward_std": full.get(model_keys.bwd_std),
+                "optimizer_ms": full.get(model_keys.opt_ms),
             }
         )
     spread = [
-        r[M.step_std] / r[M.step_ms]
+        r[model_keys.step_std] / r[model_keys.step_ms]
         for r in rows
-        if num(r, M.step_ms) and num(r, M.step_std) is not None
+        if num(r, model_keys.step_ms) and num(r, model_keys.step_std) is not None
     ]
-    ratio = [r[M.bwd_ms] / r[M.fwd_ms] for r in rows if num(r, M.bwd_ms) and num(r, M.fwd_ms)]
+    ratio = [
+        r[model_keys.bwd_ms] / r[model_keys.fwd_ms]
+        for r in rows
+        if num(r, model_keys.bwd_ms) and num(r, model_keys.fwd_ms)
+    ]
     biggest = max(table, key=lambda t: t["forward_ms"] or 0)
     text = (
-        f"(b) At context {ctx}, fp32, batch {rows[0].get(M.batch, 4)}: a forward pass takes "
+        f"(b) At context {ctx}, fp32, batch {rows[0].get(model_keys.batch, 4)}: a forward pass "
+        "takes "
         f"from {fmt(min(t['forward_ms'] for t in table if t['forward_ms']))} ms to "
         f"{fmt(biggest['forward_ms'])} ms ({biggest['size']}); backward takes "
         + (f"{span(ratio)} the forward's time" if ratio else "(not measured)")
@@ -129,7 +137,7 @@ def answer_benchmarking(res: Results) -> list[Block]:
         )
     )
     out += [said(res, text, rows), Table(table, list(table[0]), caption="ms, mean and std")]
-    if ctx != 512 or not any(r.get(M.d_model) == 4608 for r in rows):
+    if ctx != 512 or not any(r.get(model_keys.d_model) == 4608 for r in rows):
         out.append(
             Paragraph(
                 "The 2026 handout asks for context 512 and its five sizes (10B included): "
@@ -144,17 +152,21 @@ def answer_warmup(res: Results) -> list[Block]:
     """(c) no, one, two and five warm-up steps."""
     rows = ok(res.rows("warmup"))
     out: list[Block] = []
-    for (_, ctx, mode, dtype), group in grouped(rows, M.size, M.ctx, M.mode, M.dtype).items():
-        group.sort(key=lambda r: r[M.warmup])
+    for (_, ctx, mode, dtype), group in grouped(
+        rows, model_keys.size, model_keys.ctx, model_keys.mode, model_keys.dtype
+    ).items():
+        group.sort(key=lambda r: r[model_keys.warmup])
         cold, warm = group[0], group[-1]
         parts = "; ".join(
-            f"{r[M.warmup]} warm-up: {fmt(r[M.step_ms])} ± {fmt(r[M.step_std])} ms "
-            f"(first step {fmt(r[M.first_step_ms])} ms)"
+            f"{r[model_keys.warmup]} warm-up: {fmt(r[model_keys.step_ms])} ± "
+            f"{fmt(r[model_keys.step_std])} ms "
+            f"(first step {fmt(r[model_keys.first_step_ms])} ms)"
             for r in group
         )
         text = (
             f"(c) {size_label(group[0])} context {ctx} {mode} {dtype}: {parts}. Without warm-up "
-            f"the mean is {cold[M.step_ms] / warm[M.step_ms]:.2f}× the warm mean, because the "
+            f"the mean is {cold[model_keys.step_ms] / warm[model_keys.step_ms]:.2f}× the warm "
+            "mean, because the "
             "first steps pay for CUDA context and cuBLAS handle creation, kernel loading and "
             "the caching allocator's growth; one or two warm-up steps pay most of it, but "
             "allocator and autotuning decisions (cuBLAS heuristics, cudnn) can still settle "
@@ -168,24 +180,30 @@ def answer_warmup(res: Results) -> list[Block]:
 
 
 def _top(rows: Rows, phase: str) -> dict[str, Any] | None:
-    kernels = [r for r in rows if r[PR.kind] in ("kernel", "operator") and r[PR.phase] == phase]
-    return max(kernels, key=lambda r: r[PR.total_ms]) if kernels else None
+    kernels = [
+        r
+        for r in rows
+        if r[profile_keys.kind] in ("kernel", "operator") and r[profile_keys.phase] == phase
+    ]
+    return max(kernels, key=lambda r: r[profile_keys.total_ms]) if kernels else None
 
 
 def _share(rows: Rows, phase: str, category: str) -> float | None:
     found = [
-        r[PR.share]
+        r[profile_keys.share]
         for r in rows
-        if r[PR.kind] == "category" and r[PR.phase] == phase and r[PR.name] == category
+        if r[profile_keys.kind] == "category"
+        and r[profile_keys.phase] == phase
+        and r[profile_keys.name] == category
     ]
-    return found[0] if found else 0.0 if any(r[PR.phase] == phase for r in rows) else None
+    return found[0] if found else 0.0 if any(r[profile_keys.phase] == phase for r in rows) else None
 
 
 def answer_profile(res: Results) -> list[Block]:
     """(a)–(e) from `bench-model --profile` runs (kernels per phase, ranges apart)."""
-    rows = [r for r in res.rows("profile") if PR.phase in r]
+    rows = [r for r in res.rows("profile") if profile_keys.phase in r]
     out: list[Block] = []
-    if any(PR.phase not in r for r in res.rows("profile")):
+    if any(profile_keys.phase not in r for r in res.rows("profile")):
         out.append(
             Paragraph(
                 "Profiles written before the kernel tables ranked kernels only (their tables "
@@ -205,41 +223,42 @@ def answer_profile(res: Results) -> list[Block]:
             )
         )
     timing = {
-        (r[M.size], r[M.ctx], r[M.mode], r[M.dtype]): r
+        (r[model_keys.size], r[model_keys.ctx], r[model_keys.mode], r[model_keys.dtype]): r
         for r in ok(res.rows("model"))
         if is_profile(res.record_of(r))
     }
-    cells = grouped(rows, PR.cell)
+    cells = grouped(rows, profile_keys.cell)
     for (cell,), group in cells.items():
-        ranges = {r[PR.name]: r for r in group if r[PR.kind] == "range"}
-        what = "kernel" if any(r[PR.kind] == "kernel" for r in group) else "operator"
+        ranges = {r[profile_keys.name]: r for r in group if r[profile_keys.kind] == "range"}
+        what = "kernel" if any(r[profile_keys.kind] == "kernel" for r in group) else "operator"
         sentences = []
         fwd = ranges.get("forward")
-        if fwd and fwd[PR.calls]:
-            per = fwd[PR.total_ms] / fwd[PR.calls]
+        if fwd and fwd[profile_keys.calls]:
+            per = fwd[profile_keys.total_ms] / fwd[profile_keys.calls]
             key = _cell_key(cell)
             timed = timing.get(key) if key else None
             sentences.append(
                 f"(a) the forward pass takes {fmt(per)} ms under the profiler"
                 + (
-                    f", against {fmt(timed[M.fwd_ms])} ms timed with the standard library in "
+                    f", against {fmt(timed[model_keys.fwd_ms])} ms timed with the standard library "
+                    "in "
                     "the same run"
-                    if timed and num(timed, M.fwd_ms)
+                    if timed and num(timed, model_keys.fwd_ms)
                     else ""
                 )
             )
         top_f, top_all = _top(group, "forward"), _top(group, "all")
         if top_f and fwd:
-            calls = top_f[PR.calls] / max(fwd[PR.calls], 1)
+            calls = top_f[profile_keys.calls] / max(fwd[profile_keys.calls], 1)
             sentences.append(
-                f"(b) the {what} with the most forward time is `{top_f[PR.name][:70]}` "
-                f"({top_f[PR.share]:.0%} of the forward, {calls:g} calls per forward)"
+                f"(b) the {what} with the most forward time is `{top_f[profile_keys.name][:70]}` "
+                f"({top_f[profile_keys.share]:.0%} of the forward, {calls:g} calls per forward)"
                 + (
                     "; over the whole step it is "
                     + (
                         "the same"
-                        if top_all[PR.name] == top_f[PR.name]
-                        else f"`{top_all[PR.name][:70]}`"
+                        if top_all[profile_keys.name] == top_f[profile_keys.name]
+                        else f"`{top_all[profile_keys.name][:70]}`"
                     )
                     if top_all and "backward" in ranges
                     else ""
@@ -267,13 +286,21 @@ def answer_profile(res: Results) -> list[Block]:
         soft, scores, output = (
             ranges.get(f"attention: {p}") for p in ("softmax", "scores", "output")
         )
-        if soft and scores and output and soft[PR.kernel_ms] and soft.get(PR.flops):
-            mm = scores[PR.kernel_ms] + output[PR.kernel_ms]
-            mm_flops = scores[PR.flops] + output[PR.flops]
+        if (
+            soft
+            and scores
+            and output
+            and soft[profile_keys.kernel_ms]
+            and soft.get(profile_keys.flops)
+        ):
+            mm = scores[profile_keys.kernel_ms] + output[profile_keys.kernel_ms]
+            mm_flops = scores[profile_keys.flops] + output[profile_keys.flops]
             sentences.append(
-                f"(e) inside attention softmax takes {fmt(soft[PR.kernel_ms])} ms against "
-                f"{fmt(mm)} ms for the two matmuls ({soft[PR.kernel_ms] / mm:.2f}× their time) "
-                f"while doing {soft[PR.flops] / mm_flops:.3f}× their FLOPs: softmax is "
+                f"(e) inside attention softmax takes {fmt(soft[profile_keys.kernel_ms])} ms "
+                "against "
+                f"{fmt(mm)} ms for the two matmuls ({soft[profile_keys.kernel_ms] / mm:.2f}× their "
+                "time) "
+                f"while doing {soft[profile_keys.flops] / mm_flops:.3f}× their FLOPs: softmax is "
                 "memory-bound, the matmuls compute-bound"
             )
         if sentences:
@@ -291,17 +318,19 @@ def _cell_key(cell: str) -> tuple[str, int, str, str] | None:
 
 
 def answer_accumulation(res: Results) -> list[Block]:
-    rows = [r for r in res.rows("precision") if r.get(P.part) == "accumulation"]
+    rows = [r for r in res.rows("precision") if r.get(precision_keys.part) == "accumulation"]
     if not rows:
         return []
-    acc = {r[P.case]: r for r in rows}
+    acc = {r[precision_keys.case]: r for r in rows}
     text = "Summing 0.01 a thousand times: " + "; ".join(
-        f"{c}: {r[P.printed]} (error {r[P.abs_error]:.2g})" for c, r in acc.items()
+        f"{c}: {r[precision_keys.printed]} (error {r[precision_keys.abs_error]:.2g})"
+        for c, r in acc.items()
     )
     fp16, fp32 = acc.get("fp16 += fp16"), acc.get("fp32 += fp32")
-    if fp16 and fp32 and fp32[P.abs_error]:
+    if fp16 and fp32 and fp32[precision_keys.abs_error]:
         text += (
-            f". An fp16 accumulator ends {fp16[P.abs_error] / fp32[P.abs_error]:,.0f}× further "
+            ". An fp16 accumulator ends "
+            f"{fp16[precision_keys.abs_error] / fp32[precision_keys.abs_error]:,.0f}× further "
             "off than an fp32 one: once the sum is large, 0.01 is below half an fp16 step and "
             "additions round away; accumulating fp16 values in fp32 keeps only the error of "
             "rounding 0.01 to fp16 once, so accumulate in fp32"
@@ -311,9 +340,9 @@ def answer_accumulation(res: Results) -> list[Block]:
 
 def answer_mixed_precision(res: Results) -> list[Block]:
     out: list[Block] = []
-    rows = [r for r in res.rows("precision") if r.get(P.part) == "autocast"]
-    for (label,), group in grouped(rows, P.autocast).items():
-        seen = ", ".join(f"{r[P.tensor]}: {r[P.dtype]}" for r in group)
+    rows = [r for r in res.rows("precision") if r.get(precision_keys.part) == "autocast"]
+    for (label,), group in grouped(rows, precision_keys.autocast).items():
+        seen = ", ".join(f"{r[precision_keys.tensor]}: {r[precision_keys.dtype]}" for r in group)
         out.append(said(res, f"(a) ToyModel under autocast ({label}): {seen}.", group))
     out.append(
         Paragraph(
@@ -328,21 +357,21 @@ def answer_mixed_precision(res: Results) -> list[Block]:
     model_rows = ok(_study_rows(res))
     found = pairs(
         model_rows,
-        vary=M.dtype,
+        vary=model_keys.dtype,
         a="fp32",
         b="bf16-autocast",
-        match=(M.size, M.ctx, M.mode, M.d_model),
+        match=(model_keys.size, model_keys.ctx, model_keys.mode, model_keys.d_model),
     )
-    found = [(a, b) for a, b in found if num(a, M.step_ms) and num(b, M.step_ms)]
+    found = [(a, b) for a, b in found if num(a, model_keys.step_ms) and num(b, model_keys.step_ms)]
     if found:
         table = [
             {
                 "size": size_label(a),
-                "ctx": a[M.ctx],
-                "mode": a[M.mode],
-                "fp32_ms": a[M.step_ms],
-                "bf16_ms": b[M.step_ms],
-                "speedup": a[M.step_ms] / b[M.step_ms],
+                "ctx": a[model_keys.ctx],
+                "mode": a[model_keys.mode],
+                "fp32_ms": a[model_keys.step_ms],
+                "bf16_ms": b[model_keys.step_ms],
+                "speedup": a[model_keys.step_ms] / b[model_keys.step_ms],
             }
             for a, b in found
         ]

@@ -1,29 +1,29 @@
 """The 2026 CS336 assignment 2 handout's problems, answered from measured results.
 
 `PROBLEMS` lists every problem of the handout in its order, each with the function that answers
-it from a results folder (`bench.handout.results.Results`); `build_document` turns them into a
-document (`bench.core.document`) that `bench-report` renders as Markdown, LaTeX or Typst. Only the
-report tool imports this package; it reads the tools' row keys and never runs a tool.
+it from a results folder (`bench.report.results.Results`); `build_document` turns them into a
+document (`bench.report.document`) that `bench-report` renders as Markdown, LaTeX or Typst
+(`bench.report.tool`). It reads the tools' row keys and never runs a tool.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.core.document import Block, Heading, Image, Paragraph
 from bench.core.env import now_iso
-from bench.handout.analysis import analytic_answers
-from bench.handout.checkpointing import answer_checkpointing
-from bench.handout.kernels import (
+from bench.report.analysis import analytic_answers
+from bench.report.checkpointing import answer_checkpointing
+from bench.report.document import Block, Heading, Image, Paragraph
+from bench.report.kernels import (
     answer_attention,
     answer_compile,
     answer_flash_benchmarking,
     answer_flash_tests,
     is_compile,
 )
-from bench.handout.leaderboard import FULL_RUN, answer_leaderboard
-from bench.handout.memory import answer_memory
-from bench.handout.parallel import (
+from bench.report.leaderboard import FULL_RUN, answer_leaderboard
+from bench.report.memory import answer_memory
+from bench.report.parallel import (
     answer_allreduce,
     answer_ddp,
     answer_fsdp_accounting,
@@ -31,9 +31,9 @@ from bench.handout.parallel import (
     answer_sharding,
     answer_tests,
 )
-from bench.handout.problem import Problem, earlier_blocks, image_link, record_blocks
-from bench.handout.results import Record, Results
-from bench.handout.single_gpu import (
+from bench.report.problem import Problem, earlier_blocks, image_link, record_blocks
+from bench.report.results import Record, Results
+from bench.report.single_gpu import (
     answer_accumulation,
     answer_benchmarking,
     answer_mixed_precision,
