@@ -18,12 +18,13 @@ from bench.commands.generate import main as bench_generate
 from bench.commands.train import COMMAND, main
 from bench.commands.train_results import main as train_results
 from bench.core.step import train_step
+from bench.core.torch_native import TorchNativeLM
 from bench.train.baseline import torch_native_step
 from bench.train.config import TrainConfig
 from bench.train.record import Recorder, read_metrics
-from bench.train.results import plot_speed, speed_comparison
 from bench.train.run import config_from_args
 from bench.train.scaling import scaling_comparison
+from bench.train.summary import plot_speed, speed_comparison
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +135,9 @@ def test_torch_native_baseline_step_equals_ours():
     twin = copy.deepcopy(model)
     tokens = [torch.randint(0, 64, (4, 17)) for _ in range(2)]
     ours = train_step(model, torch.optim.AdamW(model.parameters()), tokens, max_grad_norm=0.5)
+    native = TorchNativeLM(twin, compile=False)  # bench-step's torch-native model
     theirs = torch_native_step(
-        twin, torch.optim.AdamW(twin.parameters()), tokens, max_grad_norm=0.5
+        native, torch.optim.AdamW(native.parameters()), tokens, max_grad_norm=0.5
     )
     torch.testing.assert_close(ours, theirs)
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
@@ -147,6 +149,8 @@ def test_baseline_torch_is_sdpa_fused_adamw_compiled():
     assert (config.attention, config.optimizer, config.compile) == ("sdpa", "torch-fused", True)
     with pytest.raises(ValueError, match="--baseline torch runs --attention sdpa"):
         TrainConfig.create(data="x", out="y", device="cpu", baseline="torch", attention="naive")
+    with pytest.raises(ValueError, match="runs torch's own loss"):
+        TrainConfig.create(data="x", out="y", device="cpu", baseline="torch", loss="fused")
 
 
 def test_baseline_torch_from_the_command_line():
@@ -372,3 +376,32 @@ def test_the_fast_default_trains_on_cuda(train_argv, tmp_path, capsys):
     assert summary["peak_memory_mib"] > 0
     assert bench_generate(["--run", str(out), "--device", "cuda"]) == 0
     assert capsys.readouterr().out == (out / "sample.txt").read_text() + "\n"
+
+
+def test_the_torch_baseline_trains_bench_steps_torch_native_model(
+    train_text, tmp_path, monkeypatch
+):
+    """`--baseline torch` steps the same torch-native model as bench-step's rows: the chunked,
+    checkpointed cross-entropy, not the full logits (built uncompiled here: importing the
+    compiler is what a test should not pay for)."""
+    import bench.train.loop
+    from bench.train import Trainer
+
+    real = bench.train.loop.torch_native_model
+    built = []
+    monkeypatch.setattr(
+        bench.train.loop,
+        "torch_native_model",
+        lambda model, *, compile: built.append(compile) or real(model, compile=False),
+    )
+    monkeypatch.setattr(bench.train.loop, "loss_function", lambda *, compile: lmcore.cross_entropy)
+    (tmp_path / "run").mkdir()
+    config = TrainConfig.create(
+        data=str(train_text), out=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"),
+        device="cpu", tokenizer="bytes", size="tiny", context_length=16, batch_size=2,
+        baseline="torch", progress=False,
+    )  # fmt: skip
+    trainer = Trainer(config)
+    assert isinstance(trainer.model, TorchNativeLM) and trainer.model.lm is trainer.raw
+    assert built == [True]  # --baseline torch compiles its own pieces
+    trainer.recorder.close()

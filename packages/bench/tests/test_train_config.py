@@ -264,7 +264,7 @@ def test_the_optimizers_are_the_shared_ones():
     [
         ({"activation_checkpointing": "segments:0"}, "--activation-checkpointing"),
         ({"loss": "chunked"}, "--loss 'chunked'"),
-        ({"baseline": "torch", "loss": "fused"}, "--baseline torch runs --loss materialized"),
+        ({"baseline": "torch", "loss": "fused"}, "--baseline torch runs torch.s own loss"),
     ],
 )
 def test_bad_model_options_are_refused(options, match):

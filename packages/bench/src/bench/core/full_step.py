@@ -198,16 +198,19 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
         return torch.autocast(device.type, dtype=autocast_to, enabled=autocast_to is not None)
 
     if spec.impl == "torch-native":
-        from bench.core.torch_native import TorchNativeLM, fully_shard_blocks
+        from bench.core.torch_native import (
+            TorchNativeLM,
+            fully_shard_blocks,
+            torch_native_model,
+        )
 
         if PRECISIONS[spec.precision].weights == "bf16":
             model = model.to(torch.bfloat16)
-        native = TorchNativeLM(model, compile=spec.compile)
         if spec.world_size > 1:
+            native = TorchNativeLM(model, compile=spec.compile)
             fully_shard_blocks(native, model.layers, param_dtype=autocast_to, compile=spec.compile)
-        elif spec.compile:
-            for block in model.layers:
-                block.compile()  # in place: parameter names stay the model's own
+        else:
+            native = torch_native_model(model, compile=spec.compile)
         cls, path = optimizer_class(NATIVE_OPTIMIZER)
         optimizer = cls(native.parameters(), **ADAMW_OPTIONS, **path)
         return _Step(native, optimizer, lambda: native(x, y), autocast)

@@ -28,7 +28,8 @@ from bench.core.oom import OK, OOM
 from bench.core.results import Run, load_json
 from bench.plan.check import recorded_size_label
 from bench.tools import attn
-from bench.train.results import run_env, text_title
+from bench.train.results import text_title
+from bench.train.summary import run_env
 from lmcore import MODEL_SIZES
 
 __all__ = [

@@ -20,14 +20,9 @@ PRECISIONS = ("fp32", "bf16-autocast", "bf16")
 PARALLEL_MODES = layout_names(
     runs=True, exclude=("zero1:torch-ddp", "zero1:torch", "fsdp:no-prefetch")
 )
-# `--baseline NAME`: the options a baseline runs with (given otherwise, they are an error).
-BASELINES = {
-    "torch": {
-        "attention": "sdpa",
-        "optimizer": "torch-fused",
-        "loss": "materialized",
-        "compile": True,
-    }
-}
+# `--baseline NAME`: the options a baseline runs with (given otherwise, they are an error). Its
+# loss is its own (`bench.train.baseline`: torch's cross-entropy over checkpointed chunks), so
+# `--loss` is refused beside it.
+BASELINES = {"torch": {"attention": "sdpa", "optimizer": "torch-fused", "compile": True}}
 # bench-train's options that bench-generate takes too (their defaults: the run's).
 SAMPLING = ("generate", "prompt", "temperature", "top_p", "seed")

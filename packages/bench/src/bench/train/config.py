@@ -280,6 +280,8 @@ class TrainConfig:
             raise ValueError("give --data FILE (on the command line or in --config)")
         device = resolve_device(given.get("device", "auto"))
         given["device"] = str(device)
+        if given.get("baseline") is not None and "loss" in given:
+            raise ValueError(f"--baseline {given['baseline']} runs torch's own loss; drop --loss")
         for name, value in BASELINES.get(given.get("baseline"), {}).items():
             if given.setdefault(name, value) != value:
                 flag = flag_of(cls, name)

@@ -26,7 +26,9 @@ import torch.distributed as dist
 import lmcore
 from bench.core.layouts import autocast_dtype
 from bench.core.memory import MIB, peak_memory
+from bench.core.model_runtime import loss_function
 from bench.core.step import train_step
+from bench.core.torch_native import torch_native_model
 from bench.train import lm
 from bench.train.baseline import torch_native_step
 from bench.train.checkpoint import Checkpointer
@@ -114,17 +116,20 @@ class Trainer:
             activation_checkpointing=config.activation_checkpointing,
         )
         decayed = lm.decayed_names(self.raw)
-        self.loss_fn = lm.loss_function(compile=config.compile)
+        self.loss_fn = loss_function(compile=config.compile)
+        # `--baseline torch` runs bench-step's torch-native model, which compiles its own pieces.
+        baseline = config.baseline == "torch"
         self.parallel = TrainerParallel(
             config.parallel,
             rank=rank,
             device=device,
             precision=config.precision,
-            compile=config.compile,
+            compile=config.compile and not baseline,
             bucket_size_mb=config.bucket_size_mb,
             broadcast_mb=config.bucket_size_mb,
         )
-        self.model = self.parallel.wrap(self.raw)
+        step_model = torch_native_model(self.raw, compile=config.compile) if baseline else self.raw
+        self.model = self.parallel.wrap(step_model)
         optimizer_cls, options = lm.optimizer_class(config.optimizer, lr=config.lr)
         groups = lm.param_groups(self.raw, decayed, config.weight_decay)
         self.optimizer = self.parallel.build_optimizer(groups, optimizer_cls, options)

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.core.results import Run, result_stem, save_json
 from bench.train.record import read_metrics
-from bench.train.results import plot_speed, read_summary, run_env
+from bench.train.summary import plot_speed, read_summary, run_env
 
 __all__ = ["COLUMNS", "MODEL", "SAME", "scaling_comparison", "scaling_result"]
 

@@ -3,7 +3,7 @@
 Run from the repository root on a CUDA machine (no install needed)::
 
     export PYTHONPATH=$(ls -d $PWD/packages/*/src | paste -sd:)
-    python3 packages/fa2/scripts/gpu_check.py --out results/ [--sweep] [--skip-bench]
+    python3 packages/bench/scripts/fa2_gpu_check.py --out results/ [--sweep] [--skip-bench]
 
 1. Accuracy: every variant (bf16, fp16, fp32 with each dot precision, grouped-query heads,
    transposed layouts; fp32 also with `deterministic=False`) against a float64 oracle, beside
