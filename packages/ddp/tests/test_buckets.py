@@ -83,6 +83,39 @@ def test_forward_walk_orders_buckets_by_their_first_parameter():
     assert assign_buckets([4, 4, 4], max_bytes=None, reverse=False) == [[0, 1, 2]]
 
 
+def test_last_max_bytes_halves_the_buckets_towards_the_end():
+    # From the end: 1, 1, 2, 4 bytes; no bucket holds more than the buckets after it.
+    assert assign_buckets([1] * 8, max_bytes=None, last_max_bytes=1) == [
+        [7, 6, 5, 4],
+        [3, 2],
+        [1],
+        [0],
+    ]
+
+
+def test_last_max_bytes_shrinks_only_the_tail_of_capped_buckets():
+    buckets = assign_buckets([1] * 16, max_bytes=4, last_max_bytes=1)
+    assert [len(b) for b in buckets] == [4, 4, 4, 2, 1, 1]
+
+
+def test_last_max_bytes_counts_what_follows_per_key():
+    # Key "b" has 2 bytes in all: its buckets shrink on their own, key "a" keeps one of 6.
+    keys = ["b", "a", "a", "a", "b", "a", "a", "a"]
+    buckets = assign_buckets([1] * 8, max_bytes=None, keys=keys, last_max_bytes=6)
+    assert buckets == [[7, 6, 5, 3, 2, 1], [4, 0]]
+    buckets = assign_buckets([1] * 8, max_bytes=None, keys=keys, last_max_bytes=1)
+    assert buckets == [[7, 6, 5], [4], [3], [2], [1], [0]]
+
+
+def test_last_max_bytes_keeps_a_large_parameter_whole():
+    assert assign_buckets([10, 1, 1], max_bytes=None, last_max_bytes=1) == [[2, 1], [0]]
+
+
+def test_negative_last_max_bytes_is_rejected():
+    with pytest.raises(ValueError, match="last_max_bytes"):
+        assign_buckets([4], max_bytes=8, last_max_bytes=-1)
+
+
 def test_bucket_bytes_speaks_mib_with_none_for_one_bucket():
     assert bucket_bytes(None) is None
     assert bucket_bytes(0) == 0

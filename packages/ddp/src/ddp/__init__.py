@@ -13,6 +13,11 @@ Bucket sizes speak one vocabulary (shared with `zero.ShardedOptimizer`): `bucket
 `None` for one bucket, `0` for one per parameter, `DEFAULT_BUCKET_SIZE_MB` (25) by default;
 `bucket_bytes` validates a size and `assign_buckets` is the greedy plan.
 
+Levers for overlap beyond the bucket size: `DDPBucketed`'s `last_bucket_size_mb` (buckets that
+shrink towards the end of backward), `register_reduced_hook` on the overlapped wrappers (work,
+such as each bucket's optimizer step, run as each bucket lands) and `comm_group` (a process group
+whose NCCL kernels take fewer SMs or a high-priority stream).
+
 `CommStats` records what a step communicated and how long it waited; `nvtx_range` marks the
 wrappers' (and the benchmarks') regions on profiler timelines.
 
@@ -31,6 +36,7 @@ from ddp.buckets import DEFAULT_BUCKET_SIZE_MB, assign_buckets, bucket_bytes
 _LAZY: dict[str, tuple[str, ...]] = {
     "ddp.base": ("DataParallelBase", "DataParallelOptions", "UnusedGrads"),
     "ddp.bucketed": ("DDPBucketed",),
+    "ddp.comm_group": ("CTA_POLICIES", "comm_group"),
     "ddp.flat": ("FlatDDP",),
     "ddp.individual": ("DDPIndividualParameters",),
     "ddp.naive": ("NaiveDDP",),
@@ -57,6 +63,7 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
+    "CTA_POLICIES",
     "DEFAULT_BUCKET_SIZE_MB",
     "CommStats",
     "DDPBucketed",
@@ -68,5 +75,6 @@ __all__ = [
     "UnusedGrads",
     "assign_buckets",
     "bucket_bytes",
+    "comm_group",
     "nvtx_range",
 ]

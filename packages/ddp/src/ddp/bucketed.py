@@ -38,19 +38,32 @@ class DDPBucketed(OverlappedDataParallel):
 
     Small buckets start communicating early but pay a collective's latency many times; large
     ones pay it rarely but leave more communication after backward. The best size depends on
-    the model and the interconnect: measure it (``bench-ddp``).
+    the model and the interconnect: measure it (``bench-ddp``). `last_bucket_size_mb` takes
+    some of both: large buckets for most of backward, shrinking ones at its end, where the
+    bucket holding the first blocks and the embedding is ready last and everything reduced
+    after it is exposed.
+
+    Two more levers for overlap live outside the bucket plan: `register_reduced_hook` runs work
+    (e.g. the optimizer step of a bucket's parameters) as each bucket lands, so the
+    communication left after backward overlaps it; and `comm_group` gives the all-reduces a
+    communicator that takes fewer SMs from backward's kernels.
 
     Args:
         module: the model replica of this rank.
         bucket_size_mb: bucket capacity in MiB of communicated bytes (in `grad_dtype` if given);
             `None` puts all gradients in one bucket, `0` each in its own. Default:
             `DEFAULT_BUCKET_SIZE_MB` (25, torch DDP's default `bucket_cap_mb`).
+        last_bucket_size_mb: shrink the last buckets of backward down to this many MiB: no
+            bucket holds more than the buckets after it together (`assign_buckets`'s
+            `last_max_bytes`), so only the last small bucket is reduced after backward as long
+            as the network keeps up with backward. `None` (default): every bucket up to
+            `bucket_size_mb`.
         **options: `process_group`, `grad_dtype`, `unused_grads`, `record_comm_stats`,
             `broadcast_buffers`.
 
     Raises:
-        TypeError, ValueError: `bucket_size_mb` is not a number >= 0 or None, or see
-            `DataParallelBase`.
+        TypeError, ValueError: `bucket_size_mb` or `last_bucket_size_mb` is not a number >= 0
+            or None, or see `DataParallelBase`.
 
     .. warning::
         Each parameter may receive its gradient once per synchronised step: accumulate
@@ -75,17 +88,22 @@ class DDPBucketed(OverlappedDataParallel):
         self,
         module: nn.Module,
         bucket_size_mb: float | None = DEFAULT_BUCKET_SIZE_MB,
+        *,
+        last_bucket_size_mb: float | None = None,
         **options: Unpack[DataParallelOptions],
     ) -> None:
         max_bytes = bucket_bytes(bucket_size_mb)
+        last_max_bytes = bucket_bytes(last_bucket_size_mb, name="last_bucket_size_mb")
         super().__init__(module, **options)
         self.bucket_size_mb = bucket_size_mb
+        self.last_bucket_size_mb = last_bucket_size_mb
         comm_dtypes = [self._comm_dtype(p) for p in self._params]
         pairs = list(zip(self._params, comm_dtypes, strict=True))
         units = assign_buckets(
             [p.numel() * dtype.itemsize for p, dtype in pairs],
             max_bytes=max_bytes,
             keys=[(p.dtype, dtype) for p, dtype in pairs],
+            last_max_bytes=last_max_bytes,
         )
         self._buckets = [
             GradBucket(
@@ -106,9 +124,19 @@ class DDPBucketed(OverlappedDataParallel):
         """The parameter names of each bucket, in launch order."""
         return tuple(tuple(self._param_names[index] for index in unit) for unit in self._units)
 
+    @property
+    def bucket_params(self) -> tuple[tuple[nn.Parameter, ...], ...]:
+        """The parameters of each bucket, in launch order (the units of `register_reduced_hook`)."""
+        return self._unit_params
+
     def extra_repr(self) -> str:
         sizes = ", ".join(f"{bucket.num_bytes / _BYTES_PER_MB:.2f}" for bucket in self._buckets)
-        return f"bucket_size_mb={self.bucket_size_mb}, bucket_sizes_mb=[{sizes}]"
+        last = (
+            ""
+            if self.last_bucket_size_mb is None
+            else f", last_bucket_size_mb={self.last_bucket_size_mb}"
+        )
+        return f"bucket_size_mb={self.bucket_size_mb}{last}, bucket_sizes_mb=[{sizes}]"
 
     def _on_param_ready(self, index: int) -> None:
         bucket, slot = self._slot_of[index]

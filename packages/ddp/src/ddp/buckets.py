@@ -22,8 +22,10 @@ _BYTES_PER_MB = 1024 * 1024
 DEFAULT_BUCKET_SIZE_MB = 25.0
 
 
-def bucket_bytes(bucket_size_mb: float | None) -> int | None:
+def bucket_bytes(bucket_size_mb: float | None, *, name: str = "bucket_size_mb") -> int | None:
     """The capacity in bytes of a bucket of `bucket_size_mb` MiB, for `assign_buckets`.
+
+    `name` is the option's name in the error messages.
 
     Raises:
         TypeError: `bucket_size_mb` is neither a number nor None.
@@ -38,11 +40,11 @@ def bucket_bytes(bucket_size_mb: float | None) -> int | None:
         return None
     if isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, int | float):
         raise TypeError(
-            f"bucket_size_mb must be a number of MiB or None, got {type(bucket_size_mb).__name__}"
+            f"{name} must be a number of MiB or None, got {type(bucket_size_mb).__name__}"
         )
     if not (bucket_size_mb >= 0 and math.isfinite(bucket_size_mb)):
         raise ValueError(
-            f"bucket_size_mb must be a finite number >= 0 (0 gives every tensor its own "
+            f"{name} must be a finite number >= 0 (0 gives every tensor its own "
             f"bucket) or None (one bucket), got {bucket_size_mb}"
         )
     return int(bucket_size_mb * _BYTES_PER_MB)
@@ -54,6 +56,7 @@ def assign_buckets(
     max_bytes: int | None,
     keys: Sequence[Hashable] | None = None,
     reverse: bool = True,
+    last_max_bytes: int | None = None,
 ) -> list[list[int]]:
     """Group parameters into buckets of at most `max_bytes`, in reverse registration order.
 
@@ -66,6 +69,16 @@ def assign_buckets(
     `reverse=False` the walk goes forwards instead (broadcasts after an optimizer step, which
     have no backward to follow).
 
+    With `last_max_bytes`, buckets shrink towards the end of the walk: a bucket closes before it
+    would hold more than the bytes of its key still to come after it, or `last_max_bytes` if
+    that is more. From the end the buckets then hold about `last_max_bytes`, `last_max_bytes`,
+    twice that, four times that, ... up to `max_bytes`. The last gradients of backward (the first
+    blocks and the embedding) are ready last, and what is reduced after them is exposed: with
+    shrinking buckets, as long as backward produces gradient bytes no faster than the network
+    reduces them, each bucket's all-reduce takes no longer than backward takes to produce the
+    bytes after it, so only the last small bucket is left after backward. (torch DDP's
+    ``first_bucket_bytes_cap`` is the mirror image: a small first bucket, to start early.)
+
     Args:
         sizes: bytes each parameter's gradient occupies on the wire, in registration order.
         max_bytes: the bucket capacity in bytes; `None` puts every parameter (of a key) in one
@@ -73,6 +86,8 @@ def assign_buckets(
         keys: optional per-parameter keys (e.g. the dtype); parameters with different keys never
             share a bucket, because a bucket is one flat buffer of one dtype.
         reverse: walk the parameters backwards (the default, for gradients) or forwards.
+        last_max_bytes: shrink the buckets towards the end of the walk down to this many bytes
+            (see above); `None` (default) keeps every bucket at `max_bytes`.
 
     Returns:
         Buckets in the order their collectives should be launched (by the position of their
@@ -80,7 +95,8 @@ def assign_buckets(
         (reverse registration order unless `reverse=False`).
 
     Raises:
-        ValueError: a size or `max_bytes` is negative, or `keys` has a different length.
+        ValueError: a size, `max_bytes` or `last_max_bytes` is negative, or `keys` has a
+            different length.
 
     Example::
 
@@ -90,9 +106,13 @@ def assign_buckets(
         [[3, 2, 1, 0]]
         >>> assign_buckets([4, 4, 8, 4], max_bytes=8, reverse=False)
         [[0, 1], [2], [3]]
+        >>> assign_buckets([1] * 8, max_bytes=None, last_max_bytes=1)
+        [[7, 6, 5, 4], [3, 2], [1], [0]]
     """
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes}")
+    if last_max_bytes is not None and last_max_bytes < 0:
+        raise ValueError(f"last_max_bytes must be >= 0 or None, got {last_max_bytes}")
     if any(size < 0 for size in sizes):
         raise ValueError(f"sizes must be non-negative, got {list(sizes)}")
     if keys is None:
@@ -103,11 +123,19 @@ def assign_buckets(
     closed: list[list[int]] = []
     open_buckets: dict[Hashable, list[int]] = {}
     open_bytes: dict[Hashable, int] = {}
+    still_to_come: dict[Hashable, int] = {}  # bytes of each key after the current parameter
+    for key, size in zip(keys, sizes, strict=True):
+        still_to_come[key] = still_to_come.get(key, 0) + size
     order = reversed(range(len(sizes))) if reverse else range(len(sizes))
     for index in order:
         key, size = keys[index], sizes[index]
+        still_to_come[key] -= size
+        limit = max_bytes
+        if last_max_bytes is not None:
+            shrunk = max(last_max_bytes, still_to_come[key])
+            limit = shrunk if limit is None else min(limit, shrunk)
         bucket = open_buckets.get(key)
-        if bucket and max_bytes is not None and open_bytes[key] + size > max_bytes:
+        if bucket and limit is not None and open_bytes[key] + size > limit:
             closed.append(bucket)
             bucket = None
         if bucket is None:

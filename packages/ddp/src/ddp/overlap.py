@@ -8,15 +8,22 @@ lives here once.
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
+from collections.abc import Callable
 from functools import partial
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ddp.base import DataParallelBase
 
-__all__ = ["OverlappedDataParallel"]
+__all__ = ["OverlappedDataParallel", "ReducedHook"]
+
+# A reduced hook: called with a unit's index in launch order and its parameters, whose `.grad`
+# hold their averages (see `OverlappedDataParallel.register_reduced_hook`).
+ReducedHook = Callable[[int, tuple[nn.Parameter, ...]], None]
 
 
 def _dispatch(wrapper_ref: weakref.ref, index: int, param: torch.Tensor) -> None:
@@ -55,12 +62,19 @@ class OverlappedDataParallel(DataParallelBase):
     The hooks live as long as the wrapper: once it is garbage-collected they are removed and
     the module can be wrapped again.
 
+    `register_reduced_hook` adds work that `finish_gradient_synchronization()` runs unit by
+    unit, as soon as each unit's average is in place, while later units may still be
+    communicating.
+
     Subclasses call `_start_overlap(units)` at the end of their constructor and implement
     `_on_param_ready`, `_fill_unit`, `_launch_unit` and `_unload_unit`.
     """
 
     def _start_overlap(self, units: list[list[int]]) -> None:
         self._units = units
+        self._unit_params = tuple(tuple(self._params[i] for i in unit) for unit in units)
+        # RemovableHandle keeps a weak reference to it, which a plain dict does not take.
+        self._reduced_hooks: OrderedDict[int, ReducedHook] = OrderedDict()
         self._unit_of = [0] * len(self._params)
         for unit, indices in enumerate(units):
             for index in indices:
@@ -115,9 +129,57 @@ class OverlappedDataParallel(DataParallelBase):
         for unit, work in enumerate(self._works):
             work.wait()
             self._unload_unit(unit)
+            for hook in tuple(self._reduced_hooks.values()):
+                hook(unit, self._unit_params[unit])
         if self._expected is None:  # a parameter unused in step one may be used once later
             self._expected = [max(count, 1) for count in self._accumulated]
         self._reset_step()
+
+    def register_reduced_hook(self, hook: ReducedHook) -> RemovableHandle:
+        """Run ``hook(unit, params)`` for each unit as soon as its gradients hold their average.
+
+        `finish_gradient_synchronization()` waits for the units in launch order; right after
+        each wait it calls every registered hook (in registration order) with the unit's index
+        and its parameters, whose ``.grad`` then hold the averages. On CUDA the wait does not
+        block the host: the hook's kernels are queued on the current stream behind that unit's
+        all-reduce only, so they run while later units are still being reduced. Stepping each
+        bucket's parameters there overlaps the communication left after backward with the
+        optimizer step, which otherwise waits for the last bucket. An elementwise optimizer
+        (SGD, Adam, AdamW) stepped per unit computes what one step over every parameter
+        does; anything that needs every gradient first (clipping by the global norm) does not
+        fit in a hook.
+
+        The work of the hooks counts in `CommStats.wait_ms`, which ends with the call.
+
+        Returns:
+            A handle whose ``remove()`` unregisters the hook.
+
+        Raises:
+            ValueError: the wrapper was built with ``unused_grads="none"``: which gradients
+                become `None` is known only after every unit has been reduced, after the
+                hooks would have run.
+
+        Example::
+
+            >>> model = DDPBucketed(MyModel().to(device), bucket_size_mb=100)
+            >>> optimizers = [torch.optim.AdamW(params) for params in model.bucket_params]
+            >>> model.register_reduced_hook(lambda bucket, params: optimizers[bucket].step())
+            >>> for x, y in batches:
+            ...     model.on_train_batch_start()
+            ...     loss_fn(model(x), y).backward()
+            ...     model.finish_gradient_synchronization()  # steps each bucket as it lands
+            ...     for optimizer in optimizers:
+            ...         optimizer.zero_grad(set_to_none=False)
+        """
+        if self.unused_grads == "none":
+            raise ValueError(
+                'register_reduced_hook needs unused_grads="zeros" (the default): with "none", '
+                "the gradients that no rank computed become None only after every unit is "
+                "reduced, after the hooks ran"
+            )
+        handle = RemovableHandle(self._reduced_hooks)
+        self._reduced_hooks[handle.id] = hook
+        return handle
 
     def on_train_batch_start(self) -> None:
         """Check that the previous step finished; its bookkeeping was reset when it did.

@@ -28,7 +28,8 @@ class CommStats:
         wait_ms: how long `finish_gradient_synchronization()` held training up. On CUDA this is
             the device time between the current stream reaching the call and the call's last
             kernel (CUDA events), which is the exposed, un-overlapped communication; on the CPU
-            it is host wall time, since gloo's waits block the calling thread.
+            it is host wall time, since gloo's waits block the calling thread. Work that
+            reduced hooks (`register_reduced_hook`) queue inside the call counts too.
         comm_ms: the summed device time of the step's collectives, when the backend reports it
             (NCCL with ``TORCH_NCCL_ENABLE_TIMING=1`` set before the process group is created);
             `None` otherwise. With `wait_ms` it gives the share of communication hidden behind
