@@ -289,7 +289,6 @@ def test_the_preset_is_the_handouts_configuration():
     [
         (["--nproc", "2", "--parallel", "fsdp", "--compile"], "does not run compiled"),
         (["--parallel", "zero"], "several ranks"),
-        (["--nproc", "2", "--parallel", "fsdp", "--precision", "bf16"], "float32 master"),
         (["--study", "checkpointing", "--activation-checkpointing", "blocks"], "picks the"),
         (["--attention", "fa2-triton"], "fa2-triton needs CUDA"),
         (["--size", "tiny", "--num-layers", "fit"], "needs a GPU to fill"),

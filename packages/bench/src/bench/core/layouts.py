@@ -56,7 +56,6 @@ __all__ = [
     "CHANGED",
     "DTYPES",
     "FAMILIES",
-    "FSDP_STORES_BF16",
     "LAYOUTS",
     "NAMES_VERSION",
     "PRECISIONS",
@@ -238,17 +237,13 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType(
     }
 )  # fmt: skip
 
-# zero.FSDP keeps float32 shards (its master weights), so a model stored in bf16 does not go
-# under it yet: the one switch to turn on once zero.FSDP stores bf16 shards.
-FSDP_STORES_BF16 = False
-
 
 def check_combination(layout: str, precision: str, *, compile: bool = False) -> None:
     """Refuse a layout, precision and compilation that do not run together.
 
     Raises:
-        ValueError: a precision only bench-plan predicts (`bf16-master`), or, under `zero.FSDP`,
-            `torch.compile` or a model stored in bf16 (`FSDP_STORES_BF16`).
+        ValueError: a precision only bench-plan predicts (`bf16-master`), or `torch.compile`
+            under `zero.FSDP`.
     """
     spec, prec = LAYOUTS[layout], PRECISIONS[precision]
     if not prec.runs:
@@ -256,16 +251,8 @@ def check_combination(layout: str, precision: str, *, compile: bool = False) -> 
             f"precision {precision!r} is predicted by bench-plan only; run fp32, bf16-autocast "
             "or bf16"
         )
-    if spec.wrapper != "FSDP":
-        return
-    if compile:
+    if spec.wrapper == "FSDP" and compile:
         raise ValueError(f"zero.FSDP ({layout}) does not run compiled yet; add --no-compile")
-    if prec.weights == "bf16" and not FSDP_STORES_BF16:
-        raise ValueError(
-            f"zero.FSDP ({layout}) keeps float32 master weights, not a model stored in bf16: use "
-            "--precision bf16-autocast (float32 shards computed in bf16) or fp32, or a model "
-            "stored in bf16 under zero1 or fsdp:torch"
-        )
 
 
 # The torch dtype of each of `Precision`'s dtype names (imported when one is looked up).

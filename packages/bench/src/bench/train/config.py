@@ -160,7 +160,7 @@ class TrainConfig:
     precision: str = option(
         "bf16-autocast",
         "fp32; bf16-autocast: float32 weights, matmuls in bf16 under autocast; bf16: the model "
-        "stored in bf16 (not yet under --parallel fsdp)",
+        "stored in bf16",
         group=TRAINING,
         choices=PRECISIONS,
         parse=parse_name(command="bench-train", offered=PRECISIONS),

@@ -9,7 +9,7 @@ DistributedDataParallel); `zero1` (`ddp.DDPBucketed` + `zero.ShardedOptimizer`, 
 sharded); `fsdp` (`zero.FSDP`, one unit per Transformer block: weights, gradients and optimizer
 state sharded); `fsdp:torch` (torch's FSDP2: `fully_shard` on every block, then on the root).
 Under the sharded modes `--precision bf16-autocast` gathers weights and reduces gradients in
-bf16 over float32 masters; `bf16` stores the model in bf16 (not yet under `fsdp`).
+bf16 over float32 masters; `bf16` stores the model in bf16 (zero.FSDP keeps bf16 shards).
 
 Checkpoints: rank 0 writes the run's checkpoint, with the model's full weights and the optimizer's
 consolidated state (indexed by parameter, as `torch.optim` saves it) in every mode but `fsdp`,
