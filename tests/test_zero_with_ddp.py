@@ -107,12 +107,35 @@ def _resumed_from_a_fused_state(rank: int, world_size: int, device: torch.device
     return {"params": [p.detach().cpu() for p in model.parameters()], "fused": implementations}
 
 
+def _checkpoint_of_another_optimizer(device: torch.device) -> dict[str, Any]:
+    """lmcore.load_checkpoint of a checkpoint whose optimizer state is SGD's into the model
+    and ShardedOptimizer(lmcore.AdamW): the error, and whether the weights changed."""
+    model = _model(device)
+    before = [p.detach().clone() for p in model.parameters()]
+    donor = _model(device)
+    for p in donor.parameters():
+        p.data.add_(1.0)  # other weights: loading them would show
+        p.grad = torch.ones_like(p)
+    sgd = torch.optim.SGD(donor.parameters(), lr=0.1, momentum=0.9)
+    sgd.step()
+    checkpoint = {"model": donor.state_dict(), "optimizer": sgd.state_dict(), "iteration": 1}
+    optimizer = ShardedOptimizer(model.parameters(), lmcore.AdamW, **OPTIONS)
+    try:
+        lmcore.load_checkpoint(checkpoint, model, optimizer)
+        error = None
+    except ValueError as exc:
+        error = str(exc)
+    unchanged = all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    return {"error": error, "weights_unchanged": unchanged}
+
+
 def _worker(rank: int, world_size: int, device_type: str) -> dict[str, Any]:
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     return {
         "reference": _reference(device),
         **{name: _sharded(name, rank, world_size, device) for name in WRAPPERS},
         "resumed": _resumed_from_a_fused_state(rank, world_size, device),
+        "another_optimizer": _checkpoint_of_another_optimizer(device),
     }
 
 
@@ -141,6 +164,15 @@ def test_a_resumed_sharded_optimizer_keeps_its_own_implementation(gloo_results):
         assert resumed["fused"] == [{False}] * STEPS
         for actual, expected in zip(resumed["params"], out["reference"], strict=True):
             torch.testing.assert_close(actual, expected, **TOLERANCE)
+
+
+def test_a_refused_optimizer_state_leaves_the_model_unloaded(gloo_results):
+    # lmcore.load_checkpoint checks everything before loading anything: the sharded
+    # optimizer's check asks the inner lmcore.AdamW, which refuses SGD's momentum buffers.
+    for out in gloo_results:
+        refused = out["another_optimizer"]
+        assert refused["error"] is not None and "momentum_buffer" in refused["error"]
+        assert refused["weights_unchanged"]
 
 
 @pytest.mark.gpu

@@ -160,6 +160,32 @@ def _reference(device, batches) -> dict[str, Any]:
     }
 
 
+class _Picky(torch.optim.SGD):
+    """SGD that refuses the state of another kind of optimizer, as `lmcore.AdamW` does."""
+
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for entry in state_dict["state"].values():
+            if set(entry) != {"momentum_buffer"}:
+                raise ValueError(f"not an SGD state: {sorted(entry)}")
+
+
+def _refused_in_one_shard(device: torch.device) -> dict[str, Any]:
+    """A consolidated state whose one foreign entry lies in rank 1's shard, loaded on every
+    rank: what each rank raised, and whether it loaded anything."""
+    torch.manual_seed(2)
+    params = [nn.Parameter(torch.randn(n, device=device)) for n in (5, 4, 3)]
+    optimizer = ShardedOptimizer(params, _Picky, lr=0.1, momentum=0.9)
+    theirs = optimizer._owners[0].index(1)  # a parameter of rank 1's shard
+    state = {i: {"momentum_buffer": torch.ones_like(p)} for i, p in enumerate(params)}
+    state[theirs] = {"exp_avg": torch.ones_like(params[theirs])}
+    group = {**optimizer.param_groups[0], "params": list(range(len(params)))}
+    saved = {"state": state, "param_groups": [group]}
+    return {
+        "error": _error(lambda: optimizer.load_state_dict(saved)),
+        "loaded": bool(optimizer.local_optimizer.state),
+    }
+
+
 def _two_rank_worker(rank: int, world_size: int, device_type: str) -> dict[str, Any]:
     device = _device(rank, device_type)
     batches = _batches(device)
@@ -209,6 +235,7 @@ def _two_rank_worker(rank: int, world_size: int, device_type: str) -> dict[str, 
     w = torch.randn(4, requires_grad=True, device=device)
     out["duplicate_error"] = _error(lambda: ShardedOptimizer([w, w], torch.optim.AdamW))
     out["frozen_heavy_state_numel"] = _frozen_heavy_state_numel(device)
+    out["refused_in_one_shard"] = _refused_in_one_shard(device)
     return out
 
 
@@ -330,6 +357,15 @@ def test_ranks_with_different_parameters_raise(two_ranks):
 def test_repeated_parameter_raises(two_ranks):
     for out in two_ranks:
         assert "appears twice" in out["duplicate_error"]
+
+
+def test_a_shard_refused_on_one_rank_is_refused_on_every_rank(two_ranks):
+    # The inner optimizer of rank 1 refuses its shard; rank 0's would load its own. Either
+    # every rank loads or none does, each saying why.
+    rank0, rank1 = (out["refused_in_one_shard"] for out in two_ranks)
+    assert rank1["error"] == "not an SGD state: ['exp_avg']"
+    assert rank0["error"] == "rank 1 refuses its shard: not an SGD state: ['exp_avg']"
+    assert not rank0["loaded"] and not rank1["loaded"]
 
 
 def test_three_ranks_uneven_split_equals_unsharded_adamw(three_ranks):

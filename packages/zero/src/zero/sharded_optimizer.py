@@ -80,7 +80,10 @@ class ShardedOptimizer(Optimizer):
       before returning;
     * :meth:`state_dict`: one ``all_gather_object`` of the state layout, then one ``broadcast``
       per state tensor;
-    * :meth:`load_state_dict` and :meth:`zero_grad`: none.
+    * :meth:`check_state_dict` and :meth:`load_state_dict` (which calls it first): one
+      ``all_gather_object`` of whether each rank's shard loads, so that a shard refused on one
+      rank is refused on all of them, before any rank loads anything;
+    * :meth:`zero_grad`: none.
 
     Invariants:
 
@@ -363,6 +366,37 @@ class ShardedOptimizer(Optimizer):
                 state_dict = result
         return state_dict
 
+    def check_state_dict(self, state_dict: Any) -> None:
+        """Raise ``ValueError`` where :meth:`load_state_dict` would refuse ``state_dict`` on any
+        rank; change nothing.
+
+        Checks the consolidated form (groups of this optimizer's sizes), then this rank's
+        shard with the inner optimizer's own ``check_state_dict`` where it has one
+        (``lmcore.AdamW`` refuses the state of another kind of optimizer). Collective: one
+        ``all_gather_object`` of each rank's verdict, so that every rank raises, with the
+        refusing rank's reason, where any rank would. For callers that load several things
+        together and check them all before loading any (``lmcore.load_checkpoint``: otherwise
+        the model would be loaded and the optimizer not).
+
+        Raises:
+            ValueError: it is not a state dict, its parameter groups differ in number or size
+                from this optimizer's, or the inner optimizer refuses a rank's shard.
+        """
+        problem = None
+        try:
+            check_state_dict(state_dict, [len(g["params"]) for g in self.param_groups])
+            check_inner = getattr(self.local_optimizer, "check_state_dict", None)
+            if check_inner is not None:
+                check_inner(shard_state_dict(state_dict, self._owners, self._rank))
+        except ValueError as exc:
+            problem = str(exc)
+        verdicts: list[str | None] = [None] * self._world_size
+        dist.all_gather_object(verdicts, problem, group=self._group)
+        for rank, verdict in enumerate(verdicts):
+            if verdict is not None:
+                where = "" if rank == self._rank else f"rank {rank} refuses its shard: "
+                raise ValueError(where + verdict)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a consolidated state dict, keeping only the state of the parameters this rank owns.
 
@@ -370,22 +404,22 @@ class ShardedOptimizer(Optimizer):
         unsharded ``optimizer_cls`` returns on one process. Group options (``lr``, ...) are loaded
         by the inner optimizer, as it loads them on one process, and :attr:`param_groups` then
         show the inner optimizer's options (an implementation choice such as ``lmcore.AdamW``'s
-        ``fused`` stays the constructor's). No communication: every rank reads the
-        same dict (e.g. ``torch.load`` on each rank, ``mmap=True`` to keep host memory low).
+        ``fused`` stays the constructor's). Every rank reads the same dict (e.g. ``torch.load``
+        on each rank, ``mmap=True`` to keep host memory low); the only communication is
+        :meth:`check_state_dict`'s, first, so that either every rank loads or none does.
 
         Args:
             state_dict: the consolidated state dict.
 
         Raises:
-            ValueError: if it is not a state dict, or its parameter groups differ in number or
-                size from this optimizer's.
+            ValueError: see :meth:`check_state_dict`; nothing is loaded on any rank.
         """
         state_dict = dict(state_dict) if isinstance(state_dict, dict) else state_dict
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        check_state_dict(state_dict, [len(g["params"]) for g in self.param_groups])
+        self.check_state_dict(state_dict)
 
         self.local_optimizer.load_state_dict(shard_state_dict(state_dict, self._owners, self._rank))
         # The inner optimizer decides what of the saved options to take (lmcore.AdamW keeps its
