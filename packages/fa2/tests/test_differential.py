@@ -4,12 +4,14 @@ A seeded generator draws problems for `fa2.api.attend`, which every front door c
 ("bhsd", "bshd" and packed "thd"), odd lengths, no batch dim to two, one to three query heads
 per key/value head, head dims the kernels pad, fp32/bf16/fp16, causal masks aligned either
 way, windows (sides from 0 to far past the sequence, 2**31 - 1 and beyond), softcaps, scales,
-the logsumexp, both backwards, and packed-sequence offsets, valid and broken. Each problem is
-called twice with the same tensors, the second time with other offsets or another scale, so
-that the second call runs on the Triton path's cached launch plan. Every call must give the
-same outcome on both paths: the same error type, or o, the logsumexp and the three gradients
-each within twice the error that plain PyTorch attention makes in the inputs' dtype (plus a
-floor) of the PyTorch path run in float64 (flash-attn's tolerance, see `_agree`).
+the logsumexp, both backwards, packed-sequence offsets, valid and broken, and inputs and
+output gradients laid out in memory in ways the kernels read in place or copy (expanded,
+broadcast, strided features: `_GRADIENT_LAYOUTS`). Each problem is called twice with the same
+tensors, the second time with other offsets or another scale, so that the second call runs
+on the Triton path's cached launch plan. Every call must give the same outcome on both
+paths: the same error type, or o, the logsumexp and the three gradients each within twice the
+error that plain PyTorch attention makes in the inputs' dtype (plus a floor) of the PyTorch
+path run in float64 (flash-attn's tolerance, see `_agree`).
 
 On a CPU the Triton kernels run in Triton's interpreter, which is slow, so CI draws
 `DEFAULT_PROBLEMS` problems. More on demand, through two environment variables:
@@ -55,6 +57,12 @@ _BROKEN_OFFSETS = ("int64", "max-seqlen-float", "count-mismatch") + (
 )
 # Ways to break any call's options.
 _BROKEN_OPTIONS = ("window-side", "softcap", "precision", "head-dim")
+# How q, k, v and the output gradient lie in memory. The kernels read most strides in place
+# and copy the rest (a feature dim that is not contiguous, every other element here). An
+# output gradient also arrives expanded, every stride 0 (what `o.sum()` sends back), or
+# broadcast along its first dim (tokens when packed, else the batch or the heads).
+_INPUT_LAYOUTS = ("dense", "dense", "dense", "strided-features")
+_GRADIENT_LAYOUTS = ("dense", "dense", "expanded", "broadcast-first-dim", "strided-features")
 
 
 @dataclass
@@ -195,7 +203,22 @@ def _draw(seed: int, index: int) -> Problem:
     def randn(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randn(shape, generator=generator).to(device=DEVICE, dtype=dtype)
 
-    return Problem(randn(q_shape), randn(kv_shape), randn(kv_shape), randn(q_shape), calls)
+    q, k, v = (
+        _laid_out(rng.choice(_INPUT_LAYOUTS), shape, randn)
+        for shape in (q_shape, kv_shape, kv_shape)
+    )
+    return Problem(q, k, v, _laid_out(rng.choice(_GRADIENT_LAYOUTS), q_shape, randn), calls)
+
+
+def _laid_out(how: str, shape: tuple[int, ...], randn: Any) -> torch.Tensor:
+    """A random tensor of `shape` laid out in memory as `how` says (`_GRADIENT_LAYOUTS`)."""
+    if how == "expanded":
+        return randn((1,)).expand(shape)
+    if how == "broadcast-first-dim":
+        return randn((1, *shape[1:])).expand(shape)
+    if how == "strided-features":
+        return randn((*shape[:-1], 2 * shape[-1]))[..., ::2]
+    return randn(shape)
 
 
 def _run(problem: Problem, call: Call, implementation: str, dtype: torch.dtype) -> Any:
@@ -310,3 +333,8 @@ def test_the_generator_is_deterministic_and_covers_the_space():
     assert set(_BROKEN_OFFSETS) | set(_BROKEN_OPTIONS) <= {c.broken for c in calls}
     sides = {s for c in calls for s in c.options["window_size"]}
     assert set(_SIDES) <= sides
+    gradients = {(p.do.stride(), p.do.is_contiguous()) for p in problems if p.do.numel()}
+    assert any(not any(stride) for stride, _ in gradients)  # expanded: every stride 0
+    assert any(0 in stride and any(stride) for stride, _ in gradients)  # broadcast
+    assert any(p.do.stride(-1) == 2 for p in problems)  # strided features
+    assert any(p.q.stride(-1) == 2 for p in problems)

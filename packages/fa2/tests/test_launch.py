@@ -5,7 +5,8 @@ agreeing with Triton's own."""
 import pytest
 import torch
 
-from fa2 import FlashAttention2Triton, attention_reference
+from fa2 import FlashAttention2Triton, attention_reference, varlen_attention_reference
+from fa2.api import attend
 from fa2.triton import launch
 from fa2.triton.launch import head_strides
 
@@ -75,6 +76,54 @@ def test_gradient_of_sum_arrives_expanded_and_still_works():
     _, dq, dk, dv = _oracle_grads(q, k, v, True, torch.ones(2, 37, 16, device=DEVICE))
     for x, ref in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
         assert ((x.double().cpu() - ref.cpu()).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("copied", ["expanded-do", "strided-q"])
+def test_packed_sequences_read_through_a_copy(copied):
+    # A layout the kernels cannot index is copied; the copy of a packed tensor has no batch
+    # dim, so sequence b must start at its offset, not b whole copies further on. `.sum()`'s
+    # gradient arrives expanded (all strides 0); features every other element are strided.
+    cu = torch.tensor([0, 5, 6, 26], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(26, 2, 32, device=DEVICE)
+    q = _leaf(q[..., ::2] if copied == "strided-q" else q[..., :16].contiguous())
+    k, v = (_leaf(torch.randn(26, 2, 16, device=DEVICE)) for _ in range(2))
+    o = attend(
+        q, k, v, implementation="triton", layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu,
+        max_seqlen_q=20, max_seqlen_k=20, causal=True, bottom_right=True, scale=None,
+        window_size=(-1, -1), softcap=0.0,
+    )  # fmt: skip
+    do = torch.ones(1, device=DEVICE).expand_as(o) if copied == "expanded-do" else None
+    do = torch.randn_like(o) if do is None else do
+    ours = (o, *torch.autograd.grad(o, (q, k, v), do))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = varlen_attention_reference(
+        q64, k64, v64, cu.cpu(), cu.cpu(), causal=True, bottom_right=True
+    )
+    oracle = (ref, *torch.autograd.grad(ref, (q64, k64, v64), do.double().cpu()))
+    for name, x, expected in zip(("o", "dq", "dk", "dv"), ours, oracle, strict=True):
+        err = ((x.double().cpu() - expected).norm() / expected.norm()).item()
+        assert err < 1e-5, f"{name}: relative error {err:.2e}"
+
+
+def test_packed_self_attention_through_a_front_door_takes_the_equal_lengths_kernels():
+    # One offsets tensor for both sides: `attend` hands k's on as a view of q's (for Dynamo),
+    # which is still the same memory, so each sequence has as many queries as keys and the
+    # kernels need no per-sequence diagonal offset (BOTTOM_RIGHT off).
+    from fa2.triton import forward
+
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32, device=DEVICE)
+    q, k, v = (_leaf(torch.randn(10, 1, 16, device=DEVICE)) for _ in range(3))
+    o = attend(
+        q, k, v, implementation="triton", layout="thd", cu_seqlens_q=cu, cu_seqlens_k=cu,
+        max_seqlen_q=7, max_seqlen_k=7, causal=True, bottom_right=True, scale=None,
+        window_size=(-1, -1), softcap=0.0,
+    )  # fmt: skip
+    plan = next(p for key, p in forward._plans.cache.items() if key[0] == q.shape)
+    assert not plan.meta["BOTTOM_RIGHT"]
+    ref, _ = varlen_attention_reference(
+        *(t.detach().double() for t in (q, k, v)), cu.cpu(), cu.cpu(), causal=True
+    )
+    torch.testing.assert_close(o.double().cpu(), ref, atol=1e-5, rtol=0)
 
 
 def test_plans_are_reused_for_new_data_of_the_same_shape():

@@ -105,10 +105,17 @@ def head_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
 
 
 def dense_strides(shape: torch.Size) -> tuple[int, int, int]:
-    """`head_strides` of a contiguous tensor of `shape`."""
-    n, d = shape[-2], shape[-1]
-    heads = shape[-3] if len(shape) >= 3 else 1
-    return heads * n * d, n * d, d
+    """`head_strides` of a contiguous tensor of `shape`: how the kernels read the copy that
+    `contiguous_where` makes.
+
+    Read off a tensor of that shape, not computed apart: the batch stride must be 0 where no
+    dim before the heads exceeds 1, as `head_strides` gives for the inputs read in place.
+    Packed sequences ("thd") index the batch dim by sequence and find each one's rows from
+    its offsets; a batch stride of heads x n x d sent sequence b that far past its rows (an
+    expanded output gradient, which `out.sum()` makes, is copied: NaN or garbage)."""
+    strides = head_strides(torch.empty(shape, device="meta"))
+    assert strides is not None  # a contiguous tensor's dims always merge
+    return strides
 
 
 def read_layouts(
