@@ -20,6 +20,7 @@ __all__ = [
     "check_varlen",
     "group_heads",
     "longest_sequence",
+    "same_offsets",
     "softmax_scale",
     "vouch_for_offsets",
 ]
@@ -174,7 +175,7 @@ def check_varlen(
         for side in sides:
             _assert_offsets(*side)
         return
-    if sides[0][2:] == sides[1][2:] and _same_memory(cu_seqlens_q, cu_seqlens_k):
+    if sides[0][2:] == sides[1][2:] and same_offsets(cu_seqlens_q, cu_seqlens_k):
         sides = sides[:1]  # self-attention: one tensor (or a view of it, see fa2.api) for both
     if cu_seqlens_q.device.type == "cuda":
         for side in sides:
@@ -184,11 +185,21 @@ def check_varlen(
             _raise_on_bad_offsets(*side)
 
 
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether `a` and `b` are the same elements of the same memory (equal values, always)."""
-    return a is b or (
-        a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-    )
+def same_offsets(a: object, b: object) -> bool:
+    """Whether the offsets `a` and `b` are the same elements of the same memory (equal values,
+    always: each packed sequence then has as many queries as keys).
+
+    The same object, or in eager mode a view of the same memory: the front doors hand k's
+    offsets on as a view of q's when one tensor is given for both (`fa2.api._distinct`).
+    Under torch.compile only the same object counts: traced tensors have no data pointers.
+    """
+    if a is b:
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
 
 def _raise_on_bad_offsets(name: str, cu: torch.Tensor, total: int, longest: int) -> None:

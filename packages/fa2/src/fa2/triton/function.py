@@ -28,6 +28,7 @@ from fa2.checks import (
     check_call,
     check_varlen,
     longest_sequence,
+    same_offsets,
     softmax_scale,
 )
 from fa2.layouts import as_bhsd
@@ -81,7 +82,7 @@ def _check(
             "tokens; split the sequences or use FlashAttention2PyTorch"
         )
     if call.layout == "thd":
-        same_lengths = cu_seqlens_q is cu_seqlens_k  # self-attention over packed sequences
+        same_lengths = same_offsets(cu_seqlens_q, cu_seqlens_k)  # packed self-attention
     else:
         same_lengths = as_bhsd(q, call.layout).shape[-2] == as_bhsd(k, call.layout).shape[-2]
     return call, dot_precision(q.dtype, precision), same_lengths
@@ -134,7 +135,8 @@ def run_forward(
     # tiles) and the scale; `deterministic` picks the backward plan.
     options = (
         is_causal, precision, tf32, window_size, softcap, layout, bottom_right,
-        varlen and cu_seqlens_q is cu_seqlens_k, longest is not None and longest <= SHORT_SEQ,
+        varlen and same_offsets(cu_seqlens_q, cu_seqlens_k),
+        longest is not None and longest <= SHORT_SEQ,
     )  # fmt: skip
     from fa2.triton.forward import forward_plan
 
