@@ -43,6 +43,10 @@ def test_help_explains_with_examples(help_text):
         ([], "name a model"),
         (["--size", "tiny", "--activation-checkpointing", "sqrt"], "activation checkpointing"),
         (["--size", "tiny", "--layout", "tp", "--tp", "3"], "tp=3 must divide"),
+        (["--size", "tiny", "--bandwidth", "0"], "--bandwidth: '0' is not a positive number"),
+        (["--size", "tiny", "--tflops", "-1"], "--tflops: '-1' is not a positive number"),
+        # 0 is no rate, not a stand-in for the default (as the §8 answers once read it)
+        (["--size", "tiny", "--section8", "--tflops", "0"], "--tflops: '0' is not a positive"),
     ],
 )
 def test_bad_input_is_a_usage_error(argv, message, capsys):

@@ -47,7 +47,7 @@ from bench.core.cli import Command
 from bench.core.layouts import LAYOUTS as ALL_LAYOUTS
 from bench.core.layouts import parse_name
 from bench.core.model_options import LOSSES, checkpointing_spec, positive_int
-from bench.core.options import Group, option
+from bench.core.options import Group, option, positive_float
 from bench.core.shapes import size_label
 from bench.plan.activations import ATTENTION_KINDS
 from bench.plan.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS
@@ -148,10 +148,10 @@ class PlanConfig:
     )  # fmt: skip
     bandwidth_gbps: float = option(
         DEFAULT_BANDWIDTH_GBPS, f"egress per device in GB/s ({BANDWIDTH_SOURCE})",
-        group=HARDWARE, flag="bandwidth", metavar="GBPS",
+        group=HARDWARE, flag="bandwidth", metavar="GBPS", parse=positive_float,
     )  # fmt: skip
     tflops: float | None = option(
-        None, "matmul rate in TFLOP/s", group=HARDWARE,
+        None, "matmul rate in TFLOP/s", group=HARDWARE, parse=positive_float,
         default_text="the measured bf16 ceiling of an H100; the data sheet's fp32 peak for fp32",
     )  # fmt: skip
 

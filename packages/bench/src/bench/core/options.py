@@ -58,6 +58,7 @@ __all__ = [
     "option_fields",
     "option_of",
     "parse_duration",
+    "positive_float",
 ]
 
 C = TypeVar("C")
@@ -196,6 +197,22 @@ def parse_duration(text: str) -> float:
     if not 0 < seconds < math.inf:
         raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive and finite")
     return seconds
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0: the type of a rate or a size that 0 would not describe
+    (bench-plan's `--bandwidth` and `--tflops`), refused at once rather than deep in a tool.
+
+    Raises:
+        argparse.ArgumentTypeError: not such a number (argparse shows its message as it is).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
 
 
 def kind_of(cls: Any, name: str) -> tuple[type, bool]:

@@ -357,7 +357,7 @@ def run_leaderboard(
         row["comm_ms"] = traffic.communication_s * 1e3
         row["compute_ms"] = traffic.compute_s * 1e3
         rows.append(row)
-    rate, rate_source = (tflops, "given") if tflops else default_tflops("bf16")
+    rate, rate_source = (tflops, "given") if tflops is not None else default_tflops("bf16")
     notes = [
         f"Model: the handout's leaderboard Config, {config.d_model}/{config.d_ff}/"
         f"{config.num_layers}L/{config.num_heads}H, vocabulary {config.vocab_size:,}, "
@@ -597,7 +597,7 @@ def _run(config: PlanConfig | None, cli: Invocation) -> Run:
     with usage_errors(cli.parser):
         if args.section8:
             _, model = config.model_configs()[0]
-            rate = config.tflops or default_tflops("bf16")[0]
+            rate = config.tflops if config.tflops is not None else default_tflops("bf16")[0]
             setting = ffn.FFNSetting(
                 batch=config.global_batch * model.context_length, d_model=model.d_model,
                 d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=config.bandwidth_gbps * 1e9,
