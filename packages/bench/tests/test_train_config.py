@@ -94,7 +94,9 @@ def test_parse_duration():
         5400.0,
         1200.0,
     ]
-    for bad in ("soon", "10x", "0s", "-5", "1h 30m", "inf"):
+    assert parse_duration("1h30m15s") == 5415.0 and parse_duration(".5m") == 30.0
+    # a unit given twice or out of order is a typo, not a sum (1h1h read as two hours)
+    for bad in ("soon", "10x", "0s", "-5", "1h 30m", "inf", "1h1h", "30m1h", "5s5s", "h", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_duration(bad)
 

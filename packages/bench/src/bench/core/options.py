@@ -172,13 +172,17 @@ def may_change(cls: Any) -> frozenset[str]:
     return frozenset(name for name in option_fields(cls) if option_of(cls, name).resumable)
 
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([hms])")
+# A duration's parts: hours, minutes, seconds, each at most once and in that order (`1h1h` or
+# `30m1h` is a typo, not a sum).
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+_DURATION = re.compile(rf"(?:{_NUMBER}h)?(?:{_NUMBER}m)?(?:{_NUMBER}s)?")
+_UNIT_SECONDS = (3600.0, 60.0, 1.0)
 _METAVARS = {int: "N", float: "X", str: "TEXT"}
 
 
 def parse_duration(text: str) -> float:
-    """Seconds of a duration such as `20m`, `90s`, `1.5h`, `1h30m` or `1200` (seconds).
+    """Seconds of a duration such as `20m`, `90s`, `1.5h`, `1h30m` or `1200` (seconds): hours,
+    minutes and seconds each at most once, in that order.
 
     Raises:
         argparse.ArgumentTypeError: not a positive duration in those forms (argparse shows
@@ -188,12 +192,14 @@ def parse_duration(text: str) -> float:
     try:
         seconds = float(text)
     except ValueError:
-        parts = _DURATION_PART.findall(text)
-        if not parts or "".join(number + unit for number, unit in parts) != text:
+        match = _DURATION.fullmatch(text)
+        if match is None or not any(match.groups()):
             raise argparse.ArgumentTypeError(
-                f"{text!r} is not a duration such as 20m, 90s or 1h30m"
+                f"{text!r} is not a duration such as 20m, 90s or 1h30m (hours, minutes, "
+                "seconds, each at most once, in that order)"
             ) from None
-        seconds = sum(float(number) * _UNITS[unit] for number, unit in parts)
+        parts = zip(match.groups(), _UNIT_SECONDS, strict=True)
+        seconds = sum(float(number) * unit for number, unit in parts if number is not None)
     if not 0 < seconds < math.inf:
         raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive and finite")
     return seconds
