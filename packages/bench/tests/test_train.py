@@ -323,6 +323,28 @@ def test_scaling_table_without_a_one_rank_run_has_no_ratios(one_process, tmp_pat
     assert row["speedup"] is None and row["tokens_per_s"] > 0
 
 
+@pytest.mark.parametrize(
+    ("runs", "said"),
+    [
+        (["--scaling", "one={run}", "two={run}", "one={unfinished}"], "label 'one' names several"),
+        (["--speed", "one={run}", "one={run}", "--baseline", "one"], "label 'one' names several"),
+        (["--scaling", "one={run}", "two={unfinished}"], "holds no summary.json: not the folder"),
+        (["--text", "{unfinished}"], "holds no summary.json: not the folder"),
+    ],
+    ids=["repeated-scaling-label", "repeated-speed-label", "no-summary", "no-summary-text"],
+)
+def test_results_refuse_what_would_drop_a_run(runs, said, one_process, tmp_path, capsys):
+    # A table built by label kept only the last run of a repeated label; a folder without a
+    # summary ended in a traceback.
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    argv = [arg.format(run=one_process.run, unfinished=unfinished) for arg in runs]
+    with pytest.raises(SystemExit) as exc:
+        train_results(["--out", str(tmp_path / "results"), *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and said in err and "Traceback" not in err
+
+
 def test_no_checkpoint_leaves_none_and_records_the_peak(train_argv, tmp_path):
     out = tmp_path / "run"
     assert main(train_argv(out, "--steps", "2", "--generate", "0", "--no-checkpoint")) == 0

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from bench.core.cli import usage_errors
 from bench.core.hardware import peak_tflops
 from bench.core.results import code_line, result_stem, save_json
 from bench.train.record import PROFILE, read_metrics
@@ -200,20 +201,17 @@ def run_parsed(
     if args.measure_ceiling and not torch.cuda.is_available():
         parser.error("--measure-ceiling needs a CUDA device")
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.text is not None:
-        print(text_result(args.text, args.out, baseline=args.text_baseline, notes=args.note))
-    if args.speed:
-        ceiling = matmul_tflops() if args.measure_ceiling else None
-        try:
+    # A folder that is no finished run, a repeated label, runs that do not compare: usage
+    # errors naming them (`bench.train.summary.read_summaries`).
+    with usage_errors(parser):
+        if args.text is not None:
+            print(text_result(args.text, args.out, baseline=args.text_baseline, notes=args.note))
+        if args.speed:
+            ceiling = matmul_tflops() if args.measure_ceiling else None
             print(speed_result(args.speed, args.out, baseline=args.baseline,
                                ceiling_tflops=ceiling, notes=args.note))  # fmt: skip
-        except ValueError as exc:
-            parser.error(str(exc))
-    if args.scaling:
-        from bench.train.scaling import scaling_result  # imported on use: the table's own
+        if args.scaling:
+            from bench.train.scaling import scaling_result  # imported on use: the table's own
 
-        try:
             print(scaling_result(args.scaling, args.out, notes=args.note))
-        except ValueError as exc:
-            parser.error(str(exc))
     return 0

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.core.results import Run, result_stem, save_json
 from bench.train.record import read_metrics
-from bench.train.summary import plot_speed, read_summary, run_env
+from bench.train.summary import plot_speed, read_summaries, run_env
 
 __all__ = ["COLUMNS", "MODEL", "SAME", "scaling_comparison", "scaling_result"]
 
@@ -133,12 +133,13 @@ def scaling_comparison(
         table can be built on any machine.
 
     Raises:
-        ValueError: no runs, or a run that trained otherwise than its reference (the options
-            that differ are named).
+        ValueError: no runs, a label given twice, a folder that is not a finished run's, or
+            a run that trained otherwise than its reference (the options that differ are
+            named).
     """
     if not runs:
         raise ValueError("give at least one LABEL=RUN to --scaling")
-    summaries = {label: read_summary(folder) for label, folder in runs}
+    summaries = read_summaries(runs)
     folders = dict(runs)
     references = {label: _reference(label, summaries) for label in summaries}
     problems = []

@@ -17,14 +17,44 @@ from bench.core.plots import hbar_plot
 from bench.core.results import Run
 from bench.train.run import SUMMARY
 
-__all__ = ["plot_speed", "read_summary", "run_env", "speed_comparison"]
+__all__ = ["plot_speed", "read_summaries", "read_summary", "run_env", "speed_comparison"]
 
 
 def read_summary(folder: str | Path) -> dict[str, Any]:
     """A finished run's `summary.json` (in its output folder), its configuration in the current
-    names (`bench.core.layouts.recorded_config`)."""
-    summary = json.loads((Path(folder) / SUMMARY).read_text())
+    names (`bench.core.layouts.recorded_config`).
+
+    Raises:
+        ValueError: the folder holds no readable `summary.json` (the message names it).
+    """
+    path = Path(folder) / SUMMARY
+    if not path.is_file():
+        raise ValueError(
+            f"{folder} holds no {SUMMARY}: not the folder of a finished bench-train run (a run "
+            "writes it last; one that stopped early finishes with bench-train --resume)"
+        )
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not readable: {error}") from None
     return {**summary, "config": recorded_config(summary)}
+
+
+def read_summaries(runs: Sequence[tuple[str, str | Path]]) -> dict[str, dict[str, Any]]:
+    """The summaries of labelled run folders (`read_summary`), by label, in the order given.
+
+    Raises:
+        ValueError: a label given twice (the table would hold only one of its runs), or a
+            folder that is not a finished run's.
+    """
+    labels = [label for label, _ in runs]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(
+            f"the label {', '.join(map(repr, repeated))} names several runs; give each "
+            "LABEL=RUN a label of its own"
+        )
+    return {label: read_summary(folder) for label, folder in runs}
 
 
 def run_env(summary: dict[str, Any]) -> dict[str, Any]:
@@ -66,9 +96,10 @@ def speed_comparison(
         the GPU.
 
     Raises:
-        ValueError: `baseline` is not one of the labels.
+        ValueError: `baseline` is not one of the labels, a label is repeated, or a folder is
+            not a finished run's.
     """
-    summaries = {label: read_summary(folder) for label, folder in runs}
+    summaries = read_summaries(runs)
     if baseline not in summaries:
         raise ValueError(f"baseline {baseline!r} is not one of the runs {list(summaries)}")
     reference = summaries[baseline]["tokens_per_s"]
