@@ -15,8 +15,15 @@ order, to the caller:
   failed first re-raises here with its traceback (`RankFailed`): a rank that raises takes its
   peers down a moment later in their collectives ("Connection closed by peer"), and those are
   consequences, not the cause. A run is unbounded in time unless `timeout` is given; then one
-  that outlasts it is stopped with `TimeoutError`. The ranks die with the process that
-  launched them (on Linux), so a killed launcher leaves no rank running on alone.
+  that outlasts it is stopped with `TimeoutError`. A rank ended by a signal (the OOM
+  killer, `kill -9`) is named with its signal, even where a peer's failure that followed it
+  (in a collective it had left) reached the launcher first. An exception in the launcher
+  while its ranks run (SIGINT's KeyboardInterrupt; SIGTERM, which `launch` turns into
+  `SystemExit(143)` while it waits) stops them (SIGTERM, then SIGKILL after
+  `STOP_GRACE_S`) and reaps them before it propagates, so nothing the launcher releases on
+  its way out (bench-train's lock on its output folder) outlives them. The ranks die with
+  the process that launched them (on Linux), so a killed launcher leaves no rank running
+  on alone.
 - Started under `torchrun` (its environment variables are set), this process already is one
   rank: the worker runs here, on the process group torchrun describes, and every rank receives
   everyone's results (`all_gather_object`). `is_primary()` tells the tool whether to print.
@@ -38,7 +45,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import multiprocessing.connection as mp_connection
 import os
 import select
 import signal
@@ -48,7 +57,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -68,6 +77,7 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_TIMEOUT_S",
     "FORKSERVER_PRELOAD",
+    "STOP_GRACE_S",
     "RankFailed",
     "all_ranks_ok",
     "backend_for",
@@ -92,6 +102,10 @@ FORKSERVER_PRELOAD = (
     "bench.train.run",
 )
 _JOIN_POLL_S = 1.0  # how often the parent checks on its ranks
+# Seconds a rank has to end after SIGTERM before it is sent SIGKILL. SIGTERM ends a rank at
+# once unless it handles the signal (none of ours does), so this only bounds a rank that
+# does; SIGKILL cannot be refused.
+STOP_GRACE_S = 5.0
 _FAILURE_FILE = "rank{rank}.failed"
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
@@ -259,22 +273,75 @@ def _record_failure(result_dir: str, rank: int, error: BaseException) -> None:
     torch.save(record, os.path.join(result_dir, _FAILURE_FILE.format(rank=rank)))
 
 
-def _first_failure(
-    result_dir: str, world_size: int, raised: mp.ProcessRaisedException | mp.ProcessExitedException
-) -> BaseException:
-    """The failure to report: the earliest rank's recorded exception, else what torch raised.
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
-    A rank that was killed (out of memory, a signal) records nothing; then torch's own
-    exception, which names the exit code, is the best account there is.
+
+def _signalled(processes: Sequence[Any]) -> dict[int, int]:
+    """The ranks a signal ended, by rank: the signal's number (their exit code, negated).
+
+    Read before the launcher stops any rank itself (torch's join sends SIGTERM to the others
+    once one has failed), so every signal here came from elsewhere.
     """
+    codes = {rank: process.exitcode for rank, process in enumerate(processes)}
+    return {rank: -code for rank, code in codes.items() if code is not None and code < 0}
+
+
+def _killed(
+    world_size: int, signalled: Mapping[int, int], pids: Sequence[int], records: Sequence[dict]
+) -> mp.ProcessExitedException:
+    """The report of ranks that a signal ended: the lowest such rank, its signal, and the
+    ranks that failed after (most likely in a collective it had left)."""
+    rank = min(signalled)
+    number = signalled[rank]
+    name = _signal_name(number)
+    why = " (the OOM killer, or kill -9)" if number == signal.SIGKILL else ""
+    others = sorted(set(signalled) - {rank})
+    also = f"; rank {', '.join(map(str, others))} too" if others else ""
+    failed = [r["rank"] for r in records]
+    if failed:
+        also += (
+            f"\n(rank {', '.join(map(str, failed))} failed after it, most likely because rank "
+            f"{rank} had left their collectives: {records[0]['error']})"
+        )
+    message = f"rank {rank} of {world_size} was killed by {name}{why}{also}"
+    return mp.ProcessExitedException(
+        message, error_index=rank, error_pid=pids[rank], exit_code=-number, signal_name=name
+    )
+
+
+def _first_failure(
+    result_dir: str,
+    world_size: int,
+    raised: mp.ProcessRaisedException | mp.ProcessExitedException,
+    *,
+    signalled: Mapping[int, int],
+    pids: Sequence[int],
+) -> BaseException:
+    """The failure to report: a rank that a signal ended, else the earliest rank's recorded
+    exception, else what torch raised.
+
+    A rank killed by a signal (out of memory, kill -9) records nothing, and its peers then
+    fail in their collectives ("Connection closed by peer"), each recording that: those are
+    consequences. `signalled` (`_signalled`, read before torch stopped the other ranks) and
+    torch's own exception name the killed ranks.
+    """
+    signalled = dict(signalled)
+    if isinstance(raised, mp.ProcessExitedException) and raised.exit_code < 0:
+        signalled.setdefault(raised.error_index, -raised.exit_code)
     records = []
     for rank in range(world_size):
         path = os.path.join(result_dir, _FAILURE_FILE.format(rank=rank))
         if os.path.exists(path):
             records.append(torch.load(path, weights_only=False))
+    records.sort(key=lambda r: r["time"])
+    if signalled:
+        return _killed(world_size, signalled, pids, records)
     if not records:
         return raised
-    records.sort(key=lambda r: r["time"])
     first, later = records[0], [r["rank"] for r in records[1:]]
     also = ""
     if later:
@@ -365,7 +432,10 @@ def launch(
         RankFailed: a rank raised; the first rank to fail, with its traceback (a
             `torch.multiprocessing.ProcessRaisedException`).
         torch.multiprocessing.ProcessExitedException: a rank died without raising (e.g. killed
-            for memory).
+            for memory); one killed by a signal is named with it.
+        KeyboardInterrupt, SystemExit: SIGINT (or another exception) reached the launcher
+            while its ranks ran, or SIGTERM did (`SystemExit(143)`, in the main thread); the
+            ranks are stopped and reaped first.
     """
     _validate(worker, world_size, backend)
     env = dict(env or {})
@@ -392,19 +462,91 @@ def launch(
             join=False,
             start_method=_start_method(),
         )
-        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while not context.join(timeout=_JOIN_POLL_S):
-                if deadline is not None and time.monotonic() > deadline:
-                    for process in context.processes:
-                        process.kill()
-                    raise TimeoutError(
-                        f"the {world_size} ranks did not finish within {timeout:.0f} s; raise "
-                        "--timeout, or leave it out for no bound"
-                    )
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as raised:
-            raise _first_failure(result_dir, world_size, raised) from None
+            with _sigterm_raises():
+                _join(context, world_size, result_dir, timeout)
+        except BaseException:
+            # Before anything the caller holds is released; a second Ctrl-C must not cut
+            # it short (multiprocessing would then wait at exit for ranks left running).
+            with _deaf_to(signal.SIGINT, signal.SIGTERM):
+                _stop(context.processes)
+            raise
         return [
             torch.load(os.path.join(result_dir, f"rank{rank}.pt"), weights_only=False)
             for rank in range(world_size)
         ]
+
+
+def _join(context: Any, world_size: int, result_dir: str, timeout: float | None) -> None:
+    """Wait for every rank to end well; raise the failure to report otherwise."""
+    processes = context.processes
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        running = [p.sentinel for p in processes if p.exitcode is None]
+        mp_connection.wait(running, timeout=_JOIN_POLL_S)
+        signalled = _signalled(processes)  # before torch's join stops the others
+        try:
+            if context.join(timeout=0):
+                return
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as raised:
+            pids = [p.pid for p in processes]
+            failure = _first_failure(result_dir, world_size, raised, signalled=signalled, pids=pids)
+            raise failure from None
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the {world_size} ranks did not finish within {timeout:.0f} s; raise "
+                "--timeout, or leave it out for no bound"
+            )
+
+
+def _stop(processes: Sequence[Any], *, grace: float = STOP_GRACE_S) -> None:
+    """End every rank still running (SIGTERM, then SIGKILL after `grace` seconds) and reap
+    them all: when this returns, none runs."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+        process.join()
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # the status a shell gives a process SIGTERM ended
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises `SystemExit(143)` in the main thread (where Python
+    runs signal handlers) instead of ending the process at once, so that the ranks are
+    stopped first; elsewhere, and where the process set a handler of its own, nothing
+    changes."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _deaf_to(*signals: signal.Signals) -> Iterator[None]:
+    """Within the block, the main thread ignores `signals` (elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.getsignal(number) for number in signals}
+    for number in signals:
+        signal.signal(number, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, left as it is
+                signal.signal(number, handler)
