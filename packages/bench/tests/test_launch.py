@@ -143,7 +143,7 @@ def test_a_signal_to_the_launcher_alone_stops_its_ranks_before_the_lock_is_relea
         "from failing_ranks import writes_its_pid_and_appends as w\n"
         "from bench.core import launch\n"
         "from bench.train.lock import hold\n"
-        "launch.FORKSERVER_PRELOAD = ('failing_ranks',)  # this test's ranks import no more\n"
+        "launch._start_method = lambda: 'fork'  # one torch import, not the forkserver's too\n"
         "with hold(sys.argv[1], command='the first run'):\n"
         "    launch.launch(w, world_size=2, args=(sys.argv[1],))\n"
     )
