@@ -21,8 +21,10 @@ from bench.core.step import train_step
 from bench.core.torch_native import TorchNativeLM
 from bench.train.baseline import torch_native_step
 from bench.train.config import TrainConfig
+from bench.train.config_files import read_config_file
+from bench.train.loop import Trainer
 from bench.train.record import Recorder, read_metrics
-from bench.train.run import config_from_args
+from bench.train.run import config_from_args, prepare
 from bench.train.scaling import scaling_comparison
 from bench.train.summary import plot_speed, speed_comparison
 
@@ -258,6 +260,21 @@ def test_resume_checks_the_checkpoint(train_argv, tmp_path, usage_error):
     # How to run may change: the log interval and the optimizer's implementation, here.
     extra = ["--stop-after", "2", "--log-every", "2", "--optimizer", "torch-fused"]
     assert main([*argv, "--resume", *extra]) == 0
+
+
+def test_a_resumed_optimizer_keeps_the_implementation_it_was_built_with(
+    one_process, copy_of, tmp_path
+):
+    # The checkpoint is lmcore.AdamW's (fused=False in its groups); torch's AdamW took every
+    # group option from the state it loaded, and so ran unfused after the resume.
+    out = copy_of(one_process.halfway, tmp_path / "run")
+    saved = read_config_file(TrainConfig, out / "config.toml")
+    resumed = {"out": str(out), "resume": True, "optimizer": "torch-fused"}
+    config = TrainConfig.create(**(saved | resumed))
+    prepare(config)
+    trainer = Trainer(config)
+    assert trainer.start == 2 and isinstance(trainer.optimizer, torch.optim.AdamW)
+    assert all(group["fused"] and not group["foreach"] for group in trainer.optimizer.param_groups)
 
 
 def test_speed_comparison_table_and_plot(train_argv, one_process, tmp_path):

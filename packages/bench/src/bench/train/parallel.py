@@ -44,6 +44,11 @@ __all__ = [
 
 # Where torch's own step (`--baseline`) runs: no wrapper of ours.
 _BASELINE_MODES = ("single", "ddp:torch")
+# Group options that choose how torch's optimizers run, not what they compute: `--optimizer`
+# chose them when it built the optimizer, and a checkpoint (of another `--optimizer`, maybe)
+# never does. torch.optim takes every group option from the state dict it loads; lmcore.AdamW
+# keeps its own.
+_IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
 
 
 def default_mode(nproc: int) -> str:
@@ -164,7 +169,9 @@ class TrainerParallel(Parallel):
         raw: nn.Module,
         optimizer: torch.optim.Optimizer,
     ) -> int:
-        """Restore weights and optimizer state from this rank's checkpoint; its step."""
+        """Restore weights and optimizer state from this rank's checkpoint; its step. The
+        optimizer keeps the implementation it was built with (`_IMPLEMENTATION`)."""
+        checkpoint = {**checkpoint, "optimizer": _as_built(checkpoint["optimizer"], optimizer)}
         if self._wrapper == "fully_shard":
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,
@@ -207,6 +214,21 @@ class TrainerParallel(Parallel):
         full = build()
         full.load_state_dict(weights)
         return full
+
+
+def _as_built(saved: Any, optimizer: torch.optim.Optimizer) -> Any:
+    """The optimizer state dict `saved` with each group's `_IMPLEMENTATION` options replaced by
+    those `optimizer`'s group has (what is not a state dict of as many groups is left for the
+    loading to refuse)."""
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("param_groups"), list):
+        return saved
+    if len(saved["param_groups"]) != len(optimizer.param_groups):
+        return saved
+    groups = [
+        {**group, **{key: ours[key] for key in _IMPLEMENTATION if key in ours}}
+        for group, ours in zip(saved["param_groups"], optimizer.param_groups, strict=True)
+    ]
+    return {**saved, "param_groups": groups}
 
 
 def _indexed(by_name: Mapping[str, Any]) -> dict[str, Any]:
