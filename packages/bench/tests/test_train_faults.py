@@ -1,7 +1,8 @@
 """bench-train survives what ends runs: a kill at any moment (a process of its own that kills
-itself at a named point, `bench.train.faults`), a second run into the same folder, a damaged
-checkpoint, a partial metrics line, a tokenizer left by another run. (Several ranks:
-test_train_ranks.py.)"""
+itself at a named point, `bench.train.faults`), a second run into the same folder or into a
+finished run's, a damaged checkpoint, a refused resume, a checkpoint that cannot be written, a
+partial metrics line, a tokenizer left by another run. (Several ranks: test_train_ranks.py;
+signals to the process that starts them: test_launch.py.)"""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import argparse
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from killed_run import run_killed
 
+import lmcore
 from bench.commands.generate import main as bench_generate
 from bench.commands.train import main
+from bench.train.config import CONFIG_FILE
 from bench.train.lock import LOCK_FILE, hold
 from bench.train.record import METRICS, read_metrics
 from bench.train.tokenizer import TOKENIZER_FILE, BPETokenizer
@@ -92,6 +96,61 @@ def test_a_second_run_into_a_busy_out_is_refused(train_argv, tmp_path, usage_err
         assert "in use by another" in usage_error([*argv, "--resume"])
         assert {p.name for p in out.iterdir()} == {LOCK_FILE}  # nothing read or written
     assert main(argv) == 0 and not (out / LOCK_FILE).exists()
+
+
+def test_a_finished_run_is_never_overwritten_without_overwrite(train_argv, tmp_path, usage_error):
+    out = tmp_path / "run"
+    argv = train_argv(out, "--steps", "1", "--generate", "0", "--eval-batches", "1")
+    assert main([*argv, "--no-checkpoint"]) == 0  # nothing to --resume: only its results
+    kept = {name: (out / name).read_bytes() for name in ("summary.json", METRICS)}
+    err = usage_error([*argv, "--seed", "1"])
+    assert f"holds a run's results (summary.json, {METRICS}); choose another --out" in err
+    assert "pass --overwrite" in err
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    (out / "summary.json").unlink()  # a run that ended before its summary: its metrics count
+    assert f"holds a run's results ({METRICS})" in usage_error(argv)
+    assert "--overwrite starts a new run" in usage_error([*argv, "--overwrite", "--resume"])
+    assert main([*argv, "--seed", "1", "--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["config"]["seed"] == 1
+    assert "pass --resume to continue it, --overwrite to replace it" in usage_error(argv)
+    # Replaced whole: the new run's checkpoint is gone with it, not left for a --resume.
+    assert main([*argv, "--overwrite", "--no-checkpoint"]) == 0
+    assert not list(out.glob("checkpoint*"))
+
+
+def test_a_refused_resume_leaves_the_runs_configuration(one_process, copy_of, train_argv, tmp_path):
+    # The checkpoint reads, but its optimizer state is SGD's: refused as it is loaded, after
+    # the checks made before any rank starts. config.toml still describes the run.
+    out = copy_of(one_process.halfway, tmp_path / "run")
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    for entry in saved["optimizer"]["state"].values():
+        entry["momentum_buffer"] = entry.pop("exp_avg")
+    torch.save(saved, out / "checkpoint.pt")
+    before = (out / CONFIG_FILE).read_text()
+    with pytest.raises(ValueError, match="momentum_buffer"):
+        main(train_argv(out, *one_process.args, "--resume", "--log-every", "2"))
+    assert (out / CONFIG_FILE).read_text() == before
+
+
+def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(
+    one_process, copy_of, train_argv, tmp_path, monkeypatch, capsys
+):
+    # What torch's writer raises when the disk fills, after part of the file is written.
+    def full_disk(model, optimizer, iteration, path, **extra):
+        Path(path).write_bytes(b"PK\x03\x04" + bytes(100))
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4608")
+
+    out = copy_of(one_process.halfway, tmp_path / "run")  # its checkpoint: step 2
+    argv = train_argv(out, *one_process.args, "--resume")
+    monkeypatch.setattr(lmcore, "save_checkpoint", full_disk)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "could not write the checkpoint of step 4 to" in err and "unexpected pos" in err
+    assert "It needs at least" in err and "MiB free" in err and "Traceback" not in err
+    assert "The previous checkpoint, of step 2, is intact" in err
+    assert _checkpoint_step(out) == 2 and not list(out.glob("*.tmp"))
+    monkeypatch.undo()
+    assert main(argv) == 0 and _checkpoint_step(out) == 4
 
 
 def _damage(path, how: str) -> None:

@@ -15,7 +15,9 @@ the mode needs them) and writes its file (rank r > 0 under its step's name, so i
 nothing a committed checkpoint names); after a barrier, rank 0 writes `checkpoint.pt`, which
 names the other files, to a temporary name and renames it into place. A run killed at any
 moment keeps the previous checkpoint whole; rank 0 then removes the files no checkpoint names.
-A resume reads only the files `checkpoint.pt` names, and checks that they hold its step.
+A resume reads only the files `checkpoint.pt` names, and checks that they hold its step. A file
+that cannot be written (a full disk) is removed and ends the run with `CheckpointWriteError`,
+which says what the checkpoint needs, what is free, and that the previous one is intact.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import shutil
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -34,6 +37,7 @@ import torch.distributed as dist
 
 import lmcore
 from bench.core.layouts import NAMES_VERSION, recorded_config
+from bench.core.memory import MIB
 from bench.core.options import may_change
 from bench.train.config import TrainConfig
 from bench.train.faults import kill_point
@@ -43,13 +47,38 @@ from bench.train.tokenizer import load_tokenizer
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["CHECKPOINT", "Checkpointer", "rank_file", "read_checkpoint", "resume_point"]
+__all__ = [
+    "CHECKPOINT",
+    "CheckpointWriteError",
+    "Checkpointer",
+    "rank_file",
+    "read_checkpoint",
+    "remove_checkpoints",
+    "resume_point",
+]
 
 CHECKPOINT = "checkpoint.pt"
 # What every consumer of a checkpoint reads from its `extra`: without these it is not the
 # trainer's (bench-generate needs the first two, a resume all four).
 _RECORD = ("config", "model_config", "data_rng", "rng")
 _START_AGAIN = "start the run again in a new --out (or restore the file from a copy)"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint file could not be written (a full disk, most often); the committed
+    checkpoint before it is intact, and the message says what the new one needs."""
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in `obj` (nested dicts, lists and tuples): the least a
+    checkpoint of it takes on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(_tensor_bytes(value) for value in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_tensor_bytes(value) for value in obj)
+    return 0
 
 
 def rank_file(rank: int, step: int) -> str:
@@ -141,11 +170,14 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     one: resuming it trains nothing and writes the outputs.
 
     Raises:
-        ValueError: `--resume`, `--save-every` or `--stop-after` under `--no-checkpoint`,
-            `--resume` without a checkpoint, a checkpoint without `--resume`, a damaged
+        ValueError: `--resume` with `--overwrite`; `--resume`, `--save-every` or
+            `--stop-after` under `--no-checkpoint`; `--resume` without a checkpoint, a
+            checkpoint without `--resume` (or `--overwrite`, which replaces it), a damaged
             checkpoint or one of another training configuration, layout or tokenizer, files
             of different steps, or a checkpoint past the last step.
     """
+    if config.overwrite and config.resume:
+        raise ValueError("--overwrite starts a new run, --resume continues one: give one")
     if not config.checkpoint:
         needs = ("resume", "save_every", "stop_after")
         given = [f"--{name.replace('_', '-')}" for name in needs if getattr(config, name)]
@@ -153,10 +185,10 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
             raise ValueError(f"{' and '.join(given)} need checkpoints: drop --no-checkpoint")
     path = Path(config.out) / CHECKPOINT
     if not config.resume:
-        if path.exists():
+        if path.exists() and not config.overwrite:
             raise ValueError(
                 f"--out {config.out} already holds a run ({CHECKPOINT}); pass --resume to "
-                "continue it, or choose another --out"
+                "continue it, --overwrite to replace it, or choose another --out"
             )
         return None
     if not path.is_file():
@@ -187,6 +219,12 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     _check_files(checkpoint, Path(config.out))
     _check_tokenizer(checkpoint, config)
     return checkpoint
+
+
+def remove_checkpoints(out: str | Path) -> None:
+    """Remove every checkpoint file in `out`, committed or not (a run `--overwrite` replaces)."""
+    _remove_uncommitted(Path(out), keep=())
+    (Path(out) / CHECKPOINT).unlink(missing_ok=True)
 
 
 def _remove_uncommitted(out: Path, keep: Iterable[str]) -> None:
@@ -236,6 +274,7 @@ class Checkpointer:
         self.config, self.parallel, self.rank, self.world_size = config, parallel, rank, world_size
         self.model_config, self.tokenizer, self.device = model_config, tokenizer, device
         self.out = Path(config.out)
+        self.saved_step: int | None = None  # the step of the last checkpoint this run holds
 
     def load(
         self,
@@ -264,6 +303,7 @@ class Checkpointer:
         else:
             checkpoint = read_checkpoint(self.out / CHECKPOINT)
         start = self.parallel.load_state(checkpoint, model, raw, optimizer)
+        self.saved_step = start
         extra = checkpoint["extra"]
         data_rng.bit_generator.state = extra["data_rng"]
         torch.set_rng_state(extra["rng"]["torch"])
@@ -291,7 +331,11 @@ class Checkpointer:
         if state is not None:  # this rank writes a file
             weights, optimizer_state = map(_Taken, state)
             extra = self._record(data_rng, record=record, files=files)
-            lmcore.save_checkpoint(weights, optimizer_state, step, tmp, extra=extra)
+            try:
+                lmcore.save_checkpoint(weights, optimizer_state, step, tmp, extra=extra)
+            except (OSError, RuntimeError) as error:  # torch's writer raises RuntimeError
+                tmp.unlink(missing_ok=True)  # what was written of it: its space back
+                raise self._not_written(step, tmp, state, error) from None
             if self.rank != 0:
                 os.replace(tmp, path)  # its step's own name: no committed checkpoint names it
         if len(files) > 1:
@@ -300,6 +344,26 @@ class Checkpointer:
             kill_point("checkpoint", step)
             os.replace(tmp, path)  # the commit point: checkpoint.pt names this step's files
             _remove_uncommitted(self.out, files.values())
+        self.saved_step = step
+
+    def _not_written(
+        self, step: int, path: Path, state: Any, error: BaseException
+    ) -> CheckpointWriteError:
+        """What to say when this rank's file of the checkpoint of `step` could not be written
+        (a full disk, most often): what it needs, what is free, and what is kept."""
+        need = _tensor_bytes(state) / MIB
+        free = shutil.disk_usage(self.out).free / MIB
+        if self.saved_step:
+            kept = (
+                f"The previous checkpoint, of step {self.saved_step}, is intact: make room and "
+                "continue from it with --resume"
+            )
+        else:
+            kept = "This run wrote no checkpoint before: make room and start it again"
+        return CheckpointWriteError(
+            f"could not write the checkpoint of step {step} to {path} ({error}). It needs at "
+            f"least {need:,.1f} MiB; the disk holding --out has {free:,.1f} MiB free. {kept}."
+        )
 
     def _record(
         self, data_rng: np.random.Generator, *, record: Mapping[str, Any], files: dict[int, str]

@@ -230,6 +230,9 @@ class TrainConfig:
     resume: bool = option(
         False, "continue the run in --out from its checkpoint", group=RUN, saved=False
     )
+    overwrite: bool = option(
+        False, "replace another run in --out (its files removed first)", group=OUTPUT, saved=False
+    )
     out: str = option("runs/bench-train", "output folder", group=OUTPUT, metavar="DIR")
     log_every: int | None = option(
         None,

@@ -17,8 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.options import Group, flag_of, kind_of, option_fields, option_of
+from bench.train.config import CONFIG_FILE
 
-__all__ = ["read_config_file", "write_config_file"]
+__all__ = ["read_config_file", "write_config_file", "write_run_config"]
+
+_RUN_CONFIG_HEADER = (
+    "bench-train's resolved configuration: `bench-train --config FILE` repeats this run",
+    "(add --out DIR to write elsewhere, or --resume to continue it; flags win over the file).",
+)
 
 
 def _from_file(cls: Any, name: str, value: Any, where: str) -> Any:
@@ -107,3 +113,10 @@ def write_config_file(config: Any, path: str | Path, *, header: Sequence[str] = 
     path = Path(path)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def write_run_config(config: Any) -> Path:
+    """Write a run's resolved options (a `TrainConfig`) to `config.toml` in its `--out`, which
+    `bench-train --config` reads back; its path."""
+    path = Path(config.out) / CONFIG_FILE
+    return write_config_file(config, path, header=_RUN_CONFIG_HEADER)

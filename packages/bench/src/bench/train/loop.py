@@ -33,6 +33,7 @@ from bench.train import lm
 from bench.train.baseline import torch_native_step
 from bench.train.checkpoint import Checkpointer
 from bench.train.config import TrainConfig
+from bench.train.config_files import write_run_config
 from bench.train.data import Batches, Corpus, default_cache_dir, load_corpus
 from bench.train.faults import kill_point
 from bench.train.generate import sample
@@ -147,6 +148,8 @@ class Trainer:
         self.start, saved = self.checkpointer.load(
             self.model, self.raw, self.optimizer, self.batches.generator
         )
+        if self.primary:  # once a --resume's checkpoint has loaded: a refused one changes nothing
+            write_run_config(config)
         mfu = mfu_function(config, self.model_config, device, world_size)
         self.recorder = Recorder(
             config, start=self.start, primary=self.primary, mfu=mfu, saved=saved

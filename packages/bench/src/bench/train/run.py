@@ -7,7 +7,8 @@ torchrun's `--nnodes`, `--rdzv-endpoint`). Only rank 0 checks the inputs first a
 outputs, holding the output folder (`--out`) while it runs (`bench.train.lock`: a second run
 into the same folder is refused). The folder holds
 
-- `config.toml`: the resolved options (`bench-train --config` reads it back);
+- `config.toml`: the resolved options (`bench-train --config` reads it back), written once the
+  checkpoint a `--resume` continues is loaded (a refused resume leaves the run's own);
 - `metrics.jsonl`: per logged step `step`, `loss` (the mean over the global batch), `lr`,
   `tokens_per_s` and `mfu` since the last log, and `val_loss` on evaluation steps;
 - `checkpoint.pt` (and with `fsdp` one file per rank; `bench.train.checkpoint`), every
@@ -21,6 +22,11 @@ into the same folder is refused). The folder holds
   busiest rank (CUDA), why the run stopped early (if it did), the configuration, and the
   machine, software and command (`env`);
 - `run.lock` while a run holds the folder.
+
+A new run (no `--resume`) is refused an `--out` that holds another run's results or
+checkpoint, so that a finished run is never overwritten; with `--overwrite` it removes them
+first (`RUN_FILES` and the checkpoint files), so that nothing of the old run is read as the
+new one's.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -43,16 +50,18 @@ from bench.core.launch import backend_for, is_primary, launch, under_torchrun
 from bench.core.layouts import NAMES_VERSION
 from bench.core.options import given_options
 from bench.core.plots import line_plot
-from bench.train.checkpoint import resume_point
+from bench.train.checkpoint import CheckpointWriteError, remove_checkpoints, resume_point
 from bench.train.config import CONFIG_FILE, TrainConfig
-from bench.train.config_files import read_config_file, write_config_file
+from bench.train.config_files import read_config_file
 from bench.train.data import Corpus
 from bench.train.lock import hold
 from bench.train.loop import corpus_of, train_on_rank
+from bench.train.record import METRICS, PROFILE, TENSORBOARD
 
 __all__ = [
     "CONFIG_FILE",
     "LOSS_PLOT",
+    "RUN_FILES",
     "SAMPLE",
     "SUMMARY",
     "config_from_args",
@@ -64,11 +73,11 @@ __all__ = [
 SUMMARY = "summary.json"
 LOSS_PLOT = "loss.png"
 SAMPLE = "sample.txt"
-
-_CONFIG_HEADER = (
-    "bench-train's resolved configuration: `bench-train --config FILE` repeats this run",
-    "(add --out DIR to write elsewhere, or --resume to continue it; flags win over the file).",
-)
+# What a run leaves in its --out besides its checkpoint files, its configuration and its
+# tokenizer (which the next run rewrites or checks): `--overwrite` removes them. The first two
+# are its results: a new run is refused an --out that holds either.
+RUN_FILES = (SUMMARY, METRICS, LOSS_PLOT, SAMPLE, PROFILE, TENSORBOARD)
+_RESULTS = RUN_FILES[:2]
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -84,9 +93,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def prepare(config: TrainConfig) -> Corpus:
     """Everything checked before training: the output folder, the resume point and the data.
 
-    Writes the resolved configuration (`config.toml`), and tokenises the text (and trains a BPE
-    tokenizer) if the cache does not hold it yet, so the ranks started afterwards find it there.
-    Call it while holding the folder (`bench.train.lock.hold`), as `run_train` does.
+    A new run's `--out` must hold no other run's results (`--overwrite`: they are removed).
+    Tokenises the text (and trains a BPE tokenizer) if the cache does not hold it yet, so the
+    ranks started afterwards find it there. Call it while holding the folder
+    (`bench.train.lock.hold`), as `run_train` does.
 
     Raises:
         ValueError: any bad input.
@@ -94,8 +104,29 @@ def prepare(config: TrainConfig) -> Corpus:
     resume_point(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_config_file(config, out / CONFIG_FILE, header=_CONFIG_HEADER)
+    if not config.resume:
+        _claim(out, overwrite=config.overwrite)
     return corpus_of(config)
+
+
+def _claim(out: Path, *, overwrite: bool) -> None:
+    """Make `out` a new run's: refuse it if another run's results are there, or with
+    `overwrite` remove everything that run left (`RUN_FILES`, its checkpoint files)."""
+    if overwrite:
+        remove_checkpoints(out)
+        for name in RUN_FILES:
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        return
+    found = [name for name in _RESULTS if (out / name).exists()]
+    if found:
+        raise ValueError(
+            f"--out {out} already holds a run's results ({', '.join(found)}); choose another "
+            "--out, or pass --overwrite to replace that run"
+        )
 
 
 @contextlib.contextmanager
@@ -195,14 +226,18 @@ def run_parsed(
     argv: Sequence[str] | None = None,
 ) -> int:
     """What `bench-train` runs once its options have parsed (`bench.commands.train`): check the
-    inputs, hold `--out`, train, write the outputs; the exit status (0). Bad input ends as a
-    usage error of `parser`, before any training."""
+    inputs, hold `--out`, train, write the outputs; the exit status (0; 1 where a checkpoint
+    could not be written). Bad input ends as a usage error of `parser`, before any training."""
     command = command_line(argv, prog=parser.prog)
     with contextlib.ExitStack() as stack:
         with usage_errors(parser):  # bad input ends here, as a usage error, before any training
             config = config_from_args(args)
             stack.enter_context(_owned(config, command))
-        summary = _train_and_write(config, command=command)
+        try:
+            summary = _train_and_write(config, command=command)
+        except CheckpointWriteError as error:  # what it needs and what is kept, no traceback
+            print(f"{parser.prog}: error: {error}", file=sys.stderr)
+            return 1
     if summary is not None:
         stopped = f" (stopped by --{summary['stopped_by']})" if summary["stopped_by"] else ""
         train, val = (_shown(summary[f"final_{split}_loss"]) for split in ("train", "val"))
