@@ -84,7 +84,7 @@ class Part:
     index: int
     name: str
     gpus: tuple[int, ...]
-    argv: list[str]
+    argv: list[str]  # a multi_gpu.sh part's names its folder DIR until it starts
     limit_s: float | None
     group: int  # the number of `wait`s before it: it starts after every part of lower group
     script_part: str | None = None  # the multi_gpu.sh part it runs, if any
@@ -218,7 +218,9 @@ def startable(parts: Sequence[Part]) -> list[Part]:
     return ready
 
 
-def simulate(parts: Sequence[Part], *, budget_s: float) -> list[tuple[Part, float, float]]:
+def simulate(
+    parts: Sequence[Part], *, budget_s: float
+) -> list[tuple[Part, float | None, float | None]]:
     """The schedule if every part took its whole limit: (part, start, end) in seconds from the
     start; a part that the budget would not let start has start = end = None."""
     clock, schedule, ends = 0.0, [], {}
@@ -330,7 +332,7 @@ class Runner:
             return
         part.folder = self.results / part.name
         part.folder.mkdir(parents=True, exist_ok=True)
-        argv = [part.folder.as_posix() if a == "DIR" else a for a in part.argv]
+        part.argv = [part.folder.as_posix() if a == "DIR" else a for a in part.argv]
         port = _free_port(self.ports)
         env = {
             **os.environ,
@@ -348,10 +350,15 @@ class Runner:
         if part.limit_s and limit < part.limit_s:
             part.notes.append(f"limit cut to {limit:.0f} s by the budget")
         log = (part.folder / "log.txt").open("w")
-        log.write(f"$ {shlex.join(argv)}\n(GPUs {part.gpu_label}, limit {limit:.0f} s)\n")
+        log.write(f"$ {part.command}\n(GPUs {part.gpu_label}, limit {limit:.0f} s)\n")
         log.flush()
         part.process = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            part.argv,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         part.status, part.started = "running", time.monotonic()
@@ -388,13 +395,9 @@ def command_lines(part: Part) -> list[list[str]]:
     return [line.split("\t", 5) for line in log.read_text().splitlines() if line]
 
 
-def write_command_log(
-    parts: Sequence[Part], path: Path, *, placeholders: dict[str, str] | None = None
-) -> None:
+def write_command_log(parts: Sequence[Part], path: Path) -> None:
     """Every part's line, then its commands' lines, each with the part's GPUs last (the
-    format script_results.py log reads); each key of `placeholders` (a path) written as its
-    value (`DIR`, `TEXT_FILE`)."""
-    placeholders = placeholders or {}
+    format script_results.py log reads)."""
     lines = []
     for part in parts:
         if part.exit_code is None:
@@ -403,10 +406,7 @@ def write_command_log(
         whole = [part.name, limit, "whole part", f"{part.seconds:.0f}", str(part.exit_code)]
         lines.append([*whole, part.command, part.gpu_label])
         lines += [[*fields, part.gpu_label] for fields in command_lines(part)]
-    text = "".join("\t".join(line) + "\n" for line in lines)
-    for path_name, word in placeholders.items():  # the commands name no machine's paths
-        text = text.replace(path_name, word)
-    path.write_text(text)
+    path.write_text("".join("\t".join(line) + "\n" for line in lines))
 
 
 def _result_files(part: Part) -> str:
@@ -527,11 +527,20 @@ def _record(args: argparse.Namespace, parts: Sequence[Part], log: Path) -> None:
     argv += ["--title", args.title, "--device", args.device, "--gpus", str(num_gpus)]
     argv += ["--command", shlex.join(["gpu_plan.py", *args.argv])]
     argv += [f"--note={note}" for note in args.note]
+    # the recorded commands and results name no machine's paths
+    argv += [f"--replace={args.results}=DIR", f"--replace={args.text}=TEXT_FILE"]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(map(str, sorted(ROOT.glob("packages/*/src")))),
     }
     subprocess.run(argv, cwd=ROOT, env=env, check=False)
+
+
+def _from_root(path: str | Path) -> str:
+    """`path` (absolute, or relative to this process's directory) as the parts see it from the
+    repository root, where they run: a relative path stays relative."""
+    path = Path(path)
+    return path.as_posix() if path.is_absolute() else os.path.relpath(path.resolve(), ROOT)
 
 
 def _default_device() -> str:
@@ -586,6 +595,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     args.device = args.device or _default_device()
+    for name in ("plan", "results", "pack"):  # as seen from the root, where the parts run
+        if getattr(args, name) is not None:
+            setattr(args, name, Path(_from_root(getattr(args, name))))
+    if Path(args.text).exists():
+        args.text = _from_root(args.text)
+    os.chdir(ROOT)
     entries = [*(read_plan(args.plan) if args.plan else []), *args.entries]
     try:
         parts = parse_plan(entries, text_file=args.text)
@@ -600,7 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     Runner(parts, results=args.results, budget_s=args.budget).run()
     log = args.results / "commands.tsv"
-    write_command_log(parts, log, placeholders={str(args.results): "DIR", args.text: "TEXT_FILE"})
+    write_command_log(parts, log)
     if args.record:
         _record(args, parts, log)
     notes = [f"budget {args.budget:.0f} s; the parts' folders are under {args.results.name}/"]

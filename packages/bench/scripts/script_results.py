@@ -28,6 +28,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,19 @@ def log_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _replacements(pairs: list[str]) -> Callable[[str], str]:
+    """A function that writes each `OLD=NEW` of `pairs` (in order) into a text: a machine's
+    paths as the words a record uses for them (`DIR`, `TEXT_FILE`)."""
+    table = [pair.partition("=")[::2] for pair in pairs]
+
+    def replace(text: str) -> str:
+        for old, new in table:
+            text = text.replace(old, new)
+        return text
+
+    return replace
+
+
 def _log_columns(rows: list[dict[str, Any]]) -> list[str]:
     """`LOG_COLUMNS`, with the GPUs after the name where the log records them."""
     if not any(LOG_GPUS in row for row in rows):
@@ -165,6 +179,9 @@ def _log_columns(rows: list[dict[str, Any]]) -> list[str]:
 
 def _log(args: argparse.Namespace) -> int:
     rows = log_rows(args.log)
+    replace = _replacements(args.replace)
+    for row in rows:
+        row["command"] = replace(row["command"])
     attached = sorted(args.attach.rglob("*.md")) if args.attach else []
     run = Run.create(
         args.topic,
@@ -183,7 +200,7 @@ def _log(args: argparse.Namespace) -> int:
     save_json(run, stem.with_suffix(".json"))
     parts = [run.to_markdown()]
     for path in attached:
-        body = path.read_text().strip()
+        body = replace(path.read_text().strip())
         parts.append(f"#### `{path.relative_to(args.attach).as_posix()}`\n\n{body}")
     stem.with_suffix(".md").write_text("\n\n".join(parts) + "\n")
     print(stem.with_suffix(".md"))
@@ -210,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--command", help="the command that ran the script (recorded as given)")
     log.add_argument("--attach", type=Path, help="a folder whose *.md results to append")
     log.add_argument("--note", action="append", default=[], help="a sentence (repeatable)")
+    log.add_argument(
+        "--replace",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="write OLD as NEW in the commands and the attached results (repeatable)",
+    )
     return parser
 
 
