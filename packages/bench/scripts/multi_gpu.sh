@@ -129,18 +129,24 @@ allreduce() {
         $(files "$result") $(tiny allreduce)
 }
 
-zero() {
-    local size topic limit result
+per_size() {  # per_size TOOL: bench-TOOL on GPUS ranks at each of sizes(), a result each
+    local tool=$1 size topic limit result
     for size in $(sizes); do
-        topic=zero_$size limit=210  # xl-2025: 1600 wide, 0.6x xl's parameters
-        [ "$size" = xl ] && topic=zero limit=300
+        topic=${tool}_$size limit=210  # xl-2025: 1600 wide, 0.6x xl's parameters
+        [ "$size" = xl ] && topic=$tool limit=300
         result=$(stem "$topic" "$GPUS")
-        run "$limit" "bench-zero $size" $PY -m bench zero --size "$size" --world-size "$GPUS" \
-            --variants ddp sharded torch-zero fsdp torch-fsdp fsdp-no-prefetch \
-            --fsdp-dtypes fp32 bf16 --trace "$bulk/${result}_traces" --no-progress \
-            $(files "$result") $(tiny zero)
+        run "$limit" "bench-$tool $size" $PY -m bench "$tool" --size "$size" \
+            --world-size "$GPUS" $("${tool}_options" "$result") --no-progress \
+            $(files "$result") $(tiny "$tool")
     done
 }
+
+zero_options() {  # zero_options RESULT: every variant, FSDP in both dtypes, traced
+    echo --variants ddp sharded torch-zero fsdp torch-fsdp fsdp-no-prefetch \
+        --fsdp-dtypes fp32 bf16 --trace "$bulk/${1}_traces"
+}
+
+ddp_options() { :; }  # bench-ddp's defaults: every wrapper, torch DDP and the all-reduce alone
 
 # bench-train's scaling runs: the modes (torch-ddp last: the run the issue's four-GPU scaling
 # does without, so the first a part cut short loses), and each size's run (global batch, steps).
@@ -233,17 +239,6 @@ train_table() {  # the scaling table of every finished run under $runs
     run 60 "scaling table" $PY -m bench train-results --out "$out" --scaling "${scaling[@]}"
 }
 
-ddp() {
-    local size topic limit result
-    for size in $(sizes); do
-        topic=ddp_$size limit=210  # xl-2025: 1600 wide, 0.6x xl's parameters
-        [ "$size" = xl ] && topic=ddp limit=300
-        result=$(stem "$topic" "$GPUS")
-        run "$limit" "bench-ddp $size" $PY -m bench ddp --size "$size" --world-size "$GPUS" \
-            --no-progress $(files "$result") $(tiny ddp)
-    done
-}
-
 ddp_overlap() {  # its own budget (330 s from its ranks' start) and hard margin (25 s), + start-up
     run 390 "ddp overlap levers" $PY "$scripts/ddp_overlap.py" \
         --out "$out/$(stem ddp_overlap 2)" $(tiny ddp-overlap)
@@ -287,12 +282,12 @@ one() {  # one PART: its commands
     RUN_TAG=$1
     case $1 in
     allreduce) allreduce ;;
-    zero) zero ;;
+    zero) per_size zero ;;
     train-small) train small $MODES ;;
     train-xl-1) train xl none bucketed zero ;;
     train-xl-2) train xl fsdp torch-fsdp torch-ddp ;;
     train-table) train_table ;;
-    ddp) ddp ;;
+    ddp) per_size ddp ;;
     ddp-overlap) ddp_overlap ;;
     step) step ;;
     tests) tests ;;
