@@ -196,6 +196,20 @@ def parse_plan(entries: Sequence[str], *, text_file: str) -> list[Part]:
     return parts
 
 
+def give_fresh_folders(parts: Sequence[Part], results: Path) -> None:
+    """Rename the parts whose folder `results` already holds (an earlier call's, carried over
+    for its train runs) so that every part writes a folder of its own: `NAME-2`, `NAME-3`, ..."""
+    taken = {p.name for p in parts}
+    for part in parts:
+        if not (results / part.name).exists():
+            continue
+        n = 2
+        while f"{part.name}-{n}" in taken or (results / f"{part.name}-{n}").exists():
+            n += 1
+        part.name = f"{part.name}-{n}"
+        taken.add(part.name)
+
+
 def read_plan(path: Path) -> list[str]:
     """The entries of a plan file: one a line, `#` to the end of a line is a comment."""
     lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
@@ -613,6 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{when:>22}  GPUs {part.gpu_label:<8} {part.name}: {part.command}")
         return 0
     args.results.mkdir(parents=True, exist_ok=True)
+    give_fresh_folders(parts, args.results)
     Runner(parts, results=args.results, budget_s=args.budget).run()
     log = args.results / "commands.tsv"
     write_command_log(parts, log)

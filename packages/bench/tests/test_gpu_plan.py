@@ -198,3 +198,12 @@ def test_record_hands_the_command_log_to_script_results(plan, tmp_path, monkeypa
     options = dict(zip(calls[0][4::2], calls[0][5::2], strict=False))
     assert options["--topic"] == "plan_x" and options["--gpus"] == "2"
     assert options["--device"] == "cuda" and options["--attach"] == str(results)
+
+
+def test_parts_never_write_into_an_earlier_calls_folders(plan, tmp_path):
+    results = tmp_path / "results"
+    for name in ("a", "a-2", "b"):
+        (results / name).mkdir(parents=True)
+    parts = _parts(plan, "0:a=true", "1:a=true", "2:b=true", "3:c=true")
+    plan.give_fresh_folders(parts, results)
+    assert [p.name for p in parts] == ["a-3", "a-2-2", "b-2", "c"]
