@@ -262,8 +262,6 @@ def test_outputs_and_gradients_are_contiguous_in_the_callers_layout(impl):
         (lambda q: flash_attn_func(q, q, q, dropout_p=0.1), NotImplementedError, "dropout_p"),
         (lambda q: flash_attn_func(q, q, q, alibi_slopes=torch.ones(2)), NotImplementedError,
          "alibi_slopes"),
-        (lambda q: flash_attn_func(q, q, q, return_attn_probs=True), NotImplementedError,
-         "return_attn_probs"),
         (lambda q: flash_attn_func(q, q, q, window_size=(-2, 0)), ValueError, "window_size left"),
         (lambda q: flash_attn_func(q, q, q, window_size=4), TypeError, "pair"),
         (lambda q: flash_attn_func(q, q, q, softcap=-1.0), ValueError, "softcap"),

@@ -5,9 +5,12 @@ Public API:
         softcap=0.0, layout="bhsd", return_lse=False, precision=None, deterministic=True,
         implementation="auto"): the front door; Triton on CUDA, tiled PyTorch elsewhere.
         k and v may have fewer heads than q (grouped-query attention).
-    flash_attn_func(q, k, v, ...), flash_attn_varlen_func(q, k, v, cu_seqlens_q, ...):
+    flash_attn_func(q, k, v, ...), flash_attn_varlen_func(q, k, v, cu_seqlens_q, ...),
+    flash_attn_qkvpacked_func, flash_attn_kvpacked_func, flash_attn_varlen_qkvpacked_func,
+    flash_attn_varlen_kvpacked_func, flash_attn_with_kvcache(q, k_cache, v_cache, k, v, ...):
         flash-attn's interface (its (batch, seq, heads, d) and packed layouts, its bottom-right
-        causal alignment), as a drop-in replacement.
+        causal alignment, `return_attn_probs`' logsumexp), as a drop-in replacement;
+        fa2.bert_padding holds its padding helpers (`unpad_input`, `pad_input`).
     FlashAttention2Triton, FlashAttention2PyTorch: the autograd Functions,
         `.apply(q, k, v, is_causal=False, scale=None, return_lse=False, precision=None,
         deterministic=True, window_size=(-1, -1), softcap=0.0, layout="bhsd", ...)` with
@@ -19,6 +22,13 @@ Public API:
 
 from fa2.api import flash_attention
 from fa2.dropin import flash_attn_func, flash_attn_varlen_func
+from fa2.kvcache import flash_attn_with_kvcache
+from fa2.packed import (
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
 from fa2.pytorch import FlashAttention2PyTorch
 from fa2.reference import attention_reference, varlen_attention_reference
 from fa2.triton import FlashAttention2Triton
@@ -32,6 +42,11 @@ __all__ = [
     "attention_reference",
     "flash_attention",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "varlen_attention_reference",
 ]

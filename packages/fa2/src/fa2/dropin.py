@@ -1,14 +1,16 @@
 """flash-attn's interface: `flash_attn_func` and `flash_attn_varlen_func`, so that replacing
 `from flash_attn import flash_attn_func` with `from fa2 import flash_attn_func` is the whole
-change.
+change for these two (the packed variants: `fa2.packed`; the padding helpers:
+`fa2.bert_padding`; decoding against a cache: `fa2.kvcache`).
 
 The names, the argument order and defaults, the layouts (`(batch, seq, heads, head_dim)` and
 packed `(total_tokens, heads, head_dim)`), the causal mask's bottom-right alignment, the
 sliding window's meaning and the return values are flash-attn's (flash-attn 2.x's
-`flash_attn_interface`). What fa2 does not implement raises `NotImplementedError` naming the
-argument: attention dropout, ALiBi slopes, returning the attention probabilities, paged KV
-caches. Nothing passed is ignored. Beyond flash-attn, fp32 inputs work too, and CPU tensors
-run the tiled PyTorch implementation.
+`flash_attn_interface`), `return_attn_probs=True` included: `(out, softmax_lse, S_dmask)`, the
+logsumexp in flash-attn's shape and alignment and `S_dmask` empty, as flash-attn returns it
+without dropout. What fa2 does not implement raises `NotImplementedError` naming the argument:
+attention dropout, ALiBi slopes, paged KV caches. Nothing passed is ignored. Beyond
+flash-attn, fp32 inputs work too, and CPU tensors run the tiled PyTorch implementation.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ import torch
 from fa2.api import attend
 from fa2.masks import NO_WINDOW
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["AttnProbsResult", "flash_attn_func", "flash_attn_varlen_func", "refuse_unsupported"]
 
 
-def _refuse_unsupported(
-    dropout_p: float, alibi_slopes: object, return_attn_probs: bool, block_table: object = None
-) -> None:
+# What the functions return with `return_attn_probs=True`: the output, the logsumexp and
+# `S_dmask`, which flash-attn fills only with dropout (empty otherwise, as here).
+AttnProbsResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def refuse_unsupported(dropout_p: float, alibi_slopes: object, block_table: object = None) -> None:
     """NotImplementedError naming the first option fa2 does not implement, if one is asked for."""
     if dropout_p != 0.0:
         raise NotImplementedError(
@@ -34,13 +39,24 @@ def _refuse_unsupported(
         )
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: fa2 does not implement ALiBi position biases")
-    if return_attn_probs:
-        raise NotImplementedError(
-            "return_attn_probs=True: fa2 does not return attention probabilities; "
-            "fa2.flash_attention(..., return_lse=True) returns the logsumexp of each row"
-        )
     if block_table is not None:
-        raise NotImplementedError("block_table: fa2 has no paged key/value cache")
+        raise NotImplementedError(
+            "block_table: fa2 has no paged key/value cache; keep each sequence's keys and "
+            "values contiguous, (batch, seqlen_cache, kv_heads, head_dim), and pass "
+            "cache_seqlens (fa2.flash_attn_with_kvcache)"
+        )
+
+
+def _attend_returning(
+    return_attn_probs: bool, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options
+) -> torch.Tensor | AttnProbsResult:
+    """`attend(q, k, v, **options)`: the output, or with `return_attn_probs` flash-attn's
+    `(out, softmax_lse, S_dmask)`, the logsumexp as `attend` gives it ((batch, heads, seqlen_q)
+    or (heads, total_q), fp32; fp64 for fp64 inputs) and `S_dmask` empty (no dropout)."""
+    if not return_attn_probs:
+        return attend(q, k, v, **options)
+    out, lse = attend(q, k, v, return_lse=True, **options)
+    return out, lse, q.new_empty((0,))
 
 
 def flash_attn_func(
@@ -55,7 +71,7 @@ def flash_attn_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
-) -> torch.Tensor:
+) -> torch.Tensor | AttnProbsResult:
     """Attention over `(batch, seq, heads, head_dim)` tensors, as flash-attn's `flash_attn_func`.
 
     k and v may have fewer heads than q (multi-query and grouped-query attention): with 6 query
@@ -96,13 +112,19 @@ def flash_attn_func(
         deterministic: False (default, as flash-attn) allows fp32 inputs the single-pass
             backward, which adds dQ atomically (faster; dQ's last bits vary between runs);
             16-bit inputs are deterministic either way.
-        return_attn_probs: must be False (see `fa2.flash_attention(..., return_lse=True)`).
+        return_attn_probs: also return the logsumexp and flash-attn's `S_dmask` (below).
 
     Returns:
-        out: `(batch, seqlen_q, heads, head_dim)`, contiguous, in q's dtype.
+        out: `(batch, seqlen_q, heads, head_dim)`, contiguous, in q's dtype. With
+        `return_attn_probs=True`, `(out, softmax_lse, S_dmask)`: softmax_lse `(batch, heads,
+        seqlen_q)` fp32 (fp64 for fp64 inputs), the logsumexp of each row of the scaled (and
+        capped) scores under the bottom-right mask above, +inf for a row that sees no key, as
+        flash-attn's; not differentiable (out stays differentiable). S_dmask is empty, `(0,)`
+        in q's dtype, as flash-attn returns it when dropout_p == 0 (it fills it only with
+        dropout, which fa2 does not have).
 
     Raises:
-        NotImplementedError: dropout_p > 0, alibi_slopes, return_attn_probs=True.
+        NotImplementedError: dropout_p > 0, alibi_slopes.
         TypeError, ValueError: as `fa2.flash_attention`.
 
     Example::
@@ -112,10 +134,10 @@ def flash_attn_func(
         >>> flash_attn_func(q, k, v, causal=True, window_size=(31, 0)).shape
         torch.Size([2, 100, 8, 64])
     """
-    _refuse_unsupported(dropout_p, alibi_slopes, return_attn_probs)
-    return attend(
-        q, k, v, causal=causal, scale=softmax_scale, window_size=window_size, softcap=softcap,
-        layout="bshd", deterministic=deterministic, bottom_right=True,
+    refuse_unsupported(dropout_p, alibi_slopes)
+    return _attend_returning(
+        return_attn_probs, q, k, v, causal=causal, scale=softmax_scale, window_size=window_size,
+        softcap=softcap, layout="bshd", deterministic=deterministic, bottom_right=True,
     )  # fmt: skip
 
 
@@ -136,7 +158,7 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     block_table: torch.Tensor | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | AttnProbsResult:
     """Attention within each of several sequences packed one after another, as flash-attn's
     `flash_attn_varlen_func`: no padding, and no attention across sequence boundaries.
 
@@ -161,7 +183,9 @@ def flash_attn_varlen_func(
         block_table: must be None (fa2 has no paged KV cache).
 
     Returns:
-        out: `(total_q, heads, head_dim)`, contiguous, in q's dtype.
+        out: `(total_q, heads, head_dim)`, contiguous, in q's dtype; with
+        `return_attn_probs=True`, `(out, softmax_lse, S_dmask)`, softmax_lse `(heads, total_q)`
+        (flash-attn 2's varlen layout) and S_dmask empty, as in `flash_attn_func`.
 
     Example::
 
@@ -171,14 +195,14 @@ def flash_attn_varlen_func(
         >>> flash_attn_varlen_func(q, k, v, cu, cu, 12, 12, causal=True).shape
         torch.Size([18, 4, 32])
     """
-    _refuse_unsupported(dropout_p, alibi_slopes, return_attn_probs, block_table)
+    refuse_unsupported(dropout_p, alibi_slopes, block_table)
     if isinstance(max_seqlen_q, torch.Tensor):
         max_seqlen_q = int(max_seqlen_q)
     if isinstance(max_seqlen_k, torch.Tensor):
         max_seqlen_k = int(max_seqlen_k)
-    return attend(
-        q, k, v, causal=causal, scale=softmax_scale, window_size=window_size, softcap=softcap,
-        layout="thd", deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
+    return _attend_returning(
+        return_attn_probs, q, k, v, causal=causal, scale=softmax_scale, window_size=window_size,
+        softcap=softcap, layout="thd", deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
         bottom_right=True,
     )  # fmt: skip

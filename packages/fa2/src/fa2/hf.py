@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fa2.bert_padding import pad_input, unpad_input
 from fa2.dropin import flash_attn_func, flash_attn_varlen_func
 
 __all__ = ["attention_forward", "register"]
@@ -142,23 +143,14 @@ def _packed_sequences(kwargs: dict, batch: int) -> tuple | None:
 def _padded(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, options: dict
 ) -> torch.Tensor:
-    """Attention over a padded batch: its tokens packed without the padding, attended per
-    sequence (`flash_attn_varlen_func`), and put back in place (zeros at the padding)."""
-    batch, q_len, heads, head_dim = q.shape
+    """Attention over a padded batch: its tokens packed without the padding (`unpad_input`),
+    attended per sequence (`flash_attn_varlen_func`), and put back in place (`pad_input`:
+    zeros at the padding)."""
+    batch, q_len = q.shape[:2]
     kv_mask = mask[:, -k.shape[1] :]  # (batch, kv_len)
     q_mask = kv_mask[:, -q_len:]  # the queries are the last q_len tokens of each row
-    packed = []
-    for m in (q_mask, kv_mask):
-        lengths = m.sum(dim=-1, dtype=torch.int32)
-        cu = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-        packed.append((m.flatten().nonzero().flatten(), cu, int(lengths.max())))
-    (q_rows, cu_q, max_q), (kv_rows, cu_k, max_k) = packed
-    out = flash_attn_varlen_func(
-        q.reshape(-1, heads, head_dim)[q_rows],
-        k.reshape(-1, *k.shape[2:])[kv_rows],
-        v.reshape(-1, *v.shape[2:])[kv_rows],
-        cu_q, cu_k, max_q, max_k, **options,
-    )  # fmt: skip
-    padded = out.new_zeros(batch * q_len, heads, head_dim)
-    padded[q_rows] = out
-    return padded.view(batch, q_len, heads, head_dim)
+    q_rows, q_indices, cu_q, max_q, _ = unpad_input(q, q_mask)
+    k_rows, kv_indices, cu_k, max_k, _ = unpad_input(k, kv_mask)
+    v_rows = v.reshape(-1, *v.shape[2:]).index_select(0, kv_indices)  # k's rows of v
+    out = flash_attn_varlen_func(q_rows, k_rows, v_rows, cu_q, cu_k, max_q, max_k, **options)
+    return pad_input(out, q_indices, batch, q_len)

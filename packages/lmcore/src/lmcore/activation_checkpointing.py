@@ -12,7 +12,7 @@ the meta device it needs no memory at all.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,6 +20,9 @@ from torch.utils.checkpoint import checkpoint
 
 from lmcore.checkpointing_policy import ActivationCheckpointing, Plan
 from lmcore.model import BlockStack
+
+if TYPE_CHECKING:
+    from lmcore.kv_cache import KVCache
 
 __all__ = [
     "CheckpointedBlockStack",
@@ -78,8 +81,11 @@ class CheckpointedBlockStack(BlockStack):
         self.policy = ActivationCheckpointing.parse(policy)
         self.plan = self.policy.plan(len(blocks))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Run the blocks on `x` `(batch, seq, d_model)` through the policy's checkpoints."""
+    def forward(self, x: torch.Tensor, *, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """Run the blocks on `x` `(batch, seq, d_model)` through the policy's checkpoints;
+        with a `kv_cache` (decoding, nothing kept for backward) as a plain `BlockStack`."""
+        if kv_cache is not None:
+            return super().forward(x, kv_cache=kv_cache)
         return self._run(self.plan, x)
 
     def _run(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from lmcore.backends import get_attention
 from lmcore.linear import Linear
 from lmcore.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from lmcore.kv_cache import LayerKVCache
 
 __all__ = ["CausalSelfAttention"]
 
@@ -53,14 +58,21 @@ class CausalSelfAttention(nn.Module):
         # (batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)
         return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Attend over `x` of shape `(batch, seq, d_model)`; returns the same shape."""
-        q = self.rope(self._split_heads(self.q_proj(x), self.num_heads))
-        k = self.rope(self._split_heads(self.k_proj(x), self.num_kv_heads))
+    def forward(self, x: torch.Tensor, *, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
+        """Attend over `x` of shape `(batch, seq, d_model)`; returns the same shape.
+
+        With `kv_cache` (decoding), `x` holds the tokens after the cached ones: their positions
+        start at `kv_cache.offset`, and they attend to the cached tokens too.
+        """
+        offset = 0 if kv_cache is None else kv_cache.offset
+        q = self.rope(self._split_heads(self.q_proj(x), self.num_heads), offset=offset)
+        k = self.rope(self._split_heads(self.k_proj(x), self.num_kv_heads), offset=offset)
         v = self._split_heads(self.v_proj(x), self.num_kv_heads)
-        o = self.attend(q, k, v, causal=True)  # (batch, heads, seq, head_dim)
-        o = o.transpose(1, 2).flatten(-2)  # (batch, seq, d_model)
-        return self.output_proj(o)
+        if kv_cache is None:
+            o = self.attend(q, k, v, causal=True).transpose(1, 2)  # (batch, seq, heads, head_dim)
+        else:
+            o = kv_cache.attend(q, k, v)  # (batch, seq, heads, head_dim)
+        return self.output_proj(o.flatten(-2))  # (batch, seq, d_model)
 
     def extra_repr(self) -> str:
         return (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -11,6 +13,9 @@ from lmcore.ffn import SwiGLU
 from lmcore.linear import Embedding, LMHead
 from lmcore.norm import RMSNorm
 from lmcore.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from lmcore.kv_cache import KVCache, LayerKVCache
 
 __all__ = ["BlockStack", "TransformerBlock", "TransformerLM"]
 
@@ -34,9 +39,10 @@ class TransformerBlock(nn.Module):
         self.ln2 = RMSNorm(config.d_model)
         self.ffn = SwiGLU(config.d_model, config.d_ff)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Map the residual stream `(batch, seq, d_model)` to the same shape."""
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, *, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
+        """Map the residual stream `(batch, seq, d_model)` to the same shape (with `kv_cache`:
+        new tokens after the cached ones)."""
+        x = x + self.attn(self.ln1(x), kv_cache=kv_cache)
         x = x + self.ffn(self.ln2(x))
         return x
 
@@ -50,10 +56,11 @@ class BlockStack(nn.ModuleList):
     under checkpoints.
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Run every block in order on `x` `(batch, seq, d_model)`."""
-        for block in self:
-            x = block(x)
+    def forward(self, x: torch.Tensor, *, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """Run every block in order on `x` `(batch, seq, d_model)`, block i with layer i of
+        `kv_cache` when decoding with one."""
+        for i, block in enumerate(self):
+            x = block(x) if kv_cache is None else block(x, kv_cache=kv_cache.layer(i))
         return x
 
 
@@ -179,13 +186,22 @@ class TransformerLM(nn.Module):
             if module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
-    def forward(self, token_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """Next-token logits for every position, or, given targets, the loss without the logits.
 
         Args:
             token_ids: integer tensor `(batch, seq)` with `1 <= seq <= context_length`.
             targets: integer tensor `(batch, seq)` of next-token ids (or -100 for a position
                 to leave out), or None.
+            kv_cache: decode against a `KVCache`: `token_ids` are the tokens after the
+                `kv_cache.length` cached ones (positions from there on), which they attend to;
+                their keys and values are added to the cache. None: the sequence from position 0.
 
         Returns:
             Without targets, logits `(batch, seq, vocab_size)`; position `i` depends only on
@@ -195,8 +211,8 @@ class TransformerLM(nn.Module):
 
         Raises:
             TypeError: `token_ids` or `targets` is not an integer tensor.
-            ValueError: `token_ids` is not 2-D, the sequence is empty or too long, or
-                `targets` has another shape.
+            ValueError: `token_ids` is not 2-D, the sequence is empty or too long (with the
+                cached tokens, for the context or the cache), or `targets` has another shape.
         """
         _check_tokens("token_ids", token_ids)
         if token_ids.dim() != 2 or not 1 <= token_ids.shape[1] <= self.config.context_length:
@@ -211,8 +227,14 @@ class TransformerLM(nn.Module):
                     f"targets must have the shape of token_ids {tuple(token_ids.shape)}, got "
                     f"{tuple(targets.shape)}"
                 )
+        if kv_cache is not None:
+            kv_cache.check_room(token_ids.shape[1])
         x = self.token_embeddings(token_ids)  # (batch, seq, d_model)
-        x = self.layers(x)
+        if kv_cache is None:
+            x = self.layers(x)
+        else:
+            x = self.layers(x, kv_cache=kv_cache)
+            kv_cache.advance(token_ids.shape[1])
         # (batch, seq, vocab_size) logits, or the loss of the targets under them
         return self.lm_head(self.ln_final(x), targets)
 

@@ -62,10 +62,11 @@ class RotaryEmbedding(nn.Module):
                 self._buffers[name] = before.to(device=after.device)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate `x` `(..., seq, head_dim)` for positions `0 … seq-1`; same shape and dtype."""
+    def forward(self, x: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
+        """Rotate `x` `(..., seq, head_dim)` for positions `offset … offset+seq-1` (`offset`:
+        tokens before these, as when decoding with a KV cache); same shape and dtype."""
         seq = x.shape[-2]
-        cos, sin = self.cos[:seq], self.sin[:seq]  # (seq, head_dim // 2)
+        cos, sin = self.cos[offset : offset + seq], self.sin[offset : offset + seq]  # (seq, d // 2)
         pairs = x.unflatten(-1, (-1, 2))  # (..., seq, head_dim // 2, 2)
         even, odd = pairs[..., 0], pairs[..., 1]
         rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
