@@ -2,7 +2,8 @@
 
 A plan is a list of parts, each with the GPUs it may use. Parts on disjoint GPUs run at the same
 time; a part waits until its GPUs are free, and parts that share a GPU run in the order given
-(`wait` makes every later part wait for every earlier one). Each part sees only its own GPUs
+(`wait` makes every later part wait for every earlier one). Each part runs in the repository
+root with every package's sources on `PYTHONPATH`, sees only its own GPUs
 (`CUDA_VISIBLE_DEVICES`), runs with NVLink multicast off (`NCCL_NVLS_ENABLE=0`) and a
 `MASTER_PORT` of its own (also as `PET_MASTER_PORT`, which torchrun reads for `--master-port`),
 writes into its own folder under `--results` (`OUT` names it; its output goes to `log.txt`
@@ -359,6 +360,7 @@ class Runner:
             "RUN_LOG": (part.folder / "commands.tsv").as_posix(),
             "MULTI_GPU_BULK": (self.results / "bulk").as_posix(),
             "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": _python_path(),
         }
         limit = min(part.limit_s or left, left)
         if part.limit_s and limit < part.limit_s:
@@ -543,11 +545,14 @@ def _record(args: argparse.Namespace, parts: Sequence[Part], log: Path) -> None:
     argv += [f"--note={note}" for note in args.note]
     # the recorded commands and results name no machine's paths
     argv += [f"--replace={args.results}=DIR", f"--replace={args.text}=TEXT_FILE"]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(map(str, sorted(ROOT.glob("packages/*/src")))),
-    }
-    subprocess.run(argv, cwd=ROOT, env=env, check=False)
+    subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": _python_path()}, check=False)
+
+
+def _python_path() -> str:
+    """Every package's sources first on the path (the parts need no installation), then the
+    caller's own path."""
+    sources = [p.as_posix() for p in sorted(ROOT.glob("packages/*/src"))]
+    return os.pathsep.join([*sources, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def _from_root(path: str | Path) -> str:

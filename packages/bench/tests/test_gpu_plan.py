@@ -110,7 +110,7 @@ def test_the_committed_plans_parse_and_their_first_parts_fit_by_their_limits(pla
 # not outlive it.
 ENV = (
     "echo $(date +%s.%N) $CUDA_VISIBLE_DEVICES $GPUS $NCCL_NVLS_ENABLE $MASTER_PORT "
-    "$PET_MASTER_PORT > $OUT/env.txt"
+    "$PET_MASTER_PORT ${PYTHONPATH%%:*} > $OUT/env.txt"
 )
 PLAN = [
     f"0:ok={ENV}; sleep 1; echo '# r' > $OUT/r_x.md; echo {{}} > $OUT/r_x.json",
@@ -139,6 +139,7 @@ def test_a_plan_runs_its_parts_side_by_side_and_summarises_them(plan, tmp_path, 
     assert env["ok"][:3] == ["0", "1", "0"] and env["bad"][:3] == ["1,2", "2", "0"]
     ports = [e[3] for e in env.values()]
     assert len(set(ports)) == 3 and all(e[3] == e[4] for e in env.values())
+    assert {e[5] for e in env.values()} == {(SCRIPTS.parent / "src").as_posix()}  # no install
     child = (results / "slow" / "child.pid").read_text().strip()
     assert not _alive(int(child))  # stopped with everything it started
     assert "broken" in (results / "bad" / "log.txt").read_text()
