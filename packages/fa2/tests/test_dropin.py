@@ -8,6 +8,9 @@ TRITON_INTERPRET=1), so shapes stay small; with CUDA every test runs on the GPU.
 import pytest
 import torch
 import torch.nn.functional as F
+from oracle_checks import assert_within_twice_plain as _compare
+from oracle_checks import grads as _grads
+from oracle_checks import relative_error as _error
 
 from fa2 import (
     attention_reference,
@@ -24,28 +27,6 @@ IMPLS = ("pytorch", "triton")
 
 def _randn(*shape, dtype=torch.float32, device=DEVICE):
     return torch.randn(*shape, device=device).to(dtype).requires_grad_()
-
-
-def _error(x, ref):
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-12)).item()
-
-
-def _grads(o, inputs, do):
-    return [o, *torch.autograd.grad(o, inputs, do)]
-
-
-def _compare(ours, oracle, plain, dtype):
-    """Each of o, dq, dk, dv: error vs float64 at most 2x plain PyTorch's in this dtype + a floor
-    (flash-attn's test tolerance); where the oracle is 0 (nothing seen) ours must be 0 too."""
-    floor = 1e-5 if dtype == torch.float32 else 1e-3
-    for name, x, ref, p in zip(("o", "dq", "dk", "dv"), ours, oracle, plain, strict=True):
-        assert x.shape == ref.shape, name
-        assert torch.isfinite(x).all(), f"{name} has non-finite values"
-        if ref.norm() < 1e-9:
-            torch.testing.assert_close(x.double(), ref, atol=1e-6, rtol=0)
-            continue
-        err, budget = _error(x, ref), 2 * _error(p, ref) + floor
-        assert err <= budget, f"{name}: error {err:.2e} > budget {budget:.2e}"
 
 
 def _check_dense(impl, q, k, v, layout="bhsd", **options):

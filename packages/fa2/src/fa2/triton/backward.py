@@ -37,6 +37,7 @@ from fa2.triton.configs import (
     delta_rows,
     head_counts,
     kernel_scales,
+    l2_group,
     seq_bucket,
 )
 from fa2.triton.forward import ForwardPlan
@@ -57,7 +58,9 @@ from fa2.triton.tiles import (
     band,
     key_range,
     load_row_pair,
+    load_rows,
     load_tile,
+    program_ids,
     query_range,
     row_source,
     sequence,
@@ -104,10 +107,11 @@ def _dkdv_tiles(
     LARGE: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     TMA: tl.constexpr,
+    WS: tl.constexpr,
 ):
     """Accumulate into (dk, dv) of one key tile the query tiles [start, end) of one query head;
     with ATOMIC_DQ also add this key tile's share of dQ into the fp32 rows at dq_base."""
-    for start_m in tl.range(start, end, BLOCK_M):
+    for start_m in tl.range(start, end, BLOCK_M, warp_specialize=WS):
         rows = start_m + tl.arange(0, BLOCK_M)
         if MASKED:
             lse = tl.load(l_base + rows, mask=rows < n_q, other=0.0)
@@ -204,34 +208,40 @@ def _dkdv_kernel(
     EVEN_Q: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     TMA: tl.constexpr,
+    WS: tl.constexpr,
+    L2_GROUP: tl.constexpr,
 ):
     """dK and dV of BLOCK_N keys; with ATOMIC_DQ also dQ, added atomically into DQ: fp32,
     zeroed, contiguous `(..., heads, N_Q, HEAD_DIM)` (unread otherwise). Masks, packed
-    sequences (VARLEN) and the softcap as in the forward kernel."""
+    sequences (VARLEN) and the softcap as in the forward kernel. WS: one warp-specialised
+    loop over the query tiles (configs, "Warp specialisation"); L2_GROUP: the launch order
+    (`program_ids`)."""
     tl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
     # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
     cap_scale = tl.cast(cap_scale, tl.float32)
-    pid_n = tl.program_id(0)
+    pid_n, pid_bh = program_ids(L2_GROUP)
     # One program per (batch, key/value head): it sums over the GROUP query heads sharing it,
     # so dK and dV of a shared head are written once, without atomics.
-    bh = tl.program_id(1).to(tl.int64)
+    bh = pid_bh.to(tl.int64)
     b, hk = bh // KV_HEADS, bh % KV_HEADS
     q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)
     # The grid covers the longest sequence; tiles past this one's end have no work. (Two
-    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
-    if VARLEN:  # noqa: SIM102
+    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.) A
+    # warp-specialised loop may not follow a return (the pass fails): there such a tile runs
+    # no query tile and, its keys past the end, stores nothing.
+    if VARLEN and not WS:  # noqa: SIM102
         if pid_n * BLOCK_N >= n_k:
             return
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    k = load_tile(
-        at_row(K + b * stride_kb + hk * stride_kh, k_start, stride_kn, VARLEN), offs_n,
-        stride_kn, offs_d, n_k, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+    k = load_rows(
+        at_row(K + b * stride_kb + hk * stride_kh, k_start, stride_kn, VARLEN), pid_n * BLOCK_N,
+        n_k, stride_kn, offs_d, HEAD_DIM, BLOCK_N, BLOCK_D, UPCAST, LARGE, WS,
     )  # fmt: skip
-    v = load_tile(
-        at_row(V + b * stride_vb + hk * stride_vh, k_start, stride_vn, VARLEN), offs_n,
-        stride_vn, offs_d, n_k, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+    v = load_rows(
+        at_row(V + b * stride_vb + hk * stride_vh, k_start, stride_vn, VARLEN), pid_n * BLOCK_N,
+        n_k, stride_vn, offs_d, HEAD_DIM, BLOCK_N, BLOCK_D, UPCAST, LARGE, WS,
     )  # fmt: skip
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -261,27 +271,37 @@ def _dkdv_kernel(
             dq_base = tl.make_tensor_descriptor(
                 dq_base, [n_q, HEAD_DIM], [HEAD_DIM, 1], block_shape=[BLOCK_M, BLOCK_D]
             )
-        if IS_CAUSAL:
+        if WS:  # one warp-specialised loop over every query tile, each masked
+            if VARLEN:
+                end = tl.where(pid_n * BLOCK_N < n_k, end, start)
             dk, dv = _dkdv_tiles(
                 dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
-                offs_n, offs_d, start, masked_end, n_q, lo, hi, qk_scale, sm_scale, cap_scale,
+                offs_n, offs_d, start, end, n_q, lo, hi, qk_scale, sm_scale, cap_scale,
                 HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, LOCAL, SOFTCAP, UPCAST, PRECISION,
-                LARGE, ATOMIC_DQ, TMA,
+                LARGE, ATOMIC_DQ, TMA, True,
             )  # fmt: skip
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
-            offs_n, offs_d, full_start, full_end, n_q, lo, hi, qk_scale, sm_scale, cap_scale,
-            HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, LOCAL, SOFTCAP, UPCAST, PRECISION,
-            LARGE, ATOMIC_DQ, TMA,
-        )  # fmt: skip
-        if not EVEN_Q or LOCAL:  # Compiled out otherwise: on an H100 the mere presence of
-            # this (empty) loop made the whole kernel 25% slower (measured).
+        else:
+            if IS_CAUSAL:
+                dk, dv = _dkdv_tiles(
+                    dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn,
+                    stride_don, offs_n, offs_d, start, masked_end, n_q, lo, hi, qk_scale,
+                    sm_scale, cap_scale, HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, LOCAL,
+                    SOFTCAP, UPCAST, PRECISION, LARGE, ATOMIC_DQ, TMA, False,
+                )  # fmt: skip
             dk, dv = _dkdv_tiles(
                 dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn, stride_don,
-                offs_n, offs_d, tl.maximum(full_start, full_end), end, n_q, lo, hi, qk_scale,
-                sm_scale, cap_scale, HEAD_DIM, BLOCK_M, BLOCK_D, True, IS_CAUSAL, LOCAL,
-                SOFTCAP, UPCAST, PRECISION, LARGE, ATOMIC_DQ, TMA,
+                offs_n, offs_d, full_start, full_end, n_q, lo, hi, qk_scale, sm_scale, cap_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_D, False, IS_CAUSAL, LOCAL, SOFTCAP, UPCAST, PRECISION,
+                LARGE, ATOMIC_DQ, TMA, False,
             )  # fmt: skip
+            if not EVEN_Q or LOCAL:  # Compiled out otherwise: on an H100 the mere presence of
+                # this (empty) loop made the whole kernel 25% slower (measured).
+                dk, dv = _dkdv_tiles(
+                    dk, dv, k, v, q_src, do_src, l_base, delta_base, dq_base, stride_qn,
+                    stride_don, offs_n, offs_d, tl.maximum(full_start, full_end), end, n_q, lo,
+                    hi, qk_scale, sm_scale, cap_scale, HEAD_DIM, BLOCK_M, BLOCK_D, True,
+                    IS_CAUSAL, LOCAL, SOFTCAP, UPCAST, PRECISION, LARGE, ATOMIC_DQ, TMA, False,
+                )  # fmt: skip
 
     store_tile(
         at_row(DK + b * stride_dkb + hk * stride_dkh, k_start, stride_dkn, VARLEN), offs_n,
@@ -422,15 +442,17 @@ def _dq_kernel(
     TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    L2_GROUP: tl.constexpr,
 ):
     """dQ of BLOCK_M query rows, and D = rowsum(dO ∘ O) of them for the dK/dV pass. Masks,
-    packed sequences (VARLEN) and the softcap as in the forward kernel."""
+    packed sequences (VARLEN) and the softcap as in the forward kernel; L2_GROUP: the launch
+    order (`program_ids`)."""
     tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal must start on a key tile")
     # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
     cap_scale = tl.cast(cap_scale, tl.float32)
-    pid_m = tl.program_id(0)
-    q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, tl.program_id(1) // HEADS, N_Q, N_K, VARLEN)
+    pid_m, pid_bh = program_ids(L2_GROUP)
+    q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, pid_bh // HEADS, N_Q, N_K, VARLEN)
     # The grid covers the longest sequence; tiles past this one's end have no work. (Two
     # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
     if VARLEN:  # noqa: SIM102
@@ -438,7 +460,7 @@ def _dq_kernel(
             return
     if IS_CAUSAL:
         pid_m = tl.cdiv(n_q, BLOCK_M) - 1 - pid_m  # heaviest tiles first
-    bh = tl.program_id(1).to(tl.int64)  # (batch, query head)
+    bh = pid_bh.to(tl.int64)  # (batch, query head)
     b, h = bh // HEADS, bh % HEADS
     if VARLEN:  # L and D: (heads, N_Q)
         rows_base = h * N_Q + q_start
@@ -596,9 +618,22 @@ class BackwardPlan:
         kv_tma = tma_layouts((kv, views[2]), [sk, sv], traced=traced)
         q_do_tma = tma_layouts((qv, views[4]), [sq, sdo], traced=traced)
         self.tma_loads = dict(dq=kv_tma, dkdv=q_do_tma, fused=q_do_tma)
+        # A warp-specialised tile also reads its own keys and values through descriptors
+        # (`load_rows`); only the dK/dV pass and the single pass have such tiles.
+        self.ws_loads = kv_tma and q_do_tma
         self.meta = dict(fwd.meta)
         self.meta.update(LARGE=needs_int64([t.shape for t in views], strides))
         self.varlen = fwd.varlen
+        # The passes' launch order (`configs.l2_group`), by the bytes of the rows each
+        # (batch, head) of the grid re-reads: K and V in the dQ pass, Q and dO of the query
+        # heads sharing a key/value head in the dK/dV pass; at most the grid's rows. Packed
+        # sequences keep the grid's order.
+        row_bytes = 2 * d * q.element_size()
+        rows = self.batch_heads, self.batch_heads // group
+        self.l2_groups = dict(
+            dq=1 if self.varlen else min(l2_group(n_k * row_bytes), rows[0]),
+            dkdv=1 if self.varlen else min(l2_group(group * n_q * row_bytes), rows[1]),
+        )
 
         def tuning_run(which: str) -> Callable[[Tile], None]:  # for FA2_AUTOTUNE only
             def run(tile: Tile) -> None:
@@ -613,6 +648,8 @@ class BackwardPlan:
             precision=fwd.precision,
             seq_len=fwd.seq_len,
             key=lambda: (fwd.call.band, seq_bucket(n_q, n_k)),
+            # dK/dV's loop over grouped heads around a specialised one fails to compile
+            specialisable=self.ws_loads and group == 1,
         )
         # In launch order: the first pass writes D, which the second reads.
         passes = (("fused", DKDV_ATOMIC),) if self.single_pass else (("dq", DQ), ("dkdv", DKDV))
@@ -642,12 +679,15 @@ class BackwardPlan:
         if which == "dq":
             kernel, grid = _dq_kernel, (cdiv(self.n_q, tile.block_m), self.batch_heads)
             checked = (0, 1, 2, 4, 8, 9) if self.varlen else (0, 1, 2, 4)
+            constexprs["L2_GROUP"] = self.l2_groups["dq"]
         else:
             # one program per (batch, key/value head) and key tile
             grid = (cdiv(self.n_k, tile.block_n), self.batch_heads // self.meta["GROUP"])
             kernel = _dkdv_kernel
             constexprs["EVEN_Q"] = not self.varlen and self.n_q % tile.block_m == 0
             constexprs["ATOMIC_DQ"] = 0 if which == "dkdv" else (2 if self.tma_reduce else 1)
+            constexprs["WS"] = tile.ws and tma  # plain loads (misaligned tensors): plain kernel
+            constexprs["L2_GROUP"] = self.l2_groups["dkdv"]
             checked = (0, 1, 2, 3, 9, 10) if self.varlen else (0, 1, 2, 3)
         return CachedLaunch(
             kernel, None if self.varlen else grid, constexprs, num_warps=tile.warps,

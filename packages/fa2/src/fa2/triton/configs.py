@@ -5,13 +5,29 @@ and dtype width. The first entry of each list is the default: the fastest in a s
 at the CS336 leaderboard shapes (see docs/design/fa2.md); it is what runs unless FA2_AUTOTUNE=1,
 which times the whole list once per shape class and keeps the fastest. The default path is
 deterministic, costs no tuning time on the first call and adds nothing to the launch. Under
-Triton's CPU interpreter a single small tile is used, smaller than the test shapes, so that the
+Triton's CPU interpreter a small tile is used, smaller than the test shapes, so that the
 masked, ragged and diagonal code paths all run.
+
+Three environment variables choose among the candidates, read here and nowhere else (see
+`tile_settings`; a launch plan is built for each combination of their values, so a process
+may compare candidates by changing them between calls):
+
+- FA2_AUTOTUNE=1: time every listed tile once per shape class and keep the fastest.
+- FA2_TILES="kernel=tile,...": launch these listed candidates instead of the defaults, e.g.
+  `FA2_TILES="forward=128x64/4w/2s+TMA+WS,dkdv=32x128/4w/2s+TMA+WS"`. Kernels: forward, dq,
+  dkdv, single-pass (naming it also lets a `deterministic=False` call of any dtype take the
+  single pass); tiles as `Tile.__str__` writes them. A tile that the call's list does not
+  hold raises, naming the candidates.
+- FA2_L2_GROUP: the launch order of the backward passes (`l2_group`): unset or 1, each
+  (batch, head)'s tiles in turn; "auto" or a number, heads taken in groups whose inputs fit
+  in L2 together.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -25,6 +41,8 @@ __all__ = [
     "DQ",
     "FORWARD",
     "INTERPRET",
+    "KERNELS",
+    "L2_BUDGET",
     "LOG2E",
     "PRECISIONS",
     "SHORT_SEQ",
@@ -35,18 +53,30 @@ __all__ = [
     "choose_tile",
     "delta_rows",
     "dot_precision",
+    "forced_tile",
     "head_counts",
     "kernel_meta",
     "kernel_scales",
     "known_true",
+    "l2_group",
     "seq_bucket",
     "single_pass_backward",
+    "tile_settings",
     "timings",
     "upcast",
 ]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernels use the faster exp2
+
+
+_SETTINGS = ("FA2_AUTOTUNE", "FA2_TILES", "FA2_L2_GROUP")
+
+
+def tile_settings() -> tuple[str | None, ...]:
+    """The environment variables that choose tiles and launch orders (module docstring), as
+    set now: part of every launch plan's key."""
+    return tuple(os.environ.get(name) for name in _SETTINGS)
 
 
 def autotuning() -> bool:
@@ -157,6 +187,28 @@ class Tile(NamedTuple):
     # Read the tiles of the inner loop through TMA descriptors (Hopper's copy unit) where the
     # device and the layout allow (`fa2.triton.launch.tma_layouts`); plain loads elsewhere.
     tma: bool = False
+    # Warp-specialised (needs `tma`; see "Warp specialisation" below): one inner loop over
+    # every tile, each masked, which Triton splits into a TMA producer warp and two consumer
+    # warpgroups. A call that cannot take it gets the list's default (`choose_tile`); a
+    # misaligned tensor, the same block sizes in the plain kernel (as `tma` tiles do).
+    ws: bool = False
+
+    def __str__(self) -> str:
+        """As the sweeps and FA2_TILES write it: "128x64/4w/2s+TMA+WS"."""
+        flags = "".join(f"+{name.upper()}" for name in ("tma", "ws") if getattr(self, name))
+        return f"{self.block_m}x{self.block_n}/{self.warps}w/{self.stages}s{flags}"
+
+    @classmethod
+    def parse(cls, text: str) -> Tile:
+        """The tile `str(tile)` wrote (flags in any case and order)."""
+        match = re.fullmatch(r"(\d+)x(\d+)/(\d+)w/(\d+)s((?:\+\w+)*)", text.strip())
+        flags = match and match.group(5).lower().split("+")[1:]
+        if not match or not set(flags) <= {"tma", "ws"}:
+            raise ValueError(
+                f"a tile is written like 128x64/4w/2s, optionally +TMA and +WS; got {text!r}"
+            )
+        sizes = (int(match.group(i)) for i in range(1, 5))
+        return cls(*sizes, tma="tma" in flags, ws="ws" in flags)
 
 
 # Candidates by (head-dim block, 16-bit or fp32 and its dot precision); the first is the default,
@@ -169,15 +221,33 @@ class Tile(NamedTuple):
 # Sequences of at most SHORT_SEQ tokens take a table's `_short` list where it has one: a short
 # loop's fixed costs weigh more there, and a smaller tile, two programs to a multiprocessor,
 # hides them (d = 128 forward: 0.335 against 0.372 ms at (4, 32, 2048)).
+#
+# Warp specialisation ("+WS" tiles; candidates, not yet defaults: no GPU has timed them). For
+# sm_90 Triton 3.6 splits a loop written `tl.range(..., warp_specialize=True)` into one TMA
+# producer warp and two consumer warpgroups, each taking half of the tile's 128 rows (FA3's
+# layout), when: the kernel has 4 warps (with 8 it silently does not specialise); the loop is
+# the kernel's only one (a second loop after it crashes the pass, so causal and ragged tiles
+# are masked inside it); and every tile its matmuls read comes through a TMA descriptor, the
+# program's own rows (q; k and v) too (a plain load there crashes it); and the kernel does not
+# return early (packed sequences' tiles past their end idle instead). The forward splits its
+# 128 query rows, dK/dV its 128 keys. dK/dV with grouped heads (the loop over the query heads
+# around the specialised one, unrolled or not), dQ (its row vectors L and D along the split
+# rows) and the single pass (dQ summed over the split keys) do not compile specialised: they
+# take the plain kernels. Compiled for sm_90 on a CPU: docs/design/fa2.md, "Warp
+# specialisation on Hopper".
 SHORT_SEQ = 4096
 FORWARD = {
-    "interpreter": [Tile(32, 16, 1, 1)],
+    # the second tile runs the warp-specialised kernel's loop (tests force it)
+    "interpreter": [Tile(32, 16, 1, 1), Tile(32, 16, 1, 1, tma=True, ws=True)],
     # 1.33 ms at (16, 16384, 64) (64x64/4w/3s 1.44); TMA slower here (1.263 -> 1.279)
     "16bit_d64": [
         Tile(128, 64, 8, 4),
         Tile(128, 64, 8, 3),
         Tile(64, 64, 4, 3),
         Tile(128, 64, 4, 3),
+        Tile(128, 64, 4, 2, tma=True, ws=True),
+        Tile(128, 64, 4, 3, tma=True, ws=True),
+        Tile(128, 128, 4, 2, tma=True, ws=True),
     ],
     # 1.992 ms at (16, 16384, 128) (3 stages 2.005, 64x64/4w/3s+TMA 2.099)
     "16bit_d128": [
@@ -185,11 +255,15 @@ FORWARD = {
         Tile(128, 64, 8, 3, tma=True),
         Tile(128, 64, 8, 3),
         Tile(64, 64, 4, 3, tma=True),
+        Tile(128, 64, 4, 2, tma=True, ws=True),
+        Tile(128, 64, 4, 3, tma=True, ws=True),
+        Tile(128, 128, 4, 2, tma=True, ws=True),
     ],
     # 0.335 ms at (4, 32, 2048, 128) (128x64/8w/3s+TMA 0.372), 0.589 at 4096 (0.628)
     "16bit_d128_short": [
         Tile(64, 64, 4, 3, tma=True),
         Tile(128, 64, 8, 3, tma=True),
+        Tile(128, 64, 4, 2, tma=True, ws=True),
     ],
     "16bit_d256": [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2)],  # untimed
     # exact fp32 ("ieee") at (4, 8192, 64): 2.95 ms (64x32/4w/2s 4.98)
@@ -212,25 +286,31 @@ FORWARD = {
     "tf32_d256": [Tile(32, 32, 4, 2), Tile(64, 32, 4, 1)],  # untimed
 }
 DKDV = {
-    "interpreter": [Tile(16, 32, 1, 1)],
+    # the second tile runs the warp-specialised kernel's loop (tests force it)
+    "interpreter": [Tile(16, 32, 1, 1), Tile(16, 32, 1, 1, tma=True, ws=True)],
     # 2.05 ms at (16, 16384, 64) (64x64/4w/4s 2.19, 32x64/4w/4s 2.29); TMA about equal
     "16bit_d64": [
         Tile(64, 64, 4, 3),
         Tile(64, 64, 4, 4),
         Tile(32, 64, 4, 4),
         Tile(64, 64, 4, 3, tma=True),
+        Tile(64, 128, 4, 2, tma=True, ws=True),
+        Tile(32, 128, 4, 2, tma=True, ws=True),
     ],
     # 3.649 ms at (16, 16384, 128), no spills (64x64/4w/2s, which spills, 3.754)
     "16bit_d128": [
         Tile(32, 64, 4, 3, tma=True),
         Tile(64, 64, 4, 2),
         Tile(32, 64, 4, 3),
+        Tile(32, 128, 4, 2, tma=True, ws=True),
+        Tile(32, 128, 4, 3, tma=True, ws=True),
     ],
     # the whole backward 0.04-0.06 ms faster at (4, 32, 2048, 128) than with 32x64/4w/3s
     "16bit_d128_short": [
         Tile(64, 64, 4, 2),
         Tile(32, 64, 4, 3),
         Tile(32, 64, 4, 3, tma=True),
+        Tile(32, 128, 4, 2, tma=True, ws=True),
     ],
     "16bit_d256": [Tile(16, 64, 4, 2), Tile(32, 64, 8, 1)],  # untimed
     # exact fp32 at (4, 8192, 64): 5.82 ms (32x64/4w/2s 9.77)
@@ -255,19 +335,24 @@ DKDV = {
     "tf32_d256": [Tile(16, 32, 4, 2), Tile(32, 32, 4, 1)],  # untimed
 }
 DQ = {
-    "interpreter": [Tile(32, 16, 1, 1)],
+    # the second tile, as many keys as queries, stands for the 128x128 candidates
+    "interpreter": [Tile(32, 16, 1, 1), Tile(32, 32, 1, 1)],
     # TMA: 1.384 ms at (16, 16384, 64) (plain 1.431)
     "16bit_d64": [
         Tile(128, 64, 8, 3, tma=True),
         Tile(128, 64, 8, 3),
         Tile(64, 64, 4, 3),
         Tile(128, 64, 4, 3),
+        Tile(128, 128, 8, 2, tma=True),
+        Tile(128, 128, 8, 3, tma=True),
     ],
     # 2.405 ms at (16, 16384, 128) (with TMA 2.579)
     "16bit_d128": [
         Tile(128, 64, 8, 3),
         Tile(64, 64, 4, 2, tma=True),
         Tile(64, 32, 4, 3, tma=True),
+        Tile(128, 128, 8, 2, tma=True),
+        Tile(128, 128, 8, 2),
     ],
     "16bit_d256": [Tile(64, 16, 4, 2), Tile(64, 32, 8, 1)],  # untimed
     # exact fp32 at (4, 8192, 64): 5.16 ms (64x32/4w/2s 7.78)
@@ -325,12 +410,58 @@ DKDV_ATOMIC = {
 }
 
 
+# The tables by the kernel names FA2_TILES uses.
+KERNELS = {"forward": FORWARD, "dq": DQ, "dkdv": DKDV, "single-pass": DKDV_ATOMIC}
+
+
 def single_pass_backward(dtype: torch.dtype) -> bool:
     """Whether a backward allowed to be nondeterministic takes the single-pass form. Measured
     on an H100: faster for fp32 inputs, whose every matmul is three tensor-core products
     under "tf32x3" (so the two matmuls it saves weigh more than its atomic additions), slower
-    for 16-bit ones (docs/results/fa2_single_pass_h100_2026-11-23.md)."""
-    return dtype == torch.float32
+    for 16-bit ones (docs/results/fa2_single_pass_h100_2026-11-23.md). Any dtype where
+    FA2_TILES names a single-pass tile."""
+    return dtype == torch.float32 or forced_tile("single-pass") is not None
+
+
+_forced: dict[str, dict[str, Tile]] = {}
+
+
+def forced_tile(kernel: str) -> Tile | None:
+    """The tile FA2_TILES names for `kernel` (a key of KERNELS), or None."""
+    text = os.environ.get("FA2_TILES", "")
+    if text not in _forced:
+        tiles = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, _, tile = item.partition("=")
+            if name.strip() not in KERNELS or not tile:
+                raise ValueError(
+                    f"FA2_TILES takes kernel=tile items separated by commas, kernels "
+                    f"{', '.join(KERNELS)}; got {item!r}"
+                )
+            tiles[name.strip()] = Tile.parse(tile)
+        _forced[text] = tiles
+    return _forced[text].get(kernel)
+
+
+# Bytes of the rows a backward pass re-reads from L2 (Q and dO for dK/dV, K and V for dQ) that
+# the heads of one group may take together: FA3's `size_l2` (32 MiB, hopper/tile_scheduler.hpp),
+# which groups heads for the same reason on the same 50 MB L2.
+L2_BUDGET = 32 * 2**20
+
+
+def l2_group(bytes_per_head: int) -> int:
+    """How many (batch, head) pairs of a backward pass run together (FA2_L2_GROUP): 1 (unset,
+    or "1") launches each one's tiles in turn, as the grid lists them; with "auto" the most
+    heads, a power of two, whose re-read rows (`bytes_per_head` each) fit in L2_BUDGET
+    together; or the number given. Within a group the tiles go heaviest first across its
+    heads (as FA3's and cuDNN's schedulers order them), so that the rows those heads
+    re-read stay in L2 between visits. An option to measure, not yet a default."""
+    text = os.environ.get("FA2_L2_GROUP", "1").strip().lower()
+    if text == "auto":
+        return 1 << max(0, int(math.log2(max(L2_BUDGET // max(bytes_per_head, 1), 1))))
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f'FA2_L2_GROUP must be a positive number or "auto", got {text!r}')
+    return int(text)
 
 
 def delta_rows(head_dim: int) -> int:
@@ -381,18 +512,36 @@ def choose_tile(
     seq_len: int,
     key: Callable[[], tuple],
     run: Callable[[Tile], object] | None,
+    specialisable: bool = True,
 ) -> Tile:
-    """The tile to launch with: the table's default, or with FA2_AUTOTUNE=1 the fastest of the
-    list for `key()`, found once by timing `run(tile)` for each candidate (never without
-    a `run`, e.g. while torch.compile traces with tensors that hold no data).
+    """The tile to launch with: the table's default, the one FA2_TILES names, or with
+    FA2_AUTOTUNE=1 the fastest of the list for `key()`, found once by timing `run(tile)` for
+    each candidate (never without a `run`, e.g. while torch.compile traces with tensors that
+    hold no data).
 
     `seq_len` (the longer of the query and key lengths) picks a family's `_short` list where
     the table has one and the sequences are at most `SHORT_SEQ` long (when traced with
-    symbolic lengths: only where that holds for every length)."""
+    symbolic lengths: only where that holds for every length). FA2_TILES may name a tile of
+    either list of the family. Where the call cannot run a warp-specialised kernel
+    (`specialisable` False: its rows cannot be read through TMA descriptors, or dK/dV has
+    grouped heads), "+WS" tiles are left out: a named one gives way to the list's default,
+    whose block sizes suit the plain kernel."""
     short = known_true(seq_len <= SHORT_SEQ)
-    keys = [k for f in _families(head_dim_block, dtype.itemsize, precision)
-            for k in ((f"{f}_short", f) if short else (f,))]  # fmt: skip
+    families = _families(head_dim_block, dtype.itemsize, precision)
+    keys = [k for f in families for k in ((f"{f}_short", f) if short else (f,))]
     candidates = next(table[k] for k in keys if k in table)
+    kernel = next((name for name, known in KERNELS.items() if known is table), None)
+    forced = kernel and forced_tile(kernel)
+    if forced:
+        listed = {t for f in families for k in (f"{f}_short", f) for t in table.get(k, ())}
+        if forced not in listed:
+            raise ValueError(
+                f"FA2_TILES names {kernel} tile {forced}, which is not a candidate for this "
+                f"call ({', '.join(families)}); candidates: {', '.join(map(str, listed))}"
+            )
+        return candidates[0] if forced.ws and not specialisable else forced
+    if not specialisable:
+        candidates = [tile for tile in candidates if not tile.ws]
     if run is None or not autotuning() or len(candidates) == 1:
         return candidates[0]
     full_key = (id(table), head_dim_block, dtype, precision, *key())

@@ -20,13 +20,13 @@ from fa2.layouts import as_bhsd
 from fa2.triton.configs import (
     FORWARD,
     Tile,
-    autotuning,
     cdiv,
     choose_tile,
     head_counts,
     kernel_meta,
     kernel_scales,
     seq_bucket,
+    tile_settings,
 )
 from fa2.triton.launch import (
     CachedLaunch,
@@ -44,7 +44,7 @@ from fa2.triton.tiles import (
     band,
     key_range,
     load_row_pair,
-    load_tile,
+    load_rows,
     row_source,
     sequence,
     softcapped,
@@ -86,6 +86,7 @@ def _fwd_tiles(
     PRECISION: tl.constexpr,
     LARGE: tl.constexpr,
     TMA: tl.constexpr,
+    WS: tl.constexpr,
 ):
     """Fold key tiles [start, end) into the running (acc, l_i, m_i) of one query tile.
 
@@ -94,7 +95,7 @@ def _fwd_tiles(
     the scores are first capped (`softcapped`; qk_scale then carries the cap). EMPTY_ROWS: a
     row may have seen no key yet in a masked tile (windows, bottom-right alignment); its
     exponents are then taken from 0 rather than from -inf, which would give NaN."""
-    for start_n in tl.range(start, end, BLOCK_N):
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
         cols = start_n + tl.arange(0, BLOCK_N)
         k, v = load_row_pair(
             k_src, stride_kn, v_src, stride_vn, start_n, offs_d, n_k,
@@ -161,12 +162,14 @@ def _fwd_kernel(
     TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    WS: tl.constexpr,
 ):
     """o and L of BLOCK_M query rows of one (batch, head), or with VARLEN of one (packed
     sequence, head): sequence b is rows CU_Q[b]:CU_Q[b + 1] of q and o (and CU_K of k, v),
     N_Q and N_K are then the total rows, and L is (heads, N_Q). Query i sees key j iff j is in
     range and, where bounded, i + lo <= j (LOCAL) and j <= i + hi (IS_CAUSAL), with
-    lo, hi = d - WIN_LEFT, d + WIN_RIGHT, d = 0 or with BOTTOM_RIGHT n_k - n_q (fa2.masks)."""
+    lo, hi = d - WIN_LEFT, d + WIN_RIGHT, d = 0 or with BOTTOM_RIGHT n_k - n_q (fa2.masks).
+    WS: one warp-specialised loop over the key tiles (configs, "Warp specialisation")."""
     tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal must start on a key tile")
     # Python floats arrive as fp32 from Triton's launcher but as fp64 from torch.compile's.
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -174,21 +177,27 @@ def _fwd_kernel(
     pid_m = tl.program_id(0)
     q_start, k_start, n_q, n_k = sequence(CU_Q, CU_K, tl.program_id(1) // HEADS, N_Q, N_K, VARLEN)
     # The grid covers the longest sequence; tiles past this one's end have no work. (Two
-    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.)
-    if VARLEN:  # noqa: SIM102
+    # tests: the outer one is a constexpr, which compiles the inner one only for VARLEN.) A
+    # warp-specialised loop may not follow a return (the pass fails): there such a tile runs
+    # no key tile and, its rows past the end, stores nothing.
+    IDLE_TILES: tl.constexpr = VARLEN and WS
+    if VARLEN and not WS:  # noqa: SIM102
         if pid_m * BLOCK_M >= n_q:
             return
     # Heaviest causal tiles (the last query rows) start first, so the grid's tail is short.
     if IS_CAUSAL:
-        pid_m = tl.cdiv(n_q, BLOCK_M) - 1 - pid_m
+        if IDLE_TILES:
+            pid_m = tl.where(pid_m * BLOCK_M < n_q, tl.cdiv(n_q, BLOCK_M) - 1 - pid_m, pid_m)
+        else:
+            pid_m = tl.cdiv(n_q, BLOCK_M) - 1 - pid_m
     # One program per (batch, query head); GROUP query heads share one key/value head.
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // HEADS, bh % HEADS
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_tile(
-        at_row(Q + b * stride_qb + h * stride_qh, q_start, stride_qn, VARLEN), offs_m, stride_qn,
-        offs_d, n_q, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE,
+    q = load_rows(
+        at_row(Q + b * stride_qb + h * stride_qh, q_start, stride_qn, VARLEN), pid_m * BLOCK_M,
+        n_q, stride_qn, offs_d, HEAD_DIM, BLOCK_M, BLOCK_D, UPCAST, LARGE, WS,
     )  # fmt: skip
     k_base = at_row(K + b * stride_kb + (h // GROUP) * stride_kh, k_start, stride_kn, VARLEN)
     v_base = at_row(V + b * stride_vb + (h // GROUP) * stride_vh, k_start, stride_vn, VARLEN)
@@ -205,22 +214,31 @@ def _fwd_kernel(
     start, full_start, full_end, end = key_range(
         pid_m, n_k, lo, hi, BLOCK_M, BLOCK_N, IS_CAUSAL, LOCAL, ALIGNED
     )
-    if LOCAL:  # keys the first rows of the tile see but not the last
+    if WS:  # one warp-specialised loop over every key tile, each masked
+        if IDLE_TILES:
+            end = tl.where(pid_m * BLOCK_M < n_q, end, start)
         acc, l_i, m_i = _fwd_tiles(
             acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
-            start, full_start, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
-            True, IS_CAUSAL, LOCAL, EMPTY_ROWS, SOFTCAP, UPCAST, PRECISION, LARGE, TMA,
+            start, end, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
+            True, IS_CAUSAL, LOCAL, EMPTY_ROWS, SOFTCAP, UPCAST, PRECISION, LARGE, TMA, True,
         )  # fmt: skip
-    acc, l_i, m_i = _fwd_tiles(  # keys every row of the tile sees: no masks
-        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
-        full_start, full_end, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
-        False, IS_CAUSAL, LOCAL, EMPTY_ROWS, SOFTCAP, UPCAST, PRECISION, LARGE, TMA,
-    )  # fmt: skip
-    acc, l_i, m_i = _fwd_tiles(  # the diagonal and a ragged last tile
-        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
-        full_end, end, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
-        True, IS_CAUSAL, LOCAL, EMPTY_ROWS, SOFTCAP, UPCAST, PRECISION, LARGE, TMA,
-    )  # fmt: skip
+    else:
+        if LOCAL:  # keys the first rows of the tile see but not the last
+            acc, l_i, m_i = _fwd_tiles(
+                acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
+                start, full_start, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
+                True, IS_CAUSAL, LOCAL, EMPTY_ROWS, SOFTCAP, UPCAST, PRECISION, LARGE, TMA, False,
+            )  # fmt: skip
+        acc, l_i, m_i = _fwd_tiles(  # keys every row of the tile sees: no masks
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
+            full_start, full_end, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
+            False, IS_CAUSAL, LOCAL, EMPTY_ROWS, SOFTCAP, UPCAST, PRECISION, LARGE, TMA, False,
+        )  # fmt: skip
+        acc, l_i, m_i = _fwd_tiles(  # the diagonal and a ragged last tile
+            acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
+            full_end, end, n_k, lo, hi, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, BLOCK_D,
+            True, IS_CAUSAL, LOCAL, EMPTY_ROWS, SOFTCAP, UPCAST, PRECISION, LARGE, TMA, False,
+        )  # fmt: skip
 
     if EMPTY_ROWS or VARLEN:  # a row that saw no key: o = 0, L = +inf (flash-attn's convention)
         seen = l_i > 0
@@ -286,6 +304,8 @@ class ForwardPlan:
         # Tiles with `tma` read keys and values through TMA descriptors where the layout
         # allows (and, when traced, the alignment is known: see `tma_layouts`).
         self.tma_loads = tma_layouts(views[1:], strides[1:3], traced=traced)
+        # A warp-specialised tile also reads its queries through a descriptor (`load_rows`).
+        self.ws_loads = self.tma_loads and tma_layouts(views[:1], strides[:1], traced=traced)
         self.backward_plans: dict = {}
         # no guard when traced with symbolic lengths
         self.seq_len = torch.sym_max(n_q, n_k) if seq_len is None else seq_len
@@ -303,14 +323,16 @@ class ForwardPlan:
             seq_len=self.seq_len,
             key=lambda: (call.band, seq_bucket(n_q, n_k)),
             run=None if traced or self.varlen else run,
+            specialisable=self.ws_loads,
         )
         self.tile = tile
         self.launch = self._launch(tile)
 
     def _launch(self, tile: Tile) -> CachedLaunch:
         tma = tile.tma and self.tma_loads
+        ws = tile.ws and tma  # plain loads (misaligned tensors): the plain kernel
         grid = None if self.varlen else (cdiv(self.n_q, tile.block_m), self.batch_heads)
-        constexprs = dict(self.meta, TMA=tma, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n)
+        constexprs = dict(self.meta, TMA=tma, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WS=ws)
         return CachedLaunch(
             _fwd_kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages,
             scratch=tma, unaligned=self._launch(tile._replace(tma=False)) if tma else None,
@@ -366,7 +388,7 @@ def forward_plan(
     try:
         key = (
             q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
-            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, options, autotuning(),
+            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, options, tile_settings(),
         )  # fmt: skip
         plan = _plans.cache.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable option

@@ -15,7 +15,9 @@ __all__ = [
     "band",
     "key_range",
     "load_row_pair",
+    "load_rows",
     "load_tile",
+    "program_ids",
     "query_range",
     "row_offsets",
     "row_source",
@@ -90,6 +92,35 @@ def row_source(
         )
     else:
         return base
+
+
+@triton.jit
+def load_rows(
+    base,
+    start,
+    n_rows,
+    stride,
+    offs_d,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+    LARGE: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """`load_tile` of the rows [start, start + BLOCK_ROWS) of an (n_rows, HEAD_DIM) row-major
+    matrix, with TMA through a descriptor of its own (`row_source`): a program's own tile,
+    loaded once before its loop. Triton 3.6's Hopper warp specialisation fails to compile a
+    loop whose matmul operand was loaded before it with plain loads, so the specialised
+    kernels load such tiles this way."""
+    if TMA:
+        x = row_source(base, n_rows, stride, HEAD_DIM, BLOCK_ROWS, BLOCK_D, True).load([start, 0])
+        if UPCAST:
+            x = x.to(tl.float32)
+    else:
+        rows = start + tl.arange(0, BLOCK_ROWS)
+        x = load_tile(base, rows, stride, offs_d, n_rows, HEAD_DIM, BLOCK_D, True, UPCAST, LARGE)
+    return x
 
 
 @triton.jit
@@ -271,6 +302,26 @@ def query_range(
         end = tl.minimum(n_q, n0 + BLOCK_N - lo)
         full_end = tl.minimum(full_end, _floor_to(tl.maximum(n0 - lo + 1, 0), BLOCK_M))
     return start, masked_end, full_start, full_end, end
+
+
+@triton.jit
+def program_ids(L2_GROUP: tl.constexpr):
+    """(tile, row of the grid's axis 1) of this program. With L2_GROUP == 1 the grid's own ids;
+    else the launch order regrouped (`configs.l2_group`): programs start in order of their
+    linear id (axis 0 fastest), which here walks groups of L2_GROUP axis-1 rows, and within a
+    group tile 0 of every row, then tile 1 of every row, and so on (the last group may be
+    smaller). The same grid, each program given other ids."""
+    tile = tl.program_id(0)
+    row = tl.program_id(1)
+    if L2_GROUP > 1:
+        n_tiles = tl.num_programs(0)
+        linear = row * n_tiles + tile
+        first = (linear // (L2_GROUP * n_tiles)) * L2_GROUP  # the group's first row
+        rows = tl.minimum(L2_GROUP, tl.num_programs(1) - first)
+        offset = linear - first * n_tiles
+        tile = offset // rows
+        row = first + offset % rows
+    return tile, row
 
 
 @triton.jit

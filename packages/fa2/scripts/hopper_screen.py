@@ -1,0 +1,378 @@
+"""The Hopper screen: fa2's candidate kernels beside today's defaults and cuDNN, on one GPU.
+
+For each shape (causal, bf16, a random output gradient) and each implementation: cuDNN (SDPA's
+cuDNN backend), fa2 as it runs by default, and fa2 with each candidate forced through
+FA2_TILES / FA2_L2_GROUP (`fa2.triton.configs`): the warp-specialised forward and dK/dV tiles,
+dQ on 128x128 tiles, the L2-grouped backward launch order, and all of them together. Measured:
+
+- forward, forward+backward (do_bench medians, L2 flushed between calls), backward = their
+  difference; inputs under 1 GiB rotate among up to 4 copies, so that no call starts on data
+  the one before left in caches (do_bench's own flush covers L2 only); TFLOP/s by the usual
+  convention (forward 4·B·H·S²·D halved for causal, backward 2.5x);
+- the error of o, dq, dk, dv against float64 (`fa2.attention_reference`) on a slice: batch 0,
+  head 0, the first min(S, 8192) positions (a causal prefix is a problem of its own; 8192 keeps
+  the tiles of the long sequences), beside SDPA cuDNN's error on the same slice;
+- whether two backward passes over the full shape give the same bits;
+- the tiles the plans launched, and whether the warp-specialised loop was compiled in.
+
+Every part runs under a time budget (`--budget` seconds in all, Triton's compilation included):
+the time left is shared among the shapes not yet run, each weighing 1 plus its FLOPs over
+`FLOPS_PER_WEIGHT` (the long shapes' timing runs take seconds where the short ones' take less
+than their compilation); what does not fit is recorded as skipped. Rows are
+written to `OUT/hopper_screen.json` as they come, so a run stopped early keeps them; a compact
+table is printed last. Imports nothing from bench.
+
+GPU (one H100 or H200), from the repository root, with no install::
+
+    export PYTHONPATH=$(ls -d $PWD/packages/*/src | paste -sd:)
+    BENCH_GIT_REVISION=<commit> python3 packages/fa2/scripts/hopper_screen.py --out $OUT
+
+Rehearsal on a CPU (Triton's interpreter, tiny shapes and the interpreter's tiles)::
+
+    uv run python packages/fa2/scripts/hopper_screen.py --tiny --out screen_tiny
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and "--tiny" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from fa2 import FlashAttention2Triton, attention_reference
+from fa2.triton import configs, forward, launch
+
+SHAPES = [  # (batch, heads, seq, head dim), in the order they run
+    (2, 32, 32768, 128),  # the 2026 leaderboard's
+    (1, 16, 16384, 128),
+    (4, 32, 2048, 128),
+    (1, 16, 16384, 64),
+    (4, 16, 4096, 64),
+    (32, 16, 512, 64),
+    # the same FLOPs at 16k and 32k tokens: does the backward lose efficiency with length?
+    (64, 1, 16384, 128),
+    (16, 1, 32768, 128),
+]
+TINY_SHAPES = [(1, 2, 70, 64), (2, 2, 45, 128)]
+FLOPS_PER_WEIGHT = 2e13  # forward+backward FLOPs that weigh as much as one shape's compilation
+ACCURACY_PREFIX = 8192  # longer than configs.SHORT_SEQ: the slice takes the long tiles
+ROTATE_BYTES = 2**30  # inputs (q, k, v, dO) rotate among up to 4 copies until they span this
+
+
+def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
+    """The environment of each fa2 implementation at head dim `d` (tiles from the tables)."""
+    if tiny:  # the interpreter's candidates
+        fwd, dkdv, dq = "32x16/1w/1s+TMA+WS", "16x32/1w/1s+TMA+WS", "32x32/1w/1s"
+    else:
+        fwd = "128x64/4w/2s+TMA+WS"
+        dkdv = {64: "64x128/4w/2s+TMA+WS", 128: "32x128/4w/2s+TMA+WS"}[d]
+        dq = "128x128/8w/2s+TMA"
+    every = f"forward={fwd},dkdv={dkdv},dq={dq}"
+    return {
+        "fa2": {},
+        "fa2 ws-fwd": {"FA2_TILES": f"forward={fwd}"},
+        "fa2 ws-dkdv": {"FA2_TILES": f"dkdv={dkdv}"},
+        "fa2 dq-128x128": {"FA2_TILES": f"dq={dq}"},
+        "fa2 l2-auto": {"FA2_L2_GROUP": "auto"},
+        "fa2 all": {"FA2_TILES": every},
+        "fa2 all+l2": {"FA2_TILES": every, "FA2_L2_GROUP": "auto"},
+    }
+
+
+@contextmanager
+def environment(settings: dict[str, str]):
+    """FA2_TILES and FA2_L2_GROUP as `settings` says (unset where it does not name them)."""
+    saved = {name: os.environ.pop(name, None) for name in ("FA2_TILES", "FA2_L2_GROUP")}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+
+
+def fa2_attention(q, k, v):
+    return FlashAttention2Triton.apply(q, k, v, True)
+
+
+def baseline_name() -> str:
+    return "cudnn" if torch.cuda.is_available() else "sdpa-cpu"
+
+
+def cudnn_attention(q, k, v):
+    if q.device.type != "cuda":  # the rehearsal: SDPA's CPU kernel stands in
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _median_ms(fn: Callable[[], object], *, rep_ms: float) -> float:
+    """do_bench's median on a GPU; on a CPU the median of a few timed calls."""
+    if torch.cuda.is_available():
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=max(25, rep_ms // 4), rep=rep_ms, return_mode="median")
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _inputs(shape, device, copies):
+    """`copies` sets of fresh q, k, v (requiring grad) and dO."""
+    make = lambda: torch.randn(shape, device=device, dtype=torch.bfloat16)  # noqa: E731
+    return [
+        (*(make().requires_grad_() for _ in range(3)), make()) for _ in range(copies)
+    ]  # fmt: skip
+
+
+def time_impl(fn, sets, *, rep_ms):
+    """(forward ms, forward+backward ms), cycling through the input sets call by call."""
+    turn = iter(range(10**9))
+
+    def run_forward():
+        q, k, v, _ = sets[next(turn) % len(sets)]
+        return fn(q, k, v)
+
+    def run_both():
+        q, k, v, do = sets[next(turn) % len(sets)]
+        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+    return _median_ms(run_forward, rep_ms=rep_ms), _median_ms(run_both, rep_ms=rep_ms)
+
+
+def _errors(outputs, reference) -> list[float]:
+    pairs = zip(outputs, reference, strict=True)
+    return [((x.double() - r).norm() / r.norm()).item() for x, r in pairs]
+
+
+def slice_reference(q, k, v, do):
+    """The accuracy slice (batch 0, head 0, a causal prefix) and its float64 o, dq, dk, dv."""
+    n = min(q.shape[-2], ACCURACY_PREFIX)
+    part = [t.detach()[:1, :1, :n].contiguous() for t in (q, k, v, do)]
+    ins = [t.double().requires_grad_() for t in part[:3]]
+    o, _ = attention_reference(*ins, causal=True)
+    return part, [o.detach(), *torch.autograd.grad(o, ins, part[3].double())]
+
+
+def slice_errors(fn, part, reference) -> list[float]:
+    q, k, v = (t.clone().requires_grad_() for t in part[:3])
+    o = fn(q, k, v)
+    return _errors([o, *torch.autograd.grad(o, (q, k, v), part[3])], reference)
+
+
+def deterministic(fn, q, k, v, do) -> bool:
+    """Whether two backward passes over the same inputs give the same bits."""
+    first = torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+    second = torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+    return all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def launched(shape) -> dict[str, str]:
+    """The tiles the forward and backward plans of `shape` launched under the current settings
+    ("+WS" only where the warp-specialised loop was compiled in), and the L2 groups."""
+    settings = configs.tile_settings()
+    cache = forward._plans.cache
+    plans = [p for key, p in cache.items() if key[0] == shape and key[-1] == settings]
+    if not plans:
+        return {}
+    fwd = plans[-1]
+    out = {"forward": _tile(fwd.tile, fwd.launch.options)}
+    for bwd in fwd.backward_plans.values():
+        for which, tile in bwd.tiles.items():
+            if which != "delta":
+                out[which] = _tile(tile, bwd.launches[which].options)
+        out["l2_groups"] = str(bwd.l2_groups)
+    return out
+
+
+def _tile(tile, options) -> str:
+    active = tile._replace(ws=bool(options.get("WS")), tma=bool(options.get("TMA")))
+    return str(active)
+
+
+def flops(shape) -> tuple[float, float]:
+    """(forward, backward) FLOPs by the usual convention, causal."""
+    b, h, s, d = shape
+    fwd = 4 * b * h * s * s * d / 2
+    return fwd, 2.5 * fwd
+
+
+class Results(list):
+    """The rows, written to the JSON file after each one."""
+
+    def __init__(self, path: Path, meta: dict) -> None:
+        super().__init__()
+        self.path, self.meta = path, meta
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        self.path.write_text(json.dumps(dict(meta=self.meta, rows=list(self)), indent=1) + "\n")
+
+
+def screen_shape(shape, rows: Results, deadline: float, *, tiny: bool, rep_ms: float) -> None:
+    """Every implementation at one shape, until `deadline` (time.monotonic())."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = str(shape)
+    size = 4 * math.prod(shape) * 2
+    copies = 1 if tiny else max(1, min(4, -(-ROTATE_BYTES // size)))
+    sets = _inputs(shape, device, copies)
+    q, k, v, do = sets[0]
+    part, reference = slice_reference(q, k, v, do)
+    sdpa_errors = slice_errors(cudnn_attention, part, reference)
+    fwd_flops, bwd_flops = flops(shape)
+    impls = [(baseline_name(), cudnn_attention, {})]
+    impls += [(n, fa2_attention, env) for n, env in candidates(shape[-1], tiny=tiny).items()]
+    for impl, fn, env in impls:
+        row = dict(shape=name, impl=impl, env=env, input_copies=copies)
+        if time.monotonic() > deadline:
+            rows.append(dict(row, skipped="time budget"))
+            print(f"{name} {impl}: skipped (time budget)", flush=True)
+            continue
+        started = time.monotonic()
+        try:
+            with environment(env):
+                forward._plans.cache.clear()
+                torch.autograd.grad(fn(q, k, v), (q, k, v), do)  # compiles Triton's kernels
+                row["first_call_s"] = time.monotonic() - started
+                fwd_ms, total_ms = time_impl(fn, sets, rep_ms=rep_ms)
+                row.update(fwd_ms=fwd_ms, bwd_ms=total_ms - fwd_ms, fwd_bwd_ms=total_ms)
+                row.update(fwd_tflops=fwd_flops / fwd_ms / 1e9,
+                           bwd_tflops=bwd_flops / (total_ms - fwd_ms) / 1e9)  # fmt: skip
+                if time.monotonic() < deadline:
+                    errors = slice_errors(fn, part, reference)
+                    row.update(errors=dict(zip(("o", "dq", "dk", "dv"), errors, strict=True)))
+                    ratios = zip(errors, sdpa_errors, strict=True)
+                    row["error_vs_sdpa"] = max(e / s for e, s in ratios)
+                    row["deterministic"] = deterministic(fn, q, k, v, do)
+                if fn is fa2_attention:
+                    row["launched"] = launched(q.shape)
+        except Exception as exc:  # e.g. a tile needing more shared memory than this GPU has
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+        row["seconds"] = time.monotonic() - started
+        rows.append(row)
+        print(_progress(row), flush=True)
+    del sets, q, k, v, do
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _progress(row: dict) -> str:
+    head = f"{row['shape']} {row['impl']}:"
+    if "error" in row:
+        return f"{head} failed: {row['error']}"
+    extra = f" err/sdpa {row['error_vs_sdpa']:.2f} det {row['deterministic']}" if (
+        "error_vs_sdpa" in row) else ""  # fmt: skip
+    return (f"{head} fwd {row['fwd_ms']:.3f} bwd {row['bwd_ms']:.3f} fwd+bwd "
+            f"{row['fwd_bwd_ms']:.3f} ms{extra} ({row['seconds']:.0f} s) "
+            f"{row.get('launched', '')}")  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    """fwd, bwd, fwd+bwd ms, fwd+bwd over the baseline's (cuDNN; the rehearsal: SDPA on the
+    CPU), the largest error of o, dq, dk, dv over SDPA's, determinism."""
+    lines = [f"| shape | impl | fwd ms | bwd ms | fwd+bwd ms | vs {baseline_name()} | err vs SDPA "
+             "| det |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        if "fwd_bwd_ms" not in r:
+            lines.append(f"| {r['shape']} | {r['impl']} | {r.get('error', r.get('skipped'))} "
+                         "| | | | | |")  # fmt: skip
+            continue
+        base = next((b for b in rows if b["shape"] == r["shape"] and b["impl"] == baseline_name()
+                     and "fwd_bwd_ms" in b), None)  # fmt: skip
+        ratio = f"{r['fwd_bwd_ms'] / base['fwd_bwd_ms']:.3f}" if base else ""
+        err = f"{r['error_vs_sdpa']:.2f}" if "error_vs_sdpa" in r else ""
+        det = {True: "yes", False: "NO", None: ""}[r.get("deterministic")]
+        lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | "
+                     f"{r['fwd_bwd_ms']:.3f} | {ratio} | {err} | {det} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _revision() -> dict:
+    """The code's git revision: BENCH_GIT_REVISION where the sources are a copy of a commit's
+    tree (bench's convention), else the checkout's HEAD and whether it has changes."""
+    named = os.environ.get("BENCH_GIT_REVISION")
+    if named:
+        return dict(git_revision=named, git_revision_source="named by BENCH_GIT_REVISION")
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    try:
+        revision = git("rev-parse", "HEAD") or None
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if revision else None
+    except OSError:  # no git on this machine
+        revision = dirty = None
+    return dict(git_revision=revision, git_dirty=dirty)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=360.0,
+        help="seconds for the shapes; the last part started may run over it "
+        "by its own length, and start-up takes some more: 7 minutes in all",
+    )
+    parser.add_argument("--rep-ms", type=float, default=300.0, help="do_bench's rep")
+    parser.add_argument("--shapes", default="", help="only shapes whose text has this")
+    parser.add_argument("--tiny", action="store_true",
+                        help="rehearse on a CPU: Triton's interpreter, tiny shapes")  # fmt: skip
+    args = parser.parse_args()
+    started = time.monotonic()
+    if args.tiny:  # the interpreter emulates the TMA descriptors the candidates read through
+        launch.tma_capable = lambda device: True
+    elif not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (or --tiny on a CPU)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = dict(
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (interpreter)",
+        torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
+        cudnn=torch.backends.cudnn.version(),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        command="python3 packages/fa2/scripts/hopper_screen.py " + " ".join(sys.argv[1:]),
+        budget_s=args.budget, rep_ms=args.rep_ms, **_revision(),
+    )  # fmt: skip
+    rows = Results(args.out / "hopper_screen.json", meta)
+    shapes = [s for s in (TINY_SHAPES if args.tiny else SHAPES) if args.shapes in str(s)]
+    deadline = started + args.budget
+    weights = [1 + sum(flops(shape)) / FLOPS_PER_WEIGHT for shape in shapes]
+    for i, shape in enumerate(shapes):
+        now = time.monotonic()
+        share = now + (deadline - now) * weights[i] / sum(weights[i:])
+        try:
+            screen_shape(shape, rows, share, tiny=args.tiny, rep_ms=args.rep_ms)
+        except Exception as exc:  # e.g. out of memory: keep the other shapes
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            rows.append(dict(shape=str(shape), impl="(setup)", error=error))
+    elapsed = time.monotonic() - started
+    print(f"\n{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, cuDNN "
+          f"{meta['cudnn']}, code {meta['git_revision']}, {elapsed:.0f} s")  # fmt: skip
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

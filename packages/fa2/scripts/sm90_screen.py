@@ -1,0 +1,300 @@
+"""Compile fa2's kernels for a Hopper GPU (sm_90) on a machine without one, and report what each
+candidate tile would get: warp specialisation, warps, registers, spills, shared memory.
+
+The launch plans are built by fa2's own host code, on meta tensors (no memory), with the device
+taken to have a TMA unit, so each plan chooses what it would choose on a Hopper GPU; every
+launch the plan makes is then compiled by Triton for sm_90 (the wheel's ptxas) instead of run,
+with the arguments and constexprs it would be launched with. Per launch:
+
+- ws: the TTGIR holds a `ttg.warp_specialize` region (Triton's Hopper pass split the loop);
+- warps: warps launched (a specialised kernel adds its producer and second consumer);
+- setmaxnreg: the register counts the partitions set themselves (PTX);
+- regs, stack: registers per thread at launch and stack bytes per thread, where spills go
+  (`cuobjdump -res-usage`);
+- smem: shared memory in bytes;
+- ptx: a digest of the PTX code without its debug information (source lines, file paths,
+  inlined helpers' names), to check that a change leaves a kernel's code as it was.
+
+Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
+
+    uv run python packages/fa2/scripts/sm90_screen.py [--tiles default|listed] \\
+        [--extra dkdv=64x128/4w/2s+TMA+WS] [--cases d128] [--json PATH] [--markdown PATH]
+
+`--tiles listed` (the default) compiles every candidate the tables list for the main cases and,
+for the option cases (grouped heads, windows, packed sequences, softcap...), the defaults and
+the warp-specialised candidates; `--tiles default` only what runs by default. `--extra` adds
+tiles the tables do not list (a failed compile is reported as such, not raised).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
+
+from fa2.checks import Call
+from fa2.masks import make_band
+from fa2.triton import backward, configs, forward, launch
+from fa2.triton.configs import Tile
+
+TARGET = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+
+
+class Case(NamedTuple):
+    """One call whose launches are compiled: (batch, heads, n_q, d), kv heads, n_k, options."""
+
+    name: str
+    shape: tuple[int, int, int, int]
+    kv_heads: int | None = None
+    n_k: int | None = None
+    window: tuple[int, int] = (-1, -1)
+    causal: bool = True
+    softcap: float = 0.0
+    bottom_right: bool = False
+    packed: int = 0  # > 0: that many equal packed sequences of n_q tokens (layout "thd")
+    main: bool = True  # every listed tile; else the defaults and the warp-specialised ones
+
+
+CASES = [
+    Case("bf16 d128 (16, 1, 16384)", (16, 1, 16384, 128)),
+    Case("bf16 d128 short (4, 32, 2048)", (4, 32, 2048, 128)),
+    Case("bf16 d64 (16, 1, 16384)", (16, 1, 16384, 64)),
+    Case("d128 gqa 32/8 (2, 32, 4096)", (2, 32, 4096, 128), kv_heads=8, main=False),
+    Case("d128 window 1024 (1, 16, 8192)", (1, 16, 8192, 128), window=(1024, 0), main=False),
+    Case("d128 packed 8 x 2048", (1, 16, 2048, 128), packed=8, main=False),
+    Case("d64 softcap 30 (1, 16, 4096)", (1, 16, 4096, 64), softcap=30.0, main=False),
+    Case("d128 non-causal ragged (1, 16, 4000)", (1, 16, 4000, 128), causal=False, main=False),
+    Case("d128 bottom-right 3000/4096", (1, 16, 3000, 128), n_k=4096, bottom_right=True,
+         main=False),
+]  # fmt: skip
+
+
+@contextmanager
+def compiling_for_hopper(compiled: list) -> Iterator[None]:
+    """Plans built inside see a device with a TMA unit, and their launches append
+    `(launch, tensors, scalars)` to `compiled` instead of running."""
+    saved = launch.tma_capable, backward.tma_capable, launch.CachedLaunch.__call__
+    launch.tma_capable = backward.tma_capable = lambda device: True
+
+    def record(self, tensors, scalars, grid=None):
+        compiled.append((self, tensors, scalars))
+
+    launch.CachedLaunch.__call__ = record
+    try:
+        yield
+    finally:
+        launch.tma_capable, backward.tma_capable, launch.CachedLaunch.__call__ = saved
+
+
+def _compile(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) -> dict:
+    """Compile one launch for sm_90 as Triton would launch it (the same specialisation of the
+    arguments) and read its resources."""
+    kernel = cached.kernel
+    backend = make_backend(TARGET)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    options = dict(cached.options, debug=False)
+    bound, specialization, rest = binder(*tensors, *scalars, **options)
+    parsed, signature, constexprs, attrs = kernel._pack_args(
+        backend, options, bound, specialization, rest
+    )
+    source = ASTSource(kernel, signature, constexprs, attrs)
+    binary = triton.compile(source, target=TARGET, options=parsed.__dict__)
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = Path(folder) / "kernel.cubin"
+        cubin.write_bytes(binary.asm["cubin"])
+        usage = subprocess.run(
+            [CUOBJDUMP, "-res-usage", cubin], capture_output=True, text=True, check=True
+        ).stdout
+    registers, stack = re.search(r"REG:(\d+).*?STACK:(\d+)", usage, re.S).groups()
+    ptx = binary.asm["ptx"]
+    code = "\n".join(
+        line
+        for line in ptx.split("\t.section\t.debug", 1)[0].splitlines()
+        if not re.match(r"\s*(\.loc|\.file|//|\$L__tmp\d+:)", line)
+    )
+    counts = re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)
+    return dict(
+        ws=binary.asm["ttgir"].count("ttg.warp_specialize(") > 0,
+        warps=binary.metadata.num_warps,
+        setmaxnreg=sorted({int(c) for c in counts}),
+        regs=int(registers),
+        stack=int(stack),
+        smem=binary.metadata.shared,
+        ptx=hashlib.sha256(code.encode()).hexdigest()[:12],
+    )
+
+
+def _call(case: Case) -> tuple[tuple, Call, bool, tuple | None]:
+    """Meta tensors q, k, v of a case, its validated options, same_lengths, packed bounds."""
+    b, h, n_q, d = case.shape
+    n_k = case.n_k or n_q
+    kv = case.kv_heads or h
+    if case.packed:
+        q = torch.empty(case.packed * n_q, h, d, device="meta", dtype=torch.bfloat16)
+        k = torch.empty(case.packed * n_k, kv, d, device="meta", dtype=torch.bfloat16)
+        cu = torch.empty(case.packed + 1, device="meta", dtype=torch.int32)
+        packed = ((cu, cu), (n_q, n_k))
+    else:
+        q = torch.empty(b, h, n_q, d, device="meta", dtype=torch.bfloat16)
+        k = torch.empty(b, kv, n_k, d, device="meta", dtype=torch.bfloat16)
+        packed = None
+    band = make_band(causal=case.causal, window_size=case.window, bottom_right=case.bottom_right)
+    call = Call(band, case.softcap, d**-0.5, "thd" if case.packed else "bhsd")
+    return (q, k, torch.empty_like(k)), call, n_q == n_k, packed
+
+
+def _launches(case: Case) -> Iterator[tuple[str, object, object, str, tuple]]:
+    """(kernel, plan, the launch's `which` or None, default tile, recorded arguments) of each
+    launch a case's forward and backward plans make: two-pass backward, and the single pass
+    (which a bf16 call takes only where FA2_TILES names a single-pass tile)."""
+    (q, k, v), call, same_lengths, packed = _call(case)
+    cu, longest = packed or (None, None)
+    seq_len = max(longest) if packed else None
+    recorded: list = []
+    with compiling_for_hopper(recorded):
+        fwd = forward.ForwardPlan(q, k, v, call, "tf32", same_lengths, False, seq_len)
+        o, lse = fwd(q, k, v, call.scale, cu, longest, False)
+        yield "forward", fwd, None, fwd.tile, recorded.pop()[1:]
+        chosen = configs.single_pass_backward
+        for deterministic in (True, False):
+            configs.single_pass_backward = lambda dtype: True
+            try:
+                bwd = backward.BackwardPlan(fwd, q, k, v, o, lse, q, deterministic, False)
+            finally:
+                configs.single_pass_backward = chosen
+            bwd(q, k, v, o, lse, q, call.scale, cu, longest, False)
+            for which, args in zip(bwd.launches, recorded, strict=True):
+                if which != "delta":
+                    name = "single-pass" if which == "fused" else which
+                    yield name, bwd, which, bwd.tiles[which], args[1:]
+            recorded.clear()
+
+
+def _listed(kernel: str, case: Case) -> list[Tile]:
+    """The tiles the tables list for a case's kernel (both lists of its family)."""
+    d_block = configs.block_d(case.shape[-1])
+    table = configs.KERNELS[kernel]
+    families = configs._families(d_block, 2, "tf32")
+    return [t for f in families for key in (f, f"{f}_short") for t in table.get(key, ())]
+
+
+def screen(cases: list[Case], *, tiles: str, extra: dict[str, list[Tile]]) -> list[dict]:
+    """One row per (case, kernel, tile) compiled."""
+    rows = []
+    for case in cases:
+        for kernel, plan, which, default, (tensors, scalars) in _launches(case):
+            candidates = [default]
+            if tiles == "listed":
+                listed = _listed(kernel, case)
+                candidates += [t for t in listed if case.main or t.ws]
+            candidates += extra.get(kernel, [])
+            for tile in dict.fromkeys(candidates):  # in order, once each
+                built = plan._launch(tile) if which is None else plan._launch(which, tile)
+                row = dict(case=case.name, kernel=kernel, tile=str(tile), default=tile == default)
+                try:
+                    row.update(_compile(built, tensors, scalars))
+                except Exception as exc:  # the pass fails with a bare RuntimeError
+                    row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+                rows.append(row)
+                print(_line(row), flush=True)
+    return rows
+
+
+def _line(row: dict) -> str:
+    mark = "*" if row["default"] else " "
+    head = f"{row['case']:38s} {row['kernel']:11s} {mark}{row['tile']:22s}"
+    if "error" in row:
+        return f"{head} compile FAILED ({row['error'][:60]})"
+    return (
+        f"{head} ws={'yes' if row['ws'] else 'no ':3s} warps={row['warps']:2d} "
+        f"regs={row['regs']:3d} stack={row['stack']:3d} smem={row['smem'] // 1024:3d}K "
+        f"setmaxnreg={row['setmaxnreg']} ptx={row['ptx']}"
+    )
+
+
+def _revision() -> str:
+    """The git revision of the working tree, "+dirty" where it has uncommitted changes; or
+    BENCH_GIT_REVISION where the sources are a copy of that commit's tree (bench's convention)."""
+    if os.environ.get("BENCH_GIT_REVISION"):
+        return os.environ["BENCH_GIT_REVISION"]
+    run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return run("rev-parse", "--short", "HEAD") + ("+dirty" if run("status", "--porcelain") else "")
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    """The rows as a results page."""
+    lines = [
+        "# fa2 kernels compiled for sm_90 on a CPU: warp specialisation, registers, spills",
+        "",
+        f"Target sm_90 (compile only, no GPU); triton {meta['triton']}, torch {meta['torch']}; "
+        f"{meta['date']}; code {meta['revision']}. Command: `{meta['command']}`.",
+        "",
+        "ws: Triton's Hopper pass split the loop into a TMA producer and consumer warpgroups; "
+        "warps: launched; regs: per thread at launch; stack: bytes per thread (spills); smem: "
+        "KiB of shared memory (an H100 has 227); setmaxnreg: the partitions' own register "
+        "counts; ptx: digest of the PTX code. `*`: the tile that runs by default.",
+        "",
+        "| case | kernel | tile | ws | warps | regs | stack | smem KiB | setmaxnreg | ptx |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        tile = ("*" if r["default"] else "") + r["tile"]
+        if "error" in r:
+            lines.append(f"| {r['case']} | {r['kernel']} | {tile} | compile failed: "
+                         f"{r['error']} | | | | | | |")  # fmt: skip
+            continue
+        lines.append(
+            f"| {r['case']} | {r['kernel']} | {tile} | {'yes' if r['ws'] else 'no'} | "
+            f"{r['warps']} | {r['regs']} | {r['stack']} | {r['smem'] / 1024:.0f} | "
+            f"{' '.join(map(str, r['setmaxnreg']))} | {r['ptx']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiles", choices=("default", "listed"), default="listed")
+    parser.add_argument("--extra", action="append", default=[], help="kernel=tile, repeatable")
+    parser.add_argument("--cases", default="", help="only cases whose name has this text")
+    parser.add_argument("--json", type=Path, help="write the rows and metadata here")
+    parser.add_argument("--markdown", type=Path, help="write a results page here")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("unset TRITON_INTERPRET: this compiles for the GPU")
+    extra: dict[str, list[Tile]] = {}
+    for item in args.extra:
+        kernel, _, tile = item.partition("=")
+        extra.setdefault(kernel, []).append(Tile.parse(tile))
+    meta = dict(
+        target="sm_90 (compile only)", triton=triton.__version__, torch=torch.__version__,
+        date=datetime.date.today().isoformat(), revision=_revision(),
+        command="python " + " ".join(["packages/fa2/scripts/sm90_screen.py", *sys.argv[1:]]),
+    )  # fmt: skip
+    cases = [c for c in CASES if args.cases in c.name]
+    rows = screen(cases, tiles=args.tiles, extra=extra)
+    if args.json:
+        args.json.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown(rows, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""Checking attention against a float64 oracle, as fa2's tests do: flash-attn's tolerance.
+
+An implementation's error against the float64 oracle may be at most twice the error of plain
+PyTorch computing the same thing in the inputs' dtype (flash-attn's test rule), plus a floor for
+errors at the dtype's rounding level.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["assert_within_twice_plain", "grads", "relative_error"]
+
+
+def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖x - ref‖ / ‖ref‖ in float64 (the norm of ref floored, for an all-zero ref)."""
+    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def grads(o: torch.Tensor, inputs, do: torch.Tensor) -> list[torch.Tensor]:
+    """[o, then the gradient of each input] for the output gradient `do`."""
+    return [o, *torch.autograd.grad(o, inputs, do)]
+
+
+def assert_within_twice_plain(ours, oracle, plain, dtype: torch.dtype) -> None:
+    """Each of o, dq, dk, dv: error vs float64 at most 2x plain PyTorch's in this dtype + a floor
+    (1e-5 for fp32, 1e-3 for 16-bit); where the oracle is 0 (nothing seen) ours must be 0 too."""
+    floor = 1e-5 if dtype == torch.float32 else 1e-3
+    for name, x, ref, p in zip(("o", "dq", "dk", "dv"), ours, oracle, plain, strict=True):
+        assert x.shape == ref.shape, name
+        assert torch.isfinite(x).all(), f"{name} has non-finite values"
+        if ref.norm() < 1e-9:
+            torch.testing.assert_close(x.double(), ref, atol=1e-6, rtol=0)
+            continue
+        err, budget = relative_error(x, ref), 2 * relative_error(p, ref) + floor
+        assert err <= budget, f"{name}: error {err:.2e} > budget {budget:.2e}"
