@@ -9,19 +9,20 @@
 #
 #   allreduce    bench-allreduce on 2, 4, ... GPUS ranks (every even count), NCCL and gloo,
 #                1 MB to 1 GB (gloo's 1 GB too, `--full`): the handout's §5 table  allreduce_*
-#   zero         bench-zero: ddp, sharded, torch-zero, fsdp, torch-fsdp, fsdp-no-prefetch (the
-#                FSDP rows in fp32 and bf16) at the 2026 xl (2560 wide), and on 2 GPUs also at
-#                xl-2025 (1600 wide, for continuity with zero_2xh200_2026-11-22), each FSDP row
-#                with a torch.profiler trace of one step (rank 0's; `gather_overlap`: the share
-#                of its all-gather time beside compute)               zero_*, zero_xl-2025_*
-#   train-small  bench-train at `small`: `none` on 1 GPU; bucketed, zero, fsdp, torch-fsdp,
-#                torch-ddp on GPUS (on 1 GPU: `none` alone); Tiny Shakespeare (TEXT_FILE) as
+#   zero         bench-zero: ddp:torch, zero1:torch-ddp, zero1:torch, fsdp, fsdp:torch,
+#                fsdp:no-prefetch (the FSDP rows in fp32 and bf16) at the 2026 xl (2560 wide),
+#                and on 2 GPUs also at xl-2025 (1600 wide, for continuity with
+#                zero_2xh200_2026-11-22), each FSDP row with a torch.profiler trace of one step
+#                (rank 0's; `gather_overlap`: the share of its all-gather time beside compute)
+#                                                                     zero_*, zero_xl-2025_*
+#   train-small  bench-train at `small`: `single` on 1 GPU; ddp, zero1, fsdp, fsdp:torch,
+#                ddp:torch on GPUS (on 1 GPU: `single` alone); Tiny Shakespeare (TEXT_FILE) as
 #                bytes, seed 0, global batch 32 x 256 tokens whatever the GPU count (so every
 #                run trains on the same batches and its loss matches the one-GPU run's), 200
-#                steps, bf16, eager (zero.FSDP does not compile yet, so no mode does), no
-#                checkpoints; then the scaling table of every run so far   train_scaling_*
-#   train-xl-1   the same at the 2026 xl, global batch 8 x 256, 100 steps: none, bucketed, zero
-#   train-xl-2   xl: fsdp, torch-fsdp, torch-ddp                        (and the table)
+#                steps, bf16-autocast, eager (zero.FSDP does not compile yet, so no mode does),
+#                no checkpoints; then the scaling table of every run so far  train_scaling_*
+#   train-xl-1   the same at the 2026 xl, global batch 8 x 256, 100 steps: single, ddp, zero1
+#   train-xl-2   xl: fsdp, fsdp:torch, ddp:torch                        (and the table)
 #   train-table  only the table, from the run folders under $MULTI_GPU_BULK/train_runs (any
 #                machine; copy the train parts' folders there first)    train_scaling_*
 #   ddp          bench-ddp on GPUS ranks at xl, and on 2 GPUs also at xl-2025: single, the four
@@ -98,7 +99,7 @@ tiny() {  # tiny WHAT: the options that shrink WHAT's commands under TINY=1 (app
     ddp-overlap) echo --tiny ;;
     preset) echo --device cpu ;;
     step) echo --device cpu --size tiny --num-layers 2 --context-length 64 --precision fp32 \
-        --attention sdpa --optimizer lmcore --no-compile --nproc 2 --parallel zero \
+        --attention sdpa --optimizer lmcore --no-compile --nproc 2 --parallel zero1 \
         --warmup-ms 5 --rep-ms 20 ;;
     esac
 }
@@ -125,7 +126,7 @@ allreduce() {
     local result
     result=$(stem allreduce "$GPUS")
     run 150 "bench-allreduce" $PY -m bench allreduce --backend nccl gloo \
-        --world-sizes $(seq 2 2 "$GPUS") --sizes-mb 1 10 100 1000 --full --no-progress \
+        --nproc $(seq 2 2 "$GPUS") --sizes-mb 1 10 100 1000 --full --no-progress \
         $(files "$result") $(tiny allreduce)
 }
 
@@ -136,21 +137,21 @@ per_size() {  # per_size TOOL: bench-TOOL on GPUS ranks at each of sizes(), a re
         [ "$size" = xl ] && topic=$tool limit=300
         result=$(stem "$topic" "$GPUS")
         run "$limit" "bench-$tool $size" $PY -m bench "$tool" --size "$size" \
-            --world-size "$GPUS" $("${tool}_options" "$result") --no-progress \
+            --nproc "$GPUS" $("${tool}_options" "$result") --no-progress \
             $(files "$result") $(tiny "$tool")
     done
 }
 
 zero_options() {  # zero_options RESULT: every variant, FSDP in both dtypes, traced
-    echo --variants ddp sharded torch-zero fsdp torch-fsdp fsdp-no-prefetch \
+    echo --variants ddp:torch zero1:torch-ddp zero1:torch fsdp fsdp:torch fsdp:no-prefetch \
         --fsdp-dtypes fp32 bf16 --trace "$bulk/${1}_traces"
 }
 
 ddp_options() { :; }  # bench-ddp's defaults: every wrapper, torch DDP and the all-reduce alone
 
-# bench-train's scaling runs: the modes (torch-ddp last: the run the issue's four-GPU scaling
+# bench-train's scaling runs: the modes (ddp:torch last: the run the issue's four-GPU scaling
 # does without, so the first a part cut short loses), and each size's run (global batch, steps).
-MODES="none bucketed zero fsdp torch-fsdp torch-ddp"
+MODES="single ddp zero1 fsdp fsdp:torch ddp:torch"
 declare -A SIZE_RUN=([small]="--batch-size 32 --steps 200" [xl]="--batch-size 8 --steps 100")
 # Allowances per run: start-up (bench-train's commands in the CPU rehearsal took 14-23 s, nearly
 # all of it start-up, two_gpu_rehearsal_cpu_2026-11-25) plus the steps on one GPU, an upper
@@ -161,7 +162,8 @@ declare -A SIZE_RUN=([small]="--batch-size 32 --steps 200" [xl]="--batch-size 8 
 declare -A SIZE_LIMIT=([small]=60 [xl]=90)
 
 run_folder() {  # run_folder SIZE MODE RANKS: a run's folder (its name is its label in the table)
-    echo "$runs/$1-$2-x$3"
+    local mode=$2
+    echo "$runs/$1-${mode//:/-}-x$3"  # a folder name without a colon
 }
 
 claimed=
@@ -183,7 +185,7 @@ release() {
 }
 trap 'release; exit 143' TERM  # stopped (timeout, gpu_plan.py): leave no claim behind
 
-train() {  # train SIZE MODE...: a run per mode (none on 1 GPU, the others on GPUS)
+train() {  # train SIZE MODE...: a run per mode (single on 1 GPU, the others on GPUS)
     local size=$1 mode nproc folder
     shift
     if [ "$dry" != 1 ] && [ ! -f "$text" ]; then
@@ -192,8 +194,8 @@ train() {  # train SIZE MODE...: a run per mode (none on 1 GPU, the others on GP
     fi
     for mode in "$@"; do
         nproc=$GPUS
-        [ "$mode" = none ] && nproc=1
-        [ "$mode" = none ] || [ "$nproc" -ge 2 ] || continue  # data parallel needs 2 ranks
+        [ "$mode" = single ] && nproc=1
+        [ "$mode" = single ] || [ "$nproc" -ge 2 ] || continue  # data parallel needs 2 ranks
         folder=$(run_folder "$size" "$mode" "$nproc")
         if [ "$dry" != 1 ]; then
             [ -f "$folder/summary.json" ] && continue  # finished in an earlier call
@@ -221,8 +223,8 @@ train_table() {  # the scaling table of every finished run under $runs
         for mode in $MODES; do
             if [ "$dry" = 1 ]; then  # the runs this machine's train parts make
                 ranks=$GPUS
-                [ "$mode" = none ] && ranks=1
-                [ "$mode" = none ] || [ "$ranks" -ge 2 ] || continue
+                [ "$mode" = single ] && ranks=1
+                [ "$mode" = single ] || [ "$ranks" -ge 2 ] || continue
                 folder=$(run_folder "$size" "$mode" "$ranks")
                 scaling+=("$(basename "$folder")=$folder")
                 continue
@@ -248,7 +250,7 @@ step() {
     local plan result refused instead start limit=470
     plan=$(stem plan_leaderboard "$GPUS")
     run 60 "bench-plan: the leaderboard step's rows" $PY -m bench plan --size leaderboard-8b \
-        --context-length 32768 --batch 2 --precision bf16 --layout zero1 fsdp --dp "$GPUS" \
+        --context-length 32768 --batch 1 --precision bf16 --layout zero1 fsdp --dp "$GPUS" \
         --attention fa2-triton --activation-checkpointing blocks --loss fused \
         --optimizer lmcore-fused torch-fused --memory "$(gpu_memory)" --no-progress \
         $(files "$plan")
@@ -284,8 +286,8 @@ one() {  # one PART: its commands
     allreduce) allreduce ;;
     zero) per_size zero ;;
     train-small) train small $MODES ;;
-    train-xl-1) train xl none bucketed zero ;;
-    train-xl-2) train xl fsdp torch-fsdp torch-ddp ;;
+    train-xl-1) train xl single ddp zero1 ;;
+    train-xl-2) train xl fsdp fsdp:torch ddp:torch ;;
     train-table) train_table ;;
     ddp) per_size ddp ;;
     ddp-overlap) ddp_overlap ;;

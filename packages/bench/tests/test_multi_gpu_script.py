@@ -85,12 +85,12 @@ def test_every_command_parses_and_the_part_fits_one_call(part, gpus, tiny):
         args = _parsed(argv)
         if argv[3] == "train":
             assert Path(args.out).parent == Path("results/bulk/train_runs"), name
-            assert args.nproc == (1 if args.parallel == "none" else gpus), name
+            assert args.nproc == (1 if args.parallel == "single" else gpus), name
         elif argv[3] != "train-results":
             assert args.json is not None and args.json.parent == Path("results"), name
             assert "dryrun" in args.json.name
         if argv[3] in ("zero", "ddp"):
-            assert args.world_size == gpus, name
+            assert args.nproc == gpus, name
         if tiny and argv[3] not in ("plan", "train-results"):
             assert args.device == "cpu", name  # the rehearsal never asks for a GPU
 
@@ -103,17 +103,17 @@ def test_the_train_runs_of_a_size_differ_only_in_their_parallel_mode_and_ranks()
         args = TRAIN.parser().parse_args(argv[4:])
         by_size.setdefault(args.size, []).append((gpus, args))
     assert sorted(by_size) == ["small", "xl"]
-    modes = ["bucketed", "zero", "fsdp", "torch-fsdp", "torch-ddp"]
+    modes = ["ddp", "zero1", "fsdp", "fsdp:torch", "ddp:torch"]
     for size, parsed in by_size.items():
         ranks = sorted({(a.parallel, a.nproc) for _, a in parsed})
-        assert ranks == sorted([("none", 1), *((m, n) for m in modes for n in (2, 4))]), size
+        assert ranks == sorted([("single", 1), *((m, n) for m in modes for n in (2, 4))]), size
         # the same batches: global batch, steps, seed, data; a folder per mode and rank count
         same = {
             (a.batch_size, a.steps, a.seed, a.context_length, a.data, a.compile) for _, a in parsed
         }
         assert len(same) == 1 and not parsed[0][1].checkpoint, size
         folders = {Path(a.out).name for _, a in parsed}
-        assert folders == {f"{size}-{mode}-x{n}" for mode, n in ranks}, size
+        assert folders == {f"{size}-{mode.replace(':', '-')}-x{n}" for mode, n in ranks}, size
 
 
 def test_the_scaling_table_labels_each_run_by_its_folder():
@@ -122,7 +122,7 @@ def test_the_scaling_table_labels_each_run_by_its_folder():
     assert name == "scaling table"
     labels = [label for label, _ in args.scaling]
     assert labels == [Path(folder).name for _, folder in args.scaling]
-    assert "small-none-x1" in labels and "xl-fsdp-x4" in labels
+    assert "small-single-x1" in labels and "xl-fsdp-torch-x4" in labels
 
 
 def test_allreduce_takes_every_even_rank_count_and_both_backends_to_1_gb():
@@ -130,7 +130,7 @@ def test_allreduce_takes_every_even_rank_count_and_both_backends_to_1_gb():
         ((_, _, argv),) = _commands("allreduce", gpus=gpus)
         args = _parsed(argv)
         assert args.world_sizes == world_sizes
-        assert sorted(args.backend) == ["gloo", "nccl"] and args.full
+        assert sorted(args.backends) == ["gloo", "nccl"] and args.full
         assert args.sizes_mb == [1, 10, 100, 1000]
 
 
@@ -144,7 +144,7 @@ def test_the_2025_xl_rows_run_only_beside_the_2_gpu_results_they_continue():
 
 def test_one_gpu_runs_the_single_reference_and_refuses_the_parts_that_need_two():
     train = _commands("train-xl-1", gpus=1)
-    assert [name for _, name, _ in train] == ["bench-train xl none x1", "scaling table"]
+    assert [name for _, name, _ in train] == ["bench-train xl single x1", "scaling table"]
     for part in ("allreduce", "zero", "ddp", "ddp-overlap", "step"):
         proc = subprocess.run(
             ["bash", str(SCRIPT), part, "results"],
@@ -176,7 +176,7 @@ def test_the_step_part_runs_what_bench_step_prints_where_the_preset_is_refused()
     printed = depth_reduced_argv(num_gpus=2)
     assert instead[2][4 : 4 + len(printed) - 1] == printed[1:]
     args = _parsed(plan[2])
-    assert (args.layout, args.dp, args.batch) == (["zero1", "fsdp"], 2, [2])
+    assert (args.layouts, args.dp, args.batches) == (["zero1", "fsdp"], 2, [1])  # per rank
 
 
 def test_the_gpu_count_comes_from_the_visible_gpus():
@@ -191,7 +191,7 @@ def test_the_gpu_count_comes_from_the_visible_gpus():
         if world_size is None:
             assert proc.returncode == 2  # one GPU: ddp needs two
         else:
-            assert f"--world-size {world_size} " in proc.stdout
+            assert f"--nproc {world_size} " in proc.stdout
 
 
 def test_nvlink_multicast_is_off_before_any_part_runs():
@@ -237,8 +237,8 @@ def test_parts_sharing_the_run_folders_run_each_run_once(tmp_path):
     text.write_text("to be or not to be")
     runs = tmp_path / "bulk" / "train_runs"
     runs.mkdir(parents=True)
-    (runs / "xl-bucketed-x2.running").mkdir()  # a claim whose holder was killed
-    (runs / "xl-bucketed-x2.running" / "pid").write_text("999999999\n")
+    (runs / "xl-ddp-x2.running").mkdir()  # a claim whose holder was killed
+    (runs / "xl-ddp-x2.running" / "pid").write_text("999999999\n")
     env = {
         **os.environ,
         "PATH": f"{fake.parent}:{os.environ['PATH']}",
@@ -252,6 +252,6 @@ def test_parts_sharing_the_run_folders_run_each_run_once(tmp_path):
     trained = [line for line in (tmp_path / "calls.txt").read_text().splitlines()
                if line.startswith("-m bench train ")]  # fmt: skip
     outs = sorted(line.split(" --out ")[1].split()[0] for line in trained)
-    assert outs == [str(runs / f"xl-{m}") for m in ("bucketed-x2", "none-x1", "zero-x2")]
+    assert outs == [str(runs / f"xl-{m}") for m in ("ddp-x2", "single-x1", "zero1-x2")]
     assert "another part runs it" in errors
     assert not list(runs.glob("*.running"))  # every claim released
