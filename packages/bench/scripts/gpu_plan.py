@@ -76,6 +76,9 @@ STATUS_TIMED_OUT = 124  # timeout(1)'s, so script_results.py reads the log alike
 _ENTRY = re.compile(r"^(?P<gpus>cpu|[0-9][0-9,\-]*)(?:@(?P<limit>[0-9]+))?:(?P<what>.+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ALTERNATIVE = "or: "  # a multi_gpu.sh command that runs only in place of the one before it
+# Variables that change what the parts do, named in a record's command: multi_gpu.sh's CPU
+# rehearsal, and the commit a copy of the sources without their history measures.
+PASSED_ON = ("TINY", "BENCH_GIT_REVISION")
 
 
 @dataclass
@@ -541,11 +544,23 @@ def _record(args: argparse.Namespace, parts: Sequence[Part], log: Path) -> None:
     argv = [sys.executable, str(SCRIPTS / "script_results.py"), "log", str(log)]
     argv += ["--topic", args.record, "--out", str(args.results), "--attach", str(args.results)]
     argv += ["--title", args.title, "--device", args.device, "--gpus", str(num_gpus)]
-    argv += ["--command", shlex.join(["gpu_plan.py", *args.argv])]
+    argv += ["--command", _command_line(args)]
     argv += [f"--note={note}" for note in args.note]
     # the recorded commands and results name no machine's paths
     argv += [f"--replace={args.results}=DIR", f"--replace={args.text}=TEXT_FILE"]
     subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": _python_path()}, check=False)
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command that ran the plan, as a record gives it: what ran, not how it was recorded
+    (`--record`, `--title`, `--note` and `--pack` left out), after the variables that change
+    what the parts do."""
+    env = [f"{name}={os.environ[name]}" for name in PASSED_ON if name in os.environ]
+    words = ["python3", (SCRIPTS / "gpu_plan.py").relative_to(ROOT).as_posix()]
+    words += ["--plan", str(args.plan)] if args.plan else []
+    words += [*args.entries, "--text", str(args.text), "--results", str(args.results)]
+    words += ["--budget", f"{args.budget:g}"] if args.budget != DEFAULT_BUDGET_S else []
+    return " ".join([*env, shlex.join(words)])
 
 
 def _python_path() -> str:
@@ -612,7 +627,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the plan; 0 if every part ended ok, else 1 (2: a plan that does not parse)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
     args.device = args.device or _default_device()
     for name in ("plan", "results", "pack"):  # as seen from the root, where the parts run
         if getattr(args, name) is not None:

@@ -191,7 +191,7 @@ def _log(args: argparse.Namespace) -> int:
             "log": args.log.name,
             "attached": [p.relative_to(args.attach).as_posix() for p in attached],
         },
-        command=args.command,
+        command=replace(args.command) if args.command else None,
         title=args.title,
         columns=_log_columns(rows),
         notes=args.note,

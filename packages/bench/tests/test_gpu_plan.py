@@ -188,7 +188,7 @@ def test_record_hands_the_command_log_to_script_results(plan, tmp_path, monkeypa
     results = tmp_path / "results"
     parts = _parts(plan, "0-1:one=true", "3:two=true")
     args = plan.build_parser().parse_args(["--results", str(results), "--record", "plan_x"])
-    args.argv, args.device = ["--record", "plan_x"], "cuda"
+    args.device = "cuda"
     plan._record(args, parts, results / "commands.tsv")
     ((*_, script, what, log), *_) = [c[:4] for c in calls]
     assert (Path(script).name, what, log) == (
@@ -199,6 +199,9 @@ def test_record_hands_the_command_log_to_script_results(plan, tmp_path, monkeypa
     options = dict(zip(calls[0][4::2], calls[0][5::2], strict=False))
     assert options["--topic"] == "plan_x" and options["--gpus"] == "2"
     assert options["--device"] == "cuda" and options["--attach"] == str(results)
+    command = options["--command"]  # what ran, not how it was recorded
+    assert command.startswith("python3 packages/bench/scripts/gpu_plan.py --text TEXT_FILE ")
+    assert "--record" not in command
 
 
 def test_parts_never_write_into_an_earlier_calls_folders(plan, tmp_path):
