@@ -546,8 +546,10 @@ def _record(args: argparse.Namespace, parts: Sequence[Part], log: Path) -> None:
     argv += ["--title", args.title, "--device", args.device, "--gpus", str(num_gpus)]
     argv += ["--command", _command_line(args)]
     argv += [f"--note={note}" for note in args.note]
-    # the recorded commands and results name no machine's paths
+    # the recorded commands and results name no machine's paths (a script that records its
+    # interpreter as it ran names it by its path)
     argv += [f"--replace={args.results}=DIR", f"--replace={args.text}=TEXT_FILE"]
+    argv += [f"--replace={sys.executable}=python3"]
     subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": _python_path()}, check=False)
 
 
