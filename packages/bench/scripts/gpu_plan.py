@@ -25,8 +25,9 @@ other's runs and the last table holds every run finished so far.
 
 At the end: `commands.tsv` in `--results` (a line per part, then its commands' lines from
 multi_gpu.sh's `RUN_LOG`, each with the part's GPUs), which `--record TOPIC` turns into a result
-(`script_results.py log`, this machine's device and versions, the Markdown of every result
-attached); `summary.md`; with `--pack DIR`, `DIR/results.tgz` (every file up to 2 MiB: results,
+(`script_results.py log`, this machine's device and versions, the Markdown of every result its
+parts wrote attached: an earlier call's folders, carried over for their train runs, are left
+out); `summary.md`; with `--pack DIR`, `DIR/results.tgz` (every file up to 2 MiB: results,
 logs, run folders) and `DIR/bulk.tgz` (the larger ones: traces), each cut into pieces of at
 most `--max-file-mb` (`cat results.tgz.* > results.tgz` joins them), at most `--max-files`
 files in all, and `DIR/summary.md`. The summary table (part, GPUs, seconds, status, commands,
@@ -543,6 +544,7 @@ def _record(args: argparse.Namespace, parts: Sequence[Part], log: Path) -> None:
     num_gpus = max((len(p.gpus) for p in parts), default=1)
     argv = [sys.executable, str(SCRIPTS / "script_results.py"), "log", str(log)]
     argv += ["--topic", args.record, "--out", str(args.results), "--attach", str(args.results)]
+    argv += [f"--within={p.name}" for p in parts if p.exit_code is not None]  # this call's
     argv += ["--title", args.title, "--device", args.device, "--gpus", str(num_gpus)]
     argv += ["--command", _command_line(args)]
     argv += [f"--note={note}" for note in args.note]

@@ -157,6 +157,14 @@ def log_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _attached(folder: Path | None, within: list[str]) -> list[Path]:
+    """The Markdown results under `folder`, or only under its subfolders `within` if any."""
+    if folder is None:
+        return []
+    roots = [folder / name for name in within] if within else [folder]
+    return sorted(path for root in roots for path in root.rglob("*.md"))
+
+
 def _replacements(pairs: list[str]) -> Callable[[str], str]:
     """A function that writes each `OLD=NEW` of `pairs` (in order) into a text: a machine's
     paths as the words a record uses for them (`DIR`, `TEXT_FILE`)."""
@@ -182,7 +190,7 @@ def _log(args: argparse.Namespace) -> int:
     replace = _replacements(args.replace)
     for row in rows:
         row["command"] = replace(row["command"])
-    attached = sorted(args.attach.rglob("*.md")) if args.attach else []
+    attached = _attached(args.attach, args.within)
     run = Run.create(
         args.topic,
         rows,
@@ -226,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--gpus", type=int, default=1, help="GPUs the commands used, at most (1)")
     log.add_argument("--command", help="the command that ran the script (recorded as given)")
     log.add_argument("--attach", type=Path, help="a folder whose *.md results to append")
+    log.add_argument(
+        "--within",
+        action="append",
+        default=[],
+        metavar="SUBFOLDER",
+        help="only the results in this subfolder of --attach (repeatable)",
+    )
     log.add_argument("--note", action="append", default=[], help="a sentence (repeatable)")
     log.add_argument(
         "--replace",

@@ -186,7 +186,8 @@ def test_record_hands_the_command_log_to_script_results(plan, tmp_path, monkeypa
     calls = []
     monkeypatch.setattr(plan.subprocess, "run", lambda argv, **kw: calls.append(argv))
     results = tmp_path / "results"
-    parts = _parts(plan, "0-1:one=true", "3:two=true")
+    parts = _parts(plan, "0-1:one=true", "3:two=true", "2:three=true")
+    parts[0].exit_code = parts[2].exit_code = 0  # ran; two never started
     args = plan.build_parser().parse_args(["--results", str(results), "--record", "plan_x"])
     args.device = "cuda"
     plan._record(args, parts, results / "commands.tsv")
@@ -199,6 +200,7 @@ def test_record_hands_the_command_log_to_script_results(plan, tmp_path, monkeypa
     options = dict(zip(calls[0][4::2], calls[0][5::2], strict=False))
     assert options["--topic"] == "plan_x" and options["--gpus"] == "2"
     assert options["--device"] == "cuda" and options["--attach"] == str(results)
+    assert [a for a in calls[0] if a.startswith("--within")] == ["--within=one", "--within=three"]
     command = options["--command"]  # what ran, not how it was recorded
     assert command.startswith("python3 packages/bench/scripts/gpu_plan.py --text TEXT_FILE ")
     assert "--record" not in command

@@ -99,11 +99,14 @@ def test_a_plans_command_log_keeps_each_parts_gpus(script_results, tmp_path):
     wrote = tmp_path / "r" / "x"
     wrote.mkdir(parents=True)
     (wrote / "d.md").write_text("Command: `bench-ddp --json r/x/d.json`\n")
+    (tmp_path / "r" / "earlier").mkdir()  # a folder an earlier call left: not this log's
+    (tmp_path / "r" / "earlier" / "e.md").write_text("### earlier\n")
     argv = ["log", str(log), "--topic", "plan", "--title", "A plan", "--out", str(tmp_path)]
-    argv += ["--attach", str(tmp_path / "r"), "--replace", "r/x=DIR"]
+    argv += ["--attach", str(tmp_path / "r"), "--within", "x", "--replace", "r/x=DIR"]
     assert script_results.main([*argv, "--gpus", "4"]) == 1  # a part timed out
     (saved,) = tmp_path.glob("plan_cpu_*.json")  # a CPU's result names no count
     header = saved.with_suffix(".md").read_text().split("\n| ", 1)[1].split("\n")[0]
     assert [c.strip() for c in header.split("|")[:3]] == ["part", "name", "gpus"]
     text = saved.with_suffix(".md").read_text()
     assert "--json DIR/d.json" in text and "r/x" not in text  # commands and results alike
+    assert "#### `x/d.md`" in text and "earlier" not in text
