@@ -534,7 +534,7 @@ def pack(results: Path, dest: Path, *, max_file_bytes: int, max_files: int) -> l
     for extra in written[room:]:
         extra.unlink()
         notes.append(f"{extra.name} left out: more than {max_files} files to bring back")
-    if len(written) > min(room, 2) or notes:
+    if any(not path.name.endswith(".tgz") for path in written):
         notes.append("pieces: join them with `cat NAME.tgz.* > NAME.tgz` before unpacking")
     return notes
 
