@@ -167,13 +167,16 @@ run_folder() {  # run_folder SIZE MODE RANKS: a run's folder (its name is its la
 }
 
 claimed=
-claim() {  # claim FOLDER: take FOLDER's run; false while a live process of another part has it
+claim() {  # claim FOLDER: take FOLDER's run; false while another part's process has it
     local lock=$1.running holder
     if ! mkdir "$lock" 2>/dev/null; then
         holder=$(cat "$lock/pid" 2>/dev/null)
-        if [ -n "$holder" ] && [ "$holder" != $$ ] && kill -0 "$holder" 2>/dev/null; then
+        # no pid yet: claimed this instant; a live one: running
+        if [ -z "$holder" ] || kill -0 "$holder" 2>/dev/null; then
             return 1
-        fi  # its holder was killed: take the run over
+        fi
+        rm -rf "$lock" # its holder was killed: take the run over, unless another part just did
+        mkdir "$lock" 2>/dev/null || return 1
     fi
     echo $$ >"$lock/pid"
     claimed=$lock
@@ -202,6 +205,10 @@ train() {  # train SIZE MODE...: a run per mode (single on 1 GPU, the others on 
             mkdir -p "$runs"
             if ! claim "$folder"; then
                 echo "== bench-train $size $mode x$nproc: another part runs it" >&2
+                continue
+            fi
+            if [ -f "$folder/summary.json" ]; then  # another part finished it meanwhile
+                release
                 continue
             fi
             rm -rf "$folder"  # killed: start it again

@@ -222,36 +222,59 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 echo "$*" >>"$FAKE_LOG"
 if [ "$3" = train ]; then
     out=$(sed -n 's/.* --out \\([^ ]*\\).*/\\1/p' <<<"$*")
-    sleep 1
+    sleep "$FAKE_SECONDS"
     mkdir -p "$out" && echo {} >"$out/summary.json"
 fi
 """
 
 
-def test_parts_sharing_the_run_folders_run_each_run_once(tmp_path):
+def _train_xl_1(tmp_path: Path, *, parts: int, seconds: float) -> tuple[list[str], str, Path]:
+    """Run `parts` copies of `train-xl-1` at once on 2 GPUs with a fake python3 whose runs take
+    `seconds`: the run folders each trained, the parts' stderr, and the runs' folder."""
     fake = tmp_path / "bin" / "python3"
-    fake.parent.mkdir()
+    fake.parent.mkdir(exist_ok=True)
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     text = tmp_path / "text.txt"
     text.write_text("to be or not to be")
-    runs = tmp_path / "bulk" / "train_runs"
-    runs.mkdir(parents=True)
-    (runs / "xl-ddp-x2.running").mkdir()  # a claim whose holder was killed
-    (runs / "xl-ddp-x2.running" / "pid").write_text("999999999\n")
     env = {
         **os.environ,
         "PATH": f"{fake.parent}:{os.environ['PATH']}",
         "FAKE_LOG": str(tmp_path / "calls.txt"),
+        "FAKE_SECONDS": str(seconds),
         "MULTI_GPU_BULK": str(tmp_path / "bulk"),
         "GPUS": "2",
     }
     argv = ["bash", str(SCRIPT), "train-xl-1", str(tmp_path / "out"), str(text)]
-    both = [subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True) for _ in "ab"]
-    errors = "".join(p.communicate()[1] for p in both)
-    trained = [line for line in (tmp_path / "calls.txt").read_text().splitlines()
-               if line.startswith("-m bench train ")]  # fmt: skip
-    outs = sorted(line.split(" --out ")[1].split()[0] for line in trained)
-    assert outs == [str(runs / f"xl-{m}") for m in ("ddp-x2", "single-x1", "zero1-x2")]
-    assert "another part runs it" in errors
+    procs = [
+        subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True) for _ in range(parts)
+    ]
+    errors = "".join(p.communicate()[1] for p in procs)
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    trained = [c.split(" --out ")[1].split()[0] for c in calls if c.startswith("-m bench train ")]
+    return sorted(Path(t).name for t in trained), errors, tmp_path / "bulk" / "train_runs"
+
+
+def test_parts_sharing_the_run_folders_run_each_run_once(tmp_path):
+    trained, _, runs = _train_xl_1(tmp_path, parts=2, seconds=1)
+    assert trained == ["xl-ddp-x2", "xl-single-x1", "xl-zero1-x2"]
     assert not list(runs.glob("*.running"))  # every claim released
+
+
+def test_a_run_a_live_part_holds_is_left_to_it_and_a_killed_parts_taken_over(tmp_path):
+    runs = tmp_path / "bulk" / "train_runs"
+    # alive; no such process; claimed this instant (its pid not written yet)
+    for folder, pid in (
+        ("xl-single-x1", os.getpid()),
+        ("xl-ddp-x2", 999_999_999),
+        ("xl-zero1-x2", None),
+    ):
+        (runs / f"{folder}.running").mkdir(parents=True)
+        if pid is not None:
+            (runs / f"{folder}.running" / "pid").write_text(f"{pid}\n")
+    trained, errors, _ = _train_xl_1(tmp_path, parts=1, seconds=0)
+    assert trained == ["xl-ddp-x2"]
+    assert "bench-train xl single x1: another part runs it" in errors
+    assert "bench-train xl zero1 x2: another part runs it" in errors
+    held = sorted(p.name for p in runs.glob("*.running"))
+    assert held == ["xl-single-x1.running", "xl-zero1-x2.running"]  # still theirs
