@@ -64,7 +64,7 @@ def test_answers_quote_the_rows_with_file_and_revision(tool_results):
     precision = next(r for r in res.records if r.run.tool == "precision")
     fp16 = next(r for r in precision.run.rows if r.get("case") == "fp16 += fp16")
     assert f"fp16 += fp16: {fp16['printed']}" in _section(text, "mixed_precision_accumulation")
-    assert "bf16 autocast makes a step" in _section(text, "benchmarking_mixed_precision")
+    assert "bf16 autocast runs a step at" in _section(text, "benchmarking_mixed_precision")
 
 
 def test_analytic_problems_give_bench_plans_formulas_and_example_values(tool_results):

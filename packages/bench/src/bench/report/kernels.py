@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
+
+from bench.report.claims import growth, growth_exponent, ratio_word, speed
 from bench.report.document import Block, Paragraph, Table
 from bench.report.results import (
     OOM,
@@ -106,21 +109,35 @@ def answer_attention(res: Results) -> list[Block]:
         out.append(said(res, text, [big]))
     if len(fits) >= 2:
         z = max(fits, key=lambda r: (r[attn_keys.seq], r[attn_keys.d]))
-        a = min(
+        same_d = sorted(
             (r for r in fits if r[attn_keys.d] == z[attn_keys.d]), key=lambda r: r[attn_keys.seq]
         )
-        growth = z[attn_keys.mem_before_bwd_mib] / a[attn_keys.mem_before_bwd_mib]
+        a = same_d[0]
+        y = same_d[-2] if len(same_d) >= 2 else a
+        mem = attn_keys.mem_before_bwd_mib
+        growth_all = z[mem] / a[mem]
         text = (
-            f"The memory saved for backward grows with the square of the sequence: from "
-            f"{fmt(a[attn_keys.mem_before_bwd_mib])} MiB at seq {a[attn_keys.seq]} to "
-            f"{fmt(z[attn_keys.mem_before_bwd_mib])} MiB at seq {z[attn_keys.seq]} ({growth:,.0f}× "
-            "for "
-            f"{z[attn_keys.seq] / a[attn_keys.seq]:g}× the length). FlashAttention removes it: it "
-            "never "
-            "materialises the seq × seq matrices, saves only the output and the logsumexp "
-            "(linear in seq) and recomputes the scores tile by tile in the backward."
+            f"The memory in use before the backward goes from {fmt(a[mem])} MiB at seq "
+            f"{a[attn_keys.seq]} to {fmt(z[mem])} MiB at seq {z[attn_keys.seq]} "
+            f"({growth_all:,.0f}× for {z[attn_keys.seq] / a[attn_keys.seq]:g}× the length)"
         )
-        out.append(said(res, text, [a, z]))
+        if y[attn_keys.seq] != z[attn_keys.seq]:
+            p = growth_exponent(y[attn_keys.seq], y[mem], z[attn_keys.seq], z[mem])
+            text += (
+                f"; between the two longest sequences ({y[attn_keys.seq]} and "
+                f"{z[attn_keys.seq]}) it grows {growth(p)} (exponent {p:.2f})"
+                + (
+                    ", as the seq × seq matrices come to dominate it"
+                    if growth(p) == "with its square"
+                    else ""
+                )
+            )
+        text += (
+            ". FlashAttention removes the quadratic part: it never materialises the seq × seq "
+            "matrices, saves only the output and the logsumexp (linear in seq) and recomputes "
+            "the scores tile by tile in the backward."
+        )
+        out.append(said(res, text, [a, y, z]))
         fa2 = next(
             (
                 r
@@ -194,9 +211,10 @@ def answer_compile(res: Results) -> list[Block]:
         ]
         ds = sorted({t["d"] for t in table})
         text = (
-            f"(a) torch.compile'd attention against eager, head dims {', '.join(map(str, ds))}: "
-            f"forward {span(fwd)} faster, backward {span(bwd)} faster (compiled fuses the "
-            "scale, mask and softmax into one kernel, but still writes the seq × seq matrix)."
+            f"(a) torch.compile'd attention against eager (eager's time / compiled's), head dims "
+            f"{', '.join(map(str, ds))}: forward {span(fwd)} ({speed(fwd)}), backward "
+            f"{span(bwd)} ({speed(bwd)}); compiled fuses the scale, mask and softmax into one "
+            "kernel, but still writes the seq × seq matrix."
         )
         out += [said(res, text, [r for p in found for r in p]), Table(table, list(table[0]))]
     models = ok(r for r in res.rows("model") if is_compile(res.record_of(r)))
@@ -234,10 +252,8 @@ def answer_compile(res: Results) -> list[Block]:
         cited = [r for p in found_m for r in p]
         if "forward" in {t["mode"] for t in table}:
             text = (
-                f"(b) The whole model compiled against eager: {speedups}. The forward gains "
-                "most from fusing the elementwise work (norms, RoPE, SwiGLU, the attention mask "
-                "and softmax); a training step gains less in proportion, since its backward's "
-                "matmuls and the optimizer (not compiled here) stay as they were."
+                f"(b) The whole model compiled against eager (eager's time / compiled's): "
+                f"{speedups}. {_compile_reading(by_mode)}"
             )
             out += [said(res, text, cited), Table(table, list(table[0]))]
             return out
@@ -252,6 +268,27 @@ def answer_compile(res: Results) -> list[Block]:
     else:
         out.append(_compile_not_run())
     return out
+
+
+def _compile_reading(by_mode: dict[tuple, list[dict]]) -> str:
+    """Which mode compile helps most, from the median speed-up per mode, and why."""
+    medians = {
+        mode: statistics.median(t["speedup"] for t in group) for (mode,), group in by_mode.items()
+    }
+    words = {mode: speed([m]) for mode, m in medians.items()}
+    text = "; ".join(f"the {mode} runs {word}" for mode, word in words.items()) + " compiled"
+    forward, step = medians.get("forward"), medians.get("train-step")
+    if forward is None or step is None:
+        return text + "."
+    return text + ratio_word(
+        forward / step,
+        more=". The forward gains most: compiling fuses its elementwise work (norms, RoPE, "
+        "SwiGLU, the attention mask and softmax), while a training step also runs the "
+        "backward's matmuls and the optimizer, which compiling leaves as they were.",
+        less=". The training step gains more than the forward: compiling also fuses the "
+        "backward's elementwise work and the optimizer's update.",
+        same=". The forward and the training step gain alike.",
+    )
 
 
 def _compile_not_run() -> Paragraph:
@@ -354,10 +391,19 @@ def answer_flash_benchmarking(res: Results) -> list[Block]:
                 }
             )
             if ooms:
+                fa2_ooms = [
+                    r
+                    for r in res.rows("flash")
+                    if r.get(flash_keys.impl) == "fa2-triton" and r.get(flash_keys.status) == OOM
+                ]
                 text += (
                     " Plain attention runs out of memory from "
                     + ", ".join(f"seq {s} in {d}" for d, s in ooms[:2])
-                    + "; fa2 runs every length."
+                    + (
+                        "; fa2 runs every length."
+                        if not fa2_ooms
+                        else f"; fa2 runs out too, in {len(fa2_ooms)} cells."
+                    )
                 )
         out.append(said(res, text, [r for p in found for r in p]))
     best = [

@@ -11,9 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "ALLREDUCE_MORE_GPUS",
     "CHECKPOINTING_STUDY",
     "COMPILE_MODEL",
+    "DDP_TRACES",
     "FLASH_NAIVE",
+    "FSDP_PLAN",
+    "FSDP_TRACES",
     "MEMORY_TIMELINES",
     "PROFILES",
     "SCRIPT",
@@ -22,6 +26,7 @@ __all__ = [
 
 SCRIPT = "packages/bench/scripts/handout_gpu.sh"
 ONE_GPU = "one 80 GB H100"
+TWO_GPUS = "two GPUs of one node"
 
 
 @dataclass(frozen=True)
@@ -90,4 +95,29 @@ CHECKPOINTING_STUDY = GpuRun(
     "--precision bf16-autocast --attention fa2-triton --loss materialized "
     "--optimizer torch-fused --no-compile --no-native "
     "--json docs/results/step_checkpointing_<device>_<date>.json",
+)
+ALLREDUCE_MORE_GPUS = GpuRun(
+    "",
+    "bench-allreduce --backend nccl --nproc 4 6 --json docs/results/allreduce_<device>_<date>.json",
+    hardware="one node of 4 GPUs for 4 processes, of 8 for 6",
+)
+DDP_TRACES = GpuRun(
+    "",
+    "bench-ddp --variants single ddp:naive ddp:flat ddp:individual --trace "
+    "docs/results/bulk/ddp_traces --json docs/results/ddp_<device>_<date>.json",
+    hardware=TWO_GPUS,
+)
+FSDP_TRACES = GpuRun(
+    "",
+    "bench-zero --variants ddp:torch zero1:torch-ddp fsdp --trace docs/results/bulk/zero_traces "
+    "--json docs/results/zero_<device>_<date>.json",
+    hardware=TWO_GPUS,
+)
+# bench-plan runs on any machine: the prediction §7 (a) reads, at §6's setting (bench-zero's).
+FSDP_PLAN = GpuRun(
+    "",
+    "bench-plan --size xl-2025 xl --context-length 128 --batch 4 --precision fp32 --layout "
+    "ddp:torch zero1:torch-ddp fsdp --dp 2 --optimizer torch "
+    "--json docs/results/plan_fsdp_<date>.json",
+    hardware="any machine (no GPU)",
 )
