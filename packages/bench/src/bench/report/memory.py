@@ -44,7 +44,11 @@ def answer_memory(res: Results) -> list[Block]:
     """(a)–(f): timelines, peaks, bf16, activation size, largest allocations, residuals."""
     out: list[Block] = []
     rows = [r for r in res.rows("model") if is_memory(res.record_of(r))]
-    measured = [r for r in rows if num(r, model_keys.peak_mib) or r.get(model_keys.status) == OOM]
+    measured = [
+        {**r, "device": _device(res, r)}
+        for r in rows
+        if num(r, model_keys.peak_mib) or r.get(model_keys.status) == OOM
+    ]
     if measured:
         current = list({id(rec): rec for rec in map(res.record_of, measured)}.values())
         out += _timelines(res, current, measured)
@@ -126,10 +130,18 @@ _NO_PHASES = (
 )
 
 
+def _device(res: Results, row: dict) -> str:
+    """The GPU a row was measured on, without its maker's name."""
+    return str(res.record_of(row).run.env.get("device_name", "?")).removeprefix("NVIDIA ")
+
+
 def _peaks(res: Results, measured: Rows) -> list[Block]:
-    """(b) the peaks, forward and training step per context; (c) bf16 against fp32."""
+    """(b) the peaks, forward and training step per context (and GPU, where several were
+    measured); (c) bf16 against fp32 on the same GPU."""
+    several = len({r["device"] for r in measured}) > 1
     table = [
         {
+            **({"device": group[0]["device"]} if several else {}),
             "size": size_label(group[0]),
             "ctx": ctx,
             "dtype": dtype,
@@ -145,8 +157,13 @@ def _peaks(res: Results, measured: Rows) -> list[Block]:
                 for mode in ("forward", "train-step")
             },
         }
-        for (_, _, ctx, dtype), group in grouped(
-            measured, model_keys.size, model_keys.d_model, model_keys.ctx, model_keys.dtype
+        for (_, _, _, ctx, dtype), group in grouped(
+            measured,
+            "device",
+            model_keys.size,
+            model_keys.d_model,
+            model_keys.ctx,
+            model_keys.dtype,
         ).items()
     ]
     out: list[Block] = [
@@ -165,7 +182,7 @@ def _peaks(res: Results, measured: Rows) -> list[Block]:
             vary=model_keys.dtype,
             a="fp32",
             b="bf16-autocast",
-            match=(model_keys.size, model_keys.d_model, model_keys.ctx, model_keys.mode),
+            match=("device", model_keys.size, model_keys.d_model, model_keys.ctx, model_keys.mode),
             same_file=False,
         )
         if num(a, model_keys.peak_mib) and num(b, model_keys.peak_mib)

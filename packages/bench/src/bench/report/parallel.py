@@ -479,7 +479,7 @@ def _fsdp_saving(res: Results) -> list[Block]:
         ]
         text = (
             f"(a) bench-plan's memory model for {size} at §6's setting (context {first[k.ctx]}, "
-            f"batch {first[k.batch]} per rank, {first[k.precision]}, {first[k.mesh]}, "
+            f"a global batch of {first[k.batch]} over {first[k.mesh]}, {first[k.precision]}, "
             f"{first[k.optimizer]} AdamW) predicts peaks per GPU of " + ", ".join(parts)
         )
         zero1 = by_layout.get("zero1:torch-ddp")

@@ -176,7 +176,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "fa2 against regular PyTorch attention, forward / backward / end to end, batch 1, "
         "causal, seq 128…65536, d 16…128, bf16 and fp32.",
         answer_flash_benchmarking,
-        _tool("flash", stem="flash_sweep"),
+        _any(_tool("flash", stem="flash_sweep"), _tool("flash", stem="flash_naive")),
         ONE_GPU + ", part6",
     ),
     Problem(
@@ -346,9 +346,16 @@ APPENDIX_TEXT = (
 )
 
 
-def build_document(res: Results, *, report_dir: Path, title: str) -> list[Block]:
+def build_document(
+    res: Results, *, report_dir: Path, title: str, writeup: bool = False
+) -> list[Block]:
     """The whole report: a summary, then each problem in the handout's order with its answer
-    and the result files it rests on, then the results no problem claims."""
+    and the result files it rests on, then the results no problem claims.
+
+    With `writeup`, the document one hands in: each problem's answer and the plots of the
+    results it rests on, each result named with its device, date and revision in one line;
+    not the results' full tables, the earlier runs they replace or the results no problem
+    claims (the Markdown report keeps those)."""
     stems = {r.path.stem for r in res.records}
     devices: dict[str, set[str]] = {}
     for rec in res.records:
@@ -385,7 +392,12 @@ def build_document(res: Results, *, report_dir: Path, title: str) -> list[Block]
         doc.extend(_linked(block, report_dir) for block in answer)
         mine = [r for r in res.records if r.path not in shown and problem.claims(r)]
         shown.update(r.path for r in mine)
-        doc.extend(_results(res, mine, report_dir, stems))
+        if writeup:
+            doc.extend(_in_brief(res, mine, report_dir, stems))
+        else:
+            doc.extend(_results(res, mine, report_dir, stems))
+    if writeup:
+        return doc
     rest = [r for r in res.records if r.path not in shown]
     if rest:
         doc.append(Heading(2, "Other results"))
@@ -402,6 +414,23 @@ def _results(res: Results, records: list[Record], report_dir: Path, stems: set[s
         out += record_blocks(record, report_dir, stems)
     for record in (r for r in records if not res.current(r)):
         out += earlier_blocks(record, res.earlier[record.path])
+    return out
+
+
+def _in_brief(
+    res: Results, records: list[Record], report_dir: Path, stems: set[str]
+) -> list[Block]:
+    """The current results in one line each (file, device, date, revision) and their plots."""
+    out: list[Block] = []
+    for record in (r for r in records if res.current(r)):
+        out += [b for b in record_blocks(record, report_dir, stems) if isinstance(b, Image)]
+        env = record.run.env
+        out.append(
+            Paragraph(
+                f"Source: `{record.path.name}`, {env.get('device_name')}, "
+                f"{str(record.run.date)[:10]}, code {record.revision}."
+            )
+        )
     return out
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.report.document import FORMATS, render
 from bench.report.problems import PROBLEMS, Results, build_document
 
-__all__ = ["PROBLEMS", "build_report", "report_links", "run_parsed"]
+__all__ = ["PROBLEMS", "build_report", "compile_typst", "report_links", "run_parsed"]
 
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -39,21 +39,64 @@ def build_report(
         output: the file to write; image links are made relative to its folder (to `folder`
             when None).
         title: the report's top heading.
-        fmt: `markdown`, `latex` or `typst`.
+        fmt: `markdown` (the full report); `typst`, `latex` or `pdf` (the write-up: answers and
+            plots, see `build_document`); `pdf` writes the Typst source beside `output` and
+            compiles it (needs `output` and the `typst` package) and returns that source.
 
     Raises:
         FileNotFoundError: `folder` does not exist.
-        ValueError: an unknown format.
+        ValueError: an unknown format, or `pdf` without `output`.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "pdf" and output is None:
+        raise ValueError("--format pdf writes a file: give -o report.pdf")
     res = Results.collect(folder)
     report_dir = Path(output).parent if output is not None else Path(folder)
-    text = render(build_document(res, report_dir=report_dir, title=title), fmt)
-    if output is not None:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(text)
+    writeup = fmt != "markdown"
+    doc = build_document(res, report_dir=report_dir, title=title, writeup=writeup)
+    text = render(doc, "typst" if fmt == "pdf" else fmt)
+    if output is None:
+        return text
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "pdf":
+        source = output.with_suffix(".typ")
+        source.write_text(text)
+        compile_typst(source, output, folder=Path(folder))
+    else:
+        output.write_text(text)
     return text
+
+
+def compile_typst(
+    source: Path, output: Path, *, folder: Path, fmt: str = "pdf", ppi: float | None = None
+) -> list[bytes] | None:
+    """Compile a Typst write-up (`source`) to `output` (`fmt`: `pdf`, or `png` pages with
+    `ppi`); the files it reads may lie anywhere under the common folder of `source` and the
+    results `folder`. With `output` None, the pages come back as bytes.
+
+    Raises:
+        ModuleNotFoundError: the `typst` package is missing (the message says how to install).
+    """
+    try:
+        import typst
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            "compiling the write-up needs the typst package: pip install typst (or uv sync, "
+            "which installs the dev group)"
+        ) from exc
+    root = os.path.commonpath([source.resolve().parent, folder.resolve()])
+    pages = typst.compile(
+        str(source),
+        output=None if output is None else str(output),
+        root=root,
+        format=fmt,
+        ppi=ppi,
+    )
+    if output is None:
+        return pages if isinstance(pages, list) else [pages]
+    return None
 
 
 def run_parsed(
