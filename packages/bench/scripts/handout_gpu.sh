@@ -185,13 +185,15 @@ quick() {
         $(tiny model)
     traces "$out/$profile"
     flash=flash_naive$suffix
-    budget_left 60 "flash against naive" && run "$limit" "flash against naive" $PY -m bench \
-        flash --preset sweep --seq 128 1024 8192 65536 --d 16 64 128 --dtype bf16 fp32 \
-        --impls fa2-triton naive --budget-ms 5 20 --no-progress $(files "$flash") $(tiny flash)
+    budget_left 60 "flash against naive" &&
+        run "$limit" "flash against naive" $PY -m bench flash --preset sweep \
+            --seq 128 1024 8192 65536 --d 16 64 128 --dtype bf16 fp32 --impls fa2-triton naive \
+            --budget-ms 5 20 --no-progress $(files "$flash") $(tiny flash)
     compiled=compile$suffix
-    budget_left 120 "whole-model compile" && run "$limit" "whole-model compile" $PY -m bench \
-        model --size small --context-length 512 --mode forward train-step --compile both \
-        --warmup 2 --steps 3 --no-progress $(files "$compiled") $(tiny model)
+    budget_left 120 "whole-model compile" &&
+        run "$limit" "whole-model compile" $PY -m bench model --size small --context-length 512 \
+            --mode forward train-step --compile both --warmup 2 --steps 3 --no-progress \
+            $(files "$compiled") $(tiny model)
     warmup=warmup$suffix
     budget_left 60 "warm-up study" && run "$limit" "warm-up study" $PY -m bench model \
         --size small --context-length 512 --mode forward-backward --steps 5 --warmup-study \

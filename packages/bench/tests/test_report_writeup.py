@@ -10,7 +10,7 @@ import pytest
 
 from bench.core.results import save_json
 from bench.report.document import Heading, Paragraph, Table, render
-from bench.report.tool import build_report, compile_typst
+from bench.report.tool import WRITEUP_PAGE_BUDGET, build_report, compile_typst, pdf_pages
 from bench.report.trace_timeline import render_trace_timeline, trace_lanes
 
 typst = pytest.importorskip("typst")
@@ -96,6 +96,8 @@ def test_the_writeup_of_real_results_compiles_to_a_pdf_that_fits(tool_results, t
     out = tmp_path / "writeup.pdf"
     build_report(tool_results, output=out, fmt="pdf")
     assert out.read_bytes().startswith(b"%PDF")
+    pages = compile_typst(out.with_suffix(".typ"), None, folder=tool_results, fmt="png", ppi=10)
+    assert pdf_pages(out.read_bytes()) == len(pages) <= WRITEUP_PAGE_BUDGET
     fits = _fits(out.with_suffix(".typ"), tool_results)
     assert fits and all(f["need"] <= f["avail"] for f in fits)
     text = out.with_suffix(".typ").read_text()

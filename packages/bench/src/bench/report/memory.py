@@ -276,9 +276,9 @@ def _no_timelines(res: Results, current: list[Record], numbers: str, measured: R
             res,
             f"(a) Not run with timelines: the allocator snapshots (pickles) of the memory runs "
             f"({names}) were not kept, and no timeline image of them is committed. "
-            f"{MEMORY_TIMELINES.sentence()} (and the same with `--precision bf16-autocast`); "
-            "bench-model draws a timeline PNG beside each pickle, and the script moves them next "
-            f"to the results, where this report shows them.{numbers}",
+            f"{MEMORY_TIMELINES.sentence()}; bench-model draws a timeline PNG beside each "
+            "pickle and reads the memory at the end of each phase, and the script moves the "
+            f"timelines next to the results, where this report shows them.{numbers}",
             measured,
         )
     ]

@@ -52,42 +52,37 @@ class GpuRun:
         return f"{where} (on {self.hardware}{time}) runs `{self.command}`"
 
 
+# `handout_gpu.sh quick` makes each of these within its five-minute budget on one GPU.
+QUICK = "one GPU (an H200 or H100), at most 5 min for the whole part"
 PROFILES = (
     GpuRun(
-        "part2",
-        "bench-model --size small --context-length 256 512 1024 --mode forward train-step "
-        "--warmup 2 --steps 3 --profile docs/results/profile_small_<device>_<date> "
-        "--json docs/results/profile_small_<device>_<date>_timing.json",
-        6,
-    ),
-    GpuRun(
-        "part3",
-        "bench-model --size xl --context-length 256 512 1024 --mode forward train-step "
-        "--warmup 2 --steps 3 --profile docs/results/profile_xl_<device>_<date> "
-        "--json docs/results/profile_xl_<device>_<date>_timing.json",
-        6,
+        "quick",
+        "bench-model --size small medium --context-length 256 512 1024 --mode train-step "
+        "--warmup 1 --steps 1 --profile docs/results/profile_small_medium_<device>_<date> "
+        "--json docs/results/profile_small_medium_<device>_<date>_timing.json",
+        hardware=QUICK,
     ),
 )
 MEMORY_TIMELINES = GpuRun(
-    "part2",
+    "quick",
     "bench-model --size xl --context-length 128 2048 --mode forward train-step --precision fp32 "
     "--warmup 1 --steps 1 --memory-snapshot "
     "docs/results/bulk/memory_fp32_<device>_<date>_snapshot.pickle "
     "--json docs/results/memory_fp32_<device>_<date>.json",
-    6,
+    hardware=QUICK,
 )
 COMPILE_MODEL = GpuRun(
-    "part5",
-    "bench-model --size small xl --context-length 512 --mode forward forward-backward "
-    "train-step --compile both --warmup 3 --steps 5 "
-    "--json docs/results/compile_<device>_<date>.json",
-    6,
+    "quick",
+    "bench-model --size small --context-length 512 --mode forward train-step --compile both "
+    "--warmup 2 --steps 3 --json docs/results/compile_<device>_<date>.json",
+    hardware=QUICK,
 )
 FLASH_NAIVE = GpuRun(
-    "part6",
-    "bench-flash --preset sweep --dtype bf16 --impls fa2-triton naive sdpa "
-    "--json docs/results/flash_sweep_bf16_<device>_<date>.json",
-    6,
+    "quick",
+    "bench-flash --preset sweep --seq 128 1024 8192 65536 --d 16 64 128 --dtype bf16 fp32 "
+    "--impls fa2-triton naive --budget-ms 5 20 "
+    "--json docs/results/flash_naive_<device>_<date>.json",
+    hardware=QUICK,
 )
 CHECKPOINTING_STUDY = GpuRun(
     "",

@@ -266,8 +266,10 @@ def answer_profile(res: Results) -> list[Block]:
         out.append(
             Paragraph(
                 "Not run: profiles of two sizes at three contexts above 128 with kernel-only "
-                f"tables (ranges reported apart) have not been made. {runs}. Each writes "
-                "a kernel table per phase, the softmax-against-matmul comparison inside "
+                f"tables (ranges reported apart) have not been made. {runs}: one profiled "
+                "training step per cell, whose forward, backward and optimizer phases answer "
+                "(a) to (e). It writes a kernel table per phase, the softmax-against-matmul "
+                "comparison inside "
                 "attention and the Chrome traces; `bench-model --nvtx` under `nsys profile` "
                 "marks the same ranges for Nsight Systems."
             )

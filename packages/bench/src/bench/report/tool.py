@@ -15,9 +15,27 @@ from pathlib import Path
 from bench.report.document import FORMATS, render
 from bench.report.problems import PROBLEMS, Results, build_document
 
-__all__ = ["PROBLEMS", "build_report", "compile_typst", "report_links", "run_parsed"]
+__all__ = [
+    "PROBLEMS",
+    "WRITEUP_PAGE_BUDGET",
+    "build_report",
+    "compile_typst",
+    "pdf_pages",
+    "report_links",
+    "run_parsed",
+]
 
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# The write-up's length limit (A4 pages): what a grader reads of one hand-in. `--format pdf`
+# fails past it, so a change that bloats the write-up shows when it is built.
+WRITEUP_PAGE_BUDGET = 30
+# A PDF's page tree root counts every page: `/Count N`.
+_PAGE_COUNT = re.compile(rb"/Count (\d+)")
+
+
+def pdf_pages(pdf: bytes) -> int:
+    """The number of pages of a PDF (its page tree's largest `/Count`)."""
+    return max((int(n) for n in _PAGE_COUNT.findall(pdf)), default=0)
 
 
 def report_links(text: str) -> list[str]:
@@ -113,6 +131,12 @@ def run_parsed(
         parser.error(str(exc))
     if args.output is None:
         print(text, end="")
-    else:
+        return 0
+    if args.format != "pdf":
         print(f"wrote {args.output}")
+        return 0
+    pages = pdf_pages(Path(args.output).read_bytes())
+    print(f"wrote {args.output}: {pages} pages (budget {WRITEUP_PAGE_BUDGET})")
+    if pages > WRITEUP_PAGE_BUDGET:
+        parser.exit(1, f"the write-up runs past its {WRITEUP_PAGE_BUDGET}-page budget\n")
     return 0
