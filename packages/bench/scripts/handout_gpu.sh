@@ -161,6 +161,7 @@ tiny() {  # tiny WHAT: the options that shrink quick's commands under TINY=1 (ap
     [ "$tiny" = 1 ] || return 0
     case $1 in
     model) echo --device cpu --size tiny --context-length 32 64 --warmup 1 --steps 1 ;;
+    compile) echo --device cpu --size tiny --context-length 32 --warmup 1 --steps 1 ;;
     warmup) echo --device cpu --size tiny --context-length 32 --steps 1 ;;
     flash) echo --device cpu --seq 64 128 --d 16 ;;
     esac
@@ -193,7 +194,7 @@ quick() {
     budget_left 120 "whole-model compile" &&
         run "$limit" "whole-model compile" $PY -m bench model --size small --context-length 512 \
             --mode forward train-step --compile both --warmup 2 --steps 3 --no-progress \
-            $(files "$compiled") $(tiny model)
+            $(files "$compiled") $(tiny compile)
     warmup=warmup$suffix
     budget_left 60 "warm-up study" && run "$limit" "warm-up study" $PY -m bench model \
         --size small --context-length 512 --mode forward-backward --steps 5 --warmup-study \

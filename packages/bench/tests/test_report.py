@@ -108,7 +108,7 @@ def test_profile_section_quotes_kernels_per_phase_never_ranges(tmp_path, tiny_mo
         show_progress=False,
     )
     section = _section(build_report(tmp_path), "nsys_profile")
-    assert "(a) the forward pass takes" in section
+    assert "(a) the forward pass takes" in section and "without the profiler" in section
     assert "(b) the operator with the most forward time is `aten::" in section
     assert "(d) over a training step matmuls take" in section
     assert "(e) inside attention softmax takes" in section and "their FLOPs" in section

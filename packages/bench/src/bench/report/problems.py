@@ -79,7 +79,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "The timings without warm-up and with one or two warm-up steps, and why.",
         answer_warmup,
         _tool("warmup"),
-        ONE_GPU + ", part1",
+        ONE_GPU + ", quick or part1",
     ),
     Problem(
         "nsys_profile",
@@ -91,7 +91,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "ranges for `nsys`).",
         answer_profile,
         is_profile,
-        ONE_GPU + ", part2 and part3",
+        ONE_GPU + ", quick",
     ),
     Problem(
         "mixed_precision_accumulation",
@@ -119,7 +119,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "allocations, (f) one block's residuals by operation and its gradients.",
         answer_memory,
         is_memory,
-        ONE_GPU + ", part2",
+        ONE_GPU + ", quick or part2",
     ),
     Problem(
         "gradient_checkpointing",
@@ -147,7 +147,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "(a) compiled against eager attention, (b) the whole model compiled.",
         answer_compile,
         is_compile,
-        ONE_GPU + ", part4 and part5",
+        ONE_GPU + ", part4, and quick or part5",
     ),
     Problem(
         "flash_forward",
@@ -177,7 +177,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "causal, seq 128…65536, d 16…128, bf16 and fp32.",
         answer_flash_benchmarking,
         _any(_tool("flash", stem="flash_sweep"), _tool("flash", stem="flash_naive")),
-        ONE_GPU + ", part6",
+        ONE_GPU + ", quick or part6",
     ),
     Problem(
         "distributed_communication_single_node",

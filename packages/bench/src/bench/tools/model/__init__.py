@@ -262,13 +262,19 @@ def _measure(
             with nvtx_range(f"step {i}", enabled=ranges):
                 samples.append(step())
             read_phases = False
-    return {**_metrics(samples, cell, config, model_config, device), **phases}
+    plain = {}
+    if profile is not None:  # one more step without the profiler: its cost, by difference
+        times = step()
+        plain = {"plain_fwd_ms": times["fwd"], "plain_step_ms": sum(times.values())}
+    return {**_metrics(samples, cell, config, model_config, device), **phases, **plain}
 
 
 # A memory study's phase readings (`_read_phase`): what is allocated when each phase of the
 # first timed step ends, and the phase during which that step's peak fell.
 _PHASE_KEYS = {"forward": "fwd_end_mib", "backward": "bwd_end_mib", "optimizer": "opt_end_mib"}
 PHASE_METRICS = ["start_mib", *_PHASE_KEYS.values(), "peak_phase"]
+# A profile run's one step after the profiled ones, timed without the profiler.
+PLAIN_METRICS = ["plain_fwd_ms", "plain_step_ms"]
 
 
 def _read_phase(phases: dict[str, Any], name: str, device: torch.device) -> None:
@@ -362,6 +368,7 @@ KEYS = Keys(
     *COLUMNS,
     *_METRICS,
     *PHASE_METRICS,
+    *PLAIN_METRICS,
     "study",
     "batch",
     "vocab_size",
