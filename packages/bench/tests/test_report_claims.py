@@ -247,3 +247,24 @@ def test_the_sharding_time_sentence_follows_the_ratio(save, tmp_path, time_vs_dd
     text = _report(tmp_path, "optimizer_state_sharding_accounting")
     assert f"{time_vs_ddp:.2f}× DDP's: {said}" in text
     assert "0.50× plain DDP's, the 1/2 ZeRO stage 1 keeps" in text
+
+
+@pytest.mark.parametrize(
+    ("forward_speedup", "step_speedup", "said"),
+    [
+        (2.0, 1.3, "The forward gains most"),
+        (1.2, 2.0, "The training step gains more than the forward"),
+        (0.4, 0.5, "neither gains here"),
+    ],
+)
+def test_the_whole_model_compile_sentence_follows_the_speed_ups(
+    save, tmp_path, forward_speedup, step_speedup, said
+):
+    rows = []
+    for mode, speedup in (("forward", forward_speedup), ("train-step", step_speedup)):
+        for compiled, ms in ((False, 30.0), (True, 30.0 / speedup)):
+            rows.append({**_model_row(mode, ms, 0.1), "step_ms": ms, "compiled": compiled})
+    save("compile_h100_2026-11-28", "model", rows, date="2026-11-28")
+    text = _report(tmp_path, "torch_compile")
+    assert said in text
+    assert ("gains most" in text) == (said == "The forward gains most")

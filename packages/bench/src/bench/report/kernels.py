@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench.report.claims import growth, growth_exponent, ratio_word, speed
+from bench.report.claims import SAME, growth, growth_exponent, ratio_word, speed
 from bench.report.document import Block, Paragraph, Table
 from bench.report.results import (
     OOM,
@@ -275,15 +275,17 @@ def answer_compile(res: Results) -> list[Block]:
 
 
 def _compile_reading(by_mode: dict[tuple, list[dict]]) -> str:
-    """Which mode compile helps most, from the median speed-up per mode, and why."""
+    """Whether compiling speeds each mode up (the median speed-up per mode), and which gains
+    more, with the reason that fits."""
     medians = {
         mode: statistics.median(t["speedup"] for t in group) for (mode,), group in by_mode.items()
     }
-    words = {mode: speed([m]) for mode, m in medians.items()}
-    text = "; ".join(f"the {mode} runs {word}" for mode, word in words.items()) + " compiled"
+    text = "Compiled, " + ", ".join(f"the {mode} runs {speed([m])}" for mode, m in medians.items())
     forward, step = medians.get("forward"), medians.get("train-step")
     if forward is None or step is None:
         return text + "."
+    if max(forward, step) <= 1 + SAME:
+        return text + ": neither gains here."
     return text + ratio_word(
         forward / step,
         more=". The forward gains most: compiling fuses its elementwise work (norms, RoPE, "

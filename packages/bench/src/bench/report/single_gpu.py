@@ -180,11 +180,12 @@ def answer_warmup(res: Results) -> list[Block]:
             for r in group
         )
         text = f"(c) {size_label(group[0])} context {ctx} {mode} {dtype}: {parts}. "
-        out.append(said(res, text + _warmup_reading(group), group))
+        cuda = res.record_of(group[0]).run.env.get("device_type") == "cuda"
+        out.append(said(res, text + _warmup_reading(group, cuda=cuda), group))
     return out
 
 
-def _warmup_reading(group: Rows) -> str:
+def _warmup_reading(group: Rows, *, cuda: bool) -> str:
     """What the rows of one warm-up study say (sorted by warm-up count): the cold mean against
     the warmest, then each short warm-up against the warmest, with the reason that fits."""
     cold, warm = group[0], group[-1]
@@ -193,10 +194,16 @@ def _warmup_reading(group: Rows) -> str:
         return ""
     ratio = cold[model_keys.step_ms] / w_ms
     if relation(cold[model_keys.step_ms], w_ms) == "above":
+        costs = (
+            "CUDA context and cuBLAS handle creation, kernel loading and the caching "
+            "allocator's growth"
+            if cuda
+            else "lazy initialisation, the allocator's first requests and the kernels' first "
+            "dispatch"
+        )
         text = (
             f"Without warm-up the mean is {ratio:.2f}× the {w_label}-warm-up mean, because the "
-            "first steps pay for CUDA context and cuBLAS handle creation, kernel loading and the "
-            "caching allocator's growth (the first timed step alone takes "
+            f"first steps pay for {costs} (the first timed step alone takes "
             f"{fmt(cold[model_keys.first_step_ms])} ms)."
         )
     else:
