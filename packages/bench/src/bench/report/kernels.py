@@ -274,6 +274,28 @@ def answer_compile(res: Results) -> list[Block]:
     return out
 
 
+def _flash_table(found: list[tuple[dict, dict]], impl: str) -> Table:
+    """The deliverable: forward, backward and end-to-end ms of fa2-triton beside `impl`, per
+    (dtype, seq, d)."""
+    k = flash_keys
+    name = "torch" if impl == "naive" else impl
+    rows = [
+        {
+            "dtype": b[k.dtype],
+            "seq": b[k.seq],
+            "d": b[k.d],
+            "fa2_fwd": b.get(k.fwd_ms),
+            "fa2_bwd": b.get(k.bwd_ms),
+            "fa2_e2e": b.get(k.fwd_bwd_ms),
+            f"{name}_fwd": a.get(k.fwd_ms),
+            f"{name}_bwd": a.get(k.bwd_ms),
+            f"{name}_e2e": a.get(k.fwd_bwd_ms),
+        }
+        for a, b in sorted(found, key=lambda p: (p[1][k.dtype], p[1][k.d], p[1][k.seq]))
+    ]
+    return Table(rows, list(rows[0]), caption=f"ms, fa2-triton beside {name} ({impl})")
+
+
 def _compile_reading(by_mode: dict[tuple, list[dict]]) -> str:
     """Whether compiling speeds each mode up (the median speed-up per mode), and which gains
     more, with the reason that fits."""
@@ -412,6 +434,7 @@ def answer_flash_benchmarking(res: Results) -> list[Block]:
                     )
                 )
         out.append(said(res, text, [r for p in found for r in p]))
+        out.append(_flash_table(found, impl))
     best = [
         r for r in rows if r[flash_keys.impl] == "fa2-triton" and num(r, flash_keys.fwd_bwd_tflops)
     ]
