@@ -152,3 +152,13 @@ def test_a_gloo_trace_of_real_ranks_is_drawn_and_shown_in_the_report(ddp_run, ze
     assert "![timeline_ddp_cpu_2026-11-28_ddp-individual]" in text
     assert "stands in for them" in text and "Nsight Systems was not available" in text
     assert (tmp_path / "timeline_zero_cpu_2026-11-28_fsdp_fp32.png").is_file()
+
+
+def test_text_after_inline_code_is_kept(tmp_path):
+    doc = [Paragraph("(source: `a.json` at `1a2b`; `b.json`.json and **c**; *d*.x)")]
+    source = tmp_path / "t.typ"
+    source.write_text(render(doc, "typst"))
+    pdf = typst.compile(str(source), root=str(tmp_path.anchor), format="pdf")
+    assert pdf.startswith(b"%PDF")
+    text = source.read_text()
+    assert '#raw("1a2b");; #raw("b.json");.json' in text.replace("\u200b", "")

@@ -19,7 +19,8 @@ metadata says so.
 
 Inline text is Typst markup with every markup character escaped; code becomes `#raw` with
 zero-width break opportunities after `/`, `_` and `=`, so long commands and paths wrap instead
-of running into the margin.
+of running into the margin. Every embedded expression ends with `;`, Typst's explicit end, so
+the text after it (a `;`, or `.json`) is never read as part of it.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ PREAMBLE = """#set page(paper: "a4", margin: (x: 1.6cm, y: 1.8cm), numbering: "1
 # Typst markup characters escaped in running text (`\\` first: the others add backslashes).
 _MARKUP = "\\#$@<>_*[]`~/=+-"
 # Characters that Typst's fonts may lack, spelled with its own markup instead.
-_SPELLED = {"ᵀ": "#super[T]", "∈": "#sym.in"}
+_SPELLED = {"ᵀ": "#super[T];", "∈": "#sym.in;"}
 _BREAK_AFTER = "/_=,"
 _ZWSP = "\u200b"
 
@@ -128,7 +129,7 @@ def _escape(text: str) -> str:
 
 def _code(text: str) -> str:
     breakable = "".join(c + _ZWSP if c in _BREAK_AFTER else c for c in text)
-    return f"#raw({_string(breakable)})"
+    return f"#raw({_string(breakable)});"
 
 
 def _inline(text: str) -> str:
@@ -143,11 +144,11 @@ def _inline(text: str) -> str:
         pieces = re.split(r"(\*\*.+?\*\*|\*[^*\s][^*]*?\*|\[[^\]]*\]\([^)\s]+\))", part)
         for piece in pieces:
             if piece.startswith("**") and piece.endswith("**") and len(piece) > 4:
-                out.append(f"#strong[{_escape(piece[2:-2])}]")
+                out.append(f"#strong[{_escape(piece[2:-2])}];")
             elif piece.startswith("*") and piece.endswith("*") and len(piece) > 2:
-                out.append(f"#emph[{_escape(piece[1:-1])}]")
+                out.append(f"#emph[{_escape(piece[1:-1])}];")
             elif (m := re.fullmatch(r"\[([^\]]*)\]\(([^)\s]+)\)", piece)) is not None:
-                out.append(f"#link({_string(m[2])})[{_escape(m[1])}]")
+                out.append(f"#link({_string(m[2])})[{_escape(m[1])}];")
             else:
                 out.append(_escape(piece))
     return "".join(out)
