@@ -15,7 +15,7 @@ Images are found by the result's own name: `<result>.png` and `<result>_*.png` b
 Formats: Markdown (default), the full report; or the write-up one hands in, the same answers
 with the plots of the results they rest on (each result named in one line, not tabled in full):
 `--format typst` (tables fitted to the page by Typst itself: smaller type, then split), `--format
-pdf` (that Typst document compiled, with the `typst` package: `pip install typst`), or `--format
+pdf` (that Typst document compiled, with bench's `pdf` extra, the `typst` package), or `--format
 latex` (plain ASCII, for pdflatex). Examples::
 
     bench-report docs/results -o docs/results/REPORT.md

@@ -485,11 +485,15 @@ def _fsdp_saving(res: Results) -> list[Block]:
         zero1 = by_layout.get("zero1:torch-ddp")
         if zero1 is not None:
             saved = (zero1[k.peak_gib] - fsdp[k.peak_gib]) * 1024
-            text += (
-                f": FSDP saves {fmt(saved)} MiB ({saved / (zero1[k.peak_gib] * 1024):.0%}) of "
-                "ZeRO-1's peak, since it shards the parameters and gradients as well as the "
+            text += ratio_word(
+                zero1[k.peak_gib] / fsdp[k.peak_gib],
+                more=f": FSDP saves {fmt(saved)} MiB ({saved / (zero1[k.peak_gib] * 1024):.0%}) "
+                "of ZeRO-1's peak, since it shards the parameters and gradients as well as the "
                 "optimizer state (each 1/N), leaving only the gathered units and activations "
-                "whole"
+                "whole",
+                less=f": FSDP's peak is {fmt(-saved)} MiB above ZeRO-1's here, its gathered "
+                "units and staging outweighing what sharding saves",
+                same=": FSDP's peak is about ZeRO-1's here",
             )
         cited = list(group)
         checks = []

@@ -101,8 +101,8 @@ def compile_typst(
         import typst
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
-            "compiling the write-up needs the typst package: pip install typst (or uv sync, "
-            "which installs the dev group)"
+            "compiling the write-up needs the typst package, bench's pdf extra: pip install "
+            "'cs336sys-bench[pdf]' (uv sync installs it with the dev group)"
         ) from exc
     root = os.path.commonpath([source.resolve().parent, folder.resolve()])
     pages = typst.compile(
