@@ -449,7 +449,7 @@ def _plot(rows: list[dict], path: Path, *, title: str) -> None:
     fig.savefig(path)
 
 
-def _revision() -> dict:
+def git_revision() -> dict:
     """The code's git revision: BENCH_GIT_REVISION where the sources are a copy of a commit's
     tree (bench's convention), else the checkout's HEAD and whether it has changes."""
     named = os.environ.get("BENCH_GIT_REVISION")
@@ -497,7 +497,7 @@ def main() -> int:
         cudnn=torch.backends.cudnn.version(),
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command="python3 packages/fa2/scripts/hopper_screen.py " + " ".join(sys.argv[1:]),
-        budget_s=args.budget, rep_ms=args.rep_ms, **_revision(),
+        budget_s=args.budget, rep_ms=args.rep_ms, **git_revision(),
     )  # fmt: skip
     rows = Results(args.out / "hopper_screen.json", meta)
     shapes = [s for s in (TINY_SHAPES if args.tiny else SHAPES) if args.shapes in str(s)]
