@@ -80,11 +80,11 @@ import lmcore
 
 ROOT = Path(__file__).resolve().parents[3]
 WORLD_SIZE = 2
-# bench-ddp's defaults (`bench.core.training.TrainingBenchConfig.for_device`), so that rows
+# bench-ddp's defaults (`bench.core.training_bench.TrainingBenchConfig`), so that rows
 # compare with its results: the 2026 `xl` at context 128, batch 4 per rank; on a CPU, `tiny`.
 GPU_SHAPE = {"size": "xl", "context_length": 128, "batch": 4}
 CPU_SHAPE = {"size": "tiny", "context_length": 32, "batch": 2}
-# bench's AdamW settings (`bench.core.training.ADAMW_OPTIONS`): only the state AdamW keeps
+# bench's AdamW settings (`bench.core.training_bench.ADAMW_OPTIONS`): only the state AdamW keeps
 # matters for timing.
 ADAMW_OPTIONS = {"lr": 1e-4, "weight_decay": 0.01}
 BUCKET_SIZES_MB = (25.0, 100.0, 1000.0)  # DDPBucketed's default, and bench-ddp's two largest

@@ -28,10 +28,10 @@ mkdir -p "$out/snapshots"
 attn=$(stem attn)
 run 120 bench-attn python3 -m bench attn --no-progress $(files "$attn")
 
-for dtype in fp32 bf16; do  # one result each, so that a slow half cannot cost the other
-    memory=$(stem "memory_$dtype")
-    run 120 "memory $dtype" python3 -m bench model --size 2.7B --context-length 128 256 512 \
-        --mode forward train-step --dtype "$dtype" --warmup 1 --steps 1 --no-progress \
+for precision in fp32 bf16-autocast; do  # one result each: a slow half cannot cost the other
+    memory=$(stem "memory_${precision%-autocast}")  # the topic names memory_fp32, memory_bf16
+    run 120 "memory $precision" python3 -m bench model --size 2.7B --context-length 128 256 512 \
+        --mode forward train-step --precision "$precision" --warmup 1 --steps 1 --no-progress \
         --memory-snapshot "$out/snapshots/${memory}_snapshot.pickle" $(files "$memory")
 done
 mv "$out"/snapshots/*.png "$out"/ 2>/dev/null

@@ -51,7 +51,8 @@ part1() {
     local model warmup
     model=$(stem model)
     run 330 "model study" $PY -m bench model --size small medium large xl 10B \
-        --context-length 512 --mode forward forward-backward train-step --dtype fp32 bf16 \
+        --context-length 512 --mode forward forward-backward train-step \
+        --precision fp32 bf16-autocast \
         --warmup 5 --steps 10 --no-progress $(files "$model")
     warmup=$(stem warmup)
     run 150 "warm-up study" $PY -m bench model --size small --context-length 512 \
@@ -59,17 +60,18 @@ part1() {
 }
 
 part2() {
-    local memory residuals profile dtype
-    for dtype in fp32 bf16; do  # one result each, so that a slow half cannot cost the other
-        memory=$(stem "memory_$dtype")
-        run 150 "memory $dtype" $PY -m bench model --size xl --context-length 128 2048 \
-            --mode forward train-step --dtype "$dtype" --warmup 1 --steps 1 --no-progress \
+    local memory residuals profile precision
+    for precision in fp32 bf16-autocast; do  # one result each: a slow half cannot cost the other
+        memory=$(stem "memory_${precision%-autocast}")  # the topics memory_fp32, memory_bf16
+        run 150 "memory $precision" $PY -m bench model --size xl --context-length 128 2048 \
+            --mode forward train-step --precision "$precision" --warmup 1 --steps 1 \
+            --no-progress \
             --memory-snapshot "$bulk/${memory}_snapshot.pickle" $(files "$memory")
     done
     [ "$dry" = 1 ] || mv "$bulk"/*.png "$out"/ 2>/dev/null
     residuals=$(stem residuals)
     run 90 "residuals" $PY -m bench model --size xl --context-length 128 2048 \
-        --dtype fp32 bf16 --study residuals --no-progress \
+        --precision fp32 bf16-autocast --study residuals --no-progress \
         --json "$out/$residuals.json" --markdown "$out/$residuals.md"
     profile=$(stem profile_small)
     run 120 "profile small" $PY -m bench model --size small --context-length 256 512 1024 \

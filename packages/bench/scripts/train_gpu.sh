@@ -4,14 +4,15 @@
 #   packages/bench/scripts/train_gpu.sh TEXT_FILE OUT_DIR
 #
 # (a) the README's GPU command: `small` at context 256, batch 32, on the UTF-8 bytes, STEPS
-#     steps with the fast default (compiled, bf16, fa2-triton, fused AdamW; eval every 50, a
-#     sample at the end), then the same command with `--baseline torch` (torch's own step: SDPA,
-#     F.cross_entropy, fused torch.optim.AdamW, compiled), for train_text_<device>_<date>.{md,json,png}
+#     steps with the fast default (compiled, bf16-autocast, fa2-triton, fused AdamW; eval every
+#     50, a sample at the end), then the same command with `--baseline torch` (torch's own step,
+#     bench-step's torch-native one: SDPA, compiled blocks, F.cross_entropy over checkpointed
+#     chunks, fused torch.optim.AdamW), for train_text_<device>_<date>.{md,json,png}
 #     with the run's tokens/s beside the baseline's. Bytes, not BPE: a 1.1 MB text is about 0.3M
 #     BPE tokens, which the 128M-parameter `small` memorises within a few hundred steps; as 1M
 #     bytes it trains for several epochs before it overfits;
-# (b) the speed table: `small` at context 512, batch BATCH, bf16, SPEED_STEPS steps each: the
-#     fast default (`default`, with a torch.profiler table of one step), `--baseline torch`
+# (b) the speed table: `small` at context 512, batch BATCH, bf16-autocast, SPEED_STEPS steps
+#     each: the fast default (`default`, with a torch.profiler table of one step), `--baseline torch`
 #     (`torch-baseline`, the ratios' denominator), and what each part of the default buys:
 #     `--no-compile` (`eager`), `--optimizer lmcore` (`lmcore-adamw`), `--attention sdpa`
 #     (`sdpa`); with the bf16 matmul ceiling measured on the same GPU:

@@ -5,18 +5,19 @@
 # <topic>_2x<gpu>_<date>.{json,md,png}; bulky artefacts that are not meant to be committed
 # (Chrome traces, bench-train's run folders) under $TWO_GPU_BULK (default OUT_DIR/bulk).
 #
-#   zero         bench-zero: ddp, sharded, torch-zero, fsdp, torch-fsdp, fsdp-no-prefetch (the
-#                FSDP rows in fp32 and bf16), at the 2026 xl (2560 wide) and at xl-2025 (1600
+#   zero         bench-zero: ddp:torch, zero1:torch-ddp, zero1:torch, fsdp, fsdp:torch,
+#                fsdp:no-prefetch (the FSDP rows in fp32 and bf16), at the 2026 xl (2560 wide)
+#                and at xl-2025 (1600
 #                wide, for continuity with zero_2xh200_2026-11-22), each FSDP row with a
 #                torch.profiler trace of one step (rank 0's; `gather_overlap`: the share of its
 #                all-gather time beside compute)                      zero_*, zero_xl-2025_*
-#   train-small  bench-train at `small`: `none` on 1 GPU; bucketed, torch-ddp, zero, fsdp,
-#                torch-fsdp on 2; Tiny Shakespeare (TEXT_FILE) as bytes, seed 0, global batch
-#                32 x 256 tokens, 200 steps, bf16, eager (zero.FSDP does not compile yet, so
-#                no mode does), no checkpoints; then the scaling table of every run so far
-#   train-xl-1   the same at the 2026 xl, global batch 8 x 256, 100 steps: none, bucketed,
-#                torch-ddp                                              (and the table)
-#   train-xl-2   xl: zero, fsdp, torch-fsdp                             (and the table)
+#   train-small  bench-train at `small`: `single` on 1 GPU; ddp, ddp:torch, zero1, fsdp,
+#                fsdp:torch on 2; Tiny Shakespeare (TEXT_FILE) as bytes, seed 0, global batch
+#                32 x 256 tokens, 200 steps, bf16-autocast, eager (zero.FSDP does not compile
+#                yet, so no mode does), no checkpoints; then the scaling table of every run so far
+#   train-xl-1   the same at the 2026 xl, global batch 8 x 256, 100 steps: single, ddp,
+#                ddp:torch                                              (and the table)
+#   train-xl-2   xl: zero1, fsdp, fsdp:torch                            (and the table)
 #   train-table  only the table, from the run folders under $TWO_GPU_BULK/train_runs (any
 #                machine; copy the train parts' folders there first)    train_scaling_*
 #   ddp          bench-ddp at xl and xl-2025: single, the four wrappers, torch DDP, and a flat
@@ -73,7 +74,7 @@ tiny() {  # tiny WHAT: the options that shrink WHAT's commands under TINY=1 (app
         --log-every 4 --eval-batches 2 ;;
     preset) echo --device cpu ;;
     step) echo --device cpu --size tiny --num-layers 2 --context-length 64 --precision fp32 \
-        --attention sdpa --optimizer lmcore --no-compile --nproc 2 --parallel zero \
+        --attention sdpa --optimizer lmcore --no-compile --nproc 2 --parallel zero1 \
         --warmup-ms 5 --rep-ms 20 ;;
     esac
 }
@@ -92,18 +93,18 @@ zero() {
         topic=zero_$size limit=210  # xl-2025: 1600 wide, 0.6x xl's parameters
         [ "$size" = xl ] && topic=zero limit=300
         result=$(stem "$topic" "$GPUS")
-        run "$limit" "bench-zero $size" $PY -m bench zero --size "$size" --world-size "$GPUS" \
-            --variants ddp sharded torch-zero fsdp torch-fsdp fsdp-no-prefetch \
+        run "$limit" "bench-zero $size" $PY -m bench zero --size "$size" --nproc "$GPUS" \
+            --variants ddp:torch zero1:torch-ddp zero1:torch fsdp fsdp:torch fsdp:no-prefetch \
             --fsdp-dtypes fp32 bf16 --trace "$bulk/${result}_traces" --no-progress \
             $(files "$result") $(tiny zero)
     done
 }
 
 # bench-train's scaling runs: the modes, and each size's run (global batch and steps)
-MODES="none bucketed torch-ddp zero fsdp torch-fsdp"
+MODES="single ddp ddp:torch zero1 fsdp fsdp:torch"
 declare -A SIZE_RUN=([small]="--batch-size 32 --steps 200" [xl]="--batch-size 8 --steps 100")
 
-train() {  # train SIZE LIMIT_S MODE...: one run per mode (none on 1 GPU, the others on 2)
+train() {  # train SIZE LIMIT_S MODE...: one run per mode (single on 1 GPU, the others on 2)
     local size=$1 limit=$2 mode nproc folder
     shift 2
     if [ "$dry" != 1 ] && [ ! -f "$text" ]; then
@@ -112,8 +113,8 @@ train() {  # train SIZE LIMIT_S MODE...: one run per mode (none on 1 GPU, the ot
     fi
     for mode in "$@"; do
         nproc=$GPUS
-        [ "$mode" = none ] && nproc=1
-        folder=$runs/$size-$mode
+        [ "$mode" = single ] && nproc=1
+        folder=$runs/$size-${mode//:/-}  # a folder name without a colon
         if [ "$dry" != 1 ]; then
             [ -f "$folder/summary.json" ] && continue  # finished in an earlier call
             rm -rf "$folder"                           # killed: start it again
@@ -129,11 +130,12 @@ train() {  # train SIZE LIMIT_S MODE...: one run per mode (none on 1 GPU, the ot
 }
 
 train_table() {  # the scaling table of every finished run under $runs
-    local size mode scaling=()
+    local size mode folder scaling=()
     for size in small xl; do
         for mode in $MODES; do
-            if [ "$dry" = 1 ] || [ -f "$runs/$size-$mode/summary.json" ]; then
-                scaling+=("$size-$mode=$runs/$size-$mode")
+            folder=$runs/$size-${mode//:/-}
+            if [ "$dry" = 1 ] || [ -f "$folder/summary.json" ]; then
+                scaling+=("$size-$mode=$folder")
             fi
         done
     done
@@ -150,7 +152,7 @@ ddp() {
         topic=ddp_$size limit=210  # xl-2025: 1600 wide, 0.6x xl's parameters
         [ "$size" = xl ] && topic=ddp limit=300
         result=$(stem "$topic" "$GPUS")
-        run "$limit" "bench-ddp $size" $PY -m bench ddp --size "$size" --world-size "$GPUS" \
+        run "$limit" "bench-ddp $size" $PY -m bench ddp --size "$size" --nproc "$GPUS" \
             --no-progress $(files "$result") $(tiny ddp)
     done
 }
@@ -159,7 +161,7 @@ step() {
     local plan result refused instead start limit=470
     plan=$(stem plan_leaderboard "$GPUS")
     run 60 "bench-plan: the leaderboard step's rows" $PY -m bench plan --size leaderboard-8b \
-        --context-length 32768 --batch 2 --precision bf16 --layout zero1 fsdp --dp "$GPUS" \
+        --context-length 32768 --batch 1 --precision bf16 --layout zero1 fsdp --dp "$GPUS" \
         --attention fa2-triton --activation-checkpointing blocks --loss fused \
         --optimizer lmcore-fused torch-fused --memory "$(gpu_memory)" --no-progress \
         $(files "$plan")
@@ -194,8 +196,8 @@ one() {  # one PART: its commands
     case $1 in
     zero) zero ;;
     train-small) train small 75 $MODES ;;
-    train-xl-1) train xl 150 none bucketed torch-ddp ;;
-    train-xl-2) train xl 150 zero fsdp torch-fsdp ;;
+    train-xl-1) train xl 150 single ddp ddp:torch ;;
+    train-xl-2) train xl 150 zero1 fsdp fsdp:torch ;;
     train-table) train_table ;;
     ddp) ddp ;;
     step) step ;;

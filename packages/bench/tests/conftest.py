@@ -142,7 +142,9 @@ def tool_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         runs = {
             "model": run_model(
-                _tiny_model_config(dtypes=("fp32", "bf16")), device="cpu", show_progress=False
+                _tiny_model_config(dtypes=("fp32", "bf16-autocast")),
+                device="cpu",
+                show_progress=False,
             ),
             "attn": run_attention(_tiny_attn_config(), device="cpu", show_progress=False),
             "flash": run_flash(
@@ -174,7 +176,14 @@ TINY_ZERO_CONFIG = ZeroBenchConfig(
     context_length=16,
     batch=2,
     vocab_size=97,
-    variants=("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp", "fsdp-no-prefetch"),
+    variants=(
+        "ddp:torch",
+        "zero1:torch-ddp",
+        "zero1:torch",
+        "fsdp",
+        "fsdp:torch",
+        "fsdp:no-prefetch",
+    ),
     bucket_sizes_mb=(0.0, 25.0),
     fsdp_dtypes=("fp32", "bf16"),
     warmup=1,
@@ -190,8 +199,8 @@ def ddp_run() -> Run:
 
 @pytest.fixture(scope="session")
 def zero_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """bench-zero's ddp, sharded (two caps), torch-zero and the FSDP rows on 2 gloo ranks, each
-    FSDP row with a traced step (in `config["trace_dir"]`)."""
+    """bench-zero's ddp:torch, zero1:torch-ddp (two caps), zero1:torch and the FSDP rows on 2
+    gloo ranks, each FSDP row with a traced step (in `config["trace_dir"]`)."""
     traces = str(tmp_path_factory.mktemp("zero_traces"))
     config = replace(TINY_ZERO_CONFIG, trace_dir=traces)
     return run_zero(config, device="cpu", command="bench-zero --test")

@@ -115,7 +115,7 @@ def test_invalid_config_raises(bad):
 def test_options_override_the_device_default():
     parser = COMMAND.parser()
     args = parser.parse_args(["--sizes-mb", "1", "2", "--world-sizes", "2", "--full"])
-    config = TOOL.config(args, parser, torch.device("cpu"))
+    config = TOOL.configure(args, parser, torch.device("cpu"))
     assert config.sizes_mb == (1.0, 2.0) and config.world_sizes == (2,) and config.full
     assert config.backends == ("gloo",)
 

@@ -12,13 +12,13 @@ import torch
 from bench.commands.attn import COMMAND, main
 from bench.core.oom import OK, OOM
 from bench.core.results import load_json
+from bench.core.tool import device_config
 from bench.tools.attn import (
     COLUMNS,
     HANDOUT_GRID,
     IMPLS,
     TOOL,
     AttnConfig,
-    default_attn_config,
     run_attention,
 )
 
@@ -98,7 +98,7 @@ def test_the_main_job_runs_as_the_readme_gives_it(tmp_path):
     assert run.command.startswith("bench-attn") and "| impl" in proc.stdout
     assert any("no GPU" in n for n in run.notes)
     assert {r["status"] for r in run.rows if r["impl"] != "fa2-triton"} == {OK}
-    assert len(run.rows) == default_attn_config("cpu").num_cells
+    assert len(run.rows) == device_config(AttnConfig, "cpu").num_cells
 
 
 @pytest.mark.parametrize("bad", [{"impls": ("nope",)}, {"dtype": "fp8"}, {"seqs": (0,)}])
@@ -122,7 +122,7 @@ def test_main_writes_json_and_plots(tmp_path, capsys):
 
 
 def test_gpu_default_is_the_story_in_about_a_minute():
-    config = default_attn_config("cuda")
+    config = device_config(AttnConfig, "cuda")
     assert {"fa2-triton", "sdpa", "naive"} == set(config.impls)
     assert len(config.d_values) > 1 and len(config.seqs) > 1
     assert 30 <= config.estimate_s() <= 90
@@ -131,11 +131,11 @@ def test_gpu_default_is_the_story_in_about_a_minute():
 def test_grid_handout_is_the_whole_grid_and_options_still_apply():
     parser = COMMAND.parser()
     cuda = torch.device("cuda")
-    handout = TOOL.config(parser.parse_args(["--grid", "handout"]), parser, cuda)
+    handout = TOOL.configure(parser.parse_args(["--grid", "handout"]), parser, cuda)
     assert handout == HANDOUT_GRID
     assert handout.d_values == (16, 32, 64, 128) and handout.seqs[-1] == 16384
     assert set(handout.impls) == set(IMPLS) and handout.steps == 100
-    narrowed = TOOL.config(parser.parse_args(["--grid", "handout", "--d", "64"]), parser, cuda)
+    narrowed = TOOL.configure(parser.parse_args(["--grid", "handout", "--d", "64"]), parser, cuda)
     assert narrowed == replace(HANDOUT_GRID, d_values=(64,))
 
 

@@ -11,17 +11,7 @@ import torch
 
 import lmcore
 import zero
-from bench.core.capacity import Checkpointing, TrainingPlan, estimate_memory
-from bench.core.fit import (
-    checkpointing_candidates,
-    largest_batch,
-    largest_seq_len,
-    least_memory,
-    least_recompute_fit,
-    parse_memory,
-)
-from bench.core.lm_params import model_parameters
-from bench.core.residuals import (
+from bench.plan.activations import (
     block_residuals,
     combined_formula,
     fused_loss_chunk_tokens,
@@ -29,6 +19,16 @@ from bench.core.residuals import (
     loss_memory,
     total_bytes,
 )
+from bench.plan.fit import (
+    checkpointing_candidates,
+    largest_batch,
+    largest_seq_len,
+    least_memory,
+    least_recompute_fit,
+    parse_memory,
+)
+from bench.plan.memory import Checkpointing, TrainingPlan, estimate_memory
+from bench.plan.params import model_parameters
 
 # A model small enough to count by hand: V=11, d=8, f=12, 2 layers of 2 heads (head dim 4).
 HAND = lmcore.ModelConfig(
@@ -94,8 +94,17 @@ def test_checkpointing_forms():
     assert Checkpointing.parse("blocks", 5).recomputed_block_forwards == 5
     assert Checkpointing.parse("nested:2", 5).recomputed_block_forwards == 10
     for bad in ("segments", "every:0", "blocks:2", "sqrt", "segments:x"):
-        with pytest.raises(ValueError, match="activation checkpointing"):
+        with pytest.raises(ValueError):
             Checkpointing.parse(bad, 4)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2, 5, 7, 12, 30, 48])
+def test_nested_runs_are_the_segments_lmcore_applies(num_layers):
+    """The planner reads lmcore's plan, so bare `nested` splits where lmcore's rule does."""
+    k = lmcore.ActivationCheckpointing.parse("nested").nested_segment_size(num_layers)
+    runs = Checkpointing.parse("nested", num_layers).segments
+    assert [b - a for a, b, _ in runs[:-1]] == [k] * (len(runs) - 1)
+    assert runs[-1][1] == num_layers and {kind for *_, kind in runs} == {"nested"}
 
 
 def test_checkpointed_forward_keeps_only_the_checkpoints():
@@ -316,7 +325,7 @@ def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
     model = lmcore.model_config(
         config["size"], context_length=config["context_length"], vocab_size=config["vocab_size"]
     )
-    layouts = {"ddp": "ddp", "sharded": "zero1", "fsdp": "fsdp", "fsdp-no-prefetch": "fsdp"}
+    layouts = ("ddp:torch", "zero1:torch-ddp", "fsdp", "fsdp:no-prefetch")
     # bench-zero counts whole storages, and on the CPU two kinds of 4-byte bookkeeping ride
     # along: torch AdamW's step counter per parameter (on the GPU it lives on the host) and
     # zero.FSDP's "any rank had a gradient" flag beside each replicated gain's gradient. So the
@@ -327,7 +336,7 @@ def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
         if row["variant"] not in layouts:
             continue
         plan = TrainingPlan(
-            model, batch=config["batch"] * 2, layout=layouts[row["variant"]], dp=2,
+            model, batch=config["batch"] * 2, layout=row["variant"], dp=2,
             precision="bf16-master" if row["compute_dtype"] == "bf16" else "fp32",
         )  # fmt: skip
         step = estimate_memory(plan).phase("optimizer step")
@@ -336,4 +345,4 @@ def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
             extra = row[f"{key}_mib"] * 2**20 - step.bytes_of(name)
             assert 0 <= extra <= slack, (row, key, extra)
         checked += 1
-    assert checked == 7  # ddp, sharded at two caps, fsdp and fsdp-no-prefetch in two dtypes
+    assert checked == 7  # ddp:torch, zero1:torch-ddp at two caps, both fsdp rows in two dtypes

@@ -20,11 +20,11 @@ VOCAB = 97
 TINY = lmcore.model_config("tiny", context_length=16, vocab_size=VOCAB)
 CASES = [
     "single",
-    "naive",
-    "flat",
-    "individual",
-    "bucketed 0.01 MB",
-    "torch-ddp 25 MB (default)",
+    "ddp:naive",
+    "ddp:flat",
+    "ddp:individual",
+    "ddp 0.01 MB",
+    "ddp:torch 25 MB (default)",
     f"all-reduce alone ({lmcore.count_parameters(TINY) * 4 / 1e6:.3g} MB)",
 ]
 
@@ -57,16 +57,18 @@ def test_every_case_completes_with_positive_step_time(run):
 
 def test_ddp_wrappers_report_their_wait_and_collectives(run):
     rows = _by_case(run)
-    assert rows["naive"]["collectives"] == rows["individual"]["collectives"] == _num_params()
-    assert rows["flat"]["collectives"] == 1
-    assert 1 <= rows["bucketed 0.01 MB"]["collectives"] <= _num_params()
+    assert (
+        rows["ddp:naive"]["collectives"] == rows["ddp:individual"]["collectives"] == _num_params()
+    )
+    assert rows["ddp:flat"]["collectives"] == 1
+    assert 1 <= rows["ddp 0.01 MB"]["collectives"] <= _num_params()
     for case in CASES[1:5]:
         assert rows[case]["wait_ms"] > 0
 
 
 def test_wrappers_without_a_synchronisation_call_report_no_wait(run):
     rows = _by_case(run)
-    for case in ("single", "torch-ddp 25 MB (default)"):
+    for case in ("single", "ddp:torch 25 MB (default)"):
         assert rows[case].get("wait_ms") is None and rows[case].get("collectives") is None
 
 
@@ -76,9 +78,9 @@ def test_gloo_reports_no_all_reduce_time(run):
 
 def test_ratios_are_against_torch_ddp_and_overheads_against_single(run):
     rows = _by_case(run)
-    assert rows["torch-ddp 25 MB (default)"]["vs_torch"] == pytest.approx(1.0)
+    assert rows["ddp:torch 25 MB (default)"]["vs_torch"] == pytest.approx(1.0)
     assert rows["single"]["overhead_ms"] == pytest.approx(0.0)
-    torch_ms = rows["torch-ddp 25 MB (default)"]["step_ms"]
+    torch_ms = rows["ddp:torch 25 MB (default)"]["step_ms"]
     for row in run.rows[:-1]:
         assert row["vs_torch"] == pytest.approx(row["step_ms"] / torch_ms)
         assert row["overhead_ms"] == pytest.approx(row["step_ms"] - rows["single"]["step_ms"])
@@ -94,8 +96,8 @@ def test_end_to_end_hidden_fraction_is_against_the_standalone_all_reduce(run):
 
 
 def test_notes_judge_the_best_bucket_size_against_the_target(run):
-    assert any(note.startswith("Best DDPBucketed: bucketed 0.01 MB") for note in run.notes)
-    (bucketed,) = [r for r in run.rows if r["variant"] == "bucketed"]
+    assert any(note.startswith("Best DDPBucketed: ddp 0.01 MB") for note in run.notes)
+    (bucketed,) = [r for r in run.rows if r["variant"] == "ddp"]
     (note,) = [n for n in run.notes if n.startswith("Most hidden end to end")]
     met = "met" if bucketed["hidden_e2e"] >= 0.75 else "NOT met"
     assert f"{bucketed['hidden_e2e']:.0%} of a standalone" in note
@@ -104,7 +106,7 @@ def test_notes_judge_the_best_bucket_size_against_the_target(run):
 
 def test_table_json_and_plot(run, tmp_path):
     assert run.columns == list(COLUMNS)
-    assert "| torch-ddp 25 MB (default)" in run.to_markdown()
+    assert "| ddp:torch 25 MB (default)" in run.to_markdown()
     loaded = load_json(save_json(run, tmp_path / "ddp.json"))
     assert loaded.rows == run.rows and loaded.config["size"] == "tiny"
     assert plot_ddp(run, tmp_path / "ddp.png").stat().st_size > 0
@@ -117,7 +119,7 @@ def test_table_json_and_plot(run, tmp_path):
         {"bucket_sizes_mb": (-1.0,)},
         {"torch_bucket_mbs": (0.0,)},
         {"bucket_sizes_mb": (float("inf"),)},
-        {"world_size": 1},
+        {"nproc": 1},
         {"warmup": 0},
     ],
 )
@@ -129,7 +131,7 @@ def test_invalid_config_raises(bad):
 def test_options_override_the_device_default():
     parser = COMMAND.parser()
     argv = ["--size", "small", "--bucket-mb", "5", "none", "--torch-bucket-mb", "default", "50"]
-    config = TOOL.config(parser.parse_args(argv), parser, torch.device("cpu"))
+    config = TOOL.configure(parser.parse_args(argv), parser, torch.device("cpu"))
     assert config.size == "small"
     assert config.bucket_sizes_mb == (5.0, None) and config.torch_bucket_mbs == (None, 50.0)
 

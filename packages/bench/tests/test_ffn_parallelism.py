@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.core import ffn_parallelism as ffn
-from bench.core.collectives import (
+from bench.core.hardware import MEASURED_MATMUL_TFLOPS
+from bench.plan import ffn
+from bench.plan.collectives import (
     DEFAULT_BANDWIDTH_GBPS,
     Collective,
     alternate_ring_all_reduce_bytes,
@@ -18,7 +19,6 @@ from bench.core.collectives import (
     ring_all_reduce_bytes,
     ring_reduce_scatter_bytes,
 )
-from bench.core.hardware import MEASURED_MATMUL_TFLOPS
 
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 

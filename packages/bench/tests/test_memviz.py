@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bench.core.memory import MIB
-from bench.core.memviz import memory_timeline, render_memory_snapshot
+from bench.tools.model.timeline import memory_timeline, render_memory_snapshot
 
 PNG_MAGIC = b"\x89PNG"
 

@@ -65,11 +65,11 @@ def test_injected_oom_in_the_loss_marks_training_rows(tiny_model_config, monkeyp
 
 def test_bf16_autocast_rows(tiny_model_config):
     run = run_model(
-        tiny_model_config(modes=("forward-backward",), dtypes=("fp32", "bf16")),
+        tiny_model_config(modes=("forward-backward",), dtypes=("fp32", "bf16-autocast")),
         device="cpu",
         show_progress=False,
     )
-    assert [(r["dtype"], r["status"]) for r in run.rows] == [("fp32", OK), ("bf16", OK)]
+    assert [(r["dtype"], r["status"]) for r in run.rows] == [("fp32", OK), ("bf16-autocast", OK)]
 
 
 def test_profile_writes_traces_kernel_tables_and_a_profile_run(tiny_model_config, tmp_path):
@@ -141,11 +141,11 @@ def test_annotated_other_backend_wraps_it():
 def test_config_argv_round_trips(tiny_model_config):
     custom = ("mini", ModelSize(d_model=48, d_ff=96, num_layers=2, num_heads=3))
     config = tiny_model_config(
-        shapes=(shape_named("small"), custom), compile=(False, True), dtypes=("bf16",)
+        shapes=(shape_named("small"), custom), compile=(False, True), dtypes=("bf16-autocast",)
     )
     parser = COMMAND.parser()
     args = parser.parse_args(config_argv(config))
-    assert TOOL.config(args, parser, torch.device("cpu")) == config
+    assert TOOL.configure(args, parser, torch.device("cpu")) == config
 
 
 def test_unknown_size_is_a_clear_error():
@@ -191,7 +191,9 @@ def test_cuda_run_reports_memory_mfu_and_snapshot(tiny_model_config, tmp_path):
 @pytest.mark.gpu
 def test_cuda_compiled_bf16_nvtx_step(tiny_model_config):
     run = run_model(
-        tiny_model_config(modes=("train-step",), dtypes=("bf16",), compile=(True,), nvtx=True),
+        tiny_model_config(
+            modes=("train-step",), dtypes=("bf16-autocast",), compile=(True,), nvtx=True
+        ),
         device="cuda",
         show_progress=False,
     )
@@ -263,7 +265,7 @@ def test_depth_and_grouped_query_attention_reach_the_model(tiny_model_config):
 def test_num_layers_alone_overrides_the_sizes_depth():
     parser = COMMAND.parser()
     args = parser.parse_args(["--size", "leaderboard-8b", "--num-layers", "2"])
-    config = TOOL.config(args, parser, torch.device("cpu"))
+    config = TOOL.configure(args, parser, torch.device("cpu"))
     (cell,) = {c.shape for c in bench.tools.model._cells(config)}
     name, size = cell
     assert name == "leaderboard-8b" and size.num_layers == 2 and size.vocab_size == 151_936

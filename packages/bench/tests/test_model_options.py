@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 
 import lmcore
-from bench.core.capacity import TrainingPlan, estimate_memory
-from bench.core.fit import largest_num_layers
 from bench.core.hardware import matmul_ceiling
-from bench.core.model_options import add_model_options, checkpointing_spec, with_depth
+from bench.core.model_options import checkpointing_spec, with_depth
 from bench.core.model_runtime import build_optimizer, next_token_loss, optimizer_class
+from bench.core.step import train_step
 from bench.core.step_memory import PhaseReadings, breakdown, tensor_bytes
 from bench.core.torch_native import TorchNativeLM, chunked_cross_entropy
-from bench.core.training import train_step
+from bench.plan.fit import largest_num_layers
+from bench.plan.memory import TrainingPlan, estimate_memory
 
 # vocabulary 61, context 13, d 16, 3 layers of 2 heads, d_ff 40: odd sizes, milliseconds a step
 TINY = lmcore.ModelConfig(
@@ -50,30 +50,6 @@ def test_checkpointing_spec_is_lmcores_canonical_form():
     for bad in ("segments", "segments:0", "chunks:2", "blocks:2"):
         with pytest.raises(argparse.ArgumentTypeError):
             checkpointing_spec(bad)
-
-
-@pytest.mark.parametrize("several", [True, False])
-def test_the_options_parse_once_or_several_times(several):
-    parser = argparse.ArgumentParser()
-    add_model_options(parser, several=several, optimizer=True, defaults={"loss": "fused"})
-    argv = ["--activation-checkpointing", "every:2", "--loss", "fused", "--optimizer"]
-    argv += ["lmcore-fused", "--num-kv-heads", "1", "--num-layers", "5"]
-    args = parser.parse_args(argv)
-    one = (lambda v: [v]) if not several else (lambda v: v)
-    assert one(args.activation_checkpointing) == ["every:2"]
-    assert one(args.loss) == ["fused"] and one(args.optimizer) == ["lmcore-fused"]
-    assert (args.num_kv_heads, args.num_layers) == (1, 5)
-    assert "(default: fused)" in " ".join(parser.format_help().split())
-    for bad in (["--num-layers", "0"], ["--loss", "chunked"], ["--optimizer", "sgd"]):
-        with pytest.raises(SystemExit):
-            parser.parse_args(bad)
-
-
-def test_a_tool_without_an_optimizer_has_no_optimizer_option():
-    parser = argparse.ArgumentParser()
-    add_model_options(parser, several=False, optimizer=False, num_layers=False)
-    assert "--optimizer" not in parser.format_help()
-    assert "--num-layers" not in parser.format_help()
 
 
 def test_optimizers_are_the_three_adamws():

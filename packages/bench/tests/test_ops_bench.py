@@ -3,11 +3,13 @@
 import pytest
 import torch
 
+import bench.core.tool
 import bench.tools.ops
 from bench.commands.ops import main
 from bench.core.oom import OK, OOM
 from bench.core.results import load_json
-from bench.tools.ops import KEYS, OpsConfig, default_ops_config, run_ops
+from bench.core.tool import device_config
+from bench.tools.ops import KEYS, OpsConfig, run_ops
 
 # Steps of the tiny model's parameters take seconds under Triton's interpreter: the fused AdamW
 # row runs over a few odd-sized tensors instead.
@@ -17,11 +19,11 @@ COMMON = {"study", "shape", "size", "impl", "dtype", "ms", "std", "vs_baseline",
 
 
 def test_cpu_default_runs_both_studies_and_says_so(capsys, monkeypatch):
-    default = default_ops_config("cpu")
+    default = device_config(OpsConfig, "cpu")
     assert default.loss_shapes == default.adamw_sizes == ("tiny",) and default.dtype == "fp32"
     quick = OpsConfig(**{**default.__dict__, "steps": 1, "warmup": 0,
                          "adamw_impls": ("lmcore", "torch-fused")})  # fmt: skip
-    monkeypatch.setattr(bench.tools.ops, "default_ops_config", lambda device: quick)
+    monkeypatch.setattr(bench.core.tool, "device_config", lambda cls, device: quick)
     run = run_ops(device="cpu", show_progress=False)
     assert run.tool == "ops" and run.group_by == "study"
     assert [(r["study"], r["impl"], r["status"]) for r in run.rows] == [

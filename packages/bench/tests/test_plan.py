@@ -9,13 +9,13 @@ import pytest
 
 import lmcore
 from bench.commands.plan import main
-from bench.core.capacity import TrainingPlan, estimate_memory
 from bench.core.memory import GIB
-from bench.core.plan_check import recorded_size_label
 from bench.core.results import Run, load_json, save_json
 from bench.core.shapes import size_label
+from bench.plan.check import recorded_size_label
+from bench.plan.memory import TrainingPlan, estimate_memory
 from bench.tools.plan import (
-    PlanSweep,
+    PlanConfig,
     plot_plan,
     run_check,
     run_leaderboard,
@@ -37,7 +37,7 @@ def test_help_explains_with_examples(help_text):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--size", "tiny", "--layout", "ddp", "--batch", "3"], "does not split over 2"),
+        (["--size", "tiny", "--layout", "ddp", "--global-batch", "3"], "does not split over 2"),
         (["--size", "tiny", "--memory", "80"], "memory size"),
         (["--d-model", "64"], "need all of --d-model"),
         ([], "name a model"),
@@ -53,9 +53,9 @@ def test_bad_input_is_a_usage_error(argv, message, capsys):
 
 
 def test_a_sweep_predicts_each_configuration_with_its_formulas(tmp_path):
-    sweep = PlanSweep(
+    sweep = PlanConfig(
         models=(("tiny", TINY),),
-        batches=(4,),
+        global_batches=(4,),
         layouts=("single", "fsdp"),
         checkpointing=("none", "blocks"),
         memory_bytes=2**30,
@@ -102,7 +102,7 @@ def test_leaderboard_rows_and_verdicts():
 
 
 def test_section8_rows_carry_formula_value_and_reason():
-    from bench.core.ffn_parallelism import FFNSetting, data_parallel_max_devices
+    from bench.plan.ffn import FFNSetting, data_parallel_max_devices
 
     setting = FFNSetting(batch=100, d_model=8, d_ff=200, flops_per_s=1500.0, bandwidth=45.0)
     run = run_section8(setting, num_dp=4, num_tp=2, command="x")

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from bench.commands.report import main
-from bench.core.document import Heading, Image, Paragraph, Table, render
 from bench.core.results import Run, save_json
-from bench.core.saved_tensors import run_residual_study
-from bench.handout.analysis import ANALYTIC_PROBLEMS
-from bench.handout.results import Results
+from bench.report.analysis import ANALYTIC_PROBLEMS
+from bench.report.document import Heading, Image, Paragraph, Table, render
+from bench.report.results import Results
+from bench.report.tool import PROBLEMS, build_report, report_links
 from bench.tools.attn import run_attention
-from bench.tools.report import PROBLEMS, build_report, report_links
+from bench.tools.model.residuals import run_residual_study
 from lmcore import ModelSize
 
 NOT_MEASURED = "Not measured: no result answers it yet."
@@ -153,9 +153,9 @@ def test_real_ddp_and_zero_output_goes_through_the_report(tmp_path, ddp_run, zer
     save_json(ddp_run, tmp_path / "ddp_cpu.json")
     save_json(zero_run, tmp_path / "zero_cpu.json")
     text = build_report(tmp_path)
-    naive = next(r for r in ddp_run.rows if r["variant"] == "naive")
+    naive = next(r for r in ddp_run.rows if r["variant"] == "ddp:naive")
     assert f"{naive['step_ms']:.3g} ms per step" in _section(text, "naive_ddp_benchmarking")
-    sharded = next(r for r in zero_run.rows if r["variant"] == "sharded")
+    sharded = next(r for r in zero_run.rows if r["variant"] == "zero1:torch-ddp")
     section = _section(text, "optimizer_state_sharding_accounting")
     assert f"{sharded['state_vs_ddp']:.2f}× plain DDP's" in section
 

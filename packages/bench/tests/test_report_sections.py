@@ -11,8 +11,8 @@ import pytest
 
 from bench.core.env import collect_env
 from bench.core.results import Run, save_json
-from bench.handout.results import Results, topic
-from bench.handout.runs import (
+from bench.report.results import Results, topic
+from bench.report.runs import (
     CHECKPOINTING_STUDY,
     COMPILE_MODEL,
     FLASH_NAIVE,
@@ -20,7 +20,8 @@ from bench.handout.runs import (
     PROFILES,
     SCRIPT,
 )
-from bench.tools.report import build_report, report_links
+from bench.report.single_gpu import is_memory
+from bench.report.tool import build_report, report_links
 
 ROOT = Path(__file__).resolve().parents[3]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -269,3 +270,17 @@ def test_the_missing_runs_are_the_commands_the_gpu_script_runs():
         missing = [o for o in kept if o not in body.split()]
         assert missing == [], (run.part, missing)
     assert CHECKPOINTING_STUDY.command.startswith("bench-step --study checkpointing")
+
+
+def test_a_memory_run_is_told_by_its_rows_study_and_an_old_one_by_its_command(save, tmp_path):
+    """bench-model's rows say what the run was for; results from before read their command."""
+    dims = {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}
+    row = _model_row("tiny", dims, 128, "forward", 1.0)
+    save("memory_fp32_h100_2026-11-28", "model", [{**row, "study": "memory"}], date="2026-11-28",
+         command="bench-model --size tiny")  # fmt: skip
+    save("memory_bf16_h100_2026-11-28", "model", [row], date="2026-11-28",
+         command="bench-model --size tiny --memory-snapshot m.pickle")  # fmt: skip
+    save("model_h100_2026-11-28", "model", [row], date="2026-11-28", command="bench-model")
+    records = {r.path.stem: r for r in Results.collect(tmp_path).records}
+    memory = {stem for stem, r in records.items() if is_memory(r)}
+    assert memory == {"memory_fp32_h100_2026-11-28", "memory_bf16_h100_2026-11-28"}

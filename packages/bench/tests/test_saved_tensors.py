@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bench.commands.model import main
-from bench.core.saved_tensors import (
+from bench.tools.model.residuals import (
     RESIDUAL_COLUMNS,
     SavedTensorLog,
     measure_block,
@@ -102,10 +102,12 @@ def test_the_log_leaves_weights_out_and_needs_an_input_that_requires_grad():
 
 def test_study_rows_and_cli(capsys):
     shape = ("odd", ModelSize(d_model=D, d_ff=F, num_layers=1, num_heads=H))
-    run = run_residual_study([shape], context_lengths=(S,), batch=B, dtypes=("fp32", "bf16"))
+    run = run_residual_study(
+        [shape], context_lengths=(S,), batch=B, dtypes=("fp32", "bf16-autocast")
+    )
     assert run.tool == "residuals" and run.columns == RESIDUAL_COLUMNS
     blocks = {(r["dtype"], r["checkpointing"]): r for r in run.rows if r["kind"] == "block"}
-    assert set(blocks) == {(d, c) for d in ("fp32", "bf16") for c in ("none", "block")}
+    assert set(blocks) == {(d, c) for d in ("fp32", "bf16-autocast") for c in ("none", "block")}
     assert blocks[("fp32", "none")]["mib"] * 2**20 == pytest.approx(_held_by_hand())
     ops = [r for r in run.rows if r["kind"] == "operation" and r["dtype"] == "fp32"]
     assert [r["rank"] for r in ops if r["checkpointing"] == "none"] == [1, 2, 3, 4, 5]

@@ -12,12 +12,21 @@ import torch
 import bench.core.full_step
 import lmcore
 from bench.commands.step import COMMAND, PRESETS, depth_reduced_argv, main
-from bench.core.capacity import TrainingPlan, estimate_memory
 from bench.core.memory import MIB
 from bench.core.oom import OK, OOM
-from bench.core.plan_check import STEP_KEYS, check_results
 from bench.core.results import save_json
-from bench.tools.step import COLUMNS, KEYS, TOOL, StepConfig, fit_depth, plot_step, run_step
+from bench.plan.check import STEP_KEYS, check_results
+from bench.plan.memory import TrainingPlan, estimate_memory
+from bench.tools.step import (
+    COLUMNS,
+    KEYS,
+    TOOL,
+    StepConfig,
+    fit_depth,
+    plot_step,
+    run_step,
+    step_specs,
+)
 
 # One narrow block at context 16, vocabulary 97, fp32: milliseconds a step on one CPU thread.
 TINY = {
@@ -110,7 +119,7 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
     import lmcore.linear
 
     rows: list[dict] = []
-    build, optimizer = bench.core.full_step._build, bench.core.full_step.build_optimizer
+    build, optimizer = bench.core.full_step._build, bench.core.full_step.optimizer_class
     apply, fused = lmcore.apply_activation_checkpointing, lmcore.linear.fused_linear_cross_entropy
 
     def spy_build(spec, rank, device):
@@ -121,16 +130,16 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
         rows[-1]["policy"] = policy
         return apply(model, policy=policy)
 
-    def spy_optimizer(name, params, **options):
+    def spy_optimizer(name):
         rows[-1]["optimizer"] = name
-        return optimizer(name, params, **options)
+        return optimizer(name)
 
     def spy_fused(*args, **kwargs):
         rows[-1]["fused"] += 1
         return fused(*args, **kwargs)
 
     monkeypatch.setattr(bench.core.full_step, "_build", spy_build)
-    monkeypatch.setattr(bench.core.full_step, "build_optimizer", spy_optimizer)
+    monkeypatch.setattr(bench.core.full_step, "optimizer_class", spy_optimizer)
     monkeypatch.setattr(lmcore, "apply_activation_checkpointing", spy_apply)
     monkeypatch.setattr(lmcore.linear, "fused_linear_cross_entropy", spy_fused)
     config = _config(
@@ -156,7 +165,7 @@ def test_fsdp_on_two_gloo_ranks_beside_torch_fsdp2():
     ours = run.rows[0]
     assert [(r["impl"], r["layout"], r["world_size"], r["status"]) for r in run.rows] == [
         ("ours", "fsdp", 2, OK),
-        ("torch-native", "fsdp", 2, OK),
+        ("torch-native", "fsdp:torch", 2, OK),
     ]
     full = 4 * _params(num_layers=2)
     for row in run.rows:  # each rank holds about half of every weight (norm gains whole)
@@ -203,7 +212,7 @@ def test_num_layers_fit_is_the_deepest_every_row_fits():
                             activation_checkpointing="blocks", loss=loss)  # fmt: skip
         return estimate_memory(plan).fits(80e9 * (1 - config.headroom))
 
-    specs = config.specs()
+    specs = step_specs(config)
     assert all(fits(spec, depth) for spec in specs)
     assert not all(fits(spec, depth + 1) for spec in specs)
 
@@ -247,9 +256,14 @@ def test_the_depth_reduced_command_keeps_the_presets_ranks_where_there_are_enoug
     argv = depth_reduced_argv(num_gpus=num_gpus)
     assert argv[0] == "bench-step"
     args = COMMAND.parser().parse_args(argv[1:])
-    assert (args.nproc, args.memory, args.num_layers, args.batch) == (nproc, memory, "fit", 1)
-    assert args.parallel == (None if nproc is None else "zero")
-    config = TOOL.config(args, COMMAND.parser(), "cpu")
+    config = TOOL.configure(args, COMMAND.parser(), "cpu")
+    assert (config.nproc, config.memory_bytes, config.num_layers, config.batch) == (
+        nproc or 1,
+        memory,
+        "fit",
+        1,
+    )
+    assert config.parallel == ("single" if nproc is None else "zero1")
     preset = PRESETS["leaderboard-2026"]
     assert (config.size, config.optimizer, config.loss) == (
         preset["size"],
@@ -260,8 +274,8 @@ def test_the_depth_reduced_command_keeps_the_presets_ranks_where_there_are_enoug
 
 def test_the_preset_is_the_handouts_configuration():
     parser = COMMAND.parser()
-    config = TOOL.config(parser.parse_args(["--preset", "leaderboard-2026"]), parser, "cpu")
-    spec = config.specs()[0]
+    config = TOOL.configure(parser.parse_args(["--preset", "leaderboard-2026"]), parser, "cpu")
+    spec = step_specs(config)[0]
     assert (spec.model.num_layers, spec.model.context_length, spec.model.vocab_size) == (
         34,
         32_768,
@@ -275,7 +289,6 @@ def test_the_preset_is_the_handouts_configuration():
     [
         (["--nproc", "2", "--parallel", "fsdp", "--compile"], "does not run compiled"),
         (["--parallel", "zero"], "several ranks"),
-        (["--nproc", "2", "--parallel", "fsdp", "--precision", "bf16"], "float32 master"),
         (["--study", "checkpointing", "--activation-checkpointing", "blocks"], "picks the"),
         (["--attention", "fa2-triton"], "fa2-triton needs CUDA"),
         (["--size", "tiny", "--num-layers", "fit"], "needs a GPU to fill"),
@@ -319,7 +332,7 @@ def test_cuda_rows_compiled_with_the_peak_split_into_its_parts():
         rep_ms=100.0,
     )
     ours, native = run_step(config, device="cuda").rows
-    params = lmcore.count_parameters(config.specs()[0].model)
+    params = lmcore.count_parameters(step_specs(config)[0].model)
     for row in (ours, native):
         assert row["status"] == OK and row["mfu"] > 0 and row["attn_ms"] > 0
         parts = ("param_mib", "grad_mib", "state_mib", "act_mib", "rest_mib")

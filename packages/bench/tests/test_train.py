@@ -17,13 +17,14 @@ import lmcore
 from bench.commands.generate import main as bench_generate
 from bench.commands.train import COMMAND, main
 from bench.commands.train_results import main as train_results
-from bench.core.training import train_step
+from bench.core.step import train_step
+from bench.core.torch_native import TorchNativeLM
 from bench.train.baseline import torch_native_step
 from bench.train.config import TrainConfig
 from bench.train.record import Recorder, read_metrics
-from bench.train.results import plot_speed, speed_comparison
 from bench.train.run import config_from_args
 from bench.train.scaling import scaling_comparison
+from bench.train.summary import plot_speed, speed_comparison
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +135,9 @@ def test_torch_native_baseline_step_equals_ours():
     twin = copy.deepcopy(model)
     tokens = [torch.randint(0, 64, (4, 17)) for _ in range(2)]
     ours = train_step(model, torch.optim.AdamW(model.parameters()), tokens, max_grad_norm=0.5)
+    native = TorchNativeLM(twin, compile=False)  # bench-step's torch-native model
     theirs = torch_native_step(
-        twin, torch.optim.AdamW(twin.parameters()), tokens, max_grad_norm=0.5
+        native, torch.optim.AdamW(native.parameters()), tokens, max_grad_norm=0.5
     )
     torch.testing.assert_close(ours, theirs)
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
@@ -147,6 +149,8 @@ def test_baseline_torch_is_sdpa_fused_adamw_compiled():
     assert (config.attention, config.optimizer, config.compile) == ("sdpa", "torch-fused", True)
     with pytest.raises(ValueError, match="--baseline torch runs --attention sdpa"):
         TrainConfig.create(data="x", out="y", device="cpu", baseline="torch", attention="naive")
+    with pytest.raises(ValueError, match="runs torch's own loss"):
+        TrainConfig.create(data="x", out="y", device="cpu", baseline="torch", loss="fused")
 
 
 def test_baseline_torch_from_the_command_line():
@@ -209,8 +213,8 @@ def test_more_ranks_than_gpus_is_refused(train_argv, tmp_path, usage_error, monk
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
-        (["--batch-size", "6", "--nproc", "4", "--parallel", "zero"], "multiple of --grad-accum"),
-        (["--nproc", "2", "--parallel", "none"], "needs a --parallel mode"),
+        (["--batch-size", "6", "--nproc", "4", "--parallel", "zero1"], "multiple of --grad-accum"),
+        (["--nproc", "2", "--parallel", "single"], "needs a --parallel mode"),
         (["--warmup-steps", "5", "--steps", "5"], "--warmup-steps must be in"),
         (["--stop-after", "9", "--steps", "5"], "--stop-after must be in"),
         (["--d-model", "33"], "divisible by num_heads"),
@@ -250,7 +254,7 @@ def test_resume_checks_the_checkpoint(train_argv, tmp_path, usage_error):
     err = usage_error([*argv, "--resume", "--lr", "1e-2", "--seed", "4"])
     assert "--lr 0.0006 → 0.01" in err and "--seed 0 → 4" in err
     err = usage_error([*argv, "--resume", "--nproc", "2", "--parallel", "fsdp"])
-    assert "resume with --parallel none --nproc 1" in err
+    assert "resume with --parallel single --nproc 1" in err
     # How to run may change: the log interval and the optimizer's implementation, here.
     extra = ["--stop-after", "2", "--log-every", "2", "--optimizer", "torch-fused"]
     assert main([*argv, "--resume", *extra]) == 0
@@ -266,7 +270,7 @@ def test_speed_comparison_table_and_plot(train_argv, one_process, tmp_path):
     assert rows["torch-fused"]["vs_baseline"] == 1.0
     ours = json.loads((one_process.run / "summary.json").read_text())
     assert rows["ours"]["tokens_per_s"] == ours["tokens_per_s"]
-    assert rows["ours"]["optimizer"] == "lmcore" and rows["ours"]["step"] == "bench.core.training"
+    assert rows["ours"]["optimizer"] == "lmcore" and rows["ours"]["step"] == "bench.core.step"
     assert rows["ours"]["first_step_s"] == ours["first_step_s"]
     assert plot_speed(run, tmp_path / "speed.png").stat().st_size > 0
     with pytest.raises(ValueError, match="baseline"):
@@ -361,7 +365,7 @@ def test_the_fast_default_trains_on_cuda(train_argv, tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     c = summary["config"]
     assert (c["precision"], c["attention"], c["compile"], c["optimizer"]) == (
-        "bf16",
+        "bf16-autocast",
         "fa2-triton",
         True,
         "torch-fused",
@@ -372,3 +376,32 @@ def test_the_fast_default_trains_on_cuda(train_argv, tmp_path, capsys):
     assert summary["peak_memory_mib"] > 0
     assert bench_generate(["--run", str(out), "--device", "cuda"]) == 0
     assert capsys.readouterr().out == (out / "sample.txt").read_text() + "\n"
+
+
+def test_the_torch_baseline_trains_bench_steps_torch_native_model(
+    train_text, tmp_path, monkeypatch
+):
+    """`--baseline torch` steps the same torch-native model as bench-step's rows: the chunked,
+    checkpointed cross-entropy, not the full logits (built uncompiled here: importing the
+    compiler is what a test should not pay for)."""
+    import bench.train.loop
+    from bench.train import Trainer
+
+    real = bench.train.loop.torch_native_model
+    built = []
+    monkeypatch.setattr(
+        bench.train.loop,
+        "torch_native_model",
+        lambda model, *, compile: built.append(compile) or real(model, compile=False),
+    )
+    monkeypatch.setattr(bench.train.loop, "loss_function", lambda *, compile: lmcore.cross_entropy)
+    (tmp_path / "run").mkdir()
+    config = TrainConfig.create(
+        data=str(train_text), out=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"),
+        device="cpu", tokenizer="bytes", size="tiny", context_length=16, batch_size=2,
+        baseline="torch", progress=False,
+    )  # fmt: skip
+    trainer = Trainer(config)
+    assert isinstance(trainer.model, TorchNativeLM) and trainer.model.lm is trainer.raw
+    assert built == [True]  # --baseline torch compiles its own pieces
+    trainer.recorder.close()

@@ -17,14 +17,15 @@ from spawn_ranks import free_port
 import ddp
 import lmcore
 from bench.commands.train import COMMAND, main
+from bench.core import parallel as parallel_module
 from bench.core.cli import resolve_device
+from bench.core.options import may_change, parse_duration
 from bench.train import lm
-from bench.train import parallel as parallel_module
 from bench.train import run as run_module
 from bench.train.config import TrainConfig
+from bench.train.config_files import read_config_file, write_config_file
 from bench.train.lock import LOCK_FILE
 from bench.train.loop import Trainer
-from bench.train.options import may_change, parse_duration, read_config_file, write_config_file
 from bench.train.record import read_metrics
 from bench.train.run import config_from_args, prepare
 
@@ -77,7 +78,7 @@ def test_timeout_bounds_the_ranks_only_when_given(monkeypatch, train_argv, tmp_p
         raise TimeoutError("stopped")
 
     monkeypatch.setattr(run_module, "launch", stopped)
-    ranks = ["--nproc", "2", "--parallel", "bucketed", "--generate", "0"]
+    ranks = ["--nproc", "2", "--parallel", "ddp", "--generate", "0"]
     for name, extra in (("bounded", ["--timeout", "90"]), ("unbounded", [])):
         with pytest.raises(TimeoutError):
             main(train_argv(tmp_path / name, *ranks, *extra))
@@ -151,7 +152,7 @@ def test_config_file_repeats_a_run_and_the_command_line_wins(one_process, losses
 
 
 def test_zero_gets_the_bucket_size(train_text, tmp_path, monkeypatch):
-    """`--bucket-mb` reaches ShardedOptimizer under --parallel zero, as it reaches DDPBucketed
+    """`--bucket-mb` reaches ShardedOptimizer under --parallel zero1, as it reaches DDPBucketed
     (a one-rank process group here, the trainer's own wiring)."""
     seen = []
     real = parallel_module.zero.ShardedOptimizer
@@ -170,7 +171,7 @@ def test_zero_gets_the_bucket_size(train_text, tmp_path, monkeypatch):
             config = TrainConfig.create(
                 data=str(train_text), out=str(out), cache_dir=str(tmp_path / "cache"),
                 device="cpu", tokenizer="bytes", size="tiny", context_length=16, batch_size=2,
-                parallel="zero", bucket_size_mb=size, progress=False,
+                parallel="zero1", bucket_size_mb=size, progress=False,
             )  # fmt: skip
             trainer = Trainer(config)
             assert trainer.model.bucket_size_mb == size  # DDPBucketed's
@@ -263,7 +264,7 @@ def test_the_optimizers_are_the_shared_ones():
     [
         ({"activation_checkpointing": "segments:0"}, "--activation-checkpointing"),
         ({"loss": "chunked"}, "--loss 'chunked'"),
-        ({"baseline": "torch", "loss": "fused"}, "--baseline torch runs --loss materialized"),
+        ({"baseline": "torch", "loss": "fused"}, "--baseline torch runs torch.s own loss"),
     ],
 )
 def test_bad_model_options_are_refused(options, match):

@@ -51,7 +51,7 @@ def _assert_same_weights_and_consolidated(out, reference) -> None:
     lmcore.load_checkpoint(saved, model, optimizer)  # loads into one process as it is
 
 
-@pytest.mark.parametrize("mode", ["zero", "torch-fsdp"])
+@pytest.mark.parametrize("mode", ["zero1", "fsdp:torch"])
 def test_two_ranks_continue_a_one_process_checkpoint(
     mode, train_argv, one_process, losses_of, copy_of, tmp_path
 ):
@@ -133,7 +133,7 @@ def test_torch_fsdp_compiles_per_block_on_a_gpu(train_argv, tmp_path):
     """The fast default (compiled, bf16) under FSDP2: `compile` per block, then `fully_shard`."""
     out = tmp_path / "run"
     argv = train_argv(out, "--steps", "10", "--log-every", "5", "--generate", "8")
-    assert main([*argv, "--device", "cuda", "--nproc", "1", "--parallel", "torch-fsdp"]) == 0
+    assert main([*argv, "--device", "cuda", "--nproc", "1", "--parallel", "fsdp:torch"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["config"]["compile"] and summary["config"]["precision"] == "bf16"
+    assert summary["config"]["compile"] and summary["config"]["precision"] == "bf16-autocast"
     assert summary["final_train_loss"] < math.log(256) and (out / "sample.txt").read_text()

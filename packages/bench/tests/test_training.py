@@ -1,4 +1,4 @@
-"""The one training step (`bench.core.training.train_step`) against plain PyTorch, on the CPU."""
+"""The one training step (`bench.core.step.train_step`) against plain PyTorch, on the CPU."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lmcore
-from bench.core.training import forward_backward, train_step
+from bench.core.step import forward_backward, train_step
 
 VOCAB = 53
 

@@ -87,12 +87,12 @@ def test_the_train_runs_of_a_size_differ_only_in_their_parallel_mode():
     for size, parsed in by_size.items():
         modes = {a.parallel: a.nproc for a in parsed}
         assert modes == {
-            "none": 1,
-            "bucketed": 2,
-            "torch-ddp": 2,
-            "zero": 2,
+            "single": 1,
+            "ddp": 2,
+            "ddp:torch": 2,
+            "zero1": 2,
             "fsdp": 2,
-            "torch-fsdp": 2,
+            "fsdp:torch": 2,
         }, size
         same = {
             (a.batch_size, a.steps, a.seed, a.context_length, a.data, a.compile) for a in parsed
@@ -107,7 +107,7 @@ def test_the_step_part_runs_what_bench_step_prints_where_the_preset_is_refused()
     printed = depth_reduced_argv(num_gpus=2)
     assert instead[2][4 : 4 + len(printed) - 1] == printed[1:]
     args = _parsed(plan[2])
-    assert (args.layout, args.dp, args.batch) == (["zero1", "fsdp"], 2, [2])
+    assert (args.layouts, args.dp, args.batches) == (["zero1", "fsdp"], 2, [1])  # per rank
 
 
 def test_nvlink_multicast_is_off_before_any_part_runs():

@@ -23,23 +23,23 @@ VALID = ZeroBenchConfig(size="tiny")  # a base that the invalid variations chang
 
 @pytest.fixture
 def run(zero_run):
-    """The session's bench-zero run (conftest: ddp, sharded at caps 0 and 25 MB, torch-zero, and
-    fsdp, torch-fsdp, fsdp-no-prefetch in fp32 and bf16)."""
+    """The session's bench-zero run (conftest: ddp:torch, zero1:torch-ddp at caps 0 and 25 MB,
+    zero1:torch, and fsdp, fsdp:torch, fsdp:no-prefetch in fp32 and bf16)."""
     return zero_run
 
 
 def test_one_row_per_variant_bucket_cap_and_compute_dtype(run):
     assert [(r["variant"], r["bucket_mb"], r["compute_dtype"]) for r in run.rows] == [
-        ("ddp", None, None),
-        ("sharded", 0.0, None),
-        ("sharded", 25.0, None),
-        ("torch-zero", None, None),
+        ("ddp:torch", None, None),
+        ("zero1:torch-ddp", 0.0, None),
+        ("zero1:torch-ddp", 25.0, None),
+        ("zero1:torch", None, None),
         ("fsdp", None, "fp32"),
         ("fsdp", None, "bf16"),
-        ("torch-fsdp", None, "fp32"),
-        ("torch-fsdp", None, "bf16"),
-        ("fsdp-no-prefetch", None, "fp32"),
-        ("fsdp-no-prefetch", None, "bf16"),
+        ("fsdp:torch", None, "fp32"),
+        ("fsdp:torch", None, "bf16"),
+        ("fsdp:no-prefetch", None, "fp32"),
+        ("fsdp:no-prefetch", None, "bf16"),
     ]
     assert all(r["status"] == "ok" for r in run.rows)
     assert all(list(r) == list(COLUMNS) for r in run.rows)
@@ -50,14 +50,14 @@ def _rows(run, *variants):
 
 
 def test_every_rank_holds_whole_parameters_and_gradients(run):
-    rows = _rows(run, "ddp", "sharded", "torch-zero")
+    rows = _rows(run, "ddp:torch", "zero1:torch-ddp", "zero1:torch")
     assert len({r["param_mib"] for r in rows}) == 1
     assert all(r["grad_mib"] == r["param_mib"] for r in rows)
 
 
 def test_fsdp_ranks_hold_about_half_of_parameters_gradients_and_state(run):
     whole = run.rows[0]
-    for row in _rows(run, "fsdp", "torch-fsdp", "fsdp-no-prefetch"):
+    for row in _rows(run, "fsdp", "fsdp:torch", "fsdp:no-prefetch"):
         # the largest rank: half of every tensor, plus padding (and ours: whole norm gains)
         for key in ("param_mib", "grad_mib", "state_mib"):
             assert 0.5 <= row[key] / whole[key] <= 0.6, (row["variant"], key)
@@ -66,11 +66,11 @@ def test_fsdp_ranks_hold_about_half_of_parameters_gradients_and_state(run):
 def test_fsdp_rows_are_compared_with_torch_fsdp_of_the_same_dtype(run):
     for row in _rows(run, "fsdp"):
         theirs = next(
-            r for r in _rows(run, "torch-fsdp") if r["compute_dtype"] == row["compute_dtype"]
+            r for r in _rows(run, "fsdp:torch") if r["compute_dtype"] == row["compute_dtype"]
         )
         assert row["time_vs_torch_fsdp"] == pytest.approx(row["step_ms"] / theirs["step_ms"])
         assert row["peak_vs_torch_fsdp"] is None  # no peaks on the CPU
-    assert all(r["time_vs_torch_fsdp"] is None for r in _rows(run, "ddp", "torch-fsdp"))
+    assert all(r["time_vs_torch_fsdp"] is None for r in _rows(run, "ddp:torch", "fsdp:torch"))
     assert sum("fsdp (" in note for note in run.notes) == 2
 
 
@@ -79,15 +79,17 @@ def test_prefetching_is_set_against_the_same_dtype_without_it(run):
     assert len(notes) == 2
     for dtype, note in zip(("fp32", "bf16"), notes, strict=True):
         (ours,) = [r for r in _rows(run, "fsdp") if r["compute_dtype"] == dtype]
-        (alone,) = [r for r in _rows(run, "fsdp-no-prefetch") if r["compute_dtype"] == dtype]
+        (alone,) = [r for r in _rows(run, "fsdp:no-prefetch") if r["compute_dtype"] == dtype]
         assert f"({dtype})" in note and f"{ours['step_ms'] / alone['step_ms']:.3f}x" in note
 
 
 def test_every_fsdp_row_leaves_a_chrome_trace_of_one_step(run):
     folder = Path(run.config["trace_dir"])
-    traced = {r["variant"] for r in run.rows if r["variant"] in ("fsdp", "torch-fsdp")}
-    traced |= {"fsdp-no-prefetch"}
-    expected = {f"{v}_{d}.pt.trace.json" for v in traced for d in ("fp32", "bf16")}
+    traced = {r["variant"] for r in run.rows if r["variant"] in ("fsdp", "fsdp:torch")}
+    traced |= {"fsdp:no-prefetch"}
+    expected = {
+        f"{v.replace(':', '-')}_{d}.pt.trace.json" for v in traced for d in ("fp32", "bf16")
+    }
     assert {p.name for p in folder.iterdir()} == expected
     trace = json.loads((folder / "fsdp_fp32.pt.trace.json").read_text())
     assert any("all_gather" in str(e.get("name", "")) for e in trace["traceEvents"])
@@ -102,7 +104,7 @@ def test_unsharded_adamw_state_is_two_moments_per_parameter(run):
 
 
 def test_sharded_state_is_about_half(run):
-    for row in _rows(run, "sharded", "torch-zero"):
+    for row in _rows(run, "zero1:torch-ddp", "zero1:torch"):
         # the largest rank holds at least half; whole tensors make it a little more
         assert 0.5 <= row["state_vs_ddp"] <= 0.6
 
@@ -118,7 +120,7 @@ def test_cpu_rows_have_times_but_no_peaks(run):
 def test_json_round_trip_and_plot(run, tmp_path):
     loaded = load_json(save_json(run, tmp_path / "zero.json"))
     assert loaded.rows == run.rows
-    assert loaded.config["world_size"] == 2
+    assert loaded.config["nproc"] == 2
     assert plot_zero(run, tmp_path / "zero.png").stat().st_size > 0
 
 
@@ -131,19 +133,19 @@ def test_options_override_the_cpu_default():
     args = parser.parse_args(
         ["--size", "tiny", "--zero-bucket-mb", "0", "none", "--steps", "4", "--fsdp-dtypes", "bf16"]
     )
-    config = TOOL.config(args, parser, torch.device("cpu"))
+    config = TOOL.configure(args, parser, torch.device("cpu"))
     assert config.bucket_sizes_mb == (0.0, None)
     assert config.fsdp_dtypes == ("bf16",)
     assert config.steps == 4
     assert config.size == "tiny"
     assert config.trace_dir is None
     args = parser.parse_args(["--trace", "traces"])
-    assert TOOL.config(args, parser, torch.device("cpu")).trace_dir == "traces"
+    assert TOOL.configure(args, parser, torch.device("cpu")).trace_dir == "traces"
 
 
 def test_no_options_keep_the_announced_default():
     parser = COMMAND.parser()
-    assert TOOL.config(parser.parse_args([]), parser, torch.device("cpu")) is None
+    assert TOOL.configure(parser.parse_args([]), parser, torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize(
@@ -154,7 +156,7 @@ def test_no_options_keep_the_announced_default():
         {"bucket_sizes_mb": (-1.0,)},
         {"bucket_sizes_mb": (float("inf"),)},
         {"bucket_sizes_mb": ()},
-        {"world_size": 1},
+        {"nproc": 1},
         {"fsdp_dtypes": ("fp16",)},
         {"fsdp_dtypes": ()},
     ],

@@ -124,6 +124,28 @@ def test_nothing_of_tokens_times_vocabulary_is_saved_for_backward():
     assert max(s.numel() for s in saved) == 64 * 50
 
 
+@pytest.mark.parametrize(
+    ("dtype", "autocast"), [(torch.bfloat16, False), (torch.float32, True), (torch.float32, False)]
+)
+def test_the_gradients_wait_for_backward_in_their_inputs_dtypes(dtype, autocast):
+    # A bf16 weight's gradient is accumulated in float32 but kept for backward in bf16: half the
+    # bytes held from the forward to the backward. Float32 master weights under autocast keep
+    # a float32 gradient.
+    hidden, weight, targets = _inputs(dtype, tokens=64, features=8, vocab=50)
+    saved: list[tuple[torch.Size, torch.dtype]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append((t.shape, t.dtype))
+        return t
+
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+    ):
+        fused_linear_cross_entropy(hidden, weight, targets, chunk_size=16)
+    assert sorted(saved, key=str) == sorted([(hidden.shape, dtype), (weight.shape, dtype)], key=str)
+
+
 def test_frozen_weight_and_no_grad():
     hidden, weight, targets = _inputs()
     weight.requires_grad_(False)
@@ -273,7 +295,9 @@ def test_leaderboard_shape_extra_memory_is_an_eighth_of_the_materialised_logits_
     Materialised, the logits take T·V·2 bytes (19.9 GB) and their gradient as much again. The
     fused loss holds one chunk of logits and a float32 accumulator of the weight's gradient
     (V·d·4 bytes): its peak beyond the inputs and the two gradients it returns must stay within
-    an eighth of the materialised pair, and within that analytic sum plus 64 MiB.
+    an eighth of the materialised pair, and within that analytic sum plus 64 MiB. Between its
+    forward and its backward it holds the two gradients in bf16 and nothing else (1 MiB: the
+    loss and its per-token scalars).
     """
     tokens, features, vocab = 65_536, 4096, 151_936
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -285,9 +309,13 @@ def test_leaderboard_shape_extra_memory_is_an_eighth_of_the_materialised_logits_
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    fused_linear_cross_entropy(hidden, weight, targets).backward()
+    loss = fused_linear_cross_entropy(hidden, weight, targets)
     torch.cuda.synchronize()
     returned = hidden.numel() * 2 + weight.numel() * 2  # the two bf16 gradients
+    held = torch.cuda.memory_allocated() - base
+    assert held <= returned + (1 << 20), f"{held / 2**30:.2f} GiB held for backward"
+    loss.backward()
+    torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base - returned
     logits = tokens * vocab * 2
     analytic = vocab * features * 4 + chunk_rows(tokens, vocab, torch.bfloat16) * vocab * 2

@@ -213,6 +213,120 @@ def test_fused_adamw_rounds_a_bf16_parameter_once_per_step():
     torch.testing.assert_close(param, want, rtol=2**-7, atol=0)
 
 
+def _assert_within_one_rounding_a_step(
+    moment: torch.Tensor, grads: list[torch.Tensor], beta: float, *, squared: bool
+) -> None:
+    """`moment` (bf16) differs from the exact moment of `grads` by at most one bf16 rounding
+    of each step's value: step k's rounding is below 2**-7·|m_k| (one ulp: truncation, as
+    Triton's interpreter does, or rounding to nearest), and later steps scale it by β < 1, so
+    the error stays below 2**-7 · Σ_k |m_k| (the moments depend on the gradients alone)."""
+    exact = torch.zeros_like(moment, dtype=torch.float64)
+    bound = torch.zeros_like(exact)
+    for g in grads:
+        g = g.double().square() if squared else g.double()
+        exact = beta * exact + (1 - beta) * g
+        bound += 2**-7 * exact.abs()
+    assert torch.all((moment.double() - exact).abs() <= bound)
+
+
+@pytest.mark.parametrize(
+    ("device", "steps"), [("cpu", 3), pytest.param("cuda", 10, marks=pytest.mark.gpu)]
+)
+def test_fused_adamw_keeps_bf16_moments_when_asked_within_one_rounding_a_step(device, steps):
+    torch.manual_seed(2)
+    param = torch.randn(3, 2049, device=device).to(torch.bfloat16).requires_grad_()
+    grads = [torch.randn_like(param, dtype=torch.float32).to(param.dtype) for _ in range(steps)]
+    optimizer = AdamW([param], fused=True, moment_dtype=torch.bfloat16)
+    for grad in grads:
+        param.grad = grad
+        optimizer.step()
+    state = optimizer.state[param]
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+    _assert_within_one_rounding_a_step(state["exp_avg"], grads, 0.9, squared=False)
+    _assert_within_one_rounding_a_step(state["exp_avg_sq"], grads, 0.999, squared=True)
+
+
+def _bf16_pair(steps: int, device: str = "cpu"):
+    """bf16 parameters stepped by our fused AdamW with bf16 moments and by torch's AdamW
+    (`fused=False`, bf16 moments too), and the float64 AdamW of the same start and gradients."""
+    torch.manual_seed(9)
+    start = [torch.randn(s, device=device).to(torch.bfloat16) for s in FUSED_SHAPES]
+    grads = [[torch.randn_like(p, dtype=torch.float32).to(p.dtype) for p in start]
+             for _ in range(steps)]  # fmt: skip
+    results = []
+    for make in (
+        lambda ps: AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True, moment_dtype=torch.bfloat16),
+        lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=False, fused=False),
+    ):
+        params = [p.clone().requires_grad_() for p in start]
+        optimizer = make(params)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+        results.append([p.detach() for p in params])
+    exact = [
+        _adamw_float64(p, [g[i] for g in grads], lr=1e-2, weight_decay=0.1)[0]
+        for i, p in enumerate(start)
+    ]
+    return results[0], results[1], exact
+
+
+def _distance(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    pairs = zip(got, want, strict=True)
+    return sum(((a.double() - b.double()) ** 2).sum().item() for a, b in pairs) ** 0.5
+
+
+def test_fused_adamw_with_bf16_moments_is_within_twice_torchs_bf16_error():
+    # torch's bf16 AdamW rounds each of its operations to bf16; ours rounds the parameter and
+    # the moments once a step. Both against the float64 AdamW (the parameter rounded to bf16
+    # after each step, as a bf16 parameter must be): ours at most twice as far. Two steps on
+    # the CPU, where Triton's interpreter truncates its stores instead of rounding them.
+    ours, theirs, exact = _bf16_pair(steps=2)
+    assert _distance(theirs, exact) > 0
+    assert _distance(ours, exact) <= 2 * _distance(theirs, exact)
+
+
+def test_adamw_moment_dtype_needs_the_fused_kernel_and_a_dtype_it_keeps():
+    with pytest.raises(ValueError, match="pass fused=True"):
+        AdamW(_make_params(0), moment_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="moment_dtype must be one of"):
+        AdamW(_fused_params(0), fused=True, moment_dtype=torch.float16)
+    optimizer = AdamW(_fused_params(0)[:2], fused=True)
+    with pytest.raises(ValueError, match="pass fused=True"):
+        optimizer.add_param_group(
+            {"params": _fused_params(1)[2:], "fused": False, "moment_dtype": torch.bfloat16}
+        )
+
+
+def _stepped_with_bf16_moments(seed: int) -> tuple[list[torch.Tensor], AdamW]:
+    """bf16 parameters, one step of the fused AdamW with bf16 moments."""
+    params = _fused_params(seed, torch.bfloat16)
+    optimizer = AdamW(params, fused=True, moment_dtype=torch.bfloat16)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    return params, optimizer
+
+
+def test_fused_adamw_refuses_moments_of_two_dtypes_in_one_launch():
+    params, optimizer = _stepped_with_bf16_moments(0)
+    state = optimizer.state[params[0]]
+    state["exp_avg_sq"] = state["exp_avg_sq"].float()
+    with pytest.raises(ValueError, match="moments of one launch in one dtype"):
+        optimizer.step()
+
+
+def test_fused_state_dict_with_bf16_moments_loads_keeping_them_bf16():
+    params, mine = _stepped_with_bf16_moments(3)
+    fresh = _fused_params(3, torch.bfloat16)
+    resumed = AdamW(fresh, fused=True, moment_dtype=torch.bfloat16)
+    resumed.load_state_dict(copy.deepcopy(mine.state_dict()))
+    for p, q in zip(fresh, params, strict=True):
+        assert resumed.state[p]["exp_avg"].dtype == torch.bfloat16
+        assert torch.equal(resumed.state[p]["exp_avg_sq"], mine.state[q]["exp_avg_sq"])
+
+
 def test_fused_adamw_counts_each_parameters_steps_apart_when_saved_and_resumed():
     # parameters stepped together share one step count; a saved state must not (torch's
     # AdamW would otherwise add one to the shared count once per parameter)
@@ -283,6 +397,12 @@ def test_fused_adamw_matches_torch_fused_on_cuda(dtype):
     if dtype == torch.bfloat16:  # rounded to nearest once per step: within two ulps after five
         param, _, (want, _, _) = _bf16_run(steps=5, device="cuda")
         torch.testing.assert_close(param, want, rtol=2**-6, atol=0)
+
+
+@pytest.mark.gpu
+def test_fused_adamw_with_bf16_moments_is_within_twice_torchs_bf16_error_on_cuda():
+    ours, theirs, exact = _bf16_pair(steps=10, device="cuda")
+    assert _distance(ours, exact) <= 2 * _distance(theirs, exact)
 
 
 @pytest.mark.gpu

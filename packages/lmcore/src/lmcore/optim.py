@@ -10,8 +10,11 @@ import torch
 
 __all__ = ["AdamW"]
 
-# Parameter dtypes the fused kernel updates (its moments are float32 for all three).
+# Parameter dtypes the fused kernel updates (its moments are float32 for all three unless
+# `moment_dtype` says otherwise).
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The fused kernel's moments when `moment_dtype` is not given.
+_FUSED_MOMENT_DTYPE = torch.float32
 # Launch tables and shared step counts kept per optimizer: one per set of parameters that had
 # gradients together.
 _MAX_LAUNCHES = 16
@@ -49,7 +52,8 @@ class AdamW(torch.optim.Optimizer):
       and step count within it, normally one) that reads each parameter, gradient and moment
       once and writes the parameter and moments once (`lmcore.kernels.adamw`: a table of the
       tensors' addresses, one program per block of 2,048 elements). The moments are float32
-      also for bf16 and fp16 parameters; the parameter is updated in float32 and rounded once.
+      also for bf16 and fp16 parameters unless `moment_dtype` says otherwise; the update is
+      computed in float32 and the parameter and each moment rounded once to their dtypes.
 
     By default (`foreach=None`, `fused=False`) a group whose parameters are all on CUDA takes
     the multi-tensor path and any other the per-parameter one, torch's own rule: on the CPU the
@@ -74,10 +78,17 @@ class AdamW(torch.optim.Optimizer):
             float32, bfloat16 or float16 (on a CPU only under Triton's interpreter,
             `TRITON_INTERPRET=1`, which is how the tests run it), contiguous, with contiguous
             gradients.
+        moment_dtype: the dtype of the fused kernel's moments, `torch.float32` or
+            `torch.bfloat16`; None (the default) is float32. `torch.bfloat16` halves the
+            optimizer state (4 bytes per parameter instead of 8), and for bf16 parameters keeps
+            the moments as torch's AdamW does (in the parameter's dtype); each moment is then
+            rounded to bf16 once per step. Only with `fused=True`: the other paths keep the
+            moments in each parameter's dtype, as torch's AdamW does.
 
     Raises:
-        ValueError: a hyper-parameter is out of range, both `fused` and `foreach` are True, or
-            a fused group has parameters the kernel cannot update (the message says why).
+        ValueError: a hyper-parameter is out of range, both `fused` and `foreach` are True,
+            `moment_dtype` is given without `fused` or is not float32 or bfloat16, or a fused
+            group has parameters the kernel cannot update (the message says why).
 
     Example::
 
@@ -97,6 +108,7 @@ class AdamW(torch.optim.Optimizer):
         *,
         foreach: bool | None = None,
         fused: bool = False,
+        moment_dtype: torch.dtype | None = None,
     ) -> None:
         if not lr >= 0.0:
             raise ValueError(f"learning rate must be >= 0, got {lr}")
@@ -115,6 +127,7 @@ class AdamW(torch.optim.Optimizer):
             "weight_decay": weight_decay,
             "foreach": foreach,
             "fused": fused,
+            "moment_dtype": moment_dtype,
         }
         self._launches: dict[tuple[int, ...], Any] = {}
         self._shared_steps: dict[tuple[int, ...], torch.Tensor] = {}
@@ -124,20 +137,25 @@ class AdamW(torch.optim.Optimizer):
         """Add a group (as `torch.optim.Optimizer` does); a fused group's parameters are checked.
 
         Raises:
-            ValueError: a fused group holds parameters the fused kernel cannot update.
+            ValueError: a fused group holds parameters the fused kernel cannot update, or the
+                group's `moment_dtype` is not one the fused kernel keeps (or it is not fused).
         """
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        _check_moment_dtype(group["moment_dtype"], fused=group["fused"])
         if group["fused"]:
             if group["foreach"]:
                 raise ValueError("fused and foreach are two implementations: pick one")
             _check_fused_params(group["params"])
 
-    def _init_state(self, param: torch.Tensor, *, fused: bool = False) -> dict[str, torch.Tensor]:
+    def _init_state(
+        self, param: torch.Tensor, *, moment_dtype: torch.dtype | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The parameter's state, created on its first step: moments of `moment_dtype` (None:
+        the parameter's own dtype, as torch keeps them)."""
         state = self.state[param]
         if not state:
-            # The fused kernel keeps float32 moments also for bf16 and fp16 parameters.
-            dtype = torch.float32 if fused else param.dtype
+            dtype = param.dtype if moment_dtype is None else moment_dtype
             state["step"] = torch.tensor(0.0, dtype=_step_dtype())
             for key in ("exp_avg", "exp_avg_sq"):
                 state[key] = torch.zeros_like(
@@ -160,26 +178,29 @@ class AdamW(torch.optim.Optimizer):
         return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict (torch's layout), keeping fused groups' moments in float32.
+        """Load a state dict (torch's layout), keeping fused groups' moments in their dtype.
 
         `torch.optim.Optimizer.load_state_dict` casts every state tensor to its parameter's
         dtype and, for a group marked fused, moves `step` onto the parameter's device; a fused
-        group here keeps float32 moments and CPU step counts, as its `step` made them.
+        group here keeps its moments in its moment dtype (float32 by default) and CPU step
+        counts, as its `step` made them.
         """
-        saved: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+        saved: dict[torch.Tensor, tuple[torch.dtype, dict[str, torch.Tensor]]] = {}
         for group, saved_group in zip(self.param_groups, state_dict["param_groups"], strict=False):
             if not group["fused"]:
                 continue
+            dtype = _fused_moment_dtype(group)
             for param, index in zip(group["params"], saved_group["params"], strict=False):
                 entry = state_dict["state"].get(index, {})
-                saved[param] = {k: entry[k] for k in ("exp_avg", "exp_avg_sq") if k in entry}
+                moments = {k: entry[k] for k in ("exp_avg", "exp_avg_sq") if k in entry}
+                saved[param] = (dtype, moments)
         super().load_state_dict(state_dict)
         self._launches.clear()  # the moments are new tensors
         self._shared_steps.clear()
-        for param, moments in saved.items():
+        for param, (dtype, moments) in saved.items():
             state = self.state[param]
             for key, value in moments.items():
-                state[key] = value.to(device=param.device, dtype=torch.float32)
+                state[key] = value.to(device=param.device, dtype=dtype)
             if "step" in state:
                 state["step"] = state["step"].to(device="cpu", dtype=_step_dtype(), copy=True)
 
@@ -264,16 +285,18 @@ class AdamW(torch.optim.Optimizer):
         torch._foreach_addcdiv_(params, exp_avgs, denom, neg_step_sizes)
 
     def _step_fused(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
-        """One kernel launch per (parameter dtype, step count) of the group's `params`."""
+        """One kernel launch per (parameter dtype, moment dtype, step count) of the group's
+        `params` (normally one: a group's moments share the group's moment dtype)."""
         from lmcore.kernels.adamw import adamw_step_
 
-        states = [self._init_state(p, fused=True) for p in params]
+        moment_dtype = _fused_moment_dtype(group)
+        states = [self._init_state(p, moment_dtype=moment_dtype) for p in params]
         counts = self._advance_steps(params, states)
-        launches: dict[tuple[torch.dtype, float], list[int]] = {}
-        for i, (p, count) in enumerate(zip(params, counts, strict=True)):
-            launches.setdefault((p.dtype, count), []).append(i)
+        launches: dict[tuple[torch.dtype, torch.dtype, float], list[int]] = {}
+        for i, (p, state, count) in enumerate(zip(params, states, counts, strict=True)):
+            launches.setdefault((p.dtype, state["exp_avg"].dtype, count), []).append(i)
         beta1, beta2 = group["betas"]
-        for (_, count), indices in launches.items():
+        for (_, _, count), indices in launches.items():
             chosen = [params[i] for i in indices]
             tensors = (
                 chosen,
@@ -335,6 +358,32 @@ def _keep(cache: dict[tuple[int, ...], Any], key: tuple[int, ...], value: Any) -
         cache.clear()
     cache[key] = value
     return value
+
+
+def _fused_moment_dtype(group: dict[str, Any]) -> torch.dtype:
+    """The dtype a fused group keeps its moments in (a group loaded from a state dict saved
+    before `moment_dtype` existed has no entry: the default)."""
+    dtype = group.get("moment_dtype")
+    return _FUSED_MOMENT_DTYPE if dtype is None else dtype
+
+
+def _check_moment_dtype(moment_dtype: object, *, fused: bool) -> None:
+    """Raise unless `moment_dtype` is None or, with `fused`, a dtype the kernel keeps moments in."""
+    from lmcore.kernels.adamw import MOMENT_DTYPES
+
+    if moment_dtype is None:
+        return
+    if not fused:
+        raise ValueError(
+            "moment_dtype chooses the fused kernel's moments: pass fused=True, or leave it "
+            "unset (the other paths keep the moments in each parameter's dtype, as torch's "
+            "AdamW does)"
+        )
+    if moment_dtype not in MOMENT_DTYPES:
+        raise ValueError(
+            f"moment_dtype must be one of {[str(d) for d in MOMENT_DTYPES]} or None, got "
+            f"{moment_dtype!r}"
+        )
 
 
 def _check_fused_params(params: list[torch.Tensor]) -> None:

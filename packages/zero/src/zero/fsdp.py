@@ -2,7 +2,8 @@
 
 Read top-down: the unit (the parameters one all-gather carries) and its states; the autograd
 Function that ties a unit's gathered weights to its shards; the checks at the front door; the
-wrapper, whose hooks drive gathering, freeing and reducing through forward and backward.
+wrapper, whose hooks drive gathering, freeing and reducing through forward and backward. The
+dtypes it keeps, computes and reduces in are a `zero.MixedPrecision` policy.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules.module import _IncompatibleKeys
+from torch.utils._pytree import tree_map_only
 
 from zero.flat_shard import (
     FlatLayout,
@@ -25,11 +27,9 @@ from zero.flat_shard import (
     rank_chunk,
     rank_major_to_param_major,
 )
+from zero.mixed_precision import MixedPrecision
 
 __all__ = ["FSDP"]
-
-# FSDP keeps fp32 master weights; these are the dtypes a unit may compute and communicate in.
-_COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Reduce-scatters in flight at once: the newest units' reductions overlap the backward of the
 # units before them, while older ones are waited for (and their full-size gradient buffers
@@ -114,9 +114,7 @@ def _require_process_group() -> None:
         )
 
 
-def _check_arguments(
-    module: object, compute_dtype: object, reduce_dtype: object, units: tuple[Any, ...] | None
-) -> None:
+def _check_arguments(module: object, units: tuple[Any, ...] | None) -> None:
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if units is not None and not all(
@@ -125,18 +123,46 @@ def _check_arguments(
         raise TypeError(
             f"units must be nn.Module subclasses (e.g. (TransformerBlock,)), got {units!r}"
         )
-    for name, dtype in (("compute_dtype", compute_dtype), ("reduce_dtype", reduce_dtype)):
-        if dtype is not None and dtype not in _COMPUTE_DTYPES:
+    for m in module.modules():
+        # torch.compile(module) (an OptimizedModule) or module.compile() would trace the hooks
+        # that gather and free weights, which run collectives and keep state across calls.
+        if isinstance(getattr(m, "_orig_mod", None), nn.Module) or getattr(
+            m, "_compiled_call_impl", None
+        ):
             raise ValueError(
-                f"{name} must be one of {[str(d) for d in _COMPUTE_DTYPES]} or None, got {dtype!r}"
+                f"FSDP's hooks run outside compiled code, but {type(m).__name__} is compiled "
+                "as a whole (torch.compile(module) or module.compile()): wrap the uncompiled "
+                "module and compile each unit's forward, zero.apply_fsdp(module, units=..., "
+                "compile=True)"
             )
-    dtypes = {p.dtype for p in module.parameters()}
-    if dtypes - {torch.float32}:
+
+
+def _policy(
+    module: nn.Module,
+    mixed_precision: MixedPrecision | None,
+    compute_dtype: torch.dtype | None,
+    reduce_dtype: torch.dtype | None,
+) -> MixedPrecision:
+    """The resolved policy: `mixed_precision`, or the one the two shorthands spell."""
+    if mixed_precision is None:
+        mixed_precision = MixedPrecision(compute_dtype=compute_dtype, reduce_dtype=reduce_dtype)
+    elif compute_dtype is not None or reduce_dtype is not None:
         raise ValueError(
-            f"FSDP keeps float32 master weights but the module has parameters of "
-            f"{sorted(map(str, dtypes))}: build it in float32 (module.float()) and pass "
-            "compute_dtype=torch.bfloat16 (or float16) to compute in a narrower dtype"
+            "pass the dtypes either as mixed_precision=MixedPrecision(...) or as "
+            "compute_dtype= / reduce_dtype=, not both"
         )
+    elif not isinstance(mixed_precision, MixedPrecision):
+        raise TypeError(
+            f"mixed_precision must be a zero.MixedPrecision, got {type(mixed_precision).__name__}"
+        )
+    dtypes = {p.dtype for p in module.parameters()}
+    if len(dtypes) > 1 or not all(d.is_floating_point for d in dtypes):
+        raise ValueError(
+            f"FSDP needs the module's parameters in one floating-point dtype, got "
+            f"{sorted(map(str, dtypes))}: cast the module (module.float() or "
+            "module.bfloat16()) before wrapping it"
+        )
+    return mixed_precision.resolve(dtypes.pop() if dtypes else torch.float32)
 
 
 def _device(module: nn.Module, backend: str) -> torch.device:
@@ -200,12 +226,21 @@ class FSDP(nn.Module):
     Wraps ``module`` (kept as :attr:`module`, with its parameter names unchanged) so that each
     parameter of two or more dimensions (every Linear and Embedding weight) is *sharded*: it is
     flattened, zero-padded to a multiple of the world size, and rank ``r`` keeps only chunk
-    ``r``, a 1-D fp32 ``nn.Parameter`` of ``ceil(numel / world_size)`` elements, in place of the
-    original parameter. ``FSDP.parameters()`` and ``module.named_parameters()`` therefore yield
-    the shards, and any elementwise torch optimizer built on ``FSDP.parameters()`` (SGD, Adam,
-    AdamW, ``lmcore.AdamW``) keeps state only for the shard and steps exactly as it would on the
-    whole tensor. Parameters of fewer dimensions (norm gains, biases) stay *replicated* on every
-    rank and their gradients are averaged like DDP's.
+    ``r``, a 1-D ``nn.Parameter`` of ``ceil(numel / world_size)`` elements in the storage dtype,
+    in place of the original parameter. ``FSDP.parameters()`` and ``module.named_parameters()``
+    therefore yield the shards, and any elementwise torch optimizer built on
+    ``FSDP.parameters()`` (SGD, Adam, AdamW, ``lmcore.AdamW``, fused or not) keeps state only
+    for the shard and steps exactly as it would on the whole tensor; ``lmcore.AdamW(fused=True)``
+    updates all of a group's shards in one kernel launch. Parameters of fewer dimensions (norm
+    gains, biases) stay *replicated* on every rank and their gradients are averaged like DDP's.
+
+    Precision (a :class:`zero.MixedPrecision` policy, torch FSDP2's ``MixedPrecisionPolicy``
+    with the storage dtype added): the shards, their gradients and so the optimizer's state
+    are kept in the *storage* dtype, float32 (master weights) or bfloat16 (a model built in
+    bf16; by default the module's own dtype); weights are cast to the *compute* dtype before
+    the all-gather and the units compute with them; gradients are reduced in the *reduce*
+    dtype and rounded to the storage dtype. ``compute_dtype=`` and ``reduce_dtype=`` are
+    shorthands for ``mixed_precision=MixedPrecision(compute_dtype=..., reduce_dtype=...)``.
 
     Parameters are grouped into *units*: by default every module that directly owns a sharded
     weight, or every instance of the classes in ``units`` (``units=(TransformerBlock,)``). The
@@ -224,6 +259,11 @@ class FSDP(nn.Module):
     again for its backward. So a segment of any length holds at most the root and three other
     units gathered: the one recomputing, the one whose backward runs, the one prefetched.
 
+    ``torch.compile``: the wrapper's hooks (collectives, Python state) must stay outside
+    compiled code, so FSDP refuses a module compiled as a whole; compile each unit's forward
+    instead, after wrapping (:func:`zero.apply_fsdp` with ``compile=True``, torchtitan's way:
+    units of one class compile once and share the graph).
+
     Collectives and synchronisation points (every rank of the default process group must make
     them, in the same order; they are issued asynchronously unless said otherwise):
 
@@ -239,14 +279,14 @@ class FSDP(nn.Module):
     * backward, per unit call: the same all-gather again, waited for when the first gradient
       of the unit's output arrives; the next unit in backward order (this forward's order,
       reversed) is gathered one unit ahead from that hook; when all gradients of the unit's
-      weights are ready, one ``reduce_scatter_tensor`` (average) of them in ``reduce_dtype``,
+      weights are ready, one ``reduce_scatter_tensor`` (average) of them in the reduce dtype,
       at most ``_MAX_REDUCTIONS_IN_FLIGHT`` (2) in flight — launching a third waits for the
-      oldest and adds it to the fp32 shard gradients;
+      oldest and adds it to the shard gradients (in the storage dtype);
     * :meth:`finish_gradient_synchronization`: waits for every outstanding reduce-scatter,
-      then one blocking ``all_reduce`` (average) of all replicated parameters' gradients
-      (with a flag per parameter saying whether any rank had one);
-    * :meth:`gather_full_params` and :meth:`state_dict`: one blocking fp32
-      ``all_gather_into_tensor`` per unit; :meth:`load_state_dict`: none.
+      then one blocking ``all_reduce`` (average, in the reduce dtype) of all replicated
+      parameters' gradients (with a flag per parameter saying whether any rank had one);
+    * :meth:`gather_full_params` and :meth:`state_dict`: one blocking
+      ``all_gather_into_tensor`` per unit, in the storage dtype; :meth:`load_state_dict`: none.
 
     Invariants:
 
@@ -257,7 +297,8 @@ class FSDP(nn.Module):
       ``FSDP.parameters()`` after wrapping;
     * :meth:`finish_gradient_synchronization` is called after the last backward of a step and
       before ``optimizer.step()``; then every trainable parameter's ``.grad`` has the shape and
-      dtype (fp32) of its local ``.data``, and replicated gradients are equal on all ranks;
+      dtype (the storage dtype) of its local ``.data``, and replicated gradients are equal on
+      all ranks;
     * padding elements of the shards are zero and stay zero under elementwise optimizers
       (zero weight, zero gradient); an optimizer that moves zero weights with zero gradients
       would make them nonzero, which :meth:`gather_full_params` drops.
@@ -265,23 +306,27 @@ class FSDP(nn.Module):
     Gradient accumulation: run forward and backward on each micro-batch and call
     :meth:`finish_gradient_synchronization` once after the last (calling it after each is
     also correct). Every backward reduce-scatters its unit gradients and adds them to the
-    fp32 shard gradients, so memory stays sharded; replicated gradients accumulate locally and
-    are averaged once. Run each micro-batch's backward before the next micro-batch's forward.
+    shard gradients (in the storage dtype), so memory stays sharded; replicated gradients
+    accumulate locally and are averaged once. Run each micro-batch's backward before the next
+    micro-batch's forward.
 
     A trainable parameter whose unit ran but that got no gradient gets a zero gradient; one
     whose unit did not run at all keeps ``.grad`` untouched (``None`` after ``zero_grad()``), as
     in one process. A replicated parameter that no rank computed a gradient for stays ``None``.
 
     Args:
-        module: the model of this rank, all parameters float32 and on one device (CUDA for
-            NCCL). Its sharded parameters are replaced in place.
-        compute_dtype: dtype the units compute in (``torch.bfloat16``, ``torch.float16``);
-            sharded weights are cast to it *before* the all-gather, replicated ones at the
-            unit's forward. ``None`` (default) computes in float32. Master weights, the
-            gradients handed to the optimizer and optimizer state stay float32.
-        reduce_dtype: dtype of the gradient reduce-scatter; ``None`` (default) reduces in the
-            compute dtype (torch FSDP2's default), ``torch.float32`` reduces in full precision
-            at twice the bytes.
+        module: the model of this rank, its parameters of one dtype (float32 or bfloat16, or
+            any floating dtype with a ``storage_dtype``) and on one device (CUDA for NCCL), not
+            compiled. Its sharded parameters are replaced in place.
+        mixed_precision: the storage, compute, reduce and output dtypes and whether inputs are
+            cast (:class:`zero.MixedPrecision`); ``None`` (default): the module's dtype for
+            all, or what the two shorthands below say.
+        compute_dtype: shorthand for ``MixedPrecision(compute_dtype=...)``: the dtype the units
+            compute in (``torch.bfloat16``, ``torch.float16``); sharded weights are cast to it
+            *before* the all-gather, replicated ones at the unit's forward.
+        reduce_dtype: shorthand for ``MixedPrecision(reduce_dtype=...)``: the dtype of the
+            gradient reduction; ``None`` reduces in the compute dtype (torch FSDP2's default),
+            ``torch.float32`` in full precision at twice the bytes.
         units: module classes that form units; ``None`` (default) makes every module owning a
             parameter of two or more dimensions a unit.
         prefetch: issue the next unit's all-gather one unit ahead (default). ``False`` gathers
@@ -289,10 +334,11 @@ class FSDP(nn.Module):
             prefetching buys (``bench-zero --variants fsdp fsdp-no-prefetch``).
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Module``.
-        ValueError: an unsupported dtype (parameters not float32, or ``compute_dtype`` /
-            ``reduce_dtype`` not float32, bfloat16 or float16), parameters on several devices,
-            or not on CUDA under NCCL.
+        TypeError: ``module`` is not an ``nn.Module``, or ``mixed_precision`` not a policy.
+        ValueError: an unsupported dtype (parameters of several dtypes or of one that is not a
+            storage dtype, or a policy's dtype out of range: see :class:`zero.MixedPrecision`),
+            both a policy and a shorthand, a module compiled as a whole, parameters on several
+            devices, or not on CUDA under NCCL.
         RuntimeError: no default process group, or the ranks' modules differ.
 
     Example::
@@ -307,19 +353,27 @@ class FSDP(nn.Module):
         >>> model.finish_gradient_synchronization()
         >>> optimizer.step()
         >>> full = model.state_dict()  # collective: full fp32 tensors on every rank's CPU
+
+    A model built in bf16, kept, computed and reduced in bf16, with bf16 AdamW moments::
+
+        >>> model = FSDP(TransformerLM.from_size("xl", context_length=128).cuda().bfloat16(),
+        ...              units=(TransformerBlock,))
+        >>> optimizer = lmcore.AdamW(model.parameters(), fused=True, moment_dtype=torch.bfloat16)
     """
 
     def __init__(
         self,
         module: nn.Module,
         *,
+        mixed_precision: MixedPrecision | None = None,
         compute_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
         units: Iterable[type[nn.Module]] | None = None,
         prefetch: bool = True,
     ) -> None:
         unit_types = None if units is None else tuple(units)
-        _check_arguments(module, compute_dtype, reduce_dtype, unit_types)
+        _check_arguments(module, unit_types)
+        policy = _policy(module, mixed_precision, compute_dtype, reduce_dtype)
         _require_process_group()
         super().__init__()
         self.module = module
@@ -327,8 +381,11 @@ class FSDP(nn.Module):
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
         self.device = _device(module, dist.get_backend())
-        self.compute_dtype = torch.float32 if compute_dtype is None else compute_dtype
-        self.reduce_dtype = self.compute_dtype if reduce_dtype is None else reduce_dtype
+        self.mixed_precision = policy  # every dtype resolved
+        self.storage_dtype: torch.dtype = policy.storage_dtype  # type: ignore[assignment]
+        self.compute_dtype: torch.dtype = policy.compute_dtype  # type: ignore[assignment]
+        self.reduce_dtype: torch.dtype = policy.reduce_dtype  # type: ignore[assignment]
+        self._cast_inputs = policy.cast_forward_inputs and self.compute_dtype != self.storage_dtype
         self.prefetch = prefetch
         _check_same_module(module, self.group)
 
@@ -339,8 +396,14 @@ class FSDP(nn.Module):
         self._backward_position = 0
         self._in_backward = False
         for unit in self._units[1:]:
-            unit.module.register_forward_pre_hook(self._make_pre_forward(unit))
+            unit.module.register_forward_pre_hook(self._make_pre_forward(unit), with_kwargs=True)
             unit.module.register_forward_hook(self._make_post_forward(unit))
+
+    @property
+    def unit_modules(self) -> tuple[nn.Module, ...]:
+        """The modules that are units, in construction order (the root, the wrapped module
+        itself, left out): what :func:`zero.apply_fsdp` compiles."""
+        return tuple(unit.module for unit in self._units[1:])
 
     # ---- construction --------------------------------------------------------------------
 
@@ -381,12 +444,13 @@ class FSDP(nn.Module):
         with torch.no_grad():
             for entry in sharded:
                 full = entry.param
-                shard = nn.Parameter(
-                    rank_chunk(full, self.world_size, self.rank), requires_grad=full.requires_grad
-                )
+                chunk = rank_chunk(full, self.world_size, self.rank).to(self.storage_dtype)
+                shard = nn.Parameter(chunk, requires_grad=full.requires_grad)
                 for owner, attr in entry.owners:
                     owner._parameters[attr] = shard
                 entry.param = shard
+            for entry in replicated:  # the same Parameter, its data in the storage dtype
+                entry.param.data = entry.param.data.to(self.storage_dtype)
         flat = torch.empty(sum(layout.padded_numels), dtype=self.compute_dtype, device=self.device)
         padded = flat.split(layout.padded_numels)
         views = [
@@ -461,7 +525,7 @@ class FSDP(nn.Module):
         if unit.sharded:
             fulls = _Unshard.apply(self, unit, *unit.shards)
             tensors += zip(unit.sharded, fulls, strict=True)
-        if self.compute_dtype != torch.float32:
+        if self.compute_dtype != self.storage_dtype:
             tensors += [(p, p.param.to(self.compute_dtype)) for p in unit.replicated]
         for entry, tensor in tensors:
             for owner, attr in entry.owners:
@@ -494,30 +558,50 @@ class FSDP(nn.Module):
         if position < len(self._previous_calls):
             self._prefetch(self._previous_calls[position])
 
-    def _post_forward(self, unit: _Unit, output: Any) -> None:
+    def _post_forward(self, unit: _Unit, output: Any) -> Any:
+        """Free the unit after its forward and hook its backward; returns the output, cast to
+        the policy's output dtype if it names one."""
         self._uninstall(unit)
+        output = self._cast_floating(output, self.mixed_precision.output_dtype)
         if self._in_backward:
             # A recomputation: free the weights unless the unit's own backward has begun (or
             # its gather was prefetched for it). A segment of k checkpointed blocks recomputes
             # all k before the backward of the last; keeping them would hold k units gathered.
             if unit.index != 0 and not unit.needed_in_backward:
                 self._reshard(unit)
-            return
+            return output
         needs_grad = [t for t in _tensors(output) if t.requires_grad]
         if unit.index != 0 or not needs_grad:  # the root stays gathered for its backward
             self._reshard(unit)
         if needs_grad:
             register_multi_grad_hook(needs_grad, lambda _: self._pre_backward(unit), mode="any")
+        return output
+
+    @staticmethod
+    def _cast_floating(tree: Any, dtype: torch.dtype | None) -> Any:
+        """`tree` (tensors in tuples, lists, dicts) with its floating tensors cast to `dtype`."""
+        if dtype is None:
+            return tree
+        return tree_map_only(
+            torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, tree
+        )
+
+    def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A unit's forward arguments, cast to the compute dtype if the policy says so."""
+        if not self._cast_inputs:
+            return args, kwargs
+        return self._cast_floating((args, kwargs), self.compute_dtype)
 
     def _make_pre_forward(self, unit: _Unit):
-        def hook(module: nn.Module, args: Any) -> None:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             self._pre_forward(unit)
+            return self._inputs(args, kwargs)
 
         return hook
 
     def _make_post_forward(self, unit: _Unit):
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            self._post_forward(unit, output)
+        def hook(module: nn.Module, args: Any, output: Any) -> Any:
+            return self._post_forward(unit, output)
 
         return hook
 
@@ -533,13 +617,13 @@ class FSDP(nn.Module):
         self._unshard(root)
         self._prefetch_call(0)
         self._install(root)
+        args, kwargs = self._inputs(args, kwargs)
         try:
             output = self.module(*args, **kwargs)
         finally:
             self._uninstall(root)
         self._backward_position = len(self._calls)
-        self._post_forward(root, output)
-        return output
+        return self._post_forward(root, output)
 
     # ---- backward ---------------------------------------------------------------------------
 
@@ -587,7 +671,7 @@ class FSDP(nn.Module):
             if not shard.requires_grad:
                 continue
             if shard.grad is None:
-                shard.grad = grad.to(torch.float32)  # a view of `out` when it is float32
+                shard.grad = grad.to(shard.dtype)  # a view of `out` when the dtypes agree
             else:
                 shard.grad += grad
 
@@ -602,21 +686,23 @@ class FSDP(nn.Module):
             return
         had = [p.grad is not None for p in params]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flags = torch.tensor(had, dtype=torch.float32).to(self.device, non_blocking=True)
-        flat = torch.cat([*(g.reshape(-1) for g in grads), flags])
+        # flags of 0 and 1 average exactly in any of the reduce dtypes (to k / world_size)
+        flags = torch.tensor(had, dtype=self.reduce_dtype).to(self.device, non_blocking=True)
+        flat = torch.cat([*(g.reshape(-1).to(self.reduce_dtype) for g in grads), flags])
         dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.group)
         averaged = flat[: -len(params)].split([p.numel() for p in params])
         anyone = flat[-len(params) :].tolist() if not all(had) else [1.0] * len(params)
         for p, avg, used in zip(params, averaged, anyone, strict=True):
-            p.grad = avg.view_as(p) if used > 0 else None
+            p.grad = avg.view_as(p).to(p.dtype) if used > 0 else None
 
     def finish_gradient_synchronization(self) -> None:
         """Wait for every gradient reduction; then gradients are ready for ``optimizer.step()``.
 
         Call after the last ``backward()`` of a step. On return every trainable parameter's
-        ``.grad`` has the shape and dtype (fp32) of its local ``.data``: shards hold their part
-        of the gradient averaged over ranks, replicated parameters the average (the same on
-        every rank). On CUDA the gradients are ready once the current stream reaches this point.
+        ``.grad`` has the shape and dtype (the storage dtype) of its local ``.data``: shards
+        hold their part of the gradient averaged over ranks, replicated parameters the average
+        (the same on every rank). On CUDA the gradients are ready once the current stream
+        reaches this point.
         """
         while self._reductions:
             self._complete_oldest_reduction()
@@ -630,13 +716,14 @@ class FSDP(nn.Module):
     # ---- full weights and checkpoints -------------------------------------------------------
 
     @torch.no_grad()
-    def _gather_fp32(self, unit: _Unit) -> list[torch.Tensor]:
-        """The unit's sharded parameters gathered in float32, full-shaped (blocking)."""
+    def _gather_full(self, unit: _Unit) -> list[torch.Tensor]:
+        """The unit's sharded parameters gathered in the storage dtype, full-shaped (blocking)."""
         layout = unit.layout
+        like = {"dtype": self.storage_dtype, "device": self.device}
         send = torch.cat([s.detach() for s in unit.shards])
-        out = torch.empty(layout.world_size * layout.shard_numel, device=self.device)
+        out = torch.empty(layout.world_size * layout.shard_numel, **like)
         dist.all_gather_into_tensor(out, send, group=self.group)
-        padded = torch.empty(sum(layout.padded_numels), device=self.device)
+        padded = torch.empty(sum(layout.padded_numels), **like)
         parts = padded.split(layout.padded_numels)
         rank_major_to_param_major(out, layout, parts)
         return [p[:n].view(s) for p, n, s in zip(parts, layout.numels, layout.shapes, strict=True)]
@@ -645,12 +732,12 @@ class FSDP(nn.Module):
         full: dict[int, torch.Tensor] = {}
         for unit in self._units:
             if unit.sharded:
-                for entry, tensor in zip(unit.sharded, self._gather_fp32(unit), strict=True):
+                for entry, tensor in zip(unit.sharded, self._gather_full(unit), strict=True):
                     full[id(entry.param)] = tensor
         return full
 
     def gather_full_params(self) -> dict[str, torch.Tensor]:
-        """Every parameter of the wrapped module, full and float32, under its own name.
+        """Every parameter of the wrapped module, full, in the storage dtype, under its own name.
 
         Collective: one blocking all-gather per unit; every rank gets the whole dict. Sharded
         parameters come back as fresh tensors on the module's device with their original
@@ -667,7 +754,10 @@ class FSDP(nn.Module):
         prefix: str = "",
         keep_vars: bool = False,
     ) -> dict[str, Any]:
-        """The wrapped module's consolidated state dict: full fp32 tensors on the CPU.
+        """The wrapped module's consolidated state dict: full tensors on the CPU.
+
+        Parameters in the storage dtype (as the plain module's state dict of a module in that
+        dtype), buffers as they are.
 
         Keys are the wrapped module's own (as ``module.state_dict()`` before wrapping, tied
         parameters under every name), so it loads into the plain module, and into an ``FSDP``

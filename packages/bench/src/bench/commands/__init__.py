@@ -1,5 +1,6 @@
-"""One module per `bench-*` command: its help (with examples), its options and the vocabularies
-they offer, and the implementation it runs once they parse (named, imported only then).
+"""One module per `bench-*` command, the tool's spec: its help (with examples), its configuration
+(a dataclass whose fields are the options, `bench.core.options`) and the vocabularies they offer,
+and the implementation it runs once they parse (named, imported only then).
 
 A command module imports only the standard library and light plumbing (`bench.core.cli`, ...),
 never torch, so that `--help` and usage errors come at once; `bench/core/cli.py` shows the

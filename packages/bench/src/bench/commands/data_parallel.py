@@ -2,7 +2,7 @@
 torch's DistributedDataParallel (the handout's §2.2 to §2.3).
 
 `lmcore.TransformerLM` (XL by default), fp32, context 128, batch 4 per rank, AdamW, on
-`--world-size` ranks (2 by default; one process per GPU with NCCL, launched by the tool itself,
+`--nproc` ranks (2 by default; one process per GPU with NCCL, launched by the tool itself,
 or under torchrun), in these variants, all in one launch so that they share the machine's state:
 
 - `single`: the model alone on each rank, no communication: the compute-only baseline.
@@ -14,7 +14,7 @@ or under torchrun), in these variants, all in one launch so that they share the 
 - `all-reduce`: no training: one all-reduce of a flat fp32 buffer as large as all the model's
   gradients, alone on the machine: the communication cost the wrappers try to hide.
 
-Every step is `bench.core.training.train_step` (forward, cross-entropy, backward,
+Every step is `bench.core.step.train_step` (forward, cross-entropy, backward,
 `finish_gradient_synchronization()` for the `ddp` wrappers, `optimizer.step()`,
 `zero_grad(set_to_none=False)`), timed between
 device synchronisations; a step takes as long as its slowest rank, and the table shows medians
@@ -49,13 +49,25 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import math
+from dataclasses import dataclass
+from typing import ClassVar
 
-from bench.core.cli import Command, bucket_size_mb
-from bench.core.training_options import add_training_args
+import ddp
+import lmcore
+from bench.core.cli import Command, add_timeout_arg, bucket_size_mb
+from bench.core.layouts import parse_name
+from bench.core.options import option
+from bench.core.training_bench import RUN, TrainingBenchConfig
 
-__all__ = ["COMMAND", "VARIANTS", "add_options", "main"]
+__all__ = ["ALL_REDUCE", "COMMAND", "VARIANTS", "DDPBenchConfig", "add_options", "main"]
 
-VARIANTS = ("single", "naive", "flat", "individual", "bucketed", "torch-ddp", "all-reduce")
+# The layouts compared (`bench.core.layouts`): the model alone on each rank, every ddp wrapper
+# and torch's DDP; and the all-reduce of all gradients alone, which is no layout.
+SINGLE, BUCKETED, TORCH_DDP = "single", "ddp", "ddp:torch"
+ALL_REDUCE = "all-reduce"
+LAYOUTS = (SINGLE, "ddp:naive", "ddp:flat", "ddp:individual", BUCKETED, TORCH_DDP)
+VARIANTS = (*LAYOUTS, ALL_REDUCE)
 
 
 def _torch_bucket_mb(text: str) -> float | None:
@@ -68,27 +80,73 @@ def _torch_bucket_mb(text: str) -> float | None:
     return value
 
 
+@dataclass(frozen=True)
+class DDPBenchConfig(TrainingBenchConfig):
+    """What `bench.tools.data_parallel.run_ddp` measures: the fields of
+    `bench.core.training_bench.TrainingBenchConfig` and these, each the option of its name.
+
+    Raises:
+        ValueError: a bucket size ddp or torch refuses, or a variant without its sizes.
+    """
+
+    VARIANTS: ClassVar[tuple[str, ...]] = VARIANTS
+
+    variants: tuple[str, ...] = option(
+        VARIANTS,
+        "what to compare, in the order they run",
+        group=RUN,
+        choices=VARIANTS,
+        parse=parse_name(command="bench-ddp", offered=VARIANTS),
+    )
+    warmup: int = option(
+        3, "untimed steps first (the first creates the optimizer state)", group=RUN, cpu=1
+    )
+    attention: str = option(
+        lmcore.DEFAULT_ATTENTION, "lmcore attention backend", choices=lmcore.attention_names
+    )
+    bucket_sizes_mb: tuple[float | None, ...] = option(
+        (1.0, 10.0, 100.0, 1000.0),
+        "DDPBucketed bucket sizes, a row each (none: one bucket)",
+        group=RUN,
+        flag="bucket-mb",
+        parse=bucket_size_mb,
+        metavar="MB",
+    )
+    torch_bucket_mbs: tuple[float | None, ...] = option(
+        (None, 100.0),
+        "torch DDP bucket_cap_mb values, a row each; 'default' for its own",
+        group=RUN,
+        flag="torch-bucket-mb",
+        parse=_torch_bucket_mb,
+        default_text="default 100",
+        metavar="MB",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for size in self.bucket_sizes_mb:
+            ddp.bucket_bytes(size)  # finite and >= 0, or None
+        # torch turns the size into a whole number of bytes, so it must be finite.
+        if any(b is not None and not 0 < b < math.inf for b in self.torch_bucket_mbs):
+            raise ValueError(
+                f"torch bucket sizes must be finite and > 0 or None, got {self.torch_bucket_mbs}"
+            )
+        if BUCKETED in self.variants and not self.bucket_sizes_mb:
+            raise ValueError(f"the {BUCKETED} variant needs at least one bucket size")
+        if TORCH_DDP in self.variants and not self.torch_bucket_mbs:
+            raise ValueError(f"the {TORCH_DDP} variant needs at least one bucket_cap_mb")
+
+
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """bench-ddp's options: the model and run of the training benchmarks, and the buckets."""
-    model, run = add_training_args(parser, variants=VARIANTS)
-    model.add_argument("--attention", help="lmcore attention backend (naive)")
-    run.add_argument(
-        "--bucket-mb",
-        type=bucket_size_mb,
-        nargs="+",
-        metavar="MB",
-        help="DDPBucketed bucket sizes, a row each (1 10 100 1000; none: one bucket)",
-    )
-    run.add_argument(
-        "--torch-bucket-mb",
-        type=_torch_bucket_mb,
-        nargs="+",
-        metavar="MB",
-        help="torch DDP bucket_cap_mb values, 'default' for its own (default 100)",
-    )
+    """`--timeout`, the option that is no field of `DDPBenchConfig`."""
+    add_timeout_arg(parser, scope="for all ranks")
 
 
 COMMAND = Command(
-    "bench-ddp", __doc__, add_options=add_options, run="bench.tools.data_parallel:TOOL"
+    "bench-ddp",
+    __doc__,
+    config=DDPBenchConfig,
+    add_options=add_options,
+    run="bench.tools.data_parallel:TOOL",
 )
 main = COMMAND.main

@@ -30,13 +30,13 @@ Examples::
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.core.attention_names import IMPL_NAMES
 from bench.core.cli import Command, LazyChoices
+from bench.core.options import option
 
-__all__ = ["COMMAND", "DTYPES", "GRADS", "PRESETS", "FlashCase", "add_options", "main"]
+__all__ = ["COMMAND", "DTYPES", "GRADS", "PRESETS", "FlashCase", "FlashOptions", "main"]
 
 DTYPES = LazyChoices(fp32="torch:float32", bf16="torch:bfloat16", fp16="torch:float16")
 GRADS = ("sum", "randn")
@@ -108,27 +108,59 @@ PRESETS: dict[str, FlashCase] = {
 }
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """bench-flash's options: the presets, and overrides of their fields."""
-    parser.add_argument(
-        "--preset", nargs="+", choices=[*PRESETS, "all"], help="cases (default: all on CUDA)"
+@dataclass(frozen=True)
+class FlashOptions:
+    """The cases bench-flash runs: presets, and what to change in each of them; each field is
+    the option of its name (None: the preset's own).
+
+    Raises:
+        ValueError: budgets other than a warm-up and a measurement, or values a case refuses.
+    """
+
+    presets: tuple[str, ...] | None = option(
+        None, "cases", flag="preset", choices=[*PRESETS, "all"],
+        default_text="all on CUDA; a tiny case on a CPU",
+    )  # fmt: skip
+    seqs: tuple[int, ...] | None = option(
+        None, "sequence lengths", flag="seq", default_text="the case's"
     )
-    parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths (override)")
-    parser.add_argument("--d", type=int, nargs="+", help="head sizes (override)")
-    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="dtypes (override)")
-    parser.add_argument("--batch", type=int, help="batch size (override)")
-    parser.add_argument(
-        "--causal", action=argparse.BooleanOptionalAction, help="causal masking (override)"
+    d_values: tuple[int, ...] | None = option(
+        None, "head sizes", flag="d", default_text="the case's"
     )
-    parser.add_argument("--impls", nargs="+", choices=IMPL_NAMES, help="implementations")
-    parser.add_argument(
-        "--budget-ms",
-        type=float,
-        nargs=2,
-        metavar=("WARMUP", "REP"),
-        help="do_bench warm-up and measurement budgets per timing (default 25 100 on CUDA)",
+    dtypes: tuple[str, ...] | None = option(
+        None, "dtypes", flag="dtype", choices=list(DTYPES), default_text="the case's"
     )
+    batch: int | None = option(None, "batch size", default_text="the case's")
+    causal: bool | None = option(None, "causal masking", default_text="the case's")
+    impls: tuple[str, ...] | None = option(
+        None, "implementations", choices=IMPL_NAMES, default_text="the case's"
+    )
+    budget_ms: tuple[float, ...] | None = option(
+        None, "do_bench warm-up and measurement budgets per timing (WARMUP REP)",
+        default_text="25 100 on CUDA, 5 20 on a CPU", metavar="MS",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.budget_ms is not None and len(self.budget_ms) != 2:
+            raise ValueError(f"--budget-ms takes WARMUP REP, got {self.budget_ms}")
+        self.cases([*PRESETS.values()][:1])  # the changes apply to a case
+
+    @property
+    def changes(self) -> dict[str, object]:
+        """The fields of each case the options change."""
+        names = ("seqs", "d_values", "dtypes", "batch", "causal", "impls")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def cases(self, default: list[FlashCase]) -> list[FlashCase]:
+        """The presets named (`default` when none is), each with the options' changes."""
+        if self.presets is None:
+            base = default
+        elif "all" in self.presets:
+            base = list(PRESETS.values())
+        else:
+            base = [PRESETS[name] for name in self.presets]
+        return [replace(case, **self.changes) for case in base]
 
 
-COMMAND = Command("bench-flash", __doc__, add_options=add_options, run="bench.tools.flash:TOOL")
+COMMAND = Command("bench-flash", __doc__, config=FlashOptions, run="bench.tools.flash:TOOL")
 main = COMMAND.main

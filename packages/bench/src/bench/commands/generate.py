@@ -18,14 +18,12 @@ from pathlib import Path
 
 import lmcore
 from bench.core.cli import Command
-from bench.train.choices import PRECISIONS
+from bench.core.layouts import parse_name
+from bench.core.options import add_options as add_config_options
+from bench.train.choices import PRECISIONS, SAMPLING
 from bench.train.config import TrainConfig
-from bench.train.options import add_options as add_config_options
 
-__all__ = ["COMMAND", "SAMPLING", "add_options", "main"]
-
-# bench-train's options that bench-generate takes too (their defaults: the run's).
-SAMPLING = ("generate", "prompt", "temperature", "top_p", "seed")
+__all__ = ["COMMAND", "add_options", "main"]
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +39,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--precision",
-        choices=list(PRECISIONS),
-        help="autocast dtype (default: the run's on CUDA, fp32 on a CPU)",
+        type=parse_name(command="bench-generate", offered=PRECISIONS),
+        choices=PRECISIONS,
+        help="fp32, bf16-autocast, or bf16 (the model cast to bf16) (default: the run's on "
+        "CUDA, fp32 on a CPU)",
     )
     sampling = parser.add_argument_group("sampling", "bench-train's options (default: the run's)")
     add_config_options(parser, TrainConfig, names=SAMPLING, into=sampling, defaults=False)

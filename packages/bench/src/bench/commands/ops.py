@@ -37,11 +37,11 @@ Examples::
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
-from bench.core.cli import Command, LazyChoices, add_timing_args
-from lmcore import MODEL_SIZES
+import lmcore
+from bench.core.cli import Command, LazyChoices
+from bench.core.options import option
 
 __all__ = [
     "ADAMW_IMPLS",
@@ -51,7 +51,7 @@ __all__ = [
     "LOSS_SHAPES",
     "STUDIES",
     "LossShape",
-    "add_options",
+    "OpsConfig",
     "main",
 ]
 
@@ -77,23 +77,63 @@ LOSS_SHAPES = {
 }
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """bench-ops' options (the studies; `bench.tools.ops` maps them onto `OpsConfig`)."""
-    parser.add_argument("--study", nargs="+", choices=STUDIES, help="loss, adamw (both)")
-    parser.add_argument(
-        "--loss-shapes", nargs="+", choices=list(LOSS_SHAPES), help="small, leaderboard (tiny)"
-    )
-    parser.add_argument("--loss-impls", nargs="+", choices=LOSS_IMPLS, help="implementations")
-    parser.add_argument(
-        "--adamw-sizes",
-        nargs="+",
-        choices=list(MODEL_SIZES),
-        help="model sizes whose parameters AdamW steps (small xl)",
-    )
-    parser.add_argument("--adamw-impls", nargs="+", choices=ADAMW_IMPLS, help="implementations")
-    parser.add_argument("--dtype", choices=list(DTYPES), help="the loss's dtype (bf16)")
-    add_timing_args(parser, warmup=None, steps=None)
+# The CPU default: seconds on two cores.
+CPU_LOSS_IMPLS = ("fused", "eager")
 
 
-COMMAND = Command("bench-ops", __doc__, add_options=add_options, run="bench.tools.ops:TOOL")
+@dataclass(frozen=True)
+class OpsConfig:
+    """What `bench.tools.ops.run_ops` measures; each field is the option of its name.
+
+    Raises:
+        ValueError: an unknown or empty list of names, an unknown dtype, or too few steps.
+    """
+
+    studies: tuple[str, ...] = option(STUDIES, "the studies", flag="study", choices=STUDIES)
+    loss_shapes: tuple[str, ...] = option(
+        ("small", "leaderboard"), "the loss's shapes", choices=list(LOSS_SHAPES), cpu=("tiny",)
+    )
+    loss_impls: tuple[str, ...] = option(
+        LOSS_IMPLS, "the loss's implementations", choices=LOSS_IMPLS, cpu=CPU_LOSS_IMPLS
+    )
+    adamw_sizes: tuple[str, ...] = option(
+        ("small", "xl"),
+        "model sizes whose parameters AdamW steps",
+        choices=lambda: list(lmcore.MODEL_SIZES),
+        cpu=("tiny",),
+    )
+    adamw_impls: tuple[str, ...] = option(
+        ADAMW_IMPLS, "AdamW's implementations", choices=ADAMW_IMPLS
+    )
+    # The CPU's: bf16 matmuls there are emulated and slow; they are not what is measured.
+    dtype: str = option(
+        "bf16",
+        "dtype of the loss's hidden states and head weight",
+        choices=list(DTYPES),
+        cpu="fp32",
+    )
+    steps: int = option(10, "timed calls per row", cpu=3)
+    warmup: int = option(
+        3, "untimed calls first (compilation, autotuning, allocator growth)", cpu=1
+    )
+
+    def __post_init__(self) -> None:
+        choices = {
+            "studies": (self.studies, STUDIES),
+            "loss_shapes": (self.loss_shapes, tuple(LOSS_SHAPES)),
+            "loss_impls": (self.loss_impls, LOSS_IMPLS),
+            "adamw_sizes": (self.adamw_sizes, tuple(lmcore.MODEL_SIZES)),
+            "adamw_impls": (self.adamw_impls, ADAMW_IMPLS),
+        }
+        for name, (given, allowed) in choices.items():
+            unknown = [v for v in given if v not in allowed]
+            if unknown or not given:
+                raise ValueError(f"{name} must be names from {list(allowed)}, got {list(given)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.steps < 1 or self.warmup < 0:
+            raise ValueError(f"steps must be positive and warmup >= 0, got {self}")
+
+
+COMMAND = Command("bench-ops", __doc__, config=OpsConfig, run="bench.tools.ops:TOOL")
 main = COMMAND.main

@@ -7,7 +7,7 @@ order: every problem gets a section with its deliverable, answered in prose comp
 measured rows (each number followed by the file it comes from and the code revision it
 measured), then the result files it rests on in full, with their plots. A problem without
 results says what it needs (hardware, the command) and that it was not run; the §8 analytic
-problems are answered by bench-plan's formulas (`bench.handout.analysis`).
+problems are answered by bench-plan's formulas (`bench.report.analysis`).
 
 Images are found by the result's own name: `<result>.png` and `<result>_*.png` beside
 `<result>.json` (plus the plot paths the run recorded, where they still exist).
@@ -26,9 +26,11 @@ import argparse
 from pathlib import Path
 
 from bench.core.cli import Command
-from bench.core.document import FORMATS
 
-__all__ = ["COMMAND", "add_options", "main"]
+__all__ = ["COMMAND", "FORMATS", "add_options", "main"]
+
+# What the report renders to (`bench.report.document.render`).
+FORMATS = ("markdown", "latex", "typst")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +45,7 @@ COMMAND = Command(
     "bench-report",
     __doc__,
     add_options=add_options,
-    run="bench.tools.report:run_parsed",
+    run="bench.report.tool:run_parsed",
     common=False,
 )
 main = COMMAND.main

@@ -1,42 +1,47 @@
 """bench-zero: memory and time of sharding (ZeRO-1 and FSDP) beside plain data parallelism.
 
-`lmcore.TransformerLM` (XL by default), fp32, trained with AdamW on `--world-size` ranks (2 by
+`lmcore.TransformerLM` (XL by default), fp32, trained with AdamW on `--nproc` ranks (2 by
 default; one process per GPU with NCCL, launched by the tool itself), batch 4 per rank at
 context 128, in these variants:
 
-- `ddp`: torch `DistributedDataParallel` + the unsharded optimizer (the baseline).
-- `sharded`: torch DDP + `zero.ShardedOptimizer`, one row per `--zero-bucket-mb` cap (the cap on
-  the parameters one post-step broadcast carries: 0 is one broadcast per parameter, `none` one
-  per owner).
-- `torch-zero`: torch DDP + torch's `ZeroRedundancyOptimizer`.
-- `bucketed-sharded` (on request): `ddp.DDPBucketed` + `zero.ShardedOptimizer`.
+- `ddp:torch`: torch `DistributedDataParallel` + the unsharded optimizer (the baseline).
+- `zero1:torch-ddp`: torch DDP + `zero.ShardedOptimizer`, one row per `--zero-bucket-mb` cap
+  (the cap on the parameters one post-step broadcast carries: 0 is one broadcast per parameter,
+  `none` one per owner).
+- `zero1:torch`: torch DDP + torch's `ZeroRedundancyOptimizer`.
+- `zero1` and `ddp` (on request): `ddp.DDPBucketed` + `zero.ShardedOptimizer` (a row per cap),
+  or + the unsharded optimizer.
 - `fsdp`: `zero.FSDP` with one unit per `TransformerBlock` + the unsharded optimizer over the
   shards, one row per `--fsdp-dtypes` compute dtype (fp32; bf16: weights cast to bf16 before the
   all-gather, gradients reduced in bf16, fp32 masters and optimizer state).
-- `fsdp-no-prefetch` (on request): `fsdp` gathering each unit only when needed, to measure
+- `fsdp:no-prefetch` (on request): `fsdp` gathering each unit only when needed, to measure
   what issuing the next unit's all-gather one unit ahead buys.
-- `torch-fsdp`: torch's FSDP2, `fully_shard` on every `TransformerBlock` and at the root, one row
+- `fsdp:torch`: torch's FSDP2, `fully_shard` on every `TransformerBlock` and at the root, one row
   per compute dtype (bf16: `MixedPrecisionPolicy(param_dtype=torch.bfloat16)`, whose gradients
   are reduced in bf16 too).
 
-Per variant: peak memory (`torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`)
-after building the model, wrapper and optimizer; within a training step right before
-`optimizer.step()` and right after it; the median step time over the timed steps (each step's
-time is the slowest rank's); and a breakdown of the after-step peak into parameters, gradients
-and optimizer state (the bytes of those tensors on the rank) and the rest (activations,
-temporaries, DDP's communication buckets). Memory is the largest over the ranks. Ratios against
-`ddp` are checked against the targets of ZeRO-1 at world size 2: optimizer state <= 0.55x, peak
-<= 0.80x, step time <= 1.10x. `fsdp` rows are also compared with the `torch-fsdp` row of the same
-compute dtype and checked against FSDP's targets: peak <= 1.05x torch-fsdp and (fp32) <= 0.60x
-ddp, step time <= 1.10x torch-fsdp. For the FSDP variants, parameters and gradients are the
-shards (gathered weights count as `other`).
+(Before the one vocabulary of layouts these were `ddp`, `sharded`, `torch-zero`,
+`bucketed-sharded`, `fsdp`, `fsdp-no-prefetch` and `torch-fsdp`; the old names still read, and
+`ddp` now names DDPBucketed as in every command.)
 
-With `fsdp-no-prefetch` beside `fsdp`, the notes say what prefetching buys: the step time and
-peak of each compute dtype with and without it. `--trace DIR` runs one more step of every FSDP
-row under torch.profiler and writes rank 0's Chrome trace (open it in Perfetto or
-chrome://tracing) to `DIR/<variant>_<dtype>.pt.trace.json`; on CUDA the row's `gather_overlap`
-is then the share of rank 0's all-gather kernel time during which a compute kernel ran too
-(1: every all-gather beside compute; 0: none).
+Per variant: peak memory (`torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`) after
+building the model, wrapper and optimizer; within a training step right before `optimizer.step()`
+and right after it; the median step time over the timed steps (each step's time is the slowest
+rank's); and a breakdown of the after-step peak into parameters, gradients and optimizer state (the
+bytes of those tensors on the rank) and the rest (activations, temporaries, DDP's communication
+buckets). Memory is the largest over the ranks. Ratios against `ddp:torch` are checked against the
+targets of ZeRO-1 at world size 2: optimizer state <= 0.55x, peak <= 0.80x, step time <= 1.10x.
+`fsdp` rows are also compared with the `fsdp:torch` row of the same compute dtype and checked
+against FSDP's targets: peak <= 1.05x fsdp:torch and (fp32) <= 0.60x ddp:torch, step time <= 1.10x
+fsdp:torch. For the FSDP variants, parameters and gradients are the shards (gathered weights count
+as `other`).
+
+With `fsdp:no-prefetch` beside `fsdp`, the notes say what prefetching buys: the step time and peak
+of each compute dtype with and without it. `--trace DIR` runs one more step of every FSDP row under
+torch.profiler and writes rank 0's Chrome trace (open it in Perfetto or chrome://tracing) to
+`DIR/<variant>_<dtype>.pt.trace.json` (a colon in the variant written as `-`); on CUDA the row's
+`gather_overlap` is then the share of rank 0's all-gather kernel time during which a compute kernel
+ran too (1: every all-gather beside compute; 0: none).
 
 Without a GPU a tiny model runs on the CPU with gloo (and says so); memory is then the size of
 the parameter, gradient and state tensors, since the CPU keeps no allocator statistics.
@@ -44,19 +49,22 @@ the parameter, gradient and state tensors, since the CPU keeps no allocator stat
 Examples::
 
     bench-zero --json zero.json --plot zero.png
-    bench-zero --variants ddp sharded --zero-bucket-mb 0 25 none
-    bench-zero --variants fsdp torch-fsdp --fsdp-dtypes fp32 bf16 --world-size 4
-    bench-zero --variants fsdp fsdp-no-prefetch torch-fsdp --trace traces/   # + Chrome traces
+    bench-zero --variants ddp:torch zero1:torch-ddp --zero-bucket-mb 0 25 none
+    bench-zero --variants fsdp fsdp:torch --fsdp-dtypes fp32 bf16 --nproc 4
+    bench-zero --variants fsdp fsdp:no-prefetch fsdp:torch --trace traces/   # + Chrome traces
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from dataclasses import dataclass
+from typing import ClassVar
 
-from bench.core.cli import Command, LazyChoices, bucket_size_mb
-from bench.core.training_options import add_training_args
-from ddp import DEFAULT_BUCKET_SIZE_MB
+from bench.core.cli import Command, LazyChoices, add_timeout_arg, bucket_size_mb
+from bench.core.layouts import layout_names, parse_name
+from bench.core.options import option
+from bench.core.training_bench import RUN, TrainingBenchConfig
+from ddp import DEFAULT_BUCKET_SIZE_MB, bucket_bytes
 
 __all__ = [
     "COMMAND",
@@ -64,49 +72,92 @@ __all__ = [
     "DEFAULT_VARIANTS",
     "OPTIMIZERS",
     "VARIANTS",
+    "ZeroBenchConfig",
     "add_options",
     "main",
 ]
 
-VARIANTS = (
-    "ddp",
-    "sharded",
-    "torch-zero",
-    "bucketed-sharded",
-    "fsdp",
-    "torch-fsdp",
-    "fsdp-no-prefetch",
-)
-DEFAULT_VARIANTS = ("ddp", "sharded", "torch-zero", "fsdp", "torch-fsdp")
+# Our DDP wrappers but DDPBucketed, which bench-ddp compares: their memory is torch DDP's.
+_UNSHARDED_DDP = ("ddp:naive", "ddp:flat", "ddp:individual")
+# The layouts compared (`bench.core.layouts`): torch's DDP (the baseline of the ratios), our
+# DDPBucketed, the three ZeRO-1 pairings, and the three FSDPs.
+VARIANTS = layout_names(family=("ddp", "zero1", "fsdp"), runs=True, exclude=_UNSHARDED_DDP)
+DEFAULT_VARIANTS = ("ddp:torch", "zero1:torch-ddp", "zero1:torch", "fsdp", "fsdp:torch")
 COMPUTE_DTYPES = LazyChoices(fp32="torch:float32", bf16="torch:bfloat16")
 OPTIMIZERS = LazyChoices(torch="torch.optim:AdamW", lmcore="lmcore:AdamW")
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """bench-zero's options: the model and run of the training benchmarks, and the sharding."""
-    _, run = add_training_args(parser, variants=VARIANTS)
-    run.add_argument("--optimizer", choices=list(OPTIMIZERS), help="AdamW implementation (torch)")
-    run.add_argument(
-        "--zero-bucket-mb",
-        type=bucket_size_mb,
-        nargs="+",
+@dataclass(frozen=True)
+class ZeroBenchConfig(TrainingBenchConfig):
+    """What `bench.tools.sharding.run_zero` measures: the fields of
+    `bench.core.training_bench.TrainingBenchConfig` and these, each the option of its name.
+
+    Raises:
+        ValueError: an unknown optimizer or compute dtype, a cap ddp refuses, or none of them.
+    """
+
+    VARIANTS: ClassVar[tuple[str, ...]] = VARIANTS
+
+    variants: tuple[str, ...] = option(
+        DEFAULT_VARIANTS,
+        "what to compare; ddp:torch is the baseline of the ratios",
+        group=RUN,
+        choices=VARIANTS,
+        parse=parse_name(command="bench-zero", offered=VARIANTS),
+    )
+    optimizer: str = option("torch", "AdamW implementation", group=RUN, choices=list(OPTIMIZERS))
+    bucket_sizes_mb: tuple[float | None, ...] = option(
+        (DEFAULT_BUCKET_SIZE_MB,),
+        "ShardedOptimizer broadcast caps, a row each (0: one broadcast per parameter; none: one "
+        "per rank)",
+        group=RUN,
+        flag="zero-bucket-mb",
+        parse=bucket_size_mb,
         metavar="MB",
-        help=f"ShardedOptimizer broadcast caps, a row each ({DEFAULT_BUCKET_SIZE_MB:g}; 0: one "
-        "broadcast per parameter; none: one per rank)",
     )
-    run.add_argument(
-        "--fsdp-dtypes",
-        nargs="+",
+    fsdp_dtypes: tuple[str, ...] = option(
+        tuple(COMPUTE_DTYPES),
+        "compute dtypes of the FSDP rows, a row each",
+        group=RUN,
+        flag="fsdp-dtypes",
         choices=list(COMPUTE_DTYPES),
-        help="compute dtypes of the fsdp and torch-fsdp rows, a row each (fp32 bf16)",
     )
-    run.add_argument(
-        "--trace",
-        type=Path,
+    trace_dir: str | None = option(
+        None,
+        "a torch.profiler Chrome trace of one step of each FSDP row (rank 0's) in DIR",
+        group=RUN,
+        flag="trace",
+        default_text="none",
         metavar="DIR",
-        help="a torch.profiler Chrome trace of one step of each FSDP row (rank 0's) in DIR",
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer must be one of {tuple(OPTIMIZERS)}, got {self.optimizer!r}"
+            )
+        if not self.bucket_sizes_mb:
+            raise ValueError("bucket_sizes_mb must be non-empty")
+        for size in self.bucket_sizes_mb:
+            bucket_bytes(size)  # finite and >= 0, or None
+        if not self.fsdp_dtypes or not set(self.fsdp_dtypes) <= set(COMPUTE_DTYPES):
+            raise ValueError(
+                f"fsdp_dtypes must be non-empty, from {tuple(COMPUTE_DTYPES)}; "
+                f"got {self.fsdp_dtypes}"
+            )
 
-COMMAND = Command("bench-zero", __doc__, add_options=add_options, run="bench.tools.sharding:TOOL")
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """`--timeout`, the option that is no field of `ZeroBenchConfig`."""
+    add_timeout_arg(parser, scope="for all ranks")
+
+
+COMMAND = Command(
+    "bench-zero",
+    __doc__,
+    config=ZeroBenchConfig,
+    add_options=add_options,
+    run="bench.tools.sharding:TOOL",
+)
 main = COMMAND.main

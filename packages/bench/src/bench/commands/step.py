@@ -7,8 +7,8 @@ the forward, the mean next-token cross-entropy, `loss.backward()`, the AdamW ste
 - `ours`: lmcore's model with the options given: attention backend, `--loss` (the fused LM
   head + cross-entropy, or the full logits), `--optimizer` (lmcore's AdamW, its fused kernel, or
   torch's fused one), `--activation-checkpointing`, `--compile` (the whole model), and on several
-  ranks `--parallel zero` (ZeRO-1: `ddp.DDPBucketed` with `zero.ShardedOptimizer`; the default)
-  or `fsdp` (`zero.FSDP`, a unit per block).
+  ranks `--parallel zero1` (ZeRO-1: `ddp.DDPBucketed` with `zero.ShardedOptimizer`; the
+  default) or `fsdp` (`zero.FSDP`, a unit per block).
 - `torch-native`: what torch's own tools give for the same model: SDPA attention,
   `torch.utils.checkpoint` around the same segments, a compiled chunked cross-entropy (each
   chunk of tokens checkpointed: one chunk's logits at a time), `torch.optim.AdamW(fused=True)`,
@@ -59,32 +59,56 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import lmcore
 from bench.core.cli import Command, add_timeout_arg
-from bench.core.fit import memory_argument
-from bench.core.model_options import add_model_options, positive_int
-from bench.core.step_names import PARALLEL, PRECISIONS
+from bench.core.layouts import parse_name
+from bench.core.model_options import (
+    HELP,
+    LOSSES,
+    OPTIMIZERS,
+    checkpointing_spec,
+    positive_int,
+    with_depth,
+)
+from bench.core.options import Group, option
+from bench.core.ranks import torchrun_world_size
+from bench.core.shapes import CPU_SIZE
+from bench.plan.fit import memory_argument
 from lmcore import MODEL_SIZES, attention_names
 
 __all__ = [
     "COMMAND",
+    "CPU_BUDGET_MS",
     "CUDA_BUDGET_MS",
     "DEFAULT_HEADROOM",
     "FIT",
+    "PARALLEL",
+    "PRECISIONS",
     "PRESETS",
     "PRESET_RANKS",
     "STUDIES",
+    "StepConfig",
     "add_options",
     "depth_reduced_argv",
     "main",
+    "step_given",
 ]
 
 STUDIES = ("checkpointing",)
+# `--precision`: float32; float32 weights under bf16 autocast; the model stored in bf16 (the
+# leaderboard's `torch_dtype`) (`bench.core.layouts` says what each keeps).
+PRECISIONS = ("fp32", "bf16-autocast", "bf16")
+# `--parallel`: ours on several ranks (`bench.core.layouts`): ZeRO-1 or zero.FSDP.
+PARALLEL = ("single", "zero1", "fsdp")
 # `--num-layers fit`: the deepest model every row fits, by bench-plan's memory model.
 FIT = "fit"
-# do_bench budgets (ms): the leaderboard's are 10,000 (warm-up) and 30,000 (measurement).
+# do_bench budgets (ms): the leaderboard's are 10,000 (warm-up) and 30,000 (measurement); a
+# CPU's, for a tiny model, are milliseconds.
 CUDA_BUDGET_MS = (1000.0, 3000.0)
+CPU_BUDGET_MS = (5.0, 20.0)
 # Headroom `--num-layers fit` leaves below the memory: the model predicts eager residuals and
 # leaves out the CUDA context, cuBLAS workspaces and the allocator's rounding.
 DEFAULT_HEADROOM = 0.15
@@ -106,9 +130,147 @@ PRESETS: Mapping[str, dict[str, Any]] = {
         "compile": True,
         "native": True,
         "nproc": PRESET_RANKS,
-        "parallel": "zero",
+        "parallel": "zero1",
     }
 }
+MODEL = Group("model")
+OURS = Group("ours (several values multiply; torch-native keeps its own)")
+RUN = Group("run")
+
+
+def _num_layers(text: str) -> int | str:
+    return FIT if text == FIT else positive_int(text)
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What `bench.tools.step.run_step` measures; each field is the option of its name. Tuples
+    are sweep dimensions of `ours` (all combinations); each checkpointing gets its torch-native
+    row too. The rows' steps (`bench.tools.step.step_specs`) check the options together.
+
+    Raises:
+        ValueError: an unknown name, a bad number, or a study that cannot run.
+    """
+
+    size: str = option(
+        "leaderboard-8b", "model size; its own depth unless --num-layers says otherwise",
+        group=MODEL, choices=list(MODEL_SIZES), cpu=CPU_SIZE,
+    )  # fmt: skip
+    num_layers: int | str | None = option(
+        FIT, "blocks, overriding the size's; fit: the most every row fits in the GPU's memory (or "
+        "--memory) less --headroom, by bench-plan's model", group=MODEL, parse=_num_layers,
+        cpu=None, default_text="fit with CUDA, the size's own on a CPU", metavar="N|fit",
+    )  # fmt: skip
+    context_length: int | None = option(
+        None, "tokens", group=MODEL, parse=positive_int, cpu=64, default_text="the size's own"
+    )
+    batch: int = option(1, "sequences per rank", group=MODEL, parse=positive_int, cpu=2)
+    vocab_size: int | None = option(
+        None, "vocabulary", group=MODEL, parse=positive_int, default_text="the size's own"
+    )
+    num_kv_heads: int | None = option(
+        None, HELP["num_kv_heads"], group=MODEL, parse=positive_int, default_text="one per head"
+    )
+    attention: tuple[str, ...] = option(
+        ("fa2-triton",), "ours' attention backends", group=OURS, choices=attention_names,
+        cpu=("sdpa",),
+    )  # fmt: skip
+    loss: tuple[str, ...] = option(("fused",), HELP["loss"], group=OURS, choices=LOSSES)
+    optimizer: tuple[str, ...] = option(
+        ("lmcore-fused",), HELP["optimizer"], group=OURS, choices=OPTIMIZERS, cpu=("lmcore",)
+    )
+    activation_checkpointing: tuple[str, ...] = option(
+        ("blocks",), HELP["activation_checkpointing"], group=OURS, parse=checkpointing_spec,
+        metavar="SPEC",
+    )  # fmt: skip
+    precision: str = option(
+        "bf16", "fp32; bf16-autocast (float32 weights); bf16: the model built in bf16, the "
+        "leaderboard's", group=RUN, choices=PRECISIONS,
+        parse=parse_name(command="bench-step", offered=PRECISIONS), cpu="fp32",
+    )  # fmt: skip
+    compile: bool = option(True, "torch.compile", group=RUN, cpu=False)
+    native: bool = option(True, "the torch-native rows", group=RUN)
+    nproc: int = option(
+        1, "ranks", group=RUN, parse=positive_int, default_text="1; torchrun's under torchrun"
+    )
+    parallel: str = option(
+        "single", "ours on several ranks: zero1 or fsdp", group=RUN, choices=PARALLEL,
+        parse=parse_name(command="bench-step", offered=PARALLEL),
+        default_text="single; zero1 on several ranks",
+    )  # fmt: skip
+    study: str | None = option(
+        None, "checkpointing: k−1, k, k+1 and nested", group=RUN, choices=STUDIES,
+        default_text="none",
+    )  # fmt: skip
+    memory_bytes: int | None = option(
+        None, "what --num-layers fit fills", group=RUN, flag="memory", parse=memory_argument,
+        default_text="the GPU's", metavar="SIZE",
+    )  # fmt: skip
+    headroom: float = option(DEFAULT_HEADROOM, "share --num-layers fit leaves free", group=RUN)
+    warmup_ms: float = option(
+        CUDA_BUDGET_MS[0], "timing warm-up budget", group=RUN, cpu=CPU_BUDGET_MS[0], metavar="MS"
+    )
+    rep_ms: float = option(
+        CUDA_BUDGET_MS[1], "timing measurement budget", group=RUN, cpu=CPU_BUDGET_MS[1],
+        metavar="MS",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.size not in lmcore.MODEL_SIZES:
+            raise ValueError(
+                f"unknown size {self.size!r}; choose one of {', '.join(lmcore.MODEL_SIZES)}"
+            )
+        sweeps = {
+            "attention": (self.attention, tuple(lmcore.ATTENTION_BACKENDS)),
+            "loss": (self.loss, LOSSES),
+            "optimizer": (self.optimizer, OPTIMIZERS),
+            "activation_checkpointing": (self.activation_checkpointing, None),
+        }
+        for name, (given, allowed) in sweeps.items():
+            if not given or (allowed is not None and not set(given) <= set(allowed)):
+                raise ValueError(f"{name} must be non-empty, from {allowed}; got {given}")
+        if self.study not in (None, *STUDIES):
+            raise ValueError(f"study must be one of {STUDIES}, got {self.study!r}")
+        if self.num_layers not in (None, FIT) and not (
+            isinstance(self.num_layers, int) and self.num_layers >= 1
+        ):
+            raise ValueError(f"num_layers must be positive or 'fit', got {self.num_layers!r}")
+        if self.study and self.num_layers == FIT:
+            raise ValueError("--study checkpointing runs a set depth (--num-layers N), not fit")
+        if not 0 <= self.headroom < 1:
+            raise ValueError(f"--headroom must be in [0, 1), got {self.headroom}")
+        self.model_config(self.attention[0])  # a context length, given or the size's own
+
+    def model_config(self, attention: str) -> lmcore.ModelConfig:
+        """The model of a row with `attention` (the size's own depth for `fit` until resolved).
+
+        Raises:
+            ValueError: no context length, given or the size's own.
+        """
+        depth = None if self.num_layers == FIT else self.num_layers
+        size = with_depth(lmcore.MODEL_SIZES[self.size], depth)
+        if self.context_length is None and size.context_length is None:
+            raise ValueError(f"size {self.size} has no context length of its own: give one")
+        return size.config(
+            context_length=self.context_length,
+            vocab_size=self.vocab_size,
+            attention=attention,
+            num_kv_heads=self.num_kv_heads,
+        )
+
+
+def step_given(args: argparse.Namespace, given: dict[str, Any]) -> dict[str, Any]:
+    """The fields given, with the rules that follow other options: `--preset`'s fields under
+    them; torchrun's ranks; `zero1` on several ranks (it compiles, and takes a model built in
+    bf16); a named size at its own depth (CUDA's default is `fit`)."""
+    given = {**(PRESETS[args.preset] if args.preset else {}), **given}
+    if "nproc" not in given and torchrun_world_size():
+        given["nproc"] = torchrun_world_size()
+    if given.get("nproc", 1) > 1 and "parallel" not in given:
+        given["parallel"] = "zero1"
+    if "size" in given and "num_layers" not in given:
+        given["num_layers"] = lmcore.MODEL_SIZES[given["size"]].num_layers
+    return given
 
 
 def depth_reduced_argv(*, num_gpus: int) -> list[str]:
@@ -135,100 +297,25 @@ def depth_reduced_argv(*, num_gpus: int) -> list[str]:
     return argv + ([] if num_gpus else ["--memory", "80GB"])
 
 
-def _num_layers(text: str) -> int | str:
-    return FIT if text == FIT else positive_int(text)
-
-
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """bench-step's options: the model, ours' options (the shared model options), the run."""
-    model = parser.add_argument_group("model")
-    model.add_argument(
-        "--size",
-        choices=list(MODEL_SIZES),
-        help="model size (leaderboard-8b with CUDA, tiny on a CPU); its own depth unless "
-        "--num-layers says otherwise",
-    )
-    model.add_argument(
-        "--num-layers",
-        type=_num_layers,
-        metavar="N|fit",
-        help="blocks, overriding the size's; fit: the most every row fits in the GPU's memory "
-        "(or --memory) less --headroom, by bench-plan's model (the default on CUDA)",
-    )
-    model.add_argument(
-        "--context-length", type=positive_int, metavar="N", help="tokens (the size's own)"
-    )
-    model.add_argument(
-        "--batch", type=positive_int, metavar="N", help="sequences per rank (1; 2 on a CPU)"
-    )
-    model.add_argument(
-        "--vocab-size", type=positive_int, metavar="N", help="vocabulary (the size's own)"
-    )
-    model.add_argument("--attention", nargs="+", choices=attention_names(), help="ours' backends")
-    ours = parser.add_argument_group("ours (several values multiply; torch-native keeps its own)")
-    add_model_options(
-        ours,
-        several=True,
-        optimizer=True,
-        num_layers=False,
-        defaults={
-            "activation_checkpointing": "blocks",
-            "loss": "fused",
-            "optimizer": "lmcore-fused on CUDA, lmcore on a CPU",
-        },
-    )
-    run = parser.add_argument_group("run")
-    run.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        help="fp32; bf16-autocast (float32 weights); bf16: the model built in bf16, the "
-        "leaderboard's (the default with CUDA; fp32 on a CPU)",
-    )
-    run.add_argument(
-        "--compile", action=argparse.BooleanOptionalAction, help="torch.compile (on with CUDA)"
-    )
-    run.add_argument(
-        "--native", action=argparse.BooleanOptionalAction, help="the torch-native rows (on)"
-    )
-    run.add_argument(
-        "--nproc", type=positive_int, metavar="N", help="ranks (1; torchrun's under torchrun)"
-    )
-    run.add_argument(
-        "--parallel", choices=PARALLEL, help="ours on several ranks: zero (default) or fsdp"
-    )
+    """`--preset` and `--timeout`, the options that are no field of `StepConfig`."""
+    run = parser.add_argument_group("preset and time limit")
     run.add_argument("--preset", choices=list(PRESETS), help="the handout's leaderboard step")
-    run.add_argument("--study", choices=STUDIES, help="checkpointing: k−1, k, k+1 and nested")
-    run.add_argument(
-        "--memory", type=memory_argument, metavar="SIZE", help="what --num-layers fit fills (80GB)"
-    )
-    run.add_argument(
-        "--headroom",
-        type=float,
-        metavar="X",
-        help=f"share --num-layers fit leaves free ({DEFAULT_HEADROOM})",
-    )
-    run.add_argument(
-        "--warmup-ms",
-        type=float,
-        metavar="MS",
-        help=f"timing warm-up budget ({CUDA_BUDGET_MS[0]:g} with CUDA)",
-    )
-    run.add_argument(
-        "--rep-ms",
-        type=float,
-        metavar="MS",
-        help=f"timing measurement budget ({CUDA_BUDGET_MS[1]:g} with CUDA)",
-    )
     add_timeout_arg(run, scope="for all ranks")
 
 
 def check(args: argparse.Namespace) -> None:
     """The options that exclude each other (before anything heavy is imported)."""
-    if args.study and args.activation_checkpointing:
+    if getattr(args, "study", None) and getattr(args, "activation_checkpointing", None):
         raise ValueError("--study checkpointing picks the checkpointing itself; drop it")
 
 
 COMMAND = Command(
-    "bench-step", __doc__, add_options=add_options, run="bench.tools.step:TOOL", check=check
+    "bench-step",
+    __doc__,
+    config=StepConfig,
+    add_options=add_options,
+    run="bench.tools.step:TOOL",
+    check=check,
 )
 main = COMMAND.main

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from bench.core.cli import Command
+from bench.core.options import add_options as add_config_options
 from bench.train.config import CONFIG_FILE, TrainConfig
-from bench.train.options import add_options as add_config_options
 
 __all__ = ["COMMAND", "EXAMPLES", "add_options", "main"]
 
@@ -31,7 +31,7 @@ examples:
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """`--config FILE`, then every option of `TrainConfig` in its group (`bench.train.options`)."""
+    """`--config FILE`, then every option of `TrainConfig` in its group (`bench.core.options`)."""
     parser.add_argument(
         "--config",
         metavar="FILE",

@@ -1,2 +1,2 @@
-"""The plumbing every `bench` tool and the trainer are built from; it imports neither
-(`bench.tools`, `bench.train`)."""
+"""The plumbing that three or more of bench's commands share; it imports no other wing of bench
+(`docs/design/bench.md`)."""

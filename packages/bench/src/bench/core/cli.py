@@ -1,7 +1,8 @@
 """The command line of every `bench-*` command, built before anything heavy is imported.
 
-A command is two modules. Its *command* module (`bench.commands.<name>`) holds the help text with
-examples, the options and the vocabularies they offer; it imports only the standard library and
+A command is two modules. Its *command* module (`bench.commands.<name>`) is the tool's spec: the
+help text with examples, the configuration (a dataclass whose fields declare the options,
+`bench.core.options`) and the vocabularies they offer; it imports only the standard library and
 light plumbing such as this module (no torch, no matplotlib). Its *implementation* (a tool in
 `bench.tools`, or the trainer in `bench.train`) is named by a string and imported only once the
 command line has parsed. So `--help` and every usage error argparse reports take a fraction of a
@@ -10,13 +11,15 @@ a fresh interpreter). A command module::
 
     \"\"\"bench-attn: attention alone, implementation beside implementation. (The help.)\"\"\"
     from bench.core.cli import Command
+    from bench.core.options import option
 
     IMPLS = ("naive", "compiled", "fa2-pytorch", "fa2-triton", "sdpa")  # the tool imports these
 
-    def add_options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--impls", nargs="+", choices=IMPLS, help="implementations")
+    @dataclass(frozen=True)
+    class AttnConfig:
+        impls: tuple[str, ...] = option(("naive", "sdpa"), "implementations", choices=IMPLS)
 
-    COMMAND = Command("bench-attn", __doc__, add_options=add_options, run="bench.tools.attn:TOOL")
+    COMMAND = Command("bench-attn", __doc__, config=AttnConfig, run="bench.tools.attn:TOOL")
     main = COMMAND.main  # the console script's target
 
 The implementation is a `Runner`, `run(parser, args, argv) -> exit status`: for a measuring tool,
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from bench.core import options
 from bench.core.ranks import DEFAULT_TIMEOUT_S
 from ddp import bucket_bytes
 
@@ -71,7 +75,10 @@ class Command:
     Attributes:
         prog: the command's name (`bench-attn`), shown in `--help`.
         doc: its help text with examples; the command module's docstring.
-        add_options: adds the command's own options to the parser.
+        config: the configuration's dataclass: a flag for each of its option fields
+            (`bench.core.options.add_options`); None for a command without one.
+        add_options: adds the options that are no field of `config` (a preset, a study, a
+            file to write) to the parser; None for none.
         run: `"module:name"` of the `Runner` to import and call once the options have parsed
             (a tool's `TOOL`, or a function).
         common: add the common options (`add_common_args`) first: every measuring tool does.
@@ -83,8 +90,9 @@ class Command:
 
     prog: str
     doc: str | None
-    add_options: Callable[[argparse.ArgumentParser], object]
     run: str
+    config: type | None = None
+    add_options: Callable[[argparse.ArgumentParser], object] | None = None
     common: bool = True
     epilog: str | None = None
     check: Callable[[argparse.Namespace], object] | None = None
@@ -95,7 +103,8 @@ class Command:
             raise ValueError(f"{self.prog}: run must be 'module:name', got {self.run!r}")
 
     def parser(self) -> argparse.ArgumentParser:
-        """The command line: the common options (unless not `common`), then the command's own."""
+        """The command line: the common options (unless not `common`), the configuration's, then
+        the command's own."""
         parser = argparse.ArgumentParser(
             prog=self.prog,
             description=self.doc,
@@ -104,7 +113,10 @@ class Command:
         )
         if self.common:
             add_common_args(parser)
-        self.add_options(parser)
+        if self.config is not None:
+            options.add_options(parser, self.config)
+        if self.add_options is not None:
+            self.add_options(parser)
         return parser
 
     def runner(self) -> Runner:
@@ -222,6 +234,9 @@ class LazyChoices(Mapping[str, Any]):
             return None
         module, _, attribute = target.partition(":")
         return getattr(importlib.import_module(module), attribute)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._targets  # a name, without importing what it stands for
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._targets)

@@ -7,7 +7,7 @@ On each rank:
   outcome (one all-reduce of a flag), so that a rank that ran out of memory and the ranks that
   did not record the same status and go on to the next measurement together, rather than one
   of them starting collectives alone.
-- `measure_cases(measure, cases, config, device=)`: one launch of `config.world_size` ranks that
+- `measure_cases(measure, cases, config, device=)`: one launch of `config.nproc` ranks that
   runs `measure(case, config, rank, device)` for every case in turn, each guarded on all ranks,
   and hands back every rank's result per case.
 
@@ -15,7 +15,8 @@ After the launch, `slowest_rank(per_rank)`: a step (an iteration, a collective) 
 its slowest rank, so a step's time is the largest over the ranks, summarised over the steps.
 
 On the command line, `--timeout` (`bench.core.cli.add_timeout_arg`) bounds the ranks' time.
-The data-parallel training set-up that bench-ddp and bench-zero share is in `bench.core.training`.
+The data-parallel training set-up that bench-ddp and bench-zero share is in
+`bench.core.training_bench`.
 
 Example::
 
@@ -85,7 +86,7 @@ def measure_cases(
     env: Mapping[str, str] | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> list[tuple[K, list[dict[str, Any]]]]:
-    """Run `measure(case, config, rank, device)` for every case on `config.world_size` ranks.
+    """Run `measure(case, config, rank, device)` for every case on `config.nproc` ranks.
 
     One launch (`bench.core.launch.launch`) with nccl on CUDA (one GPU per rank) or gloo on the CPU;
     the cases run in order on every rank, each guarded on all ranks.
@@ -94,7 +95,7 @@ def measure_cases(
         measure: a module-level function (spawned ranks import it by name) returning a
             picklable dict of this rank's numbers for one case.
         cases: what to measure, in order (picklable).
-        config: passed to `measure`; its `world_size` is the number of ranks.
+        config: passed to `measure`; its `nproc` is the number of ranks.
         device: `cuda` or `cpu`: where the ranks run.
         env: environment variables each rank sets before the process group is created.
         timeout: seconds the ranks may take in all (None: no bound).
@@ -111,7 +112,7 @@ def measure_cases(
     backend = backend_for(device)
     per_rank = launch(
         _case_worker,
-        world_size=config.world_size,
+        world_size=config.nproc,
         backend=backend,
         args=(measure, cases, config, backend),
         env=env,

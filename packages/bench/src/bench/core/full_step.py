@@ -6,8 +6,8 @@ the forward with the mean next-token cross-entropy, `loss.backward()`, the AdamW
 
 - `ours`: lmcore's model with the shared model options (`bench.core.model_options`): attention
   backend, loss, optimizer, activation checkpointing, `torch.compile` of the whole model; on
-  several ranks `zero.FSDP` (a unit per block) or ZeRO-1 (`ddp.DDPBucketed` with
-  `zero.ShardedOptimizer`).
+  several ranks a layout of ours (`bench.core.parallel`): `zero1` (`ddp.DDPBucketed` with
+  `zero.ShardedOptimizer`) or `fsdp` (`zero.FSDP`, a unit per block).
 - `torch-native`: the same model as a torch user would run it (`bench.core.torch_native`): SDPA,
   the same checkpointed segments, a compiled chunked cross-entropy, `torch.optim.AdamW(fused=
   True)`, each block compiled, and torch's FSDP2 on several ranks.
@@ -40,18 +40,21 @@ import torch
 import torch.distributed as dist
 
 import lmcore
+from bench.core.layouts import (
+    LAYOUTS,
+    PRECISIONS,
+    autocast_dtype,
+    check_combination,
+    compute_dtype,
+)
 from bench.core.memory import free_memory
 from bench.core.model_options import LOSSES, OPTIMIZERS
-from bench.core.model_runtime import (
-    build_optimizer,
-    loss_function,
-    next_token_loss,
-    optimizer_class,
-)
+from bench.core.model_runtime import loss_function, next_token_loss, optimizer_class
+from bench.core.parallel import Parallel
+from bench.core.step import build_lm
 from bench.core.step_memory import PhaseMeter, breakdown, tensor_bytes
-from bench.core.step_names import PARALLEL, PRECISIONS
 from bench.core.timing import do_bench, elapsed_ms
-from bench.core.training import ADAMW_OPTIONS, build_lm
+from bench.core.training_bench import ADAMW_OPTIONS
 
 __all__ = [
     "IMPLS",
@@ -64,6 +67,8 @@ __all__ = [
 ]
 
 IMPLS = ("ours", "torch-native")
+# Ours: the model alone on one rank, and every layout of ours on several.
+_OURS = tuple(name for name, layout in LAYOUTS.items() if layout.runs and layout.ours)
 # The torch-native step's choices: torch's own.
 NATIVE_ATTENTION = "sdpa"
 NATIVE_LOSS = "chunked"
@@ -83,14 +88,15 @@ class StepSpec:
         model: the model (the torch-native step's attention is SDPA).
         batch: sequences per rank, each `model.context_length` tokens.
         impl: `ours` or `torch-native`.
-        precision: from `bench.core.step_names.PRECISIONS`.
+        precision: a runnable precision of `bench.core.layouts.PRECISIONS`.
         loss: `materialized` or `fused` (ours; the torch-native step's is `chunked`).
         optimizer: from `bench.core.model_options.OPTIMIZERS` (the torch-native step's is
             `torch-fused`).
         activation_checkpointing: an lmcore spec, for both.
         compile: `torch.compile` (ours: the model; torch-native: each block and the loss).
         world_size: ranks in the default process group (1: none).
-        parallel: ours on several ranks, from `bench.core.step_names.PARALLEL`.
+        parallel: ours' layout (`bench.core.layouts`): `single` on one rank, one of ours on
+            several (the torch-native step runs FSDP2 there).
         warmup_ms, rep_ms: the timing's warm-up and measurement budgets.
 
     Raises:
@@ -106,7 +112,7 @@ class StepSpec:
     activation_checkpointing: str = "none"
     compile: bool = False
     world_size: int = 1
-    parallel: str = "none"
+    parallel: str = "single"
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
 
@@ -114,10 +120,10 @@ class StepSpec:
         native = self.impl == "torch-native"
         choices = (
             ("impl", self.impl, IMPLS),
-            ("precision", self.precision, PRECISIONS),
+            ("precision", self.precision, tuple(PRECISIONS)),
             ("loss", self.loss, (NATIVE_LOSS,) if native else LOSSES),
             ("optimizer", self.optimizer, (NATIVE_OPTIMIZER,) if native else OPTIMIZERS),
-            ("parallel", self.parallel, PARALLEL),
+            ("parallel", self.parallel, _OURS),
         )
         for name, value, allowed in choices:
             if value not in allowed:
@@ -127,39 +133,28 @@ class StepSpec:
         lmcore.ActivationCheckpointing.parse(self.activation_checkpointing)
         if min(self.batch, self.world_size) < 1 or not (self.warmup_ms > 0 and self.rep_ms > 0):
             raise ValueError(f"batch, world_size and the budgets must be positive: {self}")
-        if (self.world_size > 1) != (self.parallel != "none"):
+        if (self.world_size > 1) != (self.parallel != "single"):
             raise ValueError(
                 f"{self.world_size} ranks with parallel {self.parallel!r}: several ranks need "
-                "fsdp or zero, and those need several ranks"
+                "a layout of ours, and those need several ranks"
             )
-        if self.parallel == "fsdp" and self.compile:
-            raise ValueError("zero.FSDP does not run compiled yet; add --no-compile")
-        if self.parallel == "fsdp" and self.precision == "bf16":
-            raise ValueError(
-                "zero.FSDP keeps float32 master weights: use --precision bf16-autocast (float32 "
-                "shards computed in bf16) or fp32 with --parallel fsdp, or --parallel zero"
-            )
+        if not native:
+            check_combination(self.parallel, self.precision, compile=self.compile)
 
     @property
     def layout(self) -> str:
-        """bench-plan's name of the step's layout: `single`, `ddp`-family `zero1`, or `fsdp`."""
-        if self.world_size == 1:
-            return "single"
-        if self.impl == "torch-native":
-            return "fsdp"
-        return {"fsdp": "fsdp", "zero": "zero1"}[self.parallel]
+        """The layout the step runs (`bench.core.layouts`): ours', or on several ranks FSDP2
+        for the torch-native step."""
+        if self.impl == "torch-native" and self.world_size > 1:
+            return "fsdp:torch"
+        return self.parallel
 
     @property
     def plan_precision(self) -> str:
         """bench-plan's name of the precision (FSDP under autocast: `bf16-master`)."""
-        if self.precision == "bf16-autocast" and self.layout == "fsdp":
+        if self.precision == "bf16-autocast" and LAYOUTS[self.layout].shards_weights:
             return "bf16-master"
         return self.precision
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        """The dtype the matmuls run in."""
-        return torch.float32 if self.precision == "fp32" else torch.bfloat16
 
 
 @dataclass
@@ -192,46 +187,41 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
     optimizer and batch."""
     model_config = spec.model
     model = build_lm(model_config, device, seed=0)
-    if spec.precision == "bf16":
-        model = model.to(torch.bfloat16)
     lmcore.apply_activation_checkpointing(model, policy=spec.activation_checkpointing)
     g = torch.Generator().manual_seed(_DATA_SEED + rank)
     shape = (spec.batch, model_config.context_length)  # (batch, seq) token ids
     x = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
     y = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
-    compute = torch.bfloat16 if spec.precision == "bf16-autocast" else None
+    autocast_to = autocast_dtype(spec.precision)
 
     def autocast() -> contextlib.AbstractContextManager:
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=compute is not None)
+        return torch.autocast(device.type, dtype=autocast_to, enabled=autocast_to is not None)
 
     if spec.impl == "torch-native":
-        from bench.core.torch_native import TorchNativeLM, fully_shard_blocks
+        from bench.core.torch_native import (
+            TorchNativeLM,
+            fully_shard_blocks,
+            torch_native_model,
+        )
 
-        native = TorchNativeLM(model, compile=spec.compile)
+        if PRECISIONS[spec.precision].weights == "bf16":
+            model = model.to(torch.bfloat16)
         if spec.world_size > 1:
-            fully_shard_blocks(native, model.layers, param_dtype=compute, compile=spec.compile)
-        elif spec.compile:
-            for block in model.layers:
-                block.compile()  # in place: parameter names stay the model's own
-        optimizer = build_optimizer(NATIVE_OPTIMIZER, native.parameters(), **ADAMW_OPTIONS)
+            native = TorchNativeLM(model, compile=spec.compile)
+            fully_shard_blocks(native, model.layers, param_dtype=autocast_to, compile=spec.compile)
+        else:
+            native = torch_native_model(model, compile=spec.compile)
+        cls, path = optimizer_class(NATIVE_OPTIMIZER)
+        optimizer = cls(native.parameters(), **ADAMW_OPTIONS, **path)
         return _Step(native, optimizer, lambda: native(x, y), autocast)
     fused = spec.loss == "fused"
     loss_fn = loss_function(compile=spec.compile and not fused)
-    if spec.parallel == "fsdp":
-        import zero
-
-        wrapped = zero.FSDP(model, compute_dtype=compute, units=(lmcore.TransformerBlock,))
-    else:
-        wrapped = torch.compile(model) if spec.compile else model
-    if spec.parallel == "zero":
-        import ddp
-        import zero
-
-        wrapped = ddp.DDPBucketed(wrapped)
-        cls, path = optimizer_class(spec.optimizer)
-        optimizer = zero.ShardedOptimizer(wrapped.parameters(), cls, **ADAMW_OPTIONS, **path)
-    else:
-        optimizer = build_optimizer(spec.optimizer, wrapped.parameters(), **ADAMW_OPTIONS)
+    parallel = Parallel(
+        spec.parallel, device=device, precision=spec.precision, compile=spec.compile
+    )
+    wrapped = parallel.wrap(model)
+    cls, path = optimizer_class(spec.optimizer)
+    optimizer = parallel.build_optimizer(wrapped.parameters(), cls, {**ADAMW_OPTIONS, **path})
     return _Step(
         wrapped,
         optimizer,
@@ -303,7 +293,7 @@ def _attention_ms(spec: StepSpec, device: torch.device) -> tuple[float, float] |
     shapes = [(m.num_heads,), (m.kv_heads,), (m.kv_heads,)]
     q, k, v = (
         torch.randn(spec.batch, *heads, m.context_length, m.head_dim, device=device)
-        .to(spec.compute_dtype)
+        .to(compute_dtype(spec.precision))
         .requires_grad_()
         for heads in shapes
     )  # (batch, heads, seq, head_dim)

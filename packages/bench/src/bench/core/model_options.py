@@ -13,19 +13,19 @@ by bench-model, bench-train and bench-step.
 - `--num-kv-heads N`: grouped-query attention (key/value heads shared by query heads).
 - `--num-layers N`: the size's depth overridden, a depth-reduced model (`with_depth`).
 
-`add_model_options` adds them to an argparse parser (a value each, or several that multiply);
-bench-train declares the same options as fields of its `TrainConfig` with the vocabulary, help
-and parsers below. This module imports no torch, so that the commands offer the options before
-anything heavy is imported; what they select is built at run time by `bench.core.model_runtime`
-(`build_optimizer`, `loss_function`, `next_token_loss`).
+Each tool declares them as fields of its configuration (`bench.core.options.option`), a value
+each or several that multiply, with the vocabulary, help and parsers below. This module imports
+no torch, so that the commands offer the options before anything heavy is imported; what they
+select is built at run time by `bench.core.model_runtime` (`build_optimizer`, `loss_function`,
+`next_token_loss`).
 
 Example::
 
-    parser = argparse.ArgumentParser()
-    add_model_options(parser, several=True, optimizer=True)
-    args = parser.parse_args(["--loss", "fused", "--activation-checkpointing", "segments:2"])
-    model = lmcore.apply_activation_checkpointing(model, policy=args.activation_checkpointing[0])
-    loss = model_runtime.next_token_loss(model, x, y, fused=args.loss[0] == "fused")
+    @dataclass(frozen=True)
+    class ToolConfig:
+        loss: tuple[str, ...] = option(("materialized",), HELP["loss"], choices=LOSSES)
+        activation_checkpointing: tuple[str, ...] = option(
+            ("none",), HELP["activation_checkpointing"], parse=checkpointing_spec)
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import dataclasses
 from collections.abc import Mapping
 
 import lmcore
-from bench.core.residuals import LOSSES
 
 __all__ = [
     "CHECKPOINTING_FORMS",
@@ -44,7 +43,6 @@ __all__ = [
     "HELP",
     "LOSSES",
     "OPTIMIZERS",
-    "add_model_options",
     "checkpointing_spec",
     "positive_int",
     "with_depth",
@@ -52,12 +50,14 @@ __all__ = [
 
 # The optimizers a tool offers, by the name tools and bench-plan share.
 OPTIMIZERS = ("lmcore", "lmcore-fused", "torch-fused")
+# The next-token losses: the full logits, or lmcore's fused LM head + cross-entropy.
+LOSSES = ("materialized", "fused")
 CHECKPOINTING_FORMS = lmcore.ActivationCheckpointing.FORMS
 # What a model gets when the option is not given: nothing recomputed, the full logits (the
 # handout's model, as every tool measured it before the options existed).
 DEFAULT_CHECKPOINTING = "none"
 DEFAULT_LOSS = "materialized"
-# One help text per option, for argparse (`add_model_options`) and bench-train's fields.
+# One help text per option, for every tool's fields.
 HELP: Mapping[str, str] = {
     "activation_checkpointing": (
         "recompute blocks in backward instead of keeping their activations: "
@@ -97,7 +97,7 @@ def checkpointing_spec(text: str) -> str:
 
 
 def positive_int(text: str) -> int:
-    """An integer of at least 1 (the type of `--num-layers` and `--num-kv-heads`).
+    """An integer of at least 1 (the type of `--num-layers`, `--num-kv-heads`, ...).
 
     Raises:
         argparse.ArgumentTypeError: not a positive integer.
@@ -109,53 +109,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return value
-
-
-def add_model_options(
-    container: argparse.ArgumentParser | argparse._ArgumentGroup,
-    *,
-    several: bool,
-    optimizer: bool,
-    defaults: Mapping[str, str] | None = None,
-    num_layers: bool = True,
-) -> None:
-    """Add `--activation-checkpointing`, `--loss`, `--optimizer` (if `optimizer`),
-    `--num-kv-heads` and `--num-layers` (if `num_layers`) to a parser or group.
-
-    Every option's argparse default is None (not given), so that the tool supplies its own.
-
-    Args:
-        container: the parser or option group.
-        several: the first three take several values (a sweep dimension each; lists), else one.
-        optimizer: add `--optimizer` (tools that step an optimizer).
-        defaults: each option's default in words, for its help (`{"loss": "fused"}`).
-        num_layers: add `--num-layers` (a tool may declare its own, with more to say).
-    """
-    shown = dict(defaults or {})
-    nargs = "+" if several else None
-
-    def text(name: str) -> str:
-        return HELP[name] + (f" (default: {shown[name]})" if name in shown else "")
-
-    container.add_argument(
-        "--activation-checkpointing",
-        type=checkpointing_spec,
-        nargs=nargs,
-        metavar="SPEC",
-        help=text("activation_checkpointing"),
-    )
-    container.add_argument("--loss", choices=LOSSES, nargs=nargs, help=text("loss"))
-    if optimizer:
-        container.add_argument(
-            "--optimizer", choices=OPTIMIZERS, nargs=nargs, help=text("optimizer")
-        )
-    container.add_argument(
-        "--num-kv-heads", type=positive_int, metavar="N", help=text("num_kv_heads")
-    )
-    if num_layers:
-        container.add_argument(
-            "--num-layers", type=positive_int, metavar="N", help=text("num_layers")
-        )
 
 
 def with_depth(size: lmcore.ModelSize, num_layers: int | None) -> lmcore.ModelSize:

@@ -6,9 +6,9 @@ share their keys), the configuration that produced them, the environment
 from the rows. `save_json` writes it in a stable schema that `bench-report` reads back with
 `load_json`.
 
-JSON schema `cs336sys-bench/1`::
+JSON schema `cs336sys-bench/2`::
 
-    {"schema": "cs336sys-bench/1", "tool": "attn", "title": "...", "date": "<UTC ISO>",
+    {"schema": "cs336sys-bench/2", "tool": "attn", "title": "...", "date": "<UTC ISO>",
      "command": "bench-attn --json out.json", "env": {...}, "config": {...},
      "columns": ["impl", "d", ...] | null, "group_by": "case" | null,
      "notes": ["..."], "plots": ["attn.png"],
@@ -17,6 +17,10 @@ JSON schema `cs336sys-bench/1`::
 `plots` hold paths relative to the JSON file's folder. Non-finite floats (a bucket size of
 `inf`, say) are written as `Infinity`, `-Infinity` and `NaN`, the JSON extension that Python's
 `json` module reads back as the same floats, so a run survives the round trip exactly.
+
+Schema 2 names layouts and precisions in the harness's one vocabulary (`bench.core.layouts`);
+`load_json` reads a result of schema 1 with its rows' old names (bench-zero's `ddp` and
+`sharded`, bench-model's `bf16`, ...) in the new ones (`bench.core.layouts.renamed_row`).
 
 Example::
 
@@ -39,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from tabulate import tabulate
 
 from bench.core.env import collect_env
+from bench.core.layouts import renamed_row
 from bench.core.oom import OK, OOM
 
 if TYPE_CHECKING:
@@ -55,7 +60,9 @@ __all__ = [
     "to_markdown",
 ]
 
-SCHEMA = "cs336sys-bench/1"
+SCHEMA = "cs336sys-bench/2"
+# The schema before the one vocabulary of layouts and precisions: read, its names renamed.
+_OLD_NAMES_SCHEMA = "cs336sys-bench/1"
 
 _EMPTY = "—"  # no value: not measured here (memory on the CPU, a ratio without baseline)
 
@@ -324,10 +331,15 @@ def load_json(path: str | os.PathLike[str]) -> Run:
         ValueError: if the file is not a bench result (no or another `schema`).
     """
     data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema not in (SCHEMA, _OLD_NAMES_SCHEMA):
         raise ValueError(f"{path} is not a bench result file (expected schema {SCHEMA!r})")
     fields = Run.__dataclass_fields__
-    return Run(**{k: v for k, v in data.items() if k in fields})
+    run = Run(**{k: v for k, v in data.items() if k in fields})
+    if schema == _OLD_NAMES_SCHEMA:
+        run.rows = [renamed_row(run.tool, row) for row in run.rows]
+        run.schema = SCHEMA  # its names are the new ones now
+    return run
 
 
 def result_stem(topic: str, env: Mapping[str, Any], *, num_devices: int = 1) -> str:

@@ -2,21 +2,19 @@
 build the configuration (the device's default, or it with the options applied), measure, then
 print the table and write the JSON, Markdown and plot asked for.
 
-A tool module ends with its `Tool`, which its command (`bench.commands.<name>`, the options and
-the help; see `bench.core.cli`) names as its implementation::
-
-    def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-        return {"seqs": distinct(args.seq)}  # configuration field -> option value (None: not given)
+A tool's configuration is a dataclass of option fields (`bench.core.options`), declared in its
+command module (`bench.commands.<name>`, the tool's spec), which generates the command line from
+it. The tool module ends with its `Tool`, which the command names as its implementation::
 
     def _run(config: AttnConfig | None, cli: Invocation) -> Run:
         return run_attention(config, device=cli.device, command=cli.command,
                              show_progress=cli.show_progress)
 
-    TOOL = Tool(run=_run, default=default_attn_config, overrides=_overrides, plot=plot_attention)
+    TOOL = Tool(run=_run, config=AttnConfig, preset=_grid, plot=plot_attention)
 
-`Tool.config` builds the device's default only when an option changes it (and passes None
+`Tool.config` builds the configuration only when an option changes it (and passes None
 otherwise), so the default is built once, by the tool's `run_*` function, which starts with
-`config, notes = config_or_default(config, device, default=..., tool=..., describe=...)` and so
+`config, notes = config_or_default(config, device, cls=..., tool=..., describe=...)` and so
 announces the small CPU default. Under `torchrun` only the primary rank prints, draws and writes
 files (`bench.core.ranks.is_primary`).
 """
@@ -27,7 +25,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -36,16 +34,17 @@ from tqdm.auto import tqdm
 
 from bench.core.cli import resolve_device, usage_errors
 from bench.core.env import command_line
+from bench.core.options import configured, given_options
 from bench.core.ranks import is_primary
 from bench.core.results import Run, format_value, save_json
 
 __all__ = [
     "Invocation",
     "Tool",
-    "apply_overrides",
     "as_device",
     "config_or_default",
     "cpu_default_notice",
+    "device_config",
     "emit",
     "live_rows",
     "progress",
@@ -73,11 +72,17 @@ def cpu_default_notice(tool: str, what: str) -> str:
     return line
 
 
+def device_config(cls: type[C], device: torch.device | str) -> C:
+    """The configuration `cls` at its defaults for `device` (the CPU's where they differ,
+    `bench.core.options.Option.cpu`)."""
+    return configured(cls, cuda=torch.device(device).type == "cuda")
+
+
 def config_or_default(
     config: C | None,
     device: torch.device,
     *,
-    default: Callable[[torch.device], C],
+    cls: type[C],
     tool: str,
     describe: Callable[[C], str],
 ) -> tuple[C, list[str]]:
@@ -86,7 +91,7 @@ def config_or_default(
     Args:
         config: what the caller asked for; None for the device's default.
         device: the device measured.
-        default: the device's default configuration.
+        cls: the configuration's dataclass (`device_config` builds its default).
         tool: the tool name for the notice, e.g. `bench-attn`.
         describe: what the default runs, in words, for the notice (see `cpu_default_notice`).
 
@@ -96,32 +101,10 @@ def config_or_default(
     """
     if config is not None:
         return config, []
-    config = default(device)
+    config = device_config(cls, device)
     if device.type == "cuda":
         return config, []
     return config, [cpu_default_notice(tool, describe(config))]
-
-
-def apply_overrides(
-    default: Callable[[], C], overrides: Mapping[str, Any], *, parser: argparse.ArgumentParser
-) -> C | None:
-    """The device's default configuration with the options given on the command line applied.
-
-    Args:
-        default: builds the device's default configuration (a dataclass); called only when an
-            option was given.
-        overrides: field name to option value; None stands for an option not given.
-        parser: reports a value the configuration refuses as a usage error (exit status 2).
-
-    Returns:
-        The changed configuration, or None when no option was given, so that the tool runs (and
-        announces) its default.
-    """
-    given = {name: value for name, value in overrides.items() if value is not None}
-    if not given:
-        return None
-    with usage_errors(parser):
-        return replace(default(), **given)
 
 
 def progress(
@@ -233,28 +216,36 @@ class Tool(Generic[C]):
     Attributes:
         run: runs the tool for a configuration (None: the device's default) and the parsed
             command line, and returns its `Run`.
-        default: the device's default configuration; None for a tool without one.
-        overrides: the configuration fields the options set (None: an option not given); a
-            `ValueError` it raises is reported as a usage error.
+        config: the configuration's dataclass, whose option fields the command line offers
+            (`bench.core.options`); None for a tool without one.
+        preset: the fields given, as options that are no field of `config` shape them
+            (`--grid handout` sets a grid the options given change; explicit dimensions make a
+            model shape): `(args, given fields) -> fields`; None when there is none.
         plot: draws the run's figure(s) at the `--plot` path (see `emit`).
     """
 
     run: Callable[[C | None, Invocation], Run]
-    default: Callable[[torch.device], C] | None = None
-    overrides: Callable[[argparse.Namespace], Mapping[str, Any]] | None = None
+    config: type[C] | None = None
+    preset: Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]] | None = None
     plot: Callable[[Run, Path], Path | Sequence[Path]] | None = None
 
-    def config(
-        self, args: argparse.Namespace, parser: argparse.ArgumentParser, device: torch.device
+    def configure(
+        self,
+        args: argparse.Namespace,
+        parser: argparse.ArgumentParser,
+        device: torch.device | str,
     ) -> C | None:
         """The device's default with the options applied; None when no option changes it (or
-        the tool has no configuration), so that the tool builds and announces its default."""
-        if self.default is None or self.overrides is None:
+        the tool has no configuration), so that the tool builds and announces its default. A
+        value the configuration refuses is a usage error of `parser`."""
+        if self.config is None:
             return None
-        default = self.default
         with usage_errors(parser):
-            overrides = self.overrides(args)
-        return apply_overrides(lambda: default(device), overrides, parser=parser)
+            given = given_options(args, self.config)
+            if self.preset is not None:
+                given = self.preset(args, given)
+            cuda = torch.device(device).type == "cuda"
+            return configured(self.config, cuda=cuda, **given) if given else None
 
     def __call__(
         self,
@@ -269,7 +260,7 @@ class Tool(Generic[C]):
         with usage_errors(parser):
             device = resolve_device(args.device)
         cli = Invocation(parser, args, device, command_line(argv, prog=parser.prog))
-        run = self.run(self.config(args, parser, device), cli)
+        run = self.run(self.configure(args, parser, device), cli)
         plot = self.plot
         emit(run, args, plot=None if plot is None else lambda path: plot(run, path))
         return 0

@@ -10,7 +10,9 @@ write around the same `lmcore.TransformerLM`.
   `torch.utils.checkpoint`, so that no chunk's logits are kept for backward (backward computes
   them again: a fourth `T·V·d` matmul, the price of holding one chunk's logits at a time).
 - `TorchNativeLM(model)`: the model's embedding, blocks and final norm, then
-  `chunked_cross_entropy` with its LM head's weight: `native(inputs, targets)` is the loss.
+  `chunked_cross_entropy` with its LM head's weight: `native(inputs, targets)` is the loss
+  (`native(inputs)` the logits); `torch_native_model` builds it with each block compiled, as
+  bench-step's torch-native rows and bench-train's `--baseline torch` run it.
   Its blocks are the model's own (checkpointed, if they are, by lmcore's non-reentrant
   `torch.utils.checkpoint` segments, which are torch's).
 
@@ -35,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 import lmcore
 
-__all__ = ["TorchNativeLM", "chunked_cross_entropy", "fully_shard_blocks"]
+__all__ = ["TorchNativeLM", "chunked_cross_entropy", "fully_shard_blocks", "torch_native_model"]
 
 
 def fully_shard_blocks(
@@ -149,9 +151,12 @@ class TorchNativeLM(nn.Module):
         self.compile_loss = compile
         self.chunk_tokens = chunk_tokens
 
-    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean next-token loss of `inputs` `(batch, seq)` against `targets` `(batch, seq)`."""
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean next-token loss of `inputs` `(batch, seq)` against `targets` `(batch, seq)`;
+        the logits `(batch, seq, vocab)` without targets (lmcore's own convention)."""
         lm = self.lm
+        if targets is None:
+            return lm(inputs)
         hidden = lm.ln_final(lm.layers(lm.token_embeddings(inputs)))  # (batch, seq, d_model)
         return chunked_cross_entropy(
             hidden,
@@ -160,3 +165,14 @@ class TorchNativeLM(nn.Module):
             chunk_tokens=self.chunk_tokens,
             compile=self.compile_loss,
         )
+
+
+def torch_native_model(model: lmcore.TransformerLM, *, compile: bool) -> TorchNativeLM:
+    """`model` as a torch user runs it on one rank, the strongest plain-torch step: each block
+    compiled in place (parameter names stay the model's own) and `TorchNativeLM`'s chunked,
+    compiled cross-entropy. bench-step's torch-native rows and bench-train's `--baseline torch`
+    both run it (on several ranks, `fully_shard_blocks` compiles the blocks instead)."""
+    if compile:
+        for block in model.layers:
+            block.compile()
+    return TorchNativeLM(model, compile=compile)

@@ -6,20 +6,18 @@ The command line and what each option does: `bench.commands.allreduce` (`bench-a
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from bench.core.cli import distinct
+from bench.commands.allreduce import AllReduceConfig
 from bench.core.distributed import guarded_on_all_ranks, slowest_rank
 from bench.core.launch import (
-    BACKENDS,
     DEFAULT_TIMEOUT_S,
     launch,
     rank_device,
@@ -38,7 +36,6 @@ __all__ = [
     "TOOL",
     "AllReduceConfig",
     "bus_bandwidth_factor",
-    "default_allreduce_config",
     "plot_allreduce",
     "run_allreduce",
 ]
@@ -61,46 +58,6 @@ COLUMNS = (
 )
 # Every key of a row, for readers (bench-report).
 KEYS = Keys(*COLUMNS)
-
-
-@dataclass(frozen=True)
-class AllReduceConfig:
-    """What `run_allreduce` measures: every backend × world size × size.
-
-    Args:
-        backends: from `BACKENDS` (gloo runs on the CPU, nccl one GPU per rank).
-        sizes_mb: tensor sizes in MB (10^6 bytes) of float32.
-        world_sizes: numbers of ranks.
-        warmup: untimed all-reduces per size (connection set-up, NCCL's first-call tuning).
-        steps: timed all-reduces per size.
-        full: also run gloo above 100 MB and on more ranks than CPU cores.
-    """
-
-    backends: tuple[str, ...] = BACKENDS
-    sizes_mb: tuple[float, ...] = (1.0, 10.0, 100.0, 1000.0)
-    world_sizes: tuple[int, ...] = (2, 4, 6)
-    warmup: int = 5
-    steps: int = 20
-    full: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.backends or not set(self.backends) <= set(BACKENDS):
-            raise ValueError(f"backends must be non-empty, from {BACKENDS}; got {self.backends}")
-        if not self.sizes_mb or any(not s > 0 for s in self.sizes_mb):
-            raise ValueError(f"sizes_mb must be non-empty and positive, got {self.sizes_mb}")
-        if not self.world_sizes or min(self.world_sizes) < 2:
-            raise ValueError(f"world_sizes must be non-empty and >= 2, got {self.world_sizes}")
-        if self.warmup < 0 or self.steps < 1:
-            raise ValueError(f"need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
-
-
-def default_allreduce_config(device: torch.device | str) -> AllReduceConfig:
-    """Both backends, the full grid, on a GPU machine; gloo on 2 ranks, 1 and 10 MB, on the CPU."""
-    if torch.device(device).type == "cuda":
-        return AllReduceConfig()
-    return AllReduceConfig(
-        backends=("gloo",), sizes_mb=(1.0, 10.0), world_sizes=(2,), warmup=2, steps=5
-    )
 
 
 def bus_bandwidth_factor(world_size: int) -> float:
@@ -195,7 +152,7 @@ def run_allreduce(
     """Measure every cell of `config`, one launch per (backend, world size).
 
     Args:
-        config: what to run; `default_allreduce_config(device)` when None.
+        config: what to run; the device's default (`AllReduceConfig`) when None.
         device: decides the default (CUDA when available when None); nccl cells always run on
             GPUs and gloo cells on the CPU.
         command: the command line to record; the process's own when None.
@@ -211,7 +168,7 @@ def run_allreduce(
     config, notes = config_or_default(
         config,
         device,
-        default=default_allreduce_config,
+        cls=AllReduceConfig,
         tool="bench-allreduce",
         describe=lambda c: (
             f"gloo, {', '.join(f'{s:g}' for s in c.sizes_mb)} MB, world size "
@@ -280,17 +237,6 @@ def plot_allreduce(run: Run, path: str | Path) -> Path:
     )
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "backends": distinct(args.backend),
-        "sizes_mb": distinct(args.sizes_mb),
-        "world_sizes": distinct(args.world_sizes),
-        "warmup": args.warmup,
-        "steps": args.steps,
-        "full": True if args.full else None,
-    }
-
-
 def _run(config: AllReduceConfig | None, cli: Invocation) -> Run:
     return run_allreduce(
         config,
@@ -301,4 +247,4 @@ def _run(config: AllReduceConfig | None, cli: Invocation) -> Run:
     )
 
 
-TOOL = Tool(run=_run, default=default_allreduce_config, overrides=_overrides, plot=plot_allreduce)
+TOOL = Tool(run=_run, config=AllReduceConfig, plot=plot_allreduce)

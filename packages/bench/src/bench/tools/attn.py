@@ -6,16 +6,14 @@ The command line and what each option does: `bench.commands.attn` (`bench-attn -
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.commands.attn import DTYPES, IMPLS
+from bench.commands.attn import DTYPES, HANDOUT_GRID, IMPLS, AttnConfig, grid_fields
 from bench.core.attention_impls import attention_impl
-from bench.core.cli import distinct
 from bench.core.env import device_name
 from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.oom import OK, guarded
@@ -32,108 +30,18 @@ from bench.core.tool import (
 )
 
 __all__ = [
+    "HANDOUT_GRID",
     "IMPLS",
     "KEYS",
     "TOOL",
     "AttnConfig",
-    "default_attn_config",
     "plot_attention",
     "run_attention",
 ]
 
 BASELINE = "sdpa"
-
-# The GPU default: the cells that tell the story (fa2 against SDPA and naive) in about a minute.
-GPU_D_VALUES = (64, 128)
-GPU_SEQS = (1024, 4096, 16384)
-GPU_IMPLS = ("naive", "fa2-triton", "sdpa")
-# The handout's grid (§1.2.1): batch 8, d in {16, 32, 64, 128}, seq in {256, ..., 16384}.
-HANDOUT_D_VALUES = (16, 32, 64, 128)
-HANDOUT_SEQS = (256, 1024, 4096, 8192, 16384)
-# The CPU default: small enough that the whole grid runs in seconds on two cores.
-CPU_D_VALUES = (16, 32)
-CPU_SEQS = (64, 128)
-CPU_IMPLS = ("naive", "fa2-pytorch", "fa2-triton", "sdpa")
-
 # Fewest timed calls a cell gets even when one call is slower than its time budget allows.
 MIN_STEPS = 3
-# Time a cell takes beyond its timed calls, for the estimate printed up front: warm-up calls and
-# the first call's build (a Triton kernel or a compiled graph per shape). An allowance, not a
-# measurement: the estimate is an order of magnitude.
-CELL_OVERHEAD_S = 1.0
-
-
-@dataclass(frozen=True)
-class AttnConfig:
-    """What `run_attention` measures.
-
-    Args:
-        batch: batch size (the handout's 8).
-        d_values: head sizes d.
-        seqs: sequence lengths.
-        impls: implementations, from `IMPLS`.
-        steps: timed forward calls and timed backward calls per cell (the handout's 100).
-        warmup: untimed calls first (compilation, autotuning, allocator growth).
-        dtype: `fp32` (the handout's), `bf16` or `fp16`.
-        causal: causal masking (the handout's study is not causal).
-        max_seconds: time budget of one cell's timed forward calls (and again of its backward
-            calls); `steps` is cut down to fit, to no fewer than 3 calls, and so are the
-            warm-up calls (to a quarter of it).
-    """
-
-    batch: int = 8
-    d_values: tuple[int, ...] = GPU_D_VALUES
-    seqs: tuple[int, ...] = GPU_SEQS
-    impls: tuple[str, ...] = GPU_IMPLS
-    steps: int = 20
-    warmup: int = 3
-    dtype: str = "fp32"
-    causal: bool = False
-    max_seconds: float = 1.0
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.impls) - set(IMPLS))
-        if unknown or len(set(self.impls)) != len(self.impls):
-            raise ValueError(
-                f"impls must be distinct names from {list(IMPLS)}, got {list(self.impls)}"
-            )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-        positive = {"batch": self.batch, "steps": self.steps, "max_seconds": self.max_seconds}
-        positive.update({f"d={d}": d for d in self.d_values})
-        positive.update({f"seq={s}": s for s in self.seqs})
-        bad = [name for name, value in positive.items() if not value > 0]
-        if bad or self.warmup < 0 or not self.d_values or not self.seqs or not self.impls:
-            raise ValueError(
-                "batch, steps, max_seconds, every d and seq must be positive, warmup >= 0, and "
-                f"d_values, seqs, impls non-empty; got {self}"
-            )
-
-    @property
-    def num_cells(self) -> int:
-        """Measurements in the grid: d values × lengths × implementations."""
-        return len(self.d_values) * len(self.seqs) * len(self.impls)
-
-    def estimate_s(self) -> float:
-        """An upper estimate of the run's time in seconds: per cell, both passes' budgets and
-        `CELL_OVERHEAD_S` for warm-up and building."""
-        return self.num_cells * (2 * self.max_seconds + CELL_OVERHEAD_S)
-
-
-# The handout's whole grid (`--grid handout`): its five implementations and 100 timed calls;
-# 2 s per pass keeps a cell's timing under 4 s (naive fp32 at 16k times fewer calls).
-HANDOUT_GRID = AttnConfig(
-    d_values=HANDOUT_D_VALUES, seqs=HANDOUT_SEQS, impls=IMPLS, steps=100, warmup=10, max_seconds=2.0
-)
-
-
-def default_attn_config(device: torch.device | str) -> AttnConfig:
-    """The story in about a minute on CUDA; on the CPU a small grid that runs in seconds."""
-    if torch.device(device).type == "cuda":
-        return AttnConfig()
-    return AttnConfig(
-        d_values=CPU_D_VALUES, seqs=CPU_SEQS, impls=CPU_IMPLS, steps=5, warmup=1, max_seconds=2.0
-    )
 
 
 def _duration(seconds: float) -> str:
@@ -250,7 +158,7 @@ def run_attention(
     """Measure every (d, seq, implementation) of `config` on `device` and return the run.
 
     Args:
-        config: the grid; `default_attn_config(device)` when None.
+        config: the grid; the device's default (`AttnConfig`) when None.
         device: where to run; CUDA when available, else the CPU, when None.
         command: the command line to record; the process's own when None.
         show_progress: draw a progress bar on stderr.
@@ -274,7 +182,7 @@ def run_attention(
     config, notes = config_or_default(
         config,
         device,
-        default=default_attn_config,
+        cls=AttnConfig,
         tool="bench-attn",
         describe=lambda c: (
             f"d in {c.d_values}, seq in {c.seqs}, {c.steps} steps; the handout's grid needs a GPU"
@@ -351,26 +259,10 @@ def plot_attention(run: Run, path: Path) -> list[Path]:
     ]
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    given = {
-        "d_values": distinct(args.d),
-        "seqs": distinct(args.seq),
-        "impls": distinct(args.impls),
-        "batch": args.batch,
-        "dtype": args.dtype,
-        "causal": args.causal or None,
-        "max_seconds": args.max_seconds,
-        "steps": args.steps,
-        "warmup": args.warmup,
-    }
-    grid = asdict(HANDOUT_GRID) if args.grid == "handout" else {}
-    return grid | {name: value for name, value in given.items() if value is not None}
-
-
 def _run(config: AttnConfig | None, cli: Invocation) -> Run:
     return run_attention(
         config, device=cli.device, command=cli.command, show_progress=cli.show_progress
     )
 
 
-TOOL = Tool(run=_run, default=default_attn_config, overrides=_overrides, plot=plot_attention)
+TOOL = Tool(run=_run, config=AttnConfig, preset=grid_fields, plot=plot_attention)

@@ -8,41 +8,37 @@ The variants, what each column means and the command line: `bench.commands.data_
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 import ddp
 import lmcore
-from bench.commands.data_parallel import VARIANTS
-from bench.core.cli import distinct
+from bench.commands.data_parallel import (
+    ALL_REDUCE,
+    BUCKETED,
+    SINGLE,
+    TORCH_DDP,
+    VARIANTS,
+    DDPBenchConfig,
+)
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.memory import free_memory
 from bench.core.nvtx import nvtx_range
 from bench.core.oom import OK, OOM
+from bench.core.parallel import Parallel
 from bench.core.plots import hbar_plot
 from bench.core.results import Keys, Run
+from bench.core.step import train_step
 from bench.core.timing import elapsed_ms
-from bench.core.tool import Invocation, Tool, as_device
-from bench.core.training import (
-    ADAMW_OPTIONS,
-    Case,
-    TrainingBenchConfig,
-    build_model,
-    token_batches,
-    train_step,
-)
-from bench.core.training_options import training_overrides
+from bench.core.tool import Invocation, Tool, as_device, config_or_default
+from bench.core.training_bench import ADAMW_OPTIONS, Case, build_model, token_batches
 
 __all__ = [
     "COLUMNS",
@@ -50,16 +46,10 @@ __all__ = [
     "TOOL",
     "VARIANTS",
     "DDPBenchConfig",
-    "default_ddp_config",
     "plot_ddp",
     "run_ddp",
 ]
 
-_WRAPPERS: dict[str, type[ddp.DataParallelBase]] = {
-    "naive": ddp.NaiveDDP,
-    "flat": ddp.FlatDDP,
-    "individual": ddp.DDPIndividualParameters,
-}
 # torch DDP's `bucket_cap_mb` when left unset (None): ddp's default is torch DDP's by design.
 TORCH_DEFAULT_BUCKET_MB = ddp.DEFAULT_BUCKET_SIZE_MB
 # Issue 4's target: DDPBucketed at its best bucket size within 5% of torch DDP's step time.
@@ -84,82 +74,37 @@ _RANK_ENV = {"TORCH_NCCL_ENABLE_TIMING": "1"}  # NCCL times each collective: `co
 KEYS = Keys(*COLUMNS, "variant", "bucket_mb")
 
 
-@dataclass(frozen=True)
-class DDPBenchConfig(TrainingBenchConfig):
-    """What `run_ddp` measures: the fields of `bench.core.training.TrainingBenchConfig` and these.
-
-    Args:
-        variants: from `VARIANTS`, in the order they run (all by default).
-        warmup: untimed steps per variant (the first creates the optimizer state); 3.
-        attention: lmcore attention backend.
-        bucket_sizes_mb: `DDPBucketed` bucket sizes (MiB; None = one bucket), a row each.
-        torch_bucket_mbs: torch DDP `bucket_cap_mb` values, a row each; None is its default.
-    """
-
-    VARIANTS: ClassVar[tuple[str, ...]] = VARIANTS
-
-    variants: tuple[str, ...] = VARIANTS
-    warmup: int = 3
-    attention: str = lmcore.DEFAULT_ATTENTION
-    bucket_sizes_mb: tuple[float | None, ...] = (1.0, 10.0, 100.0, 1000.0)
-    torch_bucket_mbs: tuple[float | None, ...] = (None, 100.0)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for size in self.bucket_sizes_mb:
-            ddp.bucket_bytes(size)  # finite and >= 0, or None
-        # torch turns the size into a whole number of bytes, so it must be finite.
-        if any(b is not None and not 0 < b < math.inf for b in self.torch_bucket_mbs):
-            raise ValueError(
-                f"torch bucket sizes must be finite and > 0 or None, got {self.torch_bucket_mbs}"
-            )
-        if "bucketed" in self.variants and not self.bucket_sizes_mb:
-            raise ValueError("the bucketed variant needs at least one bucket size")
-        if "torch-ddp" in self.variants and not self.torch_bucket_mbs:
-            raise ValueError("the torch-ddp variant needs at least one bucket_cap_mb")
-
-
-def default_ddp_config(device: torch.device | str) -> DDPBenchConfig:
-    """XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks otherwise."""
-    return DDPBenchConfig.for_device(device)
-
-
 def _label(case: Case) -> str:
-    if case.variant == "all-reduce":
+    if case.variant == ALL_REDUCE:
         return "all-reduce alone"
-    if case.variant == "bucketed":
+    if case.variant == BUCKETED:
         if case.bucket_size_mb is None:
-            return "bucketed one bucket"
-        return f"bucketed {case.bucket_size_mb:g} MB"
-    if case.variant == "torch-ddp":
+            return f"{BUCKETED} one bucket"
+        return f"{BUCKETED} {case.bucket_size_mb:g} MB"
+    if case.variant == TORCH_DDP:
         mb = TORCH_DEFAULT_BUCKET_MB if case.bucket_size_mb is None else case.bucket_size_mb
-        return f"torch-ddp {mb:g} MB" + (" (default)" if case.bucket_size_mb is None else "")
+        return f"{TORCH_DDP} {mb:g} MB" + (" (default)" if case.bucket_size_mb is None else "")
     return case.variant
 
 
 def _cases(config: DDPBenchConfig) -> list[Case]:
     cases = []
     for variant in config.variants:
-        if variant == "bucketed":
+        if variant == BUCKETED:
             cases += [Case(variant, mb) for mb in config.bucket_sizes_mb]
-        elif variant == "torch-ddp":
+        elif variant == TORCH_DDP:
             cases += [Case(variant, mb) for mb in config.torch_bucket_mbs]
         else:
             cases.append(Case(variant))
     return cases
 
 
-def _wrap(case: Case, model: nn.Module, device: torch.device) -> nn.Module:
-    if case.variant == "single":
-        return model
-    if case.variant == "torch-ddp":
-        device_ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(
-            model, device_ids=device_ids, bucket_cap_mb=case.bucket_size_mb
-        )
-    if case.variant == "bucketed":
-        return ddp.DDPBucketed(model, case.bucket_size_mb, record_comm_stats=True)
-    return _WRAPPERS[case.variant](model, record_comm_stats=True)
+def _parallel(case: Case, device: torch.device) -> Parallel:
+    """The case's layout (`bench.core.parallel`), its bucket size where it takes one."""
+    sizes = {"bucket_size_mb": case.bucket_size_mb} if case.variant == BUCKETED else {}
+    if case.variant == TORCH_DDP:
+        sizes = {"torch_bucket_mb": case.bucket_size_mb}
+    return Parallel(case.variant, device=device, record_comm_stats=True, **sizes)
 
 
 def _measure_allreduce(config: DDPBenchConfig, device: torch.device) -> dict[str, Any]:
@@ -189,13 +134,14 @@ def _measure_case(
 ) -> dict[str, Any]:
     """One rank's per-step times (ms) and communication records for one case."""
     free_memory(device)
-    if case.variant == "all-reduce":
+    if case.variant == ALL_REDUCE:
         return _measure_allreduce(config, device)
     # Ranks start apart; the wrappers broadcast rank 0's weights.
     model = build_model(config, device, seed=rank, attention=config.attention)
-    wrapped = _wrap(case, model, device)
+    parallel = _parallel(case, device)
+    wrapped = parallel.wrap(model)
     ours = isinstance(wrapped, ddp.DataParallelBase)
-    optimizer = torch.optim.AdamW(wrapped.parameters(), **ADAMW_OPTIONS)
+    optimizer = parallel.build_optimizer(wrapped.parameters(), torch.optim.AdamW, ADAMW_OPTIONS)
 
     def step(tokens: torch.Tensor) -> None:
         train_step(wrapped, optimizer, [tokens], set_to_none=False)
@@ -230,11 +176,11 @@ def _row(case: Case, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {**row, "status": OOM}
     step = slowest_rank([r["times"] for r in per_rank])
     row["step_ms"], row["step_ms_std"] = step.median, step.std
-    if per_rank[0]["waits"] is not None or case.variant == "all-reduce":
+    if per_rank[0]["waits"] is not None or case.variant == ALL_REDUCE:
         waits = [r["waits"] for r in per_rank]
         row["wait_ms"] = None if None in waits else slowest_rank(waits).median
         row["collectives"] = per_rank[0]["collectives"]
-    if case.variant == "all-reduce":
+    if case.variant == ALL_REDUCE:
         row["case"] = f"{row['case']} ({per_rank[0]['mb']:.3g} MB)"
     if all(r["comms"] is not None for r in per_rank):
         row["comm_ms"] = slowest_rank([r["comms"] for r in per_rank]).median
@@ -248,24 +194,22 @@ def _add_comparisons(rows: list[dict[str, Any]]) -> None:
     """`overhead_ms` beyond `single`, `vs_torch` against torch DDP's default bucket cap and
     `hidden_e2e` against the standalone all-reduce, for every training row."""
     ok = [r for r in rows if r["status"] == OK]
-    single = next((r for r in ok if r["variant"] == "single"), None)
-    torch_ddp = next(
-        (r for r in ok if r["variant"] == "torch-ddp" and r["bucket_mb"] is None), None
-    )
-    alone = next((r for r in ok if r["variant"] == "all-reduce"), None)
+    single = next((r for r in ok if r["variant"] == SINGLE), None)
+    torch_ddp = next((r for r in ok if r["variant"] == TORCH_DDP and r["bucket_mb"] is None), None)
+    alone = next((r for r in ok if r["variant"] == ALL_REDUCE), None)
     for row in ok:
-        if row["variant"] == "all-reduce":
+        if row["variant"] == ALL_REDUCE:
             continue
         if single is not None:
             row["overhead_ms"] = row["step_ms"] - single["step_ms"]
         if torch_ddp is not None:
             row["vs_torch"] = row["step_ms"] / torch_ddp["step_ms"]
-        if single is not None and alone is not None and row["variant"] != "single":
+        if single is not None and alone is not None and row["variant"] != SINGLE:
             row["hidden_e2e"] = 1.0 - row["overhead_ms"] / alone["step_ms"]
 
 
 def _target_note(rows: Sequence[dict[str, Any]]) -> list[str]:
-    bucketed = [r for r in rows if r["variant"] == "bucketed" and r.get("vs_torch") is not None]
+    bucketed = [r for r in rows if r["variant"] == BUCKETED and r.get("vs_torch") is not None]
     if not bucketed:
         return []
     best = min(bucketed, key=lambda r: r["vs_torch"])
@@ -300,10 +244,10 @@ def run_ddp(
     command: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> Run:
-    """Measure every variant of `config` on `config.world_size` ranks, in one launch.
+    """Measure every variant of `config` on `config.nproc` ranks, in one launch.
 
     Args:
-        config: what to run; `default_ddp_config(device)` when None.
+        config: what to run; the device's default (`DDPBenchConfig`) when None.
         device: `cuda` (NCCL, one GPU per rank) or `cpu` (gloo); CUDA when available when None.
         command: the command line to record; the process's own when None.
         timeout: seconds the ranks may take in all.
@@ -313,10 +257,12 @@ def run_ddp(
         for the columns; rows also carry `variant` and `bucket_mb`).
 
     Raises:
-        ValueError: CUDA with fewer GPUs than `config.world_size`.
+        ValueError: CUDA with fewer GPUs than `config.nproc`.
     """
     device = as_device(device)
-    config, notes = DDPBenchConfig.or_default(config, device, tool="bench-ddp")
+    config, notes = config_or_default(
+        config, device, cls=DDPBenchConfig, tool="bench-ddp", describe=DDPBenchConfig.cpu_summary
+    )
     measured = measure_cases(
         _measure_case, _cases(config), config, device=device, env=_RANK_ENV, timeout=timeout
     )
@@ -358,17 +304,8 @@ def plot_ddp(run: Run, path: str | Path) -> Path:
     )
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        **training_overrides(args),
-        "attention": args.attention,
-        "bucket_sizes_mb": distinct(args.bucket_mb),
-        "torch_bucket_mbs": distinct(args.torch_bucket_mb),
-    }
-
-
 def _run(config: DDPBenchConfig | None, cli: Invocation) -> Run:
     return run_ddp(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
 
 
-TOOL = Tool(run=_run, default=default_ddp_config, overrides=_overrides, plot=plot_ddp)
+TOOL = Tool(run=_run, config=DDPBenchConfig, plot=plot_ddp)

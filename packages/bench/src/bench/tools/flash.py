@@ -7,23 +7,21 @@ The cases (`FlashCase`, the presets) and the command line: `bench.commands.flash
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.commands.flash import DTYPES, PRESETS, FlashCase
+from bench.commands.flash import DTYPES, PRESETS, FlashCase, FlashOptions
 from bench.core.attention_impls import attention_impl
-from bench.core.cli import distinct, usage_errors
 from bench.core.memory import free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import bar_plot, line_plot
 from bench.core.results import Keys, Run
 from bench.core.timing import do_bench, summarize
-from bench.core.tool import Invocation, Tool, as_device, config_or_default, progress
+from bench.core.tool import Invocation, Tool, as_device, cpu_default_notice, progress
 
 __all__ = [
     "KEYS",
@@ -185,13 +183,12 @@ def run_flash(
         speed-ups against the case's baseline and `status`; one table per case.
     """
     device = as_device(device)
-    cases, notes = config_or_default(
-        None if cases is None else list(cases),
-        device,
-        default=default_cases,
-        tool="bench-flash",
-        describe=lambda cases: _describe(cases[0]),
-    )
+    notes: list[str] = []
+    if cases is None:  # the device's default, announced off CUDA
+        cases = default_cases(device)
+        if device.type != "cuda":
+            notes.append(cpu_default_notice("bench-flash", _describe(cases[0])))
+    cases = list(cases)
     if budget_ms is None:
         budget_ms = CUDA_BUDGET_MS if device.type == "cuda" else CPU_BUDGET_MS
     notes.append(
@@ -285,39 +282,18 @@ def plot_flash(run: Run, path: Path) -> list[Path]:
     return written
 
 
-def _cases_from_args(args: argparse.Namespace, device: torch.device) -> list[FlashCase] | None:
-    """The presets asked for with the command line's overrides applied; None: the default."""
-    overrides = {
-        "seqs": tuple(args.seq) if args.seq else None,
-        "d_values": tuple(args.d) if args.d else None,
-        "dtypes": distinct(args.dtype),
-        "batch": args.batch,
-        "causal": args.causal,
-        "impls": distinct(args.impls),
-    }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if args.preset is None and not overrides:
-        return None
-    if args.preset is None:
-        base = default_cases(device)
-    elif "all" in args.preset:
-        base = list(PRESETS.values())
-    else:
-        base = [PRESETS[name] for name in dict.fromkeys(args.preset)]
-    return [replace(c, **overrides) for c in base]
-
-
-def _run(config: None, cli: Invocation) -> Run:
-    # The presets and their overrides are the configuration: a list, not a dataclass.
-    with usage_errors(cli.parser):
-        cases = _cases_from_args(cli.args, cli.device)
+def _run(options: FlashOptions | None, cli: Invocation) -> Run:
+    options = options or FlashOptions()
+    cases = None
+    if options.presets is not None or options.changes:
+        cases = options.cases(default_cases(cli.device))
     return run_flash(
         cases,
         device=cli.device,
-        budget_ms=tuple(cli.args.budget_ms) if cli.args.budget_ms else None,
+        budget_ms=options.budget_ms,
         command=cli.command,
         show_progress=cli.show_progress,
     )
 
 
-TOOL: Tool[None] = Tool(run=_run, plot=plot_flash)
+TOOL = Tool(run=_run, config=FlashOptions, plot=plot_flash)

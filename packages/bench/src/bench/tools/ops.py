@@ -6,11 +6,10 @@ The studies, the shapes and the command line: `bench.commands.ops` (`bench-ops -
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,14 @@ import torch
 import torch.nn.functional as F
 
 import lmcore
-from bench.commands.ops import ADAMW_IMPLS, DTYPES, LOSS_IMPLS, LOSS_SHAPES, STUDIES, LossShape
-from bench.core.cli import distinct
+from bench.commands.ops import (
+    ADAMW_IMPLS,
+    DTYPES,
+    LOSS_IMPLS,
+    LOSS_SHAPES,
+    LossShape,
+    OpsConfig,
+)
 from bench.core.env import device_name
 from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.oom import OK, Unavailable, guarded
@@ -36,75 +41,12 @@ __all__ = [
     "TOOL",
     "LossShape",
     "OpsConfig",
-    "default_ops_config",
     "plot_ops",
     "run_ops",
 ]
 
 LOSS_BASELINE = "compiled"
 ADAMW_BASELINE = "torch-fused"
-# The CPU default: seconds on two cores.
-CPU_LOSS_IMPLS = ("fused", "eager")
-CPU_STEPS, CPU_WARMUP = 3, 1
-
-
-@dataclass(frozen=True)
-class OpsConfig:
-    """What `run_ops` measures.
-
-    Args:
-        studies: `loss`, `adamw` or both.
-        loss_shapes: names from `LOSS_SHAPES`.
-        loss_impls: from `LOSS_IMPLS`.
-        adamw_sizes: sizes of `lmcore.MODEL_SIZES` whose parameters the optimizer steps.
-        adamw_impls: from `ADAMW_IMPLS`.
-        dtype: dtype of the loss's hidden states and head weight (`bf16` or `fp32`).
-        steps: timed calls per row.
-        warmup: untimed calls first (compilation, autotuning, allocator growth).
-    """
-
-    studies: tuple[str, ...] = STUDIES
-    loss_shapes: tuple[str, ...] = ("small", "leaderboard")
-    loss_impls: tuple[str, ...] = LOSS_IMPLS
-    adamw_sizes: tuple[str, ...] = ("small", "xl")
-    adamw_impls: tuple[str, ...] = ADAMW_IMPLS
-    dtype: str = "bf16"
-    steps: int = 10
-    warmup: int = 3
-
-    def __post_init__(self) -> None:
-        choices = {
-            "studies": (self.studies, STUDIES),
-            "loss_shapes": (self.loss_shapes, tuple(LOSS_SHAPES)),
-            "loss_impls": (self.loss_impls, LOSS_IMPLS),
-            "adamw_sizes": (self.adamw_sizes, tuple(lmcore.MODEL_SIZES)),
-            "adamw_impls": (self.adamw_impls, ADAMW_IMPLS),
-        }
-        for name, (given, allowed) in choices.items():
-            unknown = [v for v in given if v not in allowed]
-            if unknown or not given:
-                raise ValueError(f"{name} must be names from {list(allowed)}, got {list(given)}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-        if self.steps < 1 or self.warmup < 0:
-            raise ValueError(f"steps must be positive and warmup >= 0, got {self}")
-
-
-def default_ops_config(device: torch.device | str) -> OpsConfig:
-    """The issue's shapes on CUDA; on the CPU the tiny model in float32, in seconds."""
-    if torch.device(device).type == "cuda":
-        return OpsConfig()
-    return OpsConfig(
-        loss_shapes=("tiny",),
-        loss_impls=CPU_LOSS_IMPLS,
-        adamw_sizes=("tiny",),
-        dtype="fp32",  # CPU bf16 matmuls are emulated and slow; they are not what is measured
-        steps=CPU_STEPS,
-        warmup=CPU_WARMUP,
-    )
-
-
-# ---- the loss ------------------------------------------------------------------------------
 
 
 def _unfused(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -324,7 +266,7 @@ def run_ops(
     """Measure the studies of `config` on `device` and return the run.
 
     Args:
-        config: what to measure; `default_ops_config(device)` when None.
+        config: what to measure; the device's default (`OpsConfig`) when None.
         device: where to run; CUDA when available, else the CPU, when None.
         command: the command line to record; the process's own when None.
         show_progress: draw a progress bar on stderr.
@@ -345,7 +287,7 @@ def run_ops(
     config, notes = config_or_default(
         config,
         device,
-        default=default_ops_config,
+        cls=OpsConfig,
         tool="bench-ops",
         describe=lambda c: f"loss at {c.loss_shapes}, AdamW over {c.adamw_sizes}",
     )
@@ -413,21 +355,8 @@ def plot_ops(run: Run, path: Path) -> Path:
     )
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "studies": distinct(args.study),
-        "loss_shapes": distinct(args.loss_shapes),
-        "loss_impls": distinct(args.loss_impls),
-        "adamw_sizes": distinct(args.adamw_sizes),
-        "adamw_impls": distinct(args.adamw_impls),
-        "dtype": args.dtype,
-        "steps": args.steps,
-        "warmup": args.warmup,
-    }
-
-
 def _run(config: OpsConfig | None, cli: Invocation) -> Run:
     return run_ops(config, device=cli.device, command=cli.command, show_progress=cli.show_progress)
 
 
-TOOL = Tool(run=_run, default=default_ops_config, overrides=_overrides, plot=plot_ops)
+TOOL = Tool(run=_run, config=OpsConfig, plot=plot_ops)

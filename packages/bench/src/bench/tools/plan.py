@@ -9,51 +9,51 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import lmcore
-from bench.core import ffn_parallelism as ffn
-from bench.core.capacity import (
-    DATA_PARALLEL_LAYOUTS,
-    TENSOR_PARALLEL_LAYOUTS,
-    Checkpointing,
-    MemoryEstimate,
-    Phase,
-    TrainingPlan,
-    estimate_memory,
-)
-from bench.core.cli import distinct, usage_errors
-from bench.core.collectives import (
+from bench.commands.plan import PlanConfig
+from bench.core.cli import usage_errors
+from bench.core.layouts import LAYOUTS
+from bench.core.memory import GIB
+from bench.core.model_options import LOSSES
+from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
+from bench.core.results import Keys, Run
+from bench.core.tool import Invocation, Tool
+from bench.plan import ffn
+from bench.plan.check import CHECK_COLUMNS, check_results
+from bench.plan.collectives import (
     BANDWIDTH_SOURCE,
     DEFAULT_BANDWIDTH_GBPS,
     alternate_ring_all_reduce_seconds,
     ring_all_reduce_seconds,
 )
-from bench.core.fit import (
+from bench.plan.fit import (
     checkpointing_candidates,
     largest_batch,
     largest_seq_len,
     least_recompute,
     parse_memory,
 )
-from bench.core.memory import GIB
-from bench.core.plan_check import CHECK_COLUMNS, check_results
-from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
-from bench.core.residuals import LOSSES
-from bench.core.results import Keys, Run
-from bench.core.shapes import size_label
-from bench.core.step_traffic import StepTraffic, default_tflops, estimate_traffic
-from bench.core.tool import Invocation, Tool
+from bench.plan.memory import (
+    Checkpointing,
+    MemoryEstimate,
+    Phase,
+    TrainingPlan,
+    estimate_memory,
+)
+from bench.plan.traffic import StepTraffic, default_tflops, estimate_traffic
 
 __all__ = [
     "KEYS",
     "LEADERBOARD_2026",
     "PLAN_COLUMNS",
     "TOOL",
-    "PlanSweep",
+    "PlanConfig",
     "plot_plan",
     "run_check",
     "run_leaderboard",
@@ -61,21 +61,15 @@ __all__ = [
     "run_section8",
 ]
 
-# The CS336 spring-2026 leaderboard's model and step (the handout's `Config`): vocabulary
-# 151,936, d_model 4096, d_ff 11,008, 34 layers, 32 heads, context 32,768, batch 2, bf16, causal,
-# on two GPUs. Attention through fa2's Triton kernels (a fused kernel; naive attention would hold
+# The CS336 spring-2026 leaderboard's model and step (lmcore's size `leaderboard-8b`, the
+# handout's `Config`, with its own vocabulary and context), batch 2, bf16, causal, on two GPUs.
+# Attention through fa2's Triton kernels (a fused kernel; naive attention would hold
 # 2·32·32,768² scores per block).
-LEADERBOARD_2026 = lmcore.ModelConfig(
-    vocab_size=151_936,
-    context_length=32_768,
-    d_model=4096,
-    num_layers=34,
-    num_heads=32,
-    d_ff=11_008,
-    attention="fa2-triton",
-)
+LEADERBOARD_2026 = lmcore.MODEL_SIZES["leaderboard-8b"].config(attention="fa2-triton")
 LEADERBOARD_BATCH = 2
 LEADERBOARD_DEVICES = 2
+# Its layouts over the two GPUs: each family with the gradient buckets of torch's DDP.
+LEADERBOARD_LAYOUTS = ("ddp:torch", "zero1:torch-ddp", "fsdp", "tp")
 # Memory per GPU the leaderboard prediction is asked for: an 80 GB H100 and a 141 GB H200.
 LEADERBOARD_MEMORY = {"80 GB": parse_memory("80GB"), "141 GB": parse_memory("141GB")}
 
@@ -140,89 +134,6 @@ KEYS = Keys(*PLAN_COLUMNS, *CHECK_COLUMNS, *LEADERBOARD_COLUMNS, *SECTION8_COLUM
 # --- predictions ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PlanSweep:
-    """What `run_plan` predicts; every tuple is a sweep dimension (all combinations).
-
-    Args:
-        models: (label, `lmcore.ModelConfig`) pairs; the config's context length is the
-            sequence length and its `attention` is replaced by each of `attentions`.
-        batches: sequences per step in all.
-        precisions, layouts, checkpointing, losses, optimizers, attentions: names from
-            `bench.core.capacity` (see `TrainingPlan`).
-        dp, tp: data- and tensor-parallel ranks (a layout uses the ones it has).
-        mode: `train-step`, `forward-backward` or `forward`.
-        hold_logits: the step keeps the logits through backward.
-        ddp_buckets: torch DDP's bucket copy or ddp.DDPBucketed's views.
-        memory_bytes: the device memory to fit (None: no fit columns).
-        bandwidth_gbps: W per device.
-        tflops: the FLOP rate (None: `default_tflops`).
-    """
-
-    models: tuple[tuple[str, lmcore.ModelConfig], ...]
-    batches: tuple[int, ...] = (4,)
-    precisions: tuple[str, ...] = ("fp32",)
-    layouts: tuple[str, ...] = ("single",)
-    dp: int = 2
-    tp: int = 2
-    checkpointing: tuple[str, ...] = ("none",)
-    losses: tuple[str, ...] = ("materialized",)
-    optimizers: tuple[str, ...] = ("lmcore",)
-    attentions: tuple[str, ...] = ("naive",)
-    mode: str = "train-step"
-    hold_logits: bool = True
-    ddp_buckets: str = "torch"
-    memory_bytes: int | None = None
-    bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
-    tflops: float | None = None
-
-    def __post_init__(self) -> None:
-        named = {
-            "models": self.models,
-            "batches": self.batches,
-            "precisions": self.precisions,
-            "layouts": self.layouts,
-            "checkpointing": self.checkpointing,
-            "losses": self.losses,
-            "optimizers": self.optimizers,
-            "attentions": self.attentions,
-        }
-        empty = [name for name, values in named.items() if not values]
-        if empty:
-            raise ValueError(f"{', '.join(empty)} must not be empty")
-
-    def plans(self) -> list[tuple[str, TrainingPlan]]:
-        """Every combination as a validated `TrainingPlan` with its model's label.
-
-        Raises:
-            ValueError: a combination the plan refuses (the message names it).
-        """
-        out = []
-        combos = itertools.product(
-            self.models, self.attentions, self.batches, self.precisions, self.layouts,
-            self.checkpointing, self.losses, self.optimizers,
-        )  # fmt: skip
-        for (label, model), attention, batch, precision, layout, ckpt, loss, opt in combos:
-            dp = self.dp if layout in DATA_PARALLEL_LAYOUTS else 1
-            tp = self.tp if layout in TENSOR_PARALLEL_LAYOUTS else 1
-            plan = TrainingPlan(
-                replace(model, attention=attention),
-                batch=batch,
-                precision=precision,
-                layout=layout,
-                dp=dp,
-                tp=tp,
-                activation_checkpointing=ckpt,
-                loss=loss,
-                optimizer=opt,
-                mode=self.mode,
-                hold_logits=self.hold_logits,
-                ddp_buckets=self.ddp_buckets,
-            )
-            out.append((label, plan))
-        return out
-
-
 def _gib(num_bytes: float | None) -> float | None:
     return None if num_bytes is None else num_bytes / GIB
 
@@ -234,11 +145,11 @@ def _categories(phase: Phase) -> dict[str, float]:
 
 
 def _mesh(plan: TrainingPlan) -> str:
-    if plan.layout == "single":
+    if plan.family == "single":
         return "1"
-    if plan.layout == "tp":
+    if plan.family == "tp":
         return f"tp{plan.tp}"
-    if plan.layout == "fsdp-tp":
+    if plan.family == "fsdp-tp":
         return f"dp{plan.dp}×tp{plan.tp}"
     return f"dp{plan.dp}"
 
@@ -322,7 +233,7 @@ def _term_rows(label: str, estimate: MemoryEstimate, traffic: StepTraffic) -> li
     return rows
 
 
-def run_plan(sweep: PlanSweep, *, command: str | None = None, formulas: bool = True) -> Run:
+def run_plan(sweep: PlanConfig, *, command: str | None = None, formulas: bool = True) -> Run:
     """Predict every configuration of `sweep`.
 
     Args:
@@ -377,9 +288,9 @@ def run_plan(sweep: PlanSweep, *, command: str | None = None, formulas: bool = T
     )
 
 
-def _sweep_config(sweep: PlanSweep) -> dict[str, Any]:
+def _sweep_config(sweep: PlanConfig) -> dict[str, Any]:
     config = asdict(sweep)
-    config["models"] = [[label, asdict(model)] for label, model in sweep.models]
+    config["models"] = [[label, asdict(model)] for label, model in sweep.model_configs()]
     return config
 
 
@@ -408,15 +319,16 @@ def run_leaderboard(
 
     Returns:
         A `Run` (tool `"plan_leaderboard"`), a row per (precision, layout, loss, optimizer).
-        The default checkpointing forms are `bench.core.fit.checkpointing_candidates`.
+        The default checkpointing forms are `bench.plan.fit.checkpointing_candidates`.
     """
     config = LEADERBOARD_2026
     candidates = list(checkpointing or checkpointing_candidates(config.num_layers))
     rows = []
     for precision, layout, loss, optimizer in itertools.product(
-        ("bf16", "bf16-master"), ("ddp", "zero1", "fsdp", "tp"), LOSSES, ("lmcore", "lmcore-fused")
+        ("bf16", "bf16-master"), LEADERBOARD_LAYOUTS, LOSSES, ("lmcore", "lmcore-fused")
     ):
-        degrees = {"tp": LEADERBOARD_DEVICES} if layout == "tp" else {"dp": LEADERBOARD_DEVICES}
+        tensor = LAYOUTS[layout].tensor_parallel
+        degrees = {"tp": LEADERBOARD_DEVICES} if tensor else {"dp": LEADERBOARD_DEVICES}
         base = TrainingPlan(
             config, batch=LEADERBOARD_BATCH, precision=precision, layout=layout, loss=loss,
             optimizer=optimizer, **degrees,
@@ -582,7 +494,7 @@ def run_section8(
 
 
 def run_check(folder: str | Path, *, command: str | None = None) -> Run:
-    """`bench.core.plan_check.check_results` of `folder` as a run (tool `"plan_check"`).
+    """`bench.plan.check.check_results` of `folder` as a run (tool `"plan_check"`).
 
     Raises:
         ValueError: `folder` is not a directory.
@@ -649,70 +561,50 @@ def plot_plan(run: Run, path: Path) -> Path:
 # --- the command line -------------------------------------------------------------------------
 
 
-def _models_from_args(args: argparse.Namespace) -> tuple[tuple[str, lmcore.ModelConfig], ...]:
-    dims = [args.d_model, args.d_ff, args.num_layers, args.num_heads]
-    contexts = distinct(args.context_length) or (None,)
-    vocab = args.vocab_size or lmcore.VOCAB_SIZE
-    out = []
-    for ctx in contexts:
-        for name in dict.fromkeys(args.size or ()):
-            size = lmcore.MODEL_SIZES[name]
-            config = size.config(context_length=ctx or 512, vocab_size=vocab,
-                                 num_kv_heads=args.num_kv_heads)  # fmt: skip
-            out.append((size_label(name, (size.d_model, size.d_ff, size.num_layers,
-                                          size.num_heads)), config))  # fmt: skip
-        if any(d is not None for d in dims):
-            if any(d is None for d in dims):
-                raise ValueError(
-                    "explicit dimensions need all of --d-model --d-ff --num-layers --num-heads"
-                )
-            config = lmcore.ModelConfig(
-                vocab_size=vocab, context_length=ctx or 512, d_model=dims[0], d_ff=dims[1],
-                num_layers=dims[2], num_heads=dims[3], num_kv_heads=args.num_kv_heads,
-            )  # fmt: skip
-            out.append((size_label(args.name, dims), config))
-    if not out:
-        raise ValueError("name a model: --size NAME, or --d-model --d-ff --num-layers --num-heads")
-    return tuple(out)
+# The gradient buckets the old `--ddp-buckets torch` chose, as the layouts now name them.
+_TORCH_BUCKETS = {"ddp": "ddp:torch", "zero1": "zero1:torch-ddp"}
 
 
-def _run(config: object, cli: Invocation) -> Run:
-    args = cli.args
+def _plan_given(args: argparse.Namespace, given: dict[str, Any]) -> dict[str, Any]:
+    """The fields given, with the old `--ddp-buckets` folded into the layouts' names, and a note
+    where `--batch` (per rank now) meets a data-parallel layout."""
+    layouts = given.get("layouts", ("single",))
+    if args.ddp_buckets is not None:
+        print(
+            "bench-plan: --ddp-buckets is part of the layout's name now (ddp, zero1: "
+            "DDPBucketed's views; ddp:torch, zero1:torch-ddp: torch DDP's buckets)",
+            file=sys.stderr,
+        )
+        if args.ddp_buckets == "torch":
+            layouts = tuple(dict.fromkeys(_TORCH_BUCKETS.get(n, n) for n in layouts))
+            given = {**given, "layouts": layouts}
+    if given.get("batches") and any(LAYOUTS[n].data_parallel for n in layouts):
+        print(
+            "bench-plan: --batch counts sequences per data-parallel rank, as in every command; "
+            "the batch in all is --global-batch",
+            file=sys.stderr,
+        )
+    return given
+
+
+def _run(config: PlanConfig | None, cli: Invocation) -> Run:
+    args, config = cli.args, config or PlanConfig()
     if args.check is not None:
         return run_check(args.check, command=cli.command)
     if args.preset == "leaderboard-2026":
-        return run_leaderboard(command=cli.command, bandwidth_gbps=args.bandwidth,
-                               tflops=args.tflops)  # fmt: skip
+        return run_leaderboard(command=cli.command, bandwidth_gbps=config.bandwidth_gbps,
+                               tflops=config.tflops)  # fmt: skip
     with usage_errors(cli.parser):
-        models = _models_from_args(args)
         if args.section8:
-            _, model = models[0]
-            rate = args.tflops or default_tflops("bf16")[0]
+            _, model = config.model_configs()[0]
+            rate = config.tflops or default_tflops("bf16")[0]
             setting = ffn.FFNSetting(
-                batch=(args.batch or [4])[0] * model.context_length, d_model=model.d_model,
-                d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=args.bandwidth * 1e9,
+                batch=config.global_batch * model.context_length, d_model=model.d_model,
+                d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=config.bandwidth_gbps * 1e9,
             )  # fmt: skip
-            return run_section8(setting, num_dp=args.dp, num_tp=args.tp, command=cli.command)
-        sweep = PlanSweep(
-            models=models,
-            batches=distinct(args.batch) or (4,),
-            precisions=distinct(args.precision) or ("fp32",),
-            layouts=distinct(args.layout) or ("single",),
-            dp=args.dp,
-            tp=args.tp,
-            checkpointing=distinct(args.activation_checkpointing) or ("none",),
-            losses=distinct(args.loss) or ("materialized",),
-            optimizers=distinct(args.optimizer) or ("lmcore",),
-            attentions=distinct(args.attention) or ("naive",),
-            mode=args.mode,
-            hold_logits=not args.no_hold_logits,
-            ddp_buckets=args.ddp_buckets,
-            memory_bytes=args.memory,
-            bandwidth_gbps=args.bandwidth,
-            tflops=args.tflops,
-        )
-        sweep.plans()  # validate every combination before predicting any
-    return run_plan(sweep, command=cli.command)
+            return run_section8(setting, num_dp=config.dp, num_tp=config.tp, command=cli.command)
+        config.plans()  # validate every combination before predicting any
+    return run_plan(config, command=cli.command)
 
 
-TOOL = Tool(run=_run, plot=plot_plan)
+TOOL = Tool(run=_run, config=PlanConfig, preset=_plan_given, plot=plot_plan)

@@ -7,48 +7,28 @@ The variants, what is measured, the targets and the command line: `bench.command
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-import ddp
-import lmcore
-from bench.commands.sharding import (
-    COMPUTE_DTYPES,
-    DEFAULT_VARIANTS,
-    OPTIMIZERS,
-    VARIANTS,
-)
-from bench.core.cli import distinct
+from bench.commands.sharding import COMPUTE_DTYPES, OPTIMIZERS, VARIANTS, ZeroBenchConfig
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.launch import DEFAULT_TIMEOUT_S
+from bench.core.layouts import LAYOUTS
 from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
+from bench.core.parallel import Parallel
 from bench.core.plots import Bars, stacked_bar_plot
 from bench.core.profiling import collective_overlap
 from bench.core.results import Keys, Run
+from bench.core.step import forward_backward, train_step
 from bench.core.step_memory import tensor_bytes
 from bench.core.timing import elapsed_ms
-from bench.core.tool import Invocation, Tool, as_device
-from bench.core.torch_native import fully_shard_blocks
-from bench.core.training import (
-    ADAMW_OPTIONS,
-    Case,
-    TrainingBenchConfig,
-    build_model,
-    forward_backward,
-    token_batches,
-    train_step,
-)
-from bench.core.training_options import training_overrides
-from ddp import DEFAULT_BUCKET_SIZE_MB, bucket_bytes
-from zero import FSDP, ShardedOptimizer
+from bench.core.tool import Invocation, Tool, as_device, config_or_default
+from bench.core.training_bench import ADAMW_OPTIONS, Case, build_model, token_batches
 
 __all__ = [
     "COLUMNS",
@@ -59,14 +39,14 @@ __all__ = [
     "VARIANTS",
     "ZeroBenchConfig",
     "ZeroCase",
-    "default_zero_config",
     "plot_zero",
     "run_zero",
 ]
 
-FSDP_VARIANTS = ("fsdp", "torch-fsdp", "fsdp-no-prefetch")
-BASELINE = "ddp"
-FSDP_BASELINE = "torch-fsdp"
+# The baselines of the ratios: torch's DDP (`*_vs_ddp`), torch's FSDP2 (`*_vs_torch_fsdp`).
+BASELINE = "ddp:torch"
+FSDP_BASELINE = "fsdp:torch"
+FSDP, FSDP_NO_PREFETCH = "fsdp", "fsdp:no-prefetch"
 
 # Issue 5's targets for ZeRO-1 at world size 2, as (column, largest acceptable ratio to `ddp`).
 TARGETS = (("state_vs_ddp", 0.55), ("peak_vs_ddp", 0.80), ("time_vs_ddp", 1.10))
@@ -101,102 +81,34 @@ KEYS = Keys(*COLUMNS)
 
 
 @dataclass(frozen=True)
-class ZeroBenchConfig(TrainingBenchConfig):
-    """What `run_zero` measures: the fields of `bench.core.training.TrainingBenchConfig` and these.
-
-    Args:
-        variants: from `VARIANTS`; `ddp` is the baseline of the ratios.
-        optimizer: `"torch"` (`torch.optim.AdamW`) or `"lmcore"` (`lmcore.AdamW`).
-        bucket_sizes_mb: `ShardedOptimizer` broadcast caps in MiB (None = one bucket per owner),
-            one row each of the `*sharded` variants.
-        fsdp_dtypes: compute dtypes from `COMPUTE_DTYPES`, one `fsdp` and `torch-fsdp` row each.
-        trace_dir: where one more step of each FSDP row, traced on rank 0, leaves its Chrome
-            trace (`<variant>_<dtype>.pt.trace.json`); None: no trace.
-    """
-
-    VARIANTS: ClassVar[tuple[str, ...]] = VARIANTS
-
-    variants: tuple[str, ...] = DEFAULT_VARIANTS
-    optimizer: str = "torch"
-    bucket_sizes_mb: tuple[float | None, ...] = (DEFAULT_BUCKET_SIZE_MB,)
-    fsdp_dtypes: tuple[str, ...] = tuple(COMPUTE_DTYPES)
-    trace_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(
-                f"optimizer must be one of {tuple(OPTIMIZERS)}, got {self.optimizer!r}"
-            )
-        if not self.bucket_sizes_mb:
-            raise ValueError("bucket_sizes_mb must be non-empty")
-        for size in self.bucket_sizes_mb:
-            bucket_bytes(size)  # finite and >= 0, or None
-        if not self.fsdp_dtypes or not set(self.fsdp_dtypes) <= set(COMPUTE_DTYPES):
-            raise ValueError(
-                f"fsdp_dtypes must be non-empty, from {tuple(COMPUTE_DTYPES)}; "
-                f"got {self.fsdp_dtypes}"
-            )
-
-
-@dataclass(frozen=True)
 class ZeroCase(Case):
     """A row of bench-zero: a `Case` and, for the FSDP variants, the compute dtype."""
 
     compute_dtype: str | None = None
 
 
-def default_zero_config(device: torch.device | str) -> ZeroBenchConfig:
-    """XL at context 128, batch 4 per rank, on 2 GPUs; a tiny model on 2 CPU ranks otherwise."""
-    return ZeroBenchConfig.for_device(device)
+def _broadcasts(variant: str) -> bool:
+    """Whether the variant's optimizer is `zero.ShardedOptimizer` (a row per broadcast cap)."""
+    return LAYOUTS[variant].optimizer == "ShardedOptimizer"
 
 
 def _cases(config: ZeroBenchConfig) -> list[ZeroCase]:
     cases = []
     for variant in config.variants:
-        if variant.endswith("sharded"):
+        if _broadcasts(variant):
             cases += [ZeroCase(variant, b) for b in config.bucket_sizes_mb]
-        elif variant in FSDP_VARIANTS:
+        elif LAYOUTS[variant].shards_weights:
             cases += [ZeroCase(variant, compute_dtype=d) for d in config.fsdp_dtypes]
         else:
             cases.append(ZeroCase(variant))
     return cases
 
 
-def _wrap(case: ZeroCase, model: lmcore.TransformerLM, device: torch.device) -> nn.Module:
-    if case.variant == "bucketed-sharded":
-        return ddp.DDPBucketed(model)
-    if case.variant in FSDP_VARIANTS:
-        dtype = COMPUTE_DTYPES[case.compute_dtype or "fp32"]
-        if case.variant == "torch-fsdp":
-            param_dtype = None if dtype == torch.float32 else dtype
-            return fully_shard_blocks(model, model.layers, param_dtype=param_dtype)
-        return FSDP(
-            model,
-            compute_dtype=dtype,
-            units=(lmcore.TransformerBlock,),
-            prefetch=case.variant == "fsdp",
-        )
-    return DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None
-    )
-
-
-def _optimizer(case: Case, params: Iterable[nn.Parameter], config: ZeroBenchConfig):
-    """The variant's optimizer, and the dict of optimizer state this rank holds."""
-    cls = OPTIMIZERS[config.optimizer]
-    if case.variant == "ddp" or case.variant in FSDP_VARIANTS:
-        optimizer = cls(params, **ADAMW_OPTIONS)
-        return optimizer, lambda: optimizer.state
-    if case.variant == "torch-zero":
-        # imported on use: importing torch.distributed.optim scripts functional optimizers
-        # (TorchScript deprecation warnings) in every process that merely imports this tool
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        optimizer = ZeroRedundancyOptimizer(params, optimizer_class=cls, **ADAMW_OPTIONS)
-        return optimizer, lambda: optimizer.optim.state
-    optimizer = ShardedOptimizer(params, cls, bucket_size_mb=case.bucket_size_mb, **ADAMW_OPTIONS)
-    return optimizer, lambda: optimizer.local_optimizer.state
+def _parallel(case: ZeroCase, device: torch.device) -> Parallel:
+    """The case's layout (`bench.core.parallel`): an FSDP row's compute dtype as FSDP's mixed
+    precision (bf16: float32 shards gathered in bf16), a ZeRO-1 row's broadcast cap."""
+    mixed = "bf16-autocast" if case.compute_dtype == "bf16" else "fp32"
+    return Parallel(case.variant, device=device, precision=mixed, broadcast_mb=case.bucket_size_mb)
 
 
 def _measure_case(
@@ -206,8 +118,11 @@ def _measure_case(
     free_memory(device)
     reset_peak_memory(device)
     model = build_model(config, device, seed=0)
-    wrapped = _wrap(case, model, device)
-    optimizer, local_state = _optimizer(case, wrapped.parameters(), config)
+    parallel = _parallel(case, device)
+    wrapped = parallel.wrap(model)
+    optimizer = parallel.build_optimizer(
+        wrapped.parameters(), OPTIMIZERS[config.optimizer], ADAMW_OPTIONS
+    )
     init_peak = peak_memory(device)
     batches = token_batches(config, rank=rank, device=device)
 
@@ -218,7 +133,7 @@ def _measure_case(
         step()
     times = [elapsed_ms(step, device=device)[1] for _ in range(config.steps)]
     overlap = None
-    if config.trace_dir is not None and case.variant in FSDP_VARIANTS:
+    if config.trace_dir is not None and LAYOUTS[case.variant].shards_weights:
         overlap = _traced_step(step, Path(config.trace_dir) / _trace_name(case), rank, device)
 
     # One more, instrumented, step for memory: the timed ones carry no synchronising probes.
@@ -228,7 +143,8 @@ def _measure_case(
     grads = tensor_bytes((p.grad for p in model.parameters()), device)
     optimizer.step()
     after_peak = peak_memory(device)
-    state = tensor_bytes((v for s in local_state().values() for v in s.values()), device)
+    local = parallel.local_state(optimizer)
+    state = tensor_bytes((v for s in local.values() for v in s.values()), device)
     return {
         "init": init_peak,
         "before_step": before_peak,
@@ -242,7 +158,8 @@ def _measure_case(
 
 
 def _trace_name(case: ZeroCase) -> str:
-    return f"{case.variant}_{case.compute_dtype}.pt.trace.json"
+    variant = case.variant.replace(":", "-")  # a file name without a colon
+    return f"{variant}_{case.compute_dtype}.pt.trace.json"
 
 
 def _traced_step(
@@ -296,8 +213,8 @@ def _ratio(value: float | None, baseline: float | None) -> float | None:
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Ratios of each row to the `ddp` row (optimizer state, peak, step time), and of each
-    `fsdp` row to the `torch-fsdp` row of its compute dtype (peak, step time)."""
+    """Ratios of each row to the `ddp:torch` row (optimizer state, peak, step time), and of each
+    `fsdp` row to the `fsdp:torch` row of its compute dtype (peak, step time)."""
     ok = [r for r in rows if r["status"] == OK]
     base = next((r for r in ok if r["variant"] == BASELINE), {})
     torch_fsdp = {r["compute_dtype"]: r for r in ok if r["variant"] == FSDP_BASELINE}
@@ -305,7 +222,7 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
         row["state_vs_ddp"] = _ratio(row.get("state_mib"), base.get("state_mib"))
         row["peak_vs_ddp"] = _ratio(row.get("after_step_mib"), base.get("after_step_mib"))
         row["time_vs_ddp"] = _ratio(row.get("step_ms"), base.get("step_ms"))
-        theirs = torch_fsdp.get(row["compute_dtype"]) if row["variant"] == "fsdp" else None
+        theirs = torch_fsdp.get(row["compute_dtype"]) if row["variant"] == FSDP else None
         theirs = theirs or {}
         row["peak_vs_torch_fsdp"] = _ratio(row.get("after_step_mib"), theirs.get("after_step_mib"))
         row["time_vs_torch_fsdp"] = _ratio(row.get("step_ms"), theirs.get("step_ms"))
@@ -322,11 +239,11 @@ def _verdict(row: Mapping[str, Any], column: str, limit: float, label: str) -> s
 def _target_notes(rows: Sequence[dict[str, Any]], world_size: int) -> list[str]:
     """One sentence per `ShardedOptimizer` row: which of issue 5's targets it meets."""
     targets = ", ".join(f"{col.removesuffix('_vs_ddp')} <= {limit}x" for col, limit in TARGETS)
-    notes = [f"Targets for ZeRO-1 at world size 2, as ratios to `ddp`: {targets}."]
+    notes = [f"Targets for ZeRO-1 at world size 2, as ratios to `{BASELINE}`: {targets}."]
     if world_size != 2:
         notes.append(f"This run has world size {world_size}; the targets assume 2.")
     for row in rows:
-        if not row["variant"].endswith("sharded") or row["status"] != OK:
+        if not _broadcasts(row["variant"]) or row["status"] != OK:
             continue
         verdicts = [
             _verdict(row, col, limit, col.removesuffix("_vs_ddp")) for col, limit in TARGETS
@@ -343,7 +260,7 @@ def _fsdp_target_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     )
     notes = [f"Targets for zero.FSDP at world size 2: {targets}."]
     for row in rows:
-        if row["variant"] != "fsdp" or row["status"] != OK:
+        if row["variant"] != FSDP or row["status"] != OK:
             continue
         verdicts = [
             _verdict(row, col, limit, col)
@@ -358,9 +275,9 @@ def _prefetch_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     """What issuing the next unit's all-gather one unit ahead buys, per compute dtype: `fsdp`
     beside `fsdp-no-prefetch`."""
     ok = [r for r in rows if r["status"] == OK]
-    without = {r["compute_dtype"]: r for r in ok if r["variant"] == "fsdp-no-prefetch"}
+    without = {r["compute_dtype"]: r for r in ok if r["variant"] == FSDP_NO_PREFETCH}
     notes = []
-    for prefetch in (r for r in ok if r["variant"] == "fsdp"):
+    for prefetch in (r for r in ok if r["variant"] == FSDP):
         alone = without.get(prefetch["compute_dtype"])
         if alone is None:
             continue
@@ -372,7 +289,7 @@ def _prefetch_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
             )
         notes.append(
             f"Prefetching ({prefetch['compute_dtype']}): fsdp {prefetch['step_ms']:.4g} ms "
-            f"per step against {alone['step_ms']:.4g} ms without it (fsdp-no-prefetch), "
+            f"per step against {alone['step_ms']:.4g} ms without it ({FSDP_NO_PREFETCH}), "
             f"{prefetch['step_ms'] / alone['step_ms']:.3f}x the time{peaks}."
         )
     return notes
@@ -385,10 +302,10 @@ def run_zero(
     command: str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> Run:
-    """Measure every variant of `config` on `config.world_size` ranks.
+    """Measure every variant of `config` on `config.nproc` ranks.
 
     Args:
-        config: what to run; `default_zero_config(device)` when None.
+        config: what to run; the device's default (`ZeroBenchConfig`) when None.
         device: `cuda` (NCCL, one GPU per rank) or `cpu` (gloo); CUDA when available when None.
         command: the command line to record; the process's own when None.
         timeout: seconds the ranks may take in all before they are stopped.
@@ -399,10 +316,12 @@ def run_zero(
         step time in ms, ratios to `ddp` and `status`.
 
     Raises:
-        ValueError: CUDA with fewer GPUs than `config.world_size`.
+        ValueError: CUDA with fewer GPUs than `config.nproc`.
     """
     device = as_device(device)
-    config, notes = ZeroBenchConfig.or_default(config, device, tool="bench-zero")
+    config, notes = config_or_default(
+        config, device, cls=ZeroBenchConfig, tool="bench-zero", describe=ZeroBenchConfig.cpu_summary
+    )
     measured = measure_cases(_measure_case, _cases(config), config, device=device, timeout=timeout)
     rows = [_row(case, results) for case, results in measured]
     _add_ratios(rows)
@@ -418,14 +337,15 @@ def run_zero(
         "gathered weights). The after-step peak covers the whole step (forward, backward and "
         "optimizer step): peak ratios use it."
     )
-    notes += _target_notes(rows, config.world_size)
-    if "fsdp" in config.variants:
+    notes += _target_notes(rows, config.nproc)
+    if FSDP in config.variants:
         notes += _fsdp_target_notes(rows)
     notes += _prefetch_notes(rows)
     if config.trace_dir is not None:
         notes.append(
             f"Traces: one more step of each FSDP row under torch.profiler, rank 0's Chrome trace "
-            f"in {config.trace_dir}/<variant>_<dtype>.pt.trace.json; gather_overlap: the share "
+            f"in {config.trace_dir}/<variant>_<dtype>.pt.trace.json (a colon written as -); "
+            "gather_overlap: the share "
             "of its all-gather kernel time during which a compute kernel ran too (CUDA only)."
         )
     return Run.create(
@@ -442,7 +362,7 @@ def run_zero(
 
 
 def _bucket_text(row: Mapping[str, Any], prefix: str = "") -> str:
-    """A `*sharded` row's broadcast bucket size, in words (None: one bucket per owner)."""
+    """A ZeRO-1 row's broadcast bucket size, in words (None: one bucket per owner)."""
     size = row.get("bucket_mb")
     return "one bucket per owner" if size is None else f"{prefix}{size:g} MB"
 
@@ -450,7 +370,7 @@ def _bucket_text(row: Mapping[str, Any], prefix: str = "") -> str:
 def _label(row: Mapping[str, Any]) -> str:
     if row.get("compute_dtype") is not None:
         return f"{row['variant']}\n{row['compute_dtype']}"
-    if not str(row["variant"]).endswith("sharded"):
+    if not _broadcasts(str(row["variant"])):
         return str(row["variant"])
     return f"{row['variant']}\n{_bucket_text(row)}"
 
@@ -476,18 +396,8 @@ def plot_zero(run: Run, path: str | Path) -> Path:
     )
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        **training_overrides(args),
-        "optimizer": args.optimizer,
-        "bucket_sizes_mb": distinct(args.zero_bucket_mb),
-        "fsdp_dtypes": distinct(args.fsdp_dtypes),
-        "trace_dir": None if args.trace is None else str(args.trace),
-    }
-
-
 def _run(config: ZeroBenchConfig | None, cli: Invocation) -> Run:
     return run_zero(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
 
 
-TOOL = Tool(run=_run, default=default_zero_config, overrides=_overrides, plot=plot_zero)
+TOOL = Tool(run=_run, config=ZeroBenchConfig, plot=plot_zero)

@@ -7,13 +7,12 @@ What each row holds, the studies, the preset and the command line: `bench.comman
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,14 @@ import torch
 
 import lmcore
 from bench.commands.step import (
-    CUDA_BUDGET_MS,
-    DEFAULT_HEADROOM,
     FIT,
     PRESET_RANKS,
     PRESETS,
-    STUDIES,
+    StepConfig,
     depth_reduced_argv,
+    step_given,
 )
-from bench.core.cli import distinct, usage_errors
+from bench.core.cli import usage_errors
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.env import device_name
 from bench.core.full_step import (
@@ -41,8 +39,8 @@ from bench.core.full_step import (
     step_flops,
 )
 from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
+from bench.core.layouts import compute_dtype
 from bench.core.memory import GIB, MIB, free_memory
-from bench.core.model_options import LOSSES, OPTIMIZERS, with_depth
 from bench.core.oom import OK, guarded
 from bench.core.plots import Bars, stacked_bar_plot
 from bench.core.results import Keys, Run
@@ -55,164 +53,48 @@ __all__ = [
     "PRESETS",
     "TOOL",
     "StepConfig",
-    "default_step_config",
     "depth_reduced_command",
     "fit_depth",
     "plot_step",
     "run_step",
+    "step_specs",
 ]
 
 # The preset needs this much memory per GPU (the handout's 2 B200s; an H200 has 141 GB).
 PRESET_MEMORY_BYTES = 140e9
-# do_bench budgets (ms) on a CPU (CUDA's: `bench.commands.step.CUDA_BUDGET_MS`).
-CPU_BUDGET_MS = (5.0, 20.0)
 _CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 
 
-@dataclass(frozen=True)
-class StepConfig:
-    """What `run_step` measures. Tuples are sweep dimensions of `ours` (all combinations).
-
-    Args:
-        size: a size of `lmcore.MODEL_SIZES`.
-        num_layers: blocks, overriding the size's; `"fit"`: the most every row fits.
-        context_length: tokens per sequence; the size's own when None.
-        batch: sequences per rank.
-        vocab_size: the vocabulary; the size's own when None.
-        num_kv_heads: grouped-query attention's key/value heads (None: one per head).
-        precision: from `bench.core.step_names.PRECISIONS`.
-        attention: lmcore backends of `ours`.
-        loss: `materialized` or `fused`, for `ours`.
-        optimizer: from `bench.core.model_options.OPTIMIZERS`, for `ours`.
-        activation_checkpointing: lmcore specs; each gets its `torch-native` row too.
-        compile: `torch.compile` (ours: the model; torch-native: each block and the loss).
-        native: add the torch-native rows.
-        nproc: ranks (one GPU each on CUDA, gloo ranks on the CPU).
-        parallel: `none` (one rank), `zero` (ZeRO-1 + DDPBucketed) or `fsdp` (`zero.FSDP`).
-        warmup_ms, rep_ms: the timing's warm-up and measurement budgets per row.
-        memory_bytes: the memory `--num-layers fit` fills; the GPU's when None.
-        headroom: the share of it `--num-layers fit` leaves free.
-        study: `checkpointing` (see the module docstring), or None.
+def step_specs(config: StepConfig) -> list[StepSpec]:
+    """Every row's step, in order: ours' combinations of each checkpointing, then its
+    torch-native row. Each validates itself, so this checks the options together.
 
     Raises:
-        ValueError: an unknown name, a bad number, or options that do not go together.
+        ValueError: options that do not go together (the message says which).
     """
-
-    size: str = "leaderboard-8b"
-    num_layers: int | str | None = FIT
-    context_length: int | None = None
-    batch: int = 1
-    vocab_size: int | None = None
-    num_kv_heads: int | None = None
-    precision: str = "bf16"
-    attention: tuple[str, ...] = ("fa2-triton",)
-    loss: tuple[str, ...] = ("fused",)
-    optimizer: tuple[str, ...] = ("lmcore-fused",)
-    activation_checkpointing: tuple[str, ...] = ("blocks",)
-    compile: bool = True
-    native: bool = True
-    nproc: int = 1
-    parallel: str = "none"
-    warmup_ms: float = CUDA_BUDGET_MS[0]
-    rep_ms: float = CUDA_BUDGET_MS[1]
-    memory_bytes: int | None = None
-    headroom: float = DEFAULT_HEADROOM
-    study: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.size not in lmcore.MODEL_SIZES:
-            raise ValueError(
-                f"unknown size {self.size!r}; choose one of {', '.join(lmcore.MODEL_SIZES)}"
-            )
-        sweeps = {
-            "attention": (self.attention, tuple(lmcore.ATTENTION_BACKENDS)),
-            "loss": (self.loss, LOSSES),
-            "optimizer": (self.optimizer, OPTIMIZERS),
-            "activation_checkpointing": (self.activation_checkpointing, None),
-        }
-        for name, (given, allowed) in sweeps.items():
-            if not given or (allowed is not None and not set(given) <= set(allowed)):
-                raise ValueError(f"{name} must be non-empty, from {allowed}; got {given}")
-        if self.study not in (None, *STUDIES):
-            raise ValueError(f"study must be one of {STUDIES}, got {self.study!r}")
-        if self.num_layers not in (None, FIT) and not (
-            isinstance(self.num_layers, int) and self.num_layers >= 1
-        ):
-            raise ValueError(f"num_layers must be positive or 'fit', got {self.num_layers!r}")
-        if self.study and self.num_layers == FIT:
-            raise ValueError("--study checkpointing runs a set depth (--num-layers N), not fit")
-        if not 0 <= self.headroom < 1:
-            raise ValueError(f"--headroom must be in [0, 1), got {self.headroom}")
-        self.specs()  # every row's step validates itself
-
-    @property
-    def world_size(self) -> int:
-        """The number of ranks (`bench.core.distributed.measure_cases` reads it)."""
-        return self.nproc
-
-    def model_config(self, attention: str) -> lmcore.ModelConfig:
-        """The model of a row with `attention` (the size's own depth for `fit` until resolved).
-
-        Raises:
-            ValueError: no context length, given or the size's own.
-        """
-        depth = None if self.num_layers == FIT else self.num_layers
-        size = with_depth(lmcore.MODEL_SIZES[self.size], depth)
-        if self.context_length is None and size.context_length is None:
-            raise ValueError(f"size {self.size} has no context length of its own: give one")
-        return size.config(
-            context_length=self.context_length,
-            vocab_size=self.vocab_size,
-            attention=attention,
-            num_kv_heads=self.num_kv_heads,
-        )
-
-    def specs(self) -> list[StepSpec]:
-        """Every row's step, in order: ours' combinations of each checkpointing, then its
-        torch-native row."""
-        common = {
-            "batch": self.batch,
-            "precision": self.precision,
-            "compile": self.compile,
-            "world_size": self.nproc,
-            "parallel": self.parallel,
-            "warmup_ms": self.warmup_ms,
-            "rep_ms": self.rep_ms,
-        }
-        specs = []
-        for ckpt in self.activation_checkpointing:
-            for attention in self.attention:
-                model = self.model_config(attention)
-                for loss in self.loss:
-                    for optimizer in self.optimizer:
-                        specs.append(StepSpec(model, **common, loss=loss, optimizer=optimizer,
-                                              activation_checkpointing=ckpt))  # fmt: skip
-            if self.native:
-                model = self.model_config(NATIVE_ATTENTION)
-                specs.append(StepSpec(model, **common, impl="torch-native", loss=NATIVE_LOSS,
-                                      optimizer=NATIVE_OPTIMIZER,
-                                      activation_checkpointing=ckpt))  # fmt: skip
-        return specs
-
-
-def default_step_config(device: torch.device | str) -> StepConfig:
-    """On CUDA the leaderboard's model cut to the depth the GPU fits, batch 1 (one GPU's share
-    of the leaderboard's batch of 2 on 2 GPUs); on the CPU the tiny model in float32, in
-    seconds."""
-    if torch.device(device).type == "cuda":
-        return StepConfig()
-    return StepConfig(
-        size="tiny",
-        num_layers=None,
-        context_length=64,
-        batch=2,
-        precision="fp32",
-        attention=("sdpa",),
-        optimizer=("lmcore",),
-        compile=False,
-        warmup_ms=CPU_BUDGET_MS[0],
-        rep_ms=CPU_BUDGET_MS[1],
-    )
+    common = {
+        "batch": config.batch,
+        "precision": config.precision,
+        "compile": config.compile,
+        "world_size": config.nproc,
+        "parallel": config.parallel,
+        "warmup_ms": config.warmup_ms,
+        "rep_ms": config.rep_ms,
+    }
+    specs = []
+    for ckpt in config.activation_checkpointing:
+        for attention in config.attention:
+            model = config.model_config(attention)
+            for loss in config.loss:
+                for optimizer in config.optimizer:
+                    specs.append(StepSpec(model, **common, loss=loss, optimizer=optimizer,
+                                          activation_checkpointing=ckpt))  # fmt: skip
+        if config.native:
+            model = config.model_config(NATIVE_ATTENTION)
+            specs.append(StepSpec(model, **common, impl="torch-native", loss=NATIVE_LOSS,
+                                  optimizer=NATIVE_OPTIMIZER,
+                                  activation_checkpointing=ckpt))  # fmt: skip
+    return specs
 
 
 # ---- the depth that fits, and the study's segment size --------------------------------------
@@ -221,7 +103,7 @@ def default_step_config(device: torch.device | str) -> StepConfig:
 def _plan(spec: StepSpec) -> Any:
     """bench-plan's `TrainingPlan` of a row (the native chunked loss modelled as the fused one:
     both hold one chunk of logits at a time)."""
-    from bench.core.capacity import TrainingPlan
+    from bench.plan.memory import TrainingPlan
 
     return TrainingPlan(
         spec.model,
@@ -244,8 +126,8 @@ def fit_depth(config: StepConfig, device: torch.device) -> tuple[int, str]:
         ValueError: no memory to fill, an attention backend bench-plan does not model, or not
             even one block fits.
     """
-    from bench.core.fit import largest_num_layers
-    from bench.core.residuals import ATTENTION_KINDS
+    from bench.plan.activations import ATTENTION_KINDS
+    from bench.plan.fit import largest_num_layers
 
     if config.memory_bytes is not None:
         memory = config.memory_bytes
@@ -254,7 +136,7 @@ def fit_depth(config: StepConfig, device: torch.device) -> tuple[int, str]:
     else:
         raise ValueError("--num-layers fit needs a GPU to fill, or --memory SIZE (e.g. 80GB)")
     budget = memory * (1 - config.headroom)
-    specs = config.specs()
+    specs = step_specs(config)
     full = specs[0].model.num_layers
     unknown = {s.model.attention for s in specs} - set(ATTENTION_KINDS)
     if unknown:
@@ -373,7 +255,7 @@ def _mib(value: int | None) -> float | None:
 
 
 def _identity(spec: StepSpec, config: StepConfig) -> dict[str, Any]:
-    """What a row ran, in the keys `bench-plan --check` reads (`bench.core.plan_check`)."""
+    """What a row ran, in the keys `bench-plan --check` reads (`bench.plan.check`)."""
     m = spec.model
     shape = replace(
         lmcore.MODEL_SIZES[config.size], num_layers=m.num_layers, vocab_size=m.vocab_size
@@ -403,7 +285,7 @@ def _identity(spec: StepSpec, config: StepConfig) -> dict[str, Any]:
 
 def _attention_ms(spec: StepSpec, per_rank: Sequence[dict[str, Any]]) -> float | None:
     """The step's attention time: forward + backward per block, a forward per recomputed one."""
-    from bench.core.capacity import Checkpointing
+    from bench.plan.memory import Checkpointing
 
     measured = [r["attention"] for r in per_rank if r["attention"] is not None]
     if not measured:
@@ -427,7 +309,7 @@ def _metrics(
     phases = {p: max(r["phases"][p] for r in per_rank) for p in per_rank[0]["phases"]}
     flops, attention_flops = step_flops(spec.model, spec.batch)
     seconds = step.median * 1e-3
-    ceiling = matmul_ceiling(device_name(device), matmul_format(spec.compute_dtype))
+    ceiling = matmul_ceiling(device_name(device), matmul_format(compute_dtype(spec.precision)))
     attention_ms = _attention_ms(spec, per_rank)
     return {
         "step_ms": step.median,
@@ -520,7 +402,7 @@ def run_step(
     """Measure every row of `config` on `device` (see the module docstring).
 
     Args:
-        config: what to run; `default_step_config(device)` when None.
+        config: what to run; the device's default (`StepConfig`) when None.
         device: where to run; CUDA when available, else the CPU, when None.
         command: the command line to record; the process's own when None.
         timeout: seconds the ranks may take in all (several ranks only; None: no bound).
@@ -538,7 +420,7 @@ def run_step(
     config, notes = config_or_default(
         config,
         device,
-        default=default_step_config,
+        cls=StepConfig,
         tool="bench-step",
         describe=lambda c: f"{c.size}, context {c.context_length}, batch {c.batch}, fp32",
     )
@@ -552,7 +434,7 @@ def run_step(
         config = replace(config, num_layers=depth)
         notes.append(note)
         print(f"bench-step: {note}", file=sys.stderr)
-    specs = config.specs()
+    specs = step_specs(config)
     with _empty_compile_cache(config.compile):
         if config.nproc > 1:
             measured = measure_cases(_measure_case, specs, config, device=device, timeout=timeout)
@@ -682,38 +564,6 @@ def _preset_missing(device: torch.device) -> str | None:
 # ---- the command line ------------------------------------------------------------------------
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    given = {
-        "size": args.size,
-        "num_layers": args.num_layers,
-        "context_length": args.context_length,
-        "batch": args.batch,
-        "vocab_size": args.vocab_size,
-        "num_kv_heads": args.num_kv_heads,
-        "precision": args.precision,
-        "attention": distinct(args.attention),
-        "loss": distinct(args.loss),
-        "optimizer": distinct(args.optimizer),
-        "activation_checkpointing": distinct(args.activation_checkpointing),
-        "compile": args.compile,
-        "native": args.native,
-        "nproc": args.nproc or torchrun_world_size(),
-        "parallel": args.parallel,
-        "study": args.study,
-        "memory_bytes": args.memory,
-        "headroom": args.headroom,
-        "warmup_ms": args.warmup_ms,
-        "rep_ms": args.rep_ms,
-    }
-    if (given["nproc"] or 1) > 1 and args.parallel is None:
-        given["parallel"] = "zero"  # compiles, and takes a model built in bf16
-    if args.size is not None and args.num_layers is None:
-        # a named size runs at its own depth unless told otherwise (CUDA's default is `fit`)
-        given["num_layers"] = lmcore.MODEL_SIZES[args.size].num_layers
-    preset = PRESETS[args.preset] if args.preset else {}
-    return {**preset, **{name: value for name, value in given.items() if value is not None}}
-
-
 def _run(config: StepConfig | None, cli: Invocation) -> Run:
     if cli.args.preset:
         missing = _preset_missing(cli.device)
@@ -733,4 +583,4 @@ def _run(config: StepConfig | None, cli: Invocation) -> Run:
         return run_step(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
 
 
-TOOL = Tool(run=_run, default=default_step_config, overrides=_overrides, plot=plot_step)
+TOOL = Tool(run=_run, config=StepConfig, preset=step_given, plot=plot_step)

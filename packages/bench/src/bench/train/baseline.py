@@ -1,10 +1,12 @@
 """`--baseline torch`: the training step written with torch's own pieces only, as a user would.
 
-SDPA attention, `torch.nn.functional.cross_entropy`, `torch.nn.utils.clip_grad_norm_`,
-`torch.optim.AdamW(fused=True)`, the model compiled (`bench.train.choices.BASELINES` sets those
-options): the strongest plain-PyTorch set-up a user could pick, to compare speed with side by
-side. Deliberately independent of `bench.core.training.train_step`: the reference the project's
-step is compared with, not a second training step of the project.
+The model is bench-step's torch-native one (`bench.core.torch_native.torch_native_model`: each
+block compiled, `F.cross_entropy` over checkpointed chunks of tokens, so that no chunk's logits
+outlive it), with SDPA attention, `torch.nn.utils.clip_grad_norm_` and
+`torch.optim.AdamW(fused=True)` (`bench.train.choices.BASELINES` sets those options): the
+strongest plain-PyTorch set-up a user could pick, the same bench-step sets beside its rows, to
+compare speed with side by side. Deliberately independent of `bench.core.step.train_step`: the
+reference the project's step is compared with, not a second training step of the project.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import contextlib
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["torch_native_step"]
@@ -30,7 +31,9 @@ def torch_native_step(
     """One optimizer step over `micro_batches` (token tensors `(batch, seq + 1)`); the mean loss.
 
     Args:
-        model: a language model returning logits, or torch's DistributedDataParallel around one.
+        model: a model whose `model(inputs, targets)` is the mean next-token loss
+            (`bench.core.torch_native.TorchNativeLM`), or torch's DistributedDataParallel around
+            one.
         optimizer: its optimizer.
         micro_batches: inputs `[:, :-1]`, next-token targets `[:, 1:]`.
         autocast_dtype: autocast dtype of forward and loss; None for none.
@@ -47,9 +50,7 @@ def torch_native_step(
             with torch.autocast(
                 tokens.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
             ):
-                logits = model(tokens[:, :-1])  # (batch, seq, vocab)
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-                loss = loss / len(micro_batches)
+                loss = model(tokens[:, :-1], tokens[:, 1:]) / len(micro_batches)
             loss.backward()
         total += loss.detach()
     if max_grad_norm is not None:

@@ -33,10 +33,11 @@ import torch
 import torch.distributed as dist
 
 import lmcore
+from bench.core.layouts import NAMES_VERSION, recorded_config
+from bench.core.options import may_change
 from bench.train.config import TrainConfig
 from bench.train.faults import kill_point
-from bench.train.options import may_change
-from bench.train.parallel import Parallel, checkpoint_layout
+from bench.train.parallel import TrainerParallel, checkpoint_layout
 from bench.train.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     if not path.is_file():
         raise ValueError(f"--resume: no {CHECKPOINT} in --out {config.out} to resume from")
     checkpoint = read_checkpoint(path)
-    saved, mine = checkpoint["extra"]["config"], dataclasses.asdict(config)
+    saved, mine = recorded_config(checkpoint["extra"]), dataclasses.asdict(config)
     resumable = may_change(TrainConfig)
     differ = sorted(k for k in mine if k not in resumable and saved.get(k) != mine[k])
     if differ:
@@ -224,7 +225,7 @@ class Checkpointer:
     def __init__(
         self,
         config: TrainConfig,
-        parallel: Parallel,
+        parallel: TrainerParallel,
         *,
         rank: int,
         world_size: int,
@@ -308,6 +309,7 @@ class Checkpointer:
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         return {
+            "names": NAMES_VERSION,
             "config": dataclasses.asdict(self.config),
             "model_config": dataclasses.asdict(self.model_config),
             "data_rng": data_rng.bit_generator.state,

@@ -1,7 +1,8 @@
 """bench-train's options, each written once: a field of `TrainConfig` with its default, its help,
 its group, and whether a resumed run may change it (its group's rule, or its own).
 
-Everything else is generated from those fields (`bench.train.options`): the command line, the
+Everything else is generated from those fields (`bench.core.options`, `bench.train.config_files`):
+the command line, the
 config file a run writes and `--config` reads, the check a resume makes against its checkpoint.
 Defaults that depend on the device are a pair (CUDA, CPU) in the field's option; defaults that
 follow another option are rules on the class (`warmup`, `final_lr`, `log_interval`,
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,22 +23,23 @@ import ddp
 import lmcore
 from bench.core import model_options
 from bench.core.cli import bucket_size_mb, resolve_device
-from bench.core.ranks import DEFAULT_TIMEOUT_S, torchrun_world_size
-from bench.core.shapes import CPU_SIZE
-from bench.train.choices import BASELINES, PARALLEL_MODES, PRECISIONS
-from bench.train.options import (
+from bench.core.layouts import parse_name
+from bench.core.options import (
     Group,
-    device_defaults,
+    check_values,
+    configured,
     flag_of,
     given_values,
     option,
-    option_of,
     parse_duration,
 )
+from bench.core.ranks import DEFAULT_TIMEOUT_S, torchrun_world_size
+from bench.core.shapes import CPU_SIZE
+from bench.train.choices import BASELINES, PARALLEL_MODES, PRECISIONS
 from bench.train.tokenizer import TOKENIZERS
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 __all__ = ["CONFIG_FILE", "TrainConfig"]
 
@@ -91,12 +92,12 @@ class TrainConfig:
         default_text="$XDG_CACHE_HOME/cs336sys-bench, or ~/.cache/cs336sys-bench",
         metavar="DIR",
     )
-    size: str | None = option(
-        None,
+    size: str = option(
+        "small",
         "model size",
         group=MODEL,
         choices=lambda: list(lmcore.MODEL_SIZES),
-        device_default=("small", CPU_SIZE),
+        cpu=CPU_SIZE,
     )
     d_model: int | None = option(None, "override the size's width", group=MODEL)
     num_layers: int | None = option(None, model_options.HELP["num_layers"], group=MODEL)
@@ -106,13 +107,13 @@ class TrainConfig:
     )
     d_ff: int | None = option(None, "override the size's feed-forward width", group=MODEL)
     context_length: int = option(256, "tokens per sequence", group=MODEL)
-    attention: str | None = option(
-        None,
+    attention: str = option(
+        "fa2-triton",
         "attention backend",
         group=MODEL,
         may_change=True,
         choices=lmcore.attention_names,
-        device_default=("fa2-triton", "sdpa"),
+        cpu="sdpa",
     )
     activation_checkpointing: str = option(
         model_options.DEFAULT_CHECKPOINTING,
@@ -140,13 +141,13 @@ class TrainConfig:
     weight_decay: float = option(0.1, "AdamW's, on matrices", group=TRAINING)
     grad_clip: float = option(1.0, "max gradient norm; 0: off", group=TRAINING)
     seed: int = option(0, "model initialisation, data order and sample", group=TRAINING)
-    optimizer: str | None = option(
-        None,
+    optimizer: str = option(
+        "torch-fused",
         model_options.HELP["optimizer"],
         group=TRAINING,
         may_change=True,
         choices=model_options.OPTIMIZERS,
-        device_default=("torch-fused", "lmcore"),
+        cpu="lmcore",
     )
     loss: str = option(
         model_options.DEFAULT_LOSS,
@@ -156,18 +157,20 @@ class TrainConfig:
         choices=model_options.LOSSES,
     )
     device: str = option("auto", "auto (CUDA when present), cpu, cuda", group=RUN, metavar="DEVICE")
-    precision: str | None = option(
-        None,
-        "bf16 autocast (fp32 master weights) or fp32",
+    precision: str = option(
+        "bf16-autocast",
+        "fp32; bf16-autocast: float32 weights, matmuls in bf16 under autocast; bf16: the model "
+        "stored in bf16",
         group=TRAINING,
-        choices=list(PRECISIONS),
-        device_default=("bf16", "fp32"),
+        choices=PRECISIONS,
+        parse=parse_name(command="bench-train", offered=PRECISIONS),
+        cpu="fp32",
     )
-    compile: bool | None = option(
-        None,
+    compile: bool = option(
+        True,
         "torch.compile the model and the loss; the first step's time is printed",
         group=RUN,
-        device_default=(True, False),
+        cpu=False,
     )
     baseline: str | None = option(
         None,
@@ -178,10 +181,12 @@ class TrainConfig:
     )
     parallel: str | None = option(
         None,
-        "data parallelism: the ddp wrappers, torch DDP, ZeRO-1, zero.FSDP, torch's FSDP2",
+        "data parallelism: ddp (DDPBucketed), the other ddp wrappers, torch DDP, ZeRO-1, "
+        "zero.FSDP, torch's FSDP2",
         group=RUN,
         choices=PARALLEL_MODES,
-        default_text="none; bucketed with several ranks",
+        parse=parse_name(command="bench-train", offered=PARALLEL_MODES),
+        default_text="single; ddp with several ranks",
     )
     nproc: int | None = option(
         None,
@@ -275,6 +280,8 @@ class TrainConfig:
             raise ValueError("give --data FILE (on the command line or in --config)")
         device = resolve_device(given.get("device", "auto"))
         given["device"] = str(device)
+        if given.get("baseline") is not None and "loss" in given:
+            raise ValueError(f"--baseline {given['baseline']} runs torch's own loss; drop --loss")
         for name, value in BASELINES.get(given.get("baseline"), {}).items():
             if given.setdefault(name, value) != value:
                 flag = flag_of(cls, name)
@@ -283,7 +290,7 @@ class TrainConfig:
         given.setdefault("parallel", parallel.default_mode(given["nproc"]))
         if not parallel.can_compile(given["parallel"]):
             given.setdefault("compile", False)
-        config = cls(**(device_defaults(cls, cuda=device.type == "cuda") | given))
+        config = configured(cls, cuda=device.type == "cuda", **given)
         config.validate()
         return config
 
@@ -294,12 +301,7 @@ class TrainConfig:
         from bench.train import parallel
 
         flag = functools.partial(flag_of, type(self))
-        for f in dataclasses.fields(self):
-            allowed, value = option_of(type(self), f.name).allowed(), getattr(self, f.name)
-            if allowed is not None and value is not None and value not in allowed:
-                raise ValueError(f"--{flag(f.name)} {value!r}: choose one of {', '.join(allowed)}")
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"--{flag(f.name)} {value}: give a finite number")
+        check_values(self)
         positive = ("context_length", "batch_size", "grad_accum", "steps", "nproc")
         for name in (*positive, "eval_batches", "log_every"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -338,6 +340,7 @@ class TrainConfig:
             self.parallel,
             nproc=self.nproc,
             compile=self.compile,
+            precision=self.precision,
             baseline=self.baseline,
             device=torch.device(self.device),
         )
@@ -365,11 +368,6 @@ class TrainConfig:
             attention=self.attention,
             num_kv_heads=self.num_kv_heads,
         )
-
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        """The autocast dtype of `--precision`; None for fp32 (no autocast)."""
-        return PRECISIONS[self.precision]
 
     @property
     def warmup(self) -> int:

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 
 import lmcore
-from bench.commands.generate import SAMPLING
 from bench.core.cli import resolve_device, usage_errors
-from bench.core.training import build_lm
+from bench.core.layouts import PRECISIONS, autocast_dtype, recorded_config
+from bench.core.step import build_lm
 from bench.train.checkpoint import CHECKPOINT, read_checkpoint
-from bench.train.choices import PRECISIONS
+from bench.train.choices import SAMPLING
 from bench.train.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["load_run", "run_parsed", "sample"]
@@ -83,7 +83,7 @@ def load_run(
         )
     checkpoint = read_checkpoint(run / CHECKPOINT)
     extra = checkpoint["extra"]
-    config = extra["config"]
+    config = recorded_config(extra)
     tokenizer = load_tokenizer(config["tokenizer"], run)
     if tokenizer is None:
         raise ValueError(f"--run {run}: no tokenizer.json (it trained on token ids)")
@@ -109,6 +109,8 @@ def run_parsed(
         model, tokenizer, config = load_run(args.run, device=device, attention=args.attention)
         chosen = {name: getattr(args, name, config[name]) for name in SAMPLING}
         precision = args.precision or (config["precision"] if device.type == "cuda" else "fp32")
+        if PRECISIONS[precision].weights == "bf16":
+            model = model.to(torch.bfloat16)
         text = sample(
             model,
             tokenizer,
@@ -117,7 +119,7 @@ def run_parsed(
             temperature=chosen["temperature"],
             top_p=chosen["top_p"],
             seed=chosen["seed"],
-            autocast_dtype=PRECISIONS[precision],
+            autocast_dtype=autocast_dtype(precision),
         )
     sys.stdout.write(text + "\n")
     return 0

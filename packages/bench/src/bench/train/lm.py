@@ -1,15 +1,16 @@
 """The model, its loss and its optimizer, as lmcore provides them: the one place where bench-train
 turns its model and optimizer options into objects.
 
-A new lmcore option reaches the trainer here and nowhere else: an option of the model's shape
-goes into `TrainConfig.model_config`; one applied to a built model (activation checkpointing)
-into `build_model`; another loss into `loss_function` (the fused LM head + loss is the model's
-own: `--loss fused` makes the step call `model(inputs, targets=targets)`); another optimizer into
-`optimizer_class`. The vocabulary of these options (`OPTIMIZERS`, `LOSSES`) is the tools'
-shared one (`bench.core.model_options`, which `TrainConfig` offers without importing torch), and
-so is what each name builds (`bench.core.model_runtime`). Parallelism is applied afterwards
-(`bench.train.parallel`, torchtitan's order: the model's own options, then compile, then the
-wrappers), so the model it receives is complete.
+A new lmcore option reaches the trainer here and nowhere else: an option of the model's shape goes
+into `TrainConfig.model_config`; one applied to a built model (activation checkpointing) into
+`build_model`; another optimizer into `optimizer_class`; another loss into
+`bench.core.model_runtime` (the fused LM head + loss is the model's own: `--loss fused` makes the
+step call `model(inputs, targets=targets)`), which builds it for the tools too. The vocabulary of
+these options (`OPTIMIZERS`, `LOSSES`) is the tools' shared one (`bench.core.model_options`, which
+`TrainConfig` offers without importing torch), and so is what each name builds
+(`bench.core.model_runtime`). Parallelism is applied afterwards (`bench.train.parallel`,
+torchtitan's order: the model's own options, then compile, then the wrappers), so the model it
+receives is complete.
 """
 
 from __future__ import annotations
@@ -21,22 +22,18 @@ from torch import nn
 
 import lmcore
 from bench.core import model_options, model_runtime
-from bench.core.training import build_lm
+from bench.core.step import build_lm
 
 __all__ = [
     "BETAS",
-    "LossFn",
     "build_model",
     "decayed_names",
-    "loss_function",
     "optimizer_class",
     "param_groups",
 ]
 
 # AdamW's moment decay rates: GPT-3's (Brown et al., 2020), which nanoGPT and the handout use.
 BETAS = (0.9, 0.95)
-
-LossFn = model_runtime.LossFn
 
 
 def build_model(
@@ -78,9 +75,3 @@ def optimizer_class(name: str, *, lr: float) -> tuple[type[torch.optim.Optimizer
     """
     cls, path = model_runtime.optimizer_class(name)
     return cls, {"lr": lr, "betas": BETAS, **path}
-
-
-def loss_function(*, compile: bool) -> LossFn:
-    """Next-token cross-entropy of the logits `(logits, targets) -> mean loss`, compiled with
-    `--compile`: evaluation's loss, and the step's under `--loss materialized`."""
-    return model_runtime.loss_function(compile=compile)

@@ -9,7 +9,7 @@ the micro-batches, the step, and on schedule a log line with an evaluation, a ch
 after `--stop-after`, `--steps` or `--time-budget`, whichever comes first, with an evaluation, a
 checkpoint and a sample.
 
-Every step is the project's one training step (`bench.core.training.train_step`: autocast,
+Every step is the project's one training step (`bench.core.step.train_step`: autocast,
 gradient accumulation with the wrapper's `no_sync`, the wrapper's synchronisation, clipping, the
 optimizer step), or torch's own under `--baseline torch` (`bench.train.baseline`).
 """
@@ -24,8 +24,11 @@ import torch
 import torch.distributed as dist
 
 import lmcore
+from bench.core.layouts import autocast_dtype
 from bench.core.memory import MIB, peak_memory
-from bench.core.training import train_step
+from bench.core.model_runtime import loss_function
+from bench.core.step import train_step
+from bench.core.torch_native import torch_native_model
 from bench.train import lm
 from bench.train.baseline import torch_native_step
 from bench.train.checkpoint import Checkpointer
@@ -33,7 +36,7 @@ from bench.train.config import TrainConfig
 from bench.train.data import Batches, Corpus, default_cache_dir, load_corpus
 from bench.train.faults import kill_point
 from bench.train.generate import sample
-from bench.train.parallel import Parallel
+from bench.train.parallel import TrainerParallel
 from bench.train.record import Recorder, mfu_function, profiled
 from bench.train.tokenizer import load_tokenizer
 
@@ -113,16 +116,20 @@ class Trainer:
             activation_checkpointing=config.activation_checkpointing,
         )
         decayed = lm.decayed_names(self.raw)
-        self.loss_fn = lm.loss_function(compile=config.compile)
-        self.parallel = Parallel(
+        self.loss_fn = loss_function(compile=config.compile)
+        # `--baseline torch` runs bench-step's torch-native model, which compiles its own pieces.
+        baseline = config.baseline == "torch"
+        self.parallel = TrainerParallel(
             config.parallel,
             rank=rank,
-            compile=config.compile,
-            bucket_size_mb=config.bucket_size_mb,
-            compute_dtype=config.autocast_dtype,
             device=device,
+            precision=config.precision,
+            compile=config.compile and not baseline,
+            bucket_size_mb=config.bucket_size_mb,
+            broadcast_mb=config.bucket_size_mb,
         )
-        self.model = self.parallel.wrap(self.raw)
+        step_model = torch_native_model(self.raw, compile=config.compile) if baseline else self.raw
+        self.model = self.parallel.wrap(step_model)
         optimizer_cls, options = lm.optimizer_class(config.optimizer, lr=config.lr)
         groups = lm.param_groups(self.raw, decayed, config.weight_decay)
         self.optimizer = self.parallel.build_optimizer(groups, optimizer_cls, options)
@@ -179,7 +186,7 @@ class Trainer:
                 self.model,
                 self.optimizer,
                 micro_batches,
-                autocast_dtype=c.autocast_dtype,
+                autocast_dtype=autocast_dtype(c.precision),
                 max_grad_norm=c.grad_clip or None,
             )
         kill_point("step", step)
@@ -190,7 +197,7 @@ class Trainer:
         """Mean validation loss over `--eval-batches` global batches, the same ones every time."""
         c = self.config
         batches = self._batches(self.corpus.val, seed=c.seed + 1)
-        dtype = c.autocast_dtype
+        dtype = autocast_dtype(c.precision)
         total = torch.zeros((), device=self.device)
         for _ in range(c.eval_batches):
             tokens = batches.next(self.device)
@@ -313,7 +320,7 @@ class Trainer:
             temperature=c.temperature,
             top_p=c.top_p,
             seed=c.seed,
-            autocast_dtype=c.autocast_dtype,
+            autocast_dtype=autocast_dtype(c.precision),
         )
 
 

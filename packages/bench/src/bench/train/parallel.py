@@ -1,19 +1,22 @@
-"""The one place that reads `--parallel`: how the model is wrapped and compiled, how its optimizer
-is built, which rank writes which checkpoint, and how the full weights are gathered.
+"""The trainer's side of `--parallel`: which modes go with the other options, which rank writes
+which checkpoint, and how the full weights are gathered. The model is wrapped and its optimizer
+built by `bench.core.parallel.Parallel`, the harness's one owner of the layouts, which
+`TrainerParallel` extends; `--parallel` is read nowhere else in the trainer.
 
-Modes (`MODES`): `none`; `naive`, `flat`, `individual`, `bucketed` (the `ddp` wrappers);
-`torch-ddp` (torch's DistributedDataParallel); `zero` (`ddp.DDPBucketed` +
-`zero.ShardedOptimizer`, optimizer state sharded); `fsdp` (`zero.FSDP`, one unit per Transformer
-block: weights, gradients and optimizer state sharded); `torch-fsdp` (torch's FSDP2:
-`fully_shard` on every block, then on the root, with the same mixed precision as `fsdp`:
-weights gathered and gradients reduced in the `--precision` dtype, fp32 masters).
+Modes (`MODES`, names of `bench.core.layouts`): `single`; `ddp` (`ddp.DDPBucketed`),
+`ddp:naive`, `ddp:flat`, `ddp:individual` (the other `ddp` wrappers), `ddp:torch` (torch's
+DistributedDataParallel); `zero1` (`ddp.DDPBucketed` + `zero.ShardedOptimizer`, optimizer state
+sharded); `fsdp` (`zero.FSDP`, one unit per Transformer block: weights, gradients and optimizer
+state sharded); `fsdp:torch` (torch's FSDP2: `fully_shard` on every block, then on the root).
+Under the sharded modes `--precision bf16-autocast` gathers weights and reduces gradients in
+bf16 over float32 masters; `bf16` stores the model in bf16 (zero.FSDP keeps bf16 shards).
 
 Checkpoints: rank 0 writes the run's checkpoint, with the model's full weights and the optimizer's
 consolidated state (indexed by parameter, as `torch.optim` saves it) in every mode but `fsdp`,
 so a run may resume under any of those modes and rank counts. With `fsdp` each rank also keeps
 its shard of the optimizer state in a file of its own, and a resume needs the same ranks.
 Collectives: `checkpoint_state` and `gathered_model` are collectives in the sharded modes (and
-`checkpoint_state` under `zero`): every rank calls them.
+`checkpoint_state` under `zero1`): every rank calls them.
 """
 
 from __future__ import annotations
@@ -23,51 +26,58 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-import ddp
 import lmcore
-import zero
 from bench.core.launch import torchrun_world_size, under_torchrun
-from bench.core.torch_native import fully_shard_blocks
+from bench.core.layouts import LAYOUTS, check_combination
+from bench.core.parallel import Parallel
 from bench.train.choices import PARALLEL_MODES as MODES
 
-__all__ = ["MODES", "Parallel", "can_compile", "check", "checkpoint_layout", "default_mode"]
+__all__ = [
+    "MODES",
+    "TrainerParallel",
+    "can_compile",
+    "check",
+    "checkpoint_layout",
+    "default_mode",
+]
 
-_DDP_WRAPPERS: Mapping[str, Callable[[nn.Module], nn.Module]] = {
-    "naive": ddp.NaiveDDP,
-    "flat": ddp.FlatDDP,
-    "individual": ddp.DDPIndividualParameters,
-}
-_BASELINE_MODES = ("none", "torch-ddp")  # where torch's own step runs: no wrapper of ours
+# Where torch's own step (`--baseline`) runs: no wrapper of ours.
+_BASELINE_MODES = ("single", "ddp:torch")
 
 
 def default_mode(nproc: int) -> str:
-    """`--parallel`'s default: `none` for one rank, `bucketed` for several."""
-    return "none" if nproc == 1 else "bucketed"
+    """`--parallel`'s default: `single` for one rank, `ddp` (DDPBucketed) for several."""
+    return "single" if nproc == 1 else "ddp"
 
 
 def can_compile(mode: str) -> bool:
     """Whether `--compile` runs under `mode` (not yet under `zero.FSDP`)."""
-    return mode != "fsdp"
+    return LAYOUTS[mode].wrapper != "FSDP"
 
 
 def check(
-    mode: str, *, nproc: int, compile: bool, baseline: str | None, device: torch.device
+    mode: str,
+    *,
+    nproc: int,
+    compile: bool,
+    precision: str,
+    baseline: str | None,
+    device: torch.device,
 ) -> None:
     """Refuse a mode or a number of ranks that does not go with the other options.
 
     Raises:
         ValueError: several ranks without a mode, more ranks than GPUs or than torchrun
-            started, `--compile` under `fsdp`, or `--baseline` under a wrapper of ours.
+            started, `--compile` or `--precision bf16` under `fsdp`, or `--baseline` under a
+            wrapper of ours.
     """
-    if nproc > 1 and mode == "none":
+    if nproc > 1 and mode == "single":
         raise ValueError(
             f"--nproc {nproc} needs a --parallel mode (each rank would train alone); choose "
             f"one of {', '.join(MODES[1:])}"
         )
-    if compile and not can_compile(mode):
-        raise ValueError(f"--compile does not run with --parallel {mode} yet; add --no-compile")
+    check_combination(mode, precision, compile=compile)
     if baseline is not None and mode not in _BASELINE_MODES:
         raise ValueError(f"--baseline runs with --parallel {' or '.join(_BASELINE_MODES)}")
     if under_torchrun() and nproc != torchrun_world_size():
@@ -87,75 +97,33 @@ def check(
 def checkpoint_layout(mode: str, nproc: int) -> str:
     """What a checkpoint of `mode` on `nproc` ranks holds, in words; a run resumes only from a
     checkpoint of the same layout."""
-    if mode == "fsdp":
-        return f"--parallel fsdp on {nproc} ranks (a file per rank)"
+    if LAYOUTS[mode].wrapper == "FSDP":
+        return f"--parallel {mode} on {nproc} ranks (a file per rank)"
     return "full weights and consolidated optimizer state"
 
 
-class Parallel:
-    """`--parallel` on one rank: wraps the model, builds the optimizer, saves and loads state.
+class TrainerParallel(Parallel):
+    """`--parallel` on one rank of a training run: `Parallel`'s wrapping and optimizer, and
+    what the trainer saves and loads.
 
     Args:
         mode: a key of `MODES`.
         rank: this rank.
-        compile: `torch.compile` the model (before wrapping it; per block under `torch-fsdp`).
-        bucket_size_mb: `DDPBucketed`'s buckets and `ShardedOptimizer`'s broadcasts (MiB;
-            None: one bucket).
-        compute_dtype: the dtype the sharded modes gather weights and reduce gradients in.
-        device: this rank's device.
+        options: `Parallel`'s (device, precision, compile, bucket sizes).
     """
 
-    def __init__(
-        self,
-        mode: str,
-        *,
-        rank: int,
-        compile: bool,
-        bucket_size_mb: float | None,
-        compute_dtype: torch.dtype | None,
-        device: torch.device,
-    ) -> None:
-        self.mode, self.rank, self.compile = mode, rank, compile
-        self.bucket_size_mb, self.compute_dtype, self.device = bucket_size_mb, compute_dtype, device
+    def __init__(self, mode: str, *, rank: int, **options: Any) -> None:
+        super().__init__(mode, **options)
+        self.rank = rank
 
-    def wrap(self, model: lmcore.TransformerLM) -> nn.Module:
-        """The model as the step runs it: compiled, then wrapped (FSDP2 shards it in place)."""
-        if self.mode == "torch-ddp":
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            wrapped = DistributedDataParallel(model, device_ids=ids)
-            return torch.compile(wrapped) if self.compile else wrapped
-        if self.mode == "torch-fsdp":
-            return fully_shard_blocks(
-                model, model.layers, param_dtype=self.compute_dtype, compile=self.compile
-            )
-        inner = torch.compile(model) if self.compile else model
-        if self.mode == "none":
-            return inner
-        if self.mode == "fsdp":
-            return zero.FSDP(
-                inner, compute_dtype=self.compute_dtype, units=(lmcore.TransformerBlock,)
-            )
-        if self.mode in ("bucketed", "zero"):
-            return ddp.DDPBucketed(inner, self.bucket_size_mb)
-        return _DDP_WRAPPERS[self.mode](inner)
-
-    def build_optimizer(
-        self,
-        groups: list[dict[str, Any]],
-        optimizer_cls: type[torch.optim.Optimizer],
-        options: Mapping[str, Any],
-    ) -> torch.optim.Optimizer:
-        """`optimizer_cls(groups, **options)`, sharded over the ranks under `zero`."""
-        if self.mode == "zero":
-            return zero.ShardedOptimizer(
-                groups, optimizer_cls, bucket_size_mb=self.bucket_size_mb, **options
-            )
-        return optimizer_cls(groups, **options)
+    @property
+    def _wrapper(self) -> str | None:
+        return self.layout.wrapper
 
     def sharded_params(self, model: nn.Module, decayed: set[str]) -> list[nn.Parameter]:
         """The parameters whose gradients are shards held by this rank alone, for clipping's
         norm (`zero.FSDP`'s matrices; FSDP2's DTensors take their norm themselves)."""
-        if self.mode != "fsdp":
+        if self._wrapper != "FSDP":
             return []
         return [p for name, p in model.named_parameters() if name in decayed]
 
@@ -164,9 +132,9 @@ class Parallel:
     ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """(model state, optimizer state) this rank writes; None where it writes nothing.
 
-        A collective under `zero`, `fsdp` and `torch-fsdp`: every rank calls it.
+        A collective under `zero1`, `fsdp` and `fsdp:torch`: every rank calls it.
         """
-        if self.mode == "torch-fsdp":
+        if self._wrapper == "fully_shard":
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,
                 get_model_state_dict,
@@ -177,9 +145,9 @@ class Parallel:
             weights = get_model_state_dict(raw, options=options)
             by_name = get_optimizer_state_dict(raw, optimizer, options=options)
             return (weights, _indexed(by_name)) if self.rank == 0 else None
-        if self.mode == "fsdp":  # full weights (a collective) and this rank's optimizer shard
+        if self._wrapper == "FSDP":  # full weights (a collective) and this rank's optimizer shard
             return model.state_dict(), optimizer.state_dict()
-        if self.mode == "zero":  # consolidated (a collective); rank 0 writes it
+        if self.layout.shards_optimizer:  # consolidated (a collective); rank 0 writes it
             state = optimizer.state_dict()
             return (raw.state_dict(), state) if self.rank == 0 else None
         return (raw.state_dict(), optimizer.state_dict()) if self.rank == 0 else None
@@ -187,7 +155,7 @@ class Parallel:
     @property
     def shards_checkpoint(self) -> bool:
         """Whether every rank keeps a checkpoint file of its own (its optimizer shard)."""
-        return self.mode == "fsdp"
+        return self._wrapper == "FSDP"
 
     def load_state(
         self,
@@ -197,7 +165,7 @@ class Parallel:
         optimizer: torch.optim.Optimizer,
     ) -> int:
         """Restore weights and optimizer state from this rank's checkpoint; its step."""
-        if self.mode == "torch-fsdp":
+        if self._wrapper == "fully_shard":
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,
                 set_model_state_dict,
@@ -211,7 +179,8 @@ class Parallel:
             by_name = _named(checkpoint["optimizer"], groups)
             set_optimizer_state_dict(raw, optimizer, by_name, options=options)
             return checkpoint["iteration"]
-        return lmcore.load_checkpoint(checkpoint, model if self.mode == "fsdp" else raw, optimizer)
+        owner = model if self._wrapper == "FSDP" else raw
+        return lmcore.load_checkpoint(checkpoint, owner, optimizer)
 
     def gathered_model(
         self, model: nn.Module, raw: nn.Module, build: Callable[[], nn.Module]
@@ -221,9 +190,9 @@ class Parallel:
         In the sharded modes the weights are gathered (a collective: every rank calls) into a
         fresh model from `build`; otherwise rank 0's `raw` holds them already.
         """
-        if self.mode == "fsdp":
+        if self._wrapper == "FSDP":
             weights = model.state_dict()
-        elif self.mode == "torch-fsdp":
+        elif self._wrapper == "fully_shard":
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,
                 get_model_state_dict,

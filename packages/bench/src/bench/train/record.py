@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 import lmcore
 from bench.core.env import device_name
 from bench.core.hardware import matmul_format, peak_tflops
+from bench.core.layouts import compute_dtype
 from bench.train.faults import kill_point
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def mfu_function(
     """
     if device.type != "cuda":
         return None
-    dtype = config.autocast_dtype or torch.float32
+    dtype = compute_dtype(config.precision)
     peak = peak_tflops(device_name(device), matmul_format(dtype))
     if peak is None:
         return None

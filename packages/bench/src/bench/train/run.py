@@ -40,13 +40,15 @@ import torch
 from bench.core.cli import usage_errors
 from bench.core.env import collect_env, command_line
 from bench.core.launch import backend_for, is_primary, launch, under_torchrun
+from bench.core.layouts import NAMES_VERSION
+from bench.core.options import given_options
 from bench.core.plots import line_plot
 from bench.train.checkpoint import resume_point
 from bench.train.config import CONFIG_FILE, TrainConfig
+from bench.train.config_files import read_config_file, write_config_file
 from bench.train.data import Corpus
 from bench.train.lock import hold
 from bench.train.loop import corpus_of, train_on_rank
-from bench.train.options import given_options, read_config_file, write_config_file
 
 __all__ = [
     "CONFIG_FILE",
@@ -122,7 +124,7 @@ def run_train(config: TrainConfig, *, command: str | None = None) -> dict[str, A
 
 
 def _train_and_write(config: TrainConfig, *, command: str) -> dict[str, Any] | None:
-    if config.nproc == 1 and config.parallel == "none" and not under_torchrun():
+    if config.nproc == 1 and config.parallel == "single" and not under_torchrun():
         result = train_on_rank(0, 1, config)
     else:
         backend = backend_for(torch.device(config.device))
@@ -173,6 +175,7 @@ def _write_outputs(config: TrainConfig, result: dict[str, Any], command: str) ->
         "validation": result["val_source"],
         "world_size": result["world_size"],
         "peak_memory_mib": result["peak_memory_mib"],
+        "names": NAMES_VERSION,
         "config": dataclasses.asdict(config),
         "env": collect_env(config.device, command=command),
     }

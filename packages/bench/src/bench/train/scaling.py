@@ -2,7 +2,7 @@
 and on several, side by side (`train_scaling_<devices>_<date>.{md,json,png}`).
 
 A run's reference is the one-rank run of the same model among the runs (the one with
-`--parallel none` where there are several). Against it each run gets:
+`--parallel single` where there are several). Against it each run gets:
 
 - `speedup`: its tokens/s over the reference's, and `scaling_eff`: the speedup over the ranks
   (1: every rank as fast as one process alone);
@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.core.results import Run, result_stem, save_json
 from bench.train.record import read_metrics
-from bench.train.results import plot_speed, read_summary, run_env
+from bench.train.summary import plot_speed, read_summary, run_env
 
 __all__ = ["COLUMNS", "MODEL", "SAME", "scaling_comparison", "scaling_result"]
 
@@ -82,14 +82,14 @@ def _differences(config: Mapping[str, Any], reference: Mapping[str, Any]) -> lis
 
 
 def _reference(label: str, summaries: Mapping[str, dict[str, Any]]) -> str | None:
-    """The label of `label`'s one-rank run of the same model (`--parallel none` first)."""
+    """The label of `label`'s one-rank run of the same model (`--parallel single` first)."""
     model = _model(summaries[label]["config"])
     alone = [
         other
         for other, s in summaries.items()
         if s["world_size"] == 1 and _model(s["config"]) == model
     ]
-    alone.sort(key=lambda other: summaries[other]["config"]["parallel"] != "none")
+    alone.sort(key=lambda other: summaries[other]["config"]["parallel"] != "single")
     return alone[0] if alone else None
 
 
@@ -162,7 +162,7 @@ def scaling_comparison(
     first = summaries[next((r for r in references.values() if r), runs[0][0])]
     c = first["config"]
     notes = [
-        "speedup: tokens/s over the one-rank run of the same model (with --parallel none where "
+        "speedup: tokens/s over the one-rank run of the same model (with --parallel single where "
         "there is one); scaling_eff = speedup / ranks. tokens/s after each run's first logged "
         "interval (bench-train's summary); peak_memory_mib: the busiest rank's peak allocation "
         "over the run (CUDA only).",

@@ -5,9 +5,9 @@ gradient, first and second moment) and their sizes, and splits every tensor into
 `BLOCK` elements (`Launch`, kept between steps). Program `i` looks up which tensor its block
 belongs to (`block_tensor[i]`) and where that tensor's blocks start (`first_block[t]`), casts
 the addresses to pointers, and updates its block: one read of each of the four tensors and one
-write of the parameter and the two moments, in float32 (the moments are float32 whatever the
-parameter's dtype), with torch's fused AdamW's arithmetic and correctly rounded square root and
-division.
+write of the parameter and the two moments, in float32 whatever the tensors' dtypes (the
+parameter and the moments are each rounded once to their own dtype when stored), with torch's
+fused AdamW's arithmetic and correctly rounded square root and division.
 
 Addresses loaded from memory carry no alignment the compiler can see; when every tensor of the
 launch starts on a 16-byte boundary (torch's allocator gives 512), the host says so
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["BLOCK", "Launch", "adamw_step_"]
+__all__ = ["BLOCK", "MOMENT_DTYPES", "Launch", "adamw_step_"]
 
 # Elements per program: 2,048 float32 values are 16 per thread at 4 warps, four 16-byte loads of
 # each tensor in flight per thread, enough to keep the memory system busy on a streaming update
@@ -33,6 +33,10 @@ _NUM_WARPS = 4
 _ALIGNMENT = 16  # bytes: one 128-bit load or store
 
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# The dtypes the moments may be kept in: float32, or bfloat16 (half the bytes, torch's choice for
+# bf16 parameters). Not float16: the second moment, g², leaves its range (a gradient below about
+# 2.4e-4 squares to zero, fp16's smallest value being about 6e-8; one above 256 to infinity).
+MOMENT_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @triton.jit
@@ -71,8 +75,8 @@ def _update(
     """AdamW on one block (torch's fused arithmetic, in float32)."""
     param = _load(param_ptr, offsets, numel, MASKED).to(tl.float32)
     grad = _load(grad_ptr, offsets, numel, MASKED).to(tl.float32)
-    exp_avg = _load(exp_avg_ptr, offsets, numel, MASKED)
-    exp_avg_sq = _load(exp_avg_sq_ptr, offsets, numel, MASKED)
+    exp_avg = _load(exp_avg_ptr, offsets, numel, MASKED).to(tl.float32)
+    exp_avg_sq = _load(exp_avg_sq_ptr, offsets, numel, MASKED).to(tl.float32)
 
     param = param - lr_weight_decay * param  # decoupled weight decay
     exp_avg = beta1 * exp_avg + (1 - beta1) * grad
@@ -81,8 +85,8 @@ def _update(
     param = param - step_size * tl.div_rn(exp_avg, denom)
 
     _store(param_ptr, offsets, param.to(param_ptr.dtype.element_ty), numel, MASKED)
-    _store(exp_avg_ptr, offsets, exp_avg, numel, MASKED)
-    _store(exp_avg_sq_ptr, offsets, exp_avg_sq, numel, MASKED)
+    _store(exp_avg_ptr, offsets, exp_avg.to(exp_avg_ptr.dtype.element_ty), numel, MASKED)
+    _store(exp_avg_sq_ptr, offsets, exp_avg_sq.to(exp_avg_sq_ptr.dtype.element_ty), numel, MASKED)
 
 
 @triton.jit
@@ -98,6 +102,7 @@ def _adamw_kernel(
     step_size,
     bias_correction2_sqrt,
     PARAM: tl.constexpr,
+    MOMENT: tl.constexpr,
     ALIGNED: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -110,8 +115,8 @@ def _adamw_kernel(
     row = addresses_ptr + 4 * t
     param_ptr = tl.load(row).to(tl.pointer_type(PARAM))
     grad_ptr = tl.load(row + 1).to(tl.pointer_type(PARAM))
-    exp_avg_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
-    exp_avg_sq_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+    exp_avg_ptr = tl.load(row + 2).to(tl.pointer_type(MOMENT))
+    exp_avg_sq_ptr = tl.load(row + 3).to(tl.pointer_type(MOMENT))
     if ALIGNED:  # 16-byte aligned pointers (declared on the pointers: vector loads and stores)
         param_ptr = tl.multiple_of(param_ptr, 16)
         grad_ptr = tl.multiple_of(grad_ptr, 16)
@@ -162,7 +167,8 @@ class Launch:
 
         Raises:
             ValueError: a rebuilt table finds a gradient that is not contiguous or not of its
-                parameter's dtype.
+                parameter's dtype, or moments of several dtypes or of one the kernel does not
+                keep.
         """
         pointers = [t.data_ptr() for row in zip(*tensors, strict=True) for t in row]
         if pointers != self._pointers or self._addresses is None:
@@ -172,6 +178,12 @@ class Launch:
                         "fused AdamW needs contiguous gradients of the parameters' dtype; got "
                         f"{grad.dtype} of strides {grad.stride()} for a {param.dtype} parameter"
                     )
+            moment_dtypes = {m.dtype for m in (*tensors[2], *tensors[3])}
+            if len(moment_dtypes) != 1 or not moment_dtypes <= set(MOMENT_DTYPES):
+                raise ValueError(
+                    "fused AdamW needs the moments of one launch in one dtype of "
+                    f"{[str(d) for d in MOMENT_DTYPES]}, got {sorted(map(str, moment_dtypes))}"
+                )
             table = torch.tensor(pointers, dtype=torch.int64)
             device = tensors[0][0].device
             if device.type != "cpu":
@@ -199,7 +211,7 @@ def adamw_step_(
         launch: the `Launch` of these parameters.
         tensors: `(params, grads, exp_avgs, exp_avg_sqs)`: contiguous parameters of one dtype
             (float32, bfloat16 or float16), their gradients (same dtype, contiguous) and
-            contiguous float32 moments.
+            contiguous moments, all of one dtype of `MOMENT_DTYPES`.
         lr, beta1, beta2, eps, weight_decay: the hyper-parameters.
         step: the step count after this step (1 for the first), shared by all the tensors.
     """
@@ -216,6 +228,7 @@ def adamw_step_(
         lr / (1 - beta1**step),
         (1 - beta2**step) ** 0.5,
         PARAM=launch.param_dtype,
+        MOMENT=_TRITON_DTYPES[tensors[2][0].dtype],
         ALIGNED=launch.aligned,
         BLOCK=BLOCK,
         num_warps=_NUM_WARPS,

@@ -1,0 +1,745 @@
+"""Per-device memory of training `lmcore.TransformerLM`, predicted without a GPU.
+
+A `TrainingPlan` names the model, the batch, the precision, the parallel layout, activation
+checkpointing, the loss and the optimizer; `estimate_memory(plan)` walks one training step and
+returns the bytes alive on the busiest device at each moment that can be the peak:
+
+- **forward end**: parameters, optimizer state, what the forward saved for backward, the loss's
+  forward, autocast's cache of bf16 weights (until the autocast region ends), gathered weights;
+- **backward, loss**: the loss's backward (logits' gradients) on top of the saved activations;
+- **backward, block i**: gradients of the blocks after i, the activations still saved (and those a
+  checkpointed segment recomputed), the block's working set, in-flight communication buffers;
+  the worst block is reported;
+- **backward end**: every gradient;
+- **optimizer step**: gradients, optimizer state and the optimizer's temporaries.
+
+Each moment is a `Phase` of named `Term`s, each with the formula that gives it, so a table can
+show the arithmetic beside the number. What is modelled, and what is not:
+
+- Parameters, gradients and optimizer state: exact byte counts of the tensors (the parameter
+  list comes from the model itself, `bench.plan.params`), sharded as each layout shards them:
+  ZeRO-1 assigns whole parameters to ranks with `zero.partition_by_numel` (the busiest rank is
+  reported), FSDP pads every weight to a multiple of the ranks as `zero.FSDP` does and keeps norm
+  gains whole, tensor parallelism splits Megatron-style (`ParamSpec.tp_numel`).
+- Activations: the residuals of `bench.plan.activations`, read off lmcore's eager code; not what
+  `torch.compile` saves.
+- Estimates, not exact: a block's backward working set, the optimizer's temporaries (the foreach
+  AdamW's `sqrt(v)` list, one moment's size; none for the fused ones), communication staging.
+- Not modelled: the CUDA context, cuBLAS workspaces and the caching allocator's rounding; the
+  measured check (`bench-plan --check`) states how large that remainder is.
+
+Example::
+
+    >>> config = lmcore.model_config("small", context_length=512)
+    >>> plan = TrainingPlan(config, batch=8, precision="bf16-autocast")
+    >>> estimate = estimate_memory(plan)
+    >>> estimate.peak.name, estimate.peak.total / 2**30
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import ddp
+import lmcore
+from bench.core.layouts import LAYOUTS as ALL_LAYOUTS
+from bench.core.layouts import PRECISIONS, Layout, Precision, layout_names
+from bench.core.model_options import LOSSES
+from bench.plan.activations import (
+    LossMemory,
+    Residual,
+    block_backward_working_set,
+    block_residuals,
+    combined_formula,
+    head_residuals,
+    loss_memory,
+    residual_bytes,
+    residual_stream_bytes,
+    total_bytes,
+)
+from bench.plan.params import model_parameters
+
+__all__ = [
+    "CHECKPOINTING_FORMS",
+    "LAYOUTS",
+    "MODES",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "Checkpointing",
+    "MemoryEstimate",
+    "Phase",
+    "Term",
+    "TrainingPlan",
+    "estimate_memory",
+]
+
+
+# What bench-plan predicts: every layout of one family (`bench.core.layouts`) whose memory the
+# model tells apart (our DDP wrappers but DDPBucketed keep their gradients as torch keeps them).
+LAYOUTS = layout_names(exclude=("ddp:naive", "ddp:flat", "ddp:individual"))
+MODES = ("train-step", "forward-backward", "forward")
+# Optimizer implementations and their temporaries in units of one moment of the stepped
+# parameters: the foreach AdamWs (lmcore's on CUDA, torch's default) build `sqrt(v)` as a new
+# tensor list; the fused kernels update in place.
+OPTIMIZERS: Mapping[str, int] = MappingProxyType(
+    {"lmcore": 1, "lmcore-fused": 0, "torch-fused": 0, "torch": 1}
+)
+# Optimizers whose moments are float32 whatever the parameters' dtype (bytes per element):
+# lmcore's fused kernel keeps float32 moments also for bf16 parameters; the others keep them in
+# the parameters' dtype, as torch's AdamW does.
+_FLOAT32_MOMENTS: Mapping[str, int] = MappingProxyType({"lmcore-fused": 4})
+CHECKPOINTING_FORMS = lmcore.ActivationCheckpointing.FORMS
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """A parsed activation-checkpointing spec: which runs of blocks are recomputed, and how.
+
+    `segments` are `(start, stop, kind)` runs covering the blocks in order: `plain` (saved as
+    usual), `segment` (one checkpoint: only the run's input is saved; backward recomputes the
+    run), `nested` (a checkpoint of per-block checkpoints: the run's input is saved; backward
+    recomputes the run saving each block's input, then each block).
+    """
+
+    spec: str
+    segments: tuple[tuple[int, int, str], ...]
+
+    @classmethod
+    def parse(cls, spec: str, num_layers: int) -> Checkpointing:
+        """The runs of `spec` over `num_layers` blocks, as lmcore plans them.
+
+        The grammar and the plan are lmcore's (`lmcore.ActivationCheckpointing.parse(spec)
+        .plan(num_layers)`: a block index runs as it is, a tuple of indices is one checkpoint,
+        a tuple of tuples a checkpoint of checkpoints), so that what is predicted is what
+        `lmcore.apply_activation_checkpointing` applies.
+
+        Raises:
+            ValueError: a spec lmcore does not read (its message lists the forms).
+        """
+        runs = []
+        for item in lmcore.ActivationCheckpointing.parse(spec).plan(num_layers):
+            if isinstance(item, int):
+                runs.append((item, item + 1, "plain"))
+                continue
+            nested = isinstance(item[0], tuple)
+            first = item[0][0] if nested else item[0]
+            last = item[-1][-1] if nested else item[-1]
+            runs.append((first, last + 1, "nested" if nested else "segment"))
+        return cls(spec, tuple(runs))
+
+    @property
+    def recomputed_block_forwards(self) -> int:
+        """Extra block forwards backward runs: one per block of a checkpoint, two when nested."""
+        extra = {"plain": 0, "segment": 1, "nested": 2}
+        return sum((b - a) * extra[kind] for a, b, kind in self.segments)
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """One training configuration to predict; validated on construction.
+
+    Args:
+        model: the model (`lmcore.ModelConfig`; its `attention` backend matters).
+        batch: sequences per step in all (split over the data-parallel ranks).
+        seq_len: tokens per sequence; the model's context length when None.
+        precision: a key of `PRECISIONS`.
+        layout: one of `LAYOUTS` (`bench.core.layouts` says what each runs): `single` device;
+            the `ddp` family (torch DDP's flat gradient buckets kept for the whole run under
+            `ddp:torch`, DDPBucketed's `.grad` views of its buckets under `ddp`); the `zero1`
+            family (optimizer state sharded as `zero.ShardedOptimizer` does; torch's
+            ZeroRedundancyOptimizer stages no broadcast); the `fsdp` family (weights, gradients
+            and state sharded, one unit per block, as `zero.FSDP`; `fsdp:no-prefetch` gathers
+            one unit at a time); `tp` (Megatron-style tensor parallelism); `fsdp-tp` (FSDP
+            across `dp` ranks of `tp`-way tensor-parallel groups).
+        dp: data-parallel ranks (`ddp`, `zero1`, `fsdp`, `fsdp-tp`).
+        tp: tensor-parallel ranks (`tp`, `fsdp-tp`).
+        activation_checkpointing: a spec of `CHECKPOINTING_FORMS`.
+        loss: `"materialized"` or `"fused"` (see `bench.plan.activations.loss_memory`).
+        optimizer: a key of `OPTIMIZERS`.
+        mode: `train-step` (forward, backward, optimizer step; the optimizer state exists),
+            `forward-backward` (no optimizer) or `forward` (inference under `no_grad`).
+        hold_logits: the training step keeps the logits alive through backward
+            (`logits = model(x); loss = ce(logits, y)`; bench-model's step does not).
+        zero_bucket_mb: `zero.ShardedOptimizer`'s broadcast cap (MiB; None: one per owner).
+        loss_chunk_tokens: the fused loss's chunk (None: Liger-Kernel's rule).
+
+    Raises:
+        ValueError: an unknown name, a degree that does not match the layout, a batch that the
+            data-parallel ranks do not divide, a head count or width the TP ranks do not
+            divide, or `bf16-autocast` with FSDP (FSDP casts weights itself: use `bf16-master`).
+    """
+
+    model: lmcore.ModelConfig
+    batch: int
+    seq_len: int | None = None
+    precision: str = "fp32"
+    layout: str = "single"
+    dp: int = 1
+    tp: int = 1
+    activation_checkpointing: str = "none"
+    loss: str = "materialized"
+    optimizer: str = "lmcore"
+    mode: str = "train-step"
+    hold_logits: bool = True
+    # zero.ShardedOptimizer's default cap, which is ddp's (tests/test_zero_with_ddp.py checks), read
+    # from ddp so that this module imports no torch (bench-plan's command line reads it).
+    zero_bucket_mb: float | None = ddp.DEFAULT_BUCKET_SIZE_MB
+    loss_chunk_tokens: int | None = None
+    checkpointing: Checkpointing = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        choices = (
+            ("precision", self.precision, tuple(PRECISIONS)),
+            ("layout", self.layout, LAYOUTS),
+            ("loss", self.loss, LOSSES),
+            ("optimizer", self.optimizer, tuple(OPTIMIZERS)),
+            ("mode", self.mode, MODES),
+        )
+        for name, value, allowed in choices:
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        for name in ("batch", "dp", "tp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.seq_len is not None and (
+            isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1
+        ):
+            raise ValueError(f"seq_len must be a positive integer, got {self.seq_len!r}")
+        if self.dp > 1 and not self.layout_spec.data_parallel:
+            raise ValueError(
+                f"layout {self.layout!r} has no data-parallel ranks (dp={self.dp}); use one of "
+                f"{', '.join(n for n in LAYOUTS if ALL_LAYOUTS[n].data_parallel)}"
+            )
+        if self.tp > 1 and not self.layout_spec.tensor_parallel:
+            raise ValueError(f"layout {self.layout!r} has no tensor parallelism (tp={self.tp})")
+        if self.batch % self.dp:
+            raise ValueError(
+                f"batch {self.batch} does not split over {self.dp} data-parallel ranks; use a "
+                "multiple of dp"
+            )
+        m, tp = self.model, self.tp
+        if m.num_heads % tp or m.kv_heads % tp or m.d_ff % tp:
+            raise ValueError(
+                f"tp={tp} must divide the heads ({m.num_heads}), key/value heads ({m.kv_heads}) "
+                f"and d_ff ({m.d_ff})"
+            )
+        if self.layout_spec.shards_weights and self.precision == "bf16-autocast":
+            raise ValueError(
+                "FSDP gathers weights in its own compute dtype instead of autocast: use "
+                "precision bf16-master (float32 shards gathered in bf16, as "
+                "zero.FSDP(compute_dtype=torch.bfloat16))"
+            )
+        if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 1:
+            raise ValueError(f"loss_chunk_tokens must be positive, got {self.loss_chunk_tokens}")
+        object.__setattr__(
+            self,
+            "checkpointing",
+            Checkpointing.parse(self.activation_checkpointing, self.model.num_layers),
+        )
+
+    @property
+    def tokens_per_sequence(self) -> int:
+        """s: the sequence length (the model's context length unless given)."""
+        return self.seq_len or self.model.context_length
+
+    @property
+    def micro_batch(self) -> int:
+        """b: sequences on one device (the batch over the data-parallel ranks)."""
+        return self.batch // self.dp
+
+    @property
+    def num_devices(self) -> int:
+        """dp × tp."""
+        return self.dp * self.tp
+
+    @property
+    def precision_spec(self) -> Precision:
+        """The `Precision` named by `precision`."""
+        return PRECISIONS[self.precision]
+
+    @property
+    def layout_spec(self) -> Layout:
+        """The `bench.core.layouts.Layout` named by `layout`."""
+        return ALL_LAYOUTS[self.layout]
+
+    @property
+    def family(self) -> str:
+        """What each device holds: `single`, `ddp`, `zero1`, `fsdp`, `tp` or `fsdp-tp`."""
+        return self.layout_spec.family
+
+    def describe(self) -> str:
+        """The configuration in one line."""
+        m = self.model
+        mesh = {
+            "single": "1 device",
+            "tp": f"TP {self.tp}",
+            "fsdp-tp": f"FSDP {self.dp} × TP {self.tp}",
+        }.get(self.family, f"{self.layout.upper()} {self.dp}")
+        return (
+            f"{m.d_model}/{m.d_ff}/{m.num_layers}L/{m.num_heads}H V={m.vocab_size:,}, "
+            f"batch {self.batch} × {self.tokens_per_sequence:,}, {self.precision}, {mesh}, "
+            f"{m.attention}, checkpointing {self.activation_checkpointing}, {self.loss} loss, "
+            f"{self.optimizer}"
+        )
+
+
+@dataclass(frozen=True)
+class Term:
+    """Bytes of one kind of tensor at one moment, and the formula that gives them."""
+
+    name: str
+    num_bytes: int
+    formula: str
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A moment of the step: the terms alive then."""
+
+    name: str
+    terms: tuple[Term, ...]
+
+    @property
+    def total(self) -> int:
+        """Bytes alive at this moment."""
+        return sum(t.num_bytes for t in self.terms)
+
+    def bytes_of(self, name: str) -> int:
+        """The bytes of the term called `name` (0 if it has none)."""
+        return sum(t.num_bytes for t in self.terms if t.name == name)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """`estimate_memory`'s answer.
+
+    Attributes:
+        plan: what was predicted.
+        phases: the moments that can be the peak, in step order.
+        definitions: the quantities the phases' formulas name (A_block, X, the loss, ...) with
+            their own formulas.
+        notes: assumptions specific to this plan.
+    """
+
+    plan: TrainingPlan
+    phases: tuple[Phase, ...]
+    definitions: tuple[Term, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def peak(self) -> Phase:
+        """The phase with the most bytes alive."""
+        return max(self.phases, key=lambda p: p.total)
+
+    def phase(self, name: str) -> Phase:
+        """The phase called `name`.
+
+        Raises:
+            KeyError: no phase has that name.
+        """
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(f"no phase {name!r}; phases: {[p.name for p in self.phases]}")
+
+    def fits(self, memory_bytes: float) -> bool:
+        """Whether the peak is at most `memory_bytes`."""
+        return self.peak.total <= memory_bytes
+
+
+# --- parameters, gradients, optimizer state --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _State:
+    """Per-device element counts (the busiest device) and the terms they give."""
+
+    params: Term
+    master: Term
+    grads: Term
+    state: Term
+    optimizer_temp: Term
+    rope: Term
+    ddp_buckets: Term
+    zero_staging: Term
+    root_gathered: Term
+    units_gathered: Term
+    unit_grads: Term
+    head_root_grads: Term  # the LM head's full-size gradient, from its backward on
+    root_grads: Term  # the root unit's full-size gradients at the end of backward
+    block_grads: tuple[int, ...]  # gradient bytes per block on this device
+    head_grads: int  # gradient bytes outside the blocks
+
+
+def _padded_shard(numel: int, ranks: int) -> int:
+    """Elements of one rank's shard: ceil(numel / ranks), as zero.FSDP pads."""
+    return -(-numel // ranks)
+
+
+def _state(plan: TrainingPlan) -> _State:
+    prec = plan.precision_spec
+    params = model_parameters(plan.model)
+    tp, dp = plan.tp, plan.dp
+    fsdp = plan.layout_spec.shards_weights
+    training = plan.mode != "forward"
+    stepping = plan.mode == "train-step"
+    local = [p.tp_numel(tp) for p in params]  # after tensor parallelism
+    sharded = [fsdp and p.kind != "norm" for p in params]  # zero.FSDP shards >= 2-D weights
+    on_device = [_padded_shard(n, dp) if s else n for n, s in zip(local, sharded, strict=True)]
+    total_local = sum(local)
+    tp_text = "" if tp == 1 else f" / TP {tp}"
+    if plan.family == "zero1":
+        from zero import partition_by_numel  # imports torch: only when a plan is computed
+
+        owners = partition_by_numel(local, dp)
+        stepped = max(
+            sum(n for n, owner in zip(local, owners, strict=True) if owner == r) for r in range(dp)
+        )
+        stepped_text = f"the busiest rank's parameters under zero.partition_by_numel over {dp}"
+    elif fsdp:
+        stepped = sum(on_device)
+        stepped_text = f"⌈n/{dp}⌉ per weight (padded), norm gains whole"
+    else:
+        stepped = total_local
+        stepped_text = "every parameter" + tp_text
+    device_params = sum(on_device)
+    p_bytes = prec.shard_bytes if fsdp else prec.param_bytes
+    where = f"⌈n/{dp}⌉ per weight (padded), norm gains whole" if fsdp else "N" + tp_text
+    params_term = Term(
+        "parameters",
+        p_bytes * device_params,
+        f"{p_bytes} B × {device_params:,} ({where})",
+    )
+    has_master = prec.master_bytes and not fsdp and stepping
+    master = Term(
+        "master weights",
+        prec.master_bytes * stepped if has_master else 0,
+        f"{prec.master_bytes} B × {stepped:,} ({stepped_text})" if has_master else "none",
+    )
+    g_bytes = prec.shard_bytes if fsdp else prec.grad_bytes
+    grads = Term(
+        "gradients",
+        g_bytes * device_params if training else 0,
+        f"{g_bytes} B × {device_params:,}" if training else "none (no backward)",
+    )
+    moment_bytes = _FLOAT32_MOMENTS.get(plan.optimizer, prec.moment_bytes)
+    state = Term(
+        "optimizer state",
+        2 * moment_bytes * stepped if stepping else 0,
+        f"2 moments × {moment_bytes} B × {stepped:,} ({stepped_text})"
+        if stepping
+        else "none (no optimizer step)",
+    )
+    temp_units = OPTIMIZERS[plan.optimizer] if stepping else 0
+    optimizer_temp = Term(
+        "optimizer temporaries",
+        temp_units * moment_bytes * stepped,
+        f"{temp_units} × {moment_bytes} B × {stepped:,} (foreach AdamW's sqrt(v) list)"
+        if temp_units
+        else "none (fused update)",
+    )
+    head_dim = plan.model.head_dim
+    rope_bytes = 2 * plan.model.context_length * (head_dim // 2) * 4
+    rope = Term(
+        "buffers",
+        rope_bytes,
+        f"RoPE cos, sin tables: 2 × {plan.model.context_length:,} × {head_dim // 2} × 4 B",
+    )
+    gb = prec.grad_bytes
+    ddp_on = plan.layout_spec.torch_buckets and training
+    ddp_buckets = Term(
+        "communication buffers",
+        gb * total_local if ddp_on else 0,
+        f"torch DDP's flat gradient buckets: {gb} B × {total_local:,}" if ddp_on else "none",
+    )
+    zero_staging = Term("communication buffers", 0, "none")
+    if plan.layout_spec.optimizer == "ShardedOptimizer" and stepping:
+        shard_bytes = prec.param_bytes * stepped
+        cap = plan.zero_bucket_mb
+        if cap is None:
+            zero_staging = Term(
+                "communication buffers",
+                shard_bytes,
+                "broadcast staging: one bucket per owner (the whole shard)",
+            )
+        elif cap > 0:
+            staged = min(2 * int(cap * 2**20), shard_bytes)
+            zero_staging = Term(
+                "communication buffers",
+                staged,
+                f"broadcast staging: 2 buckets of {cap:g} MiB in flight",
+            )
+    c = prec.compute_bytes
+    root = [p for p, s in zip(params, sharded, strict=True) if s and p.block is None]
+    unit = [p for p, s in zip(params, sharded, strict=True) if s and p.block == 0]
+    root_numel = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in root)
+    head_numel = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in root if p.kind == "linear")
+    unit_numel = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in unit)
+    prefetch = plan.layout_spec.prefetch
+    gathered_units = (2 if prefetch else 1) + 1
+    if fsdp:
+        root_gathered = Term(
+            "communication buffers",
+            c * root_numel,
+            f"FSDP root unit (embedding, LM head) gathered: {c} B × {root_numel:,}",
+        )
+        units_gathered = Term(
+            "communication buffers",
+            gathered_units * c * unit_numel,
+            f"FSDP units gathered: {gathered_units} × {c} B × {unit_numel:,} (one computing"
+            + (", one prefetched" if prefetch else "")
+            + ", one all-gather staging copy)",
+        )
+        unit_grads = Term(
+            "communication buffers",
+            3 * c * unit_numel,
+            f"full-size unit gradients: 3 × {c} B × {unit_numel:,} (the one "
+            "being computed, two reduce-scatters in flight)",
+        )
+        head_root_grads = Term(
+            "communication buffers",
+            c * head_numel,
+            f"the LM head's full-size gradient (the root unit's, reduce-scattered at the end): "
+            f"{c} B × {head_numel:,}",
+        )
+        root_grads = Term(
+            "communication buffers",
+            c * root_numel,
+            f"the root unit's full-size gradients before their reduce-scatter: {c} B × "
+            f"{root_numel:,}",
+        )
+    else:
+        root_gathered = units_gathered = unit_grads = head_root_grads = root_grads = Term(
+            "communication buffers", 0, "none"
+        )
+    block_grads = [0] * plan.model.num_layers
+    head_grads = 0
+    if training:
+        for p, n in zip(params, on_device, strict=True):
+            if p.block is None:
+                head_grads += g_bytes * n
+            else:
+                block_grads[p.block] += g_bytes * n
+    return _State(
+        params_term, master, grads, state, optimizer_temp, rope, ddp_buckets, zero_staging,
+        root_gathered, units_gathered, unit_grads, head_root_grads, root_grads,
+        tuple(block_grads), head_grads,
+    )  # fmt: skip
+
+
+# --- the phases of a step ---------------------------------------------------------------------
+
+
+def _resident(s: _State, *, grads_always: bool) -> list[Term]:
+    """What lives through the whole step: weights, masters, state, buffers, (bucket) grads."""
+    terms = [s.params, s.master, s.state, s.rope, s.ddp_buckets]
+    if grads_always:
+        terms.append(s.grads)
+    return terms
+
+
+@dataclass(frozen=True)
+class _Activations:
+    """The activation quantities of one device, and their definitions as terms."""
+
+    block: int  # A_block: one block's residuals
+    block_cache: int  # of which autocast's bf16 weight copies
+    checkpoint: int  # X: a checkpoint's saved input (the residual stream)
+    head: int  # embedding ids, final norm, LM head's autocast copy
+    ids: int  # the token ids, saved until the embedding's backward
+    working: Residual  # a block's backward working set
+    loss: LossMemory
+    definitions: tuple[Term, ...]
+
+
+def _activations(plan: TrainingPlan) -> _Activations:
+    """Per-block and per-model activation bytes of `plan` (one device), with their formulas."""
+    m = plan.model
+    regime = plan.precision_spec.regime
+    b, s = plan.micro_batch, plan.tokens_per_sequence
+    kw = {"batch": b, "seq_len": s, "regime": regime, "tp": plan.tp}
+    block = block_residuals(m, **kw)
+    head = head_residuals(m, **kw)
+    x_bytes = residual_bytes(regime)
+    checkpoint = residual_stream_bytes(b, s, m.d_model, element_bytes=x_bytes)
+    working = block_backward_working_set(m, **kw)
+    loss = loss_memory(
+        m, **kw, loss=plan.loss, hold_logits=plan.hold_logits, chunk_tokens=plan.loss_chunk_tokens
+    )
+    symbols = (
+        f"T = b·s = {b:,} × {s:,} = {b * s:,} tokens, d = {m.d_model:,}, f = {m.d_ff:,}, "
+        f"h = {m.num_heads}, V = {m.vocab_size:,}"
+        + (f", d_kv = {m.kv_heads * m.head_dim:,}" if m.kv_heads != m.num_heads else "")
+        + (f", t = {plan.tp}" if plan.tp > 1 else "")
+        + (
+            f", N_block = {sum(p.numel for p in model_parameters(m) if p.block == 0 and p.kind == 'linear'):,} (one block's matmul weights)"  # noqa: E501
+            if regime == "autocast"
+            else ""
+        )
+    )
+    definitions = (
+        Term("symbols", 0, symbols),
+        Term("A_block: one block's residuals", total_bytes(block), combined_formula(block)),
+        Term("X: a checkpoint (the block's input)", checkpoint, f"{x_bytes}·T·d"),
+        Term("head: token ids, final norm" + (", LM head copy" if regime == "autocast" else ""),
+             total_bytes(head), combined_formula(head)),
+        Term(f"loss ({plan.loss}), forward", loss.forward_peak, loss.forward_formula),
+        Term(f"loss ({plan.loss}), backward", loss.backward_peak, loss.backward_formula),
+        Term("W: a block's backward working set (estimate)", working.num_bytes, working.formula),
+    )  # fmt: skip
+    return _Activations(
+        block=total_bytes(block),
+        block_cache=sum(r.num_bytes for r in block if r.where == "weights"),
+        checkpoint=checkpoint,
+        head=total_bytes(head),
+        ids=next(r.num_bytes for r in head if r.where == "embedding"),
+        working=working,
+        loss=loss,
+        definitions=definitions,
+    )
+
+
+def _mib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**20:,.1f} MiB"
+
+
+def _forward_mode(plan: TrainingPlan, s: _State, acts: _Activations) -> list[Phase]:
+    """Inference under no_grad: weights, autocast's cache, one block's or the logits' worth."""
+    m = plan.model
+    tokens = plan.micro_batch * plan.tokens_per_sequence
+    c = plan.precision_spec.compute_bytes
+    logits = c * tokens * -(-m.vocab_size // plan.tp)
+    cache = 0
+    if plan.precision_spec.regime == "autocast":
+        cache = 2 * sum(p.tp_numel(plan.tp) for p in model_parameters(m) if p.kind == "linear")
+    working = acts.working
+    terms = [
+        *_resident(s, grads_always=False),
+        s.root_gathered,
+        s.units_gathered,
+        Term("autocast weight cache", cache,
+             "2 B × every matmul weight (bf16 copies, alive until autocast exits)"
+             if cache else "none"),
+        Term("activations", max(working.num_bytes, logits),
+             f"max(W = {_mib(working.num_bytes)}, logits {c}·T·V = {_mib(logits)}) "
+             "(nothing is saved under no_grad; an estimate)"),
+    ]  # fmt: skip
+    return [Phase("forward (no_grad)", tuple(terms))]
+
+
+def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[Phase]:
+    ckpt = plan.checkpointing
+    block, x_in, loss = acts.block, acts.checkpoint, acts.loss
+    views = plan.family in ("ddp", "zero1") and not plan.layout_spec.torch_buckets
+    resident = _resident(s, grads_always=views)
+    forward_saved = {"plain": block, "segment": x_in, "nested": x_in}
+    saved_by_run = [forward_saved[kind] for _, _, kind in ckpt.segments]
+    full = sum(b - a for a, b, kind in ckpt.segments if kind == "plain")
+    points = len(ckpt.segments) - sum(1 for *_, kind in ckpt.segments if kind == "plain")
+    saved_all = sum(saved_by_run)
+    saved_text = (
+        f"{full} × A_block + {points} × X + head = {full} × {_mib(block)} + {points} × "
+        f"{_mib(x_in)} + {_mib(acts.head)} (checkpointing {plan.activation_checkpointing!r})"
+    )
+    unsaved_cache = sum(acts.block_cache * (b - a) for a, b, k in ckpt.segments if k != "plain")
+    forward_end = [
+        *resident,
+        s.root_gathered,
+        s.units_gathered,
+        Term("activations", saved_all + acts.head, saved_text),
+        Term("autocast weight cache", unsaved_cache,
+             "bf16 copies of checkpointed blocks' weights, held by autocast until it exits"
+             if unsaved_cache else "none"),
+        Term("loss", loss.forward_peak, f"{plan.loss}: {loss.forward_formula}"),
+    ]  # fmt: skip
+    backward_loss = [
+        *resident,
+        s.root_gathered,
+        s.units_gathered,
+        Term("activations", saved_all + acts.head, saved_text),
+        Term("loss", loss.backward_peak, f"{plan.loss}: {loss.backward_formula}"),
+    ]
+    phases = [
+        Phase("forward end", tuple(forward_end)),
+        Phase("backward, loss", tuple(backward_loss)),
+    ]
+    # Backward through the blocks, last first: gradients of blocks >= i exist, runs before
+    # block i's keep their forward-saved tensors, block i's run holds what it recomputed.
+    fsdp_bwd = [s.root_gathered, s.units_gathered, s.unit_grads, s.head_root_grads]
+    worst: Phase | None = None
+    for j in reversed(range(len(ckpt.segments))):
+        a, b, kind = ckpt.segments[j]
+        before = ckpt.segments[:j]
+        n_full = sum(y - x for x, y, k in before if k == "plain")
+        n_points = sum(1 for *_, k in before if k != "plain")
+        for i in reversed(range(a, b)):
+            alive = i - a + 1  # blocks a..i of this run not yet through backward
+            if kind == "plain":
+                here, here_text = block, "A_block"
+            elif kind == "segment":
+                here = x_in + alive * block
+                here_text = f"X + {alive} × A_block (its segment recomputed)"
+            else:
+                here = alive * x_in + block
+                here_text = f"{alive} × X + A_block (its nested segment, then itself, recomputed)"
+            grads = s.head_grads + sum(s.block_grads[i:])
+            activations = n_full * block + n_points * x_in + here + acts.ids
+            terms = [
+                *resident,
+                *([] if views else [Term("gradients", grads,
+                                         f"the LM head's, final norm's and blocks ≥ {i}'s")]),
+                *fsdp_bwd,
+                Term("activations", activations,
+                     f"{n_full} × A_block + {n_points} × X (before block {i}) + {here_text} + "
+                     f"token ids"),
+                Term("backward working set", acts.working.num_bytes, acts.working.formula),
+            ]  # fmt: skip
+            phase = Phase(f"backward, block {i}", tuple(terms))
+            if worst is None or phase.total > worst.total:
+                worst = phase
+    if worst is not None:
+        phases.append(worst)
+    # the embedding's gradient is the last; FSDP reduce-scatters the root's gradients then
+    end = [*resident, *([] if views else [s.grads]), s.root_gathered, s.root_grads]
+    phases.append(Phase("backward end", tuple(end)))
+    if plan.mode == "train-step":
+        step = [*resident, *([] if views else [s.grads]), s.optimizer_temp, s.zero_staging]
+        phases.append(Phase("optimizer step", tuple(step)))
+    return phases
+
+
+def estimate_memory(plan: TrainingPlan) -> MemoryEstimate:
+    """Predict the bytes alive on the busiest device at each moment of one step of `plan`.
+
+    Returns:
+        A `MemoryEstimate`; its `peak` is the prediction of `torch.cuda.max_memory_allocated`
+        (which counts tensors, not the CUDA context or the allocator's cached blocks).
+
+    Example::
+
+        >>> estimate_memory(TrainingPlan(config, batch=4)).peak.total / 2**20  # MiB
+    """
+    s = _state(plan)
+    acts = _activations(plan)
+    # Right after building the model, its wrapper and the optimizer (AdamW makes its moments at
+    # the first step): what bench-zero reports as `init`.
+    setup = Phase("after set-up", (s.params, s.master, s.rope, s.ddp_buckets))
+    if plan.mode == "forward":
+        phases = [setup, *_forward_mode(plan, s, acts)]
+    else:
+        phases = [setup, *_training_phases(plan, s, acts)]
+    notes = []
+    if plan.precision == "bf16-autocast":
+        notes.append(
+            "autocast: float32 residual stream and norms, bf16 matmul inputs cast per matmul, "
+            "float32 softmax (CUDA's autocast lists)."
+        )
+    if plan.layout_spec.tensor_parallel:
+        notes.append(
+            "TP: norms and the residual stream are whole on every rank (no sequence "
+            "parallelism); attention heads, the FFN width and the vocabulary are split."
+        )
+    return MemoryEstimate(plan, tuple(phases), acts.definitions, tuple(notes))

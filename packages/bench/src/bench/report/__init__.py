@@ -1,0 +1,19 @@
+"""bench-report's wing: the 2026 CS336 handout answered, one section per problem, from a folder
+of results, rendered as Markdown, LaTeX or Typst.
+
+Reading order:
+
+- `tool`: `build_report(folder)` and `run_parsed`, what `bench-report` runs;
+- `problems`: `PROBLEMS`, every problem of the handout in its order with the function that
+  answers it, and `build_document`;
+- `problem`: `Problem` and how a section cites its results (records, earlier runs, images);
+- `results`: `Results`, the records of a folder and the helpers the answers read rows with;
+- the answers by part of the handout: `single_gpu` (model timing, profiles, mixed precision),
+  `memory`, `checkpointing`, `kernels` (attention, compile, FlashAttention-2), `parallel`
+  (all-reduce, DDP, sharding), `analysis` (§8's FFN calculations), `leaderboard`;
+- `runs`: the commands that make the results a section lacks, as the GPU scripts run them;
+- `document`: `Heading`, `Paragraph`, `Table`, `Image` and `render`.
+
+The wing reads the tools' row keys (`KEYS`) and the trainer's results; nothing outside it
+imports it (its command names `bench.report.tool:run_parsed` by string).
+"""

@@ -1,0 +1,293 @@
+"""§9 of the 2026 handout: the leaderboard's training step, as far as one GPU measures it.
+
+The leaderboard times a full step of its 8B model (34 blocks, context 32,768, batch 2, bf16) on
+two B200s. What this project measured and predicts instead, each cited with its file:
+
+- `step_leaderboard_*` (bench-step): the model cut to the blocks that fit one GPU, ours beside a
+  torch-native step: the time ratio, where the time goes, MFU;
+- `flash_leaderboard_*` (bench-flash): the attention alone at the leaderboard's shape, fa2
+  beside SDPA's flash and cuDNN backends;
+- `ops_*` (bench-ops): the two tricks the handout's list suggests that are not attention, the
+  fused LM-head loss and fused AdamW, against torch;
+- `plan_leaderboard_*` and `plan_check_*` (bench-plan): the prediction for the full step on two
+  GPUs, and how far its model was from the measured one-GPU peaks.
+"""
+
+from __future__ import annotations
+
+from bench.core.hardware import peak_tflops
+from bench.report.document import Block, Paragraph
+from bench.report.results import Results, Rows, fmt, num, ok
+from bench.report.single_gpu import said
+from bench.tools import flash, ops, plan, step
+from lmcore import MODEL_SIZES
+
+__all__ = ["FULL_RUN", "answer_leaderboard"]
+
+step_keys, flash_keys, ops_keys, plan_keys = step.KEYS, flash.KEYS, ops.KEYS, plan.KEYS
+_MODEL = "leaderboard-8b"
+_BLOCKS = MODEL_SIZES[_MODEL].num_layers
+
+# What the full step needs, said where nothing measured it.
+FULL_RUN = (
+    "two GPUs: the leaderboard's own two B200s, or for bench-step's `--preset "
+    f"leaderboard-2026` (the {_BLOCKS}-block model, batch 2 over two ranks, ZeRO-1, lmcore's "
+    "fused AdamW) two GPUs of at least 140 GB such as two H200s"
+)
+
+
+def answer_leaderboard(res: Results) -> list[Block]:
+    """What was run on one GPU, its ratio to torch, where the time goes, MFU, the attention
+    and fused-op comparisons, the prediction for the full step, and what was not run."""
+    out = [
+        *_step(res),
+        *_attention(res),
+        *_fused_ops(res),
+        *_prediction(res),
+    ]
+    if out:
+        step_runs = res.runs("step", stem="step_leaderboard")
+        when = (
+            f" for the runs of {str(step_runs[-1].run.date)[:10]}, made on one "
+            f"{step_runs[-1].run.env.get('device_name')}"
+            if step_runs
+            else ""
+        )
+        out.append(
+            Paragraph(
+                f"Not run: the leaderboard's own measurement, the full {_BLOCKS}-block step at "
+                "batch 2 "
+                f"on two GPUs. It needs {FULL_RUN}; two such GPUs were not available{when}."
+            )
+        )
+    return out
+
+
+def _step(res: Results) -> list[Block]:
+    rows = ok(res.rows("step", stem="step_leaderboard", latest=True))
+    ours = [r for r in rows if r[step_keys.impl] == "ours" and num(r, step_keys.step_ms)]
+    native = [r for r in rows if r[step_keys.impl] == "torch-native" and num(r, step_keys.step_ms)]
+    if not ours:
+        return []
+    best = min(ours, key=lambda r: r[step_keys.step_ms])
+    device = res.record_of(best).run.env.get("device_name")
+    full = _BLOCKS
+    label = best.get(step_keys.size_label) or best[step_keys.size]
+    what = (
+        f"What was run: the handout's leaderboard model does not fit one GPU with its AdamW "
+        f"state, so bench-step ran it cut to {best[step_keys.num_layers]} of its {full} blocks "
+        f"({label}), the most whose predicted peak fits (`--num-layers fit`), on one sequence "
+        f"of {best[step_keys.ctx]:,} tokens (batch {best[step_keys.batch]}), "
+        f"{best[step_keys.precision]}, on one "
+        f"{device}: ours ({best[step_keys.attention]} attention, {best[step_keys.loss]} loss, "
+        f"{best[step_keys.activation_checkpointing]} checkpointing, "
+        f"{'compiled' if best.get(step_keys.compiled) else 'eager'}) with "
+        + " and with ".join(f"{r[step_keys.optimizer]} AdamW" for r in ours)
+        + (
+            f", beside a torch-native step ({native[0][step_keys.attention]}, "
+            f"{native[0][step_keys.loss]} "
+            f"cross-entropy, {native[0][step_keys.optimizer]} AdamW, the same checkpointing)."
+            if native
+            else "."
+        )
+    )
+    out = [said(res, what, [best, *native])]
+    if native:
+        n = native[0]
+        each = "; ".join(
+            f"with {r[step_keys.optimizer]} AdamW {fmt(r[step_keys.step_ms])} ms, "
+            f"{n[step_keys.step_ms] / r[step_keys.step_ms]:.2f}× as fast as the torch-native step "
+            "(peak "
+            f"{fmt(r[step_keys.peak_mib])} MiB, {fmt(r[step_keys.state_mib])} MiB of it AdamW "
+            "state)"
+            for r in ours
+        )
+        out.append(
+            said(
+                res,
+                f"Ratio to the torch-native step, which takes {fmt(n[step_keys.step_ms])} ms (peak "
+                f"{fmt(n[step_keys.peak_mib])} MiB, {fmt(n[step_keys.state_mib])} MiB of it AdamW "
+                "state): ours "
+                f"{each}.",
+                [*ours, n],
+            )
+        )
+    phases = [best.get(k) for k in (step_keys.fwd_ms, step_keys.bwd_ms, step_keys.opt_ms)]
+    if all(isinstance(p, int | float) for p in phases):
+        fwd, bwd, opt = phases
+        text = (
+            f"Where the time goes (ours, {best[step_keys.optimizer]} AdamW): forward {fmt(fwd)} "
+            "ms, "
+            f"backward with its recomputation {fmt(bwd)} ms, optimizer {fmt(opt)} ms"
+        )
+        if num(best, step_keys.attn_ms) and num(best, step_keys.attn_time_share):
+            text += (
+                f"; the attention alone {fmt(best[step_keys.attn_ms])} ms, "
+                f"{best[step_keys.attn_time_share]:.0%} of the step"
+                + (
+                    f" for {best[step_keys.attn_flop_share]:.0%} of its FLOPs"
+                    if num(best, step_keys.attn_flop_share)
+                    else ""
+                )
+            )
+        out.append(said(res, text + ".", [best]))
+    if num(best, step_keys.mfu) and num(best, step_keys.mfu_ceiling_tflops):
+        ceiling = best[step_keys.mfu_ceiling_tflops]
+        peak = peak_tflops(str(device), "bf16")
+        of_peak = (
+            f" ({best[step_keys.mfu] * ceiling / peak:.0%} of the data sheet's dense bf16 peak, "
+            f"{fmt(peak)} TFLOP/s)"
+            if peak
+            else ""
+        )
+        out.append(
+            said(
+                res,
+                f"MFU: {best[step_keys.mfu]:.0%} of the GPU's measured bf16 matmul ceiling, "
+                f"{fmt(ceiling)} TFLOP/s{of_peak}; matmul FLOPs only, recomputation not counted.",
+                [best],
+            )
+        )
+    return out
+
+
+def _attention(res: Results) -> list[Block]:
+    rows = ok(res.rows("flash", stem="flash_leaderboard", latest=True))
+    by_impl = {r[flash_keys.impl]: r for r in rows if num(r, flash_keys.fwd_bwd_ms)}
+    ours = by_impl.get("fa2-triton")
+    if ours is None:
+        return []
+    others = [r for name, r in by_impl.items() if name.startswith("sdpa")]
+    parts = "; ".join(
+        f"{r[flash_keys.impl]} {fmt(r[flash_keys.fwd_bwd_ms])} ms ({_against(ours, r)})"
+        for r in others
+    )
+    text = (
+        f"Attention alone at the leaderboard's shape ({ours[flash_keys.batch]} sequence-heads of "
+        f"{ours[flash_keys.seq]:,} tokens, d {ours[flash_keys.d]}, causal, "
+        f"{ours[flash_keys.dtype]}): fa2-triton's "
+        f"forward + backward takes {fmt(ours[flash_keys.fwd_bwd_ms])} ms (backward "
+        f"{fmt(ours[flash_keys.bwd_ms])} ms); {parts}."
+    )
+    return [said(res, text, [ours, *others])]
+
+
+def _against(ours: dict, other: dict) -> str:
+    """Who is faster, fa2 or `other`, and by how much, forward + backward (backward apart)."""
+    ratio = other[flash_keys.fwd_bwd_ms] / ours[flash_keys.fwd_bwd_ms]
+    faster = (
+        f"fa2 is {ratio:.2f}× as fast as it"
+        if ratio >= 1
+        else f"{other[flash_keys.impl]} is {1 / ratio:.2f}× as fast as fa2"
+    )
+    return f"{faster}; backward {fmt(other[flash_keys.bwd_ms])} ms"
+
+
+def _fused_ops(res: Results) -> list[Block]:
+    rows = ok(res.rows("ops", latest=True))
+    loss = [
+        r
+        for r in rows
+        if r.get(ops_keys.study) == "loss" and r.get(ops_keys.shape) == "leaderboard"
+    ]
+    adamw = [r for r in rows if r.get(ops_keys.study) == "adamw"]
+    fused_loss = next((r for r in loss if r[ops_keys.impl] == "fused"), None)
+    biggest = max((r[ops_keys.shape] for r in adamw), key=lambda s: _params(adamw, s), default=None)
+    fused_adamw = next(
+        (r for r in adamw if r[ops_keys.impl] == "lmcore-fused" and r[ops_keys.shape] == biggest),
+        None,
+    )
+    if fused_loss is None and fused_adamw is None:
+        return []
+    parts = []
+    cited: Rows = []
+    if fused_loss is not None:
+        parts.append(
+            f"the fused LM-head loss at the leaderboard's shape ({fused_loss[ops_keys.about]}, "
+            f"vocabulary {fused_loss[ops_keys.vocab]:,}) takes {fmt(fused_loss[ops_keys.ms])} ms, "
+            f"{fused_loss[ops_keys.vs_baseline]:.2f}× as fast as torch's compiled loss, and needs "
+            f"{fmt(fused_loss[ops_keys.extra_mib])} MiB beyond its inputs, "
+            f"{fused_loss[ops_keys.extra_vs_baseline]:.2f}× the compiled loss's (which holds the "
+            f"{fmt(fused_loss[ops_keys.logits_mib])} MiB of logits)"
+        )
+        cited.append(fused_loss)
+    if fused_adamw is not None:
+        parts.append(
+            f"lmcore's fused AdamW steps {fused_adamw[ops_keys.size]} in "
+            f"{fmt(fused_adamw[ops_keys.ms])} ms, "
+            f"{fused_adamw[ops_keys.vs_baseline]:.2f}× as fast as torch's fused AdamW"
+        )
+        cited.append(fused_adamw)
+    text = (
+        'Two of the handout\'s suggestions for the leaderboard (§9: "Implement fused AdamW" '
+        'and a kernel that "fuses the LM head and your cross-entropy loss"), measured '
+        "against torch: " + "; ".join(parts) + "."
+    )
+    return [said(res, text, cited)]
+
+
+def _params(rows: Rows, shape: str) -> float:
+    return max((num(r, ops_keys.params) or 0.0) for r in rows if r[ops_keys.shape] == shape)
+
+
+def _prediction(res: Results) -> list[Block]:
+    rows = res.rows("plan_leaderboard", latest=True)
+    if not rows:
+        return []
+    config = res.record_of(rows[0]).run.config
+    model = config.get("model", {})
+    out: list[Block] = []
+    for size in ("80gb", "141gb"):
+        peak_key = f"peak_{size}"
+        fits = [r for r in rows if num(r, peak_key) is not None]
+        if not fits:
+            continue
+        forms = "; ".join(
+            f"{r[plan_keys.precision]} {r[plan_keys.layout]} {r[plan_keys.loss]} loss "
+            f"{r[plan_keys.optimizer]} AdamW, "
+            f"checkpointing {r[f'ckpt_{size}']}: {fmt(r[peak_key])} GiB, communication "
+            f"{fmt(r[plan_keys.comm_ms])} ms against {fmt(r[plan_keys.compute_ms])} ms of matmuls"
+            for r in sorted(fits, key=lambda r: r[peak_key])
+        )
+        gb = size.removesuffix("gb")
+        if size == "80gb":
+            out.append(
+                said(
+                    res,
+                    f"Prediction for the full step (bench-plan): all {model.get('num_layers')} "
+                    f"blocks, batch {config.get('batch')} × {model.get('context_length'):,} "
+                    f"tokens on {config.get('devices')} GPUs, communication at "
+                    f"{fmt(config.get('bandwidth_gbps'))} GB/s and matmuls at "
+                    f"{fmt(config.get('tflops'))} TFLOP/s (both measured by this project; "
+                    f"the matmul time is at that ceiling). With {gb} GB per GPU {len(fits)} of "
+                    f"{len(rows)} forms fit: {forms}.",
+                    fits,
+                )
+            )
+        else:
+            note = next(
+                (n for n in res.record_of(rows[0]).run.notes if n.startswith(f"{gb} GB per GPU")),
+                None,
+            )
+            text = (
+                f"With {note}" if note else f"With {gb} GB per GPU {len(fits)} of {len(rows)} fit."
+            )
+            out.append(said(res, text, fits))
+    checks = [
+        r
+        for r in res.rows("plan_check", latest=True)
+        if str(r.get(plan_keys.source, "")).startswith("step_leaderboard")
+        and r.get(plan_keys.quantity) == "peak"
+        and num(r, plan_keys.error_pct) is not None
+    ]
+    if checks:
+        errors = ", ".join(f"{r[plan_keys.error_pct]:+.1f} %" for r in checks)
+        out.append(
+            said(
+                res,
+                "The same model's prediction of the one-GPU step's peaks above was off by "
+                f"{errors} (bench-plan's check; positive: it predicted more than was measured).",
+                checks,
+            )
+        )
+    return out
