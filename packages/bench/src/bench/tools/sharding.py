@@ -7,7 +7,7 @@ The variants, what is measured, the targets and the command line: `bench.command
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
 from bench.core.parallel import Parallel
 from bench.core.plots import Bars, stacked_bar_plot
-from bench.core.profiling import collective_overlap
+from bench.core.profiling import traced_step
 from bench.core.results import Keys, Run
 from bench.core.step import forward_backward, train_step
 from bench.core.step_memory import tensor_bytes
@@ -134,7 +134,8 @@ def _measure_case(
     times = [elapsed_ms(step, device=device)[1] for _ in range(config.steps)]
     overlap = None
     if config.trace_dir is not None and LAYOUTS[case.variant].shards_weights:
-        overlap = _traced_step(step, Path(config.trace_dir) / _trace_name(case), rank, device)
+        trace = Path(config.trace_dir) / _trace_name(case)
+        overlap = traced_step(step, trace, rank=rank, device=device, collective="AllGather")
 
     # One more, instrumented, step for memory: the timed ones carry no synchronising probes.
     reset_peak_memory(device)
@@ -160,25 +161,6 @@ def _measure_case(
 def _trace_name(case: ZeroCase) -> str:
     variant = case.variant.replace(":", "-")  # a file name without a colon
     return f"{variant}_{case.compute_dtype}.pt.trace.json"
-
-
-def _traced_step(
-    step: Callable[[], None], path: Path, rank: int, device: torch.device
-) -> float | None:
-    """One more step, under torch.profiler on rank 0 (the others just step): its Chrome trace
-    goes to `path`; the share of its all-gather kernel time beside compute comes back (None on
-    the other ranks and off CUDA)."""
-    if rank != 0:
-        elapsed_ms(step, device=device)
-        return None
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        elapsed_ms(step, device=device)  # synchronises: every kernel is in the trace
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(path))
-    return collective_overlap(prof.events(), collective="AllGather")
 
 
 def _mib(values: Sequence[int | None]) -> float | None:
