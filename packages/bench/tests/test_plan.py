@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -161,11 +162,19 @@ def _synthetic_results(folder: Path) -> dict[str, float]:
                 "num_layers": size.num_layers, "num_heads": size.num_heads, "vocab_size": 97,
                 "ctx": 16, "batch": 2, "precision": "bf16-master", "attention": "naive",
                 "loss": "fused", "optimizer": "lmcore-fused", "activation_checkpointing": "blocks",
-                "layout": "fsdp", "world_size": 2, "peak_mib": 1.0, "status": "ok"}  # fmt: skip
-    save_json(Run.create("step", [lacking, complete], device="cpu", config={}, env=env),
+                "layout": "fsdp", "world_size": 2, "peak_mib": 1.0, "status": "ok",
+                "moment_dtype": "fp32",
+                "fsdp_units": ["TransformerBlock", "Embedding", "LMHead"]}  # fmt: skip
+    # the same row as recorded before rows named their units: the embedding and head in the root
+    earlier = {k: v for k, v in complete.items() if k not in ("moment_dtype", "fsdp_units")}
+    save_json(Run.create("step", [lacking, complete, earlier], device="cpu", config={}, env=env),
               folder / "s.json")  # fmt: skip
     (folder / "other.json").write_text(json.dumps({"not": "a result"}))
-    return {"peak": predicted, "step": estimate_memory(fsdp).peak.total / 2**20}
+    return {
+        "peak": predicted,
+        "step": estimate_memory(fsdp).peak.total / 2**20,
+        "earlier": estimate_memory(replace(fsdp, head_units=False)).peak.total / 2**20,
+    }
 
 
 def test_check_sets_prediction_beside_measurement(tmp_path):
@@ -176,9 +185,13 @@ def test_check_sets_prediction_beside_measurement(tmp_path):
     assert peak["error_pct"] == pytest.approx(100 * (1 / 1.05 - 1))
     xl = next(r for r in run.rows if r["config"].startswith("xl"))
     assert xl["config"].startswith("xl-2025 (1600/6400/48L/25H; recorded as xl)")
-    lacking, complete = [r for r in run.rows if r["source"] == "s"]
+    lacking, complete, earlier = [
+        r for r in run.rows if r["source"] == "s" and r["quantity"] == "peak"
+    ]
     assert lacking["predicted_mib"] is None and lacking["note"].startswith("lacks d_model")
     assert complete["predicted_mib"] == pytest.approx(predicted["step"])
+    assert earlier["predicted_mib"] == pytest.approx(predicted["earlier"])
+    assert predicted["earlier"] > predicted["step"]  # the root held them gathered
     assert run.config["files"] == ["m.json", "s.json"]
     assert plot_plan(run, tmp_path / "check.png").is_file()
 

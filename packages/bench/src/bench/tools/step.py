@@ -104,8 +104,7 @@ def step_specs(config: StepConfig) -> list[StepSpec]:
 
 
 def _plan(spec: StepSpec) -> Any:
-    """bench-plan's `TrainingPlan` of a row (the native chunked loss modelled as the fused one:
-    both hold one chunk of logits at a time)."""
+    """bench-plan's `TrainingPlan` of a row (the torch-native loss is its `chunked`)."""
     from bench.plan.memory import TrainingPlan
 
     return TrainingPlan(
@@ -115,7 +114,7 @@ def _plan(spec: StepSpec) -> Any:
         layout=spec.layout,
         dp=spec.world_size,
         activation_checkpointing=spec.activation_checkpointing,
-        loss="fused" if spec.loss == NATIVE_LOSS else spec.loss,
+        loss=spec.loss,
         optimizer=spec.optimizer,
     )
 
@@ -528,8 +527,8 @@ def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.dev
             "torch-native: SDPA, torch.utils.checkpoint over the same segments (lmcore's "
             "non-reentrant checkpoints), a chunked cross-entropy (compiled per chunk, each chunk "
             "checkpointed: its logits recomputed in backward), torch.optim.AdamW(fused=True), "
-            f"{'each block compiled' if config.compile else 'eager'}{sharded}. bench-plan "
-            "models its loss as the fused one (one chunk of logits at a time)."
+            f"{'each block compiled' if config.compile else 'eager'}{sharded}; bench-plan's "
+            "loss `chunked`."
         )
     return notes
 
