@@ -87,6 +87,18 @@ def test_command_line_writes_its_files(tmp_path, capsys):
     assert len([r for r in load_json(tmp_path / "p.json").rows if "fits" in r]) == 2
 
 
+def test_each_size_keeps_its_own_vocabulary_and_context():
+    """leaderboard-8b is predicted at its 151,936 tokens and context 32,768 (8.1 B parameters),
+    not at the handout's 10,000; a size without a context of its own gets the default."""
+    models = dict(PlanConfig(sizes=("leaderboard-8b", "small")).model_configs())
+    board, small = models.values()
+    assert board == lmcore.LEADERBOARD_2026.config()
+    assert (board.vocab_size, board.context_length) == (151_936, 32_768)
+    assert (small.vocab_size, small.context_length) == (lmcore.VOCAB_SIZE, 512)
+    given = dict(PlanConfig(sizes=("leaderboard-8b",), context_lengths=(1024,)).model_configs())
+    assert [c.context_length for c in given.values()] == [1024]
+
+
 def test_leaderboard_rows_and_verdicts():
     run = run_leaderboard(command="x", checkpointing=("none", "blocks"))
     assert len(run.rows) == 2 * 4 * 2 * 2  # precisions × layouts × losses × optimizers
@@ -100,6 +112,9 @@ def test_leaderboard_rows_and_verdicts():
     assert fsdp["ckpt_80gb"] == "blocks" and fsdp["peak_80gb"] < 80e9 / GIB
     assert all(r["ckpt_80gb"] != "none" for r in run.rows)
     assert any("80 GB per GPU" in n for n in run.notes)
+    board = lmcore.LEADERBOARD_2026
+    assert run.config["batch"] == board.batch_size and run.config["devices"] == board.num_gpus
+    assert f"{lmcore.count_parameters(board.config()):,} parameters" in run.notes[0]
 
 
 def test_section8_rows_carry_formula_value_and_reason():
