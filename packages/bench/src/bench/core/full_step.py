@@ -210,6 +210,7 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
     x = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
     y = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
     autocast_to = autocast_dtype(spec.precision)
+    compiled = {"compile": spec.compile, "compile_backend": spec.compile_backend}
 
     def autocast() -> contextlib.AbstractContextManager:
         return torch.autocast(device.type, dtype=autocast_to, enabled=autocast_to is not None)
@@ -223,7 +224,6 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
 
         if PRECISIONS[spec.precision].weights == "bf16":
             model = model.to(torch.bfloat16)
-        compiled = {"compile": spec.compile, "compile_backend": spec.compile_backend}
         if spec.world_size > 1:
             native = TorchNativeLM(model, **compiled)
             fully_shard_blocks(native, model.layers, param_dtype=autocast_to, **compiled)
@@ -234,13 +234,7 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
         return _Step(native, optimizer, lambda: native(x, y), autocast)
     fused = spec.loss == "fused"
     loss_fn = loss_function(compile=spec.compile and not fused, backend=spec.compile_backend)
-    parallel = Parallel(
-        spec.parallel,
-        device=device,
-        precision=spec.precision,
-        compile=spec.compile,
-        compile_backend=spec.compile_backend,
-    )
+    parallel = Parallel(spec.parallel, device=device, precision=spec.precision, **compiled)
     wrapped = parallel.wrap(model)
     cls, path = optimizer_class(spec.optimizer, param_dtype=DTYPES[spec.moment_dtype])
     optimizer = parallel.build_optimizer(wrapped.parameters(), cls, {**ADAMW_OPTIONS, **path})
@@ -256,14 +250,8 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
 
 def _agreed_steps(step: _Step, spec: StepSpec, device: torch.device) -> list[float]:
     """Step times (ms) on several ranks: counts from the slowest rank's estimate, the same on
-    every rank, so that their collectives pair up.
-
-    The `_ESTIMATE_STEPS` steps that give the estimate are warm-up steps (the first, compiling
-    step is behind them); more follow only where `warmup_ms` asks for more. Then
-    `max(_MIN_TIMED_STEPS, rep_ms / step)` timed steps: for a step of seconds (the
-    leaderboard's, about 5.5 s) the budgets cover few steps, and the window is the estimate's
-    two steps and three timed ones.
-    """
+    every rank, so that their collectives pair up. The estimating steps warm up too; for a step
+    of seconds the window is those two and `_MIN_TIMED_STEPS` timed ones."""
     estimate = torch.tensor(
         [statistics.median(elapsed_ms(step, device=device)[1] for _ in range(_ESTIMATE_STEPS))],
         device=device,

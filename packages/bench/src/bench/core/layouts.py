@@ -142,7 +142,7 @@ class Layout:
 # zero.FSDP's units in an `lmcore.TransformerLM`: each block, and the embedding and the LM head,
 # the two largest weights of a large-vocabulary model, gathered around their own passes only
 # (FSDP2's root keeps them gathered from the forward to the end of the backward).
-_OUR_UNITS = ("TransformerBlock", "Embedding", "LMHead")
+_OURS = ("TransformerBlock", "Embedding", "LMHead")
 _LAYOUT_LIST = (
     Layout("single", "the model alone", "single", None),
     Layout("ddp", "ddp.DDPBucketed", "ddp", "DDPBucketed"),
@@ -171,31 +171,14 @@ _LAYOUT_LIST = (
         "DistributedDataParallel",
         "ZeroRedundancyOptimizer",
     ),
-    Layout(
-        "fsdp",
-        "zero.FSDP, a unit per block, the embedding and the head",
-        "fsdp",
-        "FSDP",
-        units=_OUR_UNITS,
-    ),
-    Layout(
-        "fsdp:no-prefetch",
-        "zero.FSDP without prefetching",
-        "fsdp",
-        "FSDP",
-        prefetch=False,
-        units=_OUR_UNITS,
-    ),
-    Layout(
-        "fsdp:torch",
-        "torch FSDP2 (fully_shard per block)",
-        "fsdp",
-        "fully_shard",
-        units=("TransformerBlock",),
-    ),
+    Layout("fsdp", "zero.FSDP, units: blocks, embedding, head", "fsdp", "FSDP", units=_OURS),
+    Layout("fsdp:no-prefetch", "zero.FSDP without prefetching", "fsdp", "FSDP", prefetch=False,
+           units=_OURS),
+    Layout("fsdp:torch", "torch FSDP2 (fully_shard per block)", "fsdp", "fully_shard",
+           units=("TransformerBlock",)),
     Layout("tp", "Megatron-style tensor parallelism", "tp", None),
     Layout("fsdp-tp", "FSDP across groups of tensor-parallel ranks", "fsdp-tp", None),
-)
+)  # fmt: skip
 LAYOUTS: Mapping[str, Layout] = MappingProxyType({layout.name: layout for layout in _LAYOUT_LIST})
 FAMILIES = ("single", "ddp", "zero1", "fsdp", "tp", "fsdp-tp")
 

@@ -51,8 +51,8 @@ def build_optimizer(name: str, params: Iterable[Any], **options: Any) -> torch.o
             CUDA tensors, or Triton's interpreter on a CPU).
     """
     params = list(params)
-    tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
-    cls, path = optimizer_class(name, param_dtype=tensors[0].dtype if tensors else None)
+    first = params[0]["params"][0] if isinstance(params[0], dict) else params[0]
+    cls, path = optimizer_class(name, param_dtype=first.dtype)
     return cls(params, **options, **path)
 
 

@@ -17,12 +17,9 @@ Parallel`           bucket_cap_mb=torch_bucket_mb)`, compiled after wrapping (to
 `fully_shard`       FSDP2 per block, then the root (`bench.core.torch_native.fully_shard_blocks`)
 =================== ===========================================================================
 
-Compilation (`compile=True`) is per block for ours as for torch's FSDP2
-(`bench.core.torch_native.compile_blocks`; per unit under `zero.FSDP`), not of the whole model:
-the model's identical blocks compile once (a first step of seconds, not minutes, at 8B), and
-lmcore's checkpoints stay outside the compiled code. Compiled whole, a checkpoint is traced
-into the graph, and the partitioner keeps fa2's attention output and logsumexp for every block
-instead of recomputing them (`docs/design/zero.md`, "Whole-model compile and fa2").
+Ours compile per block, as FSDP2's (`bench.core.torch_native.compile_blocks`; per unit under
+`zero.FSDP`): identical blocks compile once, and lmcore's checkpoints stay outside the compiled
+code, so fa2's saved tensors are recomputed (`docs/design/zero.md`, "The leaderboard step").
 
 The optimizer: `optimizer_cls(params, **options)`, inside `zero.ShardedOptimizer` (its broadcasts
 capped at `broadcast_mb`) or torch's `ZeroRedundancyOptimizer` where the layout shards it.
@@ -76,9 +73,9 @@ class Parallel:
             in bf16 before wrapping it; under the sharded wrappers, `bf16-autocast` gathers
             weights and reduces gradients in bf16 over float32 shards (FSDP's mixed precision;
             the step's autocast is the caller's).
-        compile: `torch.compile` each block (before our DDP wrappers; each unit's forward under
-            `zero.FSDP`; each block under FSDP2; the whole wrapper under torch's DDP). A model
-            without an `lmcore.TransformerBlock` is compiled whole.
+        compile: `torch.compile` each `lmcore.TransformerBlock` (before our DDP wrappers; each
+            unit's forward under `zero.FSDP`; each block under FSDP2; the whole wrapper under
+            torch's DDP).
         compile_backend: `torch.compile`'s backend (`inductor`; `aot_eager` traces the same
             graphs without generating kernels).
         bucket_size_mb: `ddp.DDPBucketed`'s bucket size (MiB; None: one bucket).
@@ -159,7 +156,10 @@ class Parallel:
                 compile_options={**COMPILE_OPTIONS, "backend": backend} if self.compile else None,
                 prefetch=self.layout.prefetch,
             )
-        inner = _compiled_blocks(model, backend=backend) if self.compile else model
+        if self.compile:
+            blocks = [m for m in model.modules() if isinstance(m, lmcore.TransformerBlock)]
+            compile_blocks(blocks, backend=backend)
+        inner = model
         stats = {"record_comm_stats": self.record_comm_stats}
         if wrapper == "DDPBucketed":
             return ddp.DDPBucketed(inner, self.bucket_size_mb, **stats)
@@ -194,13 +194,3 @@ class Parallel:
         if self.layout.optimizer == "ZeroRedundancyOptimizer":
             return optimizer.optim.state
         return optimizer.state
-
-
-def _compiled_blocks(model: nn.Module, *, backend: str) -> nn.Module:
-    """`model` with each `lmcore.TransformerBlock` compiled in place (`compile_blocks`); a
-    model without one compiled whole."""
-    blocks = [m for m in model.modules() if isinstance(m, lmcore.TransformerBlock)]
-    if not blocks:
-        return torch.compile(model, backend=backend)
-    compile_blocks(blocks, backend=backend)
-    return model

@@ -174,11 +174,9 @@ class TrainConfig:
         cpu=False,
     )
     compile_backend: str = option(
-        model_options.DEFAULT_COMPILE_BACKEND,
-        model_options.HELP["compile_backend"],
-        group=RUN,
+        model_options.DEFAULT_COMPILE_BACKEND, model_options.HELP["compile_backend"], group=RUN,
         choices=model_options.COMPILE_BACKENDS,
-    )
+    )  # fmt: skip
     baseline: str | None = option(
         None,
         "run torch's own step instead (SDPA, fused torch AdamW, compiled), to compare speed",
