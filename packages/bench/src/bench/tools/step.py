@@ -379,7 +379,7 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 COLUMNS = [
-    "impl", "attention", "loss", "optimizer", "activation_checkpointing", "step_ms",
+    "impl", "layout", "attention", "loss", "optimizer", "activation_checkpointing", "step_ms",
     "time_vs_native", "first_step_ms", "tokens_per_s", "mfu", "peak_mib", "peak_vs_native",
     "param_mib", "grad_mib", "state_mib", "act_mib", "rest_mib", "peak_phase", "fwd_ms",
     "bwd_ms", "opt_ms", "attn_ms", "attn_time_share", "status",
@@ -539,7 +539,8 @@ def plot_step(run: Run, path: Path) -> Path:
     Raises:
         ValueError: no row completed.
     """
-    several = [k for k in ("attention", "loss", "optimizer") if len({r[k] for r in run.rows}) > 1]
+    keys = ("layout", "attention", "loss", "optimizer")
+    several = [k for k in keys if len({r[k] for r in run.rows if r["impl"] == "ours"}) > 1]
 
     def label(r: dict[str, Any]) -> str:
         parts = [r["impl"], r["activation_checkpointing"]]
