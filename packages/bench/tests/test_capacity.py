@@ -413,3 +413,53 @@ def test_fsdp_gathers_the_embedding_and_head_around_their_own_passes():
     assert buffers(theirs, "backward end") == 2 * 2 * vd  # the root and its gradients
     for phase in ("forward end", "backward end"):
         assert buffers(before, phase) == buffers(theirs, phase)
+
+
+def _inductor_partition(gm: torch.fx.GraphModule, inputs: list) -> object:
+    """A torch.compile backend that partitions the joint graph as inductor does (its min-cut
+    partitioner, its decompositions) and runs the two graphs without generating kernels: what
+    a block compiled by inductor keeps for backward, measured on the CPU."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    def run(graph: torch.fx.GraphModule, _: list) -> object:
+        return make_boxed_func(graph.forward)
+
+    return aot_module_simplified(
+        gm, inputs, fw_compiler=run, bw_compiler=run,
+        partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "kv_heads"), [(torch.bfloat16, None), (torch.float32, 1)])
+def test_a_compiled_blocks_residuals_are_what_inductors_partition_keeps(dtype, kv_heads):
+    config = lmcore.ModelConfig(
+        vocab_size=37, context_length=24, d_model=32, num_layers=1, num_heads=4, d_ff=88,
+        attention="sdpa", num_kv_heads=kv_heads,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    block = lmcore.TransformerLM.from_config(config).layers[0].to(dtype)
+    x = torch.randn(3, 24, 32, dtype=dtype, requires_grad=True)  # (batch, seq, d)
+    torch._dynamo.reset()
+    kept = lmcore.saved_activation_bytes(torch.compile(block, backend=_inductor_partition), x)
+    regime = "bf16" if dtype == torch.bfloat16 else "fp32"
+    predicted = block_residuals(config, batch=3, seq_len=24, regime=regime, compiled=True)
+    assert kept == total_bytes(predicted)
+    eager = block_residuals(config, batch=3, seq_len=24, regime=regime)
+    assert total_bytes(predicted) < total_bytes(eager)
+
+
+@pytest.mark.parametrize("layout", ["single", "fsdp", "fsdp:torch"])
+def test_while_the_blocks_run_backward_the_embeddings_gradient_does_not_exist_yet(layout):
+    # HAND in fp32: the head's 88 and the final norm's 8 elements, and 560 per block, whole on
+    # one device or split over 2 (norm gains whole); FSDP2's root holds the head's gradient
+    # full-size until the end, not as a shard
+    dp = 1 if layout == "single" else 2
+    estimate = estimate_memory(TrainingPlan(HAND, batch=2, dp=dp, layout=layout))
+    (phase,) = [p for p in estimate.phases if p.name.startswith("backward, block")]
+    i = int(phase.name.rsplit(" ", 1)[1])
+    block = 560 if dp == 1 else 2 * 8 + (560 - 2 * 8) // 2
+    head = {"single": 88, "fsdp": 44, "fsdp:torch": 0}[layout]
+    assert phase.bytes_of("gradients") == 4 * (head + 8 + (2 - i) * block)

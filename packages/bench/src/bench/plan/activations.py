@@ -43,6 +43,7 @@ from bench.plan.params import model_parameters
 
 __all__ = [
     "ATTENTION_KINDS",
+    "COMPILED_ATTENTION",
     "PLAN_LOSSES",
     "REGIMES",
     "LossMemory",
@@ -50,6 +51,7 @@ __all__ = [
     "block_backward_working_set",
     "block_residuals",
     "combined_formula",
+    "compiled_residuals_known",
     "compute_bytes",
     "head_residuals",
     "loss_chunk_tokens",
@@ -168,8 +170,31 @@ def _norm(
     return out
 
 
+# What a block compiled by inductor keeps for backward (its min-cut partition of the joint graph,
+# read on the CPU: the tests compile a block with inductor's partitioner and decompositions and
+# count what is saved): seven T·d and two T·d_kv tensors and three T·f ones in the residual
+# dtype, the two norms' float32 rsqrt and the attention's logsumexp, for a fused attention
+# kernel (SDPA, fa2's Triton path; fa2's PyTorch path is traced into many more) in fp32 or bf16
+# (autocast is not measured). The same whatever holds the block: a compiled block under a
+# checkpoint keeps it while the checkpoint recomputes it.
+COMPILED_ATTENTION = ("sdpa", "fa2-triton")
+_COMPILED_TD, _COMPILED_TDKV, _COMPILED_TF = 7, 2, 3
+
+
+def compiled_residuals_known(config: lmcore.ModelConfig, *, regime: str, tp: int = 1) -> bool:
+    """Whether `block_residuals(..., compiled=True)` knows what inductor keeps for this block
+    (a fused attention kernel, fp32 or bf16, no tensor parallelism); else it gives eager's."""
+    return config.attention in COMPILED_ATTENTION and regime != "autocast" and tp == 1
+
+
 def block_residuals(
-    config: lmcore.ModelConfig, *, batch: int, seq_len: int, regime: str, tp: int = 1
+    config: lmcore.ModelConfig,
+    *,
+    batch: int,
+    seq_len: int,
+    regime: str,
+    tp: int = 1,
+    compiled: bool = False,
 ) -> list[Residual]:
     """The tensors one `TransformerBlock` saves for backward on one device.
 
@@ -179,6 +204,8 @@ def block_residuals(
         seq_len: tokens per sequence s.
         regime: one of `REGIMES`.
         tp: tensor-parallel ranks the block is split over.
+        compiled: the block compiled by inductor, where what it keeps is known
+            (`compiled_residuals_known`); eager code's residuals otherwise.
 
     Returns:
         The residuals in the order the forward pass makes them. Under `autocast` the last one is
@@ -188,6 +215,8 @@ def block_residuals(
         ValueError: an unknown regime or attention backend, or a size that is not positive.
     """
     _check(regime, batch, seq_len, tp)
+    if compiled and compiled_residuals_known(config, regime=regime, tp=tp):
+        return _compiled_block_residuals(config, batch=batch, seq_len=seq_len, regime=regime)
     naive = materializes_scores(config.attention)
     b, s, d = batch, seq_len, config.d_model
     tokens = b * s
@@ -240,6 +269,24 @@ def block_residuals(
         out.append(_res("weights", "bf16 copies of the block's weights (autocast cache)", 2,
                         f"N_block{per}", weights))  # fmt: skip
     return out
+
+
+def _compiled_block_residuals(
+    config: lmcore.ModelConfig, *, batch: int, seq_len: int, regime: str
+) -> list[Residual]:
+    """`block_residuals` of a block compiled by inductor (see `COMPILED_ATTENTION`)."""
+    tokens, r = batch * seq_len, residual_bytes(regime)
+    d, d_kv = config.d_model, config.kv_heads * config.head_dim
+    tkv = "T·d_kv" if config.kv_heads != config.num_heads else "T·d"
+    return [
+        _res("block", "T·d-sized tensors inductor keeps", _COMPILED_TD * r, "T·d", tokens * d),
+        _res("attn", "keys and values", _COMPILED_TDKV * r, tkv, tokens * d_kv),
+        _res("ffn", "T·f-sized tensors inductor keeps", _COMPILED_TF * r, "T·f",
+             tokens * config.d_ff),
+        _res("block", "rsqrt of the two norms (fp32)", 2 * _FP32, "T", tokens),
+        _res("attn", "logsumexp per query and head (fp32)", _FP32, "b·h·s",
+             batch * config.num_heads * seq_len),
+    ]  # fmt: skip
 
 
 def block_backward_working_set(

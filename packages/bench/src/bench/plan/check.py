@@ -317,7 +317,7 @@ def _check_step_row(source: str, run: Run, row: Mapping[str, Any]) -> list[dict[
             config, batch=row["batch"] * world, layout=row["layout"], dp=world,
             precision=row["precision"], activation_checkpointing=row["activation_checkpointing"],
             loss=row["loss"], optimizer=row["optimizer"], moment_bytes=_moment_bytes(row),
-            head_units=_head_units(row),
+            head_units=_head_units(row), compiled=bool(row.get("compiled")),
         )  # fmt: skip
     except ValueError as err:
         return [_check_row(source, label, "peak", row["peak_mib"], None, None, str(err))]

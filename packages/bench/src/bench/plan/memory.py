@@ -29,8 +29,9 @@ show the arithmetic beside the number. What is modelled, and what is not:
   head units of their own under `zero.FSDP` (each gathered around its own passes, the head's
   gradient reduce-scattered as the backward begins), in the root unit under FSDP2 (gathered from
   the forward to the end of the backward, the head's gradient held full-size until then).
-- Activations: the residuals of `bench.plan.activations`, read off lmcore's eager code; not what
-  `torch.compile` saves.
+- Activations: the residuals of `bench.plan.activations`, read off lmcore's eager code, or, for a
+  plan whose blocks are compiled, what inductor's partition of a block keeps (measured on the
+  CPU for fused attention kernels in fp32 and bf16; eager's elsewhere).
 - Estimates, not exact: a block's backward working set, the optimizer's temporaries (the foreach
   AdamW's `sqrt(v)` list, one moment's size; none for the fused ones), communication staging.
 - Not modelled: the CUDA context, cuBLAS workspaces and the caching allocator's rounding; the
@@ -174,6 +175,8 @@ class TrainingPlan:
             it `moment_dtype`).
         head_units: under FSDP, whether the embedding and the LM head are units of their own
             (None: as the layout shards them, `Layout.units`).
+        compiled: each block compiled by inductor: a block's residuals are what its partition
+            keeps, where that is known (`bench.plan.activations.compiled_residuals_known`).
 
     Raises:
         ValueError: an unknown name, a degree that does not match the layout, a batch that the
@@ -199,6 +202,7 @@ class TrainingPlan:
     loss_chunk_tokens: int | None = None
     moment_bytes: int | None = None
     head_units: bool | None = None
+    compiled: bool = False
     checkpointing: Checkpointing = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -303,8 +307,8 @@ class TrainingPlan:
         return (
             f"{m.d_model}/{m.d_ff}/{m.num_layers}L/{m.num_heads}H V={m.vocab_size:,}, "
             f"batch {self.batch} × {self.tokens_per_sequence:,}, {self.precision}, {mesh}, "
-            f"{m.attention}, checkpointing {self.activation_checkpointing}, {self.loss} loss, "
-            f"{self.optimizer}"
+            f"{m.attention}{' compiled' if self.compiled else ''}, checkpointing "
+            f"{self.activation_checkpointing}, {self.loss} loss, {self.optimizer}"
         )
 
 
@@ -396,7 +400,7 @@ class _State:
     unit_prefetched: Term  # the last block, prefetched as the head's backward begins
     embedding_end: Term  # the embedding as a unit: gathered, with its gradient, at the end
     block_grads: tuple[int, ...]  # gradient bytes per block on this device
-    head_grads: int  # gradient bytes outside the blocks
+    head_grads: int  # gradient bytes outside the blocks alive during the blocks' backward
 
 
 def _padded_shard(numel: int, ranks: int) -> int:
@@ -565,13 +569,14 @@ def _state(plan: TrainingPlan) -> _State:
     else:
         root_gathered = units_gathered = unit_grads = head_root_grads = root_grads = none
     block_grads = [0] * plan.model.num_layers
-    head_grads = 0
+    head_grads = 0  # those alive while the blocks' backward runs: not yet the embedding's, nor
+    in_root = {id(p) for p in root}  # the root's, held full-size until the end (root_grads)
     if training:
         for p, n in zip(params, on_device, strict=True):
-            if p.block is None:
-                head_grads += g_bytes * n
-            else:
+            if p.block is not None:
                 block_grads[p.block] += g_bytes * n
+            elif p.kind != "embedding" and id(p) not in in_root:
+                head_grads += g_bytes * n
     return _State(
         params_term, master, grads, state, optimizer_temp, rope, ddp_buckets, zero_staging,
         root_gathered, units_gathered, unit_grads, head_root_grads, root_grads, head_gathered,
@@ -610,7 +615,7 @@ def _activations(plan: TrainingPlan) -> _Activations:
     regime = plan.precision_spec.regime
     b, s = plan.micro_batch, plan.tokens_per_sequence
     kw = {"batch": b, "seq_len": s, "regime": regime, "tp": plan.tp}
-    block = block_residuals(m, **kw)
+    block = block_residuals(m, **kw, compiled=plan.compiled)
     head = head_residuals(m, **kw, loss=plan.loss)
     x_bytes = residual_bytes(regime)
     checkpoint = residual_stream_bytes(b, s, m.d_model, element_bytes=x_bytes)

@@ -116,6 +116,7 @@ def _plan(spec: StepSpec) -> Any:
         activation_checkpointing=spec.activation_checkpointing,
         loss=spec.loss,
         optimizer=spec.optimizer,
+        compiled=spec.compile,
     )
 
 
