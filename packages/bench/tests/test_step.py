@@ -217,9 +217,9 @@ def test_num_layers_fit_is_the_deepest_every_row_fits():
 
     def fits(spec, layers):
         model = dataclasses.replace(spec.model, num_layers=layers)
-        loss = "fused" if spec.impl == "torch-native" else spec.loss
         plan = TrainingPlan(model, batch=1, precision="bf16", optimizer=spec.optimizer,
-                            activation_checkpointing="blocks", loss=loss)  # fmt: skip
+                            activation_checkpointing="blocks", loss=spec.loss,
+                            compiled=spec.compile)  # fmt: skip
         return estimate_memory(plan).fits(80e9 * (1 - config.headroom))
 
     specs = step_specs(config)
