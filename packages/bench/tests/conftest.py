@@ -187,6 +187,7 @@ TINY_ZERO_CONFIG = ZeroBenchConfig(
     ),
     bucket_sizes_mb=(0.0, 25.0),
     fsdp_dtypes=("fp32", "bf16"),
+    fsdp_storage=("fp32", "bf16"),
     warmup=1,
     steps=2,
 )
@@ -203,8 +204,9 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 @pytest.fixture(scope="session")
 def zero_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """bench-zero's ddp:torch, zero1:torch-ddp (two caps), zero1:torch and the FSDP rows on 2
-    gloo ranks, each FSDP row with a traced step (in `config["trace_dir"]`)."""
+    """bench-zero's ddp:torch, zero1:torch-ddp (two caps), zero1:torch and the FSDP rows (fp32
+    and bf16 compute over fp32 shards, and bf16 shards) on 2 gloo ranks, each FSDP row with a
+    traced step (in `config["trace_dir"]`)."""
     traces = str(tmp_path_factory.mktemp("zero_traces"))
     config = replace(TINY_ZERO_CONFIG, trace_dir=traces)
     return run_zero(config, device="cpu", command="bench-zero --test")
