@@ -1,5 +1,6 @@
-"""bench-train-results: result files (Markdown, JSON, PNG) for `docs/results/` from finished
-bench-train run folders (`bench.train.results` says what each holds).
+"""bench-train-results: result files (Markdown, JSON, PNG; CSV of the speed and scaling tables)
+for `docs/results/` from finished bench-train run folders (`bench.train.results` says what each
+holds).
 
     bench-train-results --out docs/results --text RUN --text-baseline RUN_UNDER_BASELINE \\
         --speed default=RUN_A torch-baseline=RUN_B --baseline torch-baseline
