@@ -156,9 +156,11 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
         assert (seen["fused"] > 0) == (row["loss"] == "fused")
 
 
-def test_fsdp_on_two_gloo_ranks_beside_torch_fsdp2():
+def test_fsdp_on_two_gloo_ranks_beside_torch_fsdp2_in_fp16():
+    # fp16: both steps scale the loss, and each rank's scaler unscales its shards of the
+    # gradients and agrees with the other rank on skipping (bench.core.loss_scale)
     run = run_step(
-        _config(nproc=2, parallel="fsdp", num_layers=2, batch=1),
+        _config(nproc=2, parallel="fsdp", num_layers=2, batch=1, precision="fp16"),
         device="cpu",
         command="bench-step --test",
     )

@@ -11,8 +11,8 @@ wrapper             built as
 `DDPBucketed`       `ddp.DDPBucketed(model, bucket_size_mb)`
 `DistributedData    `torch.nn.parallel.DistributedDataParallel(model, device_ids=[the GPU],
 Parallel`           bucket_cap_mb=torch_bucket_mb)`, compiled after wrapping
-`FSDP`              `zero.FSDP(model, compute_dtype=, units=(lmcore.TransformerBlock,),
-                    prefetch=)`, not compiled
+`FSDP`              `zero.FSDP(model, compute_dtype=, reduce_dtype=,
+                    units=(lmcore.TransformerBlock,), prefetch=)`, not compiled
 `fully_shard`       FSDP2 per block, then the root (`bench.core.torch_native.fully_shard_blocks`)
 =================== ===========================================================================
 
@@ -65,7 +65,8 @@ class Parallel:
         precision: a runnable name of `bench.core.layouts.PRECISIONS`: `bf16` stores the model
             in bf16 before wrapping it; under the sharded wrappers, `bf16-autocast` gathers
             weights and reduces gradients in bf16 over float32 shards (FSDP's mixed precision;
-            the step's autocast is the caller's).
+            the step's autocast is the caller's), `fp16` gathers in fp16 and reduces in float32
+            (`reduce_dtype`); the loss scaling is the step's (`bench.core.loss_scale`).
         compile: `torch.compile` the model (before our wrappers; after torch's DDP; each block
             under FSDP2; refused under `zero.FSDP`).
         bucket_size_mb: `ddp.DDPBucketed`'s bucket size (MiB; None: one bucket).
@@ -107,6 +108,13 @@ class Parallel:
         parameters' own)."""
         return autocast_dtype(self.precision.name)
 
+    @property
+    def reduce_dtype(self) -> torch.dtype | None:
+        """The dtype the sharded wrappers reduce gradients in, where not `compute_dtype`:
+        float32 for loss-scaled gradients (fp16), whose sum over the ranks can overflow fp16
+        where each rank's alone does not, which would skip steps one process takes."""
+        return torch.float32 if self.precision.loss_scaling else None
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """The model as the step runs it: stored in the precision's dtype, compiled, wrapped
         (FSDP2 shards `model` in place and returns it)."""
@@ -122,12 +130,14 @@ class Parallel:
             return torch.compile(wrapped) if self.compile else wrapped
         if wrapper == "fully_shard":
             return fully_shard_blocks(
-                model, model.layers, param_dtype=self.compute_dtype, compile=self.compile
-            )
+                model, model.layers, param_dtype=self.compute_dtype,
+                reduce_dtype=self.reduce_dtype, compile=self.compile,
+            )  # fmt: skip
         if wrapper == "FSDP":
             return zero.FSDP(
                 model,
                 compute_dtype=self.compute_dtype,
+                reduce_dtype=self.reduce_dtype,
                 units=(lmcore.TransformerBlock,),
                 prefetch=self.layout.prefetch,
             )

@@ -45,6 +45,7 @@ def fully_shard_blocks(
     blocks: Iterable[nn.Module],
     *,
     param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
     compile: bool = False,
 ) -> nn.Module:
     """torch's FSDP2 applied as its docs advise: `fully_shard` on every block, then on `root`.
@@ -54,6 +55,7 @@ def fully_shard_blocks(
         blocks: the blocks, each a unit of its own (gathered before its forward, freed after).
         param_dtype: the dtype weights are gathered and gradients reduced in
             (`MixedPrecisionPolicy(param_dtype=...)`); None: the parameters' own.
+        reduce_dtype: the dtype gradients are reduced in, where not `param_dtype`.
         compile: `torch.compile` each block in place before sharding it (parameter names stay
             the model's own).
 
@@ -62,7 +64,7 @@ def fully_shard_blocks(
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in blocks:
         if compile:
             block.compile()

@@ -39,7 +39,7 @@ from bench.core.full_step import (
     step_flops,
 )
 from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
-from bench.core.layouts import compute_dtype
+from bench.core.layouts import DTYPES, PRECISIONS, autocast_dtype, compute_dtype
 from bench.core.memory import GIB, MIB, free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import Bars, stacked_bar_plot
@@ -165,13 +165,12 @@ def _block_bytes(config: StepConfig, device: torch.device) -> tuple[int, int]:
             model_config.head_dim, model_config.context_length, theta=model_config.rope_theta
         )
         block = lmcore.TransformerBlock(model_config, rope=rope)
-    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    dtype = DTYPES[PRECISIONS[config.precision].weights]
     block = block.to(dtype)
     shape = (config.batch, model_config.context_length, model_config.d_model)
     x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)  # residual stream
-    with torch.autocast(
-        device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16-autocast"
-    ):
+    autocast_to = autocast_dtype(config.precision)
+    with torch.autocast(device.type, dtype=autocast_to, enabled=autocast_to is not None):
         saved = lmcore.saved_activation_bytes(block, x)
     inputs = x.numel() * x.element_size()
     del block, x
@@ -482,7 +481,7 @@ def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.dev
     if ceilings:
         from bench.core.hardware import matmul_ceiling, matmul_format
 
-        dtype = torch.float32 if config.precision == "fp32" else torch.bfloat16
+        dtype = compute_dtype(config.precision)
         _, source = matmul_ceiling(device_name(device), matmul_format(dtype)) or (0, "")
         notes.append(
             f"MFU against {', '.join(f'{c:g}' for c in sorted(ceilings))} TFLOP/s ({source}); "
