@@ -20,7 +20,9 @@ on the GPU itself. What each tile compiles to (registers, spills, shared memory)
   Triton 3.6 no longer lowers `tl.dot` to them below sm_80: it compiles every dot to FMA on
   the CUDA cores ("Dot op using MMA for compute capability 75 has been deprecated. It falls
   back to the FMA path."). Correct, and slow: on a T4 torch's SDPA is the faster attention.
-  Small tiles keep the FMA accumulators in registers; 64 KB of shared memory per block.
+  Small tiles keep the FMA accumulators in registers; 64 KB of shared memory per block, which
+  every kernel keeps to but fp32's dK/dV and single pass at head dims above 128 (a 16-row tile
+  of float32 rows of 256 is 65 KB: no tile fits; use fp16, or the PyTorch path).
 
 The families are `configs`'s (`16bit`, `tf32`, `32bit` by head-dim block); head dims up to 32
 read the d64 lists, as on Hopper.
