@@ -15,7 +15,9 @@ from spawn_ranks import run_ranks
 from torch import nn
 
 from bench.commands.train import main
+from bench.commands.train_results import main as bench_train_results
 from bench.core.loss_scale import LossScaler
+from bench.core.results import load_json
 from bench.train.record import read_metrics
 
 CPU = torch.device("cpu")
@@ -143,3 +145,29 @@ def test_fsdp_on_two_ranks_skips_the_steps_one_process_skips(train_argv, tmp_pat
 def test_loss_scale_needs_fp16(train_argv, tmp_path, usage_error):
     error = usage_error(train_argv(tmp_path / "run", "--loss-scale", "1024"))
     assert "scales fp16's loss only" in error
+
+
+def test_the_precision_table_sets_fp16_beside_the_reference(
+    train_argv, one_process, tmp_path, capsys
+):
+    fp16 = tmp_path / "fp16"
+    assert main(train_argv(fp16, *one_process.args, "--precision", "fp16")) == 0
+    results = tmp_path / "results"
+    argv = ["--out", str(results), "--precision", f"fp32={one_process.run}", f"fp16={fp16}"]
+    assert bench_train_results(argv) == 0
+    (json_file,) = results.glob("train_precision_cpu_*.json")
+    run = load_json(json_file)
+    reference, scaled = run.rows
+    assert (reference["precision"], scaled["precision"]) == ("fp32", "fp16")
+    assert reference["loss_diff"] == 0.0 and reference["skipped_steps"] is None
+    assert scaled["skipped_steps"] == 0 and scaled["loss_scale"] == 2.0**16
+    # fp16 rounds the matmuls' inputs to 11 significant bits: the losses stay close
+    assert abs(scaled["loss_diff"]) < 1e-2 and scaled["max_loss_diff"] < 1e-2
+    assert any(n.startswith("fp16 (fp16) ends at validation loss") for n in run.notes)
+    assert {p.suffix for p in results.iterdir()} == {".json", ".csv", ".md", ".png"}
+    other = tmp_path / "other-lr"  # another training: refused, naming what differs
+    assert main(train_argv(other, *one_process.args, "--precision", "fp16", "--lr", "1e-3")) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        bench_train_results(["--out", str(results), "--precision", f"a={fp16}", f"b={other}"])
+    assert exc.value.code == 2 and "--lr 0.001 vs 0.0006" in capsys.readouterr().err

@@ -189,18 +189,32 @@ def run_matrix(
     cells: list[Cell] | None = None,
 ) -> Run:
     """Run (or read back) every cell of `matrix` on `device`, write the matrix's files into its
-    folder, and return the run (tool `"matrix"`, a row per cell).
+    folder (the rows after every cell, so that a matrix stopped midway leaves the cells it
+    finished; the plots at the end), and return the run (tool `"matrix"`, a row per cell).
 
     Args:
         cells: `matrix_cells(matrix, device=device)`, checked already (made here when None).
     """
     command = command if command is not None else command_line()
-    rows = []
+    out, rows = Path(matrix.out), []
     for cell, config, summary in cells or matrix_cells(matrix, device=device):
         summary, how, status = (
             (summary, "reused", OK) if summary is not None else _run_cell(config, command)
         )
         rows.append({**_row(cell, config, summary), "run": how, "status": status})
+        run = _matrix_run(matrix, rows, device=device, command=command)
+        save_json(run, out / FILES[0])
+        save_csv(run, out / FILES[1])
+        (out / FILES[2]).write_text(run.to_markdown() + "\n")
+    run.plots.extend(p.name for p in plot_matrix(run, out / "matrix.png"))
+    save_json(run, out / FILES[0])
+    return run
+
+
+def _matrix_run(
+    matrix: MatrixConfig, rows: list[dict[str, Any]], *, device: torch.device | str, command: str
+) -> Run:
+    """The rows so far as a run, their losses compared, with the notes that explain them."""
     disagreements = compare_losses(rows, tolerance=matrix.loss_tolerance)
     failed = [f"{r['size']} {r['attention']} {r['parallel']}: {r['status']}" for r in rows
               if r["status"] != OK]  # fmt: skip
@@ -217,17 +231,11 @@ def run_matrix(
         *disagreements,
         *(f"Not finished: {line}" for line in failed),
     ]
-    run = Run.create(
+    return Run.create(
         "matrix", rows, device=device, config=dataclasses.asdict(matrix), command=command,
-        title=f"bench-matrix: {len(rows)} training runs, attention x parallel mode x size",
-        columns=COLUMNS, notes=notes,
+        title=f"bench-matrix: {len(rows)} of {len(matrix.cells)} training runs, attention x "
+        "parallel mode x size", columns=COLUMNS, notes=notes,
     )  # fmt: skip
-    out = Path(matrix.out)
-    run.plots.extend(p.name for p in plot_matrix(run, out / "matrix.png"))
-    save_json(run, out / FILES[0])
-    save_csv(run, out / FILES[1])
-    (out / FILES[2]).write_text(run.to_markdown() + "\n")
-    return run
 
 
 def plot_matrix(run: Run, path: Path) -> list[Path]:

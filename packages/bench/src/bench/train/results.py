@@ -217,4 +217,11 @@ def run_parsed(
             print(scaling_result(args.scaling, args.out, notes=args.note))
         except ValueError as exc:
             parser.error(str(exc))
+    if args.precision:
+        from bench.train.precisions import precision_result  # imported on use: the table's own
+
+        try:
+            print(precision_result(args.precision, args.out, notes=args.note))
+        except ValueError as exc:
+            parser.error(str(exc))
     return 0
