@@ -11,6 +11,8 @@ Reading order:
 - the answers by part of the handout: `single_gpu` (model timing, profiles, mixed precision),
   `memory`, `checkpointing`, `kernels` (attention, compile, FlashAttention-2), `parallel`
   (all-reduce, DDP, sharding), `analysis` (§8's FFN calculations), `leaderboard`;
+- `seeds`: what the seed projects had (two T4s in fp16, the kernel x mode matrix, fp16 against
+  bf16), answered after the handout's problems;
 - `runs`: the commands that make the results a section lacks, as the GPU scripts run them;
 - `document`: `Heading`, `Paragraph`, `Table`, `Image` and `render`.
 
