@@ -37,7 +37,7 @@ MAX_TRAINER_LINES = 400
 # Plumbing serves three consumers or more; what one tool alone uses lives beside it. The issue
 # that gave the planner and the report wings of their own set these bounds; issue 38 raised them
 # for plumbing every tool shares (the CSV writer, the GPU table, fp16's loss scaling).
-MAX_CORE_FILES, MAX_CORE_LINES = 29, 5850
+MAX_CORE_FILES, MAX_CORE_LINES = 29, 6000
 
 
 def _imported_modules(path: Path) -> set[str]:

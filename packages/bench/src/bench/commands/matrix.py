@@ -8,8 +8,8 @@ time, MFU. The same seed, data and global batch make every parallel mode train o
 sequences, so a cell's final loss must agree with the one-rank cell of its size and attention
 (or the first mode listed) within --loss-tolerance: a disagreement is flagged in the row
 (`loss_agrees`) and in the notes, and the command ends with status 1. Cells are compared eager
-(--no-compile, the default: zero.FSDP does not compile, and a compiled cell's first step would
-weigh differently).
+(--no-compile, the default: a compiled cell's first step, compilation included, would weigh
+differently).
 
 The matrix resumes: run the same command again and each finished cell (a summary of the same
 configuration) is read back, not trained again; a cell killed after a checkpoint continues from

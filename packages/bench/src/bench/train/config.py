@@ -148,12 +148,9 @@ class TrainConfig:
         cpu="lmcore",
     )
     loss: str = option(
-        model_options.DEFAULT_LOSS,
-        model_options.HELP["loss"],
-        group=TRAINING,
-        may_change=True,
+        model_options.DEFAULT_LOSS, model_options.HELP["loss"], group=TRAINING, may_change=True,
         choices=model_options.LOSSES,
-    )
+    )  # fmt: skip
     device: str = option("auto", "auto (CUDA when present), cpu, cuda", group=RUN, metavar="DEVICE")
     precision: str = option(
         "bf16-autocast", "fp32; bf16-autocast: float32 weights, matmuls in bf16 under autocast; "
@@ -169,10 +166,15 @@ class TrainConfig:
     )  # fmt: skip
     compile: bool = option(
         True,
-        "torch.compile the model and the loss; the first step's time is printed",
+        "torch.compile each block (each unit's forward under --parallel fsdp) and the loss; "
+        "the first step's time is printed",
         group=RUN,
         cpu=False,
     )
+    compile_backend: str = option(
+        model_options.DEFAULT_COMPILE_BACKEND, model_options.HELP["compile_backend"], group=RUN,
+        choices=model_options.COMPILE_BACKENDS,
+    )  # fmt: skip
     baseline: str | None = option(
         None, "run torch's own step instead (SDPA, fused torch AdamW, compiled), to compare speed",
         group=TRAINING, choices=list(BASELINES), default_text="off",
@@ -286,8 +288,6 @@ class TrainConfig:
                 raise ValueError(f"--baseline {given['baseline']} runs --{flag} {value}; drop it")
         given.setdefault("nproc", torchrun_world_size() or 1)
         given.setdefault("parallel", parallel.default_mode(given["nproc"]))
-        if not parallel.can_compile(given["parallel"]):
-            given.setdefault("compile", False)
         config = configured(cls, cuda=device.type == "cuda", **given)
         config.validate()
         return config
@@ -342,7 +342,6 @@ class TrainConfig:
         parallel.check(
             self.parallel,
             nproc=self.nproc,
-            compile=self.compile,
             precision=self.precision,
             baseline=self.baseline,
             device=torch.device(self.device),

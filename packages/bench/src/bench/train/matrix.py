@@ -34,7 +34,6 @@ from bench.core.tool import emit
 from bench.train.checkpoint import CHECKPOINT
 from bench.train.config import TrainConfig
 from bench.train.matrix_config import MatrixConfig
-from bench.train.parallel import can_compile
 from bench.train.run import SUMMARY, run_train
 
 __all__ = [
@@ -83,7 +82,7 @@ def cell_config(matrix: MatrixConfig, cell: tuple[str, str, str], device: str) -
         nproc=1 if parallel == "single" else matrix.nproc, steps=matrix.steps,
         batch_size=matrix.batch_size, context_length=matrix.context_length,
         precision=matrix.precision, tokenizer=matrix.tokenizer, seed=matrix.seed,
-        compile=matrix.compile and can_compile(parallel), log_every=max(1, matrix.steps // 5),
+        compile=matrix.compile, log_every=max(1, matrix.steps // 5),
         eval_every=0, generate=0, progress=False, resume=resume,
     )  # fmt: skip
 

@@ -66,7 +66,9 @@ class MatrixConfig:
         choices=lambda: option_of(TrainConfig, "tokenizer").allowed(),
     )  # fmt: skip
     seed: int = option(0, "every cell's seed", group=TRAINING)
-    compile: bool = option(False, "torch.compile every cell that can be", group=TRAINING)
+    compile: bool = option(
+        False, "torch.compile every cell (bench-train --compile)", group=TRAINING
+    )
     loss_tolerance: float = option(
         DEFAULT_LOSS_TOLERANCE, "relative difference of a cell's final loss from its reference "
         "cell's that is flagged", group=TRAINING,
