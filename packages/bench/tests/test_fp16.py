@@ -125,21 +125,24 @@ def test_a_resumed_fp16_run_continues_its_loss_scale(train_argv, tmp_path):
     assert resumed == whole_run and whole_run[1][3] >= 1
 
 
-def test_fsdp_on_two_ranks_skips_the_steps_one_process_skips(train_argv, tmp_path):
-    # Sharded gradients: each rank unscales its shards, the ranks agree on the overflow, and the
-    # fp16 gradients are summed over the ranks in float32 (in fp16 the sum overflows at a scale
-    # one process's gradients bear, and the two ranks skipped a step more).
+def test_sharded_modes_on_two_ranks_skip_the_steps_one_process_skips(train_argv, tmp_path):
+    # zero.FSDP's sharded gradients: each rank unscales its shards, the ranks agree on the
+    # overflow, and the fp16 gradients are summed over the ranks in float32 (in fp16 the sum
+    # overflows at a scale one process's gradients bear, and the two ranks skipped a step more).
+    # ZeRO-1 (DDPBucketed's averaged gradients, the optimizer sharded): every rank unscales the
+    # whole model's gradients before its shard's step.
     extra = (*FP16, "--loss-scale", TOO_HIGH, "--steps", "6")
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert main(train_argv(one, *extra)) == 0
-    assert main(train_argv(two, *extra, "--nproc", "2", "--parallel", "fsdp")) == 0
-    ones, twos = read_metrics(one), read_metrics(two)
-    assert [r["skipped_steps"] for r in twos] == [r["skipped_steps"] for r in ones]
+    assert main(train_argv(tmp_path / "one", *extra)) == 0
+    ones = read_metrics(tmp_path / "one")
     assert ones[-1]["skipped_steps"] >= 1
-    # zero.FSDP computes the blocks in fp16 where autocast keeps the residual stream in float32:
-    # a few of fp16's roundings (2^-11 relative) apart
-    for mine, theirs in zip(twos, ones, strict=True):
-        assert mine["loss"] == pytest.approx(theirs["loss"], rel=2e-3)
+    for mode in ("fsdp", "zero1"):
+        assert main(train_argv(tmp_path / mode, *extra, "--nproc", "2", "--parallel", mode)) == 0
+        twos = read_metrics(tmp_path / mode)
+        assert [r["skipped_steps"] for r in twos] == [r["skipped_steps"] for r in ones], mode
+        # zero.FSDP computes the blocks in fp16 where autocast keeps the residual stream in
+        # float32: a few of fp16's roundings (2^-11 relative) apart
+        for mine, theirs in zip(twos, ones, strict=True):
+            assert mine["loss"] == pytest.approx(theirs["loss"], rel=2e-3), mode
 
 
 def test_loss_scale_needs_fp16(train_argv, tmp_path, usage_error):
