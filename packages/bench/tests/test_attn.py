@@ -179,3 +179,30 @@ def test_every_implementation_runs_on_cuda():
     run = run_attention(config, device="cuda", show_progress=False)
     assert {r["status"] for r in run.rows} == {OK}
     assert all(r["mem_before_bwd_mib"] > 0 and r["peak_mib"] > 0 for r in run.rows)
+
+
+def test_rectangular_shapes_time_each_query_length_against_each_key_length(
+    tiny_attn_config, tmp_path
+):
+    config = tiny_attn_config(seqs=(17, 32), seq_ks=(17, 32), impls=("fa2-pytorch", "sdpa"))
+    assert config.num_cells == 2 * 2 * 2
+    run = run_attention(config, device="cpu", show_progress=False)
+    assert [(r["seq"], r["seq_k"]) for r in run.rows[::2]] == [
+        (17, 17),
+        (17, 32),
+        (32, 17),
+        (32, 32),
+    ]
+    sdpa = {(r["seq"], r["seq_k"]): r for r in run.rows if r["impl"] == "sdpa"}
+    for row in run.rows:
+        assert row["status"] == OK and row["fwd_ms"] > 0
+        ref = sdpa[row["seq"], row["seq_k"]]  # each shape against SDPA at the same shape
+        assert row["fwd_vs_sdpa"] == pytest.approx(ref["fwd_ms"] / row["fwd_ms"])
+    written = {p.name for p in TOOL.plot(run, tmp_path / "attn.png")}
+    # the square cells' lines, fa2's ratio over (Nq, Nk), and over (seq, d) for two square seqs
+    assert written == {"attn.png", "attn_bwd.png", "attn_ratio_nq_nk.png", "attn_ratio_seq_d.png"}
+
+
+def test_square_shapes_have_their_own_key_length(tiny_attn_config):
+    run = run_attention(tiny_attn_config(seqs=(17,)), device="cpu", show_progress=False)
+    assert {r["seq_k"] for r in run.rows} == {17}

@@ -47,18 +47,13 @@ def test_progress_disabled_is_identity():
     assert list(progress(items, desc="x")) == items
 
 
-def test_emit_prints_and_writes_json_plot_markdown(tmp_path, capsys):
+def test_emit_prints_and_writes_json_csv_plot_markdown(tmp_path, capsys):
     parser = _command().parser()
+    files = {kind: str(tmp_path / f"r.{kind}") for kind in ("json", "csv", "png", "md")}
     args = parser.parse_args(
-        [
-            "--json",
-            str(tmp_path / "r.json"),
-            "--plot",
-            str(tmp_path / "r.png"),
-            "--markdown",
-            str(tmp_path / "r.md"),
-        ]
-    )
+        ["--json", files["json"], "--csv", files["csv"], "--plot", files["png"],
+         "--markdown", files["md"]]
+    )  # fmt: skip
     rows = [{"x": 1, "y": 0.5}, {"x": 2, "y": 0.7}]
     run = Run.create("x", rows, device="cpu", config={}, title="Title")
     emit(run, args, plot=lambda p: line_plot(run.rows, x="x", y="y", path=p))
@@ -66,6 +61,8 @@ def test_emit_prints_and_writes_json_plot_markdown(tmp_path, capsys):
     assert load_json(tmp_path / "r.json").plots == ["r.png"]
     assert (tmp_path / "r.png").is_file()
     assert (tmp_path / "r.md").read_text().startswith("### Title")
+    header, *lines = (tmp_path / "r.csv").read_text().splitlines()
+    assert header.startswith("x,y,tool,") and [line[:5] for line in lines] == ["1,0.5", "2,0.7"]
 
 
 def test_a_command_has_the_common_options_and_its_help_exits_zero(help_text):

@@ -11,7 +11,7 @@ import torch
 import bench
 import bench.core.env
 from bench.core.env import code_version, collect_env, command_line
-from bench.core.hardware import matmul_format, peak_tflops
+from bench.core.hardware import GPUS, find_gpu, gpu_named, matmul_format, peak_tflops
 from bench.core.memory import memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.results import code_line
 
@@ -51,6 +51,42 @@ def test_peak_tflops_by_device_name_and_format():
     assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
     assert peak_tflops("NVIDIA H200", "fp32") == 66.9
     assert peak_tflops("AMD EPYC 7R13", "bf16") is None
+    assert peak_tflops("Tesla T4", "fp16") == 65.0
+    assert peak_tflops("Tesla T4", "bf16") is None  # Turing has no bf16 tensor cores
+
+
+@pytest.mark.parametrize(
+    ("device_name", "gpu"),
+    [
+        ("Tesla T4", "T4"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", None),  # not an L4
+        ("NVIDIA A10G", "A10G"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100 80GB PCIe", "A100-80GB"),
+        ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H100 NVL", "H100-NVL"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA B200", "B200"),
+    ],
+)
+def test_a_device_name_finds_its_gpu_by_whole_words(device_name, gpu):
+    found = find_gpu(device_name)
+    assert (found and found.name) == gpu
+
+
+def test_every_gpu_has_its_memory_capability_and_source():
+    for gpu in GPUS:
+        assert gpu.memory_gb > 0 and gpu.capability >= (7, 5) and gpu.source
+        assert gpu_named(gpu.name.lower()) is gpu
+        dense = [gpu.peaks.get(f) for f in ("bf16", "fp16", "tf32", "fp32") if f in gpu.peaks]
+        assert dense == sorted(dense, reverse=True)  # 16-bit ≥ TF32 ≥ fp32
+    with pytest.raises(ValueError, match="no bf16 matmul rate for the T4"):
+        gpu_named("T4").tflops("bf16")
+    with pytest.raises(ValueError, match="unknown GPU 'V100'"):
+        gpu_named("V100")
 
 
 def test_matmul_format_follows_tf32_switch():

@@ -11,6 +11,7 @@ from bench.tools.flash import (
     COLUMNS,
     PRESETS,
     attention_flops,
+    plot_flash,
     run_flash,
 )
 
@@ -22,6 +23,32 @@ def test_attention_flops_causal_and_not():
     assert causal["fwd"] == full["fwd"] / 2
     assert causal["bwd"] == 2.5 * causal["fwd"]
     assert causal["fwd_bwd"] == causal["fwd"] + causal["bwd"]
+
+
+@pytest.mark.parametrize(("seq", "seq_k"), [(7, 7), (5, 11), (11, 5), (1, 9), (9, 1)])
+def test_causal_flops_count_the_visible_pairs_of_a_rectangle(seq, seq_k):
+    # top-left alignment: query i sees keys 0..i; the count's continuous form, against the
+    # exact pairs less half the diagonal's (each pair a unit square the diagonal halves)
+    flops = attention_flops(batch=1, seq=seq, seq_k=seq_k, d=1, causal=True)["fwd"]
+    exact = sum(min(i + 1, seq_k) for i in range(seq)) - min(seq, seq_k) / 2
+    assert flops == 4 * exact
+    full = attention_flops(batch=1, seq=seq, seq_k=seq_k, d=1, causal=False)["fwd"]
+    assert full == 4 * seq * seq_k
+
+
+def test_rectangular_cases_and_their_heatmaps(tiny_flash_case, tiny_budget_ms, tmp_path):
+    case = replace(tiny_flash_case, seqs=(32, 64), seq_ks=(32, 64), impls=("fa2-pytorch", "sdpa"))
+    run = run_flash([case], device="cpu", budget_ms=tiny_budget_ms, show_progress=False)
+    assert {(r["seq"], r["seq_k"]) for r in run.rows} == {(32, 32), (32, 64), (64, 32), (64, 64)}
+    for row in run.rows:
+        flops = attention_flops(batch=1, seq=row["seq"], seq_k=row["seq_k"], d=16, causal=True)
+        assert row["fwd_tflops"] == pytest.approx(flops["fwd"] / (row["fwd_ms"] * 1e-3) / 1e12)
+    written = {p.name for p in plot_flash(run, tmp_path / "flash.png")}
+    assert written == {
+        "flash.png",
+        "flash_tiny_fp32_ratio_nq_nk.png",
+        "flash_tiny_fp32_ratio_seq_d.png",
+    }
 
 
 def test_rows_are_well_formed(tiny_flash_case, tiny_budget_ms):

@@ -23,6 +23,7 @@ from bench.core.layouts import (
     LAYOUTS,
     PRECISIONS,
     check_combination,
+    planned_precision,
     renamed_row,
     resolve,
 )
@@ -101,6 +102,21 @@ def test_results_of_the_old_schema_read_in_the_new_names(tmp_path):
     }
     assert renamed_row("model", {"dtype": "bf16"}) == {"dtype": "bf16-autocast"}
     assert renamed_row("step", {"precision": "bf16"}) == {"precision": "bf16"}  # stored: as now
+
+
+def test_fp16_is_autocast_with_loss_scaling_and_fsdp_plans_it_as_its_master_form():
+    fp16 = PRECISIONS["fp16"]
+    assert (fp16.weights, fp16.compute, fp16.autocast, fp16.loss_scaling) == (
+        "fp32",
+        "fp16",
+        True,
+        True,
+    )
+    assert not any(p.loss_scaling for name, p in PRECISIONS.items() if name != "fp16")
+    assert planned_precision("fp16", "fsdp") == planned_precision("fp16", "fsdp:torch")
+    assert planned_precision("fp16", "fsdp") == "bf16-master"
+    assert planned_precision("fp16", "zero1") == "fp16"
+    assert planned_precision("bf16", "fsdp") == "bf16"  # stored in bf16: no autocast
 
 
 def test_what_does_not_run_together_is_refused():

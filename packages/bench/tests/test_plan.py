@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from bench.tools.plan import (
     PlanConfig,
     plot_plan,
     run_check,
+    run_gpu_fit,
     run_leaderboard,
     run_plan,
     run_section8,
@@ -119,6 +121,48 @@ def test_leaderboard_rows_and_verdicts():
     board = lmcore.LEADERBOARD_2026
     assert run.config["batch"] == board.batch_size and run.config["devices"] == board.num_gpus
     assert f"{lmcore.count_parameters(board.config()):,} parameters" in run.notes[0]
+
+
+def test_a_gpu_sets_the_memory_and_the_rate_of_the_precisions_matmuls():
+    sweep = PlanConfig(sizes=("tiny",), precisions=("fp16", "fp32"), gpu="T4", dp=2,
+                       layouts=("ddp",), global_batches=(4,))  # fmt: skip
+    fp16, fp32 = (r for r in run_plan(sweep, command="x").rows if "mesh" in r)
+    assert fp16["memory_gib"] == fp32["memory_gib"] == 16e9 / GIB
+    assert fp32["compute_ms"] == pytest.approx(fp16["compute_ms"] * 65.0 / 8.1)  # T4 peaks
+    explicit = run_plan(PlanConfig(**{**vars(sweep), "memory_bytes": 10**9}), command="x")
+    assert explicit.rows[0]["memory_gib"] == 1e9 / GIB  # --memory wins over the GPU's
+
+
+def test_a_gpu_without_the_precisions_format_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--size", "tiny", "--precision", "bf16-autocast", "--gpu", "T4", "--no-progress"])
+    assert exc.value.code == 2 and "no bf16 matmul rate for the T4" in capsys.readouterr().err
+
+
+def test_two_t4s_in_fp16_answer_the_seeds_question():
+    run = run_gpu_fit("T4", devices=2, precision="fp16", command="x")
+    rows = {(r["size"].split()[0], r["layout"], r["checkpointing"]): r for r in run.rows}
+    small, medium = rows["small", "ddp", "none"], rows["medium", "ddp", "none"]
+    # longer sequences fit fewer of them; a larger model fits fewer than a smaller
+    assert small["max_batch_ctx256"] > small["max_batch_ctx512"] > small["max_batch_ctx1024"]
+    assert medium["max_batch_ctx512"] < small["max_batch_ctx512"]
+    assert rows["medium", "ddp", "blocks"]["max_batch_ctx512"] > medium["max_batch_ctx512"]
+    # FSDP is predicted as FSDP's mixed precision, and the model it answers is the one it fits
+    assert {r["precision"] for r in run.rows if r["layout"] == "fsdp"} == {"bf16-master"}
+    for row in run.rows:
+        batch = row["max_batch_ctx512"]
+        assert row["fits"].startswith("yes") == (batch is not None and batch >= 4)
+        model = lmcore.MODEL_SIZES[row["size"].split()[0]].config(context_length=512,
+                                                                   attention="sdpa")  # fmt: skip
+        if batch is not None:
+            plan = TrainingPlan(model, batch=2 * batch, precision=row["precision"],
+                                layout=row["layout"], dp=2, optimizer="torch-fused",
+                                activation_checkpointing=row["checkpointing"])  # fmt: skip
+            assert estimate_memory(plan).fits(16e9)
+            bigger = dataclasses.replace(plan, batch=2 * batch + 2)
+            assert not estimate_memory(bigger).fits(16e9)
+    assert rows["2.7B", "fsdp", "blocks"]["max_batch_ctx256"] is None
+    assert any(n.startswith("small") and "without checkpointing" in n for n in run.notes)
 
 
 def test_section8_rows_carry_formula_value_and_reason():

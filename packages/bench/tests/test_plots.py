@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bench.core.plots import Bars, bar_plot, hbar_plot, line_plot, stacked_bar_plot
+from bench.core.plots import Bars, bar_plot, hbar_plot, heatmap_plot, line_plot, stacked_bar_plot
 
 PNG_MAGIC = b"\x89PNG"
 
@@ -74,3 +74,13 @@ def test_stacked_bar_plot_without_rows_raises(tmp_path):
         stacked_bar_plot(
             [], label="name", panels=(Bars(keys=(("a", "A"),)),), path=tmp_path / "s.png"
         )
+
+
+def test_heatmap_plot_writes_png_and_needs_a_positive_value(tmp_path):
+    rows = [{"d": d, "seq": s, "r": 0.5 + s / 100, "k": k} for d in (16, 32) for s in (64, 128)
+            for k in ("a", "b")]  # fmt: skip
+    rows.append({"d": 64, "seq": 64, "r": None, "k": "a"})  # blank cell
+    path = heatmap_plot(rows, x="d", y="seq", value="r", panels="k", path=tmp_path / "h.png")
+    assert path.read_bytes()[:4] == PNG_MAGIC
+    with pytest.raises(ValueError, match="nothing to plot"):
+        heatmap_plot([{"d": 1, "seq": 1, "r": 0.0}], x="d", y="seq", value="r", path=path)

@@ -1,5 +1,6 @@
 """Result records: Markdown tables and the JSON round trip."""
 
+import csv
 import json
 import math
 
@@ -13,6 +14,7 @@ from bench.core.results import (
     format_value,
     load_json,
     result_stem,
+    save_csv,
     save_json,
     to_markdown,
 )
@@ -135,3 +137,23 @@ def test_keys_name_themselves_and_refuse_unknown_names():
         keys.impl = "other"
     with pytest.raises(ValueError, match="identifiers"):
         Keys("fwd-ms")
+
+
+def test_csv_rows_read_back_with_their_types_and_provenance(tmp_path):
+    rows = [
+        {"impl": "sdpa", "ms": 0.125, "ok": True, "mem": None, "speed": math.inf},
+        {"impl": "fa2", "ms": 1 / 3, "ok": False, "extra": [1, 2]},
+    ]
+    run = Run.create("attn", rows, device="cpu", config={}, columns=["impl", "ms"])
+    with save_csv(run, tmp_path / "sub" / "r.csv").open(newline="") as f:
+        read = list(csv.DictReader(f))
+    assert list(read[0])[:6] == ["impl", "ms", "ok", "mem", "speed", "extra"]
+    assert read[0]["tool"] == "attn" and read[0]["date"] == run.date
+    assert read[0]["device_name"] == run.env["device_name"]
+    assert float(read[1]["ms"]) == 1 / 3 and float(read[0]["speed"]) == math.inf
+    assert (read[0]["ok"], read[1]["ok"], read[0]["mem"], read[1]["extra"]) == (
+        "true",
+        "false",
+        "",
+        "[1, 2]",
+    )

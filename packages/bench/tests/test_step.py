@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-import bench.core.full_step
+import bench.tools.step.full_step
 import lmcore
 from bench.commands.step import COMMAND, PRESETS, depth_reduced_argv, main
 from bench.core.memory import MIB
@@ -119,7 +119,7 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
     import lmcore.linear
 
     rows: list[dict] = []
-    build, optimizer = bench.core.full_step._build, bench.core.full_step.optimizer_class
+    build, optimizer = bench.tools.step.full_step._build, bench.tools.step.full_step.optimizer_class
     apply, fused = lmcore.apply_activation_checkpointing, lmcore.linear.fused_linear_cross_entropy
 
     def spy_build(spec, rank, device):
@@ -138,8 +138,8 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
         rows[-1]["fused"] += 1
         return fused(*args, **kwargs)
 
-    monkeypatch.setattr(bench.core.full_step, "_build", spy_build)
-    monkeypatch.setattr(bench.core.full_step, "optimizer_class", spy_optimizer)
+    monkeypatch.setattr(bench.tools.step.full_step, "_build", spy_build)
+    monkeypatch.setattr(bench.tools.step.full_step, "optimizer_class", spy_optimizer)
     monkeypatch.setattr(lmcore, "apply_activation_checkpointing", spy_apply)
     monkeypatch.setattr(lmcore.linear, "fused_linear_cross_entropy", spy_fused)
     config = _config(
@@ -182,6 +182,26 @@ def test_fsdp_and_zero1_in_bf16_compiled_on_two_gloo_ranks():
         assert (row["precision"], row["moment_dtype"]) == ("bf16", "bf16")
         assert (row["compiled"], row["compile_backend"]) == (True, "aot_eager")
     assert "fsdp: zero.apply_fsdp" in " ".join(run.notes)
+
+
+def test_fsdp_on_two_gloo_ranks_beside_torch_fsdp2_in_fp16():
+    # fp16: both steps scale the loss, and each rank's scaler unscales its shards of the
+    # gradients and agrees with the other rank on skipping (bench.core.loss_scale)
+    run = run_step(
+        _config(nproc=2, parallel=("fsdp",), num_layers=2, batch=1, precision="fp16"),
+        device="cpu",
+        command="bench-step --test",
+    )
+    ours = run.rows[0]
+    assert [(r["impl"], r["layout"], r["world_size"], r["status"]) for r in run.rows] == [
+        ("ours", "fsdp", 2, OK),
+        ("torch-native", "fsdp:torch", 2, OK),
+    ]
+    full = 4 * _params(num_layers=2)
+    for row in run.rows:  # each rank holds about half of every weight (norm gains whole)
+        assert 0.45 * full < row["param_mib"] * MIB < 0.6 * full
+    assert ours["time_vs_native"] > 0
+    assert "torch FSDP2" in " ".join(run.notes)
 
 
 def test_the_checkpointing_study_picks_k_from_measured_bytes():
@@ -228,14 +248,14 @@ def test_num_layers_fit_is_the_deepest_every_row_fits():
 
 
 def test_out_of_memory_is_a_row(monkeypatch):
-    build = bench.core.full_step._build
+    build = bench.tools.step.full_step._build
 
     def failing(spec, rank, device):
         if spec.impl == "torch-native":
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         return build(spec, rank, device)
 
-    monkeypatch.setattr(bench.core.full_step, "_build", failing)
+    monkeypatch.setattr(bench.tools.step.full_step, "_build", failing)
     ours, native = run_step(_config(), device="cpu").rows
     assert (ours["status"], native["status"]) == (OK, OOM)
     assert native["step_ms"] is None and ours["time_vs_native"] is None

@@ -385,7 +385,9 @@ def test_result_files_from_run_folders(trained, tmp_path):
     assert "same run twice" in speed_md and "One step of `a` under torch.profiler" in speed_md
     saved = json.loads(next(results.glob("train_speed_cpu_*.json")).read_text())
     assert [row["vs_baseline"] for row in saved["rows"]] == [1.0, 1.0]
-    assert {p.suffix for p in results.iterdir()} == {".md", ".json", ".png"}
+    assert {p.suffix for p in results.iterdir()} == {".md", ".json", ".png", ".csv"}
+    speed_csv = next(results.glob("train_speed_cpu_*.csv")).read_text().splitlines()
+    assert len(speed_csv) == 1 + len(speed)  # a header, then a row per run
     with pytest.raises(SystemExit):
         train_results(["--out", str(results), "--speed", *speed])  # no --baseline
     assert train_results(["--out", str(results), "--scaling", f"one={trained}"]) == 0

@@ -15,10 +15,17 @@ with the arguments and constexprs it would be launched with. Per launch:
 - ptx: a digest of the PTX code without its debug information (source lines, file paths,
   inlined helpers' names), to check that a change leaves a kernel's code as it was.
 
+`--target 75`, `80` or `86` compiles for a GPU before Hopper instead: the plans then see a
+device of that compute capability (no TMA unit), so they choose from its own tables
+(`fa2.triton.pre_hopper`), and the cases are `PRE_HOPPER_CASES` (fp16, bf16 and fp32, each head
+dim); `fits` says whether a kernel's shared memory fits a block of that architecture's smallest
+GPU (`tests/test_pre_hopper_compile.py` runs `--target 75` and `--target 80` in CI).
+
 Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
 
-    uv run python packages/fa2/scripts/sm90_screen.py [--tiles default|listed] \\
-        [--extra dkdv=64x128/4w/2s+TMA+WS] [--cases d128] [--json PATH] [--markdown PATH]
+    uv run python packages/fa2/scripts/sm90_screen.py [--target 90|86|80|75] \\
+        [--tiles default|listed] [--extra dkdv=64x128/4w/2s+TMA+WS] [--cases d128] \\
+        [--json PATH] [--markdown PATH]
 
 `--tiles listed` (the default) compiles every candidate the tables list for the main cases and,
 for the option cases (grouped heads, windows, packed sequences, softcap...), the defaults and
@@ -53,8 +60,12 @@ from fa2.checks import Call
 from fa2.masks import make_band
 from fa2.triton import backward, configs, forward, launch
 from fa2.triton.configs import Tile
+from fa2.triton.pre_hopper import SHARED_MEMORY, TABLES, architecture
 
 TARGET = GPUTarget("cuda", 90, 32)
+TARGETS = (90, 86, 80, 75)
+# Shared memory a block may take on sm_90 (the CUDA programming guide's 227 KB).
+HOPPER_SHARED_MEMORY = 227 * 1024
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 
 
@@ -71,6 +82,8 @@ class Case(NamedTuple):
     bottom_right: bool = False
     packed: int = 0  # > 0: that many equal packed sequences of n_q tokens (layout "thd")
     main: bool = True  # every listed tile; else the defaults and the warp-specialised ones
+    dtype: torch.dtype = torch.bfloat16
+    precision: str = "tf32"  # fp32's dot precision ("tf32x3" by default; 16-bit ignores it)
 
 
 CASES = [
@@ -87,12 +100,28 @@ CASES = [
 ]  # fmt: skip
 
 
+# Smaller shapes than the Hopper cases (the tables before Hopper hold no `_short` lists): each
+# dtype the architectures run, at each head dim the tables list.
+PRE_HOPPER_CASES = [
+    Case(f"{name} d{d} (2, 4, 1024)", (2, 4, 1024, d), dtype=dtype, precision=precision)
+    for name, dtype, precision in (
+        ("fp16", torch.float16, "tf32"),
+        ("bf16", torch.bfloat16, "tf32"),
+        ("fp32 tf32x3", torch.float32, "tf32x3"),
+        ("fp32 ieee", torch.float32, "ieee"),
+    )
+    for d in (64, 128, 256)
+]
+
+
 @contextmanager
-def compiling_for_hopper(compiled: list) -> Iterator[None]:
-    """Plans built inside see a device with a TMA unit, and their launches append
-    `(launch, tensors, scalars)` to `compiled` instead of running."""
+def compiling_for(compiled: list, capability: tuple[int, int] = (9, 0)) -> Iterator[None]:
+    """Plans built inside see a device of `capability` (with a TMA unit from Hopper on), and
+    their launches append `(launch, tensors, scalars)` to `compiled` instead of running."""
     saved = launch.tma_capable, backward.tma_capable, launch.CachedLaunch.__call__
-    launch.tma_capable = backward.tma_capable = lambda device: True
+    saved_capability = configs.device_capability
+    launch.tma_capable = backward.tma_capable = lambda device: capability >= (9, 0)
+    configs.device_capability = lambda device: capability
 
     def record(self, tensors, scalars, grid=None):
         compiled.append((self, tensors, scalars))
@@ -102,13 +131,16 @@ def compiling_for_hopper(compiled: list) -> Iterator[None]:
         yield
     finally:
         launch.tma_capable, backward.tma_capable, launch.CachedLaunch.__call__ = saved
+        configs.device_capability = saved_capability
 
 
-def _source(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) -> tuple:
-    """(source, options) of one launch as Triton would compile it for its arguments (the same
-    specialisation: dtypes, 16-byte alignment, integers divisible by 16 or equal to 1)."""
+def _source(
+    cached: launch.CachedLaunch, tensors: tuple, scalars: tuple, target: GPUTarget = TARGET
+) -> tuple:
+    """(source, options) of one launch as Triton would compile it for its arguments on `target`
+    (the same specialisation: dtypes, 16-byte alignment, integers divisible by 16 or equal to 1)."""
     kernel = cached.kernel
-    backend = make_backend(TARGET)
+    backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     options = dict(cached.options, debug=False)
     bound, specialization, rest = binder(*tensors, *scalars, **options)
@@ -139,10 +171,12 @@ def launch_ttgir(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) ->
     return ttgir(*_source(cached, tensors, scalars))
 
 
-def _compile(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) -> dict:
-    """Compile one launch for sm_90 as Triton would launch it and read its resources."""
-    source, options = _source(cached, tensors, scalars)
-    binary = triton.compile(source, target=TARGET, options=options)
+def _compile(
+    cached: launch.CachedLaunch, tensors: tuple, scalars: tuple, target: GPUTarget = TARGET
+) -> dict:
+    """Compile one launch for `target` as Triton would launch it and read its resources."""
+    source, options = _source(cached, tensors, scalars, target)
+    binary = triton.compile(source, target=target, options=options)
     with tempfile.TemporaryDirectory() as folder:
         cubin = Path(folder) / "kernel.cubin"
         cubin.write_bytes(binary.asm["cubin"])
@@ -174,13 +208,13 @@ def _call(case: Case) -> tuple[tuple, Call, bool, tuple | None]:
     n_k = case.n_k or n_q
     kv = case.kv_heads or h
     if case.packed:
-        q = torch.empty(case.packed * n_q, h, d, device="meta", dtype=torch.bfloat16)
-        k = torch.empty(case.packed * n_k, kv, d, device="meta", dtype=torch.bfloat16)
+        q = torch.empty(case.packed * n_q, h, d, device="meta", dtype=case.dtype)
+        k = torch.empty(case.packed * n_k, kv, d, device="meta", dtype=case.dtype)
         cu = torch.empty(case.packed + 1, device="meta", dtype=torch.int32)
         packed = ((cu, cu), (n_q, n_k))
     else:
-        q = torch.empty(b, h, n_q, d, device="meta", dtype=torch.bfloat16)
-        k = torch.empty(b, kv, n_k, d, device="meta", dtype=torch.bfloat16)
+        q = torch.empty(b, h, n_q, d, device="meta", dtype=case.dtype)
+        k = torch.empty(b, kv, n_k, d, device="meta", dtype=case.dtype)
         packed = None
     band = make_band(causal=case.causal, window_size=case.window, bottom_right=case.bottom_right)
     call = Call(band, case.softcap, d**-0.5, "thd" if case.packed else "bhsd")
@@ -188,7 +222,9 @@ def _call(case: Case) -> tuple[tuple, Call, bool, tuple | None]:
     return (q, k, v), call, n_q == n_k, packed
 
 
-def launches(case: Case) -> Iterator[tuple[str, object, object, str, tuple]]:
+def launches(
+    case: Case, capability: tuple[int, int] = (9, 0)
+) -> Iterator[tuple[str, object, object, str, tuple]]:
     """(kernel, plan, the launch's `which` or None, default tile, recorded arguments) of each
     launch a case's forward and backward plans make: two-pass backward, and the single pass
     (which a bf16 call takes only where FA2_TILES names a single-pass tile)."""
@@ -196,8 +232,8 @@ def launches(case: Case) -> Iterator[tuple[str, object, object, str, tuple]]:
     cu, longest = packed or (None, None)
     seq_len = max(longest) if packed else None
     recorded: list = []
-    with compiling_for_hopper(recorded):
-        fwd = forward.ForwardPlan(q, k, v, call, "tf32", same_lengths, False, seq_len)
+    with compiling_for(recorded, capability):
+        fwd = forward.ForwardPlan(q, k, v, call, case.precision, same_lengths, False, seq_len)
         o, lse = fwd(q, k, v, call.scale, cu, longest, False)
         yield "forward", fwd, None, fwd.tile, recorded.pop()[1:]
         chosen = configs.single_pass_backward
@@ -215,29 +251,49 @@ def launches(case: Case) -> Iterator[tuple[str, object, object, str, tuple]]:
             recorded.clear()
 
 
-def listed_tiles(kernel: str, case: Case) -> list[Tile]:
-    """The tiles the tables list for a case's kernel (both lists of its family)."""
+def listed_tiles(kernel: str, case: Case, capability: tuple[int, int] = (9, 0)) -> list[Tile]:
+    """The tiles the tables list for a case's kernel (both lists of its family), in the tables
+    of the architecture of `capability`."""
     d_block = configs.block_d(case.shape[-1])
-    table = configs.KERNELS[kernel]
-    families = configs._families(d_block, 2, "tf32")
+    arch = architecture(capability)
+    table = TABLES[arch][kernel] if arch else configs.KERNELS[kernel]
+    families = configs._families(d_block, case.dtype.itemsize, case.precision)
     return [t for f in families for key in (f, f"{f}_short") for t in table.get(key, ())]
 
 
-def screen(cases: list[Case], *, tiles: str, extra: dict[str, list[Tile]]) -> list[dict]:
-    """One row per (case, kernel, tile) compiled."""
+def shared_memory_limit(capability: tuple[int, int]) -> int:
+    """Bytes of shared memory a block may take on the smallest GPU of `capability`'s tables."""
+    arch = architecture(capability)
+    return SHARED_MEMORY[arch] if arch else HOPPER_SHARED_MEMORY
+
+
+def screen(
+    cases: list[Case],
+    *,
+    tiles: str,
+    extra: dict[str, list[Tile]],
+    capability: tuple[int, int] = (9, 0),
+    kernels: tuple[str, ...] = tuple(configs.KERNELS),
+) -> list[dict]:
+    """One row per (case, kernel, tile) compiled for `capability`, of the `kernels` named."""
     rows = []
+    target = GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
+    limit = shared_memory_limit(capability)
     for case in cases:
-        for kernel, plan, which, default, (tensors, scalars) in launches(case):
+        for kernel, plan, which, default, (tensors, scalars) in launches(case, capability):
+            if kernel not in kernels:
+                continue
             candidates = [default]
             if tiles == "listed":
-                listed = listed_tiles(kernel, case)
+                listed = listed_tiles(kernel, case, capability)
                 candidates += [t for t in listed if case.main or t.ws]
             candidates += extra.get(kernel, [])
             for tile in dict.fromkeys(candidates):  # in order, once each
                 built = plan._launch(tile) if which is None else plan._launch(which, tile)
                 row = dict(case=case.name, kernel=kernel, tile=str(tile), default=tile == default)
                 try:
-                    row.update(_compile(built, tensors, scalars))
+                    row.update(_compile(built, tensors, scalars, target))
+                    row["fits"] = row["smem"] <= limit
                 except Exception as exc:  # the pass fails with a bare RuntimeError
                     row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
                 rows.append(row)
@@ -252,7 +308,8 @@ def _line(row: dict) -> str:
         return f"{head} compile FAILED ({row['error'][:60]})"
     return (
         f"{head} ws={'yes' if row['ws'] else 'no ':3s} warps={row['warps']:2d} "
-        f"regs={row['regs']:3d} stack={row['stack']:3d} smem={row['smem'] // 1024:3d}K "
+        f"regs={row['regs']:3d} stack={row['stack']:3d} smem={row['smem'] // 1024:3d}K"
+        f"{'' if row['fits'] else ' (too much)'} "
         f"setmaxnreg={row['setmaxnreg']} ptx={row['ptx']}"
     )
 
@@ -268,16 +325,19 @@ def _revision() -> str:
 
 def markdown(rows: list[dict], meta: dict) -> str:
     """The rows as a results page."""
+    target, limit = meta["target"], meta["shared_memory"] / 1024
     lines = [
-        "# fa2 kernels compiled for sm_90 on a CPU: warp specialisation, registers, spills",
+        f"# fa2 kernels compiled for {target} on a CPU: registers, spills, shared memory",
         "",
-        f"Target sm_90 (compile only, no GPU); triton {meta['triton']}, torch {meta['torch']}; "
-        f"{meta['date']}; code {meta['revision']}. Command: `{meta['command']}`.",
+        f"Target {target} (compile only, no GPU); triton {meta['triton']}, torch "
+        f"{meta['torch']}; {meta['date']}; code {meta['revision']}. Command: "
+        f"`{meta['command']}`.",
         "",
         "ws: Triton's Hopper pass split the loop into a TMA producer and consumer warpgroups; "
         "warps: launched; regs: per thread at launch; stack: bytes per thread (spills); smem: "
-        "KiB of shared memory (an H100 has 227); setmaxnreg: the partitions' own register "
-        "counts; ptx: digest of the PTX code. `*`: the tile that runs by default.",
+        f"KiB of shared memory (a block may take {limit:.0f} on the smallest GPU of the "
+        "target's tables; `too much`: more); setmaxnreg: the partitions' own register counts; "
+        "ptx: digest of the PTX code. `*`: the tile that runs by default.",
         "",
         "| case | kernel | tile | ws | warps | regs | stack | smem KiB | setmaxnreg | ptx |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -290,7 +350,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
             continue
         lines.append(
             f"| {r['case']} | {r['kernel']} | {tile} | {'yes' if r['ws'] else 'no'} | "
-            f"{r['warps']} | {r['regs']} | {r['stack']} | {r['smem'] / 1024:.0f} | "
+            f"{r['warps']} | {r['regs']} | {r['stack']} | {r['smem'] / 1024:.0f}"
+            f"{'' if r['fits'] else ' (too much)'} | "
             f"{' '.join(map(str, r['setmaxnreg']))} | {r['ptx']} |"
         )
     return "\n".join(lines) + "\n"
@@ -298,9 +359,13 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=int, choices=TARGETS, default=90,
+                        help="compute capability x 10 (default 90)")  # fmt: skip
     parser.add_argument("--tiles", choices=("default", "listed"), default="listed")
     parser.add_argument("--extra", action="append", default=[], help="kernel=tile, repeatable")
     parser.add_argument("--cases", default="", help="only cases whose name has this text")
+    parser.add_argument("--kernels", nargs="+", choices=list(configs.KERNELS),
+                        default=list(configs.KERNELS), help="only these kernels")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the rows and metadata here")
     parser.add_argument("--markdown", type=Path, help="write a results page here")
     args = parser.parse_args()
@@ -310,13 +375,18 @@ def main() -> int:
     for item in args.extra:
         kernel, _, tile = item.partition("=")
         extra.setdefault(kernel, []).append(Tile.parse(tile))
+    capability = divmod(args.target, 10)
     meta = dict(
-        target="sm_90 (compile only)", triton=triton.__version__, torch=torch.__version__,
+        target=f"sm_{args.target}", shared_memory=shared_memory_limit(capability),
+        triton=triton.__version__, torch=torch.__version__,
         date=datetime.date.today().isoformat(), revision=_revision(),
         command="python " + " ".join(["packages/fa2/scripts/sm90_screen.py", *sys.argv[1:]]),
     )  # fmt: skip
-    cases = [c for c in CASES if args.cases in c.name]
-    rows = screen(cases, tiles=args.tiles, extra=extra)
+    known = CASES if architecture(capability) is None else PRE_HOPPER_CASES
+    cases = [c for c in known if args.cases in c.name]
+    rows = screen(
+        cases, tiles=args.tiles, extra=extra, capability=capability, kernels=tuple(args.kernels)
+    )
     if args.json:
         args.json.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     if args.markdown:

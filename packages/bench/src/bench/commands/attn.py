@@ -9,7 +9,10 @@ backward (inputs, output and everything autograd saved), and the peak. Implement
 - `fa2-pytorch`, `fa2-triton`: FlashAttention-2 from the `fa2` package.
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, the baseline of the ratios.
 
-The forward is timed with autograd recording, as in training. The backward is timed alone: each
+`--seq-k` makes the shapes rectangular: each query length (`--seq`) runs against keys and values
+of each of these lengths (a decode step, a prefill against a cache), top-left aligned when
+causal, as SDPA's `is_causal` (query i sees keys 0..i). The forward is timed with autograd
+recording, as in training. The backward is timed alone: each
 timed call follows an untimed fresh forward (no `retain_graph`). Each cell gets up to `--warmup`
 calls and then `--steps` timed calls, fewer when one call is so slow that `--steps` of them would
 exceed `--max-seconds` per pass; the row's `n` says how many ran and its `note` why.
@@ -30,6 +33,8 @@ Examples::
     bench-attn                                  # the story in about a minute on a GPU
     bench-attn --grid handout                   # the handout's whole grid
     bench-attn --d 64 128 --seq 4096 --impls naive compiled sdpa --json attn.json --plot attn.png
+    bench-attn --seq 128 1024 4096 --seq-k 128 1024 4096 --impls fa2-triton sdpa --plot attn.png
+                                                # a rectangular grid, and its fa2/SDPA heatmap
 """
 
 from __future__ import annotations
@@ -91,8 +96,13 @@ class AttnConfig:
         GPU_D_VALUES, "head sizes", group=GRID, flag="d", cpu=CPU_D_VALUES
     )
     seqs: tuple[int, ...] = option(
-        GPU_SEQS, "sequence lengths", group=GRID, flag="seq", cpu=CPU_SEQS
-    )
+        GPU_SEQS, "sequence lengths (of the queries, with --seq-k)", group=GRID, flag="seq",
+        cpu=CPU_SEQS,
+    )  # fmt: skip
+    seq_ks: tuple[int, ...] = option(
+        (), "key/value lengths: each query length against each", group=GRID, flag="seq-k",
+        default_text="each query length's own (square)",
+    )  # fmt: skip
     impls: tuple[str, ...] = option(
         GPU_IMPLS, "implementations", group=GRID, choices=IMPLS, cpu=CPU_IMPLS
     )
@@ -129,7 +139,7 @@ class AttnConfig:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         positive = {"batch": self.batch, "steps": self.steps, "max_seconds": self.max_seconds}
         positive.update({f"d={d}": d for d in self.d_values})
-        positive.update({f"seq={s}": s for s in self.seqs})
+        positive.update({f"seq={s}": s for s in (*self.seqs, *self.seq_ks)})
         bad = [name for name, value in positive.items() if not value > 0]
         if bad or self.warmup < 0 or not self.d_values or not self.seqs or not self.impls:
             raise ValueError(
@@ -137,10 +147,14 @@ class AttnConfig:
                 f"d_values, seqs, impls non-empty; got {self}"
             )
 
+    def key_lengths(self, seq: int) -> tuple[int, ...]:
+        """The key lengths a query length runs against: `seq_ks`, or its own length."""
+        return self.seq_ks or (seq,)
+
     @property
     def num_cells(self) -> int:
-        """Measurements in the grid: d values × lengths × implementations."""
-        return len(self.d_values) * len(self.seqs) * len(self.impls)
+        """Measurements in the grid: d values × query lengths × key lengths × implementations."""
+        return len(self.d_values) * len(self.seqs) * len(self.seq_ks or (1,)) * len(self.impls)
 
     def estimate_s(self) -> float:
         """An upper estimate of the run's time in seconds: per cell, both passes' budgets and

@@ -18,6 +18,10 @@ Presets (`--preset`, several allowed; `all` is every one):
 - `sweep`: the handout's sweep: batch 1, causal, seq 128 … 65536, d 16 … 128, bf16 and fp32;
   fa2-triton, naive attention, SDPA; a random output gradient; ratios against SDPA.
 
+`--seq-k` makes every case's shapes rectangular: each query length (`--seq`) against keys and
+values of each length given (top-left aligned when causal, as SDPA's `is_causal`), and the plot
+adds heatmaps of fa2's speed-up over (Nq, Nk) and over (seq, d).
+
 Without a GPU a tiny CPU case runs instead (and says so): fa2-triton is skipped there, the tiled
 PyTorch FlashAttention-2 (`fa2-pytorch`) stands in for it.
 
@@ -26,6 +30,7 @@ Examples::
     bench-flash                                 # every preset on a GPU (a tiny case on a CPU)
     bench-flash --preset leaderboard            # (16, 16384, 64) bf16 causal
     bench-flash --preset sweep --dtype bf16 --d 64 --json flash.json --plot flash.png
+    bench-flash --preset sweep --dtype bf16 --d 128 --seq 1024 4096 16384 --seq-k 1024 4096 16384
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ class FlashCase:
     Args:
         name: the case's name (a preset's name), shown in the table.
         batch: leading batch size of q, k, v `(batch, seq, d)`.
-        seqs: sequence lengths (queries = keys).
+        seqs: sequence lengths (of the queries, where `seq_ks` is given).
         d_values: head sizes.
         dtypes: names from `DTYPES`.
         causal: causal masking.
@@ -59,6 +64,7 @@ class FlashCase:
         baseline: the implementation ratios are taken against.
         grad: how the backward is driven: `sum` (`o.sum().backward()`, the leaderboard's call) or
             `randn` (`o.backward(dO)` with a fresh random `dO`).
+        seq_ks: key/value lengths, each query length against each; empty: square shapes.
     """
 
     name: str
@@ -70,6 +76,11 @@ class FlashCase:
     impls: tuple[str, ...]
     baseline: str
     grad: str = "randn"
+    seq_ks: tuple[int, ...] = ()
+
+    def key_lengths(self, seq: int) -> tuple[int, ...]:
+        """The key lengths a query length runs against: `seq_ks`, or its own length."""
+        return self.seq_ks or (seq,)
 
     def __post_init__(self) -> None:
         if not set(self.impls) <= set(IMPL_NAMES) or len(set(self.impls)) != len(self.impls):
@@ -78,7 +89,7 @@ class FlashCase:
             raise ValueError(f"dtypes must be names from {list(DTYPES)}, got {self.dtypes}")
         if self.grad not in GRADS:
             raise ValueError(f"grad must be one of {GRADS}, got {self.grad!r}")
-        sizes = (self.batch, *self.seqs, *self.d_values)
+        sizes = (self.batch, *self.seqs, *self.seq_ks, *self.d_values)
         if not self.seqs or not self.d_values or not self.impls or min(sizes) < 1:
             raise ValueError(
                 f"batch, seqs and d_values must be positive and non-empty, impls non-empty: {self}"
@@ -122,8 +133,13 @@ class FlashOptions:
         default_text="all on CUDA; a tiny case on a CPU",
     )  # fmt: skip
     seqs: tuple[int, ...] | None = option(
-        None, "sequence lengths", flag="seq", default_text="the case's"
-    )
+        None, "sequence lengths (of the queries, with --seq-k)", flag="seq",
+        default_text="the case's",
+    )  # fmt: skip
+    seq_ks: tuple[int, ...] | None = option(
+        None, "key/value lengths: each query length against each", flag="seq-k",
+        default_text="square shapes",
+    )  # fmt: skip
     d_values: tuple[int, ...] | None = option(
         None, "head sizes", flag="d", default_text="the case's"
     )
@@ -148,7 +164,7 @@ class FlashOptions:
     @property
     def changes(self) -> dict[str, object]:
         """The fields of each case the options change."""
-        names = ("seqs", "d_values", "dtypes", "batch", "causal", "impls")
+        names = ("seqs", "seq_ks", "d_values", "dtypes", "batch", "causal", "impls")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     def cases(self, default: list[FlashCase]) -> list[FlashCase]:

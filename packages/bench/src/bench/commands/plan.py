@@ -10,12 +10,18 @@ time. Every number comes with the formula that gives it (the second table, per c
 Options with several values multiply. The model behind it is `bench.plan.memory` and
 `bench.plan.traffic`; the assumptions are in their docstrings.
 
+`--gpu NAME` (a GPU of `bench.core.hardware`: T4, L4, A10G, A100-40GB, A100-80GB, RTX-4090,
+H100, H200, B200, ...) fits its memory and times compute at its data-sheet peak for the
+precision's matmuls (what --memory and --tflops give, which win over it).
+
 Three other modes:
   --check DIR          every bench-model, bench-zero (and bench-step) result row in DIR that the
                        model covers: predicted against measured, side by side, with the error
   --preset leaderboard-2026
                        the CS336 2026 leaderboard step (8B, context 32,768, batch 2, bf16, on 2
                        GPUs): which options fit in 80 GB and in 141 GB per GPU
+  --preset t4x2        seed 003's Kaggle question: what trains on two 16 GB T4s in fp16, at
+                       which batch and context, under DDP, ZeRO-1 and FSDP
   --section8           the handout's §8 FFN-layer answers (DP, FSDP, TP, FSDP + TP) for the
                        model's d_model and d_ff, B = global batch x context tokens, --dp / --tp
                        devices
@@ -28,6 +34,9 @@ Examples:
       --context-length 32768 --global-batch 2 --precision bf16 --layout fsdp --dp 2 \\
       --attention fa2-triton --activation-checkpointing blocks nested --loss fused --memory 80GB
   bench-plan --preset leaderboard-2026 --json plan_leaderboard.json --plot plan_leaderboard.png
+  bench-plan --preset t4x2 --json plan_t4x2.json --plot plan_t4x2.png
+  bench-plan --size medium --context-length 1024 --batch 4 --precision fp16 --layout zero1 \\
+      --gpu T4
   bench-plan --check docs/results --json check.json --markdown check.md --plot check.png
   bench-plan --section8 --size xl --context-length 128 --global-batch 8 --dp 8 --tp 4
 
@@ -44,7 +53,9 @@ from pathlib import Path
 
 import lmcore
 from bench.core.cli import Command
+from bench.core.hardware import GPUS, gpu_named
 from bench.core.layouts import LAYOUTS as ALL_LAYOUTS
+from bench.core.layouts import PRECISIONS as ALL_PRECISIONS
 from bench.core.layouts import parse_name
 from bench.core.model_options import LOSSES, checkpointing_spec, positive_int
 from bench.core.options import Group, option, positive_float
@@ -56,7 +67,7 @@ from bench.plan.memory import LAYOUTS, MODES, OPTIMIZERS, PRECISIONS, TrainingPl
 
 __all__ = ["COMMAND", "PRESETS", "PlanConfig", "add_options", "main"]
 
-PRESETS = ("leaderboard-2026",)
+PRESETS = ("leaderboard-2026", "t4x2")
 # The sequence length of a sweep that names none, for a size without a context of its own.
 DEFAULT_CONTEXT = 512
 # The batch of a sweep that names none: sequences per step in all.
@@ -154,7 +165,12 @@ class PlanConfig:
     )  # fmt: skip
     tflops: float | None = option(
         None, "matmul rate in TFLOP/s", group=HARDWARE, parse=positive_float,
-        default_text="the measured bf16 ceiling of an H100; the data sheet's fp32 peak for fp32",
+        default_text="--gpu's data-sheet peak; without it the measured bf16 ceiling of an H100, "
+        "the data sheet's fp32 peak for fp32",
+    )  # fmt: skip
+    gpu: str | None = option(
+        None, "a known GPU: its memory (unless --memory) and data-sheet peak (unless --tflops)",
+        group=HARDWARE, choices=lambda: [g.name for g in GPUS], default_text="none",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -176,6 +192,24 @@ class PlanConfig:
             raise ValueError(
                 "explicit dimensions need all of --d-model --d-ff --num-layers --num-heads"
             )
+
+    @property
+    def memory(self) -> int | None:
+        """The memory to fit, in bytes: `--memory`, else `--gpu`'s; None for neither."""
+        if self.memory_bytes is not None or self.gpu is None:
+            return self.memory_bytes
+        return gpu_named(self.gpu).memory_bytes
+
+    def rate(self, precision: str) -> float | None:
+        """The matmul TFLOP/s of a step in `precision`: `--tflops`, else `--gpu`'s data-sheet
+        peak for the precision's matmuls (fp32 without TF32); None: bench-plan's default.
+
+        Raises:
+            ValueError: `--gpu` lacks the precision's format (the T4 has no bf16).
+        """
+        if self.tflops is not None or self.gpu is None:
+            return self.tflops
+        return gpu_named(self.gpu).tflops(ALL_PRECISIONS[precision].compute)
 
     @property
     def global_batch(self) -> int:
@@ -250,7 +284,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                       "DIR beside its measurement")  # fmt: skip
     what.add_argument("--preset", choices=PRESETS,
                       help="leaderboard-2026: what fits the CS336 2026 leaderboard step on 2 GPUs "
-                      "of 80 GB and of 141 GB")  # fmt: skip
+                      "of 80 GB and of 141 GB; t4x2: what trains on two T4s in fp16")  # fmt: skip
     what.add_argument(
         "--section8",
         action="store_true",

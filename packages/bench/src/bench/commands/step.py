@@ -2,7 +2,7 @@
 
 The step is the CS336 2026 leaderboard's `train_step`: `optimizer.zero_grad(set_to_none=True)`,
 the forward, the mean next-token cross-entropy, `loss.backward()`, the AdamW step
-(`bench.core.full_step`). Two kinds of row, from the same model (random weights and tokens):
+(`bench.tools.step.full_step`). Two kinds of row, from the same model (random weights and tokens):
 
 - `ours`: lmcore's model with the options given: attention backend, `--loss` (the fused LM
   head + cross-entropy, or the full logits), `--optimizer` (lmcore's AdamW, its fused kernel, or
@@ -109,9 +109,9 @@ __all__ = [
 ]
 
 STUDIES = ("checkpointing",)
-# `--precision`: float32; float32 weights under bf16 autocast; the model stored in bf16 (the
-# leaderboard's `torch_dtype`) (`bench.core.layouts` says what each keeps).
-PRECISIONS = ("fp32", "bf16-autocast", "bf16")
+# `--precision`: float32; float32 weights under bf16 or (loss-scaled) fp16 autocast; the model
+# stored in bf16 (the leaderboard's `torch_dtype`) (`bench.core.layouts` says what each keeps).
+PRECISIONS = ("fp32", "bf16-autocast", "fp16", "bf16")
 # `--parallel`: ours on several ranks (`bench.core.layouts`): ZeRO-1 or zero.FSDP.
 PARALLEL = ("single", "zero1", "fsdp")
 # `--num-layers fit`: the deepest model every row fits, by bench-plan's memory model.
@@ -203,7 +203,8 @@ class StepConfig:
         metavar="SPEC",
     )  # fmt: skip
     precision: str = option(
-        "bf16", "fp32; bf16-autocast (float32 weights); bf16: the model built in bf16, the "
+        "bf16", "fp32; bf16-autocast (float32 weights); fp16: autocast in fp16, the loss "
+        "scaled (torch.amp.GradScaler, in both steps); bf16: the model built in bf16, the "
         "leaderboard's", group=RUN, choices=PRECISIONS,
         parse=parse_name(command="bench-step", offered=PRECISIONS), cpu="fp32",
     )  # fmt: skip

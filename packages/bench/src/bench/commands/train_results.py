@@ -1,13 +1,18 @@
-"""bench-train-results: result files (Markdown, JSON, PNG) for `docs/results/` from finished
-bench-train run folders (`bench.train.results` says what each holds).
+"""bench-train-results: result files (Markdown, JSON, PNG; CSV of the speed and scaling tables)
+for `docs/results/` from finished bench-train run folders (`bench.train.results` says what each
+holds).
 
     bench-train-results --out docs/results --text RUN --text-baseline RUN_UNDER_BASELINE \\
         --speed default=RUN_A torch-baseline=RUN_B --baseline torch-baseline
     bench-train-results --out docs/results --scaling none-1=RUN_A fsdp-2=RUN_B torch-fsdp-2=RUN_C
+    bench-train-results --out docs/results --precision bf16=RUN_A fp16=RUN_B
 
 --scaling sets runs of the same training on one rank and on several side by side
 (train_scaling_*): tokens/s, speed-up and scaling efficiency against the one-rank run of the
 same model, the busiest rank's peak memory, and the losses against the one-rank run's.
+--precision sets runs of the same training in other precisions side by side, the first the
+reference (train_precision_*): losses against its, fp16's skipped steps and loss scale, and
+both runs' loss curves.
 
 Everything is read from the run folders, so the files can be built on any machine from folders
 copied off the GPU; only --measure-ceiling needs CUDA.
@@ -45,6 +50,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scaling", nargs="+", type=_labelled, default=[], metavar="LABEL=RUN",
         help="runs on one and on several ranks, in order: train_scaling_*",
+    )  # fmt: skip
+    parser.add_argument(
+        "--precision", nargs="+", type=_labelled, default=[], metavar="LABEL=RUN",
+        help="runs in other precisions, the reference first: train_precision_*",
     )  # fmt: skip
     parser.add_argument(
         "--measure-ceiling", action="store_true", help="time a bf16 matmul here (needs CUDA)"

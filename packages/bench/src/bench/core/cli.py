@@ -27,8 +27,8 @@ a `bench.core.tool.Tool`, which adds the common options' behaviour (device, the 
 configuration and the options that change it, the table, JSON and plot at the end).
 
 Common options (`add_common_args`, on every tool's command): `--json PATH` (write the run),
-`--plot PATH` (write a PNG), `--markdown PATH` (write the printed table), `--device
-{auto,cpu,cuda,cuda:N}` and `--no-progress`.
+`--csv PATH` (write its rows), `--plot PATH` (write a PNG), `--markdown PATH` (write the printed
+table), `--device {auto,cpu,cuda,cuda:N}` and `--no-progress`.
 """
 
 from __future__ import annotations
@@ -140,9 +140,11 @@ class Command:
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add `--json`, `--plot`, `--markdown`, `--device` and `--no-progress` to `parser`."""
+    """Add `--json`, `--csv`, `--plot`, `--markdown`, `--device` and `--no-progress` to
+    `parser`."""
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="PATH", help="write rows and metadata as JSON")
+    out.add_argument("--csv", type=Path, metavar="PATH", help="write the rows as CSV")
     out.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG plot of the rows")
     out.add_argument("--markdown", type=Path, metavar="PATH", help="write the printed table")
     out.add_argument("--no-progress", action="store_true", help="no progress bar (e.g. in CI logs)")

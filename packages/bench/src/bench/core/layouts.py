@@ -28,12 +28,15 @@ name                what runs                                                   
 =================== ================================================================ ==========
 
 **Precisions**: `fp32` (float32 throughout); `bf16-autocast` (float32 weights, gradients and
-AdamW moments; matmuls in bf16 under `torch.autocast`); `bf16` (the model stored in bf16, the
-leaderboard's `torch_dtype`: weights, gradients and activations bf16, AdamW's moments in the
-parameters' dtype); `bf16-master` (bench-plan's: bf16 weights and activations over float32
-master weights and moments, what FSDP with a bf16 compute dtype keeps). Under FSDP,
-`bf16-autocast` runs as FSDP's mixed precision: float32 shards gathered in bf16, which bench-plan
-predicts as `bf16-master`.
+AdamW moments; matmuls in bf16 under `torch.autocast`); `fp16` (the same in fp16, with the loss
+scaled dynamically by `torch.amp.GradScaler`: fp16's 5 exponent bits flush small gradients to
+zero without it); `bf16` (the model stored in bf16, the leaderboard's `torch_dtype`: weights,
+gradients and activations bf16, AdamW's moments in the parameters' dtype); `bf16-master`
+(bench-plan's: bf16 weights and activations over float32 master weights and moments, what FSDP
+with a bf16 compute dtype keeps). Under FSDP, `bf16-autocast` and `fp16` run as FSDP's mixed
+precision: float32 shards gathered in 16 bits, which bench-plan predicts as `bf16-master`
+(`planned_precision`). There is no fp16 model stored in fp16: without float32 master weights
+its updates below fp16's resolution would be lost, and no seed or handout trains so.
 
 **Old names** (`ALIASES`) read as their new ones, on the command line, in config files and in
 results recorded before the rename (`renamed_row`). Where an old name now means another run in
@@ -67,7 +70,9 @@ __all__ = [
     "choices",
     "compute_dtype",
     "layout_names",
+    "loss_scaled",
     "parse_name",
+    "planned_precision",
     "recorded_config",
     "renamed_row",
     "resolve",
@@ -199,6 +204,8 @@ class Precision:
         master_bytes: a float32 master copy the optimizer steps (0: none).
         regime: the activations' regime (`bench.plan.activations.REGIMES`).
         compute_bytes: the dtype FSDP gathers weights in (its compute dtype).
+        loss_scaling: the step scales the loss (`torch.amp.GradScaler`) and skips the optimizer
+            step where the gradients overflow (fp16).
     """
 
     name: str
@@ -212,6 +219,7 @@ class Precision:
     master_bytes: int
     regime: str
     compute_bytes: int
+    loss_scaling: bool = False
 
     @property
     def shard_bytes(self) -> int:
@@ -232,6 +240,12 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType(
             "bf16-autocast",
             "float32 weights, gradients and AdamW moments; matmuls in bf16 under torch.autocast",
             "fp32", "bf16", True, 4, 4, 4, 0, "autocast", 2,
+        ),
+        "fp16": Precision(
+            "fp16",
+            "float32 weights, gradients and AdamW moments; matmuls in fp16 under torch.autocast; "
+            "the loss scaled dynamically (torch.amp.GradScaler), steps that overflow skipped",
+            "fp32", "fp16", True, 4, 4, 4, 0, "autocast", 2, loss_scaling=True,
         ),
         "bf16-master": Precision(
             "bf16-master",
@@ -261,13 +275,13 @@ def check_combination(layout: str, precision: str) -> None:
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     if not PRECISIONS[precision].runs:
         raise ValueError(
-            f"precision {precision!r} is predicted by bench-plan only; run fp32, bf16-autocast "
-            "or bf16"
+            f"precision {precision!r} is predicted by bench-plan only; run "
+            + ", ".join(name for name, p in PRECISIONS.items() if p.runs)
         )
 
 
 # The torch dtype of each of `Precision`'s dtype names (imported when one is looked up).
-DTYPES = LazyChoices(fp32="torch:float32", bf16="torch:bfloat16")
+DTYPES = LazyChoices(fp32="torch:float32", bf16="torch:bfloat16", fp16="torch:float16")
 
 
 def autocast_dtype(precision: str) -> Any:
@@ -281,6 +295,21 @@ def compute_dtype(precision: str) -> Any:
     """The torch dtype `precision`'s matmuls run in (bf16 under both bf16 precisions). Imports
     torch."""
     return DTYPES[PRECISIONS[precision].compute]
+
+
+def loss_scaled(precision: str) -> bool:
+    """Whether a step in `precision` scales its loss and skips steps that overflow (fp16)."""
+    return PRECISIONS[precision].loss_scaling
+
+
+def planned_precision(precision: str, layout: str) -> str:
+    """The precision bench-plan predicts a run of `precision` under `layout` as: FSDP gathers
+    float32 shards in its compute dtype instead of autocasting, so an autocast precision
+    (`bf16-autocast`, `fp16`) under a layout that shards weights keeps `bf16-master`'s bytes
+    (16-bit weights and activations over float32 masters); every other run is itself."""
+    if PRECISIONS[precision].autocast and LAYOUTS[layout].shards_weights:
+        return "bf16-master"
+    return precision
 
 
 # Old layout names, as the commands spelled them before one vocabulary: each reads as its new

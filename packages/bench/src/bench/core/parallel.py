@@ -72,7 +72,8 @@ class Parallel:
         precision: a runnable name of `bench.core.layouts.PRECISIONS`: `bf16` stores the model
             in bf16 before wrapping it; under the sharded wrappers, `bf16-autocast` gathers
             weights and reduces gradients in bf16 over float32 shards (FSDP's mixed precision;
-            the step's autocast is the caller's).
+            the step's autocast is the caller's), `fp16` gathers in fp16 and reduces in float32
+            (`reduce_dtype`); the loss scaling is the step's (`bench.core.loss_scale`).
         compile: `torch.compile` each `lmcore.TransformerBlock` (before our DDP wrappers; each
             unit's forward under `zero.FSDP`; each block under FSDP2; the whole wrapper under
             torch's DDP).
@@ -120,11 +121,19 @@ class Parallel:
         return autocast_dtype(self.precision.name)
 
     @property
+    def reduce_dtype(self) -> torch.dtype | None:
+        """The dtype the sharded wrappers reduce gradients in, where not `compute_dtype`:
+        float32 for loss-scaled gradients (fp16), whose sum over the ranks can overflow fp16
+        where each rank's alone does not, which would skip steps one process takes."""
+        return torch.float32 if self.precision.loss_scaling else None
+
+    @property
     def mixed_precision(self) -> zero.MixedPrecision:
         """`zero.FSDP`'s policy: the model's own dtype throughout (`fp32`; `bf16`: bf16 shards,
         gathered and reduced in bf16, as FSDP2 keeps a bf16 module), or float32 shards gathered
-        and reduced in bf16 (`bf16-autocast`, FSDP2's `param_dtype=torch.bfloat16`)."""
-        return zero.MixedPrecision(compute_dtype=self.compute_dtype)
+        and reduced in bf16 (`bf16-autocast`, FSDP2's `param_dtype=torch.bfloat16`), or gathered
+        in fp16 and reduced in float32 (`fp16`, `reduce_dtype`)."""
+        return zero.MixedPrecision(compute_dtype=self.compute_dtype, reduce_dtype=self.reduce_dtype)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """The model as the step runs it: stored in the precision's dtype, compiled, wrapped
@@ -144,6 +153,7 @@ class Parallel:
                 model,
                 model.layers,
                 param_dtype=self.compute_dtype,
+                reduce_dtype=self.reduce_dtype,
                 compile=self.compile,
                 compile_backend=backend,
             )

@@ -11,6 +11,9 @@ Every function takes the tidy rows a tool returns and names the keys to draw:
   several keys (a memory breakdown, say), with optional error bars.
 - `scatter_plot`: one value against another, a colour per `series` value, with the line y = x
   (a prediction against its measurement).
+- `heatmap_plot`: a ratio over a grid of two keys (query by key length, length by head size),
+  a panel per `panels` value, each cell coloured by how far above or below 1 it is and labelled;
+  `ratio_heatmaps`, the two the attention benchmarks draw with it.
 
 `line_plot` and `bar_plot` leave out rows without a finite `y` (out of memory, skipped);
 `hbar_plot` and `stacked_bar_plot` draw a missing value as a gap. Drawing goes through
@@ -42,7 +45,9 @@ __all__ = [
     "PanelOptions",
     "bar_plot",
     "hbar_plot",
+    "heatmap_plot",
     "line_plot",
+    "ratio_heatmaps",
     "scatter_plot",
     "stacked_bar_plot",
 ]
@@ -432,3 +437,101 @@ def scatter_plot(
         ax.set_yscale("log")
     _label_panel(ax, xlabel=xlabel or x, ylabel=ylabel or y, title=None, legend=True, grid="both")
     return _save(fig, path, title)
+
+
+def heatmap_plot(
+    rows: Sequence[Row],
+    *,
+    x: str,
+    y: str,
+    value: str,
+    path: str | os.PathLike[str],
+    panels: str | None = None,
+    title: str | None = None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    colorbar: str | None = None,
+) -> Path:
+    """A ratio over the grid of `x` and `y` values, one panel per `panels` value.
+
+    Each cell is coloured on a diverging scale, logarithmic and centred on 1 (red below,
+    blue above, the same distance for half and for twice), and labelled with its value; a
+    cell without a finite value stays blank. The axes list the values present, in order.
+
+    Args:
+        rows: tidy result rows; one per (panel, x, y), the last one wins.
+        x, y: keys of the grid's columns and rows.
+        value: key of the ratio to show.
+        path: where to write the PNG.
+        panels: key whose values get a panel each.
+        title, xlabel, ylabel: the figure's title and axis labels (`x`, `y` when absent).
+        colorbar: the colour bar's label (`value` when absent).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: if no row has a finite `value`.
+    """
+    from matplotlib.colors import LogNorm  # on first use, as every figure here
+
+    kept = [r for r in rows if _finite(r.get(value)) and r[value] > 0]
+    if not kept:
+        raise ValueError(f"no row has a finite positive {value!r}: nothing to plot")
+    ratios = [r[value] for r in kept]
+    spread = max(max(ratios), 1 / min(ratios), 1.05)  # symmetric about 1 on a log scale
+    norm = LogNorm(vmin=1 / spread, vmax=spread)
+    by_panel = _groups(kept, panels)
+    fig, axes = _figure(len(by_panel))
+    for ax, (panel, panel_rows) in zip(axes, by_panel.items(), strict=True):
+        xs = sorted({r[x] for r in panel_rows})
+        ys = sorted({r[y] for r in panel_rows})
+        grid = [[math.nan] * len(xs) for _ in ys]
+        for r in panel_rows:
+            grid[ys.index(r[y])][xs.index(r[x])] = r[value]
+        image = ax.imshow(grid, cmap="RdBu", norm=norm, origin="lower", aspect="auto")
+        for i, row in enumerate(grid):
+            for j, cell in enumerate(row):
+                if math.isfinite(cell):  # white on the darker half of either end of the scale
+                    dark = abs(math.log(cell)) > math.log(spread) / 2
+                    ax.text(j, i, f"{cell:.2f}", ha="center", va="center", fontsize="small",
+                            color="white" if dark else "black")  # fmt: skip
+        ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+        ax.set_yticks(range(len(ys)), [str(v) for v in ys])
+        ax.set_xlabel(xlabel or x)
+        ax.set_ylabel(ylabel or y)
+        if panels:
+            ax.set_title(f"{panels} = {panel}")
+        fig.colorbar(image, ax=ax, label=colorbar or value)
+    return _save(fig, path, title)
+
+
+def ratio_heatmaps(
+    rows: Sequence[Row], path: Path, *, impls: Sequence[str], ratio: str, title: str
+) -> list[Path]:
+    """The attention benchmarks' heatmaps (bench-attn's and bench-flash's rows: `impl`, `seq`
+    the queries, `seq_k` the keys, `d`) of the first of `impls` that has a `ratio` to its
+    baseline: over the query and key lengths, a panel per d, where some shape is rectangular
+    (`<stem>_ratio_nq_nk.png`); over the length and head size where the square shapes span more
+    than one of either (`<stem>_ratio_seq_d.png`). The files written (none without such rows).
+    """
+    ran = {r["impl"] for r in rows if _finite(r.get(ratio))}
+    impl = next((name for name in impls if name in ran), None)
+    if impl is None:
+        return []
+    mine = [r for r in rows if r["impl"] == impl]
+    square = [r for r in mine if r.get("seq_k", r["seq"]) == r["seq"]]
+    suffix, written = path.suffix or ".png", []
+    if len(square) < len(mine):
+        written.append(heatmap_plot(
+            mine, x="seq_k", y="seq", value=ratio, panels="d", title=f"{title} ({impl})",
+            path=path.with_name(f"{path.stem}_ratio_nq_nk{suffix}"), xlabel="Nk (keys)",
+            ylabel="Nq (queries)", colorbar=f"{ratio} (above 1: {impl} faster)",
+        ))  # fmt: skip
+    if len({r["seq"] for r in square}) > 1 or len({r["d"] for r in square}) > 1:
+        written.append(heatmap_plot(
+            square, x="d", y="seq", value=ratio, title=f"{title} ({impl})",
+            path=path.with_name(f"{path.stem}_ratio_seq_d{suffix}"), xlabel="head size d",
+            ylabel="sequence length", colorbar=f"{ratio} (above 1: {impl} faster)",
+        ))  # fmt: skip
+    return written

@@ -1,10 +1,12 @@
-"""Result records: tidy rows plus the metadata that makes them a result, as Markdown and JSON.
+"""Result records: tidy rows plus the metadata that makes them a result, as Markdown, JSON and
+CSV.
 
 A `Run` is what every tool returns: a list of flat dicts (one per measurement; rows of one kind
 share their keys), the configuration that produced them, the environment
 (`bench.core.env.collect_env`), the command line and date, free-form notes, and the plots drawn
 from the rows. `save_json` writes it in a stable schema that `bench-report` reads back with
-`load_json`.
+`load_json`; `save_csv` writes the rows alone as a spreadsheet or a data frame reads them (one
+line per row, a column per key, each row carrying the device, date and code revision).
 
 JSON schema `cs336sys-bench/2`::
 
@@ -31,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -56,6 +59,7 @@ __all__ = [
     "format_value",
     "load_json",
     "result_stem",
+    "save_csv",
     "save_json",
     "to_markdown",
 ]
@@ -322,6 +326,49 @@ def save_json(run: Run, path: str | os.PathLike[str]) -> Path:
     data["env"] = _jsonable(data["env"])
     path.write_text(json.dumps(data, indent=1, allow_nan=True) + "\n")
     return path
+
+
+# The columns every CSV row ends with: where and when the run was made, on which code.
+CSV_PROVENANCE = ("tool", "device_name", "date", "git_revision")
+
+
+def save_csv(run: Run, path: str | os.PathLike[str]) -> Path:
+    """Write `run`'s rows as CSV to `path`, creating folders; return the path.
+
+    The columns are `run.columns` (or every key, in first-seen order), then any other key a row
+    holds, then `CSV_PROVENANCE`. An empty cell is a value the row does not have; booleans are
+    `true`/`false`, floats keep every digit (`repr`), non-finite ones read `inf`, `-inf`, `nan`
+    as pandas and spreadsheets parse them.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = [*(run.columns or ()), *_columns(run.rows)]
+    keys = [k for k in dict.fromkeys(keys) if k not in CSV_PROVENANCE]
+    provenance = {
+        "tool": run.tool,
+        "device_name": run.env.get("device_name") or run.env.get("device"),
+        "date": run.date,
+        "git_revision": run.env.get("git_revision"),
+    }
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*keys, *CSV_PROVENANCE])
+        for row in run.rows:
+            cells = [row.get(k) for k in keys] + [provenance[k] for k in CSV_PROVENANCE]
+            writer.writerow([_csv_cell(v) for v in cells])
+    return path
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # inf, -inf, nan as Python and pandas spell them
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(_jsonable(value))
+    return str(value)
 
 
 def load_json(path: str | os.PathLike[str]) -> Run:

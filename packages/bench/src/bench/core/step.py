@@ -2,7 +2,8 @@
 steps are this one, so that their numbers measure the same work.
 
 - `train_step` (and its first half, `forward_backward`): one optimizer step of next-token
-  training over one or more micro-batches, through any model or data-parallel wrapper;
+  training over one or more micro-batches, through any model or data-parallel wrapper, with the
+  loss scaled where the precision needs it (fp16: `bench.core.loss_scale.LossScaler`);
   `clip_grad_norm`, its clipping, which also handles gradients sharded over the ranks (FSDP).
 - `build_lm`: the model on a device, materialised from the meta device on a GPU.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,9 @@ from torch import nn
 
 import lmcore
 from bench.core.model_runtime import next_token_loss
+
+if TYPE_CHECKING:
+    from bench.core.loss_scale import LossScaler
 
 __all__ = ["build_lm", "clip_grad_norm", "forward_backward", "train_step"]
 
@@ -47,6 +52,7 @@ def forward_backward(
     autocast_dtype: torch.dtype | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
     fused_loss: bool = False,
+    loss_scaler: LossScaler | None = None,
 ) -> torch.Tensor:
     """Forward and backward of next-token cross-entropy over `micro_batches`; the mean loss.
 
@@ -65,10 +71,12 @@ def forward_backward(
         loss_fn: `(logits, targets) -> mean loss`; `lmcore.cross_entropy` (or a compiled one).
         fused_loss: the model's own fused LM head + loss instead, `model(inputs,
             targets=targets)`, which never holds the logits (`loss_fn` is then not used).
+        loss_scaler: backward from each loss times its scale (fp16); the gradients are left
+            scaled, for `train_step` to unscale. None: backward from the loss itself.
 
     Returns:
-        The mean loss over the micro-batches, detached: a 0-d tensor in at least fp32, left on the
-        device (no host synchronisation).
+        The mean loss over the micro-batches (unscaled), detached: a 0-d tensor in at least
+        fp32, left on the device (no host synchronisation).
 
     Raises:
         ValueError: no micro-batch.
@@ -90,7 +98,7 @@ def forward_backward(
                     model, tokens[:, :-1], tokens[:, 1:], fused=fused_loss, loss_fn=loss_fn
                 )
                 loss = loss / len(micro_batches)
-            loss.backward()
+            (loss if loss_scaler is None else loss_scaler.scale(loss)).backward()
         losses.append(loss.detach())
     if hasattr(model, "finish_gradient_synchronization"):
         model.finish_gradient_synchronization()
@@ -145,6 +153,7 @@ def train_step(
     set_to_none: bool = True,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
     fused_loss: bool = False,
+    loss_scaler: LossScaler | None = None,
 ) -> torch.Tensor:
     """One training step: `forward_backward`, optional clipping, the optimizer step, zero_grad.
 
@@ -163,15 +172,25 @@ def train_step(
         set_to_none: `optimizer.zero_grad(set_to_none=...)` after the step; False keeps the
             gradient tensors allocated from step to step.
         loss_fn: the loss of logits and targets (see `forward_backward`).
+        loss_scaler: scale the loss (fp16): the gradients are unscaled after synchronisation,
+            before clipping, and the optimizer step is skipped (on every rank) where one
+            overflowed; the scaler then halves its scale or grows it and counts the skip.
 
     Returns:
         The step's mean loss, detached (see `forward_backward`).
     """
     loss = forward_backward(
-        model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn, fused_loss=fused_loss
-    )
+        model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn,
+        fused_loss=fused_loss, loss_scaler=loss_scaler,
+    )  # fmt: skip
+    if loss_scaler is not None:
+        loss_scaler.unscale_(optimizer)
     if max_grad_norm is not None:
         clip_grad_norm(list(model.parameters()), max_grad_norm, sharded=sharded_params)
-    optimizer.step()
+    if loss_scaler is None:
+        optimizer.step()
+    else:
+        loss_scaler.step(optimizer)
+        loss_scaler.update()
     optimizer.zero_grad(set_to_none=set_to_none)
     return loss

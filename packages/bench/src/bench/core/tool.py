@@ -1,6 +1,6 @@
 """What a measuring `bench-*` tool does once its command line has parsed: resolve the device,
 build the configuration (the device's default, or it with the options applied), measure, then
-print the table and write the JSON, Markdown and plot asked for.
+print the table and write the JSON, CSV, Markdown and plot asked for.
 
 A tool's configuration is a dataclass of option fields (`bench.core.options`), declared in its
 command module (`bench.commands.<name>`, the tool's spec), which generates the command line from
@@ -36,7 +36,7 @@ from bench.core.cli import resolve_device, usage_errors
 from bench.core.env import command_line
 from bench.core.options import configured, given_options
 from bench.core.ranks import is_primary
-from bench.core.results import Run, format_value, save_json
+from bench.core.results import Run, format_value, save_csv, save_json
 
 __all__ = [
     "Invocation",
@@ -153,13 +153,14 @@ def emit(
     *,
     plot: Callable[[Path], Path | Sequence[Path]] | None = None,
 ) -> None:
-    """Finish a tool's run: draw the plot, print the Markdown, write the files asked for.
+    """Finish a tool's run: draw the plot, print the Markdown, write the files asked for
+    (`--json`, `--csv`, `--markdown`).
 
     Under `torchrun` only the primary rank does any of it; the others return at once.
 
     Args:
         run: the tool's result.
-        args: parsed options holding the common `json`, `plot` and `markdown` values.
+        args: parsed options holding the common `json`, `csv`, `plot` and `markdown` values.
         plot: draws the run's figure(s) given the `--plot` path and returns the file(s) written
             (a tool with two figures may write a second file beside the first); called when
             `--plot` was given. A run with nothing plottable prints a warning instead of failing.
@@ -185,6 +186,8 @@ def emit(
         args.markdown.write_text(text + "\n")
     if args.json is not None:
         save_json(run, args.json)
+    if args.csv is not None:
+        save_csv(run, args.csv)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ def fully_shard_blocks(
     blocks: Iterable[nn.Module],
     *,
     param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
     compile: bool = False,
     compile_backend: str = DEFAULT_COMPILE_BACKEND,
 ) -> nn.Module:
@@ -74,6 +75,7 @@ def fully_shard_blocks(
         blocks: the blocks, each a unit of its own (gathered before its forward, freed after).
         param_dtype: the dtype weights are gathered and gradients reduced in
             (`MixedPrecisionPolicy(param_dtype=...)`); None: the parameters' own.
+        reduce_dtype: the dtype gradients are reduced in, where not `param_dtype`.
         compile: `torch.compile` each block in place before sharding it (`compile_blocks`).
         compile_backend: the backend it compiles with.
 
@@ -82,7 +84,7 @@ def fully_shard_blocks(
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     blocks = list(blocks)
     if compile:
         compile_blocks(blocks, backend=compile_backend)

@@ -54,7 +54,7 @@ from types import MappingProxyType
 import ddp
 import lmcore
 from bench.core.layouts import LAYOUTS as ALL_LAYOUTS
-from bench.core.layouts import PRECISIONS, Layout, Precision, layout_names
+from bench.core.layouts import PRECISIONS, Layout, Precision, layout_names, planned_precision
 from bench.plan.activations import (
     PLAN_LOSSES,
     LossMemory,
@@ -181,7 +181,8 @@ class TrainingPlan:
     Raises:
         ValueError: an unknown name, a degree that does not match the layout, a batch that the
             data-parallel ranks do not divide, a head count or width the TP ranks do not
-            divide, or `bf16-autocast` with FSDP (FSDP casts weights itself: use `bf16-master`).
+            divide, or an autocast precision with FSDP (FSDP casts weights itself: use
+            `bf16-master`, `bench.core.layouts.planned_precision`).
     """
 
     model: lmcore.ModelConfig
@@ -242,11 +243,12 @@ class TrainingPlan:
                 f"tp={tp} must divide the heads ({m.num_heads}), key/value heads ({m.kv_heads}) "
                 f"and d_ff ({m.d_ff})"
             )
-        if self.layout_spec.shards_weights and self.precision == "bf16-autocast":
+        if planned_precision(self.precision, self.layout) != self.precision:
             raise ValueError(
-                "FSDP gathers weights in its own compute dtype instead of autocast: use "
-                "precision bf16-master (float32 shards gathered in bf16, as "
-                "zero.FSDP(compute_dtype=torch.bfloat16))"
+                f"FSDP gathers weights in its own compute dtype instead of autocast: {self.layout} "
+                f"under {self.precision} keeps the bytes of precision bf16-master (float32 shards "
+                "gathered in 16 bits, as zero.FSDP(compute_dtype=torch.bfloat16 or float16)); "
+                "predict it as bf16-master"
             )
         if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 1:
             raise ValueError(f"loss_chunk_tokens must be positive, got {self.loss_chunk_tokens}")
@@ -791,10 +793,10 @@ def estimate_memory(plan: TrainingPlan) -> MemoryEstimate:
     else:
         phases = [setup, *_training_phases(plan, s, acts)]
     notes = []
-    if plan.precision == "bf16-autocast":
+    if plan.precision_spec.autocast:
         notes.append(
-            "autocast: float32 residual stream and norms, bf16 matmul inputs cast per matmul, "
-            "float32 softmax (CUDA's autocast lists)."
+            f"autocast: float32 residual stream and norms, {plan.precision_spec.compute} matmul "
+            "inputs cast per matmul, float32 softmax (CUDA's autocast lists)."
         )
     if plan.layout_spec.tensor_parallel:
         notes.append(

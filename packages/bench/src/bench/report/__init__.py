@@ -14,6 +14,8 @@ Reading order:
   `memory`, `checkpointing`, `kernels` (attention, compile, FlashAttention-2), `parallel`
   (all-reduce, DDP, sharding, FSDP), `analysis` (§8's FFN calculations), `leaderboard`, and
   `appendix_2025` (the 2025 handout's problems the 2026 one dropped);
+- `seeds`: what the seed projects had (two T4s in fp16, the kernel x mode matrix, fp16 against
+  bf16), answered after the handout's problems (not in the write-up);
 - `trace_timeline`: a profiler trace drawn as compute and communication lanes, where the
   handout asks for Nsight Systems screenshots;
 - `runs`: the commands that make the results a section lacks, as the GPU scripts run them;

@@ -1,7 +1,8 @@
 """The 2026 CS336 assignment 2 handout's problems, answered from measured results.
 
 `PROBLEMS` lists every problem of the handout in its order, each with the function that answers
-it from a results folder (`bench.report.results.Results`); `build_document` turns them into a
+it from a results folder (`bench.report.results.Results`), and after them what the seed projects
+had (`bench.report.seeds.SEED_PROBLEMS`); `build_document` turns them into a
 document (`bench.report.document`) that `bench-report` renders as Markdown, LaTeX or Typst
 (`bench.report.tool`). It reads the tools' row keys and never runs a tool.
 """
@@ -34,6 +35,7 @@ from bench.report.parallel import (
 )
 from bench.report.problem import Problem, earlier_blocks, image_link, record_blocks
 from bench.report.results import Record, Results
+from bench.report.seeds import SEED_PROBLEMS, SEEDS_HEADING, SEEDS_TEXT
 from bench.report.single_gpu import (
     answer_accumulation,
     answer_benchmarking,
@@ -350,12 +352,13 @@ def build_document(
     res: Results, *, report_dir: Path, title: str, writeup: bool = False
 ) -> list[Block]:
     """The whole report: a summary, then each problem in the handout's order with its answer
-    and the result files it rests on, then the results no problem claims.
+    and the result files it rests on, then what the seed projects had (`SEED_PROBLEMS`), then
+    the results no problem claims.
 
     With `writeup`, the document one hands in: each problem's answer and the plots of the
     results it rests on, each result named with its device, date and revision in one line;
-    not the results' full tables, the earlier runs they replace or the results no problem
-    claims (the Markdown report keeps those)."""
+    not the results' full tables, the earlier runs they replace, the seed section (no problem
+    of the handout) or the results no problem claims (the Markdown report keeps those)."""
     stems = {r.path.stem for r in res.records}
     devices: dict[str, set[str]] = {}
     for rec in res.records:
@@ -380,24 +383,12 @@ def build_document(
     for number, problem in enumerate(PROBLEMS, start=1):
         if problem.handout != "2026" and PROBLEMS[number - 2].handout == "2026":
             doc += [Heading(2, APPENDIX), Paragraph(APPENDIX_TEXT)]
-        doc.append(Heading(2, f"{number}. {problem.title} (§{problem.where}, `{problem.key}`)"))
-        doc.append(Paragraph(f"*Asks.* {problem.asks}"))
-        try:
-            answer = problem.answer(res)
-        except (KeyError, AttributeError, TypeError) as exc:  # a result of an older tool
-            answer = [Paragraph(f"(No answer: a result file lacks {exc}; re-run its tool.)")]
-        if not answer:
-            needs = f" It needs {problem.needs}." if problem.needs else ""
-            doc.append(Paragraph(f"Not measured: no result answers it yet.{needs}"))
-        doc.extend(_linked(block, report_dir) for block in answer)
-        mine = [r for r in res.records if r.path not in shown and problem.claims(r)]
-        shown.update(r.path for r in mine)
-        if writeup:
-            doc.extend(_in_brief(res, mine, report_dir, stems))
-        else:
-            doc.extend(_results(res, mine, report_dir, stems))
+        doc.extend(_section(problem, number, res, report_dir, shown, stems, writeup=writeup))
     if writeup:
         return doc
+    doc += [Heading(2, SEEDS_HEADING), Paragraph(SEEDS_TEXT)]
+    for number, problem in enumerate(SEED_PROBLEMS, start=len(PROBLEMS) + 1):
+        doc.extend(_section(problem, number, res, report_dir, shown, stems))
     rest = [r for r in res.records if r.path not in shown]
     if rest:
         doc.append(Heading(2, "Other results"))
@@ -405,6 +396,37 @@ def build_document(
     if res.skipped:
         doc.append(Paragraph("Skipped files: " + "; ".join(res.skipped)))
     return doc
+
+
+def _section(
+    problem: Problem,
+    number: int,
+    res: Results,
+    report_dir: Path,
+    shown: set[Path],
+    stems: set[str],
+    *,
+    writeup: bool = False,
+) -> list[Block]:
+    """A problem's heading, question, answer (or what it needs) and the results it claims that
+    no problem before it showed (added to `shown`): in full, or in brief for the `writeup`."""
+    doc: list[Block] = [
+        Heading(2, f"{number}. {problem.title} (§{problem.where}, `{problem.key}`)"),
+        Paragraph(f"*Asks.* {problem.asks}"),
+    ]
+    try:
+        answer = problem.answer(res)
+    except (KeyError, AttributeError, TypeError) as exc:  # a result of an older tool
+        answer = [Paragraph(f"(No answer: a result file lacks {exc}; re-run its tool.)")]
+    if not answer:
+        needs = f" It needs {problem.needs}." if problem.needs else ""
+        doc.append(Paragraph(f"Not measured: no result answers it yet.{needs}"))
+    doc.extend(_linked(block, report_dir) for block in answer)
+    mine = [r for r in res.records if r.path not in shown and problem.claims(r)]
+    shown.update(r.path for r in mine)
+    if writeup:
+        return doc + _in_brief(res, mine, report_dir, stems)
+    return doc + _results(res, mine, report_dir, stems)
 
 
 def _results(res: Results, records: list[Record], report_dir: Path, stems: set[str]) -> list[Block]:

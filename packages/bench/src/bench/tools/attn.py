@@ -17,7 +17,7 @@ from bench.core.attention_impls import attention_impl
 from bench.core.env import device_name
 from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.oom import OK, guarded
-from bench.core.plots import line_plot
+from bench.core.plots import line_plot, ratio_heatmaps
 from bench.core.results import Keys, Run
 from bench.core.timing import summarize, time_fn, time_with_setup
 from bench.core.tool import (
@@ -55,15 +55,17 @@ def _steps_within(budget_s: float, one_call_ms: float, steps: int) -> int:
 
 
 def _measure_cell(
-    impl: str, d: int, seq: int, config: AttnConfig, device: torch.device
+    impl: str, d: int, seq: int, seq_k: int, config: AttnConfig, device: torch.device
 ) -> dict[str, Any]:
-    """Time one implementation at one (d, seq); raises OOM / Unavailable for `guarded`."""
+    """Time one implementation at one (d, seq, seq_k); raises OOM / Unavailable for
+    `guarded`."""
     attend = attention_impl(impl, device=device)
     dtype = DTYPES[config.dtype]
-    # (batch, seq, d): the handout's attention without a head dimension.
+    # (batch, seq, d) queries, (batch, seq_k, d) keys and values: the handout's attention
+    # without a head dimension.
     q, k, v = (
-        torch.randn(config.batch, seq, d, device=device, dtype=dtype, requires_grad=True)
-        for _ in range(3)
+        torch.randn(config.batch, n, d, device=device, dtype=dtype, requires_grad=True)
+        for n in (seq, seq_k, seq_k)
     )
     grad_out = torch.randn(config.batch, seq, d, device=device, dtype=dtype)
 
@@ -116,9 +118,13 @@ def _measure_cell(
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
     """`fwd_vs_sdpa` / `bwd_vs_sdpa`: SDPA's time over this row's (above 1: faster than SDPA)."""
-    base = {(r["d"], r["seq"]): r for r in rows if r["impl"] == BASELINE and r["status"] == OK}
+
+    def cell(r: dict[str, Any]) -> tuple[int, int, int]:
+        return r["d"], r["seq"], r["seq_k"]
+
+    base = {cell(r): r for r in rows if r["impl"] == BASELINE and r["status"] == OK}
     for row in rows:
-        ref = base.get((row["d"], row["seq"]))
+        ref = base.get(cell(row))
         for key in ("fwd", "bwd"):
             mine = row.get(f"{key}_ms")
             ok = ref is not None and mine and ref.get(f"{key}_ms")
@@ -129,6 +135,7 @@ COLUMNS = [
     "impl",
     "d",
     "seq",
+    "seq_k",
     "fwd_ms",
     "fwd_std",
     "bwd_ms",
@@ -141,9 +148,9 @@ COLUMNS = [
     "status",
     "note",
 ]
-_LIVE_COLUMNS = ["impl", "d", "seq", "fwd_ms", "bwd_ms", "peak_mib", "n", "status"]
+_LIVE_COLUMNS = ["impl", "d", "seq", "seq_k", "fwd_ms", "bwd_ms", "peak_mib", "n", "status"]
 
-_METRICS = [c for c in COLUMNS if c not in ("impl", "d", "seq", "status")]
+_METRICS = [c for c in COLUMNS if c not in ("impl", "d", "seq", "seq_k", "status")]
 # Every key of a row, for readers (bench-report).
 KEYS = Keys(*COLUMNS, "batch", "dtype", "causal")
 
@@ -167,9 +174,9 @@ def run_attention(
     completes, with or without the bar.
 
     Returns:
-        A `Run` (tool `"attn"`) whose rows have `impl, d, seq`, the metrics of `COLUMNS` (ms per
-        call, MiB; memory `None` off CUDA), `status` (`ok`, `OOM`, `skipped: why`) and `note`
-        (why a cell timed fewer than `steps` calls).
+        A `Run` (tool `"attn"`) whose rows have `impl, d, seq, seq_k` (queries, keys), the
+        metrics of `COLUMNS` (ms per call, MiB; memory `None` off CUDA), `status` (`ok`, `OOM`,
+        `skipped: why`) and `note` (why a cell timed fewer than `steps` calls).
 
     Example::
 
@@ -193,18 +200,25 @@ def run_attention(
         "SDPA's time / this time (above 1: faster than SDPA). Memory in MiB: in use before "
         "backward, and peak."
     )
-    cells = [(d, s, impl) for d in config.d_values for s in config.seqs for impl in config.impls]
+    cells = [
+        (d, s, k, impl)
+        for d in config.d_values
+        for s in config.seqs
+        for k in config.key_lengths(s)
+        for impl in config.impls
+    ]
+    keys = f" × {len(config.seq_ks)} seq_k" if config.seq_ks else ""
     plan = (
-        f"bench-attn: {len(cells)} cells ({len(config.d_values)} d × {len(config.seqs)} seq × "
-        f"{len(config.impls)} implementations), at most {config.steps} timed calls and "
+        f"bench-attn: {len(cells)} cells ({len(config.d_values)} d × {len(config.seqs)} seq"
+        f"{keys} × {len(config.impls)} implementations), at most {config.steps} timed calls and "
         f"{config.max_seconds:g} s per pass each: about {_duration(config.estimate_s())} or less."
     )
     notes.append(plan)
     show = live_rows(_LIVE_COLUMNS, title=plan)
     rows = []
-    for d, seq, impl in progress(cells, desc="bench-attn", enabled=show_progress):
+    for d, seq, seq_k, impl in progress(cells, desc="bench-attn", enabled=show_progress):
         outcome = guarded(
-            lambda impl=impl, d=d, seq=seq: _measure_cell(impl, d, seq, config, device),
+            lambda impl=impl, d=d, seq=seq, k=seq_k: _measure_cell(impl, d, seq, k, config, device),
             device=device,
         )
         metrics = outcome.value if outcome.ok else dict.fromkeys(_METRICS)
@@ -214,6 +228,7 @@ def run_attention(
                 "batch": config.batch,
                 "d": d,
                 "seq": seq,
+                "seq_k": seq_k,
                 "dtype": config.dtype,
                 "causal": config.causal,
                 **metrics,
@@ -238,7 +253,11 @@ def run_attention(
 
 
 def plot_attention(run: Run, path: Path) -> list[Path]:
-    """Forward (at `path`) and backward (`<stem>_bwd.png`) time against seq, a panel per d."""
+    """Forward (at `path`) and backward (`<stem>_bwd.png`) time against seq, a panel per d (the
+    square cells); and where fa2 ran beside SDPA, heatmaps of its speed-up over (Nq, Nk)
+    (`<stem>_ratio_nq_nk.png`, a rectangular grid) and over (seq, d) (`<stem>_ratio_seq_d.png`,
+    square cells)."""
+    square = [r for r in run.rows if r.get("seq_k", r["seq"]) == r["seq"]]
     common = {
         "x": "seq",
         "series": "impl",
@@ -247,16 +266,22 @@ def plot_attention(run: Run, path: Path) -> list[Path]:
         "logy": True,
         "title": run.plot_title,
     }
-    return [
-        line_plot(run.rows, y="fwd_ms", path=path, ylabel="forward (ms)", **common),
-        line_plot(
-            run.rows,
-            y="bwd_ms",
-            path=path.with_name(f"{path.stem}_bwd{path.suffix or '.png'}"),
-            ylabel="backward (ms)",
-            **common,
-        ),
-    ]
+    written = []
+    if square:
+        written = [
+            line_plot(square, y="fwd_ms", path=path, ylabel="forward (ms)", **common),
+            line_plot(
+                square,
+                y="bwd_ms",
+                path=path.with_name(f"{path.stem}_bwd{path.suffix or '.png'}"),
+                ylabel="backward (ms)",
+                **common,
+            ),
+        ]
+    return written + ratio_heatmaps(
+        run.rows, path, impls=("fa2-triton", "fa2-pytorch"), ratio="fwd_vs_sdpa",
+        title=f"{run.plot_title}: forward, SDPA's time / fa2's",
+    )  # fmt: skip
 
 
 def _run(config: AttnConfig | None, cli: Invocation) -> Run:

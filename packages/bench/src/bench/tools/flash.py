@@ -18,7 +18,7 @@ from bench.commands.flash import DTYPES, PRESETS, FlashCase, FlashOptions
 from bench.core.attention_impls import attention_impl
 from bench.core.memory import free_memory
 from bench.core.oom import OK, guarded
-from bench.core.plots import bar_plot, line_plot
+from bench.core.plots import bar_plot, line_plot, ratio_heatmaps
 from bench.core.results import Keys, Run
 from bench.core.timing import do_bench, summarize
 from bench.core.tool import Invocation, Tool, as_device, cpu_default_notice, progress
@@ -59,12 +59,24 @@ def default_cases(device: torch.device | str) -> list[FlashCase]:
     return list(PRESETS.values()) if torch.device(device).type == "cuda" else [cpu_case()]
 
 
-def attention_flops(*, batch: int, seq: int, d: int, causal: bool) -> dict[str, float]:
+def attention_flops(
+    *, batch: int, seq: int, d: int, causal: bool, seq_k: int | None = None
+) -> dict[str, float]:
     """FLOPs of one attention call over `batch` heads: `fwd`, `bwd` (2.5× fwd) and `fwd_bwd`.
 
-    The forward is two matmuls of `2·seq²·d` each, half of them skipped when causal.
+    The forward is two matmuls of `2·d` FLOPs per visible (query, key) pair: all `seq·seq_k`
+    (`seq_k` is `seq` when None), or when causal (top-left: query i sees keys 0..i) the area
+    under the diagonal, `seq²/2` while the queries are no more than the keys and
+    `seq_k²/2 + (seq − seq_k)·seq_k` beyond (half the scores of a square shape).
     """
-    fwd = batch * 4 * seq * seq * d * (0.5 if causal else 1.0)
+    n_k = seq if seq_k is None else seq_k
+    if not causal:
+        pairs = seq * n_k
+    elif seq <= n_k:
+        pairs = seq * seq / 2
+    else:
+        pairs = n_k * n_k / 2 + (seq - n_k) * n_k
+    fwd = batch * 4 * pairs * d
     return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}
 
 
@@ -76,6 +88,7 @@ def _measure(
     impl: str,
     dtype: str,
     seq: int,
+    seq_k: int,
     d: int,
     *,
     device: torch.device,
@@ -83,9 +96,11 @@ def _measure(
 ) -> dict[str, float]:
     """Median forward, backward and forward+backward times (ms) and TFLOP/s of one cell."""
     attend = attention_impl(impl, device=device)
-    shape = (case.batch, seq, d)  # (batch, seq, d): one head per batch entry, as in the handout
+    # (batch, seq, d) queries, (batch, seq_k, d) keys and values: one head per batch entry, as
+    # in the handout
     q, k, v = (
-        torch.randn(shape, device=device, dtype=DTYPES[dtype], requires_grad=True) for _ in range(3)
+        torch.randn((case.batch, n, d), device=device, dtype=DTYPES[dtype], requires_grad=True)
+        for n in (seq, seq_k, seq_k)
     )
     if case.grad == "sum":
 
@@ -108,7 +123,7 @@ def _measure(
     # microsecond-sized calls on a busy CPU).
     bwd = fwd_bwd - fwd if fwd_bwd > fwd else None
     ms = {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd_bwd}
-    flops = attention_flops(batch=case.batch, seq=seq, d=d, causal=case.causal)
+    flops = attention_flops(batch=case.batch, seq=seq, seq_k=seq_k, d=d, causal=case.causal)
     row: dict[str, float | None] = {f"{p}_ms": ms[p] for p in _PASSES}
     row.update({f"{p}_tflops": flops[p] / (t * 1e-3) / 1e12 if t else None for p, t in ms.items()})
     return row
@@ -118,7 +133,7 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
     """`<pass>_speedup`: the baseline's time over this row's (above 1: faster than baseline)."""
 
     def key(r: dict[str, Any]) -> tuple:
-        return r["case"], r["dtype"], r["batch"], r["seq"], r["d"], r["causal"]
+        return r["case"], r["dtype"], r["batch"], r["seq"], r["seq_k"], r["d"], r["causal"]
 
     base = {key(r): r for r in rows if r["impl"] == r["baseline"] and r["status"] == OK}
     for row in rows:
@@ -135,6 +150,7 @@ COLUMNS = [
     "dtype",
     "batch",
     "seq",
+    "seq_k",
     "d",
     "fwd_ms",
     "bwd_ms",
@@ -179,7 +195,8 @@ def run_flash(
         show_progress: draw a progress bar on stderr.
 
     Returns:
-        A `Run` (tool `"flash"`), rows per (case, impl, dtype, seq, d) with times (ms), TFLOP/s,
+        A `Run` (tool `"flash"`), rows per (case, impl, dtype, seq, seq_k, d) with times (ms),
+        TFLOP/s,
         speed-ups against the case's baseline and `status`; one table per case.
     """
     device = as_device(device)
@@ -199,18 +216,21 @@ def run_flash(
         + "."
     )
     cells = [
-        (case, impl, dtype, seq, d)
+        (case, impl, dtype, seq, seq_k, d)
         for case in cases
         for dtype in case.dtypes
         for d in case.d_values
         for seq in case.seqs
+        for seq_k in case.key_lengths(seq)
         for impl in case.impls
     ]
     rows = []
-    for case, impl, dtype, seq, d in progress(cells, desc="bench-flash", enabled=show_progress):
+    for case, impl, dtype, seq, seq_k, d in progress(
+        cells, desc="bench-flash", enabled=show_progress
+    ):
         outcome = guarded(
-            lambda case=case, impl=impl, dtype=dtype, seq=seq, d=d: _measure(
-                case, impl, dtype, seq, d, device=device, budget_ms=budget_ms
+            lambda case=case, impl=impl, dtype=dtype, seq=seq, seq_k=seq_k, d=d: _measure(
+                case, impl, dtype, seq, seq_k, d, device=device, budget_ms=budget_ms
             ),
             device=device,
         )
@@ -221,6 +241,7 @@ def run_flash(
                 "dtype": dtype,
                 "batch": case.batch,
                 "seq": seq,
+                "seq_k": seq_k,
                 "d": d,
                 "causal": case.causal,
                 "grad": case.grad,
@@ -245,12 +266,15 @@ def run_flash(
 
 
 def plot_flash(run: Run, path: Path) -> list[Path]:
-    """Forward+backward TFLOP/s against seq (grids) at `path`; presets' times beside it."""
+    """Forward+backward TFLOP/s against seq (grids' square shapes) at `path`; presets' times
+    beside it; for each grid case and dtype where fa2's Triton kernels ran beside the baseline,
+    heatmaps of their speed-up over (Nq, Nk) and over (seq, d) (`plots.ratio_heatmaps`,
+    `<stem>_<case>_<dtype>_ratio_*.png`)."""
     written = []
     seqs_per_case: dict[str, set[int]] = {}
     for r in run.rows:
         seqs_per_case.setdefault(r["case"], set()).add(r["seq"])
-    grids = [r for r in run.rows if len(seqs_per_case[r["case"]]) > 1]
+    grids = [r for r in run.rows if len(seqs_per_case[r["case"]]) > 1 and r["seq_k"] == r["seq"]]
     if grids:
         labelled = [dict(r, series=f"{r['impl']} {r['dtype']}") for r in grids]
         written.append(
@@ -266,6 +290,15 @@ def plot_flash(run: Run, path: Path) -> list[Path]:
                 title=run.plot_title,
             )
         )
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in run.rows:
+        groups.setdefault((r["case"], r["dtype"]), []).append(r)
+    for (case, dtype), rows in groups.items():
+        written += ratio_heatmaps(
+            rows, path.with_name(f"{path.stem}_{case}_{dtype}{path.suffix or '.png'}"),
+            impls=("fa2-triton", "fa2-triton-compiled", "fa2-pytorch"), ratio="fwd_bwd_speedup",
+            title=f"{run.plot_title}: {case}, {dtype}, forward+backward, baseline time / fa2's",
+        )  # fmt: skip
     fixed = [r for r in run.rows if len(seqs_per_case[r["case"]]) == 1]
     if fixed:
         written.append(

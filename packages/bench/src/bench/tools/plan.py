@@ -18,11 +18,13 @@ from typing import Any
 import lmcore
 from bench.commands.plan import PlanConfig
 from bench.core.cli import usage_errors
-from bench.core.layouts import LAYOUTS
+from bench.core.hardware import gpu_named
+from bench.core.layouts import LAYOUTS, PRECISIONS, planned_precision
 from bench.core.memory import GIB
 from bench.core.model_options import LOSSES
 from bench.core.plots import Bars, hbar_plot, scatter_plot, stacked_bar_plot
 from bench.core.results import Keys, Run
+from bench.core.shapes import size_label
 from bench.core.tool import Invocation, Tool
 from bench.plan import ffn
 from bench.plan.check import CHECK_COLUMNS, check_results
@@ -49,12 +51,14 @@ from bench.plan.memory import (
 from bench.plan.traffic import StepTraffic, default_tflops, estimate_traffic
 
 __all__ = [
+    "GPU_FIT_COLUMNS",
     "KEYS",
     "PLAN_COLUMNS",
     "TOOL",
     "PlanConfig",
     "plot_plan",
     "run_check",
+    "run_gpu_fit",
     "run_leaderboard",
     "run_plan",
     "run_section8",
@@ -124,9 +128,30 @@ LEADERBOARD_COLUMNS = [
     "comm_ms",
     "compute_ms",
 ]
+# Seed 003's Kaggle speedrun: "what trains on 2 x T4 (16 GB) in fp16, at which batch and
+# context". Its model sizes (the 2025 handout's, whose xl was 1600 wide), its batch of 4 per GPU,
+# contexts 256 to 1024; SDPA's attention (Triton 3.6 compiles fa2's matmuls for a T4 on the CUDA
+# cores, not its tensor cores: packages/fa2/README.md) and the trainer's CUDA defaults otherwise.
+GPU_FIT_SIZES = ("small", "medium", "large", "xl-2025", "2.7B")
+GPU_FIT_LAYOUTS = ("ddp", "zero1", "fsdp")
+GPU_FIT_CONTEXTS = (256, 512, 1024)
+GPU_FIT_CHECKPOINTING = ("none", "blocks")
+GPU_FIT_BATCH = 4
+# A T4 talks to its neighbour over PCIe Gen3 x16 (no NVLink): the data sheet's 32 GB/s counts
+# both directions, so each GPU sends at 16 GB/s.
+T4_LINK_GBPS = 16.0
+GPU_FIT_COLUMNS = [
+    "size", "params_m", "layout", "precision", "checkpointing",
+    *(f"max_batch_ctx{c}" for c in GPU_FIT_CONTEXTS), f"max_ctx_b{GPU_FIT_BATCH}",
+    "peak_gib", "fits", "comm_ms", "compute_ms",
+]  # fmt: skip
+
+
 SECTION8_COLUMNS = ["strategy", "quantity", "formula", "value", "why"]
 # Every key of a row, for readers (bench-report).
-KEYS = Keys(*PLAN_COLUMNS, *CHECK_COLUMNS, *LEADERBOARD_COLUMNS, *SECTION8_COLUMNS)
+KEYS = Keys(
+    *PLAN_COLUMNS, *CHECK_COLUMNS, *LEADERBOARD_COLUMNS, *SECTION8_COLUMNS, *GPU_FIT_COLUMNS
+)
 
 
 # --- predictions ------------------------------------------------------------------------------
@@ -250,11 +275,16 @@ def run_plan(sweep: PlanConfig, *, command: str | None = None, formulas: bool = 
     sources: set[str] = set()
     default_bandwidth = sweep.bandwidth_gbps == DEFAULT_BANDWIDTH_GBPS
     bandwidth_source = BANDWIDTH_SOURCE if default_bandwidth else "given"
+    memory = sweep.memory
     for label, plan in sweep.plans():
         estimate = estimate_memory(plan)
-        traffic = estimate_traffic(plan, bandwidth_gbps=sweep.bandwidth_gbps, tflops=sweep.tflops)
-        sources.add(f"{traffic.tflops:g} TFLOP/s ({traffic.tflops_source})")
-        rows.append(_plan_row(label, plan, estimate, traffic, sweep.memory_bytes))
+        rate = sweep.rate(plan.precision)
+        traffic = estimate_traffic(plan, bandwidth_gbps=sweep.bandwidth_gbps, tflops=rate)
+        source = traffic.tflops_source
+        if sweep.tflops is None and sweep.gpu is not None:
+            source = f"the {sweep.gpu}'s data-sheet {plan.precision_spec.compute} peak"
+        sources.add(f"{traffic.tflops:g} TFLOP/s ({source})")
+        rows.append(_plan_row(label, plan, estimate, traffic, memory))
         if formulas:
             terms += _term_rows(label, estimate, traffic)
     notes = [
@@ -267,9 +297,10 @@ def run_plan(sweep: PlanConfig, *, command: str | None = None, formulas: bool = 
         f"GB/s ({bandwidth_source}); compute: lmcore's matmul FLOPs at "
         f"{'; '.join(sorted(sources))}.",
     ]
-    if sweep.memory_bytes is not None:
+    if memory is not None:
+        whose = f" (the {sweep.gpu}'s)" if sweep.memory_bytes is None else ""
         notes.append(
-            f"fits: against {sweep.memory_bytes / 1e9:g} GB ({sweep.memory_bytes / GIB:,.1f} GiB) "
+            f"fits: against {memory / 1e9:g} GB{whose} ({memory / GIB:,.1f} GiB) "
             "per device; max_batch and max_ctx: the largest batch (a multiple of dp) and context "
             "that fit with everything else unchanged."
         )
@@ -432,6 +463,117 @@ def _leaderboard_summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+# --- what fits a GPU: seed 003's two T4s ------------------------------------------------------
+
+
+def run_gpu_fit(
+    gpu_name: str,
+    *,
+    devices: int = 2,
+    precision: str = "fp16",
+    bandwidth_gbps: float = T4_LINK_GBPS,
+    command: str | None = None,
+) -> Run:
+    """What trains on `devices` GPUs of `gpu_name` in `precision`: per model size, layout and
+    activation checkpointing, the largest batch per GPU at each context of `GPU_FIT_CONTEXTS`,
+    the longest context at `GPU_FIT_BATCH` sequences per GPU, and the peak, fit, communication
+    and compute of that batch at the middle context.
+
+    Under FSDP an autocast precision runs as FSDP's mixed precision and is predicted with
+    `bf16-master`'s bytes (`bench.core.layouts.planned_precision`); the `precision` column says
+    which was predicted.
+
+    Returns:
+        A `Run` (tool `"plan_gpu_fit"`), a row per (size, layout, checkpointing).
+    """
+    gpu = gpu_named(gpu_name)
+    memory = gpu.memory_bytes
+    rate = gpu.tflops(PRECISIONS[precision].compute)
+    middle = GPU_FIT_CONTEXTS[len(GPU_FIT_CONTEXTS) // 2]
+    rows = []
+    for size, layout, ckpt in itertools.product(
+        GPU_FIT_SIZES, GPU_FIT_LAYOUTS, GPU_FIT_CHECKPOINTING
+    ):
+        predicted = planned_precision(precision, layout)
+        config = lmcore.MODEL_SIZES[size].config(context_length=middle, attention="sdpa")
+        plan = TrainingPlan(
+            config, batch=GPU_FIT_BATCH * devices, precision=predicted, layout=layout,
+            dp=devices, activation_checkpointing=ckpt, optimizer="torch-fused",
+        )  # fmt: skip
+        estimate = estimate_memory(plan)
+        traffic = estimate_traffic(plan, bandwidth_gbps=bandwidth_gbps, tflops=rate)
+        row: dict[str, Any] = {
+            "size": size_label(
+                size, (config.d_model, config.d_ff, config.num_layers, config.num_heads)
+            ),
+            "params_m": lmcore.count_parameters(config) / 1e6,
+            "layout": layout,
+            "precision": predicted,
+            "checkpointing": ckpt,
+        }
+        for ctx in GPU_FIT_CONTEXTS:
+            at_ctx = replace(plan, model=replace(config, context_length=ctx))
+            most = largest_batch(at_ctx, memory)
+            row[f"max_batch_ctx{ctx}"] = None if most is None else most // devices
+        row[f"max_ctx_b{GPU_FIT_BATCH}"] = largest_seq_len(plan, memory)
+        row["peak_gib"] = estimate.peak.total / GIB
+        row["fits"] = _fits_text(estimate, memory)
+        row["comm_ms"] = traffic.communication_s * 1e3
+        row["compute_ms"] = traffic.compute_s * 1e3
+        rows.append(row)
+    notes = [
+        f"{devices} x {gpu.name}: {gpu.memory_gb:g} GB each ({memory / GIB:,.1f} GiB), "
+        f"{precision} (loss-scaled; float32 weights, gradients and AdamW moments), SDPA attention, "
+        "materialized loss, fused torch AdamW. max_batch_ctxN: the most sequences per GPU whose "
+        f"step fits at context N (none: not even one); max_ctx_b{GPU_FIT_BATCH}: the longest "
+        f"context at {GPU_FIT_BATCH} sequences per GPU; peak, fits, comm and compute: "
+        f"{GPU_FIT_BATCH} sequences per GPU at context {middle}.",
+        "Memory is what torch.cuda.max_memory_allocated would report: the CUDA context and the "
+        "allocator's cache come on top (`bench-plan --check` measures that remainder).",
+        f"Communication at W = {bandwidth_gbps:g} GB/s per GPU (PCIe Gen3 x16 each way); "
+        f"compute at the {gpu.name}'s data-sheet {PRECISIONS[precision].compute} peak of "
+        f"{rate:g} TFLOP/s ({gpu.source}), a floor on the step's time.",
+        *_gpu_fit_summary(rows),
+    ]
+    return Run.create(
+        "plan_gpu_fit",
+        rows,
+        device="cpu",
+        config={"gpu": gpu.name, "devices": devices, "precision": precision,
+                "memory_bytes": memory, "bandwidth_gbps": bandwidth_gbps, "tflops": rate,
+                "sizes": GPU_FIT_SIZES, "contexts": GPU_FIT_CONTEXTS, "batch": GPU_FIT_BATCH},
+        command=command,
+        title=f"bench-plan: what trains on {devices} x {gpu.name} ({gpu.memory_gb:g} GB) in "
+        f"{precision}",
+        columns=GPU_FIT_COLUMNS,
+        notes=notes,
+    )  # fmt: skip
+
+
+def _gpu_fit_summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Per size, in one sentence: the layouts whose seed batch fits at the middle context
+    without checkpointing, or with it, or that none does."""
+    out = []
+    for size in dict.fromkeys(r["size"] for r in rows):
+        mine = [r for r in rows if r["size"] == size]
+        fits = {
+            ckpt: [
+                r["layout"]
+                for r in mine
+                if r["checkpointing"] == ckpt and r["fits"].startswith("yes")
+            ]
+            for ckpt in GPU_FIT_CHECKPOINTING
+        }
+        if fits["none"]:
+            out.append(f"{size}: fits under {', '.join(fits['none'])} without checkpointing.")
+        elif any(fits.values()):
+            ckpt, layouts = next((k, v) for k, v in fits.items() if v)
+            out.append(f"{size}: fits only with checkpointing {ckpt}, under {', '.join(layouts)}.")
+        else:
+            out.append(f"{size}: does not fit under any layout or checkpointing here.")
+    return out
+
+
 # --- the handout's §8 -------------------------------------------------------------------------
 
 
@@ -541,6 +683,13 @@ def plot_plan(run: Run, path: Path) -> Path:
         values = (("min_peak_gib", "smallest peak"), ("peak_80gb", "80 GB choice"))
         return hbar_plot(rows, label="label", values=values, path=path, title=run.title,
                          xlabel="GiB per GPU (80 GB = 74.5 GiB)")  # fmt: skip
+    if run.tool == "plan_gpu_fit":
+        rows = [dict(r, label=f"{r['size'].split(' ')[0]} {r['layout']} {r['checkpointing']}")
+                for r in run.rows]  # fmt: skip
+        values = tuple((c, c.replace("max_batch_ctx", "context ")) for c in GPU_FIT_COLUMNS
+                       if c.startswith("max_batch"))  # fmt: skip
+        return hbar_plot(rows, label="label", values=values, path=path, title=run.title,
+                         xlabel="largest batch per GPU (sequences)")  # fmt: skip
     if run.tool != "plan":
         raise ValueError("the §8 answers are a table; nothing to plot")
     rows = [r for r in run.rows if r.get("peak_gib") is not None]
@@ -594,6 +743,8 @@ def _run(config: PlanConfig | None, cli: Invocation) -> Run:
     if args.preset == "leaderboard-2026":
         return run_leaderboard(command=cli.command, bandwidth_gbps=config.bandwidth_gbps,
                                tflops=config.tflops)  # fmt: skip
+    if args.preset == "t4x2":
+        return run_gpu_fit("T4", devices=2, precision="fp16", command=cli.command)
     with usage_errors(cli.parser):
         if args.section8:
             _, model = config.model_configs()[0]
@@ -603,7 +754,8 @@ def _run(config: PlanConfig | None, cli: Invocation) -> Run:
                 d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=config.bandwidth_gbps * 1e9,
             )  # fmt: skip
             return run_section8(setting, num_dp=config.dp, num_tp=config.tp, command=cli.command)
-        config.plans()  # validate every combination before predicting any
+        for _, plan in config.plans():  # validate every combination before predicting any
+            config.rate(plan.precision)
     return run_plan(config, command=cli.command)
 
 

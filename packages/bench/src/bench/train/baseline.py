@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from bench.core.loss_scale import LossScaler
 
 __all__ = ["torch_native_step"]
 
@@ -27,6 +31,7 @@ def torch_native_step(
     *,
     autocast_dtype: torch.dtype | None = None,
     max_grad_norm: float | None = None,
+    scaler: LossScaler | torch.amp.GradScaler | None = None,
 ) -> torch.Tensor:
     """One optimizer step over `micro_batches` (token tensors `(batch, seq + 1)`); the mean loss.
 
@@ -38,6 +43,8 @@ def torch_native_step(
         micro_batches: inputs `[:, :-1]`, next-token targets `[:, 1:]`.
         autocast_dtype: autocast dtype of forward and loss; None for none.
         max_grad_norm: clip the gradients' total norm to this; None: no clipping.
+        scaler: scale the loss as torch's AMP recipe does (fp16): scale, backward, `unscale_`,
+            clip, `step`, `update`. None: no scaling.
 
     Returns:
         The mean loss over the micro-batches, detached, on the device.
@@ -51,10 +58,16 @@ def torch_native_step(
                 tokens.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
             ):
                 loss = model(tokens[:, :-1], tokens[:, 1:]) / len(micro_batches)
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
         total += loss.detach()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     if max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=True)
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total

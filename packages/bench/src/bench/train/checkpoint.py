@@ -5,10 +5,11 @@ A checkpoint is lmcore's (`lmcore.save_checkpoint`: `model`, `optimizer`, `itera
 `extra`, the trainer's record: the run's configuration (`config`), the model's (`model_config`,
 so the weights can be rebuilt without the run: `bench-generate`), the data generator's state
 (`data_rng`), torch's random number generator states (`rng`), the tokenizer's fingerprint
-(`tokenizer`), the recorder's totals (`record`, `bench.train.record`) and the checkpoint's files
-(`files`, rank → file name). Rank 0 writes `checkpoint.pt`; in the modes whose ranks keep files
-of their own (`Parallel.shards_checkpoint`) rank r > 0 writes `checkpoint-rank<r>-step<N>.pt`
-(`rank_file`). What goes in each file, and which ranks write, is `bench.train.parallel`'s call.
+(`tokenizer`), the recorder's totals (`record`, `bench.train.record`), fp16's loss scaler
+(`loss_scaler`: its scale, growth tracker and skipped steps; `bench.core.loss_scale`) and the
+checkpoint's files (`files`, rank → file name). Rank 0 writes `checkpoint.pt`; in the modes
+whose ranks keep files of their own (`Parallel.shards_checkpoint`) rank r > 0 writes
+`checkpoint-rank<r>-step<N>.pt` (`rank_file`); what goes in each, `bench.train.parallel`'s call.
 
 One commit point, whatever the number of files: every rank takes its state (collectives where
 the mode needs them) and writes its file (rank r > 0 under its step's name, so it replaces
@@ -37,6 +38,7 @@ import torch.distributed as dist
 
 import lmcore
 from bench.core.layouts import NAMES_VERSION, recorded_config
+from bench.core.loss_scale import LossScaler
 from bench.core.memory import MIB
 from bench.core.options import may_change
 from bench.train.config import TrainConfig
@@ -282,8 +284,10 @@ class Checkpointer:
         raw: nn.Module,
         optimizer: torch.optim.Optimizer,
         data_rng: np.random.Generator,
+        loss_scaler: LossScaler | None = None,
     ) -> tuple[int, dict[str, Any] | None]:
-        """Restore the checkpoint `--resume` continues (checked by `resume_point` on rank 0).
+        """Restore the checkpoint `--resume` continues (checked by `resume_point` on rank 0),
+        and the loss scaler's state into `loss_scaler` (fp16).
 
         Returns:
             The step it is at (0 without one) and the recorder's totals it saved (or None).
@@ -305,6 +309,13 @@ class Checkpointer:
         start = self.parallel.load_state(checkpoint, model, raw, optimizer)
         self.saved_step = start
         extra = checkpoint["extra"]
+        if loss_scaler is not None:
+            if "loss_scaler" not in extra:
+                raise ValueError(
+                    f"--resume: {self.out / CHECKPOINT} holds no loss scale (an fp16 run writes "
+                    f"it); {_START_AGAIN}"
+                )
+            loss_scaler.load_state_dict(extra["loss_scaler"])
         data_rng.bit_generator.state = extra["data_rng"]
         torch.set_rng_state(extra["rng"]["torch"])
         if self.device.type == "cuda" and "cuda" in extra["rng"]:
@@ -320,9 +331,11 @@ class Checkpointer:
         data_rng: np.random.Generator,
         *,
         record: Mapping[str, Any],
+        loss_scaler: LossScaler | None = None,
     ) -> None:
         """Write and commit the checkpoint of `step` (see the module docstring); every rank
-        calls it. `record`: the recorder's totals, restored on resume."""
+        calls it. `record`: the recorder's totals, restored on resume; `loss_scaler`: fp16's,
+        whose state is restored too."""
         state = self.parallel.checkpoint_state(model, raw, optimizer)
         ranks = range(self.world_size) if self.parallel.shards_checkpoint else [0]
         files = {rank: rank_file(rank, step) for rank in ranks}
@@ -331,6 +344,8 @@ class Checkpointer:
         if state is not None:  # this rank writes a file
             weights, optimizer_state = map(_Taken, state)
             extra = self._record(data_rng, record=record, files=files)
+            if loss_scaler is not None:
+                extra["loss_scaler"] = loss_scaler.state_dict()
             try:
                 lmcore.save_checkpoint(weights, optimizer_state, step, tmp, extra=extra)
             except (OSError, RuntimeError) as error:  # torch's writer raises RuntimeError

@@ -12,9 +12,9 @@ from bench.core.layouts import layout_names
 
 __all__ = ["BASELINES", "PARALLEL_MODES", "PRECISIONS", "SAMPLING"]
 
-# `--precision`: float32; float32 weights computed in bf16 under autocast; the model stored in
-# bf16 (`bench.core.layouts.PRECISIONS` says what each keeps).
-PRECISIONS = ("fp32", "bf16-autocast", "bf16")
+# `--precision`: float32; float32 weights computed in bf16 or (with loss scaling) fp16 under
+# autocast; the model stored in bf16 (`bench.core.layouts.PRECISIONS` says what each keeps).
+PRECISIONS = ("fp32", "bf16-autocast", "fp16", "bf16")
 # `--parallel`: every layout that runs but bench-zero's comparisons of optimizers and
 # prefetching (see `bench.core.layouts`; `bench.train.parallel` applies them).
 PARALLEL_MODES = layout_names(

@@ -2,12 +2,11 @@
 its group, and whether a resumed run may change it (its group's rule, or its own).
 
 Everything else is generated from those fields (`bench.core.options`, `bench.train.config_files`):
-the command line, the
-config file a run writes and `--config` reads, the check a resume makes against its checkpoint.
-Defaults that depend on the device are a pair (CUDA, CPU) in the field's option; defaults that
-follow another option are rules on the class (`warmup`, `final_lr`, `log_interval`,
-`eval_interval`, `last_step`) or in `create` (the number of ranks, the parallel mode,
-`--baseline`'s settings).
+the command line, the config file a run writes and `--config` reads, the check a resume makes
+against its checkpoint. Defaults that depend on the device are a pair (CUDA, CPU) in the field's
+option; defaults that follow another option are rules on the class (`warmup`, `final_lr`,
+`log_interval`, `eval_interval`, `last_step`) or in `create` (the number of ranks, the parallel
+mode, `--baseline`'s settings).
 """
 
 from __future__ import annotations
@@ -17,13 +16,14 @@ import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ddp
 import lmcore
 from bench.core import model_options
 from bench.core.cli import bucket_size_mb, resolve_device
-from bench.core.layouts import parse_name
+from bench.core.layouts import loss_scaled, parse_name
+from bench.core.loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE
 from bench.core.options import (
     Group,
     check_values,
@@ -37,9 +37,6 @@ from bench.core.ranks import DEFAULT_TIMEOUT_S, torchrun_world_size
 from bench.core.shapes import CPU_SIZE
 from bench.train.choices import BASELINES, PARALLEL_MODES, PRECISIONS
 from bench.train.tokenizer import TOKENIZERS
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["CONFIG_FILE", "TrainConfig"]
 
@@ -142,30 +139,26 @@ class TrainConfig:
     grad_clip: float = option(1.0, "max gradient norm; 0: off", group=TRAINING)
     seed: int = option(0, "model initialisation, data order and sample", group=TRAINING)
     optimizer: str = option(
-        "torch-fused",
-        model_options.HELP["optimizer"],
-        group=TRAINING,
-        may_change=True,
-        choices=model_options.OPTIMIZERS,
-        cpu="lmcore",
-    )
+        "torch-fused", model_options.HELP["optimizer"], group=TRAINING, may_change=True,
+        choices=model_options.OPTIMIZERS, cpu="lmcore",
+    )  # fmt: skip
     loss: str = option(
-        model_options.DEFAULT_LOSS,
-        model_options.HELP["loss"],
-        group=TRAINING,
-        may_change=True,
+        model_options.DEFAULT_LOSS, model_options.HELP["loss"], group=TRAINING, may_change=True,
         choices=model_options.LOSSES,
-    )
+    )  # fmt: skip
     device: str = option("auto", "auto (CUDA when present), cpu, cuda", group=RUN, metavar="DEVICE")
     precision: str = option(
-        "bf16-autocast",
-        "fp32; bf16-autocast: float32 weights, matmuls in bf16 under autocast; bf16: the model "
-        "stored in bf16",
-        group=TRAINING,
-        choices=PRECISIONS,
+        "bf16-autocast", "fp32; bf16-autocast: float32 weights, matmuls in bf16 under autocast; "
+        "fp16: the same in fp16 with the loss scaled (torch.amp.GradScaler; steps whose "
+        "gradients overflow are skipped and counted); bf16: the model stored in bf16",
+        group=TRAINING, choices=PRECISIONS, cpu="fp32",
         parse=parse_name(command="bench-train", offered=PRECISIONS),
-        cpu="fp32",
-    )
+    )  # fmt: skip
+    loss_scale: float = option(
+        DEFAULT_INIT_SCALE, "fp16's first loss scale; halved at every overflow, doubled after "
+        f"{DEFAULT_GROWTH_INTERVAL} clean steps", group=TRAINING, metavar="SCALE",
+        default_text="2^16, torch.amp.GradScaler's",
+    )  # fmt: skip
     compile: bool = option(
         True,
         "torch.compile each block (each unit's forward under --parallel fsdp) and the loss; "
@@ -178,12 +171,9 @@ class TrainConfig:
         choices=model_options.COMPILE_BACKENDS,
     )  # fmt: skip
     baseline: str | None = option(
-        None,
-        "run torch's own step instead (SDPA, fused torch AdamW, compiled), to compare speed",
-        group=TRAINING,
-        choices=list(BASELINES),
-        default_text="off",
-    )
+        None, "run torch's own step instead (SDPA, fused torch AdamW, compiled), to compare speed",
+        group=TRAINING, choices=list(BASELINES), default_text="off",
+    )  # fmt: skip
     parallel: str | None = option(
         None,
         "data parallelism: ddp (DDPBucketed), the other ddp wrappers, torch DDP, ZeRO-1, "
@@ -333,6 +323,11 @@ class TrainConfig:
             raise ValueError("--time-budget must be a positive duration, e.g. 20m")
         if self.timeout is not None and not self.timeout > 0:
             raise ValueError("--timeout must be a positive number of seconds")
+        if not self.loss_scale > 0 or (
+            self.loss_scale != DEFAULT_INIT_SCALE and not loss_scaled(self.precision)
+        ):
+            raise ValueError("--loss-scale takes a positive scale and scales fp16's loss only: "
+                             "drop it, or add --precision fp16")  # fmt: skip
         if self.generate and not self.prompt:
             raise ValueError("--generate needs a non-empty --prompt to continue")
         if not (self.temperature >= 0 and 0 < self.top_p <= 1):

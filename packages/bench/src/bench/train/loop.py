@@ -11,7 +11,9 @@ checkpoint and a sample.
 
 Every step is the project's one training step (`bench.core.step.train_step`: autocast,
 gradient accumulation with the wrapper's `no_sync`, the wrapper's synchronisation, clipping, the
-optimizer step), or torch's own under `--baseline torch` (`bench.train.baseline`).
+optimizer step; under `--precision fp16` the loss scaled by a `bench.core.loss_scale.LossScaler`,
+whose state every checkpoint keeps and whose skipped steps the metrics count), or torch's own
+under `--baseline torch` (`bench.train.baseline`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 import lmcore
-from bench.core.layouts import autocast_dtype
+from bench.core.layouts import autocast_dtype, loss_scaled
+from bench.core.loss_scale import LossScaler
 from bench.core.memory import MIB, peak_memory
 from bench.core.model_runtime import loss_function
 from bench.core.step import train_step
@@ -143,6 +146,11 @@ class Trainer:
         )
         groups = lm.param_groups(self.raw, decayed, config.weight_decay)
         self.optimizer = self.parallel.build_optimizer(groups, optimizer_cls, options)
+        self.loss_scaler = (
+            LossScaler(device, init_scale=config.loss_scale)
+            if loss_scaled(config.precision)
+            else None
+        )
 
         tokenizer = self.corpus.tokenizer
         self.checkpointer = Checkpointer(
@@ -155,7 +163,7 @@ class Trainer:
             device=device,
         )
         self.start, saved = self.checkpointer.load(
-            self.model, self.raw, self.optimizer, self.batches.generator
+            self.model, self.raw, self.optimizer, self.batches.generator, self.loss_scaler
         )
         if self.primary:  # once a --resume's checkpoint has loaded: a refused one changes nothing
             write_run_config(config)
@@ -164,7 +172,7 @@ class Trainer:
             config, start=self.start, primary=self.primary, mfu=mfu, saved=saved
         )
         if config.baseline == "torch":
-            self.step_fn = torch_native_step
+            self.step_fn = functools.partial(torch_native_step, scaler=self.loss_scaler)
         else:
             sharded = self.parallel.sharded_params(self.raw, decayed)
             self.step_fn = functools.partial(
@@ -172,6 +180,7 @@ class Trainer:
                 sharded_params=sharded,
                 loss_fn=self.loss_fn,
                 fused_loss=config.loss == "fused",
+                loss_scaler=self.loss_scaler,
             )
 
     def _batches(self, tokens: Any, *, seed: int) -> Batches:
@@ -227,6 +236,7 @@ class Trainer:
             self.optimizer,
             self.batches.generator,
             record=self.recorder.state(),
+            loss_scaler=self.loss_scaler,
         )
 
     def _out_of_time(self, started: float, *, logging: bool) -> bool:
@@ -275,7 +285,7 @@ class Trainer:
                     loss = _mean_over_ranks(step_loss)  # waits for the step to end
                     seconds = recorder.elapsed()  # before evaluating (a compiled model recompiles)
                     val_loss = self.evaluate() if evaluating or last else None
-                    recorder.log(step, loss, lr, val_loss, seconds)
+                    recorder.log(step, loss, lr, val_loss, seconds, scaling=self._scaling())
                 if c.save_every and step % c.save_every == 0 and not last:
                     self.save(step)
                 if logging or last or (c.save_every and step % c.save_every == 0):
@@ -306,7 +316,15 @@ class Trainer:
             "records": recorder.records,
             "world_size": self.world_size,
             "peak_memory_mib": _busiest_peak_mib(self.device),
+            **(self._scaling() or {}),
         }
+
+    def _scaling(self) -> dict[str, float] | None:
+        """fp16's loss scale now and the optimizer steps skipped so far (None: no scaling)."""
+        scaler = self.loss_scaler
+        if scaler is None:
+            return None
+        return {"loss_scale": scaler.get_scale(), "skipped_steps": scaler.skipped_steps}
 
     def sample(self) -> str | None:
         """`--generate` tokens after `--prompt` on rank 0 (None elsewhere, or without a tokenizer).

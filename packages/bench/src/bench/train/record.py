@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -197,15 +197,24 @@ class Recorder:
         return time.perf_counter() - self.started
 
     def log(
-        self, step: int, loss: float, lr: float, val_loss: float | None, seconds: float
+        self,
+        step: int,
+        loss: float,
+        lr: float,
+        val_loss: float | None,
+        seconds: float,
+        *,
+        scaling: Mapping[str, float] | None = None,
     ) -> None:
-        """Record `step`; `seconds` is the interval's training time (see `elapsed`)."""
+        """Record `step`; `seconds` is the interval's training time (see `elapsed`); `scaling`:
+        fp16's `loss_scale` and `skipped_steps` so far, recorded with it."""
         steps = step - self.last_step
         tokens_per_s = steps * self.config.batch_size * self.config.context_length / seconds
         record = {"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}
         record["mfu"] = None if self.mfu is None else self.mfu(steps, seconds)
         if val_loss is not None:
             record["val_loss"] = val_loss
+        record.update(scaling or {})
         if not self.excluded:
             bucket = self.first if self.intervals == 0 else self.steady
             bucket[0] += steps
@@ -225,6 +234,8 @@ class Recorder:
                 if key != "step" and value is not None:
                     self.writer.add_scalar(key, value, step)
         shown = f"loss {loss:.4f}" + ("" if val_loss is None else f" val {val_loss:.4f}")
+        if scaling is not None:
+            shown += f", scale {scaling['loss_scale']:g} ({scaling['skipped_steps']} skipped)"
         if self.config.progress:
             self.bar.set_postfix_str(f"{shown} {tokens_per_s:,.0f} tok/s")
         else:

@@ -38,7 +38,7 @@ import torch
 
 from bench.core.cli import usage_errors
 from bench.core.hardware import peak_tflops
-from bench.core.results import code_line, result_stem, save_json
+from bench.core.results import code_line, result_stem, save_csv, save_json
 from bench.train.record import PROFILE, read_metrics
 from bench.train.run import LOSS_PLOT, SAMPLE
 from bench.train.summary import plot_speed, read_summary, run_env, speed_comparison
@@ -180,6 +180,7 @@ def speed_result(
     stem = Path(out) / result_stem("train_speed", run.env)
     run.plots.append(plot_speed(run, stem.with_suffix(".png")).name)
     save_json(run, stem.with_suffix(".json"))
+    save_csv(run, stem.with_suffix(".csv"))
     text = run.to_markdown()
     for label, folder in runs:
         profile = Path(folder) / PROFILE
@@ -214,4 +215,8 @@ def run_parsed(
             from bench.train.scaling import scaling_result  # imported on use: the table's own
 
             print(scaling_result(args.scaling, args.out, notes=args.note))
+        if args.precision:
+            from bench.train.precisions import precision_result  # imported on use: the table's own
+
+            print(precision_result(args.precision, args.out, notes=args.note))
     return 0

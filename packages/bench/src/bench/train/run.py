@@ -10,7 +10,8 @@ into the same folder is refused). The folder holds
 - `config.toml`: the resolved options (`bench-train --config` reads it back), written once the
   checkpoint a `--resume` continues is loaded (a refused resume leaves the run's own);
 - `metrics.jsonl`: per logged step `step`, `loss` (the mean over the global batch), `lr`,
-  `tokens_per_s` and `mfu` since the last log, and `val_loss` on evaluation steps;
+  `tokens_per_s` and `mfu` since the last log, `val_loss` on evaluation steps, and with fp16
+  `loss_scale` and `skipped_steps` (optimizer steps skipped for overflowing gradients so far);
 - `checkpoint.pt` (and with `fsdp` one file per rank; `bench.train.checkpoint`), every
   `--save-every` steps and at the end (none with `--no-checkpoint`): `--resume` continues from
   it exactly;
@@ -19,8 +20,8 @@ into the same folder is refused). The folder holds
 - `summary.json`, written last (a run that has one is finished): final losses, tokens/s and MFU
   (over the logged intervals after each invocation's first, which holds compilation and
   warm-up, and without the profiled one), the first step's time, the peak memory of the
-  busiest rank (CUDA), why the run stopped early (if it did), the configuration, and the
-  machine, software and command (`env`);
+  busiest rank (CUDA), fp16's final loss scale and skipped steps, why the run stopped early (if
+  it did), the configuration, and the machine, software and command (`env`);
 - `run.lock` while a run holds the folder.
 
 A new run (no `--resume`) is refused an `--out` that holds another run's results or
@@ -206,6 +207,7 @@ def _write_outputs(config: TrainConfig, result: dict[str, Any], command: str) ->
         "validation": result["val_source"],
         "world_size": result["world_size"],
         "peak_memory_mib": result["peak_memory_mib"],
+        **{key: result[key] for key in ("loss_scale", "skipped_steps") if key in result},
         "names": NAMES_VERSION,
         "config": dataclasses.asdict(config),
         "env": collect_env(config.device, command=command),

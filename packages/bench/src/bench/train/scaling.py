@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.core.results import Run, result_stem, save_json
+from bench.core.results import Run, result_stem, save_csv, save_json
 from bench.train.record import read_metrics
 from bench.train.summary import plot_speed, read_summaries, run_env
 
@@ -205,5 +205,6 @@ def scaling_result(
     stem = Path(out) / result_stem("train_scaling", run.env, num_devices=ranks)
     run.plots.append(plot_speed(run, stem.with_suffix(".png")).name)  # tokens/s per run
     save_json(run, stem.with_suffix(".json"))
+    save_csv(run, stem.with_suffix(".csv"))
     stem.with_suffix(".md").write_text(run.to_markdown() + "\n")
     return stem.with_suffix(".md")

@@ -650,6 +650,7 @@ class BackwardPlan:
             key=lambda: (fwd.call.band, seq_bucket(n_q, n_k)),
             # dK/dV's loop over grouped heads around a specialised one fails to compile
             specialisable=self.ws_loads and group == 1,
+            device=q.device,
         )
         # In launch order: the first pass writes D, which the second reads.
         passes = (("fused", DKDV_ATOMIC),) if self.single_pass else (("dq", DQ), ("dkdv", DKDV))

@@ -2,7 +2,9 @@
 
 Each kernel has a short list of tiles (block sizes, warps, pipeline stages) per head-dim block
 and dtype width. The first entry of each list is the default: the fastest in a sweep on an H100
-at the CS336 leaderboard shapes (see docs/design/fa2.md); it is what runs unless FA2_AUTOTUNE=1,
+at the CS336 leaderboard shapes (see docs/design/fa2.md); GPUs before Hopper read tables of
+their own by compute capability (`fa2.triton.pre_hopper`, compiled for those GPUs but not
+timed). The default is what runs unless FA2_AUTOTUNE=1,
 which times the whole list once per shape class and keeps the fastest. The default path is
 deterministic, costs no tuning time on the first call and adds nothing to the launch. Under
 Triton's CPU interpreter a small tile is used, smaller than the test shapes, so that the
@@ -26,6 +28,7 @@ may compare candidates by changing them between calls):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -55,6 +58,7 @@ __all__ = [
     "cdiv",
     "choose_tile",
     "delta_rows",
+    "device_capability",
     "dot_precision",
     "forced_tile",
     "head_counts",
@@ -513,6 +517,12 @@ def _families(head_dim_block: int, element_size: int, precision: str) -> list[st
     return [f"{width}_d256"]
 
 
+@functools.cache
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of a CUDA `device` (None for any other), which picks its tiles."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
 def known_true(condition: Any) -> bool:
     """Whether `condition` holds: a plain bool, or, while torch.compile traces with dynamic
     shapes, a symbolic one that holds for every size the graph may run with. Adds no guard,
@@ -535,6 +545,7 @@ def choose_tile(
     key: Callable[[], tuple],
     run: Callable[[Tile], object] | None,
     specialisable: bool = True,
+    device: torch.device | None = None,
 ) -> Tile:
     """The tile to launch with: the table's default, the one FA2_TILES names, or with
     FA2_AUTOTUNE=1 the fastest of the list for `key()`, found once by timing `run(tile)` for
@@ -547,12 +558,19 @@ def choose_tile(
     either list of the family. "+WS" tiles are never the default nor timed by FA2_AUTOTUNE;
     a named one warns (`WS_WARNING`), or where the call cannot run a warp-specialised kernel
     (`specialisable` False: its rows cannot be read through TMA descriptors, or dK/dV has
-    grouped heads) gives way to the list's default, whose block sizes suit the plain kernel."""
+    grouped heads) gives way to the list's default, whose block sizes suit the plain kernel.
+    On a `device` before Hopper the table of its architecture stands in for `table`
+    (`fa2.triton.pre_hopper`)."""
     short = known_true(seq_len <= SHORT_SEQ)
     families = _families(head_dim_block, dtype.itemsize, precision)
     keys = [k for f in families for k in ((f"{f}_short", f) if short else (f,))]
-    candidates = next(table[k] for k in keys if k in table)
     kernel = next((name for name, known in KERNELS.items() if known is table), None)
+    if device is not None and not INTERPRET:
+        from fa2.triton.pre_hopper import TABLES, architecture  # it imports Tile from here
+
+        arch = architecture(device_capability(device))
+        table = TABLES[arch][kernel] if arch and kernel else table
+    candidates = next(table[k] for k in keys if k in table)
     forced = kernel and forced_tile(kernel)
     if forced:
         listed = {t for f in families for k in (f"{f}_short", f) for t in table.get(k, ())}

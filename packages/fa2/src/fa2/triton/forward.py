@@ -324,6 +324,7 @@ class ForwardPlan:
             key=lambda: (call.band, seq_bucket(n_q, n_k)),
             run=None if traced or self.varlen else run,
             specialisable=self.ws_loads,
+            device=q.device,
         )
         self.tile = tile
         self.launch = self._launch(tile)

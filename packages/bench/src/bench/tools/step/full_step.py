@@ -49,7 +49,10 @@ from bench.core.layouts import (
     autocast_dtype,
     check_combination,
     compute_dtype,
+    loss_scaled,
+    planned_precision,
 )
+from bench.core.loss_scale import LossScaler
 from bench.core.memory import free_memory
 from bench.core.model_options import COMPILE_BACKENDS, DEFAULT_COMPILE_BACKEND, LOSSES, OPTIMIZERS
 from bench.core.model_runtime import loss_function, next_token_loss, optimizer_class
@@ -169,9 +172,7 @@ class StepSpec:
     @property
     def plan_precision(self) -> str:
         """bench-plan's name of the precision (FSDP under autocast: `bf16-master`)."""
-        if self.precision == "bf16-autocast" and LAYOUTS[self.layout].shards_weights:
-            return "bf16-master"
-        return self.precision
+        return planned_precision(self.precision, self.layout)
 
 
 @dataclass
@@ -185,6 +186,7 @@ class _Step:
     before: Callable[[], None] = lambda: None
     after_backward: Callable[[], None] = lambda: None
     mark: Callable[[str], None] = lambda phase: None
+    loss_scaler: LossScaler | None = None  # fp16: the loss scaled, the optimizer step checked
 
     def __call__(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -192,10 +194,16 @@ class _Step:
         with self.autocast():
             loss = self.forward()
         self.mark("forward")
-        loss.backward()
+        scaler = self.loss_scaler
+        (loss if scaler is None else scaler.scale(loss)).backward()
         self.after_backward()
         self.mark("backward")
-        self.optimizer.step()
+        if scaler is None:
+            self.optimizer.step()
+        else:
+            scaler.unscale_(self.optimizer)
+            scaler.step(self.optimizer)
+            scaler.update()
         self.mark("optimizer")
 
 
@@ -210,6 +218,7 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
     x = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
     y = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
     autocast_to = autocast_dtype(spec.precision)
+    scaler = LossScaler(device) if loss_scaled(spec.precision) else None
     compiled = {"compile": spec.compile, "compile_backend": spec.compile_backend}
 
     def autocast() -> contextlib.AbstractContextManager:
@@ -226,12 +235,15 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
             model = model.to(torch.bfloat16)
         if spec.world_size > 1:
             native = TorchNativeLM(model, **compiled)
-            fully_shard_blocks(native, model.layers, param_dtype=autocast_to, **compiled)
+            fully_shard_blocks(
+                native, model.layers, param_dtype=autocast_to, **compiled,
+                reduce_dtype=torch.float32 if scaler is not None else None,  # as `Parallel`'s
+            )  # fmt: skip
         else:
             native = torch_native_model(model, **compiled)
         cls, path = optimizer_class(NATIVE_OPTIMIZER)
         optimizer = cls(native.parameters(), **ADAMW_OPTIONS, **path)
-        return _Step(native, optimizer, lambda: native(x, y), autocast)
+        return _Step(native, optimizer, lambda: native(x, y), autocast, loss_scaler=scaler)
     fused = spec.loss == "fused"
     loss_fn = loss_function(compile=spec.compile and not fused, backend=spec.compile_backend)
     parallel = Parallel(spec.parallel, device=device, precision=spec.precision, **compiled)
@@ -245,6 +257,7 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
         autocast,
         before=getattr(wrapped, "on_train_batch_start", lambda: None),
         after_backward=getattr(wrapped, "finish_gradient_synchronization", lambda: None),
+        loss_scaler=scaler,
     )
 
 

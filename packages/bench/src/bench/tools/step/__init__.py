@@ -29,7 +29,15 @@ from bench.commands.step import (
 from bench.core.cli import usage_errors
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.env import device_name
-from bench.core.full_step import (
+from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
+from bench.core.layouts import DTYPES, LAYOUTS, PRECISIONS, autocast_dtype, compute_dtype
+from bench.core.memory import GIB, MIB, free_memory
+from bench.core.oom import OK, guarded
+from bench.core.plots import Bars, stacked_bar_plot
+from bench.core.results import Keys, Run
+from bench.core.timing import summarize
+from bench.core.tool import Invocation, Tool, as_device, config_or_default
+from bench.tools.step.full_step import (
     NATIVE_ATTENTION,
     NATIVE_LOSS,
     NATIVE_OPTIMIZER,
@@ -37,14 +45,6 @@ from bench.core.full_step import (
     measure_step,
     step_flops,
 )
-from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
-from bench.core.layouts import LAYOUTS, compute_dtype
-from bench.core.memory import GIB, MIB, free_memory
-from bench.core.oom import OK, guarded
-from bench.core.plots import Bars, stacked_bar_plot
-from bench.core.results import Keys, Run
-from bench.core.timing import summarize
-from bench.core.tool import Invocation, Tool, as_device, config_or_default
 
 __all__ = [
     "COLUMNS",
@@ -168,13 +168,12 @@ def _block_bytes(config: StepConfig, device: torch.device) -> tuple[int, int]:
             model_config.head_dim, model_config.context_length, theta=model_config.rope_theta
         )
         block = lmcore.TransformerBlock(model_config, rope=rope)
-    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    dtype = DTYPES[PRECISIONS[config.precision].weights]
     block = block.to(dtype)
     shape = (config.batch, model_config.context_length, model_config.d_model)
     x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)  # residual stream
-    with torch.autocast(
-        device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16-autocast"
-    ):
+    autocast_to = autocast_dtype(config.precision)
+    with torch.autocast(device.type, dtype=autocast_to, enabled=autocast_to is not None):
         saved = lmcore.saved_activation_bytes(block, x)
     inputs = x.numel() * x.element_size()
     del block, x
@@ -515,7 +514,7 @@ def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.dev
     if ceilings:
         from bench.core.hardware import matmul_ceiling, matmul_format
 
-        dtype = torch.float32 if config.precision == "fp32" else torch.bfloat16
+        dtype = compute_dtype(config.precision)
         _, source = matmul_ceiling(device_name(device), matmul_format(dtype)) or (0, "")
         notes.append(
             f"MFU against {', '.join(f'{c:g}' for c in sorted(ceilings))} TFLOP/s ({source}); "
