@@ -59,7 +59,6 @@ import platform
 import shlex
 import socket
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -77,6 +76,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ddp
 import lmcore
+from bench.core.env import code_version
 
 ROOT = Path(__file__).resolve().parents[3]
 WORLD_SIZE = 2
@@ -1039,25 +1039,8 @@ def print_table(payload: dict[str, Any]) -> None:
 # The parent ------------------------------------------------------------------------------------
 
 
-def _git_revision() -> tuple[str | None, bool | None]:
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-        )
-        status = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-        )
-    except OSError:
-        return None, None
-    if head.returncode != 0:
-        return None, None
-    return head.stdout.strip(), bool(status.stdout.strip())
-
-
 def _meta(args: argparse.Namespace) -> dict[str, Any]:
-    revision, dirty = _git_revision()
+    code = code_version()  # honours BENCH_GIT_REVISION, as every bench tool does
     cuda = not args.tiny
     shape = GPU_SHAPE if cuda else CPU_SHAPE
     names = [torch.cuda.get_device_name(i) for i in range(WORLD_SIZE)] if cuda else ["cpu"]
@@ -1071,8 +1054,8 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "python": platform.python_version(),
         "host": socket.gethostname(),
-        "git_revision": revision,
-        "git_dirty": dirty,
+        "git_revision": code["git_revision"],
+        "git_dirty": code["git_dirty"],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
         "env": {

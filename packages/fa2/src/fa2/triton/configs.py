@@ -420,12 +420,12 @@ DKDV_ATOMIC = {
 
 # What forcing a "+WS" tile says (FA2_TILES), once per kernel and tile in a process.
 WS_WARNING = (
-    "FA2_TILES forces the warp-specialised {kernel} tile {tile}. On an H200 with Triton 3.6 these "
-    "kernels gave NaN and run-to-run differences (docs/results/fa2_hopper_screen_h200_2026-11-28"
-    ".md): Triton's Hopper warp specialisation offset the second consumer warpgroup's rows "
-    "twice (docs/design/fa2.md, 'Warp specialisation on Hopper'). fa2 now works around that "
-    "defect, but no GPU has confirmed the results since: use these tiles to measure, not to "
-    "train, until packages/fa2/scripts/ws_diagnose.py passes on your GPU."
+    "FA2_TILES forces the warp-specialised {kernel} tile {tile}. Triton 3.6's Hopper warp "
+    "specialisation offsets the second consumer warpgroup's rows twice (docs/design/fa2.md, "
+    "'Warp specialisation on Hopper'); fa2 works around it, and an H200 confirmed the 2-stage "
+    "forward and dK/dV tiles right (docs/results/fa2_ws_diagnose_h200_2026-11-28.md), but a "
+    "3-stage stand-in still lost rows there, and every such tile measured slower than the "
+    "defaults: run packages/fa2/scripts/ws_diagnose.py on your GPU before training with one."
 )
 _warned: set[tuple[str, Tile]] = set()
 
