@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,25 @@ def test_a_sweep_predicts_each_configuration_with_its_formulas(tmp_path):
     save_json(run, tmp_path / "plan.json")
     assert load_json(tmp_path / "plan.json").rows == run.rows
     assert plot_plan(run, tmp_path / "plan.png").is_file()
+
+
+def test_the_default_attention_is_the_fastest_the_model_can_use():
+    wide_heads = replace(TINY, d_model=1024, num_heads=2)  # head dim 512: past fa2's kernels
+    sweep = PlanConfig(models=(("tiny", TINY), ("wide", wide_heads)))
+    assert [plan.model.attention for _, plan in sweep.plans()] == ["fa2-triton", "sdpa"]
+    given = replace(sweep, attentions=("naive",))
+    assert {plan.model.attention for _, plan in given.plans()} == {"naive"}
+
+
+def test_the_printed_predictions_fit_120_characters_and_the_formulas_wait_for_wide(capsys):
+    argv = ["--size", "small", "xl", "--layout", "ddp", "fsdp", "--memory", "80GB"]
+    assert main([*argv, "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in out if not line.startswith("Command:")) <= 120
+    assert not any(line.startswith("**Formulas") for line in out)
+    assert any("--wide prints them" in line for line in out)
+    assert main([*argv, "--no-progress", "--wide"]) == 0
+    assert any(line.startswith("**Formulas") for line in capsys.readouterr().out.splitlines())
 
 
 def test_command_line_writes_its_files(tmp_path, capsys):
