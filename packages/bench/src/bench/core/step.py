@@ -47,6 +47,7 @@ def forward_backward(
     autocast_dtype: torch.dtype | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
     fused_loss: bool = False,
+    eot_id: int | None = None,
 ) -> torch.Tensor:
     """Forward and backward of next-token cross-entropy over `micro_batches`; the mean loss.
 
@@ -65,6 +66,8 @@ def forward_backward(
         loss_fn: `(logits, targets) -> mean loss`; `lmcore.cross_entropy` (or a compiled one).
         fused_loss: the model's own fused LM head + loss instead, `model(inputs,
             targets=targets)`, which never holds the logits (`loss_fn` is then not used).
+        eot_id: each row holds documents that start at this end-of-text id, attended apart
+            (`next_token_loss`); None: plain rows.
 
     Returns:
         The mean loss over the micro-batches, detached: a 0-d tensor in at least fp32, left on the
@@ -87,8 +90,9 @@ def forward_backward(
                 device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None
             ):
                 loss = next_token_loss(
-                    model, tokens[:, :-1], tokens[:, 1:], fused=fused_loss, loss_fn=loss_fn
-                )
+                    model, tokens[:, :-1], tokens[:, 1:], fused=fused_loss, loss_fn=loss_fn,
+                    eot_id=eot_id,
+                )  # fmt: skip
                 loss = loss / len(micro_batches)
             loss.backward()
         losses.append(loss.detach())
@@ -145,6 +149,7 @@ def train_step(
     set_to_none: bool = True,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
     fused_loss: bool = False,
+    eot_id: int | None = None,
 ) -> torch.Tensor:
     """One training step: `forward_backward`, optional clipping, the optimizer step, zero_grad.
 
@@ -162,14 +167,15 @@ def train_step(
             (`zero.FSDP`'s weights of two or more dimensions), for the clipping norm.
         set_to_none: `optimizer.zero_grad(set_to_none=...)` after the step; False keeps the
             gradient tensors allocated from step to step.
-        loss_fn: the loss of logits and targets (see `forward_backward`).
+        loss_fn, eot_id: the loss of logits and targets, packed documents (`forward_backward`).
 
     Returns:
         The step's mean loss, detached (see `forward_backward`).
     """
     loss = forward_backward(
-        model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn, fused_loss=fused_loss
-    )
+        model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn,
+        fused_loss=fused_loss, eot_id=eot_id,
+    )  # fmt: skip
     if max_grad_norm is not None:
         clip_grad_norm(list(model.parameters()), max_grad_norm, sharded=sharded_params)
     optimizer.step()

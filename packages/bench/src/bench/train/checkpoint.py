@@ -16,6 +16,11 @@ nothing a committed checkpoint names); after a barrier, rank 0 writes `checkpoin
 names the other files, to a temporary name and renames it into place. A run killed at any
 moment keeps the previous checkpoint whole; rank 0 then removes the files no checkpoint names.
 A resume reads only the files `checkpoint.pt` names, and checks that they hold its step.
+
+`--keep-last N` keeps the newest N checkpoints: once `checkpoint.pt` is committed, rank 0 links
+it as `checkpoint-step<S>.pt` (`step_file`) and only then removes the step files past the
+newest N, with their rank files. Each kept one is whole: to go back to it, copy it over
+`checkpoint.pt` (its rank files are kept under their own names).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
+import shutil
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -35,7 +42,7 @@ import torch.distributed as dist
 import lmcore
 from bench.core.layouts import NAMES_VERSION, recorded_config
 from bench.core.options import may_change
-from bench.train.config import TrainConfig
+from bench.train.config import RESUME_AUTO, TrainConfig
 from bench.train.faults import kill_point
 from bench.train.parallel import TrainerParallel, checkpoint_layout
 from bench.train.tokenizer import load_tokenizer
@@ -43,7 +50,15 @@ from bench.train.tokenizer import load_tokenizer
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["CHECKPOINT", "Checkpointer", "rank_file", "read_checkpoint", "resume_point"]
+__all__ = [
+    "CHECKPOINT",
+    "Checkpointer",
+    "rank_file",
+    "read_checkpoint",
+    "resolve_resume",
+    "resume_point",
+    "step_file",
+]
 
 CHECKPOINT = "checkpoint.pt"
 # What every consumer of a checkpoint reads from its `extra`: without these it is not the
@@ -52,9 +67,19 @@ _RECORD = ("config", "model_config", "data_rng", "rng")
 _START_AGAIN = "start the run again in a new --out (or restore the file from a copy)"
 
 
+# The files of a checkpoint of one step: a kept copy of rank 0's (`step_file`) or another
+# rank's (`rank_file`); group 1 is the step.
+_OF_A_STEP = re.compile(r"checkpoint-(?:rank\d+-)?step(\d+)\.pt")
+
+
 def rank_file(rank: int, step: int) -> str:
     """The name of rank `rank`'s file of the checkpoint of `step` in the run's folder."""
     return CHECKPOINT if rank == 0 else f"checkpoint-rank{rank}-step{step}.pt"
+
+
+def step_file(step: int) -> str:
+    """The name under which `--keep-last` keeps the checkpoint of `step` (rank 0's file)."""
+    return f"checkpoint-step{step}.pt"
 
 
 def read_checkpoint(path: str | Path, *, mmap: bool = False) -> dict[str, Any]:
@@ -134,6 +159,18 @@ def _check_tokenizer(checkpoint: Mapping[str, Any], config: TrainConfig) -> None
         )
 
 
+def resolve_resume(config: TrainConfig) -> TrainConfig:
+    """`config` with `--resume auto` decided: continue if `--out` holds a checkpoint, else start.
+
+    `checkpoint.pt` is renamed into place whole (the commit point), so one that exists is
+    complete. Every process decides alone, before training: under torchrun each rank of a
+    restart finds the files its predecessors left, which no rank changes before they all meet.
+    """
+    if config.resume != RESUME_AUTO:
+        return config
+    return dataclasses.replace(config, resume=(Path(config.out) / CHECKPOINT).is_file())
+
+
 def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     """The checkpoint to resume from (rank 0's, on the CPU), after checking it fits `config`.
 
@@ -146,6 +183,7 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
             checkpoint or one of another training configuration, layout or tokenizer, files
             of different steps, or a checkpoint past the last step.
     """
+    config = resolve_resume(config)
     if not config.checkpoint:
         needs = ("resume", "save_every", "stop_after")
         given = [f"--{name.replace('_', '-')}" for name in needs if getattr(config, name)]
@@ -164,6 +202,8 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     checkpoint = read_checkpoint(path)
     saved, mine = recorded_config(checkpoint["extra"]), dataclasses.asdict(config)
     resumable = may_change(TrainConfig)
+    # An option newer than the checkpoint has the value it had before there was a choice.
+    saved = {f.name: f.default for f in dataclasses.fields(TrainConfig)} | saved
     differ = sorted(k for k in mine if k not in resumable and saved.get(k) != mine[k])
     if differ:
         changes = ", ".join(
@@ -189,12 +229,31 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     return checkpoint
 
 
-def _remove_uncommitted(out: Path, keep: Iterable[str]) -> None:
-    """Remove the checkpoint files in `out` that the committed checkpoint does not name: older
-    checkpoints' rank files, and what a killed save left."""
-    keep = set(keep)
-    for path in [*out.glob("checkpoint-rank*.pt"), *out.glob("checkpoint*.tmp")]:
-        if path.name not in keep:
+def _kept_steps(out: Path, step: int, keep_last: int) -> set[int]:
+    """Keep the committed `checkpoint.pt` (of `step`) as `step_file(step)` too, when more than
+    one is kept; the steps of the newest `keep_last` checkpoints kept in `out`."""
+    if keep_last == 1:
+        return {step}
+    kept = out / step_file(step)
+    if not kept.exists():
+        try:
+            os.link(out / CHECKPOINT, kept)  # a second name: no copy, and whole at once
+        except OSError:  # a file system without hard links
+            shutil.copyfile(out / CHECKPOINT, kept.with_name(kept.name + ".tmp"))
+            os.replace(kept.with_name(kept.name + ".tmp"), kept)
+    steps = {
+        int(m[1]) for p in out.glob("checkpoint-step*.pt") if (m := _OF_A_STEP.fullmatch(p.name))
+    }
+    return set(sorted(steps)[-keep_last:]) | {step}
+
+
+def _prune(out: Path, steps: Iterable[int]) -> None:
+    """Remove the checkpoint files in `out` of steps other than `steps` (older checkpoints'
+    rank files, copies past `--keep-last`), and what a killed save left."""
+    steps = set(steps)
+    for path in [*out.glob("checkpoint-*.pt"), *out.glob("checkpoint*.tmp")]:
+        of_a_step = _OF_A_STEP.fullmatch(path.name)
+        if of_a_step is None or int(of_a_step[1]) not in steps:
             path.unlink(missing_ok=True)
 
 
@@ -299,7 +358,7 @@ class Checkpointer:
         if self.rank == 0:
             kill_point("checkpoint", step)
             os.replace(tmp, path)  # the commit point: checkpoint.pt names this step's files
-            _remove_uncommitted(self.out, files.values())
+            _prune(self.out, _kept_steps(self.out, step, self.config.keep_last))
 
     def _record(
         self, data_rng: np.random.Generator, *, record: Mapping[str, Any], files: dict[int, str]

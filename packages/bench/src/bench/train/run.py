@@ -43,10 +43,10 @@ from bench.core.launch import backend_for, is_primary, launch, under_torchrun
 from bench.core.layouts import NAMES_VERSION
 from bench.core.options import given_options
 from bench.core.plots import line_plot
-from bench.train.checkpoint import resume_point
+from bench.train.checkpoint import resolve_resume, resume_point
 from bench.train.config import CONFIG_FILE, TrainConfig
 from bench.train.config_files import read_config_file, write_config_file
-from bench.train.data import Corpus
+from bench.train.data import Corpus, check_sources
 from bench.train.lock import hold
 from bench.train.loop import corpus_of, train_on_rank
 
@@ -84,18 +84,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def prepare(config: TrainConfig) -> Corpus:
     """Everything checked before training: the output folder, the resume point and the data.
 
-    Writes the resolved configuration (`config.toml`), and tokenises the text (and trains a BPE
-    tokenizer) if the cache does not hold it yet, so the ranks started afterwards find it there.
-    Call it while holding the folder (`bench.train.lock.hold`), as `run_train` does.
+    Tokenises the text (and trains a BPE tokenizer) if the cache does not hold it yet, so the
+    ranks started afterwards find it there, then writes the resolved configuration
+    (`config.toml`): a run refused for its data writes none. Call it while holding the folder
+    (`bench.train.lock.hold`), as `run_train` does.
 
     Raises:
         ValueError: any bad input.
     """
     resume_point(config)
+    corpus = corpus_of(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     write_config_file(config, out / CONFIG_FILE, header=_CONFIG_HEADER)
-    return corpus_of(config)
+    return corpus
 
 
 @contextlib.contextmanager
@@ -104,6 +106,7 @@ def _owned(config: TrainConfig, command: str) -> Iterator[None]:
     if not is_primary():
         yield
         return
+    check_sources(config.data, config.val_data)  # a mistyped path: refused before --out exists
     with hold(config.out, command=command):
         prepare(config)
         yield
@@ -119,6 +122,7 @@ def run_train(config: TrainConfig, *, command: str | None = None) -> dict[str, A
         ValueError: bad input, or another run holds `--out`, before any training.
     """
     command = command if command is not None else command_line()
+    config = resolve_resume(config)
     with _owned(config, command):
         return _train_and_write(config, command=command)
 
@@ -200,7 +204,7 @@ def run_parsed(
     command = command_line(argv, prog=parser.prog)
     with contextlib.ExitStack() as stack:
         with usage_errors(parser):  # bad input ends here, as a usage error, before any training
-            config = config_from_args(args)
+            config = resolve_resume(config_from_args(args))
             stack.enter_context(_owned(config, command))
         summary = _train_and_write(config, command=command)
     if summary is not None:
