@@ -112,6 +112,7 @@ def test_packed_training_has_the_loss_of_the_documents_apart(train_argv, tmp_pat
         (["--keep-last", "3"], "--keep-last 3 keeps the checkpoints --save-every writes"),
         (["--keep-last", "0"], "--keep-last must be at least 1"),
         (["--resume", "later"], "--resume takes no value, or auto"),
+        (["--resume", "auto", "--no-checkpoint"], "continues from checkpoints: drop --no-check"),
     ],
 )
 def test_options_that_do_not_go_together_are_refused_before_any_file(

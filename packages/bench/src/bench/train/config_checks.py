@@ -18,6 +18,7 @@ import ddp
 import lmcore
 from bench.core.options import check_values, flag_of
 from bench.train import parallel
+from bench.train.config import RESUME_AUTO
 from bench.train.tokenizer import EOT_TEXT, TOKEN_SUFFIXES
 
 if TYPE_CHECKING:
@@ -110,8 +111,10 @@ def _check_triton_paths(config: TrainConfig, device: torch.device) -> None:
 
 
 def _check_outputs(config: TrainConfig) -> None:
-    """`--keep-last` goes with the checkpoints `--save-every` writes; `--export-hf` needs
-    safetensors and a folder."""
+    """`--resume auto` and `--keep-last` need checkpoints (`--keep-last` the ones `--save-every`
+    writes); `--export-hf` needs safetensors and a folder."""
+    if config.resume == RESUME_AUTO and not config.checkpoint:
+        raise ValueError(f"--resume {RESUME_AUTO} continues from checkpoints: drop --no-checkpoint")
     if config.keep_last > 1 and not (config.save_every and config.checkpoint):
         raise ValueError(
             f"--keep-last {config.keep_last} keeps the checkpoints --save-every writes: give "
