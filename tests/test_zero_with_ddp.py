@@ -79,11 +79,40 @@ def _sharded(name: str, rank: int, world_size: int, device: torch.device) -> lis
     return [p.detach().cpu() for p in model.parameters()]
 
 
+def _resumed_from_a_fused_state(rank: int, world_size: int, device: torch.device) -> dict:
+    """Training stopped after one step and resumed from a state dict whose groups say
+    `fused=True` (as a fused run saves them) into ShardedOptimizer(lmcore.AdamW) of the default
+    implementation: its parameters at the end, and the implementation each step ran with."""
+    model = _model(device)
+    wrapped = DistributedDataParallel(model)
+    optimizer = ShardedOptimizer(wrapped.parameters(), lmcore.AdamW, **OPTIONS)
+    batches = _batches(device)
+    mine = slice(rank, None, world_size)
+    implementations = []
+    for step, (tokens, targets) in enumerate(batches):
+        if step == 1:
+            saved = optimizer.state_dict()
+            for group in saved["param_groups"]:
+                group["fused"] = True
+            optimizer = ShardedOptimizer(wrapped.parameters(), lmcore.AdamW, **OPTIONS)
+            optimizer.load_state_dict(saved)
+        optimizer.zero_grad()
+        lmcore.cross_entropy(wrapped(tokens[mine]), targets[mine]).backward()
+        try:
+            optimizer.step()
+        except Exception as exc:  # the fault this guards against: the saved option took over
+            return {"error": repr(exc)}
+        groups = [*optimizer.param_groups, *optimizer.local_optimizer.param_groups]
+        implementations.append({group["fused"] for group in groups})
+    return {"params": [p.detach().cpu() for p in model.parameters()], "fused": implementations}
+
+
 def _worker(rank: int, world_size: int, device_type: str) -> dict[str, Any]:
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     return {
         "reference": _reference(device),
         **{name: _sharded(name, rank, world_size, device) for name in WRAPPERS},
+        "resumed": _resumed_from_a_fused_state(rank, world_size, device),
     }
 
 
@@ -101,6 +130,17 @@ def _assert_matches_reference(results: list[dict[str, Any]], name: str) -> None:
 @pytest.mark.parametrize("name", WRAPPERS)
 def test_sharded_lmcore_adamw_under_wrapper_equals_one_process(gloo_results, name: str):
     _assert_matches_reference(gloo_results, name)
+
+
+def test_a_resumed_sharded_optimizer_keeps_its_own_implementation(gloo_results):
+    # Before: the saved fused=True reached param_groups and was pushed into the inner AdamW at
+    # every step, which then ran its fused kernel on float64 CPU parameters.
+    for out in gloo_results:
+        resumed = out["resumed"]
+        assert "error" not in resumed, resumed.get("error")
+        assert resumed["fused"] == [{False}] * STEPS
+        for actual, expected in zip(resumed["params"], out["reference"], strict=True):
+            torch.testing.assert_close(actual, expected, **TOLERANCE)
 
 
 @pytest.mark.gpu

@@ -22,6 +22,9 @@ Run from the repository root on a CUDA machine (no install needed)::
    512, 64) beside the passes alone and cuDNN, and the host time of a tiny call. With
    `--results docs/results` these rows also become fa2_dropin_<device>_<date>.md/.json/.png
    (needs the bench package on the path, as below).
+5. `--sections entry_points` (not run by default, about 15 s): `FlashAttention2Triton.apply`
+   beside the front doors and cuDNN at (32, 16, 512, 64), and the host time of each path
+   (with `--results`, in the same result file).
 
 Writes `gpu_check.json` (rows with device, versions, date) under `--out` and prints a table.
 """
@@ -435,6 +438,42 @@ def overhead(rows: list[dict]) -> None:
     torch.cuda.empty_cache()
 
 
+def entry_points(rows: list[dict]) -> None:
+    """`FlashAttention2Triton.apply` beside the front doors at (32, 16, 512, 64) bf16 causal (the
+    Hopper issue found `.apply` slower than `flash_attn_func` there, in a run that committed no
+    result): `.apply` with a random output gradient and with the gradient of `o.sum()`, as the
+    2025 leaderboard harness takes it (an expanded tensor, which the backward copies),
+    `flash_attention`, `flash_attn_func` on the same data in (batch, seq, heads, d), cuDNN;
+    then the host time of a tiny forward+backward through `.apply` and the front door. About
+    15 s with compilation."""
+    from fa2 import flash_attention, flash_attn_func
+
+    q, k, v = (torch.randn(OVERHEAD_SHAPE, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    do = torch.randn_like(q)
+    case = f"{OVERHEAD_SHAPE} causal"
+    apply = lambda q, k, v: FlashAttention2Triton.apply(q, k, v, True)  # noqa: E731
+    _record(rows, "entry", case, "FlashAttention2Triton.apply", *_time_impl(apply, q, k, v, do))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    total = _bench(lambda: torch.autograd.grad(apply(*leaves).sum(), leaves))
+    _record(rows, "entry", case, ".apply, gradient of o.sum()", _bench(lambda: apply(*leaves)),
+            total)  # fmt: skip
+    front = lambda q, k, v: flash_attention(q, k, v, causal=True)  # noqa: E731
+    _record(rows, "entry", case, "flash_attention", *_time_impl(front, q, k, v, do))
+    bshd = [t.transpose(1, 2).contiguous() for t in (q, k, v, do)]
+    dropin = lambda q, k, v: flash_attn_func(q, k, v, causal=True)  # noqa: E731
+    _record(rows, "entry", case, "flash_attn_func (bshd)", *_time_impl(dropin, *bshd))
+    cudnn = lambda q, k, v: _sdpa(q, k, v, True, SDPBackend.CUDNN_ATTENTION)  # noqa: E731
+    _record(rows, "entry", case, "SDPA cuDNN", *_time_impl(cudnn, q, k, v, do))
+    tiny = [torch.randn(TINY_SHAPE, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(3)]  # fmt: skip
+    tiny_do = torch.randn_like(tiny[0])
+    for impl, fn in (("FlashAttention2Triton.apply", apply), ("flash_attention", front)):
+        us = _host_us(lambda fn=fn: torch.autograd.grad(fn(*tiny), tiny, tiny_do))
+        rows.append(dict(section="entry host", case=f"{TINY_SHAPE} causal", impl=impl,
+                         host_us=us))  # fmt: skip
+        print(f"host      fwd+bwd {TINY_SHAPE}  {impl:30s} {us:7.1f} µs", flush=True)
+
+
 def save_results(rows: list[dict], folder: Path, command: str) -> None:
     """The drop-in sections' rows as a result of the project's bench machinery: Markdown, JSON
     (with device, versions, date, command, git revision) and a PNG, named
@@ -442,11 +481,11 @@ def save_results(rows: list[dict], folder: Path, command: str) -> None:
     from bench.core.plots import hbar_plot
     from bench.core.results import Run, result_stem, save_json
 
-    sections = ("varlen", "window", "overhead", "host")
+    sections = ("varlen", "window", "overhead", "host", "entry", "entry host")
     dropin = [r for r in rows if r.get("section") in sections and "impl" in r]
     for r in dropin:  # each row's time over its section's first row's (the one to beat)
         first = next(b for b in dropin if b["section"] == r["section"])
-        key = "host_us" if r["section"] == "host" else "fwd_bwd_ms"
+        key = "host_us" if r["section"].endswith("host") else "fwd_bwd_ms"
         r["vs_first"] = r[key] / first[key]
     run = Run.create(
         "fa2-dropin", dropin, device=DEVICE, command=command, group_by="section",
@@ -462,7 +501,9 @@ def save_results(rows: list[dict], folder: Path, command: str) -> None:
             "padded to the longest (attention on padding), and as one causal sequence "
             "(attention across documents). window: visible_pairs is the share of the causal "
             "(query, key) pairs the mask keeps. host: wall time per forward+backward issued "
-            "back to back at a size where the GPU waits for the host.",
+            "back to back at a size where the GPU waits for the host. entry: the entry points "
+            "on the same data (flash_attn_func's in (batch, seq, heads, d)); the gradient of "
+            "o.sum() is an expanded tensor, as the 2025 leaderboard harness takes it.",
         ],
     )  # fmt: skip
     stem = folder / result_stem("fa2_dropin", run.env)
@@ -496,13 +537,14 @@ def main() -> int:
     parser.add_argument(
         "--sections",
         default="",
-        help="comma-separated subset to run: accuracy, sweep, timings, leaderboard, and the "
-        "drop-in round's varlen, window, overhead (not run by default)",
+        help="comma-separated subset to run: accuracy, sweep, timings, leaderboard, the "
+        "drop-in round's varlen, window, overhead, and entry_points (not run by default)",
     )
     parser.add_argument(
         "--results",
         type=Path,
-        help="also write the varlen/window/overhead rows as fa2_dropin_<device>_<date>.md, "
+        help="also write the varlen/window/overhead/entry_points rows as "
+        "fa2_dropin_<device>_<date>.md, "
         ".json and .png in this folder (through the bench package's results machinery)",
     )
     parser.add_argument(
@@ -532,8 +574,8 @@ def main() -> int:
     sections = [accuracy] + ([sweep] if args.sweep else [])
     sections += [] if args.skip_bench else [timings, leaderboard]
     if args.sections:
-        sections = [f for f in (accuracy, sweep, timings, leaderboard, varlen, window, overhead)
-                    if f.__name__ in args.sections.split(",")]  # fmt: skip
+        known = (accuracy, sweep, timings, leaderboard, varlen, window, overhead, entry_points)
+        sections = [f for f in known if f.__name__ in args.sections.split(",")]
     for section in sections:
         try:
             section(rows)

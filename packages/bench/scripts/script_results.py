@@ -5,9 +5,9 @@ machinery (`bench.core.results.Run`: rows, device, versions, date, command, git 
   `gpu_tests_<device>_<date>.{json,md}` in `--out` (a row per pytest run of the day: the file
   is read back and extended), with the failing tests' names and why tests were skipped;
 - `log`: a script's command log (`RUN_LOG` of `gpu_lib.sh`: part, limit, name, seconds, exit
-  status, command per line) as a result: which commands ran, how long each took, which failed,
-  with the Markdown of the results they wrote attached (`--attach DIR`), e.g. a CPU rehearsal
-  of a GPU script.
+  status, command per line; gpu_plan.py's `commands.tsv` adds the part's GPUs) as a result:
+  which commands ran, how long each took, which failed, with the Markdown of the results they
+  wrote attached (`--attach DIR`), e.g. a CPU rehearsal of a GPU script.
 
 Usage, from the repository root with `PYTHONPATH` set to every package's `src/`::
 
@@ -28,6 +28,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from bench.core.results import Run, load_json, result_stem, save_json
 
 TEST_COLUMNS = ["run", "command", "revision", "passed", "failed", "errors", "skipped", "seconds"]
 LOG_COLUMNS = ["part", "name", "limit_s", "seconds", "status", "command"]
+LOG_GPUS = "gpus"  # the column gpu_plan.py's logs add: the GPUs the part's commands saw
 _DESELECTED = re.compile(r"(\d+) deselected")
 _TIMEOUT_STATUS = (124, 137)  # timeout(1)'s: the limit passed (TERM), or KILL after it
 
@@ -129,10 +131,11 @@ def _tests(args: argparse.Namespace) -> int:
 
 
 def log_rows(path: Path) -> list[dict[str, Any]]:
-    """The lines of a `gpu_lib.sh` command log as rows (`LOG_COLUMNS`)."""
+    """The lines of a `gpu_lib.sh` command log as rows (`LOG_COLUMNS`, and `LOG_GPUS` where a
+    line has a seventh field)."""
     rows = []
     for line in path.read_text().splitlines():
-        part, limit, name, seconds, status, command = line.split("\t", 5)
+        part, limit, name, seconds, status, command, *gpus = line.split("\t")
         code = int(status)
         if code == 0:
             outcome = "ok"
@@ -148,14 +151,46 @@ def log_rows(path: Path) -> list[dict[str, Any]]:
                 "seconds": int(seconds),
                 "status": outcome,
                 "command": command,
+                **({LOG_GPUS: gpus[0]} if gpus else {}),
             }
         )
     return rows
 
 
+def _attached(folder: Path | None, within: list[str]) -> list[Path]:
+    """The Markdown results under `folder`, or only under its subfolders `within` if any."""
+    if folder is None:
+        return []
+    roots = [folder / name for name in within] if within else [folder]
+    return sorted(path for root in roots for path in root.rglob("*.md"))
+
+
+def _replacements(pairs: list[str]) -> Callable[[str], str]:
+    """A function that writes each `OLD=NEW` of `pairs` (in order) into a text: a machine's
+    paths as the words a record uses for them (`DIR`, `TEXT_FILE`)."""
+    table = [pair.partition("=")[::2] for pair in pairs]
+
+    def replace(text: str) -> str:
+        for old, new in table:
+            text = text.replace(old, new)
+        return text
+
+    return replace
+
+
+def _log_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """`LOG_COLUMNS`, with the GPUs after the name where the log records them."""
+    if not any(LOG_GPUS in row for row in rows):
+        return LOG_COLUMNS
+    return [*LOG_COLUMNS[:2], LOG_GPUS, *LOG_COLUMNS[2:]]
+
+
 def _log(args: argparse.Namespace) -> int:
     rows = log_rows(args.log)
-    attached = sorted(args.attach.rglob("*.md")) if args.attach else []
+    replace = _replacements(args.replace)
+    for row in rows:
+        row["command"] = replace(row["command"])
+    attached = _attached(args.attach, args.within)
     run = Run.create(
         args.topic,
         rows,
@@ -164,16 +199,16 @@ def _log(args: argparse.Namespace) -> int:
             "log": args.log.name,
             "attached": [p.relative_to(args.attach).as_posix() for p in attached],
         },
-        command=args.command,
+        command=replace(args.command) if args.command else None,
         title=args.title,
-        columns=LOG_COLUMNS,
+        columns=_log_columns(rows),
         notes=args.note,
     )
-    stem = Path(args.out) / result_stem(args.topic, run.env)
+    stem = Path(args.out) / result_stem(args.topic, run.env, num_devices=args.gpus)
     save_json(run, stem.with_suffix(".json"))
     parts = [run.to_markdown()]
     for path in attached:
-        body = path.read_text().strip()
+        body = replace(path.read_text().strip())
         parts.append(f"#### `{path.relative_to(args.attach).as_posix()}`\n\n{body}")
     stem.with_suffix(".md").write_text("\n\n".join(parts) + "\n")
     print(stem.with_suffix(".md"))
@@ -196,9 +231,24 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--title", required=True, help="one line saying what ran")
     log.add_argument("--out", type=Path, required=True, help="results folder")
     log.add_argument("--device", default="cpu", help="the device the commands ran on (cpu)")
+    log.add_argument("--gpus", type=int, default=1, help="GPUs the commands used, at most (1)")
     log.add_argument("--command", help="the command that ran the script (recorded as given)")
     log.add_argument("--attach", type=Path, help="a folder whose *.md results to append")
+    log.add_argument(
+        "--within",
+        action="append",
+        default=[],
+        metavar="SUBFOLDER",
+        help="only the results in this subfolder of --attach (repeatable)",
+    )
     log.add_argument("--note", action="append", default=[], help="a sentence (repeatable)")
+    log.add_argument(
+        "--replace",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="write OLD as NEW in the commands and the attached results (repeatable)",
+    )
     return parser
 
 

@@ -15,6 +15,7 @@ from generated_text import generated_text
 
 import bench.tools.attn
 from bench.commands.train import main as bench_train
+from bench.core.env import collect_env
 from bench.core.results import Run, save_json
 from bench.tools.attn import AttnConfig, run_attention
 from bench.tools.data_parallel import DDPBenchConfig, run_ddp
@@ -186,21 +187,26 @@ TINY_ZERO_CONFIG = ZeroBenchConfig(
     ),
     bucket_sizes_mb=(0.0, 25.0),
     fsdp_dtypes=("fp32", "bf16"),
+    fsdp_storage=("fp32", "bf16"),
     warmup=1,
     steps=2,
 )
 
 
 @pytest.fixture(scope="session")
-def ddp_run() -> Run:
-    """bench-ddp's every variant on 2 gloo ranks (`TINY_DDP_CONFIG`)."""
-    return run_ddp(TINY_DDP_CONFIG, device="cpu", command="bench-ddp --test")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """bench-ddp's every variant on 2 gloo ranks (`TINY_DDP_CONFIG`), each training row with a
+    traced step (in `config["trace_dir"]`)."""
+    traces = str(tmp_path_factory.mktemp("ddp_traces"))
+    config = replace(TINY_DDP_CONFIG, trace_dir=traces)
+    return run_ddp(config, device="cpu", command="bench-ddp --test")
 
 
 @pytest.fixture(scope="session")
 def zero_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """bench-zero's ddp:torch, zero1:torch-ddp (two caps), zero1:torch and the FSDP rows on 2
-    gloo ranks, each FSDP row with a traced step (in `config["trace_dir"]`)."""
+    """bench-zero's ddp:torch, zero1:torch-ddp (two caps), zero1:torch and the FSDP rows (fp32
+    and bf16 compute over fp32 shards, and bf16 shards) on 2 gloo ranks, each FSDP row with a
+    traced step (in `config["trace_dir"]`)."""
     traces = str(tmp_path_factory.mktemp("zero_traces"))
     config = replace(TINY_ZERO_CONFIG, trace_dir=traces)
     return run_zero(config, device="cpu", command="bench-zero --test")
@@ -311,3 +317,29 @@ def copy_of() -> Callable[[Path, Path], Path]:
         return to
 
     return copy
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(scope="module")
+def base_env() -> dict:
+    """This machine's environment, as a result records it."""
+    return collect_env("cpu", command="test")
+
+
+@pytest.fixture
+def save(tmp_path, base_env):
+    """`save(stem, tool, rows, date=..., **run_fields)`: a result as a GPU run of that day in
+    `tmp_path` (an H100's unless `device_name` is given)."""
+
+    def write(stem: str, tool: str, rows: list[dict], *, date: str, **fields) -> Path:
+        device = fields.pop("device_name", H100)
+        env = {**base_env, "device_type": "cuda", "device_name": device, "date": date}
+        env["git_revision"] = f"{abs(hash(stem)):040x}"[:40]
+        run = Run.create(tool, rows, device="cpu", config=fields.pop("config", {}), env=env)
+        for key, value in fields.items():
+            setattr(run, key, value)
+        return save_json(run, tmp_path / f"{stem}.json")
+
+    return write

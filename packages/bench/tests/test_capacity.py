@@ -14,8 +14,8 @@ import zero
 from bench.plan.activations import (
     block_residuals,
     combined_formula,
-    fused_loss_chunk_tokens,
     head_residuals,
+    loss_chunk_tokens,
     loss_memory,
     total_bytes,
 )
@@ -64,6 +64,12 @@ def test_single_device_fp32_step_by_hand():
     assert step.total == 20 * 1304 + 64
     fused = estimate_memory(TrainingPlan(HAND, batch=2, optimizer="lmcore-fused"))
     assert fused.phase("optimizer step").total == 16 * 1304 + 64
+    # bf16: moments in the parameters' dtype, as bench runs every AdamW; float32 ones named
+    for moments, state in ((None, 4), (4, 8)):
+        plan = TrainingPlan(HAND, batch=2, precision="bf16", optimizer="lmcore-fused",
+                            moment_bytes=moments)  # fmt: skip
+        step = estimate_memory(plan).phase("optimizer step")
+        assert step.bytes_of("optimizer state") == state * 1304
 
 
 def test_block_residuals_by_hand():
@@ -127,18 +133,53 @@ def test_materialized_loss_by_hand():
     tv = 8 * 11
     assert loss.saved_bytes == 12 * tv + 12 * 8
     assert loss.backward_peak == 16 * tv + 12 * 8
+
+
+def test_fused_loss_by_hand():
+    # T = 8, d = 8, V = 11, fp32, chunks of 3 tokens: the forward holds the head's input 4·T·d,
+    # a float32 loss per token 4·T, dh 4·T·d, dW's float32 accumulator 4·V·d and a chunk of
+    # logits 4·3·V beside the targets 8·T; dh and dW (no rounded copy in fp32) wait for backward.
     fused = loss_memory(HAND, batch=2, seq_len=4, regime="fp32", loss="fused", chunk_tokens=3)
-    assert fused.saved_bytes == 12 * 8  # targets and one logsumexp per token
-    assert fused.backward_peak == 12 * 8 + 8 * 3 * 11  # a chunk of fp32 logits and gradient
+    td, vd = 8 * 8, 11 * 8
+    assert fused.saved_bytes == 8 * 8  # the targets
+    assert fused.held == 4 * td + 4 * vd
+    assert fused.forward_peak == 8 * 8 + 4 * td + 4 * 8 + 4 * td + 4 * vd + 4 * 3 * 11
+    assert fused.backward_peak == 8 * 8 + 4 * td + 4 * vd
+    # bf16: dW's float32 accumulator and its bf16 rounding together at the end of the forward
+    bf16 = loss_memory(HAND, batch=2, seq_len=4, regime="bf16", loss="fused", chunk_tokens=1)
+    assert bf16.held == 2 * td + 2 * vd
+    assert bf16.forward_peak == 8 * 8 + 2 * td + 4 * 8 + 2 * td + 4 * vd + 2 * vd
 
 
-def test_fused_loss_chunk_follows_liger():
-    # T = 32,768, V / d = 151,936 / 4096 -> 38: ceil(32,768 / 38) = 863 -> 1024
-    assert fused_loss_chunk_tokens(32_768, 151_936, 4096) == 1024
-    # T = 8, V / d = 11 / 8 -> 2: 4 tokens; T = 9, V / d = 11 / 8 -> 2: ceil(4.5) = 5 -> 8
-    assert fused_loss_chunk_tokens(8, 11, 8) == 4
-    assert fused_loss_chunk_tokens(9, 11, 8) == 8
-    assert fused_loss_chunk_tokens(3, 1000, 8) == 1
+def test_chunked_loss_by_hand():
+    # the torch-native loss: a bf16 chunk of logits and its float32 copy in the forward; in
+    # backward the chunk again, its float32 gradient, dh, and dW's sum beside this chunk's
+    chunked = loss_memory(HAND, batch=2, seq_len=4, regime="bf16", loss="chunked", chunk_tokens=3)
+    assert (chunked.held, chunked.saved_bytes) == (0, 8 * 8)
+    assert chunked.forward_peak == 8 * 8 + (2 + 4) * 3 * 11
+    assert chunked.backward_peak == 8 * 8 + (2 + 4) * 3 * 11 + 2 * 8 * 8 + 2 * 2 * 11 * 8
+
+
+def test_loss_chunks_follow_lmcore():
+    # 1 GiB of bf16 logits: 3,456 of the leaderboard's 32,768 tokens (a multiple of 128)
+    assert loss_chunk_tokens(32_768, 151_936, 2) == 3456
+    assert loss_chunk_tokens(8, 11, 4) == lmcore.chunk_rows(8, 11, torch.float32) == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_loss_holds_what_lmcore_saves(dtype):
+    """What autograd keeps of lmcore's fused loss, dh and dW in their inputs' dtypes, is what
+    the model holds for its backward."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 4, 8, dtype=dtype, requires_grad=True)  # (batch, seq, d)
+    weight = torch.randn(11, 8, dtype=dtype, requires_grad=True)  # (V, d)
+    targets = torch.randint(11, (2, 4))
+    saved = lmcore.saved_activation_bytes(
+        lambda h, w: lmcore.fused_linear_cross_entropy(h, w, targets), hidden, weight
+    )
+    regime = "fp32" if dtype == torch.float32 else "bf16"
+    loss = loss_memory(HAND, batch=2, seq_len=4, regime=regime, loss="fused")
+    assert saved == loss.held
 
 
 def _graph_residual_bytes(root: torch.autograd.graph.Node, exclude: set[int]) -> int:
@@ -335,9 +376,11 @@ def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
     for row in zero_run.rows:
         if row["variant"] not in layouts:
             continue
+        precision = "bf16-master" if row["compute_dtype"] == "bf16" else "fp32"
+        if row["storage_dtype"] == "bf16":  # the model stored in bf16, moments too
+            precision = "bf16"
         plan = TrainingPlan(
-            model, batch=config["batch"] * 2, layout=row["variant"], dp=2,
-            precision="bf16-master" if row["compute_dtype"] == "bf16" else "fp32",
+            model, batch=config["batch"] * 2, layout=row["variant"], dp=2, precision=precision
         )  # fmt: skip
         step = estimate_memory(plan).phase("optimizer step")
         assert row["param_mib"] * 2**20 == step.bytes_of("parameters"), row
@@ -345,4 +388,78 @@ def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
             extra = row[f"{key}_mib"] * 2**20 - step.bytes_of(name)
             assert 0 <= extra <= slack, (row, key, extra)
         checked += 1
-    assert checked == 7  # ddp:torch, zero1:torch-ddp at two caps, both fsdp rows in two dtypes
+    # ddp:torch, zero1:torch-ddp at two caps, both fsdp rows in three dtypes (bf16 storage)
+    assert checked == 9
+
+
+def test_fsdp_gathers_the_embedding_and_head_around_their_own_passes():
+    """zero.FSDP's units (`Layout.units`): the LM head gathered at the loss alone (the blocks
+    freed), the embedding and its full gradient at the end of the backward; FSDP2's root keeps
+    both gathered throughout, as a row recorded before the units did (`head_units=False`)."""
+    common = {"batch": 2, "dp": 2, "precision": "bf16", "loss": "fused"}
+    ours = estimate_memory(TrainingPlan(HAND, layout="fsdp", **common))
+    theirs = estimate_memory(TrainingPlan(HAND, layout="fsdp:torch", **common))
+    before = estimate_memory(TrainingPlan(HAND, layout="fsdp", head_units=False, **common))
+    vd = 2 * 11 * 8  # one bf16 V × d weight (88 elements split evenly over 2 ranks)
+    block = 2 * (4 * 8 * 8 + 3 * 8 * 12)  # one block's bf16 matrices
+
+    def buffers(estimate, phase):
+        return estimate.phase(phase).bytes_of("communication buffers")
+
+    assert buffers(ours, "forward end") == vd
+    assert buffers(ours, "backward, loss") == vd + block  # and the last block prefetched
+    assert buffers(ours, "backward end") == 2 * vd
+    assert buffers(theirs, "forward end") == 2 * vd + 3 * block  # the root, 3 units
+    assert buffers(theirs, "backward end") == 2 * 2 * vd  # the root and its gradients
+    for phase in ("forward end", "backward end"):
+        assert buffers(before, phase) == buffers(theirs, phase)
+
+
+def _inductor_partition(gm: torch.fx.GraphModule, inputs: list) -> object:
+    """A torch.compile backend that partitions the joint graph as inductor does (its min-cut
+    partitioner, its decompositions) and runs the two graphs without generating kernels: what
+    a block compiled by inductor keeps for backward, measured on the CPU."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    def run(graph: torch.fx.GraphModule, _: list) -> object:
+        return make_boxed_func(graph.forward)
+
+    return aot_module_simplified(
+        gm, inputs, fw_compiler=run, bw_compiler=run,
+        partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "kv_heads"), [(torch.bfloat16, None), (torch.float32, 1)])
+def test_a_compiled_blocks_residuals_are_what_inductors_partition_keeps(dtype, kv_heads):
+    config = lmcore.ModelConfig(
+        vocab_size=37, context_length=24, d_model=32, num_layers=1, num_heads=4, d_ff=88,
+        attention="sdpa", num_kv_heads=kv_heads,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    block = lmcore.TransformerLM.from_config(config).layers[0].to(dtype)
+    x = torch.randn(3, 24, 32, dtype=dtype, requires_grad=True)  # (batch, seq, d)
+    torch._dynamo.reset()
+    kept = lmcore.saved_activation_bytes(torch.compile(block, backend=_inductor_partition), x)
+    regime = "bf16" if dtype == torch.bfloat16 else "fp32"
+    predicted = block_residuals(config, batch=3, seq_len=24, regime=regime, compiled=True)
+    assert kept == total_bytes(predicted)
+    eager = block_residuals(config, batch=3, seq_len=24, regime=regime)
+    assert total_bytes(predicted) < total_bytes(eager)
+
+
+@pytest.mark.parametrize("layout", ["single", "fsdp", "fsdp:torch"])
+def test_while_the_blocks_run_backward_the_embeddings_gradient_does_not_exist_yet(layout):
+    # HAND in fp32: the head's 88 and the final norm's 8 elements, and 560 per block, whole on
+    # one device or split over 2 (norm gains whole); FSDP2's root holds the head's gradient
+    # full-size until the end, not as a shard
+    dp = 1 if layout == "single" else 2
+    estimate = estimate_memory(TrainingPlan(HAND, batch=2, dp=dp, layout=layout))
+    (phase,) = [p for p in estimate.phases if p.name.startswith("backward, block")]
+    i = int(phase.name.rsplit(" ", 1)[1])
+    block = 560 if dp == 1 else 2 * 8 + (560 - 2 * 8) // 2
+    head = {"single": 88, "fsdp": 44, "fsdp:torch": 0}[layout]
+    assert phase.bytes_of("gradients") == 4 * (head + 8 + (2 - i) * block)

@@ -51,3 +51,26 @@ def test_every_command_parses_and_the_part_fits_one_call(part):
 def test_an_unknown_part_is_refused():
     proc = subprocess.run(["bash", str(SCRIPT), "part9"], capture_output=True, text=True)
     assert proc.returncode == 2 and "part1" in proc.stderr
+
+
+def test_quick_runs_the_open_questions_within_five_minutes_most_needed_first():
+    commands = _commands("quick")
+    assert sum(limit for limit, _, _ in commands) <= 300  # a dry run spends every limit in full
+    names = [name for _, name, _ in commands]
+    assert names[:3] == ["memory fp32", "profiles", "flash against naive"]
+    argv = {name: " ".join(args) for _, name, args in commands}
+    assert (
+        "--memory-snapshot" in argv["memory fp32"]
+        and "--context-length 128 2048" in argv["memory fp32"]
+    )
+    assert "--size small medium" in argv["profiles"] and "--profile" in argv["profiles"]
+    assert "--impls fa2-triton naive" in argv["flash against naive"]
+    assert "--compile both" in argv["whole-model compile"]
+    assert "--mode forward train-step" in argv["whole-model compile"]
+
+
+def test_quick_cuts_the_last_commands_to_a_smaller_budget():
+    commands = dry_run(SCRIPT, "quick", "results", env={"QUICK_BUDGET_S": "150"})
+    assert sum(limit for limit, _, _ in commands) <= 150
+    assert [name for _, name, _ in commands] == ["memory fp32", "profiles", "flash against naive"]
+    assert commands[-1][0] == 150 - 45 - 70  # what was left of the budget

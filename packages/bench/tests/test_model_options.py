@@ -204,14 +204,19 @@ def test_largest_num_layers_fits_and_one_more_does_not():
     assert largest_num_layers(plan, 1000) is None
 
 
-def test_lmcore_fused_keeps_float32_moments_for_bf16_parameters():
+def test_every_optimizer_keeps_bf16_moments_for_bf16_parameters():
+    """As bench runs them: lmcore's fused AdamW is given `moment_dtype=torch.bfloat16`, the
+    precision torch's keeps (the plan and the optimizer bench builds agree)."""
+
     def state(optimizer: str) -> int:
         plan = TrainingPlan(TINY, batch=2, precision="bf16", optimizer=optimizer)
         return estimate_memory(plan).phase("optimizer step").bytes_of("optimizer state")
 
-    assert (
-        state("lmcore-fused") == 2 * state("torch-fused") == 2 * 4 * lmcore.count_parameters(TINY)
-    )
+    count = lmcore.count_parameters(TINY)
+    assert state("lmcore-fused") == state("torch-fused") == 2 * 2 * count
+    cls, options = optimizer_class("lmcore-fused", param_dtype=torch.bfloat16)
+    assert (cls, options) == (lmcore.AdamW, {"fused": True, "moment_dtype": torch.bfloat16})
+    assert optimizer_class("lmcore-fused", param_dtype=torch.float32)[1] == {"fused": True}
 
 
 def test_matmul_ceiling_prefers_the_measured_rate():

@@ -106,6 +106,18 @@ def test_command_line_writes_its_files(tmp_path, capsys):
     assert len([r for r in load_json(tmp_path / "p.json").rows if "fits" in r]) == 2
 
 
+def test_each_size_keeps_its_own_vocabulary_and_context():
+    """leaderboard-8b is predicted at its 151,936 tokens and context 32,768 (8.1 B parameters),
+    not at the handout's 10,000; a size without a context of its own gets the default."""
+    models = dict(PlanConfig(sizes=("leaderboard-8b", "small")).model_configs())
+    board, small = models.values()
+    assert board == lmcore.LEADERBOARD_2026.config()
+    assert (board.vocab_size, board.context_length) == (151_936, 32_768)
+    assert (small.vocab_size, small.context_length) == (lmcore.VOCAB_SIZE, 512)
+    given = dict(PlanConfig(sizes=("leaderboard-8b",), context_lengths=(1024,)).model_configs())
+    assert [c.context_length for c in given.values()] == [1024]
+
+
 def test_leaderboard_rows_and_verdicts():
     run = run_leaderboard(command="x", checkpointing=("none", "blocks"))
     assert len(run.rows) == 2 * 4 * 2 * 2  # precisions × layouts × losses × optimizers
@@ -119,6 +131,9 @@ def test_leaderboard_rows_and_verdicts():
     assert fsdp["ckpt_80gb"] == "blocks" and fsdp["peak_80gb"] < 80e9 / GIB
     assert all(r["ckpt_80gb"] != "none" for r in run.rows)
     assert any("80 GB per GPU" in n for n in run.notes)
+    board = lmcore.LEADERBOARD_2026
+    assert run.config["batch"] == board.batch_size and run.config["devices"] == board.num_gpus
+    assert f"{lmcore.count_parameters(board.config()):,} parameters" in run.notes[0]
 
 
 def test_section8_rows_carry_formula_value_and_reason():
@@ -181,11 +196,19 @@ def _synthetic_results(folder: Path) -> dict[str, float]:
                 "num_layers": size.num_layers, "num_heads": size.num_heads, "vocab_size": 97,
                 "ctx": 16, "batch": 2, "precision": "bf16-master", "attention": "naive",
                 "loss": "fused", "optimizer": "lmcore-fused", "activation_checkpointing": "blocks",
-                "layout": "fsdp", "world_size": 2, "peak_mib": 1.0, "status": "ok"}  # fmt: skip
-    save_json(Run.create("step", [lacking, complete], device="cpu", config={}, env=env),
+                "layout": "fsdp", "world_size": 2, "peak_mib": 1.0, "status": "ok",
+                "moment_dtype": "fp32",
+                "fsdp_units": ["TransformerBlock", "Embedding", "LMHead"]}  # fmt: skip
+    # the same row as recorded before rows named their units: the embedding and head in the root
+    earlier = {k: v for k, v in complete.items() if k not in ("moment_dtype", "fsdp_units")}
+    save_json(Run.create("step", [lacking, complete, earlier], device="cpu", config={}, env=env),
               folder / "s.json")  # fmt: skip
     (folder / "other.json").write_text(json.dumps({"not": "a result"}))
-    return {"peak": predicted, "step": estimate_memory(fsdp).peak.total / 2**20}
+    return {
+        "peak": predicted,
+        "step": estimate_memory(fsdp).peak.total / 2**20,
+        "earlier": estimate_memory(replace(fsdp, head_units=False)).peak.total / 2**20,
+    }
 
 
 def test_check_sets_prediction_beside_measurement(tmp_path):
@@ -196,9 +219,13 @@ def test_check_sets_prediction_beside_measurement(tmp_path):
     assert peak["error_pct"] == pytest.approx(100 * (1 / 1.05 - 1))
     xl = next(r for r in run.rows if r["config"].startswith("xl"))
     assert xl["config"].startswith("xl-2025 (1600/6400/48L/25H; recorded as xl)")
-    lacking, complete = [r for r in run.rows if r["source"] == "s"]
+    lacking, complete, earlier = [
+        r for r in run.rows if r["source"] == "s" and r["quantity"] == "peak"
+    ]
     assert lacking["predicted_mib"] is None and lacking["note"].startswith("lacks d_model")
     assert complete["predicted_mib"] == pytest.approx(predicted["step"])
+    assert earlier["predicted_mib"] == pytest.approx(predicted["earlier"])
+    assert predicted["earlier"] > predicted["step"]  # the root held them gathered
     assert run.config["files"] == ["m.json", "s.json"]
     assert plot_plan(run, tmp_path / "check.png").is_file()
 

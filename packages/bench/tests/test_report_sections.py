@@ -7,10 +7,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
-
-from bench.core.env import collect_env
-from bench.core.results import Run, save_json
 from bench.report.results import Results, topic
 from bench.report.runs import (
     CHECKPOINTING_STUDY,
@@ -24,29 +20,8 @@ from bench.report.single_gpu import is_memory
 from bench.report.tool import build_report, report_links
 
 ROOT = Path(__file__).resolve().parents[3]
-H100 = "NVIDIA H100 80GB HBM3"
 XL_2025 = {"d_model": 1600, "d_ff": 6400, "num_layers": 48, "num_heads": 25}
 XL = {"d_model": 2560, "d_ff": 10240, "num_layers": 32, "num_heads": 32}
-
-
-@pytest.fixture(scope="module")
-def base_env() -> dict:
-    return collect_env("cpu", command="test")
-
-
-@pytest.fixture
-def save(tmp_path, base_env):
-    """`save(stem, tool, rows, date=..., **run_fields)`: a result as a GPU run of that day."""
-
-    def write(stem: str, tool: str, rows: list[dict], *, date: str, **fields) -> Path:
-        env = {**base_env, "device_type": "cuda", "device_name": H100, "date": date}
-        env["git_revision"] = f"{abs(hash(stem)):040x}"[:40]
-        run = Run.create(tool, rows, device="cpu", config=fields.pop("config", {}), env=env)
-        for key, value in fields.items():
-            setattr(run, key, value)
-        return save_json(run, tmp_path / f"{stem}.json")
-
-    return write
 
 
 def _section(text: str, key: str) -> str:
@@ -284,3 +259,63 @@ def test_a_memory_run_is_told_by_its_rows_study_and_an_old_one_by_its_command(sa
     records = {r.path.stem: r for r in Results.collect(tmp_path).records}
     memory = {stem for stem, r in records.items() if is_memory(r)}
     assert memory == {"memory_fp32_h100_2026-11-28", "memory_bf16_h100_2026-11-28"}
+
+
+def test_a_hand_written_record_never_shows_an_empty_command(tmp_path, base_env):
+    env = {**base_env, "device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}
+    tests = {"meta": {}, "env": env, "rows": [{"command": "pytest -m gpu packages/fa2"}]}
+    scripts = {"meta": {"scripts": {"tma.py": "...", "regs.py": "..."}}, "env": env}
+    bare = {"meta": {}, "env": env}
+    for name, data in (("gpu_tests", tests), ("fa2_tma", scripts), ("other_note", bare)):
+        (tmp_path / f"{name}_h100_2026-11-23.json").write_text(json.dumps(data))
+    text = build_report(tmp_path)
+    assert "Command: ``" not in text
+    assert "Command: `pytest -m gpu packages/fa2`" in text
+    assert "Command: `python3 tma.py; python3 regs.py (the scripts are in the file's meta)`" in text
+    assert "Command: not recorded" in text
+
+
+def _plan_row(size: str, layout: str, peak_gib: float) -> dict:
+    return {"table": "Predictions (GiB per device at its peak)", "size": size, "ctx": 128,
+            "batch": 8, "precision": "fp32", "layout": layout, "mesh": "dp2",
+            "optimizer": "torch", "peak_gib": peak_gib}  # fmt: skip
+
+
+def test_fsdp_accounting_predicts_the_saving_and_checks_the_model_on_section_6(save, tmp_path):
+    size = "xl-2025 (1600/6400/48L/25H)"
+    rows = [_plan_row(size, "ddp:torch", 44.66), _plan_row(size, "zero1:torch-ddp", 33.55)]
+    rows.append(_plan_row(size, "fsdp", 18.61))
+    save("plan_fsdp_2026-11-28", "plan", rows, date="2026-11-28")
+    zero = {"variant": "zero1:torch-ddp", "after_step_mib": 34937.8, "status": "ok"}
+    save("zero_2xh200_2026-11-22", "zero", [zero], date="2026-11-22",
+         config={"shape": {"name": "xl", **XL_2025}, "world_size": 2})  # fmt: skip
+    text = _section(build_report(tmp_path), "fsdp_accounting")
+    assert "fsdp 19,057 MiB: FSDP saves 15,299 MiB (45%) of ZeRO-1's peak" in text
+    assert "within zero1:torch-ddp -1.7%" in text
+    assert "(b) Not run: the command (on two GPUs of one node) runs `bench-zero" in text
+
+
+def test_the_2025_appendix_sweeps_buckets_and_sets_the_equation_beside_them(save, tmp_path):
+    def bucketed(mb: float, step: float, over: float, calls: int) -> dict:
+        case = {"case": f"bucketed {mb:g} MB", "variant": "ddp", "bucket_mb": mb}
+        return {**case, "step_ms": step, "overhead_ms": over, "collectives": calls, "status": "ok"}
+
+    rows = [bucketed(1, 262.5, 26.0, 435), bucketed(100, 246.0, 9.5, 98)]
+    rows.append(bucketed(1000, 246.6, 10.1, 8))
+    config = {"shape": {"name": "xl", **XL_2025}, "context_length": 128, "batch": 4}
+    save("ddp_2xh200_2026-11-22", "ddp", rows, date="2026-11-22", config=config)
+    link = [
+        {"backend": "nccl", "world_size": 2, "size_mb": mb, "ms": ms, "algbw_gbps": bw,
+         "status": "ok"}
+        for mb, ms, bw in ((1.0, 0.0804, 12.4), (1000.0, 3.123, 320.2))
+    ]  # fmt: skip
+    save("allreduce_2xh200_2026-11-22", "allreduce", link, date="2026-11-22")
+    text = build_report(tmp_path)
+    assert "## Appendix: the 2025 handout's problems that 2026 dropped" in text
+    sweep = _section(text, "ddp_bucketed_benchmarking (a)")
+    assert "shortest at 100 MB buckets, 246 ms; 100 MB and 1,000 MB are within 5%" in sweep
+    equation = _section(text, "ddp_bucketed_benchmarking (b)")
+    assert "overhead(n_b) = n_b·o + s/(n_b·w)" in equation
+    assert "the optimum is b* = 445 MB" in equation and "one of the two swept sizes" in equation
+    xxl = _section(text, "communication_accounting")
+    assert "219,848,638,464" in xxl and "N_FSDP ≥ 38" in xxl and "319.4 tokens" in xxl

@@ -84,3 +84,29 @@ def test_a_command_log_becomes_a_result_with_what_it_wrote(script_results, tmp_p
     text = saved.with_suffix(".md").read_text()
     assert text.startswith("### A rehearsal") and "- not a measurement" in text
     assert "#### `zero_cpu.md`\n\n### Sharding" in text
+
+
+def test_a_plans_command_log_keeps_each_parts_gpus(script_results, tmp_path):
+    log = tmp_path / "commands.tsv"
+    lines = [
+        ("ddp", "330", "whole part", "140", "0", "bash multi_gpu.sh ddp DIR T", "0,1,2,3"),
+        ("ddp", "300", "bench-ddp xl", "120", "0", "python3 -m bench ddp --json r/x/d.json", "0-3"),
+        ("screen", "300", "whole part", "300", "124", "bash -c 'python3 s.py'", "2"),
+    ]
+    log.write_text("".join("\t".join(line) + "\n" for line in lines))
+    rows = script_results.log_rows(log)
+    assert [r["gpus"] for r in rows] == ["0,1,2,3", "0-3", "2"]
+    wrote = tmp_path / "r" / "x"
+    wrote.mkdir(parents=True)
+    (wrote / "d.md").write_text("Command: `bench-ddp --json r/x/d.json`\n")
+    (tmp_path / "r" / "earlier").mkdir()  # a folder an earlier call left: not this log's
+    (tmp_path / "r" / "earlier" / "e.md").write_text("### earlier\n")
+    argv = ["log", str(log), "--topic", "plan", "--title", "A plan", "--out", str(tmp_path)]
+    argv += ["--attach", str(tmp_path / "r"), "--within", "x", "--replace", "r/x=DIR"]
+    assert script_results.main([*argv, "--gpus", "4"]) == 1  # a part timed out
+    (saved,) = tmp_path.glob("plan_cpu_*.json")  # a CPU's result names no count
+    header = saved.with_suffix(".md").read_text().split("\n| ", 1)[1].split("\n")[0]
+    assert [c.strip() for c in header.split("|")[:3]] == ["part", "name", "gpus"]
+    text = saved.with_suffix(".md").read_text()
+    assert "--json DIR/d.json" in text and "r/x" not in text  # commands and results alike
+    assert "#### `x/d.md`" in text and "earlier" not in text

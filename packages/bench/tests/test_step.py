@@ -133,9 +133,9 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
         rows[-1]["policy"] = policy
         return apply(model, policy=policy)
 
-    def spy_optimizer(name):
+    def spy_optimizer(name, **options):
         rows[-1]["optimizer"] = name
-        return optimizer(name)
+        return optimizer(name, **options)
 
     def spy_fused(*args, **kwargs):
         rows[-1]["fused"] += 1
@@ -159,22 +159,32 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
         assert (seen["fused"] > 0) == (row["loss"] == "fused")
 
 
-def test_fsdp_on_two_gloo_ranks_beside_torch_fsdp2():
-    run = run_step(
-        _config(nproc=2, parallel="fsdp", num_layers=2, batch=1),
-        device="cpu",
-        command="bench-step --test",
-    )
-    ours = run.rows[0]
+def test_fsdp_and_zero1_in_bf16_compiled_on_two_gloo_ranks():
+    """The leaderboard preset's rows of ours at a tiny size: on zero.FSDP (bf16 shards, each
+    unit compiled), then on ZeRO-1 (each block compiled), in bf16 with AdamW's moments in bf16;
+    aot_eager traces what inductor would compile, without its kernels."""
+    config = _config(
+        nproc=2, parallel=("fsdp", "zero1"), num_layers=2, batch=1, precision="bf16",
+        compile=True, compile_backend="aot_eager", native=False,
+    )  # fmt: skip
+    run = run_step(config, device="cpu", command="bench-step --test")
     assert [(r["impl"], r["layout"], r["world_size"], r["status"]) for r in run.rows] == [
         ("ours", "fsdp", 2, OK),
-        ("torch-native", "fsdp:torch", 2, OK),
+        ("ours", "zero1", 2, OK),
     ]
-    full = 4 * _params(num_layers=2)
-    for row in run.rows:  # each rank holds about half of every weight (norm gains whole)
-        assert 0.45 * full < row["param_mib"] * MIB < 0.6 * full
-    assert ours["time_vs_native"] > 0
-    assert "torch FSDP2" in " ".join(run.notes)
+    fsdp, zero1 = run.rows
+    full = 2 * _params(num_layers=2)  # bf16
+    assert zero1["param_mib"] * MIB == full
+    # each rank holds about half of every weight (norm gains whole) and two bf16 moments of it
+    assert 0.45 * full < fsdp["param_mib"] * MIB < 0.6 * full
+    assert 2 * fsdp["param_mib"] <= fsdp["state_mib"] < 2 * fsdp["param_mib"] + 64 / MIB * 32
+    assert (fsdp["fsdp_units"], zero1["fsdp_units"]) == (
+        ["TransformerBlock", "Embedding", "LMHead"], []
+    )  # fmt: skip
+    for row in run.rows:
+        assert (row["precision"], row["moment_dtype"]) == ("bf16", "bf16")
+        assert (row["compiled"], row["compile_backend"]) == (True, "aot_eager")
+    assert "fsdp: zero.apply_fsdp" in " ".join(run.notes)
 
 
 def test_the_checkpointing_study_picks_k_from_measured_bytes():
@@ -210,9 +220,9 @@ def test_num_layers_fit_is_the_deepest_every_row_fits():
 
     def fits(spec, layers):
         model = dataclasses.replace(spec.model, num_layers=layers)
-        loss = "fused" if spec.impl == "torch-native" else spec.loss
         plan = TrainingPlan(model, batch=1, precision="bf16", optimizer=spec.optimizer,
-                            activation_checkpointing="blocks", loss=loss)  # fmt: skip
+                            activation_checkpointing="blocks", loss=spec.loss,
+                            compiled=spec.compile)  # fmt: skip
         return estimate_memory(plan).fits(80e9 * (1 - config.headroom))
 
     specs = step_specs(config)
@@ -266,7 +276,7 @@ def test_the_depth_reduced_command_keeps_the_presets_ranks_where_there_are_enoug
         "fit",
         1,
     )
-    assert config.parallel == ("single" if nproc is None else "zero1")
+    assert config.parallel == (("single",) if nproc is None else ("fsdp", "zero1"))
     preset = PRESETS["leaderboard-2026"]
     assert (config.size, config.optimizer, config.loss) == (
         preset["size"],
@@ -275,22 +285,28 @@ def test_the_depth_reduced_command_keeps_the_presets_ranks_where_there_are_enoug
     )
 
 
-def test_the_preset_is_the_handouts_configuration():
+@pytest.mark.parametrize(
+    ("preset", "ranks"), [("leaderboard-2026", 2), ("leaderboard-2026-4gpu", 4)]
+)
+def test_the_preset_is_the_handouts_configuration(preset, ranks):
+    """lmcore's leaderboard step: ours on zero.FSDP first, ZeRO-1 second (on its two GPUs),
+    the torch-native FSDP2 row last, every row in bf16 with bf16 AdamW moments."""
     parser = COMMAND.parser()
-    config = TOOL.configure(parser.parse_args(["--preset", "leaderboard-2026"]), parser, "cpu")
-    spec = step_specs(config)[0]
-    assert (spec.model.num_layers, spec.model.context_length, spec.model.vocab_size) == (
-        34,
-        32_768,
-        151_936,
-    )
-    assert (config.batch * config.nproc, config.precision) == (2, "bf16")
+    config = TOOL.configure(parser.parse_args(["--preset", preset]), parser, "cpu")
+    specs = step_specs(config)
+    assert (config.batch * config.nproc, config.nproc) == (ranks, ranks)
+    layouts = ["fsdp", "zero1", "fsdp:torch"] if ranks == 2 else ["fsdp", "fsdp:torch"]
+    assert [s.layout for s in specs] == layouts
+    board = lmcore.LEADERBOARD_2026
+    for spec in specs:
+        assert spec.model == board.config(attention=spec.model.attention)
+        assert (spec.precision, spec.moment_dtype, spec.compile) == (board.precision, "bf16", True)
+        assert (spec.batch, spec.world_size) == (board.batch_per_gpu, ranks)
 
 
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--nproc", "2", "--parallel", "fsdp", "--compile"], "does not run compiled"),
         (["--parallel", "zero"], "several ranks"),
         (["--study", "checkpointing", "--activation-checkpointing", "blocks"], "picks the"),
         (["--attention", "fa2-triton"], "fa2-triton needs CUDA"),
@@ -321,7 +337,7 @@ def test_help_has_examples(help_text):
 def test_cuda_rows_compiled_with_the_peak_split_into_its_parts():
     """On a GPU: ours (fa2, fused loss, lmcore's fused AdamW, compiled) and the torch-native row
     at `small`'s width and 2 blocks in bf16; the parts of each peak add up to it, and lmcore's
-    fused AdamW keeps float32 moments where torch's keeps bf16 ones."""
+    fused AdamW keeps bf16 moments as torch's does (the same precision)."""
     config = StepConfig(
         size="small",
         num_layers=2,
@@ -341,5 +357,31 @@ def test_cuda_rows_compiled_with_the_peak_split_into_its_parts():
         parts = ("param_mib", "grad_mib", "state_mib", "act_mib", "rest_mib")
         assert sum(row[k] for k in parts) == pytest.approx(row["peak_mib"])
         assert row["param_mib"] * MIB == pytest.approx(2 * params, rel=1e-3)
-    assert ours["state_mib"] == pytest.approx(2 * native["state_mib"], rel=1e-2)
+    assert ours["state_mib"] == pytest.approx(native["state_mib"], rel=1e-2)
+    assert ours["moment_dtype"] == "bf16"
     assert ours["time_vs_native"] > 0 and ours["peak_vs_native"] > 0
+
+
+@pytest.mark.gpu
+def test_cuda_the_leaderboard_rows_at_a_small_size_on_two_gpus():
+    """The leaderboard preset's three rows, cut to `small`'s width and 2 blocks with the
+    leaderboard's vocabulary: ours on zero.FSDP (bf16 shards, each unit compiled by inductor),
+    on ZeRO-1 (each block compiled), and FSDP2's; every row at torch's precision."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    config = StepConfig(
+        size="small", num_layers=2, context_length=2048, batch=1, vocab_size=151_936,
+        precision="bf16", attention=("fa2-triton",), optimizer=("lmcore-fused",),
+        activation_checkpointing=("blocks",), nproc=2, parallel=("fsdp", "zero1"),
+        warmup_ms=25.0, rep_ms=100.0,
+    )  # fmt: skip
+    fsdp, zero1, native = run_step(config, device="cuda").rows
+    assert [r["layout"] for r in (fsdp, zero1, native)] == ["fsdp", "zero1", "fsdp:torch"]
+    for row in (fsdp, zero1, native):
+        assert row["status"] == OK and row["first_step_ms"] > row["step_ms"] > 0
+        parts = ("param_mib", "grad_mib", "state_mib", "act_mib", "rest_mib")
+        assert sum(row[k] for k in parts) == pytest.approx(row["peak_mib"])
+    # the same shards and bf16 moments as FSDP2's (ours keeps the norm gains whole)
+    assert fsdp["param_mib"] == pytest.approx(native["param_mib"], rel=1e-2)
+    assert fsdp["state_mib"] == pytest.approx(native["state_mib"], rel=1e-2)
+    assert zero1["param_mib"] == pytest.approx(2 * native["param_mib"], rel=1e-2)

@@ -225,7 +225,6 @@ def test_more_ranks_than_gpus_is_refused(train_argv, tmp_path, usage_error, monk
         (["--stop-after", "9", "--steps", "5"], "--stop-after must be in"),
         (["--d-model", "33"], "divisible by num_heads"),
         (["--num-kv-heads", "3"], "num_kv_heads must be a positive integer dividing"),
-        (["--parallel", "fsdp", "--nproc", "2", "--compile"], "add --no-compile"),
         (["--top-p", "0"], "--top-p in (0, 1]"),
         (["--top-p", "1.5"], "--top-p in (0, 1]"),
         (["--temperature", "-1"], "--temperature must be >= 0"),
@@ -398,9 +397,13 @@ def test_the_torch_baseline_trains_bench_steps_torch_native_model(
     monkeypatch.setattr(
         bench.train.loop,
         "torch_native_model",
-        lambda model, *, compile: built.append(compile) or real(model, compile=False),
+        lambda model, *, compile, compile_backend: (
+            built.append(compile) or real(model, compile=False)
+        ),
     )
-    monkeypatch.setattr(bench.train.loop, "loss_function", lambda *, compile: lmcore.cross_entropy)
+    monkeypatch.setattr(
+        bench.train.loop, "loss_function", lambda *, compile, backend: lmcore.cross_entropy
+    )
     (tmp_path / "run").mkdir()
     config = TrainConfig.create(
         data=str(train_text), out=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"),

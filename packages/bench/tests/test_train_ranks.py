@@ -16,10 +16,12 @@ import sys
 
 import pytest
 import torch
-from spawn_ranks import free_port
+from spawn_ranks import free_port, run_ranks
 
 import lmcore
+import zero
 from bench.commands.train import main
+from bench.train import TrainConfig, Trainer
 from bench.train.faults import KILL_AT
 from bench.train.scaling import scaling_comparison
 
@@ -126,6 +128,50 @@ def test_fsdp_killed_mid_checkpoint_on_two_torchrun_nodes_resumes_on_two_ranks(
         "checkpoint-rank1-step4.pt",
         "checkpoint.pt",
     ]
+
+
+def _fsdp_bf16_worker(rank: int, world_size: int, options: dict, outs: list[str]) -> dict:
+    """Two steps of bench-train's `--parallel fsdp --precision bf16` on this rank, eager and
+    with each unit compiled (aot_eager: the graphs inductor would compile, run without its
+    kernels); the losses, and what the compiled run's model and optimizer hold."""
+    results = {}
+    for out, compiled in zip(outs, (False, True), strict=True):
+        config = TrainConfig.create(
+            **options, out=out, nproc=world_size, parallel="fsdp", precision="bf16",
+            compile=compiled, compile_backend="aot_eager",
+        )  # fmt: skip
+        trainer = Trainer(config, rank=rank, world_size=world_size)
+        records = trainer.train()["records"]
+        results[compiled] = [r["loss"] for r in records]
+    model, optimizer = trainer.model, trainer.optimizer
+    results["fsdp"] = isinstance(model, zero.FSDP)
+    results["units_compiled"] = [hasattr(m.forward, "_torchdynamo_orig_callable") for m in
+                                 model.unit_modules]  # fmt: skip
+    results["dtypes"] = {str(t.dtype) for s in optimizer.state.values() for t in s.values()
+                         if t.dim()} | {str(p.dtype) for p in model.parameters()}  # fmt: skip
+    return results
+
+
+def test_fsdp_in_bf16_compiled_per_unit_trains_as_the_eager_one(train_text, tmp_path):
+    # bf16 shards, gradients and AdamW moments; each unit's forward compiled with FSDP's hooks
+    # outside: the same operations as eager, so the same bits on both ranks
+    options = {
+        "data": str(train_text), "cache_dir": str(tmp_path / "cache"), "device": "cpu",
+        "tokenizer": "bytes", "size": "tiny", "d_model": 32, "num_layers": 1, "num_heads": 2,
+        "d_ff": 64, "context_length": 16, "batch_size": 4, "steps": 2, "log_every": 1,
+        "eval_every": 0, "generate": 0, "checkpoint": False, "progress": False,
+        "optimizer": "lmcore",
+    }  # fmt: skip
+    outs = [tmp_path / "eager", tmp_path / "compiled"]
+    for out in outs:
+        out.mkdir()
+    ranks = run_ranks(_fsdp_bf16_worker, args=(options, [str(out) for out in outs]))
+    first = ranks[0]  # rank 0 records the losses (the mean over the ranks)
+    assert first[True] == first[False] and len(first[True]) == 2
+    assert all(math.isfinite(loss) for loss in first[True])
+    for rank in ranks:
+        assert rank["fsdp"] and rank["units_compiled"] == [True, True, True]
+        assert rank["dtypes"] == {"torch.bfloat16"}
 
 
 @pytest.mark.gpu

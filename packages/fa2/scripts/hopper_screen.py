@@ -30,6 +30,10 @@ GPU (one H100 or H200), from the repository root, with no install::
 Rehearsal on a CPU (Triton's interpreter, tiny shapes and the interpreter's tiles)::
 
     uv run python packages/fa2/scripts/hopper_screen.py --tiny --out screen_tiny
+
+A results page and its plot from a screen's JSON (beside it, .md and .png; no GPU)::
+
+    uv run python packages/fa2/scripts/hopper_screen.py --report OUT/hopper_screen.json
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ if __name__ == "__main__" and "--tiny" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
 
 import argparse
+import ast
 import datetime
 import json
 import math
@@ -177,6 +182,13 @@ def slice_reference(q, k, v, do):
     return part, [o.detach(), *torch.autograd.grad(o, ins, part[3].double())]
 
 
+def worst_ratio(ratios) -> float:
+    """The largest of `ratios`, NaN if any is NaN (Python's `max` keeps or drops a NaN
+    depending on where it stands)."""
+    ratios = list(ratios)
+    return math.nan if any(math.isnan(r) for r in ratios) else max(ratios)
+
+
 def slice_errors(fn, part, reference) -> list[float]:
     q, k, v = (t.clone().requires_grad_() for t in part[:3])
     o = fn(q, k, v)
@@ -265,7 +277,7 @@ def screen_shape(shape, rows: Results, deadline: float, *, tiny: bool, rep_ms: f
                     errors = slice_errors(fn, part, reference)
                     row.update(errors=dict(zip(("o", "dq", "dk", "dv"), errors, strict=True)))
                     ratios = zip(errors, sdpa_errors, strict=True)
-                    row["error_vs_sdpa"] = max(e / s for e, s in ratios)
+                    row["error_vs_sdpa"] = worst_ratio(e / s for e, s in ratios)
                     row["deterministic"] = deterministic(fn, q, k, v, do)
                 if fn is fa2_attention:
                     row["launched"] = launched(q.shape)
@@ -290,10 +302,41 @@ def _progress(row: dict) -> str:
             f"{row.get('launched', '')}")  # fmt: skip
 
 
+def _baseline(rows: list[dict]) -> str:
+    """The baseline's name in `rows`: "cudnn" on a GPU, "sdpa-cpu" in the rehearsal."""
+    return next((r["impl"] for r in rows if not r["impl"].startswith(("fa2", "("))), "cudnn")
+
+
+def _ratio_to_baseline(row: dict, rows: list[dict]) -> float | None:
+    """`row`'s fwd+bwd time over the baseline's at the same shape, if both were timed."""
+    base = next((b for b in rows if b["shape"] == row["shape"] and b["impl"] == _baseline(rows)
+                 and "fwd_bwd_ms" in b), None)  # fmt: skip
+    return row["fwd_bwd_ms"] / base["fwd_bwd_ms"] if base and "fwd_bwd_ms" in row else None
+
+
+def _output_ratios(row: dict, rows: list[dict]) -> list[float] | None:
+    """The errors of o, dq, dk, dv against float64 over the baseline's on the same slice."""
+    base = next((b for b in rows if b["shape"] == row["shape"] and b["impl"] == _baseline(rows)
+                 and "errors" in b), None)  # fmt: skip
+    if base is None or "errors" not in row:
+        return None
+    return [row["errors"][n] / base["errors"][n] for n in ("o", "dq", "dk", "dv")]
+
+
+def _correct(row: dict, rows: list[dict]) -> bool | None:
+    """Within twice SDPA's error in every output and, for fa2, bitwise deterministic (the GPU
+    tests' rules); None where the row has no accuracy check."""
+    ratios = _output_ratios(row, rows)
+    if ratios is None:
+        return None
+    within = worst_ratio(ratios) <= 2  # NaN compares False
+    return within and (row["deterministic"] or not row["impl"].startswith("fa2"))
+
+
 def table(rows: list[dict]) -> str:
     """fwd, bwd, fwd+bwd ms, fwd+bwd over the baseline's (cuDNN; the rehearsal: SDPA on the
     CPU), the largest error of o, dq, dk, dv over SDPA's, determinism."""
-    lines = [f"| shape | impl | fwd ms | bwd ms | fwd+bwd ms | vs {baseline_name()} | err vs SDPA "
+    lines = [f"| shape | impl | fwd ms | bwd ms | fwd+bwd ms | vs {_baseline(rows)} | err vs SDPA "
              "| det |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
@@ -301,9 +344,8 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['shape']} | {r['impl']} | {r.get('error', r.get('skipped'))} "
                          "| | | | | |")  # fmt: skip
             continue
-        base = next((b for b in rows if b["shape"] == r["shape"] and b["impl"] == baseline_name()
-                     and "fwd_bwd_ms" in b), None)  # fmt: skip
-        ratio = f"{r['fwd_bwd_ms'] / base['fwd_bwd_ms']:.3f}" if base else ""
+        ratio = _ratio_to_baseline(r, rows)
+        ratio = "" if ratio is None else f"{ratio:.3f}"
         err = f"{r['error_vs_sdpa']:.2f}" if "error_vs_sdpa" in r else ""
         det = {True: "yes", False: "NO", None: ""}[r.get("deterministic")]
         lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | "
@@ -311,7 +353,103 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _revision() -> dict:
+def _error_ratios(row: dict, rows: list[dict]) -> str:
+    """`_output_ratios` as text, "o / dq / dk / dv"."""
+    ratios = _output_ratios(row, rows)
+    return "" if ratios is None else " / ".join(f"{r:.3g}" for r in ratios)
+
+
+def report(path: Path) -> tuple[Path, Path]:
+    """A results page (`path` with .md) and a plot (.png) drawn from a screen's JSON file: every
+    row with its tiles, times, ratio to the baseline, errors and determinism; the plot shows
+    fwd+bwd over the baseline per shape and implementation, rows that failed the accuracy or
+    determinism check hatched."""
+    data = json.loads(path.read_text())
+    meta, rows = data["meta"], data["rows"]
+    base = _baseline(rows)
+    lines = [
+        f"# fa2's Hopper candidates beside the defaults and {base}: the GPU screen",
+        "",
+        f"Device: {meta['device']}; torch {meta['torch']}, triton {meta['triton']}, cuDNN "
+        f"{meta['cudnn']}, python {meta['python']}; {meta['date']}; code {meta['git_revision']} "
+        f"({meta.get('git_revision_source', 'checkout')}). Command: `{meta['command']}` "
+        f"(time budget {meta['budget_s']:.0f} s, do_bench rep {meta['rep_ms']:.0f} ms).",
+        "",
+        "Causal, bf16, a random output gradient. fwd and fwd+bwd: do_bench medians (L2 flushed); "
+        "bwd = their difference. vs: fwd+bwd over the baseline's at the same shape. err/SDPA: "
+        "the error of o / dq / dk / dv against float64 on a slice (batch 0, head 0, the first "
+        "min(S, 8192) positions) over SDPA cuDNN's error on the same slice (recomputed here "
+        "from each row's errors: the `error_vs_sdpa` field of screens run at 8d5630b took "
+        "Python's `max`, which drops a NaN that does not come first). det: two backward "
+        "passes over the full shape give the same bits. ok: every err/SDPA at most 2 and, for "
+        "fa2, deterministic. tiles: what the plans launched (+WS: the warp-specialised loop "
+        "was compiled in), and the backward's L2 groups (dq, dkdv).",
+        "",
+        "| shape | impl | tiles (forward; dq; dkdv; L2 groups) | fwd ms | bwd ms | fwd+bwd ms "
+        f"| vs {base} | err/SDPA o / dq / dk / dv | det | ok |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        if "fwd_bwd_ms" not in r:
+            lines.append(f"| {r['shape']} | {r['impl']} | {r.get('error', r.get('skipped'))} "
+                         "| | | | | | | |")  # fmt: skip
+            continue
+        t = r.get("launched", {})
+        groups = ast.literal_eval(t["l2_groups"]) if "l2_groups" in t else {}
+        tiles = "; ".join([*(t[k] for k in ("forward", "dq", "dkdv") if k in t),
+                           *([f"{groups['dq']}, {groups['dkdv']}"] if groups else [])])  # fmt: skip
+        ratio = _ratio_to_baseline(r, rows)
+        ok = {True: "yes", False: "**NO**", None: ""}[_correct(r, rows)]
+        det = {True: "yes", False: "no", None: ""}[r.get("deterministic")]
+        lines.append(
+            f"| {r['shape']} | {r['impl']} | {tiles} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | "
+            f"{r['fwd_bwd_ms']:.3f} | {'' if ratio is None else f'{ratio:.3f}'} | "
+            f"{_error_ratios(r, rows)} | {det} | {ok} |"
+        )
+    png = path.with_suffix(".png")
+    lines += ["", f"![fwd+bwd over {base}]({png.name})", ""]
+    md = path.with_suffix(".md")
+    md.write_text("\n".join(lines))
+    _plot(rows, png, title=f"{meta['device']}, code {meta['git_revision']}")
+    return md, png
+
+
+def _plot(rows: list[dict], path: Path, *, title: str) -> None:
+    """Grouped bars: fwd+bwd over the baseline per shape (groups) and fa2 implementation
+    (bars), hatched where the row failed the accuracy or determinism check."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    impls = list(dict.fromkeys(r["impl"] for r in rows if r["impl"].startswith("fa2")))
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    fig = Figure(figsize=(1.6 * len(shapes) + 2, 4.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    width = 0.8 / len(impls)  # the bars of a shape fill 80% of its slot
+    for i, impl in enumerate(impls):
+        label = impl
+        for j, shape in enumerate(shapes):
+            row = next((r for r in rows if r["impl"] == impl and r["shape"] == shape), None)
+            ratio = row and _ratio_to_baseline(row, rows)
+            if ratio is None:
+                continue
+            wrong = _correct(row, rows) is False
+            ax.bar(j - 0.4 + (i + 0.5) * width, ratio, width, color=f"C{i}",
+                   hatch="xx" if wrong else None, edgecolor="black" if wrong else None,
+                   label=label)  # fmt: skip
+            label = None  # one legend entry per implementation
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(shapes)), shapes, rotation=20, ha="right", fontsize="small")
+    ax.set_ylim(bottom=0.8)
+    ax.set_ylabel(f"fwd+bwd over {_baseline(rows)} (lower is faster)")
+    ax.set_title(f"{title}; hatched: wrong (error or determinism)", fontsize="medium")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def git_revision() -> dict:
     """The code's git revision: BENCH_GIT_REVISION where the sources are a copy of a commit's
     tree (bench's convention), else the checkout's HEAD and whether it has changes."""
     named = os.environ.get("BENCH_GIT_REVISION")
@@ -340,7 +478,13 @@ def main() -> int:
     parser.add_argument("--shapes", default="", help="only shapes whose text has this")
     parser.add_argument("--tiny", action="store_true",
                         help="rehearse on a CPU: Triton's interpreter, tiny shapes")  # fmt: skip
+    parser.add_argument("--report", type=Path, metavar="JSON",
+                        help="only write a results page (.md) and plot (.png) beside this "
+                        "screen's JSON file, and exit")  # fmt: skip
     args = parser.parse_args()
+    if args.report:
+        print(*report(args.report), sep="\n")
+        return 0
     started = time.monotonic()
     if args.tiny:  # the interpreter emulates the TMA descriptors the candidates read through
         launch.tma_capable = lambda device: True
@@ -353,7 +497,7 @@ def main() -> int:
         cudnn=torch.backends.cudnn.version(),
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command="python3 packages/fa2/scripts/hopper_screen.py " + " ".join(sys.argv[1:]),
-        budget_s=args.budget, rep_ms=args.rep_ms, **_revision(),
+        budget_s=args.budget, rep_ms=args.rep_ms, **git_revision(),
     )  # fmt: skip
     rows = Results(args.out / "hopper_screen.json", meta)
     shapes = [s for s in (TINY_SHAPES if args.tiny else SHAPES) if args.shapes in str(s)]

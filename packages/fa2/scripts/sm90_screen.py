@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 import torch
 import triton
+from triton._C.libtriton import ir
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
@@ -103,9 +104,9 @@ def compiling_for_hopper(compiled: list) -> Iterator[None]:
         launch.tma_capable, backward.tma_capable, launch.CachedLaunch.__call__ = saved
 
 
-def _compile(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) -> dict:
-    """Compile one launch for sm_90 as Triton would launch it (the same specialisation of the
-    arguments) and read its resources."""
+def _source(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) -> tuple:
+    """(source, options) of one launch as Triton would compile it for its arguments (the same
+    specialisation: dtypes, 16-byte alignment, integers divisible by 16 or equal to 1)."""
     kernel = cached.kernel
     backend = make_backend(TARGET)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
@@ -114,8 +115,34 @@ def _compile(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) -> dic
     parsed, signature, constexprs, attrs = kernel._pack_args(
         backend, options, bound, specialization, rest
     )
-    source = ASTSource(kernel, signature, constexprs, attrs)
-    binary = triton.compile(source, target=TARGET, options=parsed.__dict__)
+    return ASTSource(kernel, signature, constexprs, attrs), parsed.__dict__
+
+
+def ttgir(source: ASTSource, options: dict) -> str:
+    """The TTGIR `source` compiles to for sm_90: Triton's passes up to the GPU dialect (where
+    the Hopper warp specialisation runs), without LLVM and ptxas, so a fraction of a second."""
+    backend = make_backend(TARGET)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    parsed = backend.parse_options(options)
+    module = source.make_ir(
+        TARGET, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
+        context,
+    )  # fmt: skip
+    module = backend.make_ttir(module, {}, parsed, TARGET.arch)
+    return str(backend.make_ttgir(module, {}, parsed, TARGET.arch))
+
+
+def launch_ttgir(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) -> str:
+    """`ttgir` of one launch of a plan (as `launches` records them)."""
+    return ttgir(*_source(cached, tensors, scalars))
+
+
+def _compile(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) -> dict:
+    """Compile one launch for sm_90 as Triton would launch it and read its resources."""
+    source, options = _source(cached, tensors, scalars)
+    binary = triton.compile(source, target=TARGET, options=options)
     with tempfile.TemporaryDirectory() as folder:
         cubin = Path(folder) / "kernel.cubin"
         cubin.write_bytes(binary.asm["cubin"])
@@ -157,10 +184,11 @@ def _call(case: Case) -> tuple[tuple, Call, bool, tuple | None]:
         packed = None
     band = make_band(causal=case.causal, window_size=case.window, bottom_right=case.bottom_right)
     call = Call(band, case.softcap, d**-0.5, "thd" if case.packed else "bhsd")
-    return (q, k, torch.empty_like(k)), call, n_q == n_k, packed
+    v = torch.empty(k.shape, device="meta", dtype=k.dtype)  # empty_like of meta imports sympy
+    return (q, k, v), call, n_q == n_k, packed
 
 
-def _launches(case: Case) -> Iterator[tuple[str, object, object, str, tuple]]:
+def launches(case: Case) -> Iterator[tuple[str, object, object, str, tuple]]:
     """(kernel, plan, the launch's `which` or None, default tile, recorded arguments) of each
     launch a case's forward and backward plans make: two-pass backward, and the single pass
     (which a bf16 call takes only where FA2_TILES names a single-pass tile)."""
@@ -187,7 +215,7 @@ def _launches(case: Case) -> Iterator[tuple[str, object, object, str, tuple]]:
             recorded.clear()
 
 
-def _listed(kernel: str, case: Case) -> list[Tile]:
+def listed_tiles(kernel: str, case: Case) -> list[Tile]:
     """The tiles the tables list for a case's kernel (both lists of its family)."""
     d_block = configs.block_d(case.shape[-1])
     table = configs.KERNELS[kernel]
@@ -199,10 +227,10 @@ def screen(cases: list[Case], *, tiles: str, extra: dict[str, list[Tile]]) -> li
     """One row per (case, kernel, tile) compiled."""
     rows = []
     for case in cases:
-        for kernel, plan, which, default, (tensors, scalars) in _launches(case):
+        for kernel, plan, which, default, (tensors, scalars) in launches(case):
             candidates = [default]
             if tiles == "listed":
-                listed = _listed(kernel, case)
+                listed = listed_tiles(kernel, case)
                 candidates += [t for t in listed if case.main or t.ws]
             candidates += extra.get(kernel, [])
             for tile in dict.fromkeys(candidates):  # in order, once each

@@ -105,6 +105,18 @@ def test_compiled_packed_sequences_with_window_and_softcap():
         assert _error(x, r) < 1e-5
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="a device-side assert ends the CUDA context")
+def test_compiled_packed_calls_check_the_offsets_on_every_run():
+    # The graph holds device-side assertions of the offsets' values: a later run with bad ones
+    # (same shapes and dtype, so no retrace) stops instead of reading or writing past the end.
+    cu = torch.tensor([0, 1, 18, 58, 61], dtype=torch.int32, device=DEVICE)
+    fn = torch.compile(_packed_window_softcap, backend=BACKEND, fullgraph=True)
+    q, k, v = (torch.randn(61, 2, 16, device=DEVICE) for _ in range(3))
+    fn(q, k, v, cu, 40)
+    with pytest.raises(RuntimeError, match="fa2: cu_seqlens_q must start at 0"):
+        fn(q, k, v, torch.tensor([0, 1, 18, 58, 64], dtype=torch.int32, device=DEVICE), 40)
+
+
 def test_compiled_self_attention_takes_one_tensor_as_queries_keys_and_values():
     # attend(x, x, x): Dynamo refuses an autograd Function given one tensor twice
     from fa2 import flash_attention

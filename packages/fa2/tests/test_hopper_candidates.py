@@ -7,8 +7,16 @@ so the interpreter runs the same single masked loop, reading through the same TM
 (which it emulates). With CUDA the tiles are the 16-bit tables' candidates.
 """
 
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
+import triton.testing
 from oracle_checks import assert_within_twice_plain, grads
 
 from fa2 import FlashAttention2Triton, attention_reference, varlen_attention_reference
@@ -19,6 +27,8 @@ from fa2.triton import backward, configs, forward, launch  # noqa: F401
 from fa2.triton.configs import Tile
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Forcing warp-specialised tiles is what these tests do; the warning it gives has tests below.
+pytestmark = pytest.mark.filterwarnings("ignore:FA2_TILES forces the warp-specialised")
 
 
 @pytest.fixture
@@ -182,8 +192,73 @@ def test_forced_tiles_must_be_listed_candidates(monkeypatch):
         _default("dkdv", 128)
 
 
+def test_no_list_defaults_to_a_warp_specialised_tile():
+    for name, table in configs.KERNELS.items():
+        for family, tiles in table.items():
+            assert not tiles[0].ws, (name, family)
+
+
+def test_forcing_a_warp_specialised_tile_warns_once_citing_the_screen(monkeypatch):
+    monkeypatch.setattr(configs, "INTERPRET", False)  # the GPU tables
+    monkeypatch.setattr(configs, "_warned", set())
+    ws = next(t for t in configs.FORWARD["16bit_d128"] if t.ws)
+    monkeypatch.setenv("FA2_TILES", f"forward={ws}")
+    with pytest.warns(UserWarning, match=r"forward tile .*fa2_hopper_screen_h200_2026-11-28\.md"):
+        assert _default("forward", 128) == ws
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _default("forward", 128) == ws  # said once
+
+
+def test_autotuning_never_times_a_warp_specialised_tile(monkeypatch):
+    monkeypatch.setattr(configs, "INTERPRET", False)  # the GPU tables, which list such tiles
+    monkeypatch.setattr(configs, "_fastest", {})
+    monkeypatch.setenv("FA2_AUTOTUNE", "1")
+    monkeypatch.delenv("FA2_TILES", raising=False)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: fn() or 1.0)
+    for kernel in ("forward", "dkdv"):
+        timed = []
+        tile = configs.choose_tile(
+            configs.KERNELS[kernel], head_dim_block=128, dtype=torch.bfloat16, precision="tf32",
+            seq_len=8192, key=lambda: (), run=timed.append,
+        )  # fmt: skip
+        assert len(set(timed)) > 1 and not any(t.ws for t in timed) and not tile.ws
+
+
 def test_naming_a_single_pass_tile_lets_16_bit_inputs_take_it(monkeypatch):
     monkeypatch.delenv("FA2_TILES", raising=False)
     assert not configs.single_pass_backward(torch.bfloat16)
     monkeypatch.setenv("FA2_TILES", f"single-pass={configs.DKDV_ATOMIC['interpreter'][0]}")
     assert configs.single_pass_backward(torch.bfloat16)
+
+
+# Compiles fa2's specialised launches for sm_90 with Triton's own passes (no GPU); printed as JSON.
+_IR_CHECK = """
+import json, sys
+sys.path.insert(0, {scripts!r})
+import sm90_screen, ws_diagnose
+fa2 = ws_diagnose.fa2_ir_rows([sm90_screen.Case("d128", (1, 2, 512, 128))], first_only=True)
+shared = ws_diagnose._ir_row("stand-in", "shared", lambda: ws_diagnose._standin_ttgir(
+    ws_diagnose.VARIANTS[1]))
+print(json.dumps(dict(fa2=fa2, shared=shared)))
+"""
+
+
+def test_specialised_loops_number_each_consumers_rows_once():
+    """Compiled for sm_90 up to TTGIR (Triton 3.6's passes, no GPU; in a process without the
+    interpreter): fa2's warp-specialised forward and dK/dV loops are split, and no consumer
+    warpgroup's row indices carry its offset twice, the defect `tiles.load_rows` works around.
+    A stand-in loop that shares the coordinate still shows it, so the check can see it."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _IR_CHECK.format(scripts=str(scripts))],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert {r["name"].split()[1] for r in result["fa2"]} == {"forward", "dkdv"}
+    for row in result["fa2"]:
+        assert row["ws"] and row["double_offsets"] == [], row
+    assert result["shared"]["ws"] and result["shared"]["double_offsets"], result["shared"]

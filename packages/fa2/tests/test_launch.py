@@ -2,6 +2,8 @@
 misaligned tensors, tiles read through TMA descriptors, and (on a GPU) the cached-binary launch
 agreeing with Triton's own."""
 
+import sys
+
 import pytest
 import torch
 
@@ -86,6 +88,44 @@ def test_plans_are_reused_for_new_data_of_the_same_shape():
     shape_plans = [p for key, p in forward._plans.cache.items() if key[0] == (3, 29, 16)]
     assert len(shape_plans) == 1
     assert len(shape_plans[0].backward_plans) == 1
+
+
+def _python_calls(fn) -> int:
+    """Python function calls `fn()` makes (C functions not counted)."""
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_apply_takes_the_front_doors_cached_path(monkeypatch):
+    """`FlashAttention2Triton.apply`, as the course's adapters and the 2025 leaderboard harness
+    call it, is the path the front doors end in: once a call's plans exist, a like call
+    validates nothing, builds no plan, and runs no more Python than `flash_attention`."""
+    from fa2 import flash_attention
+    from fa2.triton import forward, function
+
+    monkeypatch.setattr(launch.CachedLaunch, "__call__", lambda self, *args: None)  # host only
+    q, k, v = (_leaf(torch.randn(2, 3, 40, 16, device=DEVICE)) for _ in range(3))
+    do = torch.randn_like(q)
+    apply = lambda: torch.autograd.grad(FlashAttention2Triton.apply(q, k, v, True), (q, k, v), do)  # noqa: E731
+    front = lambda: torch.autograd.grad(  # noqa: E731
+        flash_attention(q, k, v, causal=True, implementation="triton"), (q, k, v), do
+    )
+    apply(), front()  # build the plans (both doors share them)
+    plans = dict(forward._plans.cache)
+    monkeypatch.setattr(function, "_check", lambda *a, **k: pytest.fail("validated again"))
+    apply_calls, front_calls = _python_calls(apply), _python_calls(front)
+    assert forward._plans.cache == plans  # no plan built, none replaced
+    assert apply_calls <= front_calls, (apply_calls, front_calls)
 
 
 def test_inputs_not_aligned_to_16_bytes():

@@ -5,6 +5,7 @@ import torch
 
 from lmcore import (
     HANDOUT_SIZES,
+    LEADERBOARD_2026,
     MODEL_SIZES,
     VOCAB_SIZE,
     ModelConfig,
@@ -59,6 +60,16 @@ def test_leaderboard_model_carries_its_vocabulary_and_context():
     assert count_parameters(config) == sum(
         p.numel() for p in _meta_model("leaderboard-8b").parameters()
     )
+
+
+def test_the_leaderboard_step_is_the_handouts():
+    # Handout §9: the 8B model, batch 2 over two GPUs, bf16; its model at its own vocabulary.
+    step = LEADERBOARD_2026
+    assert (step.size, step.batch_size, step.num_gpus, step.precision) == (
+        "leaderboard-8b", 2, 2, "bf16"
+    )  # fmt: skip
+    assert step.batch_per_gpu == 1
+    assert step.config(attention="sdpa") == model_config("leaderboard-8b", attention="sdpa")
 
 
 def test_a_size_without_a_context_length_asks_for_one():

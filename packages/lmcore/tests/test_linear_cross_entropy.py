@@ -64,6 +64,21 @@ def test_leading_dimensions_and_the_gradient_of_a_scaled_loss():
     torch.testing.assert_close(weight.grad, 3 * dw)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_retained_graph_gives_its_gradients_on_every_backward(dtype):
+    # Before: the first backward scaled the saved gradients in place, so a second one through
+    # the retained graph raised (or, read past the version check, would scale them twice).
+    hidden, weight, targets = _inputs(dtype)
+    loss = fused_linear_cross_entropy(hidden, weight, targets)
+    first = torch.autograd.grad(2 * loss, (hidden, weight), retain_graph=True)
+    second = torch.autograd.grad(3 * loss, (hidden, weight))
+    _, dh, dw = _reference(hidden, weight, targets)
+    tolerance = {} if dtype == torch.float64 else {"rtol": 2e-2, "atol": 2e-3}
+    for factor, (d_hidden, d_weight) in ((2, first), (3, second)):
+        torch.testing.assert_close(d_hidden.double(), factor * dh, **tolerance)
+        torch.testing.assert_close(d_weight.double(), factor * dw, **tolerance)
+
+
 def test_ignored_positions_get_no_gradient_and_all_ignored_is_nan():
     hidden, weight, targets = _inputs()
     _, dh, _ = _fused(hidden, weight, targets)

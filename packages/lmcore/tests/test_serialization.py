@@ -207,3 +207,30 @@ def test_optimizer_state_for_other_groups_changes_nothing(tiny_config, tokens, t
     with pytest.raises(ValueError, match="parameter groups of sizes"):
         load_checkpoint(checkpoint, model, optimizer)
     _assert_untouched(model, optimizer, before)
+
+
+def test_a_file_holding_other_objects_is_refused_without_advising_weights_only_false(
+    tiny_config, tmp_path
+):
+    # torch's own message advises weights_only=False, which runs whatever code the file holds.
+    import fractions
+
+    model, _ = _fresh(tiny_config, seed=0)
+    save_checkpoint(model, None, 0, tmp_path / "ckpt.pt", extra={"ratio": fractions.Fraction(1, 3)})
+    with pytest.raises(ValueError, match=r"add_safe_globals\(\[fractions\.Fraction\]\)") as info:
+        load_checkpoint(tmp_path / "ckpt.pt", model, None)
+    assert "weights_only=False" not in str(info.value)
+    assert info.value.__suppress_context__  # torch's message is not printed beneath it
+
+
+def test_an_optimizer_state_of_another_kind_changes_nothing(tiny_config, tokens, tmp_path):
+    # lmcore.AdamW refuses torch's SGD state; load_checkpoint asks it before loading the model.
+    model, _ = _fresh(tiny_config, seed=0)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _train(model, sgd, tokens, 0, 1)
+    save_checkpoint(model, sgd, 1, tmp_path / "ckpt.pt")
+    other, optimizer = _fresh(tiny_config, seed=1)
+    before = _snapshot(other, optimizer)
+    with pytest.raises(ValueError, match=r"another optimizer.*Nothing was loaded"):
+        load_checkpoint(tmp_path / "ckpt.pt", other, optimizer)
+    _assert_untouched(other, optimizer, before)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -18,6 +19,9 @@ __all__ = [
     "check_call",
     "check_varlen",
     "group_heads",
+    "longest_sequence",
+    "softmax_scale",
+    "vouch_for_offsets",
 ]
 
 # Head dims up to this size run in the Triton kernels (padded internally to a power of two
@@ -117,14 +121,32 @@ def check_varlen(
     max_seqlen_k: int,
 ) -> None:
     """Raise `TypeError`/`ValueError` if the packed-sequence description does not fit q `(total_q,
-    heads, d)` and k `(total_k, kv_heads, d)`.
+    heads, d)` and k `(total_k, kv_heads, d)`; both implementations call it on every call.
 
     cu_seqlens_q and cu_seqlens_k: int32, 1-D, on q's device, one entry more than there are
     sequences, starting at 0, non-decreasing, ending at total_q (total_k), no sequence longer
-    than max_seqlen_q (max_seqlen_k). The values are checked only for tensors on the CPU:
-    reading a GPU tensor's values would stall every call until the GPU caught up (flash-attn
-    does not check them either). A sequence may have no queries or no keys (its queries then
-    see nothing and get 0).
+    than max_seqlen_q (max_seqlen_k). A sequence may have no queries or no keys (its queries
+    then see nothing and get 0).
+
+    What each check costs:
+
+    - the offsets' dtype, shape and device and the two max_seqlen ints: attribute reads on
+      the host, no device work;
+    - the offsets' values, by where they live:
+      - CPU tensors: a handful of small tensor operations on the host, raising ValueError;
+      - under torch.compile: device-side assertions traced into the graph
+        (`torch._assert_async`, which Inductor fuses into the graph's kernels), so every run of
+        the graph checks them without waiting for the device; a bad value stops the graph
+        with a RuntimeError (on a GPU a device-side assert, which ends the process's CUDA
+        context);
+      - CUDA tensors in eager mode: the same device-side assertions, about ten tiny kernels
+        and no synchronisation, once per offsets tensor: an offsets tensor that passed is
+        not checked again while it is the same object with the same version counter (which
+        every in-place change through torch bumps) and the same totals and max_seqlen. A
+        training step passes the same offsets to every layer, so it pays once per step
+        (once in all for self-attention: the same memory for both sides is checked once).
+        Writes that torch does not see (through `.data`, numpy, DLPack or a kernel of
+        another library) are not noticed; flash-attn checks no values at all.
     """
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
@@ -144,23 +166,92 @@ def check_varlen(
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise TypeError(f"{name} must be a non-negative int, got {m!r}")
-    if cu_seqlens_q.device.type != "cpu" or torch.compiler.is_compiling():
-        return  # values unknown while torch.compile traces
-    for name, cu, total, longest in (
+    sides = (
         ("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
         ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k),
-    ):
-        lengths = cu.diff()
-        if cu[0] != 0 or cu[-1] != total or (lengths < 0).any():
-            raise ValueError(
-                f"{name} must start at 0, never decrease and end at the number of tokens "
-                f"({total}), got {cu.tolist()}"
-            )
-        if lengths.max() > longest:
-            raise ValueError(
-                f"{name} has a sequence of {int(lengths.max())} tokens, longer than "
-                f"max_seqlen_{name[-1]} = {longest}"
-            )
+    )
+    if torch.compiler.is_compiling():
+        for side in sides:
+            _assert_offsets(*side)
+        return
+    if sides[0][2:] == sides[1][2:] and _same_memory(cu_seqlens_q, cu_seqlens_k):
+        sides = sides[:1]  # self-attention: one tensor (or a view of it, see fa2.api) for both
+    if cu_seqlens_q.device.type == "cuda":
+        for side in sides:
+            _assert_offsets_once(*side)
+    else:  # the CPU; other devices read the values to the host (a sync) but say what is wrong
+        for side in sides:
+            _raise_on_bad_offsets(*side)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` are the same elements of the same memory (equal values, always)."""
+    return a is b or (
+        a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+    )
+
+
+def _raise_on_bad_offsets(name: str, cu: torch.Tensor, total: int, longest: int) -> None:
+    """ValueError naming what is wrong with the values of CPU offsets `cu`."""
+    lengths = cu.diff()
+    if cu[0] != 0 or cu[-1] != total or (lengths < 0).any():
+        raise ValueError(
+            f"{name} must start at 0, never decrease and end at the number of tokens "
+            f"({total}), got {cu.tolist()}"
+        )
+    if lengths.max() > longest:
+        raise ValueError(
+            f"{name} has a sequence of {int(lengths.max())} tokens, longer than "
+            f"max_seqlen_{name[-1]} = {longest}"
+        )
+
+
+def _assert_offsets(name: str, cu: torch.Tensor, total: int, longest: int) -> None:
+    """Device-side assertions that the offsets `cu` are valid: no host synchronisation."""
+    lengths = cu.diff()
+    shortest, longest_seen = torch.aminmax(lengths)
+    valid = (cu[0] == 0) & (cu[-1] == total) & (shortest >= 0) & (longest_seen <= longest)
+    torch._assert_async(
+        valid,
+        f"fa2: {name} must start at 0, never decrease, end at the number of tokens ({total}) "
+        f"and hold no sequence longer than max_seqlen_{name[-1]} ({longest})",
+    )
+
+
+# Offsets tensors on a device whose values passed `_assert_offsets`: id -> (a weak reference to
+# the tensor, (its version counter, total, max_seqlen) when checked). A hit needs the very same
+# live tensor, unchanged, for the same totals; anything else is checked again. Emptied at this
+# many entries: a training step uses one or two offsets tensors, so this covers several
+# steps' worth while never holding on to a tensor.
+_CHECKED_OFFSETS: dict[int, tuple[weakref.ref, tuple[int, int, int]]] = {}
+_MAX_CHECKED_OFFSETS = 16
+
+
+def _assert_offsets_once(name: str, cu: torch.Tensor, total: int, longest: int) -> None:
+    """`_assert_offsets`, skipped for an offsets tensor already checked and unchanged since."""
+    seen = _CHECKED_OFFSETS.get(id(cu))
+    if seen is not None and seen[0]() is cu and seen[1] == (cu._version, total, longest):
+        return
+    _assert_offsets(name, cu, total, longest)
+    _record_checked(cu, total, longest)
+
+
+def _record_checked(cu: torch.Tensor, total: int, longest: int) -> None:
+    if len(_CHECKED_OFFSETS) >= _MAX_CHECKED_OFFSETS:
+        _CHECKED_OFFSETS.clear()
+    _CHECKED_OFFSETS[id(cu)] = (weakref.ref(cu), (cu._version, total, longest))
+
+
+def vouch_for_offsets(cu: torch.Tensor, *, total: int, max_seqlen: int) -> torch.Tensor:
+    """`cu`, recorded as valid cumulative lengths of `total` tokens with no sequence longer
+    than `max_seqlen`: `check_varlen` then issues no device-side assertions for it while it
+    is unchanged (and called with that total and max_seqlen). Nothing is checked.
+
+    For offsets fa2 builds itself from lengths it checked on the host, where a new tensor each
+    call would otherwise pay the assertions every time: `flash_attn_with_kvcache`'s rows at one
+    length, which a decoding step reads in every layer."""
+    _record_checked(cu, total, max_seqlen)
+    return cu
 
 
 class Call(NamedTuple):
@@ -207,9 +298,25 @@ def check_call(
     check_attention_inputs(q, k, v, dtypes=dtypes, max_head_dim=max_head_dim, layout=layout)
     if layout == "thd":
         check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    band = make_band(causal=bool(is_causal), window_size=window_size, bottom_right=bottom_right)
+    scale = softmax_scale(scale, head_dim=q.shape[-1])
+    band = make_band(
+        causal=bool(is_causal), window_size=window_size, bottom_right=bottom_right,
+        longest=longest_sequence(q, k, layout),
+    )  # fmt: skip
     return Call(band, check_softcap(softcap), scale, layout)
+
+
+def softmax_scale(scale: float | None, *, head_dim: int) -> float:
+    """`scale` as a float, or the default 1/sqrt(head_dim) where it is None."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def longest_sequence(q: torch.Tensor, k: torch.Tensor, layout: str) -> int:
+    """An upper bound on any query or key sequence of a valid call: the longer of n_queries and
+    n_keys, or for packed sequences ("thd") the more tokens (no sequence holds more)."""
+    if layout == "thd":
+        return max(q.shape[0], k.shape[0])
+    return max(as_bhsd(q, layout).shape[-2], as_bhsd(k, layout).shape[-2])
 
 
 def group_heads(

@@ -176,8 +176,10 @@ def flash_attn_varlen_func(
             for both in self-attention.
         max_seqlen_q: the longest query sequence, a Python int (a 0-dim tensor is read
             with a device sync); it sizes the kernels' grid, so it must not be too small.
-            max_seqlen_k likewise. On a GPU neither the cumulative lengths nor these are
-            checked against each other (that would stall every call); on the CPU they are.
+            max_seqlen_k likewise. Both and the cumulative lengths are checked on every
+            call: on the CPU raising ValueError; on a GPU by device-side assertions that
+            never wait for the device, issued once per cumulative-lengths tensor (a failed
+            one ends the CUDA context with the reason; see `fa2.checks.check_varlen`).
         dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
             return_attn_probs: as `flash_attn_func`.
         block_table: must be None (fa2 has no paged KV cache).

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from fa2.api import attend
+from fa2.checks import vouch_for_offsets
 from fa2.dropin import refuse_unsupported
 from fa2.masks import NO_WINDOW, make_band
 
@@ -214,9 +215,15 @@ def _uniform_tables(
 def _uniform_offsets(
     batch: int, seqlen_q: int, seqlen_cache: int, end: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_packed_cache_offsets` for rows that all hold keys 0 ... end - 1."""
+    """`_packed_cache_offsets` for rows that all hold keys 0 ... end - 1, vouched for (`end`
+    was checked on the host, so the values are right by construction: no device-side check)."""
     cu_q, base, step = _uniform_tables(batch, seqlen_q, seqlen_cache, device)
-    return cu_q, torch.add(base, step, alpha=end)
+    return (
+        vouch_for_offsets(cu_q, total=batch * seqlen_q, max_seqlen=seqlen_q),
+        vouch_for_offsets(
+            torch.add(base, step, alpha=end), total=batch * seqlen_cache, max_seqlen=seqlen_cache
+        ),
+    )
 
 
 def flash_attn_with_kvcache(

@@ -56,7 +56,11 @@ class Band(NamedTuple):
 
 
 def make_band(
-    *, causal: bool, window_size: Sequence[int] = NO_WINDOW, bottom_right: bool = False
+    *,
+    causal: bool,
+    window_size: Sequence[int] = NO_WINDOW,
+    bottom_right: bool = False,
+    longest: int | None = None,
 ) -> Band:
     """The band of a call's options, normalised so that equal masks compare equal.
 
@@ -65,6 +69,12 @@ def make_band(
             flash-attn does).
         window_size: `(left, right)`, each an int >= -1 (-1: unbounded).
         bottom_right: align the diagonal to the bottom-right corner instead of the top-left.
+        longest: the longest query or key sequence the band will be applied to (packed
+            sequences: the most tokens). A side of at least this many keys hides nothing
+            (query i < n_q and key j < n_k never lie that far apart, whichever the
+            alignment), so it is made unbounded: the band then says what the mask is, and
+            the kernels' int32 row arithmetic never meets a side near 2**31. None: sides are
+            kept as given.
 
     Raises:
         TypeError: `window_size` is not a pair of ints.
@@ -85,6 +95,8 @@ def make_band(
             )
     if causal:
         right = 0
+    if longest is not None:
+        left, right = (-1 if side >= longest else side for side in (left, right))
     if left < 0 and right < 0:
         return Band()  # sees everything: the alignment does not matter
     return Band(left, right, bool(bottom_right))

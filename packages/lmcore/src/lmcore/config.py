@@ -11,8 +11,10 @@ __all__ = [
     "BUILTIN_ATTENTION",
     "DEFAULT_ATTENTION",
     "HANDOUT_SIZES",
+    "LEADERBOARD_2026",
     "MODEL_SIZES",
     "VOCAB_SIZE",
+    "LeaderboardStep",
     "ModelConfig",
     "ModelSize",
     "attention_names",
@@ -227,6 +229,45 @@ MODEL_SIZES: Mapping[str, ModelSize] = MappingProxyType(
 HANDOUT_SIZES: tuple[str, ...] = ("small", "medium", "large", "xl", "10B")
 
 
+@dataclass(frozen=True)
+class LeaderboardStep:
+    """A leaderboard's training step: the model, the batch over the GPUs, the dtype it is
+    stored in. The one definition every tool reads (bench-step's preset, bench-plan's
+    prediction), so that none keeps a copy.
+
+    Attributes:
+        size: the model's key in `MODEL_SIZES` (its vocabulary and context length are its own).
+        batch_size: sequences per optimizer step, over all the GPUs.
+        num_gpus: the GPUs the step runs on.
+        precision: what the model is stored and computed in: `bf16`, the handout's
+            `torch_dtype=torch.bfloat16` (weights, gradients and activations in bf16).
+
+    Example::
+
+        >>> LEADERBOARD_2026.model_size.vocab_size, LEADERBOARD_2026.batch_per_gpu
+        (151936, 1)
+    """
+
+    size: str
+    batch_size: int
+    num_gpus: int
+    precision: str
+
+    @property
+    def model_size(self) -> ModelSize:
+        """The model's `ModelSize`."""
+        return _size(self.size)
+
+    @property
+    def batch_per_gpu(self) -> int:
+        """Sequences each GPU takes per step."""
+        return self.batch_size // self.num_gpus
+
+    def config(self, *, attention: str = DEFAULT_ATTENTION) -> ModelConfig:
+        """The model's `ModelConfig` at its own context length and vocabulary."""
+        return self.model_size.config(attention=attention)
+
+
 def _size(name: str) -> ModelSize:
     try:
         return MODEL_SIZES[name]
@@ -277,3 +318,10 @@ def model_config(
         attention=attention,
         num_kv_heads=num_kv_heads,
     )
+
+
+# The CS336 spring-2026 leaderboard (handout §9): its 8B model, batch 2 over two GPUs (B200s on
+# the leaderboard itself), in bf16.
+LEADERBOARD_2026 = LeaderboardStep(
+    size="leaderboard-8b", batch_size=2, num_gpus=2, precision="bf16"
+)

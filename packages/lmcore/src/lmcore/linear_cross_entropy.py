@@ -18,7 +18,8 @@ until backward, which only multiplies them by the incoming scalar gradient. Each
 input's dtype: the weight's float32 accumulator is rounded to a 16-bit weight's dtype once, at
 the end of the forward, and freed, so what waits for backward is `V·d·2` bytes rather than
 `V·d·4` (for the leaderboard's 151,936 × 4,096 head: 1.24 GB rather than 2.49 GB), and the
-backward's product is the gradient itself rather than a second copy beside the accumulator.
+backward's product is the gradient itself rather than a second copy beside the accumulator
+(scaled in place; out of place only where the graph is kept for another backward).
 The product rounds once more unless the incoming gradient is a power of two (the 1 of
 `loss.backward()` is). The three matmuls
 are the same FLOPs as the unfused computation's (6·T·V·d), nothing is recomputed, and the
@@ -226,10 +227,23 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.grad_hidden, ctx.grad_weight = inputs[7], inputs[8]
 
 
+def _graph_is_kept() -> bool:
+    """Whether the backward running now keeps the graph (`retain_graph=True`, `create_graph`),
+    so that the saved gradients may be used again; True when it cannot be told (outside an
+    autograd backward, a torch without the query, a compiled backward)."""
+    if torch.compiler.is_compiling():
+        return True
+    keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if keep_graph is None else bool(keep_graph())
+
+
 def _backward(ctx, grad_loss, _dh, _dw):
     dh, dw = ctx.saved_tensors
-    d_hidden = dh.mul_(grad_loss) if ctx.grad_hidden else None
-    d_weight = dw.mul_(grad_loss) if ctx.grad_weight else None
+    # The saved gradients are scaled in place (no second dh or dW beside them) when this
+    # backward is their last use; a kept graph may run backward again.
+    scale_ = torch.mul if _graph_is_kept() else torch.Tensor.mul_
+    d_hidden = scale_(dh, grad_loss) if ctx.grad_hidden else None
+    d_weight = scale_(dw, grad_loss) if ctx.grad_weight else None
     return d_hidden, d_weight, None, None, None, None, None, None, None, None
 
 

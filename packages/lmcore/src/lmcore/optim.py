@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -18,6 +18,21 @@ _FUSED_MOMENT_DTYPE = torch.float32
 # Launch tables and shared step counts kept per optimizer: one per set of parameters that had
 # gradients together.
 _MAX_LAUNCHES = 16
+# Group options that pick how the arithmetic is carried out, not what it computes: the
+# constructor's choice, which a loaded state dict never changes.
+_IMPLEMENTATION_OPTIONS = ("fused", "foreach", "moment_dtype")
+# The per-parameter state of this AdamW and of torch's, in torch's names.
+_STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq"})
+# torch.optim.AdamW's group options that this AdamW does not take, with the value under which
+# each changes nothing here (None: any value; they choose torch's implementation). A loaded
+# state with another value is refused; the options are then dropped.
+_TORCH_ONLY_OPTIONS = {
+    "amsgrad": False,
+    "maximize": False,
+    "decoupled_weight_decay": True,
+    "capturable": None,
+    "differentiable": None,
+}
 
 
 def _step_dtype() -> torch.dtype:
@@ -129,7 +144,7 @@ class AdamW(torch.optim.Optimizer):
             "fused": fused,
             "moment_dtype": moment_dtype,
         }
-        self._launches: dict[tuple[int, ...], Any] = {}
+        self._launches: dict[tuple[Any, ...], Any] = {}
         self._shared_steps: dict[tuple[int, ...], torch.Tensor] = {}
         super().__init__(params, defaults)
 
@@ -178,31 +193,47 @@ class AdamW(torch.optim.Optimizer):
         return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict (torch's layout), keeping fused groups' moments in their dtype.
+        """Load a state dict of this AdamW or of `torch.optim.AdamW`, in any implementation.
 
-        `torch.optim.Optimizer.load_state_dict` casts every state tensor to its parameter's
-        dtype and, for a group marked fused, moves `step` onto the parameter's device; a fused
-        group here keeps its moments in its moment dtype (float32 by default) and CPU step
-        counts, as its `step` made them.
+        The implementation stays this optimizer's: `fused`, `foreach` and `moment_dtype` are the
+        constructor's choice, never the checkpoint's. Each parameter's saved state is converted
+        to what its group's implementation keeps: moments in the group's `moment_dtype` (float32
+        by default) for a fused group and in the parameter's dtype otherwise (torch's rule), on
+        the parameter's device, and `step` a float CPU scalar of its own. The hyper-parameters
+        (lr, betas, eps, weight_decay) and whatever else the saved groups carry (a scheduler's
+        `initial_lr`) are loaded, as any torch optimizer loads them; torch's own options that
+        this AdamW does not take are dropped once they are found to change nothing.
+
+        Raises:
+            ValueError: the state dict is of another kind, and nothing is loaded: groups of
+                other sizes, the state of another optimizer (anything but `step`, `exp_avg`
+                and `exp_avg_sq`), a moment of another shape than its parameter, or torch
+                options that change the arithmetic (`amsgrad`, `maximize`, or weight decay
+                added to the gradient, as torch's Adam does).
         """
-        saved: dict[torch.Tensor, tuple[torch.dtype, dict[str, torch.Tensor]]] = {}
-        for group, saved_group in zip(self.param_groups, state_dict["param_groups"], strict=False):
-            if not group["fused"]:
-                continue
-            dtype = _fused_moment_dtype(group)
-            for param, index in zip(group["params"], saved_group["params"], strict=False):
-                entry = state_dict["state"].get(index, {})
-                moments = {k: entry[k] for k in ("exp_avg", "exp_avg_sq") if k in entry}
-                saved[param] = (dtype, moments)
-        super().load_state_dict(state_dict)
+        self.check_state_dict(state_dict)
+        groups = [
+            {k: v for k, v in saved.items() if k not in _TORCH_ONLY_OPTIONS}
+            | {k: ours[k] for k in _IMPLEMENTATION_OPTIONS}
+            for ours, saved in zip(self.param_groups, state_dict["param_groups"], strict=True)
+        ]
+        super().load_state_dict({**state_dict, "param_groups": groups})
+        # torch's loading cast every moment to its parameter's dtype; convert from the saved
+        # tensors instead, so that float32 moments reach a float32 fused group unrounded.
+        saved_state = state_dict["state"]
+        for group, saved in zip(self.param_groups, groups, strict=True):
+            for param, index in zip(group["params"], saved["params"], strict=True):
+                if saved_state.get(index):
+                    self.state[param] = _converted(saved_state[index], param, group)
         self._launches.clear()  # the moments are new tensors
         self._shared_steps.clear()
-        for param, (dtype, moments) in saved.items():
-            state = self.state[param]
-            for key, value in moments.items():
-                state[key] = value.to(device=param.device, dtype=dtype)
-            if "step" in state:
-                state["step"] = state["step"].to(device="cpu", dtype=_step_dtype(), copy=True)
+
+    def check_state_dict(self, state_dict: Any) -> None:
+        """Raise ValueError where `load_state_dict` would refuse `state_dict`; change nothing.
+
+        For callers that load several things together and check them all first
+        (`lmcore.load_checkpoint`)."""
+        _check_loadable(self.param_groups, state_dict)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -328,6 +359,8 @@ class AdamW(torch.optim.Optimizer):
         addition, so no parameter outside this step is counted, and they share again when
         their counts agree.
         """
+        # Keyed by the parameters' identities alone: a hit is used only while every one of
+        # them still holds this very tensor as its step (checked below), whatever else changed.
         key = tuple(map(id, params))
         shared = self._shared_steps.get(key)
         if shared is not None and all(s["step"] is shared for s in states):
@@ -343,15 +376,87 @@ class AdamW(torch.optim.Optimizer):
         return counts
 
     def _launch(self, params: list[torch.Tensor]) -> Any:
-        """The kept `lmcore.kernels.adamw.Launch` of these parameters (built on first use)."""
+        """The kept `lmcore.kernels.adamw.Launch` of these parameters (built on first use).
+
+        Its block map and element type follow from the parameters' sizes and dtype, so they
+        are part of the key beside the parameters' identities: a parameter whose data was
+        replaced by a tensor of another size or dtype (`p.data = ...`, `model.half()`) gets a
+        launch of its own, never one that would read and write it as the old tensor. The
+        addresses are compared on every step by the launch itself (`Launch.addresses`)."""
         from lmcore.kernels.adamw import Launch
 
-        key = tuple(map(id, params))
+        key = (*map(id, params), *(p.numel() for p in params), params[0].dtype)
         launch = self._launches.get(key)
         return launch if launch is not None else _keep(self._launches, key, Launch(params))
 
 
-def _keep(cache: dict[tuple[int, ...], Any], key: tuple[int, ...], value: Any) -> Any:
+def _moment_dtype(param: torch.Tensor, group: dict[str, Any]) -> torch.dtype:
+    """The dtype `group` keeps `param`'s moments in: a fused group's `_fused_moment_dtype`,
+    else the parameter's own (torch's rule, as `_init_state` makes them)."""
+    return _fused_moment_dtype(group) if group["fused"] else param.dtype
+
+
+def _check_loadable(groups: list[dict[str, Any]], state_dict: Any) -> None:
+    """Raise ValueError unless `state_dict` is an AdamW state (this one's or torch's) for
+    parameters like those of `groups`; see `AdamW.load_state_dict`."""
+    if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= state_dict.keys():
+        raise ValueError("not an optimizer state dict (no 'state' and 'param_groups' entries)")
+    saved_groups, state = state_dict["param_groups"], state_dict["state"]
+    sizes = [len(g["params"]) for g in saved_groups]
+    if sizes != [len(g["params"]) for g in groups]:
+        raise ValueError(
+            f"the state dict holds parameter groups of sizes {sizes}, this AdamW has "
+            f"{[len(g['params']) for g in groups]}; build it over the same parameter groups"
+        )
+    for number, (group, saved) in enumerate(zip(groups, saved_groups, strict=True)):
+        for option, neutral in _TORCH_ONLY_OPTIONS.items():
+            if neutral is not None and option in saved and saved[option] != neutral:
+                if option == "decoupled_weight_decay" and not saved.get("weight_decay"):
+                    continue  # without weight decay, Adam and AdamW are the same update
+                raise ValueError(
+                    f"parameter group {number} was saved with {option}={saved[option]!r}, "
+                    f"which lmcore.AdamW does not implement; load it into torch.optim."
+                    f"{'Adam' if option == 'decoupled_weight_decay' else 'AdamW'} instead"
+                )
+        for param, index in zip(group["params"], saved["params"], strict=True):
+            entry = state.get(index)
+            if entry:
+                _check_entry(entry, param, f"parameter {index}")
+
+
+def _check_entry(entry: Any, param: torch.Tensor, name: str) -> None:
+    """Raise ValueError unless `entry` is AdamW's state for a parameter like `param`."""
+    if not isinstance(entry, dict) or entry.keys() != _STATE_KEYS:
+        keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+        raise ValueError(
+            f"{name} has the state {keys}, not AdamW's {sorted(_STATE_KEYS)}: the state of "
+            "another optimizer; lmcore.AdamW loads its own state dicts and torch.optim.AdamW's"
+        )
+    for key in ("exp_avg", "exp_avg_sq"):
+        moment = entry[key]
+        if not isinstance(moment, torch.Tensor) or moment.shape != param.shape:
+            shape = tuple(moment.shape) if isinstance(moment, torch.Tensor) else moment
+            raise ValueError(
+                f"{name} has {key} of shape {shape} for a parameter of shape "
+                f"{tuple(param.shape)}: the state of other parameters"
+            )
+    if torch.as_tensor(entry["step"]).numel() != 1:
+        raise ValueError(f"{name} has a step count of {entry['step']!r}, not a number")
+
+
+def _converted(entry: dict[str, Any], param: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's saved state (checked by `_check_entry`) as `group` keeps it: moments in
+    `_moment_dtype` on the parameter's device, `step` a float CPU scalar of its own."""
+    dtype = _moment_dtype(param, group)
+    step = torch.as_tensor(entry["step"]).reshape(())
+    return {
+        "step": step.to(device="cpu", dtype=_step_dtype(), copy=True),
+        "exp_avg": entry["exp_avg"].to(device=param.device, dtype=dtype),
+        "exp_avg_sq": entry["exp_avg_sq"].to(device=param.device, dtype=dtype),
+    }
+
+
+def _keep(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: Any) -> Any:
     """`value`, kept in `cache` under `key` (a cache of per-parameter-set objects, emptied
     when it holds _MAX_LAUNCHES, so that sets of parameters no longer stepped are let go)."""
     if len(cache) >= _MAX_LAUNCHES:
@@ -389,6 +494,13 @@ def _check_moment_dtype(moment_dtype: object, *, fused: bool) -> None:
 def _check_fused_params(params: list[torch.Tensor]) -> None:
     """Raise unless the fused kernel can update every parameter (the front door's check)."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    devices = sorted({str(p.device) for p in params})
+    if len(devices) > 1:
+        raise ValueError(
+            f"fused AdamW updates a parameter group in one kernel launch on one device, and "
+            f"this group's parameters are on {', '.join(devices)}: give each device's "
+            "parameters a group of their own, or use fused=False"
+        )
     for p in params:
         if p.dtype not in _FUSED_DTYPES:
             raise ValueError(

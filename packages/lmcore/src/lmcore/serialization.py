@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import warnings
 from collections.abc import Mapping
 from typing import IO, Any
@@ -43,7 +44,10 @@ def _model_config(model: nn.Module) -> ModelConfig | None:
         config = getattr(model, "config", None)
         if isinstance(config, ModelConfig):
             return config
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        # (an explicit None test: an empty nn.Sequential is falsy, and still the model)
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None:
+            inner = getattr(model, "module", None)
         if not isinstance(inner, nn.Module):
             return None
         model = inner
@@ -101,6 +105,9 @@ def _check_model_state(model: nn.Module, state: Mapping[str, Any], source: str) 
 
 
 def _check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: str) -> None:
+    """Raise unless `optimizer.load_state_dict(state)` will load without an error: the groups'
+    sizes here, and whatever else an optimizer with its own `check_state_dict` checks (e.g.
+    `lmcore.AdamW`, which refuses the state of another kind of optimizer)."""
     if state is None:
         raise ValueError(f"{source} holds no optimizer state; pass optimizer=None")
     if not isinstance(state, Mapping) or not {"state", "param_groups"} <= state.keys():
@@ -113,6 +120,42 @@ def _check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source:
             f"optimizer has groups of sizes {ours}; build it over the same parameter groups. "
             "Nothing was loaded"
         )
+    check = getattr(optimizer, "check_state_dict", None)
+    if check is not None:
+        try:
+            check(state)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}. Nothing was loaded") from None
+
+
+def _read(path: Destination, source: str) -> Any:
+    """`torch.load` of `path` with `weights_only=True` (unpickling nothing but tensors,
+    numbers, strings and containers), onto the CPU.
+
+    Raises:
+        ValueError: the file holds other objects. torch's own message would advise
+            `weights_only=False`, which runs whatever code the file carries; this one names the
+            object and the safe way to allow it.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        message = str(exc)
+        if "Weights only load failed" not in message:
+            raise
+        found = [
+            line.strip().removeprefix("WeightsUnpickler error:").strip()
+            for line in message.splitlines()
+            if "WeightsUnpickler error" in line
+        ]
+        raise ValueError(
+            f"{source} holds an object that is not a tensor, number, string or container of "
+            f"them ({found[0] if found else 'see torch.load'}). lmcore loads checkpoints with "
+            "torch.load(weights_only=True), which never runs code a file carries; "
+            "save_checkpoint writes such objects only where `extra` held them, so save plain "
+            "data there. To load this file, and only if you trust it, allow the object's type "
+            "with torch.serialization.add_safe_globals([...]) first"
+        ) from None
 
 
 def save_checkpoint(
@@ -151,7 +194,7 @@ def save_checkpoint(
             "model_config": None if config is None else dataclasses.asdict(config),
             "optimizer": None if optimizer is None else optimizer.state_dict(),
             "iteration": iteration,
-            "extra": dict(extra or {}),
+            "extra": {} if extra is None else dict(extra),
         },
         path,
     )
@@ -187,8 +230,11 @@ def load_checkpoint(
     Raises:
         ValueError: the checkpoint's model configuration differs from the model's (the message
             names each differing field), a weight is missing, unexpected or of another shape,
-            an optimizer is given but the checkpoint has no optimizer state or one for other
-            parameter groups, or the checkpoint lacks its entries.
+            an optimizer is given but the checkpoint has no optimizer state, one for other
+            parameter groups or one the optimizer's own `check_state_dict` refuses
+            (`lmcore.AdamW`: the state of another kind of optimizer), the checkpoint lacks its
+            entries, or the file holds objects other than tensors, numbers, strings and
+            containers of them (the message names the object and the safe way to allow it).
 
     Warns:
         UserWarning: the checkpoint carries no model configuration (written by an older
@@ -202,8 +248,8 @@ def load_checkpoint(
     if isinstance(path, Mapping):
         checkpoint, source = path, "the checkpoint"
     else:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         source = f"checkpoint {path!r}" if isinstance(path, str | os.PathLike) else "checkpoint"
+        checkpoint = _read(path, source)
     if not isinstance(checkpoint, Mapping) or not {"model", "iteration"} <= checkpoint.keys():
         raise ValueError(
             f"{source} is not an lmcore checkpoint (no 'model' and 'iteration' entries)"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from copy import deepcopy
 from typing import Any, cast
 
 import torch
@@ -27,6 +26,14 @@ __all__ = ["ShardedOptimizer"]
 def _options(group: dict[str, Any]) -> dict[str, Any]:
     """A parameter group's optimizer options: everything but the parameters and their names."""
     return {k: v for k, v in group.items() if k not in PARAM_KEYS}
+
+
+def _mirror(group: dict[str, Any], local: dict[str, Any]) -> None:
+    """Give `group` exactly the options of the inner optimizer's group `local` (its parameters
+    and their names stay its own)."""
+    for key in [k for k in group if k not in PARAM_KEYS and k not in local]:
+        del group[key]
+    group.update(_options(local))
 
 
 def _state_size(param: torch.Tensor) -> int:
@@ -177,7 +184,7 @@ class ShardedOptimizer(Optimizer):
         # so param_groups and state_dict() look like the inner optimizer's on one process.
         self.defaults = dict(self._local_optimizer.defaults)
         for group, local in zip(self.param_groups, self._local_optimizer.param_groups, strict=True):
-            group.update(_options(local))
+            _mirror(group, local)
 
     @property
     def local_optimizer(self) -> Optimizer:
@@ -268,7 +275,7 @@ class ShardedOptimizer(Optimizer):
         self._buckets_key = None
         if self._local_optimizer is not None:
             self._local_optimizer.add_param_group(self._local_group(-1))
-            group.update(_options(self._local_optimizer.param_groups[-1]))
+            _mirror(group, self._local_optimizer.param_groups[-1])
 
     def _push_options(self) -> None:
         """Copy each group's options (lr set by a scheduler, ...) to the inner optimizer."""
@@ -361,7 +368,9 @@ class ShardedOptimizer(Optimizer):
 
         Accepts what :meth:`state_dict` returns, whatever the world size that saved it, and what an
         unsharded ``optimizer_cls`` returns on one process. Group options (``lr``, ...) are loaded
-        into :attr:`param_groups` and the inner optimizer. No communication: every rank reads the
+        by the inner optimizer, as it loads them on one process, and :attr:`param_groups` then
+        show the inner optimizer's options (an implementation choice such as ``lmcore.AdamW``'s
+        ``fused`` stays the constructor's). No communication: every rank reads the
         same dict (e.g. ``torch.load`` on each rank, ``mmap=True`` to keep host memory low).
 
         Args:
@@ -379,7 +388,10 @@ class ShardedOptimizer(Optimizer):
         check_state_dict(state_dict, [len(g["params"]) for g in self.param_groups])
 
         self.local_optimizer.load_state_dict(shard_state_dict(state_dict, self._owners, self._rank))
-        for group, saved in zip(self.param_groups, state_dict["param_groups"], strict=True):
-            group.update(deepcopy({k: v for k, v in saved.items() if k != "params"}))
+        # The inner optimizer decides what of the saved options to take (lmcore.AdamW keeps its
+        # own implementation, `fused` and `foreach`): these groups show what it took, and so
+        # never push a saved option into it at the next step.
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
+            _mirror(group, local)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)

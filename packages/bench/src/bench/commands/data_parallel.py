@@ -34,6 +34,11 @@ over the timed steps. Per variant:
   step does not pay for. 1 is perfect overlap, 0 a step that pays the whole all-reduce on top of
   `single`, below 0 one that pays more than that.
 
+`--trace DIR` runs one more step of every training row under torch.profiler and writes rank
+0's Chrome trace to `DIR/<variant>.pt.trace.json` (a colon written as `-`, a bucket size after
+the variant); on CUDA the row's `comm_overlap` is the share of its all-reduce kernel time that ran
+beside compute kernels (bench-report draws each trace as a timeline of the two).
+
 torch DDP waits inside backward, so only its step time and overhead are shown. The notes judge
 DDPBucketed's best bucket size against torch DDP (step time <= 1.05x) and its most-hidden one
 against the end-to-end targets (`hidden_e2e` >= 75 %, stretch 85 %). Without a GPU a tiny model
@@ -43,6 +48,7 @@ Examples::
 
     bench-ddp --json ddp.json --plot ddp.png
     bench-ddp --variants single bucketed torch-ddp --bucket-mb 1 10 100 1000
+    bench-ddp --variants ddp:naive ddp:individual --trace traces/   # + Chrome traces
     torchrun --nproc-per-node 2 -m bench ddp --json ddp.json        # ranks started by torchrun
 """
 
@@ -120,6 +126,14 @@ class DDPBenchConfig(TrainingBenchConfig):
         parse=_torch_bucket_mb,
         default_text="default 100",
         metavar="MB",
+    )
+    trace_dir: str | None = option(
+        None,
+        "a torch.profiler Chrome trace of one step of each training row (rank 0's) in DIR",
+        group=RUN,
+        flag="trace",
+        default_text="none",
+        metavar="DIR",
     )
 
     def __post_init__(self) -> None:

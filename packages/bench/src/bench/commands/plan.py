@@ -57,7 +57,7 @@ from bench.plan.memory import LAYOUTS, MODES, OPTIMIZERS, PRECISIONS, TrainingPl
 __all__ = ["COMMAND", "PRESETS", "PlanConfig", "add_options", "fastest_attention", "main"]
 
 PRESETS = ("leaderboard-2026",)
-# The sequence length of a sweep that names none.
+# The sequence length of a sweep that names none, for a size without a context of its own.
 DEFAULT_CONTEXT = 512
 # The batch of a sweep that names none: sequences per step in all.
 DEFAULT_GLOBAL_BATCH = 4
@@ -95,11 +95,13 @@ class PlanConfig:
     name: str = option("custom", "table name of explicit dimensions", group=MODEL)
     vocab_size: int | None = option(
         None, "vocabulary", group=MODEL, parse=positive_int,
-        default_text=f"the size's own; {lmcore.VOCAB_SIZE:,} for explicit dimensions",
+        default_text=f"a size's own (leaderboard-8b's 151,936); {lmcore.VOCAB_SIZE:,} for "
+        "explicit dimensions",
     )  # fmt: skip
     context_lengths: tuple[int, ...] = option(
-        (DEFAULT_CONTEXT,), "sequence lengths (each also the context length)", group=MODEL,
+        (), "sequence lengths (each also the context length)", group=MODEL,
         flag="context-length",
+        default_text=f"a size's own (leaderboard-8b's 32,768), else {DEFAULT_CONTEXT}",
     )  # fmt: skip
     attentions: tuple[str, ...] = option(
         (), "attention backends (naive: materialises the scores)", group=MODEL,
@@ -160,7 +162,6 @@ class PlanConfig:
         if self.batches and self.global_batches:
             raise ValueError("give --batch (per rank) or --global-batch, not both")
         named = {
-            "context_lengths": self.context_lengths,
             "precisions": self.precisions,
             "layouts": self.layouts,
             "checkpointing": self.checkpointing,
@@ -194,16 +195,18 @@ class PlanConfig:
             return self.models
         out = []
         dims = (self.d_model, self.d_ff, self.num_layers, self.num_heads)
-        for ctx in self.context_lengths:
+        for ctx in self.context_lengths or (None,):
             for name in self.sizes:
-                size = lmcore.MODEL_SIZES[name]
-                config = size.config(context_length=ctx, vocab_size=self.vocab_size,
+                size = lmcore.MODEL_SIZES[name]  # its own vocabulary and context, unless given
+                config = size.config(context_length=ctx or size.context_length or DEFAULT_CONTEXT,
+                                     vocab_size=self.vocab_size,
                                      num_kv_heads=self.num_kv_heads)  # fmt: skip
                 shape = (size.d_model, size.d_ff, size.num_layers, size.num_heads)
                 out.append((size_label(name, shape), config))
             if dims[0] is not None:
                 config = lmcore.ModelConfig(
-                    vocab_size=self.vocab_size or lmcore.VOCAB_SIZE, context_length=ctx,
+                    vocab_size=self.vocab_size or lmcore.VOCAB_SIZE,
+                    context_length=ctx or DEFAULT_CONTEXT,
                     d_model=dims[0], d_ff=dims[1], num_layers=dims[2], num_heads=dims[3],
                     num_kv_heads=self.num_kv_heads,
                 )  # fmt: skip

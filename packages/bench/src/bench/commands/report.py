@@ -12,12 +12,16 @@ problems are answered by bench-plan's formulas (`bench.report.analysis`).
 Images are found by the result's own name: `<result>.png` and `<result>_*.png` beside
 `<result>.json` (plus the plot paths the run recorded, where they still exist).
 
-Formats: Markdown (default), or `--format latex` / `--format typst` for a write-up typeset in
-LaTeX or Typst (the same sections, tables and images). Examples::
+Formats: Markdown (default), the full report; or the write-up one hands in, the same answers
+with the plots of the results they rest on (each result named in one line, not tabled in full):
+`--format typst` (tables fitted to the page by Typst itself: smaller type, then split), `--format
+pdf` (that Typst document compiled, with bench's `pdf` extra, the `typst` package), or `--format
+latex` (plain ASCII, for pdflatex). Examples::
 
     bench-report docs/results -o docs/results/REPORT.md
-    bench-report docs/results --format latex -o report/report.tex
-    bench-report docs/results --format typst -o report/report.typ
+    bench-report docs/results --format pdf -o report/writeup.pdf
+    bench-report docs/results --format typst -o report/writeup.typ
+    bench-report docs/results --format latex -o report/writeup.tex
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from bench.core.cli import Command
 __all__ = ["COMMAND", "FORMATS", "add_options", "main"]
 
 # What the report renders to (`bench.report.document.render`).
-FORMATS = ("markdown", "latex", "typst")
+FORMATS = ("markdown", "latex", "typst", "pdf")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

@@ -11,14 +11,18 @@ context 128, in these variants:
 - `zero1:torch`: torch DDP + torch's `ZeroRedundancyOptimizer`.
 - `zero1` and `ddp` (on request): `ddp.DDPBucketed` + `zero.ShardedOptimizer` (a row per cap),
   or + the unsharded optimizer.
-- `fsdp`: `zero.FSDP` with one unit per `TransformerBlock` + the unsharded optimizer over the
-  shards, one row per `--fsdp-dtypes` compute dtype (fp32; bf16: weights cast to bf16 before the
-  all-gather, gradients reduced in bf16, fp32 masters and optimizer state).
+- `fsdp`: `zero.apply_fsdp` with a unit per `TransformerBlock`, the embedding and the LM head +
+  the unsharded optimizer over the shards, one row per `--fsdp-dtypes` compute dtype over float32
+  shards (fp32; bf16: weights cast to bf16 before the all-gather, gradients reduced in bf16, fp32
+  masters and optimizer state), and with `--fsdp-storage bf16` one row of bf16 shards (the model
+  stored in bf16, as the leaderboard's: weights, gradients and AdamW's moments in bf16, gathered
+  and reduced in bf16).
 - `fsdp:no-prefetch` (on request): `fsdp` gathering each unit only when needed, to measure
   what issuing the next unit's all-gather one unit ahead buys.
 - `fsdp:torch`: torch's FSDP2, `fully_shard` on every `TransformerBlock` and at the root, one row
   per compute dtype (bf16: `MixedPrecisionPolicy(param_dtype=torch.bfloat16)`, whose gradients
-  are reduced in bf16 too).
+  are reduced in bf16 too) and per storage dtype (bf16: the model stored in bf16, FSDP2's
+  default policy).
 
 (Before the one vocabulary of layouts these were `ddp`, `sharded`, `torch-zero`,
 `bucketed-sharded`, `fsdp`, `fsdp-no-prefetch` and `torch-fsdp`; the old names still read, and
@@ -31,15 +35,16 @@ rank's); and a breakdown of the after-step peak into parameters, gradients and o
 bytes of those tensors on the rank) and the rest (activations, temporaries, DDP's communication
 buckets). Memory is the largest over the ranks. Ratios against `ddp:torch` are checked against the
 targets of ZeRO-1 at world size 2: optimizer state <= 0.55x, peak <= 0.80x, step time <= 1.10x.
-`fsdp` rows are also compared with the `fsdp:torch` row of the same compute dtype and checked
-against FSDP's targets: peak <= 1.05x fsdp:torch and (fp32) <= 0.60x ddp:torch, step time <= 1.10x
-fsdp:torch. For the FSDP variants, parameters and gradients are the shards (gathered weights count
-as `other`).
+`fsdp` rows are also compared with the `fsdp:torch` row of the same storage and compute dtypes and
+checked against FSDP's targets: peak <= 1.05x fsdp:torch and (fp32) <= 0.60x ddp:torch, step time <=
+1.10x fsdp:torch; with bf16 storage peak <= 1.00x and step time <= 0.80x fsdp:torch. For the FSDP
+variants, parameters and gradients are the shards (gathered weights count as `other`).
 
 With `fsdp:no-prefetch` beside `fsdp`, the notes say what prefetching buys: the step time and peak
 of each compute dtype with and without it. `--trace DIR` runs one more step of every FSDP row under
 torch.profiler and writes rank 0's Chrome trace (open it in Perfetto or chrome://tracing) to
-`DIR/<variant>_<dtype>.pt.trace.json` (a colon in the variant written as `-`); on CUDA the row's
+`DIR/<variant>_<dtypes>.pt.trace.json` (a colon in the variant written as `-`; dtypes `fp32`,
+`bf16` or `bf16-storage`); on CUDA the row's
 `gather_overlap` is then the share of rank 0's all-gather kernel time during which a compute kernel
 ran too (1: every all-gather beside compute; 0: none).
 
@@ -51,6 +56,7 @@ Examples::
     bench-zero --json zero.json --plot zero.png
     bench-zero --variants ddp:torch zero1:torch-ddp --zero-bucket-mb 0 25 none
     bench-zero --variants fsdp fsdp:torch --fsdp-dtypes fp32 bf16 --nproc 4
+    bench-zero --variants fsdp fsdp:torch --fsdp-dtypes bf16 --fsdp-storage fp32 bf16
     bench-zero --variants fsdp fsdp:no-prefetch fsdp:torch --trace traces/   # + Chrome traces
 """
 
@@ -71,6 +77,7 @@ __all__ = [
     "COMPUTE_DTYPES",
     "DEFAULT_VARIANTS",
     "OPTIMIZERS",
+    "STORAGE_DTYPES",
     "VARIANTS",
     "ZeroBenchConfig",
     "add_options",
@@ -84,6 +91,8 @@ _UNSHARDED_DDP = ("ddp:naive", "ddp:flat", "ddp:individual")
 VARIANTS = layout_names(family=("ddp", "zero1", "fsdp"), runs=True, exclude=_UNSHARDED_DDP)
 DEFAULT_VARIANTS = ("ddp:torch", "zero1:torch-ddp", "zero1:torch", "fsdp", "fsdp:torch")
 COMPUTE_DTYPES = LazyChoices(fp32="torch:float32", bf16="torch:bfloat16")
+# The dtypes FSDP's shards are kept in: float32 masters, or the model stored in bf16.
+STORAGE_DTYPES = ("fp32", "bf16")
 OPTIMIZERS = LazyChoices(torch="torch.optim:AdamW", lmcore="lmcore:AdamW")
 
 
@@ -122,6 +131,14 @@ class ZeroBenchConfig(TrainingBenchConfig):
         flag="fsdp-dtypes",
         choices=list(COMPUTE_DTYPES),
     )
+    fsdp_storage: tuple[str, ...] = option(
+        ("fp32",),
+        "storage dtypes of the FSDP rows: fp32 (a row per compute dtype), bf16 (one row: the "
+        "model stored in bf16, computed and reduced in bf16)",
+        group=RUN,
+        flag="fsdp-storage",
+        choices=STORAGE_DTYPES,
+    )
     trace_dir: str | None = option(
         None,
         "a torch.profiler Chrome trace of one step of each FSDP row (rank 0's) in DIR",
@@ -145,6 +162,10 @@ class ZeroBenchConfig(TrainingBenchConfig):
             raise ValueError(
                 f"fsdp_dtypes must be non-empty, from {tuple(COMPUTE_DTYPES)}; "
                 f"got {self.fsdp_dtypes}"
+            )
+        if not self.fsdp_storage or not set(self.fsdp_storage) <= set(STORAGE_DTYPES):
+            raise ValueError(
+                f"fsdp_storage must be non-empty, from {STORAGE_DTYPES}; got {self.fsdp_storage}"
             )
 
 

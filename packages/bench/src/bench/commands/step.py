@@ -6,9 +6,11 @@ the forward, the mean next-token cross-entropy, `loss.backward()`, the AdamW ste
 
 - `ours`: lmcore's model with the options given: attention backend, `--loss` (the fused LM
   head + cross-entropy, or the full logits), `--optimizer` (lmcore's AdamW, its fused kernel, or
-  torch's fused one), `--activation-checkpointing`, `--compile` (the whole model), and on several
-  ranks `--parallel zero1` (ZeRO-1: `ddp.DDPBucketed` with `zero.ShardedOptimizer`; the
-  default) or `fsdp` (`zero.FSDP`, a unit per block).
+  torch's fused one; each keeps AdamW's moments in the parameters' dtype, bf16 for a bf16
+  model, the precision torch's row keeps), `--activation-checkpointing`, `--compile` (each block,
+  identical blocks once), and on several ranks `--parallel zero1` (ZeRO-1: `ddp.DDPBucketed`
+  with `zero.ShardedOptimizer`; the default) and/or `fsdp` (`zero.apply_fsdp`: a unit per
+  block, the embedding and the LM head; each unit's forward compiled, FSDP's hooks outside).
 - `torch-native`: what torch's own tools give for the same model: SDPA attention,
   `torch.utils.checkpoint` around the same segments, a compiled chunked cross-entropy (each
   chunk of tokens checkpointed: one chunk's logits at a time), `torch.optim.AdamW(fused=True)`,
@@ -18,8 +20,9 @@ the forward, the mean next-token cross-entropy, `loss.backward()`, the AdamW ste
 
 Per row: the median step time of `triton.testing.do_bench` over the whole step (the
 leaderboard's method, with budgets of `--warmup-ms` and `--rep-ms` instead of its 10 s and 30 s;
-on several ranks a number of steps all ranks agree on, each step as long as its slowest rank;
-off CUDA the project's timed loop), the first step's time (compilation included, from Inductor
+on several ranks a number of steps all ranks agree on, each step as long as its slowest rank:
+two steps set the count and warm up, then at least three are timed; off CUDA the project's
+timed loop), the first step's time (compilation included, from Inductor
 and Triton cache folders fresh for the run: kernels an earlier row of the run compiled may be
 found there), tokens/s, MFU (against the measured bf16 matmul ceiling of the H100 where known,
 else the data sheet's peak; causal attention counted as half the scores, recomputation not at
@@ -35,10 +38,16 @@ predictions can sit beside these measurements.
 the bytes one block saves for backward (A) and takes as input (b), asks lmcore's
 `memory_optimal_segment_size` for the best k, and runs segments of k − 1, k and k + 1 blocks and
 the nested form (the handout's §3.2 problem (b)). `--preset leaderboard-2026` runs the handout's
-leaderboard configuration (the 8B model, context 32,768, batch 2 over 2 ranks, bf16) with our
-fastest options; it needs 2 GPUs of at least 140 GB: elsewhere it says so and prints the
-depth-reduced command (`--num-layers fit`): on 2 smaller GPUs the preset's two ranks cut to the
-deepest model they fit, on one GPU that GPU's share of the batch.
+leaderboard configuration (`lmcore.LEADERBOARD_2026`: the 8B model, context 32,768, batch 2
+over 2 ranks, bf16) with our fastest options, every row at torch's precision (bf16 weights,
+gradients, reductions and AdamW moments): ours on `zero.FSDP`, ours on ZeRO-1, then the
+torch-native FSDP2 row: seven steps a row (the first, compiling one; two that set the count
+and warm up; three timed; one instrumented), the fewest the multi-rank timer takes, since the
+budgets cover less than one of its steps. `--preset leaderboard-2026-4gpu` is the same step
+at batch 4 over 4 ranks, ours on `zero.FSDP` beside FSDP2. Both need GPUs of at least 140 GB:
+elsewhere they say so and print the depth-reduced command (`--num-layers fit`): on 2 smaller
+GPUs the preset's two ranks cut to the deepest model they fit, on one GPU that GPU's share of
+the batch.
 
 Examples::
 
@@ -49,8 +58,9 @@ Examples::
     bench-step --study checkpointing --size xl --context-length 2048 --batch 4 \\
         --precision bf16-autocast --optimizer torch-fused --no-compile --no-native
     bench-step --preset leaderboard-2026              # 2 GPUs of >= 140 GB each
-    bench-step --size small --context-length 512 --batch 8 --nproc 2 --parallel fsdp \\
-        --precision bf16-autocast --no-compile        # zero.FSDP beside torch's FSDP2
+    bench-step --preset leaderboard-2026-4gpu         # 4 GPUs of >= 140 GB each
+    bench-step --size small --context-length 512 --batch 8 --nproc 2 --parallel fsdp zero1 \\
+        --precision bf16                              # zero.FSDP, ZeRO-1 and torch's FSDP2
 
 Without a GPU a tiny model runs on the CPU (and says so): fp32, SDPA, not compiled.
 """
@@ -66,6 +76,8 @@ import lmcore
 from bench.core.cli import Command, add_timeout_arg
 from bench.core.layouts import parse_name
 from bench.core.model_options import (
+    COMPILE_BACKENDS,
+    DEFAULT_COMPILE_BACKEND,
     HELP,
     LOSSES,
     OPTIMIZERS,
@@ -88,7 +100,6 @@ __all__ = [
     "PARALLEL",
     "PRECISIONS",
     "PRESETS",
-    "PRESET_RANKS",
     "STUDIES",
     "StepConfig",
     "add_options",
@@ -112,26 +123,34 @@ CPU_BUDGET_MS = (5.0, 20.0)
 # Headroom `--num-layers fit` leaves below the memory: the model predicts eager residuals and
 # leaves out the CUDA context, cuBLAS workspaces and the allocator's rounding.
 DEFAULT_HEADROOM = 0.15
-PRESET_RANKS = 2
-_LEADERBOARD = MODEL_SIZES["leaderboard-8b"]
-# The handout's leaderboard configuration (8B model, context 32,768, batch 2 over 2 ranks, bf16)
-# with our fastest options: ZeRO-1 (so the model compiles), fa2, the fused loss and AdamW.
+_LEADERBOARD = lmcore.LEADERBOARD_2026
+# The handout's leaderboard step (lmcore's `LEADERBOARD_2026`: the model at its own depth,
+# vocabulary and context, named here as well so that no device's default replaces them; its
+# batch over its GPUs; its precision) with our fastest options:
+# fa2, the fused loss, the fused AdamW (bf16 moments, torch's precision), every block
+# checkpointed, compiled; ours on zero.FSDP, then on ZeRO-1, then the torch-native FSDP2 row.
+# The 4-GPU variant: the same batch per GPU over 4 ranks (batch 4), ours on zero.FSDP beside
+# FSDP2, for the scaling from 2 ranks.
+_LEADERBOARD_STEP: dict[str, Any] = {
+    "size": _LEADERBOARD.size,
+    "num_layers": _LEADERBOARD.model_size.num_layers,
+    "context_length": _LEADERBOARD.model_size.context_length,
+    "batch": _LEADERBOARD.batch_per_gpu,
+    "precision": _LEADERBOARD.precision,
+    "attention": ("fa2-triton",),
+    "loss": ("fused",),
+    "optimizer": ("lmcore-fused",),
+    "activation_checkpointing": ("blocks",),
+    "compile": True,
+    "native": True,
+}
 PRESETS: Mapping[str, dict[str, Any]] = {
     "leaderboard-2026": {
-        "size": "leaderboard-8b",
-        "num_layers": _LEADERBOARD.num_layers,
-        "context_length": _LEADERBOARD.context_length,
-        "batch": 1,
-        "precision": "bf16",
-        "attention": ("fa2-triton",),
-        "loss": ("fused",),
-        "optimizer": ("lmcore-fused",),
-        "activation_checkpointing": ("blocks",),
-        "compile": True,
-        "native": True,
-        "nproc": PRESET_RANKS,
-        "parallel": "zero1",
-    }
+        **_LEADERBOARD_STEP,
+        "nproc": _LEADERBOARD.num_gpus,
+        "parallel": ("fsdp", "zero1"),
+    },
+    "leaderboard-2026-4gpu": {**_LEADERBOARD_STEP, "nproc": 4, "parallel": ("fsdp",)},
 }
 MODEL = Group("model")
 OURS = Group("ours (several values multiply; torch-native keeps its own)")
@@ -188,14 +207,19 @@ class StepConfig:
         "leaderboard's", group=RUN, choices=PRECISIONS,
         parse=parse_name(command="bench-step", offered=PRECISIONS), cpu="fp32",
     )  # fmt: skip
-    compile: bool = option(True, "torch.compile", group=RUN, cpu=False)
+    compile: bool = option(
+        True, "torch.compile each block (under zero.FSDP each unit)", group=RUN, cpu=False
+    )
+    compile_backend: str = option(
+        DEFAULT_COMPILE_BACKEND, HELP["compile_backend"], group=RUN, choices=COMPILE_BACKENDS
+    )
     native: bool = option(True, "the torch-native rows", group=RUN)
     nproc: int = option(
         1, "ranks", group=RUN, parse=positive_int, default_text="1; torchrun's under torchrun"
     )
-    parallel: str = option(
-        "single", "ours on several ranks: zero1 or fsdp", group=RUN, choices=PARALLEL,
-        parse=parse_name(command="bench-step", offered=PARALLEL),
+    parallel: tuple[str, ...] = option(
+        ("single",), "ours' layouts on several ranks, a row each: zero1, fsdp", group=RUN,
+        choices=PARALLEL, parse=parse_name(command="bench-step", offered=PARALLEL),
         default_text="single; zero1 on several ranks",
     )  # fmt: skip
     study: str | None = option(
@@ -225,6 +249,7 @@ class StepConfig:
             "loss": (self.loss, LOSSES),
             "optimizer": (self.optimizer, OPTIMIZERS),
             "activation_checkpointing": (self.activation_checkpointing, None),
+            "parallel": (self.parallel, PARALLEL),
         }
         for name, (given, allowed) in sweeps.items():
             if not given or (allowed is not None and not set(given) <= set(allowed)):
@@ -261,13 +286,13 @@ class StepConfig:
 
 def step_given(args: argparse.Namespace, given: dict[str, Any]) -> dict[str, Any]:
     """The fields given, with the rules that follow other options: `--preset`'s fields under
-    them; torchrun's ranks; `zero1` on several ranks (it compiles, and takes a model built in
-    bf16); a named size at its own depth (CUDA's default is `fit`)."""
+    them; torchrun's ranks; `zero1` on several ranks; a named size at its own depth (CUDA's
+    default is `fit`)."""
     given = {**(PRESETS[args.preset] if args.preset else {}), **given}
     if "nproc" not in given and torchrun_world_size():
         given["nproc"] = torchrun_world_size()
     if given.get("nproc", 1) > 1 and "parallel" not in given:
-        given["parallel"] = "zero1"
+        given["parallel"] = ("zero1",)
     if "size" in given and "num_layers" not in given:
         given["num_layers"] = lmcore.MODEL_SIZES[given["size"]].num_layers
     return given
@@ -277,7 +302,7 @@ def depth_reduced_argv(*, num_gpus: int) -> list[str]:
     """The command (argv) that stands in for the leaderboard preset where its GPUs are too small
     (or too few): the preset's model, options and batch per rank, with `--num-layers fit`.
 
-    With `PRESET_RANKS` GPUs or more it keeps the preset's ranks and layout (the deepest model
+    With the preset's GPUs or more it keeps the preset's ranks and layouts (the deepest model
     two such GPUs fit); with fewer it is one GPU's share of the batch; without a GPU it names
     the memory to fit (`--memory 80GB`), so that it runs as printed.
 
@@ -292,15 +317,19 @@ def depth_reduced_argv(*, num_gpus: int) -> list[str]:
     argv += ["--attention", *preset["attention"], "--loss", *preset["loss"]]
     argv += ["--optimizer", *preset["optimizer"]]
     argv += ["--activation-checkpointing", *preset["activation_checkpointing"], "--compile"]
-    if num_gpus >= PRESET_RANKS:
-        argv += ["--nproc", str(preset["nproc"]), "--parallel", preset["parallel"]]
+    if num_gpus >= preset["nproc"]:
+        argv += ["--nproc", str(preset["nproc"]), "--parallel", *preset["parallel"]]
     return argv + ([] if num_gpus else ["--memory", "80GB"])
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """`--preset` and `--timeout`, the options that are no field of `StepConfig`."""
     run = parser.add_argument_group("preset and time limit")
-    run.add_argument("--preset", choices=list(PRESETS), help="the handout's leaderboard step")
+    run.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help="the handout's leaderboard step (on its 2 GPUs, or at batch 4 over 4)",
+    )
     add_timeout_arg(run, scope="for all ranks")
 
 

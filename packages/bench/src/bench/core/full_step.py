@@ -5,19 +5,21 @@ the forward with the mean next-token cross-entropy, `loss.backward()`, the AdamW
 `StepSpec` names the model and how the step runs it, in two flavours:
 
 - `ours`: lmcore's model with the shared model options (`bench.core.model_options`): attention
-  backend, loss, optimizer, activation checkpointing, `torch.compile` of the whole model; on
-  several ranks a layout of ours (`bench.core.parallel`): `zero1` (`ddp.DDPBucketed` with
-  `zero.ShardedOptimizer`) or `fsdp` (`zero.FSDP`, a unit per block).
+  backend, loss, optimizer (its moments in the parameters' dtype, as torch's AdamW keeps them),
+  activation checkpointing, `torch.compile` of each block; on several ranks a layout of ours
+  (`bench.core.parallel`): `zero1` (`ddp.DDPBucketed` with `zero.ShardedOptimizer`) or `fsdp`
+  (`zero.apply_fsdp`: a unit per block, the embedding and the head; each unit compiled).
 - `torch-native`: the same model as a torch user would run it (`bench.core.torch_native`): SDPA,
   the same checkpointed segments, a compiled chunked cross-entropy, `torch.optim.AdamW(fused=
   True)`, each block compiled, and torch's FSDP2 on several ranks.
 
 `measure_step(spec, rank=, device=)` builds the step, times its first call (compilation
 included), then its steady state (`triton.testing.do_bench` on one rank, the leaderboard's
-method; on several ranks a number of steps every rank agrees on, so their collectives pair up),
-then one more step read at its phase boundaries (`bench.core.step_memory`), and last, with the
-model gone, the attention backend alone at the step's shape. `step_flops` counts the step's
-FLOPs for MFU.
+method; on several ranks a number of steps every rank agrees on, so their collectives pair up:
+two steps whose slowest rank sets the step time, counted as warm-up, then more warm-up steps to
+fill `warmup_ms`, then `max(3, rep_ms / step)` timed steps), then one more step read at its
+phase boundaries (`bench.core.step_memory`), and last, with the model gone, the attention
+backend alone at the step's shape. `step_flops` counts the step's FLOPs for MFU.
 
 Example::
 
@@ -41,6 +43,7 @@ import torch.distributed as dist
 
 import lmcore
 from bench.core.layouts import (
+    DTYPES,
     LAYOUTS,
     PRECISIONS,
     autocast_dtype,
@@ -48,7 +51,7 @@ from bench.core.layouts import (
     compute_dtype,
 )
 from bench.core.memory import free_memory
-from bench.core.model_options import LOSSES, OPTIMIZERS
+from bench.core.model_options import COMPILE_BACKENDS, DEFAULT_COMPILE_BACKEND, LOSSES, OPTIMIZERS
 from bench.core.model_runtime import loss_function, next_token_loss, optimizer_class
 from bench.core.parallel import Parallel
 from bench.core.step import build_lm
@@ -78,6 +81,10 @@ _DATA_SEED = 1000
 # The attention alone is timed with at most these do_bench budgets (ms): it is a small part of
 # the row's time, and its shape is fixed.
 _ATTENTION_BUDGET_MS = (25.0, 100.0)
+# On several ranks: steps whose slowest rank's median sets the step time the counts are taken
+# from (they are warm-up steps too), and the fewest timed steps (a median of three).
+_ESTIMATE_STEPS = 2
+_MIN_TIMED_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,9 @@ class StepSpec:
         optimizer: from `bench.core.model_options.OPTIMIZERS` (the torch-native step's is
             `torch-fused`).
         activation_checkpointing: an lmcore spec, for both.
-        compile: `torch.compile` (ours: the model; torch-native: each block and the loss).
+        compile: `torch.compile` (ours: each block, under `zero.FSDP` each unit; torch-native:
+            each block and the loss).
+        compile_backend: `torch.compile`'s backend (`bench.core.model_options.COMPILE_BACKENDS`).
         world_size: ranks in the default process group (1: none).
         parallel: ours' layout (`bench.core.layouts`): `single` on one rank, one of ours on
             several (the torch-native step runs FSDP2 there).
@@ -111,6 +120,7 @@ class StepSpec:
     optimizer: str = "lmcore"
     activation_checkpointing: str = "none"
     compile: bool = False
+    compile_backend: str = DEFAULT_COMPILE_BACKEND
     world_size: int = 1
     parallel: str = "single"
     warmup_ms: float = 25.0
@@ -124,6 +134,7 @@ class StepSpec:
             ("loss", self.loss, (NATIVE_LOSS,) if native else LOSSES),
             ("optimizer", self.optimizer, (NATIVE_OPTIMIZER,) if native else OPTIMIZERS),
             ("parallel", self.parallel, _OURS),
+            ("compile_backend", self.compile_backend, COMPILE_BACKENDS),
         )
         for name, value, allowed in choices:
             if value not in allowed:
@@ -139,7 +150,7 @@ class StepSpec:
                 "a layout of ours, and those need several ranks"
             )
         if not native:
-            check_combination(self.parallel, self.precision, compile=self.compile)
+            check_combination(self.parallel, self.precision)
 
     @property
     def layout(self) -> str:
@@ -148,6 +159,12 @@ class StepSpec:
         if self.impl == "torch-native" and self.world_size > 1:
             return "fsdp:torch"
         return self.parallel
+
+    @property
+    def moment_dtype(self) -> str:
+        """AdamW's moments' dtype (`fp32`, `bf16`): the parameters', for every optimizer
+        (lmcore's fused one is given `moment_dtype` for bf16 parameters, as torch's keeps)."""
+        return PRECISIONS[self.precision].weights
 
     @property
     def plan_precision(self) -> str:
@@ -193,6 +210,7 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
     x = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
     y = torch.randint(model_config.vocab_size, shape, generator=g).to(device)
     autocast_to = autocast_dtype(spec.precision)
+    compiled = {"compile": spec.compile, "compile_backend": spec.compile_backend}
 
     def autocast() -> contextlib.AbstractContextManager:
         return torch.autocast(device.type, dtype=autocast_to, enabled=autocast_to is not None)
@@ -207,20 +225,18 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
         if PRECISIONS[spec.precision].weights == "bf16":
             model = model.to(torch.bfloat16)
         if spec.world_size > 1:
-            native = TorchNativeLM(model, compile=spec.compile)
-            fully_shard_blocks(native, model.layers, param_dtype=autocast_to, compile=spec.compile)
+            native = TorchNativeLM(model, **compiled)
+            fully_shard_blocks(native, model.layers, param_dtype=autocast_to, **compiled)
         else:
-            native = torch_native_model(model, compile=spec.compile)
+            native = torch_native_model(model, **compiled)
         cls, path = optimizer_class(NATIVE_OPTIMIZER)
         optimizer = cls(native.parameters(), **ADAMW_OPTIONS, **path)
         return _Step(native, optimizer, lambda: native(x, y), autocast)
     fused = spec.loss == "fused"
-    loss_fn = loss_function(compile=spec.compile and not fused)
-    parallel = Parallel(
-        spec.parallel, device=device, precision=spec.precision, compile=spec.compile
-    )
+    loss_fn = loss_function(compile=spec.compile and not fused, backend=spec.compile_backend)
+    parallel = Parallel(spec.parallel, device=device, precision=spec.precision, **compiled)
     wrapped = parallel.wrap(model)
-    cls, path = optimizer_class(spec.optimizer)
+    cls, path = optimizer_class(spec.optimizer, param_dtype=DTYPES[spec.moment_dtype])
     optimizer = parallel.build_optimizer(wrapped.parameters(), cls, {**ADAMW_OPTIONS, **path})
     return _Step(
         wrapped,
@@ -234,15 +250,17 @@ def _build(spec: StepSpec, rank: int, device: torch.device) -> _Step:
 
 def _agreed_steps(step: _Step, spec: StepSpec, device: torch.device) -> list[float]:
     """Step times (ms) on several ranks: counts from the slowest rank's estimate, the same on
-    every rank, so that their collectives pair up."""
+    every rank, so that their collectives pair up. The estimating steps warm up too; for a step
+    of seconds the window is those two and `_MIN_TIMED_STEPS` timed ones."""
     estimate = torch.tensor(
-        [statistics.median(elapsed_ms(step, device=device)[1] for _ in range(2))], device=device
+        [statistics.median(elapsed_ms(step, device=device)[1] for _ in range(_ESTIMATE_STEPS))],
+        device=device,
     )
     dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
     per_step = max(estimate.item(), 1e-3)
-    for _ in range(max(1, int(spec.warmup_ms / per_step))):
+    for _ in range(int(spec.warmup_ms / per_step) - _ESTIMATE_STEPS):
         step()
-    repeats = min(1000, max(3, int(spec.rep_ms / per_step)))
+    repeats = min(1000, max(_MIN_TIMED_STEPS, int(spec.rep_ms / per_step)))
     return [elapsed_ms(step, device=device)[1] for _ in range(repeats)]
 
 

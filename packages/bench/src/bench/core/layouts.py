@@ -19,7 +19,8 @@ name                what runs                                                   
                     sharded)
 `zero1:torch-ddp`   torch's DDP + `zero.ShardedOptimizer`                             zero1
 `zero1:torch`       torch's DDP + torch's `ZeroRedundancyOptimizer`                   zero1
-`fsdp`              `zero.FSDP`, a unit per block, the next unit prefetched           fsdp
+`fsdp`              `zero.FSDP`, a unit per block, the embedding and the LM head      fsdp
+                    units of their own, the next unit prefetched
 `fsdp:no-prefetch`  `zero.FSDP` gathering each unit only when it is needed            fsdp
 `fsdp:torch`        torch's FSDP2 (`fully_shard` per block, then the root)            fsdp
 `tp`, `fsdp-tp`     Megatron-style tensor parallelism, alone or inside FSDP groups    (predicted
@@ -88,6 +89,9 @@ class Layout:
         optimizer: `plain` (the optimizer over the wrapper's parameters), `ShardedOptimizer`
             (`zero.ShardedOptimizer` around it) or `ZeroRedundancyOptimizer` (torch's).
         prefetch: FSDP gathers the next unit while one computes.
+        units: under FSDP, the `lmcore` module classes sharded as units of their own, by name
+            (what is in none stays in the root unit, gathered from the forward to the end of
+            the backward).
     """
 
     name: str
@@ -96,6 +100,7 @@ class Layout:
     wrapper: str | None
     optimizer: str = "plain"
     prefetch: bool = True
+    units: tuple[str, ...] = ()
 
     @property
     def runs(self) -> bool:
@@ -134,6 +139,10 @@ class Layout:
         return ":torch" not in self.name
 
 
+# zero.FSDP's units in an `lmcore.TransformerLM`: each block, and the embedding and the LM head,
+# the two largest weights of a large-vocabulary model, gathered around their own passes only
+# (FSDP2's root keeps them gathered from the forward to the end of the backward).
+_OURS = ("TransformerBlock", "Embedding", "LMHead")
 _LAYOUT_LIST = (
     Layout("single", "the model alone", "single", None),
     Layout("ddp", "ddp.DDPBucketed", "ddp", "DDPBucketed"),
@@ -162,12 +171,14 @@ _LAYOUT_LIST = (
         "DistributedDataParallel",
         "ZeroRedundancyOptimizer",
     ),
-    Layout("fsdp", "zero.FSDP, a unit per block", "fsdp", "FSDP"),
-    Layout("fsdp:no-prefetch", "zero.FSDP without prefetching", "fsdp", "FSDP", prefetch=False),
-    Layout("fsdp:torch", "torch FSDP2 (fully_shard per block)", "fsdp", "fully_shard"),
+    Layout("fsdp", "zero.FSDP, units: blocks, embedding, head", "fsdp", "FSDP", units=_OURS),
+    Layout("fsdp:no-prefetch", "zero.FSDP without prefetching", "fsdp", "FSDP", prefetch=False,
+           units=_OURS),
+    Layout("fsdp:torch", "torch FSDP2 (fully_shard per block)", "fsdp", "fully_shard",
+           units=("TransformerBlock",)),
     Layout("tp", "Megatron-style tensor parallelism", "tp", None),
     Layout("fsdp-tp", "FSDP across groups of tensor-parallel ranks", "fsdp-tp", None),
-)
+)  # fmt: skip
 LAYOUTS: Mapping[str, Layout] = MappingProxyType({layout.name: layout for layout in _LAYOUT_LIST})
 FAMILIES = ("single", "ddp", "zero1", "fsdp", "tp", "fsdp-tp")
 
@@ -238,21 +249,21 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType(
 )  # fmt: skip
 
 
-def check_combination(layout: str, precision: str, *, compile: bool = False) -> None:
-    """Refuse a layout, precision and compilation that do not run together.
+def check_combination(layout: str, precision: str) -> None:
+    """Refuse a layout and precision that do not run together: every layout that runs takes
+    every precision that runs (zero.FSDP keeps bf16 shards for `bf16`, float32 ones gathered
+    in bf16 for `bf16-autocast`), and each compiles (`bench.core.parallel` says how).
 
     Raises:
-        ValueError: a precision only bench-plan predicts (`bf16-master`), or `torch.compile`
-            under `zero.FSDP`.
+        ValueError: an unknown layout, or a precision only bench-plan predicts (`bf16-master`).
     """
-    spec, prec = LAYOUTS[layout], PRECISIONS[precision]
-    if not prec.runs:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    if not PRECISIONS[precision].runs:
         raise ValueError(
             f"precision {precision!r} is predicted by bench-plan only; run fp32, bf16-autocast "
             "or bf16"
         )
-    if spec.wrapper == "FSDP" and compile:
-        raise ValueError(f"zero.FSDP ({layout}) does not run compiled yet; add --no-compile")
 
 
 # The torch dtype of each of `Precision`'s dtype names (imported when one is looked up).

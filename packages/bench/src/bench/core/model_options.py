@@ -10,6 +10,9 @@ by bench-model, bench-train and bench-step.
 - `--optimizer {lmcore,lmcore-fused,torch-fused}` (tools with an optimizer): `lmcore.AdamW`'s
   multi-tensor path, `lmcore.AdamW(fused=True)` (one Triton launch per group; float32 moments
   also for bf16 parameters), or `torch.optim.AdamW(fused=True)`.
+- `--compile-backend NAME`: the backend `torch.compile` generates code with (`inductor`, what
+  runs fast; `aot_eager`, which traces the same graphs, guards and saved tensors without
+  generating kernels: a compiled run's behaviour checked cheaply, e.g. on a CPU).
 - `--num-kv-heads N`: grouped-query attention (key/value heads shared by query heads).
 - `--num-layers N`: the size's depth overridden, a depth-reduced model (`with_depth`).
 
@@ -38,7 +41,9 @@ import lmcore
 
 __all__ = [
     "CHECKPOINTING_FORMS",
+    "COMPILE_BACKENDS",
     "DEFAULT_CHECKPOINTING",
+    "DEFAULT_COMPILE_BACKEND",
     "DEFAULT_LOSS",
     "HELP",
     "LOSSES",
@@ -53,6 +58,11 @@ OPTIMIZERS = ("lmcore", "lmcore-fused", "torch-fused")
 # The next-token losses: the full logits, or lmcore's fused LM head + cross-entropy.
 LOSSES = ("materialized", "fused")
 CHECKPOINTING_FORMS = lmcore.ActivationCheckpointing.FORMS
+# `torch.compile`'s backends a tool offers (torchtitan's `compile.backend`): inductor generates
+# the kernels; aot_eager traces the same graphs and partitions forward from backward but runs
+# them eagerly (seconds instead of minutes on a CPU: the tests' choice); eager only traces.
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+DEFAULT_COMPILE_BACKEND = "inductor"
 # What a model gets when the option is not given: nothing recomputed, the full logits (the
 # handout's model, as every tool measured it before the options existed).
 DEFAULT_CHECKPOINTING = "none"
@@ -70,8 +80,13 @@ HELP: Mapping[str, str] = {
         "cross-entropy in chunks, never holding the [tokens, vocabulary] logits"
     ),
     "optimizer": (
-        "AdamW: lmcore (multi-tensor), lmcore-fused (one Triton launch per group, float32 "
-        "moments), torch-fused (torch.optim.AdamW(fused=True))"
+        "AdamW: lmcore (multi-tensor), lmcore-fused (one Triton launch per group), torch-fused "
+        "(torch.optim.AdamW(fused=True)); each keeps its moments in the parameters' dtype (bf16 "
+        "for a model stored in bf16, as torch's AdamW does)"
+    ),
+    "compile_backend": (
+        "torch.compile's backend: inductor (generated kernels); aot_eager or eager to check a "
+        "compiled run's graphs cheaply"
     ),
     "num_kv_heads": (
         "key/value heads, each shared by num_heads / num_kv_heads query heads (grouped-query "

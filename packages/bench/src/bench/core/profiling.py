@@ -33,7 +33,7 @@ import bisect
 import contextlib
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ import torch
 
 from bench.core.env import device_name
 from bench.core.results import Keys, Run, save_json, to_markdown
+from bench.core.timing import elapsed_ms
 
 __all__ = [
     "ATTENTION_RANGES",
@@ -53,9 +54,12 @@ __all__ = [
     "attention_flops",
     "collective_overlap",
     "kernel_category",
+    "merged_spans",
+    "overlap_share",
     "profile_rows",
     "profiled",
     "save_profile",
+    "traced_step",
 ]
 
 PHASES = ("forward", "backward", "optimizer")
@@ -239,7 +243,7 @@ def profile_rows(
     return rows
 
 
-def _merged(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+def merged_spans(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     """Disjoint intervals covering the same time as `spans`, in order."""
     out: list[tuple[float, float]] = []
     for start, end in sorted(spans):
@@ -281,7 +285,16 @@ def collective_overlap(events: Sequence[Any], *, collective: str) -> float | Non
                 comm.append(span)
         elif not _NOT_COMPUTE.match(e.name):
             compute.append(span)
-    comm, compute = _merged(comm), _merged(compute)
+    return overlap_share(comm, compute)
+
+
+def overlap_share(
+    comm: Iterable[tuple[float, float]], compute: Iterable[tuple[float, float]]
+) -> float | None:
+    """The share of the time covered by the `comm` intervals during which some `compute`
+    interval runs as well (intervals `(start, end)` in one unit, overlapping ones merged); None
+    when `comm` covers no time."""
+    comm, compute = merged_spans(comm), merged_spans(compute)
     total = sum(end - start for start, end in comm)
     if not total:
         return None
@@ -290,6 +303,25 @@ def collective_overlap(events: Sequence[Any], *, collective: str) -> float | Non
         for c_start, c_end in compute:
             shared += max(0.0, min(end, c_end) - max(start, c_start))
     return shared / total
+
+
+def traced_step(
+    step: Callable[[], Any], path: Path, *, rank: int, device: torch.device, collective: str
+) -> float | None:
+    """One more step, under torch.profiler on rank 0 (the others just step): its Chrome trace
+    goes to `path`; the share of `collective`'s kernel time beside compute comes back (see
+    `collective_overlap`; None on the other ranks and off CUDA)."""
+    if rank != 0:
+        elapsed_ms(step, device=device)
+        return None
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        elapsed_ms(step, device=device)  # synchronises: every kernel is in the trace
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    return collective_overlap(prof.events(), collective=collective)
 
 
 def _ranked(

@@ -1,9 +1,13 @@
 """The pieces of a torch-native training step: what a user who takes only torch's own tools would
 write around the same `lmcore.TransformerLM`.
 
+- `compile_blocks(blocks)`: each block compiled in place (`block.compile()`), torchtitan's way:
+  identical blocks compile once (dynamo's guards do not pin the module instance), and a
+  checkpoint around a block's call stays outside the compiled code, so it drops what the block
+  saves. Ours compile the same way (`bench.core.parallel`).
 - `fully_shard_blocks(root, blocks, ...)`: torch's FSDP2 as its documentation advises,
   `fully_shard` on every block (compiled in place first, if asked), then on the root. bench-zero's
-  `torch-fsdp` rows, bench-train's `--parallel torch-fsdp` and bench-step's torch-native rows all
+  `fsdp:torch` rows, bench-train's `--parallel fsdp:torch` and bench-step's torch-native rows all
   shard this way.
 - `chunked_cross_entropy(hidden, weight, targets)`: the LM head and the cross-entropy over chunks
   of tokens, each chunk a compiled `F.cross_entropy(hidden_c @ Wᵀ, y_c)` under
@@ -36,8 +40,23 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import lmcore
+from bench.core.model_options import DEFAULT_COMPILE_BACKEND
 
-__all__ = ["TorchNativeLM", "chunked_cross_entropy", "fully_shard_blocks", "torch_native_model"]
+__all__ = [
+    "TorchNativeLM",
+    "chunked_cross_entropy",
+    "compile_blocks",
+    "fully_shard_blocks",
+    "torch_native_model",
+]
+
+
+def compile_blocks(blocks: Iterable[nn.Module], *, backend: str = DEFAULT_COMPILE_BACKEND) -> None:
+    """`torch.compile` each block in place (`block.compile(backend=backend)`): parameter names
+    stay the model's own, blocks of one class share one graph, and a checkpoint around a
+    block's call (lmcore's `CheckpointedBlockStack`) stays outside the compiled code."""
+    for block in blocks:
+        block.compile(backend=backend)
 
 
 def fully_shard_blocks(
@@ -46,6 +65,7 @@ def fully_shard_blocks(
     *,
     param_dtype: torch.dtype | None = None,
     compile: bool = False,
+    compile_backend: str = DEFAULT_COMPILE_BACKEND,
 ) -> nn.Module:
     """torch's FSDP2 applied as its docs advise: `fully_shard` on every block, then on `root`.
 
@@ -54,8 +74,8 @@ def fully_shard_blocks(
         blocks: the blocks, each a unit of its own (gathered before its forward, freed after).
         param_dtype: the dtype weights are gathered and gradients reduced in
             (`MixedPrecisionPolicy(param_dtype=...)`); None: the parameters' own.
-        compile: `torch.compile` each block in place before sharding it (parameter names stay
-            the model's own).
+        compile: `torch.compile` each block in place before sharding it (`compile_blocks`).
+        compile_backend: the backend it compiles with.
 
     Returns:
         `root`, sharded in place (an `FSDPModule`).
@@ -63,9 +83,10 @@ def fully_shard_blocks(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype)
+    blocks = list(blocks)
+    if compile:
+        compile_blocks(blocks, backend=compile_backend)
     for block in blocks:
-        if compile:
-            block.compile()
         fully_shard(block, mp_policy=policy)
     return fully_shard(root, mp_policy=policy)
 
@@ -84,9 +105,10 @@ def _accumulation(dtype: torch.dtype) -> torch.dtype:
 
 
 @functools.cache
-def _compiled_chunk_loss() -> Callable[..., torch.Tensor]:
-    """One compiled chunk loss for the process (each new chunk shape compiles once)."""
-    return torch.compile(_chunk_loss_sum, dynamic=False)
+def _compiled_chunk_loss(backend: str) -> Callable[..., torch.Tensor]:
+    """One compiled chunk loss per backend for the process (each new chunk shape compiles
+    once)."""
+    return torch.compile(_chunk_loss_sum, dynamic=False, backend=backend)
 
 
 def chunked_cross_entropy(
@@ -96,6 +118,7 @@ def chunked_cross_entropy(
     *,
     chunk_tokens: int | None = None,
     compile: bool = True,
+    compile_backend: str = DEFAULT_COMPILE_BACKEND,
 ) -> torch.Tensor:
     """Mean `F.cross_entropy(hidden @ weight.T, targets)` over chunks of tokens, each
     checkpointed, so that only one chunk's logits exist at a time.
@@ -107,6 +130,7 @@ def chunked_cross_entropy(
         chunk_tokens: tokens per chunk; by default lmcore's fused loss's own rule
             (`lmcore.chunk_rows`: 1 GiB of logits per chunk), so the two hold the same chunk.
         compile: each chunk's loss through `torch.compile`.
+        compile_backend: the backend it compiles with.
 
     Returns:
         The mean loss over all tokens, 0-dim, in float32 (float64 for float64 inputs).
@@ -115,7 +139,7 @@ def chunked_cross_entropy(
     targets = targets.flatten()
     tokens = hidden.shape[0]
     step = chunk_tokens or lmcore.chunk_rows(tokens, weight.shape[0], hidden.dtype)
-    loss_sum = _compiled_chunk_loss() if compile else _chunk_loss_sum
+    loss_sum = _compiled_chunk_loss(compile_backend) if compile else _chunk_loss_sum
     total = hidden.new_zeros((), dtype=_accumulation(hidden.dtype))
     for start in range(0, tokens, step):
         chunk = slice(start, start + step)
@@ -135,7 +159,8 @@ class TorchNativeLM(nn.Module):
     Args:
         model: the model (its attention backend is the caller's choice; SDPA for a torch user).
         compile: the chunk loss through `torch.compile` (blocks are compiled by the caller, in
-            place, e.g. `fully_shard_blocks(..., compile=True)` or `block.compile()`).
+            place, e.g. `fully_shard_blocks(..., compile=True)` or `compile_blocks`).
+        compile_backend: the backend the chunk loss compiles with.
         chunk_tokens: tokens per loss chunk (see `chunked_cross_entropy`).
     """
 
@@ -144,11 +169,13 @@ class TorchNativeLM(nn.Module):
         model: lmcore.TransformerLM,
         *,
         compile: bool = True,
+        compile_backend: str = DEFAULT_COMPILE_BACKEND,
         chunk_tokens: int | None = None,
     ) -> None:
         super().__init__()
         self.lm = model
         self.compile_loss = compile
+        self.compile_backend = compile_backend
         self.chunk_tokens = chunk_tokens
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
@@ -164,15 +191,20 @@ class TorchNativeLM(nn.Module):
             targets,
             chunk_tokens=self.chunk_tokens,
             compile=self.compile_loss,
+            compile_backend=self.compile_backend,
         )
 
 
-def torch_native_model(model: lmcore.TransformerLM, *, compile: bool) -> TorchNativeLM:
+def torch_native_model(
+    model: lmcore.TransformerLM,
+    *,
+    compile: bool,
+    compile_backend: str = DEFAULT_COMPILE_BACKEND,
+) -> TorchNativeLM:
     """`model` as a torch user runs it on one rank, the strongest plain-torch step: each block
-    compiled in place (parameter names stay the model's own) and `TorchNativeLM`'s chunked,
-    compiled cross-entropy. bench-step's torch-native rows and bench-train's `--baseline torch`
-    both run it (on several ranks, `fully_shard_blocks` compiles the blocks instead)."""
+    compiled in place (`compile_blocks`) and `TorchNativeLM`'s chunked, compiled cross-entropy.
+    bench-step's torch-native rows and bench-train's `--baseline torch` both run it (on several
+    ranks, `fully_shard_blocks` compiles the blocks instead)."""
     if compile:
-        for block in model.layers:
-            block.compile()
-    return TorchNativeLM(model, compile=compile)
+        compile_blocks(model.layers, backend=compile_backend)
+    return TorchNativeLM(model, compile=compile, compile_backend=compile_backend)

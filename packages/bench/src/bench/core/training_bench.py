@@ -62,7 +62,7 @@ class TrainingBenchConfig:
     )
     context_length: int = option(128, "tokens per sequence", group=MODEL, cpu=32)
     batch: int = option(4, "sequences per rank", group=MODEL, cpu=2)
-    vocab_size: int = option(lmcore.VOCAB_SIZE, "vocabulary", group=MODEL)
+    vocab_size: int | None = option(None, "vocabulary", group=MODEL, default_text="the size's own")
     nproc: int = option(2, "ranks, one GPU each on CUDA", group=RUN, aliases=("world-size",))
     variants: tuple[str, ...] = ()
     warmup: int = option(
@@ -76,7 +76,7 @@ class TrainingBenchConfig:
             raise ValueError(
                 f"variants must be non-empty, from {self.VARIANTS}; got {self.variants}"
             )
-        sizes = (self.context_length, self.batch, self.vocab_size, self.steps)
+        sizes = (self.context_length, self.batch, self.vocabulary, self.steps)
         if min(sizes) < 1 or self.warmup < 1 or self.nproc < 2:
             raise ValueError(
                 "context_length, batch, vocab_size and steps must be positive, warmup at least 1 "
@@ -95,6 +95,12 @@ class TrainingBenchConfig:
     def model_size(self) -> lmcore.ModelSize:
         """The widths and depth of `size`."""
         return lmcore.MODEL_SIZES[self.size]
+
+    @property
+    def vocabulary(self) -> int:
+        """The model's vocabulary: `vocab_size`, else the size's own (leaderboard-8b's 151,936,
+        the handout's 10,000 for the others)."""
+        return self.vocab_size or self.model_size.vocab_size
 
     def summary(self) -> str:
         """The run in words, for a title: ranks, batch, context, warm-up and timed steps."""
@@ -143,4 +149,4 @@ def token_batches(
     g = torch.Generator().manual_seed(_DATA_SEED + rank)
     shape = (config.batch, config.context_length + 1)  # (batch, seq + 1)
     while True:
-        yield torch.randint(config.vocab_size, shape, generator=g).to(device)
+        yield torch.randint(config.vocabulary, shape, generator=g).to(device)

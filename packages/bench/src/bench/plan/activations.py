@@ -43,15 +43,18 @@ from bench.plan.params import model_parameters
 
 __all__ = [
     "ATTENTION_KINDS",
+    "COMPILED_ATTENTION",
+    "PLAN_LOSSES",
     "REGIMES",
     "LossMemory",
     "Residual",
     "block_backward_working_set",
     "block_residuals",
     "combined_formula",
+    "compiled_residuals_known",
     "compute_bytes",
-    "fused_loss_chunk_tokens",
     "head_residuals",
+    "loss_chunk_tokens",
     "loss_memory",
     "materializes_scores",
     "residual_bytes",
@@ -167,8 +170,31 @@ def _norm(
     return out
 
 
+# What a block compiled by inductor keeps for backward (its min-cut partition of the joint graph,
+# read on the CPU: the tests compile a block with inductor's partitioner and decompositions and
+# count what is saved): seven T·d and two T·d_kv tensors and three T·f ones in the residual
+# dtype, the two norms' float32 rsqrt and the attention's logsumexp, for a fused attention
+# kernel (SDPA, fa2's Triton path; fa2's PyTorch path is traced into many more) in fp32 or bf16
+# (autocast is not measured). The same whatever holds the block: a compiled block under a
+# checkpoint keeps it while the checkpoint recomputes it.
+COMPILED_ATTENTION = ("sdpa", "fa2-triton")
+_COMPILED_TD, _COMPILED_TDKV, _COMPILED_TF = 7, 2, 3
+
+
+def compiled_residuals_known(config: lmcore.ModelConfig, *, regime: str, tp: int = 1) -> bool:
+    """Whether `block_residuals(..., compiled=True)` knows what inductor keeps for this block
+    (a fused attention kernel, fp32 or bf16, no tensor parallelism); else it gives eager's."""
+    return config.attention in COMPILED_ATTENTION and regime != "autocast" and tp == 1
+
+
 def block_residuals(
-    config: lmcore.ModelConfig, *, batch: int, seq_len: int, regime: str, tp: int = 1
+    config: lmcore.ModelConfig,
+    *,
+    batch: int,
+    seq_len: int,
+    regime: str,
+    tp: int = 1,
+    compiled: bool = False,
 ) -> list[Residual]:
     """The tensors one `TransformerBlock` saves for backward on one device.
 
@@ -178,6 +204,8 @@ def block_residuals(
         seq_len: tokens per sequence s.
         regime: one of `REGIMES`.
         tp: tensor-parallel ranks the block is split over.
+        compiled: the block compiled by inductor, where what it keeps is known
+            (`compiled_residuals_known`); eager code's residuals otherwise.
 
     Returns:
         The residuals in the order the forward pass makes them. Under `autocast` the last one is
@@ -187,6 +215,8 @@ def block_residuals(
         ValueError: an unknown regime or attention backend, or a size that is not positive.
     """
     _check(regime, batch, seq_len, tp)
+    if compiled and compiled_residuals_known(config, regime=regime, tp=tp):
+        return _compiled_block_residuals(config, batch=batch, seq_len=seq_len, regime=regime)
     naive = materializes_scores(config.attention)
     b, s, d = batch, seq_len, config.d_model
     tokens = b * s
@@ -241,6 +271,24 @@ def block_residuals(
     return out
 
 
+def _compiled_block_residuals(
+    config: lmcore.ModelConfig, *, batch: int, seq_len: int, regime: str
+) -> list[Residual]:
+    """`block_residuals` of a block compiled by inductor (see `COMPILED_ATTENTION`)."""
+    tokens, r = batch * seq_len, residual_bytes(regime)
+    d, d_kv = config.d_model, config.kv_heads * config.head_dim
+    tkv = "T·d_kv" if config.kv_heads != config.num_heads else "T·d"
+    return [
+        _res("block", "T·d-sized tensors inductor keeps", _COMPILED_TD * r, "T·d", tokens * d),
+        _res("attn", "keys and values", _COMPILED_TDKV * r, tkv, tokens * d_kv),
+        _res("ffn", "T·f-sized tensors inductor keeps", _COMPILED_TF * r, "T·f",
+             tokens * config.d_ff),
+        _res("block", "rsqrt of the two norms (fp32)", 2 * _FP32, "T", tokens),
+        _res("attn", "logsumexp per query and head (fp32)", _FP32, "b·h·s",
+             batch * config.num_heads * seq_len),
+    ]  # fmt: skip
+
+
 def block_backward_working_set(
     config: lmcore.ModelConfig, *, batch: int, seq_len: int, regime: str, tp: int = 1
 ) -> Residual:
@@ -278,14 +326,19 @@ def block_backward_working_set(
     )
 
 
-def fused_loss_chunk_tokens(tokens: int, vocab_size: int, d_model: int) -> int:
-    """Tokens per chunk of a fused LM-head + cross-entropy: Liger-Kernel's rule.
+# The next-token losses the model predicts: bench's two (`LOSSES`) and the torch-native step's
+# chunked cross-entropy (`bench.core.torch_native.chunked_cross_entropy`).
+PLAN_LOSSES = (*LOSSES, "chunked")
 
-    Liger-Kernel's `fused_linear_cross_entropy` sizes chunks so that a chunk of logits is about
-    as large as the hidden states: `next_pow2(ceil(T / ceil(V / d)))`, at most T.
-    """
-    per = -(-tokens // -(-vocab_size // d_model))
-    return min(tokens, 1 << (per - 1).bit_length())
+
+def loss_chunk_tokens(tokens: int, vocab_size: int, compute_bytes: int) -> int:
+    """Tokens per chunk of the fused loss and of the torch-native chunked one: lmcore's rule
+    (`lmcore.chunk_rows`: as many as 1 GiB of logits in the compute dtype holds, a multiple of
+    128). Imports torch (for the dtype), only when a plan is computed."""
+    import torch
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}[compute_bytes]
+    return lmcore.chunk_rows(tokens, vocab_size, dtype)
 
 
 @dataclass(frozen=True)
@@ -294,12 +347,15 @@ class LossMemory:
 
     Attributes:
         saved: residuals kept from the forward pass to the loss's backward.
+        held: gradients the loss computes in its forward and holds until its backward (the
+            fused loss's `dh` and `dW`), bytes; part of `forward_peak` and `backward_peak`.
         forward_peak: bytes alive at the worst moment of the loss's forward (saved included).
         backward_peak: bytes alive at the worst moment of the loss's backward.
         forward_formula, backward_formula: those two in symbols.
     """
 
     saved: list[Residual]
+    held: int
     forward_peak: int
     backward_peak: int
     forward_formula: str
@@ -321,6 +377,7 @@ def loss_memory(
     hold_logits: bool = True,
     tp: int = 1,
     chunk_tokens: int | None = None,
+    weight_bytes: int | None = None,
 ) -> LossMemory:
     """The memory of the LM head's output and the cross-entropy on one device.
 
@@ -330,45 +387,50 @@ def loss_memory(
     target's gather and `exp` of it saved by exp's backward (fp32 each); in backward the gather's
     and exp's gradients (fp32 each) while those two are still alive.
 
-    `fused` (an LM head + cross-entropy that never holds the whole logits, as
-    `lmcore.fused_linear_cross_entropy`): one float32 logsumexp per token saved; a chunk of
-    `chunk_tokens` rows of fp32 logits and their gradient at a time. The model assumes the
-    backward recomputes each chunk (nothing `[T, V]`-sized is kept between the passes).
+    `fused` (`lmcore.fused_linear_cross_entropy`, its code read as it is): the gradients are
+    computed in the forward, a chunk of `chunk_tokens` rows of logits (compute dtype) at a time,
+    into `dh` (`T·d`, the hidden states' dtype) and a float32 accumulator of `dW` (`V·d·4`);
+    at the end of the forward the accumulator is rounded to the weight's dtype and freed. Held
+    until the loss's backward (which scales them in place): `dh` and `dW`. Nothing else is saved
+    (not even the head's input). Under autocast a float32 weight is cast to bf16 once per call.
+
+    `chunked` (the torch-native step's): each chunk's `F.cross_entropy(h_c @ Wᵀ, y_c)` under a
+    checkpoint, so the forward keeps nothing of `[T, V]` size; in backward each chunk's logits
+    are computed again, with their float32 gradient, and the weight's gradient accumulates
+    chunk by chunk (the sum and one chunk's product alive together) beside `dh`.
 
     Args:
         config: the model (vocabulary V, width d).
         batch, seq_len: sequences and their length on this device.
         regime: one of `REGIMES` (the logits' dtype follows it).
-        loss: `"materialized"` or `"fused"`.
+        loss: one of `PLAN_LOSSES`.
         hold_logits: the caller keeps the logits alive through backward (materialised only).
         tp: tensor-parallel ranks (the vocabulary is split across them).
-        chunk_tokens: the fused loss's chunk (default: `fused_loss_chunk_tokens`).
+        chunk_tokens: the chunk of `fused` and `chunked` (default: `loss_chunk_tokens`).
+        weight_bytes: bytes per element of the LM head's weight as the loss sees it (FSDP's
+            gathered weight is in its compute dtype); the regime's parameters' when None.
 
     Raises:
         ValueError: an unknown loss or regime, or a size that is not positive.
     """
     _check(regime, batch, seq_len, tp)
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if loss not in PLAN_LOSSES:
+        raise ValueError(f"loss must be one of {PLAN_LOSSES}, got {loss!r}")
     tokens = batch * seq_len
     vocab = _tp_width(config.vocab_size, tp)
     tv = tokens * vocab
     tv_text = "T·V" if tp == 1 else "T·V/t"
+    c = compute_bytes(regime)
     saved = [_res("loss", "targets (int64)", _INT64, "T", tokens)]
-    if loss == "fused":
-        chunk = chunk_tokens or fused_loss_chunk_tokens(tokens, config.vocab_size, config.d_model)
+    if loss in ("fused", "chunked"):
+        chunk = chunk_tokens or loss_chunk_tokens(tokens, config.vocab_size, c)
         if chunk < 1:
             raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens!r}")
-        chunk = min(chunk, tokens)
-        saved.append(_res("loss", "logsumexp per token (fp32)", 4, "T", tokens))
-        work = 8 * chunk * vocab
-        text = (
-            f"{combined_formula(saved)} + 8·chunk·{tv_text[2:]} (a chunk of fp32 logits and its "
-            f"gradient; chunk = {chunk:,} tokens)"
-        )
-        base = total_bytes(saved)
-        return LossMemory(saved, base + work, base + work, text, text)
-    c = compute_bytes(regime)
+        return _chunked_loss_memory(
+            config, loss=loss, regime=regime, tokens=tokens, vocab=vocab, tp=tp,
+            chunk=min(chunk, tokens), saved=saved,
+            weight_bytes=weight_bytes or (2 if regime == "bf16" else _FP32),
+        )  # fmt: skip
     upcast = 4 if c != 4 else 0
     if hold_logits:
         saved.append(_res("loss", f"logits held by the caller ({c} B)", c, tv_text, tv))
@@ -388,22 +450,82 @@ def loss_memory(
     gradient = [_res("loss", "a gradient of logits − max (fp32)", 4, tv_text, tv)]
     backward = base + total_bytes(gradient)
     return LossMemory(
-        saved, forward, backward,
+        saved, 0, forward, backward,
         combined_formula([*saved, *transient]), combined_formula([*saved, *gradient]),
     )  # fmt: skip
 
 
+def _chunked_loss_memory(
+    config: lmcore.ModelConfig,
+    *,
+    loss: str,
+    regime: str,
+    tokens: int,
+    vocab: int,
+    tp: int,
+    chunk: int,
+    saved: list[Residual],
+    weight_bytes: int,
+) -> LossMemory:
+    """`loss_memory` of the two losses that work through chunks of tokens (`fused`,
+    `chunked`)."""
+    c, h, w = compute_bytes(regime), residual_bytes(regime), weight_bytes
+    d = config.d_model
+    vd = vocab * d
+    vd_text = "V·d" if tp == 1 else "V·d/t"
+    logits = _res("loss", f"a chunk of logits ({c} B)", c, f"chunk·{vd_text[:1]}", chunk * vocab)
+    dh = _res("loss", f"dh, the hidden states' gradient ({h} B)", h, "T·d", tokens * d)
+    dw = _res("loss", f"dW, the head's gradient ({w} B)", w, vd_text, vd)
+    if loss == "fused":
+        # the weight cast to the compute dtype once per call (autocast over a float32 weight)
+        cast = [_res("loss", "W cast to bf16", c, vd_text, vd)] if w != c else []
+        losses = _res("loss", "a float32 loss per token", 4, "T", tokens)
+        accumulator = _res("loss", "dW's float32 accumulator", 4, vd_text, vd)
+        # the chunk loop, then the rounding of dW (the chunk freed first; no copy when float32);
+        # the head's input, the final norm's output, is alive as the loss's argument
+        hidden = _res("loss", f"the head's input ({h} B)", h, "T·d", tokens * d)
+        loop = [*saved, hidden, losses, dh, accumulator, *cast, logits]
+        rounding = [*saved, hidden, losses, dh, accumulator, *cast, *([dw] if w != 4 else [])]
+        forward = max(loop, rounding, key=total_bytes)
+        held = [dh, dw]
+        return LossMemory(
+            saved, total_bytes(held), total_bytes(forward), total_bytes([*saved, *held]),
+            combined_formula(forward), combined_formula([*saved, *held]),
+        )  # fmt: skip
+    # chunked: one chunk's logits and their float32 copy in the forward; in backward the
+    # recomputed chunk, its float32 gradient, and dW's sum beside this chunk's product
+    upcast = [_res("loss", "a chunk of logits' float32 copy", 4, "chunk·V", chunk * vocab)]
+    upcast = upcast if c != 4 else []
+    grad = _res("loss", "their float32 gradient", 4, "chunk·V", chunk * vocab)
+    forward = [*saved, logits, *upcast]
+    backward = [*saved, logits, grad, dh, dw, dw]
+    return LossMemory(
+        saved, 0, total_bytes(forward), total_bytes(backward),
+        combined_formula(forward), combined_formula(backward),
+    )  # fmt: skip
+
+
 def head_residuals(
-    config: lmcore.ModelConfig, *, batch: int, seq_len: int, regime: str, tp: int = 1
+    config: lmcore.ModelConfig,
+    *,
+    batch: int,
+    seq_len: int,
+    regime: str,
+    tp: int = 1,
+    loss: str = "materialized",
 ) -> list[Residual]:
     """The residuals outside the blocks and the loss: token ids, the final norm, the LM head.
 
-    Under `autocast` the LM head's bf16 weight copy is saved by its matmul.
+    The LM head's matmul saves the final norm's output and, under `autocast`, its bf16 weight
+    copy; the `fused` loss saves neither (only the gradients it computes, `loss_memory`).
     """
     _check(regime, batch, seq_len, tp)
     tokens = batch * seq_len
     out = [_res("embedding", "token ids (int64)", _INT64, "T", tokens)]
-    out += _norm("ln_final", regime, tokens, config.d_model, 1, "x (the last block's output)")
+    norm = _norm("ln_final", regime, tokens, config.d_model, 1, "x (the last block's output)")
+    if loss == "fused":
+        return out + norm[:-1]  # its output is the loss's argument, not saved
+    out += norm
     if regime == "autocast":
         head = next(p for p in model_parameters(config) if p.name == "lm_head.weight")
         out.append(_res("lm_head", "bf16 copy of the LM head weight (autocast cache)", 2,

@@ -189,8 +189,10 @@ def _check_zero_run(source: str, run: Run) -> list[dict[str, Any]]:
             return [_check_row(source, "?", "run", None, None, None, "records no model")]
         dims = list(_dims_of(name, run.date))
     world = cfg.get("nproc", cfg.get("world_size", 2))  # `world_size` before the one vocabulary
+    # a vocabulary left out is the size's own (recorded as None since sizes keep their own)
+    vocab = cfg.get("vocab_size") or lmcore.MODEL_SIZES[name].vocab_size
     model = lmcore.ModelConfig(
-        vocab_size=cfg["vocab_size"], context_length=cfg["context_length"], d_model=dims[0],
+        vocab_size=vocab, context_length=cfg["context_length"], d_model=dims[0],
         d_ff=dims[1], num_layers=dims[2], num_heads=dims[3],
     )  # fmt: skip
     label = (
@@ -203,6 +205,7 @@ def _check_zero_run(source: str, run: Run) -> list[dict[str, Any]]:
         what = (
             f"{label}, {variant}"
             + (f" {row['compute_dtype']}" if row.get("compute_dtype") else "")
+            + (" bf16 storage" if row.get("storage_dtype") == "bf16" else "")
             + (f" {row['bucket_mb']:g} MB" if row.get("bucket_mb") is not None else "")
         )
         if variant not in LAYOUTS:
@@ -213,7 +216,9 @@ def _check_zero_run(source: str, run: Run) -> list[dict[str, Any]]:
             continue
         caveat = _ZERO_CAVEATS.get(variant, "")
         precision = "bf16-master" if row.get("compute_dtype") == "bf16" else "fp32"
-        options = {}
+        if row.get("storage_dtype") == "bf16":
+            precision = "bf16"
+        options = {"head_units": _head_units(row)}
         if ALL_LAYOUTS[variant].optimizer == "ShardedOptimizer":
             options["zero_bucket_mb"] = row.get("bucket_mb")
         plan = TrainingPlan(
@@ -264,11 +269,27 @@ def _check_zero_run(source: str, run: Run) -> list[dict[str, Any]]:
     return out
 
 
+def _head_units(row: Mapping[str, Any]) -> bool:
+    """Whether an FSDP row's embedding and LM head were units of their own: the units it
+    records (`fsdp_units`); a row recorded before it recorded them had them in the root."""
+    return "LMHead" in (row.get("fsdp_units") or ())
+
+
+def _moment_bytes(row: Mapping[str, Any]) -> int | None:
+    """Bytes of AdamW's moments a bench-step row kept: its `moment_dtype`; in a row recorded
+    before it recorded them, float32 for lmcore's fused AdamW (its default then), else the
+    parameters' dtype (None: the plan's own)."""
+    dtype = row.get("moment_dtype")
+    if dtype is not None:
+        return {"fp32": 4, "bf16": 2}[dtype]
+    return 4 if row.get("optimizer") == "lmcore-fused" else None
+
+
 # The keys a bench-step row must carry to be predicted: the model's dimensions, the context, the
 # batch per rank, a precision, attention, loss, optimizer and checkpointing in bench-plan's
 # vocabulary, a layout of `single`, `ddp`, `zero1` or `fsdp` over `world_size` ranks, and the
-# measured peak. The torch-native row's `chunked` loss (each chunk of logits checkpointed) holds
-# one chunk at a time, as the fused loss does, and is predicted as it.
+# measured peak. The torch-native row's loss is bench-plan's `chunked`. Rows may also record
+# `moment_dtype` and `fsdp_units` (`_moment_bytes`, `_head_units`).
 STEP_KEYS = (
     "d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "ctx", "batch", "precision",
     "attention", "loss", "optimizer", "activation_checkpointing", "layout", "world_size",
@@ -295,7 +316,8 @@ def _check_step_row(source: str, run: Run, row: Mapping[str, Any]) -> list[dict[
         plan = TrainingPlan(
             config, batch=row["batch"] * world, layout=row["layout"], dp=world,
             precision=row["precision"], activation_checkpointing=row["activation_checkpointing"],
-            loss="fused" if row["loss"] == "chunked" else row["loss"], optimizer=row["optimizer"],
+            loss=row["loss"], optimizer=row["optimizer"], moment_bytes=_moment_bytes(row),
+            head_units=_head_units(row), compiled=bool(row.get("compiled")),
         )  # fmt: skip
     except ValueError as err:
         return [_check_row(source, label, "peak", row["peak_mib"], None, None, str(err))]

@@ -5,8 +5,10 @@ checkpointing, the loss and the optimizer; `estimate_memory(plan)` walks one tra
 returns the bytes alive on the busiest device at each moment that can be the peak:
 
 - **forward end**: parameters, optimizer state, what the forward saved for backward, the loss's
-  forward, autocast's cache of bf16 weights (until the autocast region ends), gathered weights;
-- **backward, loss**: the loss's backward (logits' gradients) on top of the saved activations;
+  forward (the fused loss's gradients among it), autocast's cache of bf16 weights (until the
+  autocast region ends), gathered weights;
+- **backward, loss**: the loss's backward (logits' gradients; the fused loss's held gradients)
+  on top of the saved activations;
 - **backward, block i**: gradients of the blocks after i, the activations still saved (and those a
   checkpointed segment recomputed), the block's working set, in-flight communication buffers;
   the worst block is reported;
@@ -20,9 +22,16 @@ show the arithmetic beside the number. What is modelled, and what is not:
   list comes from the model itself, `bench.plan.params`), sharded as each layout shards them:
   ZeRO-1 assigns whole parameters to ranks with `zero.partition_by_numel` (the busiest rank is
   reported), FSDP pads every weight to a multiple of the ranks as `zero.FSDP` does and keeps norm
-  gains whole, tensor parallelism splits Megatron-style (`ParamSpec.tp_numel`).
-- Activations: the residuals of `bench.plan.activations`, read off lmcore's eager code; not what
-  `torch.compile` saves.
+  gains whole, tensor parallelism splits Megatron-style (`ParamSpec.tp_numel`). AdamW's moments
+  are in the parameters' dtype (every optimizer bench runs keeps them so; float32 under
+  `bf16-master`), unless the plan names their bytes (`moment_bytes`).
+- FSDP's units (`bench.core.layouts.Layout.units`): each block always; the embedding and the LM
+  head units of their own under `zero.FSDP` (each gathered around its own passes, the head's
+  gradient reduce-scattered as the backward begins), in the root unit under FSDP2 (gathered from
+  the forward to the end of the backward, the head's gradient held full-size until then).
+- Activations: the residuals of `bench.plan.activations`, read off lmcore's eager code, or, for a
+  plan whose blocks are compiled, what inductor's partition of a block keeps (measured on the
+  CPU for fused attention kernels in fp32 and bf16; eager's elsewhere).
 - Estimates, not exact: a block's backward working set, the optimizer's temporaries (the foreach
   AdamW's `sqrt(v)` list, one moment's size; none for the fused ones), communication staging.
 - Not modelled: the CUDA context, cuBLAS workspaces and the caching allocator's rounding; the
@@ -46,8 +55,8 @@ import ddp
 import lmcore
 from bench.core.layouts import LAYOUTS as ALL_LAYOUTS
 from bench.core.layouts import PRECISIONS, Layout, Precision, layout_names
-from bench.core.model_options import LOSSES
 from bench.plan.activations import (
+    PLAN_LOSSES,
     LossMemory,
     Residual,
     block_backward_working_set,
@@ -86,10 +95,6 @@ MODES = ("train-step", "forward-backward", "forward")
 OPTIMIZERS: Mapping[str, int] = MappingProxyType(
     {"lmcore": 1, "lmcore-fused": 0, "torch-fused": 0, "torch": 1}
 )
-# Optimizers whose moments are float32 whatever the parameters' dtype (bytes per element):
-# lmcore's fused kernel keeps float32 moments also for bf16 parameters; the others keep them in
-# the parameters' dtype, as torch's AdamW does.
-_FLOAT32_MOMENTS: Mapping[str, int] = MappingProxyType({"lmcore-fused": 4})
 CHECKPOINTING_FORMS = lmcore.ActivationCheckpointing.FORMS
 
 
@@ -156,14 +161,22 @@ class TrainingPlan:
         dp: data-parallel ranks (`ddp`, `zero1`, `fsdp`, `fsdp-tp`).
         tp: tensor-parallel ranks (`tp`, `fsdp-tp`).
         activation_checkpointing: a spec of `CHECKPOINTING_FORMS`.
-        loss: `"materialized"` or `"fused"` (see `bench.plan.activations.loss_memory`).
+        loss: `"materialized"`, `"fused"` or the torch-native step's `"chunked"` (see
+            `bench.plan.activations.loss_memory`).
         optimizer: a key of `OPTIMIZERS`.
         mode: `train-step` (forward, backward, optimizer step; the optimizer state exists),
             `forward-backward` (no optimizer) or `forward` (inference under `no_grad`).
         hold_logits: the training step keeps the logits alive through backward
             (`logits = model(x); loss = ce(logits, y)`; bench-model's step does not).
         zero_bucket_mb: `zero.ShardedOptimizer`'s broadcast cap (MiB; None: one per owner).
-        loss_chunk_tokens: the fused loss's chunk (None: Liger-Kernel's rule).
+        loss_chunk_tokens: the fused (and chunked) loss's chunk (None: lmcore's rule).
+        moment_bytes: bytes of each AdamW moment's elements (None: the precision's, the
+            parameters' dtype; 4: float32, as lmcore's fused AdamW kept them before bench gave
+            it `moment_dtype`).
+        head_units: under FSDP, whether the embedding and the LM head are units of their own
+            (None: as the layout shards them, `Layout.units`).
+        compiled: each block compiled by inductor: a block's residuals are what its partition
+            keeps, where that is known (`bench.plan.activations.compiled_residuals_known`).
 
     Raises:
         ValueError: an unknown name, a degree that does not match the layout, a batch that the
@@ -187,13 +200,16 @@ class TrainingPlan:
     # from ddp so that this module imports no torch (bench-plan's command line reads it).
     zero_bucket_mb: float | None = ddp.DEFAULT_BUCKET_SIZE_MB
     loss_chunk_tokens: int | None = None
+    moment_bytes: int | None = None
+    head_units: bool | None = None
+    compiled: bool = False
     checkpointing: Checkpointing = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         choices = (
             ("precision", self.precision, tuple(PRECISIONS)),
             ("layout", self.layout, LAYOUTS),
-            ("loss", self.loss, LOSSES),
+            ("loss", self.loss, PLAN_LOSSES),
             ("optimizer", self.optimizer, tuple(OPTIMIZERS)),
             ("mode", self.mode, MODES),
         )
@@ -234,6 +250,8 @@ class TrainingPlan:
             )
         if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 1:
             raise ValueError(f"loss_chunk_tokens must be positive, got {self.loss_chunk_tokens}")
+        if self.moment_bytes not in (None, 2, 4):
+            raise ValueError(f"moment_bytes must be 2, 4 or None, got {self.moment_bytes!r}")
         object.__setattr__(
             self,
             "checkpointing",
@@ -270,6 +288,14 @@ class TrainingPlan:
         """What each device holds: `single`, `ddp`, `zero1`, `fsdp`, `tp` or `fsdp-tp`."""
         return self.layout_spec.family
 
+    @property
+    def fsdp_head_units(self) -> bool:
+        """Whether FSDP shards the embedding and the LM head as units of their own (False
+        outside FSDP)."""
+        if not self.layout_spec.shards_weights:
+            return False
+        return "LMHead" in self.layout_spec.units if self.head_units is None else self.head_units
+
     def describe(self) -> str:
         """The configuration in one line."""
         m = self.model
@@ -281,8 +307,8 @@ class TrainingPlan:
         return (
             f"{m.d_model}/{m.d_ff}/{m.num_layers}L/{m.num_heads}H V={m.vocab_size:,}, "
             f"batch {self.batch} × {self.tokens_per_sequence:,}, {self.precision}, {mesh}, "
-            f"{m.attention}, checkpointing {self.activation_checkpointing}, {self.loss} loss, "
-            f"{self.optimizer}"
+            f"{m.attention}{' compiled' if self.compiled else ''}, checkpointing "
+            f"{self.activation_checkpointing}, {self.loss} loss, {self.optimizer}"
         )
 
 
@@ -370,8 +396,11 @@ class _State:
     unit_grads: Term
     head_root_grads: Term  # the LM head's full-size gradient, from its backward on
     root_grads: Term  # the root unit's full-size gradients at the end of backward
+    head_gathered: Term  # the LM head as a unit: gathered for its forward and its backward
+    unit_prefetched: Term  # the last block, prefetched as the head's backward begins
+    embedding_end: Term  # the embedding as a unit: gathered, with its gradient, at the end
     block_grads: tuple[int, ...]  # gradient bytes per block on this device
-    head_grads: int  # gradient bytes outside the blocks
+    head_grads: int  # gradient bytes outside the blocks alive during the blocks' backward
 
 
 def _padded_shard(numel: int, ranks: int) -> int:
@@ -425,7 +454,7 @@ def _state(plan: TrainingPlan) -> _State:
         g_bytes * device_params if training else 0,
         f"{g_bytes} B × {device_params:,}" if training else "none (no backward)",
     )
-    moment_bytes = _FLOAT32_MOMENTS.get(plan.optimizer, prec.moment_bytes)
+    moment_bytes = plan.moment_bytes or prec.moment_bytes
     state = Term(
         "optimizer state",
         2 * moment_bytes * stepped if stepping else 0,
@@ -473,13 +502,39 @@ def _state(plan: TrainingPlan) -> _State:
                 f"broadcast staging: 2 buckets of {cap:g} MiB in flight",
             )
     c = prec.compute_bytes
-    root = [p for p, s in zip(params, sharded, strict=True) if s and p.block is None]
+    outside = [p for p, s in zip(params, sharded, strict=True) if s and p.block is None]
     unit = [p for p, s in zip(params, sharded, strict=True) if s and p.block == 0]
+    head_units = plan.fsdp_head_units
+    root = [] if head_units else outside  # the embedding and the head: units, or the root's
     root_numel = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in root)
     head_numel = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in root if p.kind == "linear")
     unit_numel = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in unit)
+    head_unit = sum(_padded_shard(p.tp_numel(tp), dp) * dp for p in outside if p.kind == "linear")
+    embedding_unit = sum(
+        _padded_shard(p.tp_numel(tp), dp) * dp for p in outside if p.kind == "embedding"
+    )
     prefetch = plan.layout_spec.prefetch
     gathered_units = (2 if prefetch else 1) + 1
+    none = Term("communication buffers", 0, "none")
+    head_gathered = unit_prefetched = embedding_end = none
+    if head_units:
+        head_gathered = Term(
+            "communication buffers",
+            c * head_unit,
+            f"the LM head unit gathered (its forward, then its backward): {c} B × {head_unit:,}",
+        )
+        if prefetch:
+            unit_prefetched = Term(
+                "communication buffers",
+                c * unit_numel,
+                f"the last block prefetched as the head's backward begins: {c} B × {unit_numel:,}",
+            )
+        embedding_end = Term(
+            "communication buffers",
+            2 * c * embedding_unit,
+            f"the embedding unit gathered and its full-size gradient before the reduce-scatter: "
+            f"2 × {c} B × {embedding_unit:,}",
+        )
     if fsdp:
         root_gathered = Term(
             "communication buffers",
@@ -512,21 +567,20 @@ def _state(plan: TrainingPlan) -> _State:
             f"{root_numel:,}",
         )
     else:
-        root_gathered = units_gathered = unit_grads = head_root_grads = root_grads = Term(
-            "communication buffers", 0, "none"
-        )
+        root_gathered = units_gathered = unit_grads = head_root_grads = root_grads = none
     block_grads = [0] * plan.model.num_layers
-    head_grads = 0
+    head_grads = 0  # those alive while the blocks' backward runs: not yet the embedding's, nor
+    in_root = {id(p) for p in root}  # the root's, held full-size until the end (root_grads)
     if training:
         for p, n in zip(params, on_device, strict=True):
-            if p.block is None:
-                head_grads += g_bytes * n
-            else:
+            if p.block is not None:
                 block_grads[p.block] += g_bytes * n
+            elif p.kind != "embedding" and id(p) not in in_root:
+                head_grads += g_bytes * n
     return _State(
         params_term, master, grads, state, optimizer_temp, rope, ddp_buckets, zero_staging,
-        root_gathered, units_gathered, unit_grads, head_root_grads, root_grads,
-        tuple(block_grads), head_grads,
+        root_gathered, units_gathered, unit_grads, head_root_grads, root_grads, head_gathered,
+        unit_prefetched, embedding_end, tuple(block_grads), head_grads,
     )  # fmt: skip
 
 
@@ -561,14 +615,16 @@ def _activations(plan: TrainingPlan) -> _Activations:
     regime = plan.precision_spec.regime
     b, s = plan.micro_batch, plan.tokens_per_sequence
     kw = {"batch": b, "seq_len": s, "regime": regime, "tp": plan.tp}
-    block = block_residuals(m, **kw)
-    head = head_residuals(m, **kw)
+    block = block_residuals(m, **kw, compiled=plan.compiled)
+    head = head_residuals(m, **kw, loss=plan.loss)
     x_bytes = residual_bytes(regime)
     checkpoint = residual_stream_bytes(b, s, m.d_model, element_bytes=x_bytes)
     working = block_backward_working_set(m, **kw)
+    prec = plan.precision_spec
     loss = loss_memory(
-        m, **kw, loss=plan.loss, hold_logits=plan.hold_logits, chunk_tokens=plan.loss_chunk_tokens
-    )
+        m, **kw, loss=plan.loss, hold_logits=plan.hold_logits, chunk_tokens=plan.loss_chunk_tokens,
+        weight_bytes=prec.compute_bytes if plan.layout_spec.shards_weights else prec.param_bytes,
+    )  # fmt: skip
     symbols = (
         f"T = b·s = {b:,} × {s:,} = {b * s:,} tokens, d = {m.d_model:,}, f = {m.d_ff:,}, "
         f"h = {m.num_heads}, V = {m.vocab_size:,}"
@@ -645,10 +701,12 @@ def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[
         f"{_mib(x_in)} + {_mib(acts.head)} (checkpointing {plan.activation_checkpointing!r})"
     )
     unsaved_cache = sum(acts.block_cache * (b - a) for a, b, k in ckpt.segments if k != "plain")
+    # FSDP at the loss: the root's weights and the last units, or the LM head unit alone (the
+    # blocks freed), then as its backward begins the last block prefetched
+    at_loss = [s.head_gathered] if plan.fsdp_head_units else [s.root_gathered, s.units_gathered]
     forward_end = [
         *resident,
-        s.root_gathered,
-        s.units_gathered,
+        *at_loss,
         Term("activations", saved_all + acts.head, saved_text),
         Term("autocast weight cache", unsaved_cache,
              "bf16 copies of checkpointed blocks' weights, held by autocast until it exits"
@@ -657,8 +715,8 @@ def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[
     ]  # fmt: skip
     backward_loss = [
         *resident,
-        s.root_gathered,
-        s.units_gathered,
+        *at_loss,
+        s.unit_prefetched,
         Term("activations", saved_all + acts.head, saved_text),
         Term("loss", loss.backward_peak, f"{plan.loss}: {loss.backward_formula}"),
     ]
@@ -704,6 +762,7 @@ def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[
         phases.append(worst)
     # the embedding's gradient is the last; FSDP reduce-scatters the root's gradients then
     end = [*resident, *([] if views else [s.grads]), s.root_gathered, s.root_grads]
+    end.append(s.embedding_end)
     phases.append(Phase("backward end", tuple(end)))
     if plan.mode == "train-step":
         step = [*resident, *([] if views else [s.grads]), s.optimizer_temp, s.zero_staging]

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,7 +90,12 @@ class _Inline:
         return "".join(out)
 
     def _escape(self, text: str) -> str:
-        return "".join(self.escape.get(c, c) for c in text)
+        return "".join(self.escape.get(c, c) if c in self.escape else self.other(c) for c in text)
+
+    @staticmethod
+    def other(c: str) -> str:
+        """A character the target has no rule for: itself."""
+        return c
 
 
 _LATEX_ESCAPES = {c: "\\" + c for c in "&%$#_{}"} | {
@@ -107,10 +113,51 @@ _LATEX_ESCAPES = {c: "\\" + c for c in "&%$#_{}"} | {
     "≈": r"$\approx$",
     "−": "-",
 }
+# More characters the results write, in LaTeX that pdflatex reads (plain ASCII out).
+_LATEX_ESCAPES |= {
+    "§": r"\S{}",
+    "ᵀ": r"$^{T}$",
+    "∈": r"$\in$",
+    "∝": r"$\propto$",
+    "≠": r"$\neq$",
+    "∞": r"$\infty$",
+    "⌈": r"$\lceil$",
+    "⌉": r"$\rceil$",
+    "³": r"$^3$",
+    "½": r"$\frac{1}{2}$",
+    "µ": r"$\mu$",
+    "…": r"\ldots{}",
+    "–": "--",
+    "—": "---",
+    "‘": "`",
+    "’": "'",
+    "“": "``",
+    "”": "''",
+    "\u00a0": "~",
+    "\u200b": "",
+}
+# Accents LaTeX spells with a command over the base letter (after Unicode decomposition).
+_LATEX_ACCENTS = {"\u0301": "'", "\u0300": "`", "\u0308": '"', "\u0302": "^", "\u0303": "~"}
+
+
+def _latex_other(c: str) -> str:
+    """A character without a rule, as ASCII LaTeX: an accented letter as its accent command
+    (`ï` → `\\"{\\i}`), anything else as its code point in brackets, which prints instead of
+    stopping pdflatex."""
+    base, *marks = unicodedata.normalize("NFD", c)
+    if c.isascii():
+        return c
+    if base.isascii() and marks and all(m in _LATEX_ACCENTS for m in marks):
+        letter = {"i": "\\i", "j": "\\j"}.get(base, base)
+        for m in marks:
+            letter = f"\\{_LATEX_ACCENTS[m]}{{{letter}}}"
+        return letter
+    return f"[U+{ord(c):04X}]"
+
+
 _LATEX = _Inline(r"\texttt{{{}}}", r"\emph{{{}}}", r"\textbf{{{}}}", r"\href{{{}}}{{{}}}")
 _LATEX.escape = _LATEX_ESCAPES
-_TYPST = _Inline("`{}`", "_{}_", "*{}*", '#link("{}")[{}]')
-_TYPST.escape = {c: "\\" + c for c in "#$@<>_*[]"}
+_LATEX.other = _latex_other  # type: ignore[method-assign]
 
 
 def _cell(row: Mapping[str, Any], column: str) -> str:
@@ -178,26 +225,9 @@ def _latex(blocks: Sequence[Block]) -> str:
 
 
 def _typst(blocks: Sequence[Block]) -> str:
-    out = ["#set page(margin: 2cm)", "#set text(size: 9pt)"]
-    for b in blocks:
-        if isinstance(b, Heading):
-            out.append(f"{'=' * b.level} {_TYPST(b.text)}")
-        elif isinstance(b, Paragraph):
-            out.append(_TYPST(b.text))
-        elif isinstance(b, Table):
-            cells = [f"[{_TYPST(c)}]" for c in b.columns]
-            cells += [f"[{_TYPST(_cell(r, c))}]" for r in b.rows for c in b.columns]
-            table = (
-                f"#table(columns: {len(b.columns)}, stroke: 0.4pt, inset: 3pt,\n  "
-                + ", ".join(cells)
-                + ")"
-            )
-            if b.caption:
-                table = f"#figure({table[1:]}, caption: [{_TYPST(b.caption)}])"
-            out.append(table)
-        else:
-            out.append(f'#image("{b.path}", width: 100%)')
-    return "\n\n".join(out) + "\n"
+    from bench.report.typst_render import render_typst  # it reads this module's blocks
+
+    return render_typst(blocks, _cell)
 
 
 def render(blocks: Sequence[Block], fmt: str = "markdown") -> str:
@@ -208,5 +238,5 @@ def render(blocks: Sequence[Block], fmt: str = "markdown") -> str:
     """
     renderers = {"markdown": _markdown, "latex": _latex, "typst": _typst}
     if fmt not in renderers:
-        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(renderers)}")
     return renderers[fmt](blocks)

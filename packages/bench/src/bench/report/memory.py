@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 from bench.core.layouts import renamed_row
+from bench.report.claims import direction, ratio_word, relation
 from bench.report.document import Block, Image, Paragraph, Table
 from bench.report.results import (
     DIM_KEYS,
@@ -43,7 +44,11 @@ def answer_memory(res: Results) -> list[Block]:
     """(a)–(f): timelines, peaks, bf16, activation size, largest allocations, residuals."""
     out: list[Block] = []
     rows = [r for r in res.rows("model") if is_memory(res.record_of(r))]
-    measured = [r for r in rows if num(r, model_keys.peak_mib) or r.get(model_keys.status) == OOM]
+    measured = [
+        {**r, "device": _device(res, r)}
+        for r in rows
+        if num(r, model_keys.peak_mib) or r.get(model_keys.status) == OOM
+    ]
     if measured:
         current = list({id(rec): rec for rec in map(res.record_of, measured)}.values())
         out += _timelines(res, current, measured)
@@ -55,16 +60,42 @@ def answer_memory(res: Results) -> list[Block]:
     return out
 
 
-_SHAPE = (
-    "The allocator timelines rise through the forward as each layer's activations are kept, "
-    "fall through the backward as they are freed and gradients appear, and in a training step "
-    "end with the optimizer's state and update; a forward alone under `no_grad` keeps only "
-    "about a layer's activations at a time above the weights."
-)
+def _phase_sentence(row: dict) -> str | None:
+    """How memory moves through one measured step, from the phase readings the memory study
+    records (`bench.tools.model.PHASE_METRICS`); None for a row without them."""
+    k = model_keys
+    start, fwd = num(row, k.start_mib), num(row, k.fwd_end_mib)
+    if start is None or fwd is None:
+        return None
+    cell = f"{size_label(row)} context {row[k.ctx]} {row[k.dtype]} {row[k.mode]}"
+    if row[k.mode] == "forward":
+        text = (
+            f"{cell}: {fmt(start)} MiB allocated before the forward, {fmt(fwd)} MiB after it "
+            f"(it {direction(start, fwd)}: under no_grad nothing is kept for a backward)"
+        )
+        if num(row, k.peak_mib) is not None:
+            text += f", peaking at {fmt(row[k.peak_mib])} MiB while the layers run"
+        return text
+    bwd = num(row, k.bwd_end_mib)
+    text = (
+        f"{cell}: {fmt(start)} MiB before the step, {fmt(fwd)} MiB as the forward ends (it "
+        f"{direction(start, fwd)} through the forward as each layer's activations are kept)"
+    )
+    if bwd is not None:
+        text += (
+            f", {fmt(bwd)} MiB as the backward ends (it {direction(fwd, bwd)} through the "
+            "backward, which frees the activations and makes a gradient for every weight)"
+        )
+    opt = num(row, k.opt_end_mib)
+    if opt is not None and bwd is not None:
+        text += f", {fmt(opt)} MiB after the optimizer step (it {direction(bwd, opt)})"
+    if row.get(k.peak_phase) and num(row, k.peak_mib) is not None:
+        text += f"; the step's peak, {fmt(row[k.peak_mib])} MiB, falls in the {row[k.peak_phase]}"
+    return text
 
 
 def _timelines(res: Results, current: list[Record], measured: Rows) -> list[Block]:
-    """(a): the timelines and what they show, the peaks in one sentence."""
+    """(a): the timelines and what the phase readings say of them, the peaks in one sentence."""
     peaks = {
         m: [
             r[model_keys.peak_mib]
@@ -80,16 +111,37 @@ def _timelines(res: Results, current: list[Record], measured: Rows) -> list[Bloc
         if forward and train
         else ""
     )
-    if any(_timeline_images(rec) for rec in current):
-        text = f"(a) {_SHAPE} (Below, one per context, dtype and mode.){numbers}"
+    if not any(_timeline_images(rec) for rec in current):
+        return _no_timelines(res, current, numbers, measured)
+    read = [text for r in ok(measured) if (text := _phase_sentence(r))]
+    if read:
+        shape = "Read from the allocator at the end of each phase of the first timed step: "
+        text = f"(a) The timelines are below, one per run.{numbers} {shape}{'; '.join(read)}."
         return [said(res, text, measured)]
-    return _no_timelines(res, current, numbers, measured)
+    text = f"(a) The timelines are below, one per run.{numbers} {_NO_PHASES}"
+    return [said(res, text, measured)]
+
+
+# Said where a memory run recorded no phase readings (results written before bench-model's
+# memory study read them): the timelines are shown, their shape is not described.
+_NO_PHASES = (
+    "No memory by phase was recorded (bench-model's memory study now reads it at the end of "
+    "each phase of its first timed step), so no sentence here describes the timelines' shape."
+)
+
+
+def _device(res: Results, row: dict) -> str:
+    """The GPU a row was measured on, without its maker's name."""
+    return str(res.record_of(row).run.env.get("device_name", "?")).removeprefix("NVIDIA ")
 
 
 def _peaks(res: Results, measured: Rows) -> list[Block]:
-    """(b) the peaks, forward and training step per context; (c) bf16 against fp32."""
+    """(b) the peaks, forward and training step per context (and GPU, where several were
+    measured); (c) bf16 against fp32 on the same GPU."""
+    several = len({r["device"] for r in measured}) > 1
     table = [
         {
+            **({"device": group[0]["device"]} if several else {}),
             "size": size_label(group[0]),
             "ctx": ctx,
             "dtype": dtype,
@@ -105,8 +157,13 @@ def _peaks(res: Results, measured: Rows) -> list[Block]:
                 for mode in ("forward", "train-step")
             },
         }
-        for (_, _, ctx, dtype), group in grouped(
-            measured, model_keys.size, model_keys.d_model, model_keys.ctx, model_keys.dtype
+        for (_, _, _, ctx, dtype), group in grouped(
+            measured,
+            "device",
+            model_keys.size,
+            model_keys.d_model,
+            model_keys.ctx,
+            model_keys.dtype,
         ).items()
     ]
     out: list[Block] = [
@@ -125,20 +182,23 @@ def _peaks(res: Results, measured: Rows) -> list[Block]:
             vary=model_keys.dtype,
             a="fp32",
             b="bf16-autocast",
-            match=(model_keys.size, model_keys.d_model, model_keys.ctx, model_keys.mode),
+            match=("device", model_keys.size, model_keys.d_model, model_keys.ctx, model_keys.mode),
             same_file=False,
         )
         if num(a, model_keys.peak_mib) and num(b, model_keys.peak_mib)
     ]
     if ratios:
-        effect = (
-            "raises it: the fp32 weights, gradients and optimizer state stay, autocast "
+        effect = ratio_word(
+            statistics.median(ratios),
+            more="raises it: the fp32 weights, gradients and optimizer state stay, autocast "
             "adds bf16 copies of the weights, and the activations it saves in bf16 do not "
-            "make up for them at these lengths"
-            if statistics.median(ratios) > 1
-            else "lowers it: the activations saved in bf16 take half the bytes, more than "
+            "make up for them at these lengths",
+            less="lowers it: the activations saved in bf16 take half the bytes, more than "
             "autocast's bf16 copies of the weights add, while the fp32 weights, gradients "
-            "and optimizer state stay"
+            "and optimizer state stay",
+            same="leaves it about where it was: autocast's bf16 copies of the weights and the "
+            "activations it saves in half the bytes about cancel, and the fp32 weights, "
+            "gradients and optimizer state stay",
         )
         out.append(
             said(
@@ -216,9 +276,9 @@ def _no_timelines(res: Results, current: list[Record], numbers: str, measured: R
             res,
             f"(a) Not run with timelines: the allocator snapshots (pickles) of the memory runs "
             f"({names}) were not kept, and no timeline image of them is committed. "
-            f"{MEMORY_TIMELINES.sentence()} (and the same with `--precision bf16-autocast`); "
-            "bench-model draws a timeline PNG beside each pickle, and the script moves them next "
-            f"to the results, where this report shows them.{numbers}",
+            f"{MEMORY_TIMELINES.sentence()}; bench-model draws a timeline PNG beside each "
+            "pickle and reads the memory at the end of each phase, and the script moves the "
+            f"timelines next to the results, where this report shows them.{numbers}",
             measured,
         )
     ]
@@ -245,7 +305,7 @@ def _no_timelines(res: Results, current: list[Record], numbers: str, measured: R
                 f"An earlier run measured the same dimensions as {size_label(same)}, recorded "
                 f"as {label}, and kept its timelines; its forward and "
                 f"training step at context {ctx}, {dtype}, are below (its other numbers are "
-                f"replaced by the runs above). {_SHAPE} {res.cite_records([rec])}"
+                f"replaced by the runs above). {_NO_PHASES} {res.cite_records([rec])}"
             )
         )
         out += [
@@ -293,15 +353,30 @@ def _residual_answers(res: Results) -> list[Block]:
             f"({fmt(b[residual_keys.saved_mib])} "
             f"MiB counting every save, as a saved-tensor hook adds them); the five largest "
             f"contributors: {top}. Its backward produces {fmt(b[residual_keys.grad_mib])} MiB of "
-            f"gradients: {fmt(b[residual_keys.param_grad_mib])} MiB for its weights, as expected "
-            "from "
-            f"its (2·d + 4·d² + 3·d·d_ff) fp32 parameters = {fmt(expected)} MiB, and "
+            f"gradients: {fmt(b[residual_keys.param_grad_mib])} MiB for its weights, "
+            + ratio_word(
+                b[residual_keys.param_grad_mib] / expected,
+                more="more than",
+                less="less than",
+                same="as expected from",
+                tolerance=0.01,
+            )
+            + f" its (2·d + 4·d² + 3·d·d_ff) fp32 parameters = {fmt(expected)} MiB, and "
             f"{fmt(b[residual_keys.input_grad_mib])} MiB for its input"
         )
-        if num(b, residual_keys.grad_from_memory_mib) is not None:
+        from_memory = num(b, residual_keys.grad_from_memory_mib)
+        if from_memory is not None:
+            where = relation(from_memory, b[residual_keys.grad_mib])
             text += (
                 f"; read from the allocator (change over the backward plus the freed "
-                f"residuals) it is {fmt(b[residual_keys.grad_from_memory_mib])} MiB"
+                f"residuals) it is {fmt(from_memory)} MiB, "
+                + {
+                    "above": "above the gradients' own bytes: the allocator also counts the "
+                    "backward's temporaries still alive when it ends",
+                    "level with": "matching the gradients' own bytes",
+                    "below": "below the gradients' own bytes: some were freed or reused "
+                    "before the backward ended",
+                }[where]
             )
         if kept:
             text += (
@@ -310,4 +385,14 @@ def _residual_answers(res: Results) -> list[Block]:
                 "backward"
             )
         out.append(said(res, text + ".", [b, *ops, *kept]))
+    if out:
+        out.append(Paragraph(_NO_NSIGHT_F))
     return out
+
+
+# (f) asks for Nsight Systems screenshots; the machines measured had no Nsight Systems.
+_NO_NSIGHT_F = (
+    "(f) Nsight Systems was not available on the GPU machines these runs used, so there are no "
+    "Nsight screenshots: the saved-tensor hook's tables (what each operation saved, below) and "
+    "the allocator's readings stand in for them."
+)

@@ -36,6 +36,8 @@ class Problem:
         claims: decides which result files this problem shows in full (the first problem in
             order that claims a file shows it).
         needs: what it takes to answer when nothing is measured (hardware, a command).
+        handout: the handout that asks it: `2026`, or `2025` for the problems the 2026
+            handout dropped (an appendix).
     """
 
     key: str
@@ -45,6 +47,7 @@ class Problem:
     answer: Answer
     claims: Callable[[Record], bool] = lambda record: False
     needs: str = ""
+    handout: str = "2026"
 
 
 def _images(record: Record, stems: set[str]) -> list[Path]:
@@ -75,9 +78,10 @@ def _title(record: Record) -> str:
 def _source(record: Record) -> Paragraph:
     run, env = record.run, record.run.env
     triton = f", triton {env['triton']}" if env.get("triton") else ""
+    command = f"`{run.command}`" if run.command.strip() else "not recorded"
     return Paragraph(
         f"Source: `{record.path.name}`. Device: {env.get('device_name')}; torch "
-        f"{env.get('torch')}{triton}; {run.date}. Command: `{run.command}`. {code_line(env)}"
+        f"{env.get('torch')}{triton}; {run.date}. Command: {command}. {code_line(env)}"
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench.core.env import now_iso
 from bench.report.analysis import analytic_answers
+from bench.report.appendix_2025 import answer_bucket_equation, answer_bucket_sweep, answer_xxl
 from bench.report.checkpointing import answer_checkpointing
 from bench.report.document import Block, Heading, Image, Paragraph
 from bench.report.kernels import (
@@ -78,7 +79,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "The timings without warm-up and with one or two warm-up steps, and why.",
         answer_warmup,
         _tool("warmup"),
-        ONE_GPU + ", part1",
+        ONE_GPU + ", quick or part1",
     ),
     Problem(
         "nsys_profile",
@@ -90,7 +91,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "ranges for `nsys`).",
         answer_profile,
         is_profile,
-        ONE_GPU + ", part2 and part3",
+        ONE_GPU + ", quick",
     ),
     Problem(
         "mixed_precision_accumulation",
@@ -118,7 +119,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "allocations, (f) one block's residuals by operation and its gradients.",
         answer_memory,
         is_memory,
-        ONE_GPU + ", part2",
+        ONE_GPU + ", quick or part2",
     ),
     Problem(
         "gradient_checkpointing",
@@ -146,7 +147,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "(a) compiled against eager attention, (b) the whole model compiled.",
         answer_compile,
         is_compile,
-        ONE_GPU + ", part4 and part5",
+        ONE_GPU + ", part4, and quick or part5",
     ),
     Problem(
         "flash_forward",
@@ -175,8 +176,8 @@ PROBLEMS: tuple[Problem, ...] = (
         "fa2 against regular PyTorch attention, forward / backward / end to end, batch 1, "
         "causal, seq 128…65536, d 16…128, bf16 and fp32.",
         answer_flash_benchmarking,
-        _tool("flash", stem="flash_sweep"),
-        ONE_GPU + ", part6",
+        _any(_tool("flash", stem="flash_sweep"), _tool("flash", stem="flash_naive")),
+        ONE_GPU + ", quick or part6",
     ),
     Problem(
         "distributed_communication_single_node",
@@ -224,7 +225,7 @@ PROBLEMS: tuple[Problem, ...] = (
         "5.3.2",
         "(a) its time per step against the others, (b) Nsight screenshots.",
         answer_ddp("ddp:individual", "Overlapped DDP, one all-reduce per gradient"),
-        needs=TWO_GPUS + "; (b) needs Nsight Systems, not run",
+        needs=TWO_GPUS,
     ),
     Problem(
         "optimizer_state_sharding",
@@ -256,7 +257,8 @@ PROBLEMS: tuple[Problem, ...] = (
         "7",
         "(a) the memory FSDP saves, (b) whether the all-gathers finish in time (Nsight).",
         answer_fsdp_accounting,
-        needs=TWO_GPUS + "; (b) needs Nsight Systems on two GPUs, not run",
+        _tool("plan", stem="plan_fsdp"),
+        needs=TWO_GPUS,
     ),
     *(
         Problem(key, title, where, asks, analytic_answers(key))
@@ -308,12 +310,52 @@ PROBLEMS: tuple[Problem, ...] = (
         ),
         FULL_RUN,
     ),
+    Problem(
+        "ddp_bucketed_benchmarking (a)",
+        "Bucketed DDP: bucket sizes",
+        "2025 §2.3.3",
+        "DDPBucketed's time per step at bucket sizes 1, 10, 100 and 1000 MB, commented.",
+        answer_bucket_sweep,
+        needs=TWO_GPUS,
+        handout="2025",
+    ),
+    Problem(
+        "ddp_bucketed_benchmarking (b)",
+        "Bucketed DDP: the bucket-size equation",
+        "2025 §2.3.3",
+        "DDP's overhead as a function of s, w, o and n_b, and the bucket size minimising it.",
+        answer_bucket_equation,
+        handout="2025",
+    ),
+    Problem(
+        "communication_accounting",
+        "XXL communication accounting",
+        "2025 §2.4",
+        "(a) the XXL model's memory, (b) N_FSDP for a 95 GB device, (c) the compute-bound "
+        "batch on a TPU v5p mesh, (d) tricks that lower it.",
+        answer_xxl,
+        handout="2025",
+    ),
 )
 
 
-def build_document(res: Results, *, report_dir: Path, title: str) -> list[Block]:
+APPENDIX = "Appendix: the 2025 handout's problems that 2026 dropped"
+APPENDIX_TEXT = (
+    "The 2025 handout asked these too; courses that still follow it grade them. They are "
+    "answered from the same results and bench-plan's formulas."
+)
+
+
+def build_document(
+    res: Results, *, report_dir: Path, title: str, writeup: bool = False
+) -> list[Block]:
     """The whole report: a summary, then each problem in the handout's order with its answer
-    and the result files it rests on, then the results no problem claims."""
+    and the result files it rests on, then the results no problem claims.
+
+    With `writeup`, the document one hands in: each problem's answer and the plots of the
+    results it rests on, each result named with its device, date and revision in one line;
+    not the results' full tables, the earlier runs they replace or the results no problem
+    claims (the Markdown report keeps those)."""
     stems = {r.path.stem for r in res.records}
     devices: dict[str, set[str]] = {}
     for rec in res.records:
@@ -336,6 +378,8 @@ def build_document(res: Results, *, report_dir: Path, title: str) -> list[Block]
     ]
     shown: set[Path] = set()
     for number, problem in enumerate(PROBLEMS, start=1):
+        if problem.handout != "2026" and PROBLEMS[number - 2].handout == "2026":
+            doc += [Heading(2, APPENDIX), Paragraph(APPENDIX_TEXT)]
         doc.append(Heading(2, f"{number}. {problem.title} (§{problem.where}, `{problem.key}`)"))
         doc.append(Paragraph(f"*Asks.* {problem.asks}"))
         try:
@@ -348,7 +392,12 @@ def build_document(res: Results, *, report_dir: Path, title: str) -> list[Block]
         doc.extend(_linked(block, report_dir) for block in answer)
         mine = [r for r in res.records if r.path not in shown and problem.claims(r)]
         shown.update(r.path for r in mine)
-        doc.extend(_results(res, mine, report_dir, stems))
+        if writeup:
+            doc.extend(_in_brief(res, mine, report_dir, stems))
+        else:
+            doc.extend(_results(res, mine, report_dir, stems))
+    if writeup:
+        return doc
     rest = [r for r in res.records if r.path not in shown]
     if rest:
         doc.append(Heading(2, "Other results"))
@@ -365,6 +414,23 @@ def _results(res: Results, records: list[Record], report_dir: Path, stems: set[s
         out += record_blocks(record, report_dir, stems)
     for record in (r for r in records if not res.current(r)):
         out += earlier_blocks(record, res.earlier[record.path])
+    return out
+
+
+def _in_brief(
+    res: Results, records: list[Record], report_dir: Path, stems: set[str]
+) -> list[Block]:
+    """The current results in one line each (file, device, date, revision) and their plots."""
+    out: list[Block] = []
+    for record in (r for r in records if res.current(r)):
+        out += [b for b in record_blocks(record, report_dir, stems) if isinstance(b, Image)]
+        env = record.run.env
+        out.append(
+            Paragraph(
+                f"Source: `{record.path.name}`, {env.get('device_name')}, "
+                f"{str(record.run.date)[:10]}, code {record.revision}."
+            )
+        )
     return out
 
 

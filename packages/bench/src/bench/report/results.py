@@ -238,11 +238,28 @@ def _hand_written(path: Path) -> Record | None:
         rows=[r for r in data.get("rows", []) if isinstance(r, dict)],
         config={},
         env=data["env"],
-        command=str(meta.get("command", data.get("command", ""))),
+        command=_hand_written_command(data),
         date=str(data["env"].get("date", meta.get("date", data.get("date", "")))),
         title=str(meta.get("title", path.stem)),
     )
     return Record(path, run)
+
+
+def _hand_written_command(data: dict[str, Any]) -> str:
+    """What a hand-written record says was run: its command, else its rows' commands, else the
+    scripts it carries (in `meta.scripts`), else ""."""
+    meta = data.get("meta") or {}
+    command = meta.get("command") or data.get("command")
+    if command:
+        return str(command)
+    rows = [r for r in data.get("rows", []) if isinstance(r, dict)]
+    commands = list(dict.fromkeys(str(r["command"]) for r in rows if r.get("command")))
+    if commands:
+        return "; ".join(commands)
+    scripts = meta.get("scripts")
+    if isinstance(scripts, dict) and scripts:
+        return "python3 " + "; python3 ".join(scripts) + " (the scripts are in the file's meta)"
+    return ""
 
 
 def _train_text(path: Path) -> Record | None:

@@ -11,9 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "ALLREDUCE_MORE_GPUS",
     "CHECKPOINTING_STUDY",
     "COMPILE_MODEL",
+    "DDP_TRACES",
     "FLASH_NAIVE",
+    "FSDP_PLAN",
+    "FSDP_TRACES",
     "MEMORY_TIMELINES",
     "PROFILES",
     "SCRIPT",
@@ -22,6 +26,7 @@ __all__ = [
 
 SCRIPT = "packages/bench/scripts/handout_gpu.sh"
 ONE_GPU = "one 80 GB H100"
+TWO_GPUS = "two GPUs of one node"
 
 
 @dataclass(frozen=True)
@@ -47,42 +52,37 @@ class GpuRun:
         return f"{where} (on {self.hardware}{time}) runs `{self.command}`"
 
 
+# `handout_gpu.sh quick` makes each of these within its five-minute budget on one GPU.
+QUICK = "one GPU (an H200 or H100), at most 5 min for the whole part"
 PROFILES = (
     GpuRun(
-        "part2",
-        "bench-model --size small --context-length 256 512 1024 --mode forward train-step "
-        "--warmup 2 --steps 3 --profile docs/results/profile_small_<device>_<date> "
-        "--json docs/results/profile_small_<device>_<date>_timing.json",
-        6,
-    ),
-    GpuRun(
-        "part3",
-        "bench-model --size xl --context-length 256 512 1024 --mode forward train-step "
-        "--warmup 2 --steps 3 --profile docs/results/profile_xl_<device>_<date> "
-        "--json docs/results/profile_xl_<device>_<date>_timing.json",
-        6,
+        "quick",
+        "bench-model --size small medium --context-length 256 512 1024 --mode train-step "
+        "--warmup 1 --steps 1 --profile docs/results/profile_small_medium_<device>_<date> "
+        "--json docs/results/profile_small_medium_<device>_<date>_timing.json",
+        hardware=QUICK,
     ),
 )
 MEMORY_TIMELINES = GpuRun(
-    "part2",
+    "quick",
     "bench-model --size xl --context-length 128 2048 --mode forward train-step --precision fp32 "
     "--warmup 1 --steps 1 --memory-snapshot "
     "docs/results/bulk/memory_fp32_<device>_<date>_snapshot.pickle "
     "--json docs/results/memory_fp32_<device>_<date>.json",
-    6,
+    hardware=QUICK,
 )
 COMPILE_MODEL = GpuRun(
-    "part5",
-    "bench-model --size small xl --context-length 512 --mode forward forward-backward "
-    "train-step --compile both --warmup 3 --steps 5 "
-    "--json docs/results/compile_<device>_<date>.json",
-    6,
+    "quick",
+    "bench-model --size small --context-length 512 --mode forward train-step --compile both "
+    "--warmup 2 --steps 3 --json docs/results/compile_<device>_<date>.json",
+    hardware=QUICK,
 )
 FLASH_NAIVE = GpuRun(
-    "part6",
-    "bench-flash --preset sweep --dtype bf16 --impls fa2-triton naive sdpa "
-    "--json docs/results/flash_sweep_bf16_<device>_<date>.json",
-    6,
+    "quick",
+    "bench-flash --preset sweep --seq 128 1024 8192 65536 --d 16 64 128 --dtype bf16 fp32 "
+    "--impls fa2-triton naive --budget-ms 5 20 "
+    "--json docs/results/flash_naive_<device>_<date>.json",
+    hardware=QUICK,
 )
 CHECKPOINTING_STUDY = GpuRun(
     "",
@@ -90,4 +90,29 @@ CHECKPOINTING_STUDY = GpuRun(
     "--precision bf16-autocast --attention fa2-triton --loss materialized "
     "--optimizer torch-fused --no-compile --no-native "
     "--json docs/results/step_checkpointing_<device>_<date>.json",
+)
+ALLREDUCE_MORE_GPUS = GpuRun(
+    "",
+    "bench-allreduce --backend nccl --nproc 4 6 --json docs/results/allreduce_<device>_<date>.json",
+    hardware="one node of 4 GPUs for 4 processes, of 8 for 6",
+)
+DDP_TRACES = GpuRun(
+    "",
+    "bench-ddp --variants single ddp:naive ddp:flat ddp:individual --trace "
+    "docs/results/bulk/ddp_traces --json docs/results/ddp_<device>_<date>.json",
+    hardware=TWO_GPUS,
+)
+FSDP_TRACES = GpuRun(
+    "",
+    "bench-zero --variants ddp:torch zero1:torch-ddp fsdp --trace docs/results/bulk/zero_traces "
+    "--json docs/results/zero_<device>_<date>.json",
+    hardware=TWO_GPUS,
+)
+# bench-plan runs on any machine: the prediction §7 (a) reads, at §6's setting (bench-zero's).
+FSDP_PLAN = GpuRun(
+    "",
+    "bench-plan --size xl-2025 xl --context-length 128 --batch 4 --precision fp32 --layout "
+    "ddp:torch zero1:torch-ddp fsdp --dp 2 --optimizer torch "
+    "--json docs/results/plan_fsdp_<date>.json",
+    hardware="any machine (no GPU)",
 )

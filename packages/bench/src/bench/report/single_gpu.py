@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from bench.core.profiling import PROFILE_KEYS as profile_keys
+from bench.report.claims import SAME, STABLE, ratio_word, relation, speed, spread_word
 from bench.report.document import Block, Paragraph, Table
 from bench.report.results import (
     Record,
@@ -39,6 +40,10 @@ __all__ = [
 
 model_keys, precision_keys = model.KEYS, precision.KEYS
 MIB = 2**20
+SAME_TEXT = f"{SAME:.0%}"
+# The profiler's forward time "matches" the plain timing within this share: the profiler adds
+# a cost of its own to every launch, so the bar is wider than `claims.SAME`.
+_PROFILER_MATCH = 0.10
 
 
 def said(res: Results, text: str, rows: Rows) -> Paragraph:
@@ -129,12 +134,7 @@ def answer_benchmarking(res: Results) -> list[Block]:
         f"from {fmt(min(t['forward_ms'] for t in table if t['forward_ms']))} ms to "
         f"{fmt(biggest['forward_ms'])} ms ({biggest['size']}); backward takes "
         + (f"{span(ratio)} the forward's time" if ratio else "(not measured)")
-        + (
-            f". The standard deviation is at most {max(spread):.1%} of the mean step after "
-            "warm-up, so the timings are stable."
-            if spread
-            else "."
-        )
+        + (f". {_spread_sentence(spread)}" if spread else ".")
     )
     out += [said(res, text, rows), Table(table, list(table[0]), caption="ms, mean and std")]
     if ctx != 512 or not any(r.get(model_keys.d_model) == 4608 for r in rows):
@@ -148,32 +148,89 @@ def answer_benchmarking(res: Results) -> list[Block]:
     return out
 
 
+def _spread_sentence(spread: list[float]) -> str:
+    """Whether the timings vary: the largest standard deviation as a share of the mean step,
+    judged against `claims.STABLE`."""
+    largest = max(spread)
+    verdict = (
+        "so the timings are stable"
+        if spread_word(largest) == "small"
+        else f"above the {STABLE:.0%} a stable timing shows, so some configurations vary "
+        "from step to step (clocks, other work on the machine) and need more steps"
+    )
+    return (
+        f"The standard deviation is at most {largest:.1%} of the mean step after warm-up, "
+        f"{verdict}."
+    )
+
+
 def answer_warmup(res: Results) -> list[Block]:
-    """(c) no, one, two and five warm-up steps."""
+    """(c) no, one, two and five warm-up steps: what the cold mean pays, and where one or two
+    warm-up steps land against the fully warm mean (each clause chosen by `claims`)."""
     rows = ok(res.rows("warmup"))
     out: list[Block] = []
     for (_, ctx, mode, dtype), group in grouped(
         rows, model_keys.size, model_keys.ctx, model_keys.mode, model_keys.dtype
     ).items():
         group.sort(key=lambda r: r[model_keys.warmup])
-        cold, warm = group[0], group[-1]
         parts = "; ".join(
             f"{r[model_keys.warmup]} warm-up: {fmt(r[model_keys.step_ms])} ± "
             f"{fmt(r[model_keys.step_std])} ms "
             f"(first step {fmt(r[model_keys.first_step_ms])} ms)"
             for r in group
         )
-        text = (
-            f"(c) {size_label(group[0])} context {ctx} {mode} {dtype}: {parts}. Without warm-up "
-            f"the mean is {cold[model_keys.step_ms] / warm[model_keys.step_ms]:.2f}× the warm "
-            "mean, because the "
-            "first steps pay for CUDA context and cuBLAS handle creation, kernel loading and "
-            "the caching allocator's growth; one or two warm-up steps pay most of it, but "
-            "allocator and autotuning decisions (cuBLAS heuristics, cudnn) can still settle "
-            "over the next steps, which keeps their mean and spread above the fully warm ones."
-        )
-        out.append(said(res, text, group))
+        text = f"(c) {size_label(group[0])} context {ctx} {mode} {dtype}: {parts}. "
+        cuda = res.record_of(group[0]).run.env.get("device_type") == "cuda"
+        out.append(said(res, text + _warmup_reading(group, cuda=cuda), group))
     return out
+
+
+def _warmup_reading(group: Rows, *, cuda: bool) -> str:
+    """What the rows of one warm-up study say (sorted by warm-up count): the cold mean against
+    the warmest, then each short warm-up against the warmest, with the reason that fits."""
+    cold, warm = group[0], group[-1]
+    w_ms, w_label = warm[model_keys.step_ms], warm[model_keys.warmup]
+    if cold[model_keys.warmup] != 0 or cold is warm:
+        return ""
+    ratio = cold[model_keys.step_ms] / w_ms
+    if relation(cold[model_keys.step_ms], w_ms) == "above":
+        costs = (
+            "CUDA context and cuBLAS handle creation, kernel loading and the caching "
+            "allocator's growth"
+            if cuda
+            else "lazy initialisation, the allocator's first requests and the kernels' first "
+            "dispatch"
+        )
+        text = (
+            f"Without warm-up the mean is {ratio:.2f}× the {w_label}-warm-up mean, because the "
+            f"first steps pay for {costs} (the first timed step alone takes "
+            f"{fmt(cold[model_keys.first_step_ms])} ms)."
+        )
+    else:
+        text = (
+            f"Without warm-up the mean is {ratio:.2f}× the {w_label}-warm-up mean: no one-time "
+            "cost shows in these steps."
+        )
+    short = [r for r in group[1:-1] if r[model_keys.warmup] in (1, 2)]
+    by_side: dict[str, list[dict[str, Any]]] = {}
+    for r in short:
+        by_side.setdefault(relation(r[model_keys.step_ms], w_ms), []).append(r)
+    reasons = {
+        "above": "still above it: allocator and autotuning decisions (cuBLAS heuristics, "
+        "cudnn) settle over the next steps",
+        "level with": f"within {SAME_TEXT} of it: one or two steps already pay the one-time costs",
+        "below": "below it: each count runs in a fresh process, and process-to-process "
+        "variation (clocks, memory placement) outweighs what longer warm-up still saves",
+    }
+    clauses = [
+        f"{' and '.join(str(r[model_keys.warmup]) for r in side)} warm-up "
+        f"({', '.join(fmt(r[model_keys.step_ms]) + ' ms' for r in side)}) "
+        f"{'is' if len(side) == 1 else 'are'} {reasons[where]}"
+        for where, side in by_side.items()
+    ]
+    if clauses:
+        text += f" Against the {w_label}-warm-up mean ({fmt(w_ms)} ms): " + "; ".join(clauses) + "."
+    return text
 
 
 # ---------------------------------------------------------------- §2.1.4 nsys_profile
@@ -216,8 +273,10 @@ def answer_profile(res: Results) -> list[Block]:
         out.append(
             Paragraph(
                 "Not run: profiles of two sizes at three contexts above 128 with kernel-only "
-                f"tables (ranges reported apart) have not been made. {runs}. Each writes "
-                "a kernel table per phase, the softmax-against-matmul comparison inside "
+                f"tables (ranges reported apart) have not been made. {runs}: one profiled "
+                "training step per cell, whose forward, backward and optimizer phases answer "
+                "(a) to (e). It writes a kernel table per phase, the softmax-against-matmul "
+                "comparison inside "
                 "attention and the Chrome traces; `bench-model --nvtx` under `nsys profile` "
                 "marks the same ranges for Nsight Systems."
             )
@@ -237,16 +296,22 @@ def answer_profile(res: Results) -> list[Block]:
             per = fwd[profile_keys.total_ms] / fwd[profile_keys.calls]
             key = _cell_key(cell)
             timed = timing.get(key) if key else None
-            sentences.append(
-                f"(a) the forward pass takes {fmt(per)} ms under the profiler"
-                + (
-                    f", against {fmt(timed[model_keys.fwd_ms])} ms timed with the standard library "
-                    "in "
-                    "the same run"
-                    if timed and num(timed, model_keys.fwd_ms)
-                    else ""
+            sentences.append(f"(a) the forward pass takes {fmt(per)} ms under the profiler")
+            plain = timed and (num(timed, model_keys.plain_fwd_ms) or num(timed, model_keys.fwd_ms))
+            if plain:
+                where = relation(per, plain, tolerance=_PROFILER_MATCH)
+                how = (
+                    "one more step timed with the standard library without the profiler"
+                    if num(timed, model_keys.plain_fwd_ms)
+                    else "the same profiled steps timed with the standard library"
                 )
-            )
+                sentences[-1] += f", against {fmt(plain)} ms for {how}: " + (
+                    f"they match within {_PROFILER_MATCH:.0%}"
+                    if where == "level with"
+                    else f"{per / plain:.2f}× it, the profiler's own overhead"
+                    if where == "above"
+                    else f"{per / plain:.2f}× it, under the plain timing"
+                )
         top_f, top_all = _top(group, "forward"), _top(group, "all")
         if top_f and fwd:
             calls = top_f[profile_keys.calls] / max(fwd[profile_keys.calls], 1)
@@ -278,7 +343,10 @@ def answer_profile(res: Results) -> list[Block]:
             sentences.append(
                 f"(d) over a training step matmuls take {mm:.0%} and the optimizer {opt:.0%}"
                 + (
-                    f" (forward alone: {shares['matmul']:.0%} matmuls)"
+                    f"; the matmuls' share {_share_move(shares['matmul'], mm)} from "
+                    f"{shares['matmul']:.0%} in the forward alone, the other kernels' "
+                    f"{_share_move(1 - shares['matmul'], 1 - mm)} from "
+                    f"{1 - shares['matmul']:.0%} to {1 - mm:.0%}"
                     if shares["matmul"] is not None
                     else ""
                 )
@@ -295,17 +363,31 @@ def answer_profile(res: Results) -> list[Block]:
         ):
             mm = scores[profile_keys.kernel_ms] + output[profile_keys.kernel_ms]
             mm_flops = scores[profile_keys.flops] + output[profile_keys.flops]
+            time_ratio = soft[profile_keys.kernel_ms] / mm
+            flop_ratio = soft[profile_keys.flops] / mm_flops
+            per_flop = time_ratio / flop_ratio
             sentences.append(
                 f"(e) inside attention softmax takes {fmt(soft[profile_keys.kernel_ms])} ms "
-                "against "
-                f"{fmt(mm)} ms for the two matmuls ({soft[profile_keys.kernel_ms] / mm:.2f}× their "
-                "time) "
-                f"while doing {soft[profile_keys.flops] / mm_flops:.3f}× their FLOPs: softmax is "
-                "memory-bound, the matmuls compute-bound"
+                f"against {fmt(mm)} ms for the two matmuls ({time_ratio:.2f}× their time) while "
+                f"doing {flop_ratio:.3f}× their FLOPs, so a softmax FLOP costs "
+                f"{fmt(per_flop)}× a matmul FLOP"
+                + ratio_word(
+                    per_flop,
+                    more=": softmax is memory-bound, the matmuls compute-bound",
+                    less=": here softmax is not the slower per FLOP",
+                    same=": here both run at the same rate per FLOP",
+                )
             )
         if sentences:
             out.append(said(res, f"`{cell}`: " + "; ".join(sentences) + ".", group))
     return out
+
+
+def _share_move(before: float, after: float) -> str:
+    """`rises`, `falls` or `stays level`: a share of kernel time, by 5 percentage points."""
+    if after - before > SAME:
+        return "rises"
+    return "falls" if before - after > SAME else "stays level"
 
 
 def _cell_key(cell: str) -> tuple[str, int, str, str] | None:
@@ -328,12 +410,18 @@ def answer_accumulation(res: Results) -> list[Block]:
     )
     fp16, fp32 = acc.get("fp16 += fp16"), acc.get("fp32 += fp32")
     if fp16 and fp32 and fp32[precision_keys.abs_error]:
-        text += (
-            ". An fp16 accumulator ends "
-            f"{fp16[precision_keys.abs_error] / fp32[precision_keys.abs_error]:,.0f}× further "
-            "off than an fp32 one: once the sum is large, 0.01 is below half an fp16 step and "
-            "additions round away; accumulating fp16 values in fp32 keeps only the error of "
-            "rounding 0.01 to fp16 once, so accumulate in fp32"
+        ratio = fp16[precision_keys.abs_error] / fp32[precision_keys.abs_error]
+        text += ratio_word(
+            ratio,
+            more=f". An fp16 accumulator ends {ratio:,.0f}× further off than an fp32 one: once "
+            "the sum is large, 0.01 is below half an fp16 step and additions round away; "
+            "accumulating fp16 values in fp32 keeps only the error of rounding 0.01 to fp16 "
+            "once, so accumulate in fp32",
+            less=f". Here an fp16 accumulator ends {ratio:.2g}× as far off as an fp32 one, "
+            "closer: these rows do not show fp16's rounding, so they cannot argue for fp32 "
+            "accumulators",
+            same=". Here fp16 and fp32 accumulators end equally far off: these rows do not "
+            "show fp16's rounding",
         )
     return [said(res, text + ".", rows)]
 
@@ -377,15 +465,18 @@ def answer_mixed_precision(res: Results) -> list[Block]:
         ]
         small = min(table, key=lambda t: t["fp32_ms"])
         large = max(table, key=lambda t: t["fp32_ms"])
-        trend = (
-            "the gain grows with size: small models are bound by launch overhead and "
+        trend = ratio_word(
+            large["speedup"] / small["speedup"],
+            more="the gain grows with size: small models are bound by launch overhead and "
             "memory-bound kernels that bf16 does not speed up (and autocast adds casts), large "
-            "ones by matmuls, which bf16 tensor cores run many times faster"
-            if large["speedup"] > small["speedup"]
-            else "the gain does not grow with size here"
+            "ones by matmuls, which bf16 tensor cores run many times faster",
+            less="the gain shrinks with size here",
+            same="the gain does not change with size here",
         )
+        speedups = [t["speedup"] for t in table]
         text = (
-            f"(c) bf16 autocast makes a step {span([t['speedup'] for t in table])} faster, "
+            f"(c) bf16 autocast runs a step at {span(speedups)} fp32's speed "
+            f"({speed(speedups)}), "
             f"{small['speedup']:.2f}× for the fastest configuration ({small['size']} "
             f"{small['mode']}) and {large['speedup']:.2f}× for the slowest ({large['size']} "
             f"{large['mode']}): {trend}."

@@ -15,9 +15,27 @@ from pathlib import Path
 from bench.report.document import FORMATS, render
 from bench.report.problems import PROBLEMS, Results, build_document
 
-__all__ = ["PROBLEMS", "build_report", "report_links", "run_parsed"]
+__all__ = [
+    "PROBLEMS",
+    "WRITEUP_PAGE_BUDGET",
+    "build_report",
+    "compile_typst",
+    "pdf_pages",
+    "report_links",
+    "run_parsed",
+]
 
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# The write-up's length limit (A4 pages): what a grader reads of one hand-in. `--format pdf`
+# fails past it, so a change that bloats the write-up shows when it is built.
+WRITEUP_PAGE_BUDGET = 30
+# A PDF's page tree root counts every page: `/Count N`.
+_PAGE_COUNT = re.compile(rb"/Count (\d+)")
+
+
+def pdf_pages(pdf: bytes) -> int:
+    """The number of pages of a PDF (its page tree's largest `/Count`)."""
+    return max((int(n) for n in _PAGE_COUNT.findall(pdf)), default=0)
 
 
 def report_links(text: str) -> list[str]:
@@ -39,21 +57,64 @@ def build_report(
         output: the file to write; image links are made relative to its folder (to `folder`
             when None).
         title: the report's top heading.
-        fmt: `markdown`, `latex` or `typst`.
+        fmt: `markdown` (the full report); `typst`, `latex` or `pdf` (the write-up: answers and
+            plots, see `build_document`); `pdf` writes the Typst source beside `output` and
+            compiles it (needs `output` and the `typst` package) and returns that source.
 
     Raises:
         FileNotFoundError: `folder` does not exist.
-        ValueError: an unknown format.
+        ValueError: an unknown format, or `pdf` without `output`.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "pdf" and output is None:
+        raise ValueError("--format pdf writes a file: give -o report.pdf")
     res = Results.collect(folder)
     report_dir = Path(output).parent if output is not None else Path(folder)
-    text = render(build_document(res, report_dir=report_dir, title=title), fmt)
-    if output is not None:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(text)
+    writeup = fmt != "markdown"
+    doc = build_document(res, report_dir=report_dir, title=title, writeup=writeup)
+    text = render(doc, "typst" if fmt == "pdf" else fmt)
+    if output is None:
+        return text
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "pdf":
+        source = output.with_suffix(".typ")
+        source.write_text(text)
+        compile_typst(source, output, folder=Path(folder))
+    else:
+        output.write_text(text)
     return text
+
+
+def compile_typst(
+    source: Path, output: Path, *, folder: Path, fmt: str = "pdf", ppi: float | None = None
+) -> list[bytes] | None:
+    """Compile a Typst write-up (`source`) to `output` (`fmt`: `pdf`, or `png` pages with
+    `ppi`); the files it reads may lie anywhere under the common folder of `source` and the
+    results `folder`. With `output` None, the pages come back as bytes.
+
+    Raises:
+        ModuleNotFoundError: the `typst` package is missing (the message says how to install).
+    """
+    try:
+        import typst
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            "compiling the write-up needs the typst package, bench's pdf extra: pip install "
+            "'cs336sys-bench[pdf]' (uv sync installs it with the dev group)"
+        ) from exc
+    root = os.path.commonpath([source.resolve().parent, folder.resolve()])
+    pages = typst.compile(
+        str(source),
+        output=None if output is None else str(output),
+        root=root,
+        format=fmt,
+        ppi=ppi,
+    )
+    if output is None:
+        return pages if isinstance(pages, list) else [pages]
+    return None
 
 
 def run_parsed(
@@ -70,6 +131,12 @@ def run_parsed(
         parser.error(str(exc))
     if args.output is None:
         print(text, end="")
-    else:
+        return 0
+    if args.format != "pdf":
         print(f"wrote {args.output}")
+        return 0
+    pages = pdf_pages(Path(args.output).read_bytes())
+    print(f"wrote {args.output}: {pages} pages (budget {WRITEUP_PAGE_BUDGET})")
+    if pages > WRITEUP_PAGE_BUDGET:
+        parser.exit(1, f"the write-up runs past its {WRITEUP_PAGE_BUDGET}-page budget\n")
     return 0

@@ -34,6 +34,7 @@ from bench.core.nvtx import nvtx_range
 from bench.core.oom import OK, OOM
 from bench.core.parallel import Parallel
 from bench.core.plots import hbar_plot
+from bench.core.profiling import traced_step
 from bench.core.results import Keys, Run
 from bench.core.step import train_step
 from bench.core.timing import elapsed_ms
@@ -71,7 +72,7 @@ COLUMNS = (
 )
 _RANK_ENV = {"TORCH_NCCL_ENABLE_TIMING": "1"}  # NCCL times each collective: `comm_ms`
 # Every key of a row, for readers (bench-report).
-KEYS = Keys(*COLUMNS, "variant", "bucket_mb")
+KEYS = Keys(*COLUMNS, "variant", "bucket_mb", "comm_overlap")
 
 
 def _label(case: Case) -> str:
@@ -158,12 +159,27 @@ def _measure_case(
             stats = wrapped.comm_stats
             waits.append(stats.wait_ms)
             comms.append(stats.comm_ms)
+    overlap = None
+    if config.trace_dir is not None:
+        tokens = next(batches)
+        trace = Path(config.trace_dir) / trace_name(case)
+        overlap = traced_step(
+            lambda: step(tokens), trace, rank=rank, device=device, collective="AllReduce"
+        )
     return {
         "times": times,
         "waits": waits if ours else None,
         "comms": comms if ours and None not in comms else None,
         "collectives": wrapped.comm_stats.num_collectives if ours else None,
+        "overlap": overlap,
     }
+
+
+def trace_name(case: Case) -> str:
+    """The Chrome trace file of a case's traced step: `<variant>[_<bucket MB>].pt.trace.json`."""
+    variant = case.variant.replace(":", "-")  # a file name without a colon
+    size = "" if case.bucket_size_mb is None else f"_{case.bucket_size_mb:g}mb"
+    return f"{variant}{size}.pt.trace.json"
 
 
 def _row(case: Case, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -182,6 +198,8 @@ def _row(case: Case, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
         row["collectives"] = per_rank[0]["collectives"]
     if case.variant == ALL_REDUCE:
         row["case"] = f"{row['case']} ({per_rank[0]['mb']:.3g} MB)"
+    if per_rank[0].get("overlap") is not None:  # traced on rank 0
+        row["comm_overlap"] = per_rank[0]["overlap"]
     if all(r["comms"] is not None for r in per_rank):
         row["comm_ms"] = slowest_rank([r["comms"] for r in per_rank]).median
         if row["comm_ms"] > 0:

@@ -50,7 +50,6 @@ from bench.plan.traffic import StepTraffic, default_tflops, estimate_traffic
 
 __all__ = [
     "KEYS",
-    "LEADERBOARD_2026",
     "PLAN_COLUMNS",
     "TOOL",
     "PlanConfig",
@@ -61,13 +60,12 @@ __all__ = [
     "run_section8",
 ]
 
-# The CS336 spring-2026 leaderboard's model and step (lmcore's size `leaderboard-8b`, the
-# handout's `Config`, with its own vocabulary and context), batch 2, bf16, causal, on two GPUs.
-# Attention through fa2's Triton kernels (a fused kernel; naive attention would hold
+# The CS336 spring-2026 leaderboard's step is lmcore's `LEADERBOARD_2026` (the handout's
+# `Config` with its own vocabulary and context, its batch over its GPUs), predicted with
+# attention through fa2's Triton kernels (a fused kernel; naive attention would hold
 # 2·32·32,768² scores per block).
-LEADERBOARD_2026 = lmcore.MODEL_SIZES["leaderboard-8b"].config(attention="fa2-triton")
-LEADERBOARD_BATCH = 2
-LEADERBOARD_DEVICES = 2
+_BOARD = lmcore.LEADERBOARD_2026
+_BOARD_ATTENTION = "fa2-triton"
 # Its layouts over the two GPUs: each family with the gradient buckets of torch's DDP.
 LEADERBOARD_LAYOUTS = ("ddp:torch", "zero1:torch-ddp", "fsdp", "tp")
 # Memory per GPU the leaderboard prediction is asked for: an 80 GB H100 and a 141 GB H200.
@@ -331,16 +329,16 @@ def run_leaderboard(
         A `Run` (tool `"plan_leaderboard"`), a row per (precision, layout, loss, optimizer).
         The default checkpointing forms are `bench.plan.fit.checkpointing_candidates`.
     """
-    config = LEADERBOARD_2026
+    config = _BOARD.config(attention=_BOARD_ATTENTION)
     candidates = list(checkpointing or checkpointing_candidates(config.num_layers))
     rows = []
     for precision, layout, loss, optimizer in itertools.product(
         ("bf16", "bf16-master"), LEADERBOARD_LAYOUTS, LOSSES, ("lmcore", "lmcore-fused")
     ):
         tensor = LAYOUTS[layout].tensor_parallel
-        degrees = {"tp": LEADERBOARD_DEVICES} if tensor else {"dp": LEADERBOARD_DEVICES}
+        degrees = {"tp": _BOARD.num_gpus} if tensor else {"dp": _BOARD.num_gpus}
         base = TrainingPlan(
-            config, batch=LEADERBOARD_BATCH, precision=precision, layout=layout, loss=loss,
+            config, batch=_BOARD.batch_size, precision=precision, layout=layout, loss=loss,
             optimizer=optimizer, **degrees,
         )  # fmt: skip
         estimates = [estimate_memory(replace(base, activation_checkpointing=c)) for c in candidates]
@@ -371,13 +369,15 @@ def run_leaderboard(
     notes = [
         f"Model: the handout's leaderboard Config, {config.d_model}/{config.d_ff}/"
         f"{config.num_layers}L/{config.num_heads}H, vocabulary {config.vocab_size:,}, "
-        f"{lmcore.count_parameters(config):,} parameters; batch {LEADERBOARD_BATCH} × "
-        f"{config.context_length:,} tokens on {LEADERBOARD_DEVICES} GPUs (DDP, ZeRO-1, FSDP: one "
+        f"{lmcore.count_parameters(config):,} parameters; batch {_BOARD.batch_size} × "
+        f"{config.context_length:,} tokens on {_BOARD.num_gpus} GPUs (DDP, ZeRO-1, FSDP: one "
         "sequence per GPU; TP: both on each), causal attention through fa2's Triton kernels.",
         "ckpt_80gb / ckpt_141gb: the activation checkpointing that recomputes least among those "
         "whose predicted peak fits 80 GB / 141 GB (decimal) per GPU, and its peak in GiB; "
         "min_peak: the smallest peak any form reaches. bf16: weights, gradients and AdamW "
-        "moments in bf16 (the handout's torch_dtype); bf16-master: float32 masters and moments.",
+        "moments in bf16 (the handout's torch_dtype; lmcore-fused as bench runs it, with "
+        "moment_dtype=torch.bfloat16); bf16-master: float32 masters and moments. FSDP is "
+        "zero.FSDP, the embedding and the head units of their own.",
         f"Communication and compute for the 80 GB choice (or the smallest peak) at W = "
         f"{bandwidth_gbps:g} GB/s ({BANDWIDTH_SOURCE}) and {rate:g} TFLOP/s ({rate_source}); "
         "the leaderboard itself runs on B200s.",
@@ -387,8 +387,8 @@ def run_leaderboard(
         "plan_leaderboard",
         rows,
         device="cpu",
-        config={"model": asdict(config), "batch": LEADERBOARD_BATCH,
-                "devices": LEADERBOARD_DEVICES,
+        config={"model": asdict(config), "batch": _BOARD.batch_size,
+                "devices": _BOARD.num_gpus,
                 "memory_bytes": dict(LEADERBOARD_MEMORY), "bandwidth_gbps": bandwidth_gbps,
                 "tflops": rate},
         command=command,
@@ -403,7 +403,7 @@ def _leaderboard_summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """One sentence per memory: how many combinations fit, the one that recomputes least (ties:
     the least communication), what never fits; and the near misses of the smaller memory."""
     out = []
-    layers = LEADERBOARD_2026.num_layers
+    layers = _BOARD.model_size.num_layers
     for key, memory in LEADERBOARD_MEMORY.items():
         suffix = key.replace(" ", "").lower()
         fitting = [r for r in rows if r[f"peak_{suffix}"] is not None]

@@ -7,7 +7,7 @@ The variants, what is measured, the targets and the command line: `bench.command
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
 from bench.core.parallel import Parallel
 from bench.core.plots import Bars, stacked_bar_plot
-from bench.core.profiling import collective_overlap
+from bench.core.profiling import traced_step
 from bench.core.results import Keys, Run
 from bench.core.step import forward_backward, train_step
 from bench.core.step_memory import tensor_bytes
@@ -50,11 +50,14 @@ FSDP, FSDP_NO_PREFETCH = "fsdp", "fsdp:no-prefetch"
 
 # Issue 5's targets for ZeRO-1 at world size 2, as (column, largest acceptable ratio to `ddp`).
 TARGETS = (("state_vs_ddp", 0.55), ("peak_vs_ddp", 0.80), ("time_vs_ddp", 1.10))
-# Issue 12's targets for zero.FSDP at world size 2: (column, largest ratio, compute dtypes).
+# Targets for zero.FSDP at world size 2: (column, largest ratio, the rows' dtypes, `_dtypes`):
+# issue 12's over float32 shards, issue 34's for bf16 storage (the 2026 `xl`).
 FSDP_TARGETS = (
     ("peak_vs_torch_fsdp", 1.05, ("fp32", "bf16")),
     ("peak_vs_ddp", 0.60, ("fp32",)),
     ("time_vs_torch_fsdp", 1.10, ("fp32", "bf16")),
+    ("peak_vs_torch_fsdp", 1.00, ("bf16-storage",)),
+    ("time_vs_torch_fsdp", 0.80, ("bf16-storage",)),
 )
 
 _BREAKDOWN = ("param_mib", "grad_mib", "state_mib", "other_mib")
@@ -62,6 +65,7 @@ COLUMNS = (
     "variant",
     "bucket_mb",
     "compute_dtype",
+    "storage_dtype",
     "init_mib",
     "before_step_mib",
     "after_step_mib",
@@ -76,15 +80,18 @@ COLUMNS = (
     "time_vs_torch_fsdp",
     "status",
 )
-# Every key of a row, for readers (bench-report).
-KEYS = Keys(*COLUMNS)
+# Every key of a row, for readers (bench-report, bench-plan --check): the columns, and the FSDP
+# rows' units (`bench.core.layouts.Layout.units`).
+KEYS = Keys(*COLUMNS, "fsdp_units")
 
 
 @dataclass(frozen=True)
 class ZeroCase(Case):
-    """A row of bench-zero: a `Case` and, for the FSDP variants, the compute dtype."""
+    """A row of bench-zero: a `Case` and, for the FSDP variants, the compute and storage
+    dtypes."""
 
     compute_dtype: str | None = None
+    storage_dtype: str | None = None
 
 
 def _broadcasts(variant: str) -> bool:
@@ -93,22 +100,45 @@ def _broadcasts(variant: str) -> bool:
 
 
 def _cases(config: ZeroBenchConfig) -> list[ZeroCase]:
+    """The rows: a ZeRO-1 variant's per broadcast cap; an FSDP variant's per compute dtype
+    over float32 shards, and one of bf16 shards computing in bf16; the others one each."""
     cases = []
     for variant in config.variants:
         if _broadcasts(variant):
             cases += [ZeroCase(variant, b) for b in config.bucket_sizes_mb]
         elif LAYOUTS[variant].shards_weights:
-            cases += [ZeroCase(variant, compute_dtype=d) for d in config.fsdp_dtypes]
+            for storage in config.fsdp_storage:
+                computes = config.fsdp_dtypes if storage == "fp32" else (storage,)
+                cases += [ZeroCase(variant, compute_dtype=d, storage_dtype=storage)
+                          for d in computes]  # fmt: skip
         else:
             cases.append(ZeroCase(variant))
     return cases
 
 
+def _precision(case: ZeroCase) -> str:
+    """The case's precision (`bench.core.layouts.PRECISIONS`): bf16 storage is the model
+    stored in bf16; a bf16 compute dtype over float32 shards is FSDP's mixed precision
+    (`bf16-autocast`: float32 shards gathered and reduced in bf16)."""
+    if case.storage_dtype == "bf16":
+        return "bf16"
+    return "bf16-autocast" if case.compute_dtype == "bf16" else "fp32"
+
+
+def _dtypes(row: Mapping[str, Any]) -> str | None:
+    """An FSDP row's dtypes in a word: its compute dtype over float32 shards, `bf16-storage`
+    for bf16 shards; None for the other variants."""
+    if row.get("storage_dtype") == "bf16":
+        return "bf16-storage"
+    return row.get("compute_dtype")
+
+
 def _parallel(case: ZeroCase, device: torch.device) -> Parallel:
-    """The case's layout (`bench.core.parallel`): an FSDP row's compute dtype as FSDP's mixed
-    precision (bf16: float32 shards gathered in bf16), a ZeRO-1 row's broadcast cap."""
-    mixed = "bf16-autocast" if case.compute_dtype == "bf16" else "fp32"
-    return Parallel(case.variant, device=device, precision=mixed, broadcast_mb=case.bucket_size_mb)
+    """The case's layout (`bench.core.parallel`): an FSDP row's dtypes as its precision, a
+    ZeRO-1 row's broadcast cap."""
+    return Parallel(
+        case.variant, device=device, precision=_precision(case), broadcast_mb=case.bucket_size_mb
+    )
 
 
 def _measure_case(
@@ -134,7 +164,8 @@ def _measure_case(
     times = [elapsed_ms(step, device=device)[1] for _ in range(config.steps)]
     overlap = None
     if config.trace_dir is not None and LAYOUTS[case.variant].shards_weights:
-        overlap = _traced_step(step, Path(config.trace_dir) / _trace_name(case), rank, device)
+        trace = Path(config.trace_dir) / _trace_name(case)
+        overlap = traced_step(step, trace, rank=rank, device=device, collective="AllGather")
 
     # One more, instrumented, step for memory: the timed ones carry no synchronising probes.
     reset_peak_memory(device)
@@ -159,26 +190,7 @@ def _measure_case(
 
 def _trace_name(case: ZeroCase) -> str:
     variant = case.variant.replace(":", "-")  # a file name without a colon
-    return f"{variant}_{case.compute_dtype}.pt.trace.json"
-
-
-def _traced_step(
-    step: Callable[[], None], path: Path, rank: int, device: torch.device
-) -> float | None:
-    """One more step, under torch.profiler on rank 0 (the others just step): its Chrome trace
-    goes to `path`; the share of its all-gather kernel time beside compute comes back (None on
-    the other ranks and off CUDA)."""
-    if rank != 0:
-        elapsed_ms(step, device=device)
-        return None
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        elapsed_ms(step, device=device)  # synchronises: every kernel is in the trace
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(path))
-    return collective_overlap(prof.events(), collective="AllGather")
+    return f"{variant}_{_dtypes(asdict(case))}.pt.trace.json"
 
 
 def _mib(values: Sequence[int | None]) -> float | None:
@@ -191,9 +203,12 @@ def _row(case: ZeroCase, per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "variant": case.variant,
         "bucket_mb": case.bucket_size_mb,
         "compute_dtype": case.compute_dtype,
+        "storage_dtype": case.storage_dtype,
     }
+    if LAYOUTS[case.variant].shards_weights:
+        row["fsdp_units"] = list(LAYOUTS[case.variant].units)
     if any(r["status"] != OK for r in per_rank):
-        return {**row, **dict.fromkeys(COLUMNS[3:-1]), "status": OOM}
+        return {**row, **dict.fromkeys(COLUMNS[4:-1]), "status": OOM}
     for key in ("init", "before_step", "after_step", "param", "grad", "state"):
         row[f"{key}_mib"] = _mib([r[key] for r in per_rank])
     breakdown = sum(row[k] for k in _BREAKDOWN[:3])
@@ -214,15 +229,15 @@ def _ratio(value: float | None, baseline: float | None) -> float | None:
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
     """Ratios of each row to the `ddp:torch` row (optimizer state, peak, step time), and of each
-    `fsdp` row to the `fsdp:torch` row of its compute dtype (peak, step time)."""
+    `fsdp` row to the `fsdp:torch` row of its storage and compute dtypes (peak, step time)."""
     ok = [r for r in rows if r["status"] == OK]
     base = next((r for r in ok if r["variant"] == BASELINE), {})
-    torch_fsdp = {r["compute_dtype"]: r for r in ok if r["variant"] == FSDP_BASELINE}
+    torch_fsdp = {_dtypes(r): r for r in ok if r["variant"] == FSDP_BASELINE}
     for row in rows:
         row["state_vs_ddp"] = _ratio(row.get("state_mib"), base.get("state_mib"))
         row["peak_vs_ddp"] = _ratio(row.get("after_step_mib"), base.get("after_step_mib"))
         row["time_vs_ddp"] = _ratio(row.get("step_ms"), base.get("step_ms"))
-        theirs = torch_fsdp.get(row["compute_dtype"]) if row["variant"] == FSDP else None
+        theirs = torch_fsdp.get(_dtypes(row)) if row["variant"] == FSDP else None
         theirs = theirs or {}
         row["peak_vs_torch_fsdp"] = _ratio(row.get("after_step_mib"), theirs.get("after_step_mib"))
         row["time_vs_torch_fsdp"] = _ratio(row.get("step_ms"), theirs.get("step_ms"))
@@ -253,9 +268,9 @@ def _target_notes(rows: Sequence[dict[str, Any]], world_size: int) -> list[str]:
 
 
 def _fsdp_target_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """One sentence per `fsdp` row: which of issue 12's targets it meets."""
+    """One sentence per `fsdp` row: which of FSDP's targets for its dtypes it meets."""
     targets = ", ".join(
-        f"{col.replace('_vs_', ' <= ')} x{limit}" + ("" if len(dts) > 1 else f" ({dts[0]})")
+        f"{col.replace('_vs_', ' <= ')} x{limit} ({', '.join(dts)})"
         for col, limit, dts in FSDP_TARGETS
     )
     notes = [f"Targets for zero.FSDP at world size 2: {targets}."]
@@ -265,9 +280,9 @@ def _fsdp_target_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
         verdicts = [
             _verdict(row, col, limit, col)
             for col, limit, dtypes in FSDP_TARGETS
-            if row["compute_dtype"] in dtypes
+            if _dtypes(row) in dtypes
         ]
-        notes.append(f"fsdp ({row['compute_dtype']}): {'; '.join(verdicts)}.")
+        notes.append(f"fsdp ({_dtypes(row)}): {'; '.join(verdicts)}.")
     return notes
 
 
@@ -275,10 +290,10 @@ def _prefetch_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
     """What issuing the next unit's all-gather one unit ahead buys, per compute dtype: `fsdp`
     beside `fsdp-no-prefetch`."""
     ok = [r for r in rows if r["status"] == OK]
-    without = {r["compute_dtype"]: r for r in ok if r["variant"] == FSDP_NO_PREFETCH}
+    without = {_dtypes(r): r for r in ok if r["variant"] == FSDP_NO_PREFETCH}
     notes = []
     for prefetch in (r for r in ok if r["variant"] == FSDP):
-        alone = without.get(prefetch["compute_dtype"])
+        alone = without.get(_dtypes(prefetch))
         if alone is None:
             continue
         peaks = ""
@@ -288,7 +303,7 @@ def _prefetch_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
                 f"{alone['after_step_mib']:,.0f} MiB"
             )
         notes.append(
-            f"Prefetching ({prefetch['compute_dtype']}): fsdp {prefetch['step_ms']:.4g} ms "
+            f"Prefetching ({_dtypes(prefetch)}): fsdp {prefetch['step_ms']:.4g} ms "
             f"per step against {alone['step_ms']:.4g} ms without it ({FSDP_NO_PREFETCH}), "
             f"{prefetch['step_ms'] / alone['step_ms']:.3f}x the time{peaks}."
         )
@@ -325,7 +340,11 @@ def run_zero(
     measured = measure_cases(_measure_case, _cases(config), config, device=device, timeout=timeout)
     rows = [_row(case, results) for case, results in measured]
     _add_ratios(rows)
-    rows = [{column: row.get(column) for column in COLUMNS} for row in rows]
+    rows = [
+        {**{column: row.get(column) for column in COLUMNS},
+         **({"fsdp_units": row["fsdp_units"]} if "fsdp_units" in row else {})}
+        for row in rows
+    ]  # fmt: skip
     if device.type != "cuda":
         notes.append(
             "CPU: no allocator statistics, so peaks and `other` are empty; parameter, gradient "
@@ -338,13 +357,20 @@ def run_zero(
         "optimizer step): peak ratios use it."
     )
     notes += _target_notes(rows, config.nproc)
+    if any(LAYOUTS[v].shards_weights for v in config.variants):
+        notes.append(
+            "FSDP rows: fsdp (zero.apply_fsdp) shards each block, the embedding and the LM head "
+            "as units of their own; fsdp:torch (FSDP2) each block, the rest in its root unit "
+            "(fsdp_units). storage_dtype bf16: the model stored in bf16 (weights, gradients and "
+            "AdamW's moments), gathered and reduced in bf16, for both."
+        )
     if FSDP in config.variants:
         notes += _fsdp_target_notes(rows)
     notes += _prefetch_notes(rows)
     if config.trace_dir is not None:
         notes.append(
             f"Traces: one more step of each FSDP row under torch.profiler, rank 0's Chrome trace "
-            f"in {config.trace_dir}/<variant>_<dtype>.pt.trace.json (a colon written as -); "
+            f"in {config.trace_dir}/<variant>_<dtypes>.pt.trace.json (a colon written as -); "
             "gather_overlap: the share "
             "of its all-gather kernel time during which a compute kernel ran too (CUDA only)."
         )
@@ -369,7 +395,7 @@ def _bucket_text(row: Mapping[str, Any], prefix: str = "") -> str:
 
 def _label(row: Mapping[str, Any]) -> str:
     if row.get("compute_dtype") is not None:
-        return f"{row['variant']}\n{row['compute_dtype']}"
+        return f"{row['variant']}\n{_dtypes(row)}"
     if not _broadcasts(str(row["variant"])):
         return str(row["variant"])
     return f"{row['variant']}\n{_bucket_text(row)}"

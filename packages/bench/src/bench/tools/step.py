@@ -21,7 +21,6 @@ import torch
 import lmcore
 from bench.commands.step import (
     FIT,
-    PRESET_RANKS,
     PRESETS,
     StepConfig,
     depth_reduced_argv,
@@ -39,7 +38,7 @@ from bench.core.full_step import (
     step_flops,
 )
 from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
-from bench.core.layouts import compute_dtype
+from bench.core.layouts import LAYOUTS, compute_dtype
 from bench.core.memory import GIB, MIB, free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import Bars, stacked_bar_plot
@@ -66,8 +65,9 @@ _CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "trito
 
 
 def step_specs(config: StepConfig) -> list[StepSpec]:
-    """Every row's step, in order: ours' combinations of each checkpointing, then its
-    torch-native row. Each validates itself, so this checks the options together.
+    """Every row's step, in order: ours' combinations of each checkpointing (layouts in the
+    order given, outermost), then its torch-native row. Each validates itself, so this checks
+    the options together.
 
     Raises:
         ValueError: options that do not go together (the message says which).
@@ -76,22 +76,25 @@ def step_specs(config: StepConfig) -> list[StepSpec]:
         "batch": config.batch,
         "precision": config.precision,
         "compile": config.compile,
+        "compile_backend": config.compile_backend,
         "world_size": config.nproc,
-        "parallel": config.parallel,
         "warmup_ms": config.warmup_ms,
         "rep_ms": config.rep_ms,
     }
     specs = []
     for ckpt in config.activation_checkpointing:
-        for attention in config.attention:
-            model = config.model_config(attention)
-            for loss in config.loss:
-                for optimizer in config.optimizer:
-                    specs.append(StepSpec(model, **common, loss=loss, optimizer=optimizer,
-                                          activation_checkpointing=ckpt))  # fmt: skip
+        for parallel in config.parallel:
+            for attention in config.attention:
+                model = config.model_config(attention)
+                for loss in config.loss:
+                    for optimizer in config.optimizer:
+                        specs.append(StepSpec(model, **common, parallel=parallel, loss=loss,
+                                              optimizer=optimizer,
+                                              activation_checkpointing=ckpt))  # fmt: skip
         if config.native:
             model = config.model_config(NATIVE_ATTENTION)
-            specs.append(StepSpec(model, **common, impl="torch-native", loss=NATIVE_LOSS,
+            specs.append(StepSpec(model, **common, parallel=config.parallel[0],
+                                  impl="torch-native", loss=NATIVE_LOSS,
                                   optimizer=NATIVE_OPTIMIZER,
                                   activation_checkpointing=ckpt))  # fmt: skip
     return specs
@@ -101,8 +104,7 @@ def step_specs(config: StepConfig) -> list[StepSpec]:
 
 
 def _plan(spec: StepSpec) -> Any:
-    """bench-plan's `TrainingPlan` of a row (the native chunked loss modelled as the fused one:
-    both hold one chunk of logits at a time)."""
+    """bench-plan's `TrainingPlan` of a row (the torch-native loss is its `chunked`)."""
     from bench.plan.memory import TrainingPlan
 
     return TrainingPlan(
@@ -112,8 +114,9 @@ def _plan(spec: StepSpec) -> Any:
         layout=spec.layout,
         dp=spec.world_size,
         activation_checkpointing=spec.activation_checkpointing,
-        loss="fused" if spec.loss == NATIVE_LOSS else spec.loss,
+        loss=spec.loss,
         optimizer=spec.optimizer,
+        compiled=spec.compile,
     )
 
 
@@ -274,12 +277,15 @@ def _identity(spec: StepSpec, config: StepConfig) -> dict[str, Any]:
         "batch": spec.batch,
         "world_size": spec.world_size,
         "layout": spec.layout,
+        "fsdp_units": list(LAYOUTS[spec.layout].units),
         "precision": spec.plan_precision,
+        "moment_dtype": spec.moment_dtype,
         "attention": m.attention,
         "loss": spec.loss,
         "optimizer": spec.optimizer,
         "activation_checkpointing": spec.activation_checkpointing,
         "compiled": spec.compile,
+        "compile_backend": spec.compile_backend if spec.compile else None,
     }
 
 
@@ -374,7 +380,7 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 COLUMNS = [
-    "impl", "attention", "loss", "optimizer", "activation_checkpointing", "step_ms",
+    "impl", "layout", "attention", "loss", "optimizer", "activation_checkpointing", "step_ms",
     "time_vs_native", "first_step_ms", "tokens_per_s", "mfu", "peak_mib", "peak_vs_native",
     "param_mib", "grad_mib", "state_mib", "act_mib", "rest_mib", "peak_phase", "fwd_ms",
     "bwd_ms", "opt_ms", "attn_ms", "attn_time_share", "status",
@@ -396,8 +402,9 @@ _METRICS = [
 # Every key of a row, for readers (bench-report, bench-plan --check).
 KEYS = Keys(
     *COLUMNS, *_METRICS, "size", "size_label", "d_model", "d_ff", "num_layers", "num_heads",
-    "num_kv_heads", "vocab_size", "ctx", "batch", "world_size", "layout", "precision",
-    "compiled", "pred_act_mib", "time_vs_native", "peak_vs_native",
+    "num_kv_heads", "vocab_size", "ctx", "batch", "world_size", "layout", "fsdp_units",
+    "precision", "moment_dtype", "compiled", "compile_backend", "pred_act_mib",
+    "time_vs_native", "peak_vs_native",
 )  # fmt: skip
 
 
@@ -467,9 +474,34 @@ def run_step(
     )
 
 
+def _ours_note(config: StepConfig) -> str:
+    """How ours runs: its AdamW's moments, its compilation, its FSDP."""
+    parts = [
+        "ours: AdamW's moments in the parameters' dtype (moment_dtype; lmcore's fused AdamW is "
+        "given moment_dtype=torch.bfloat16 for a bf16 model), the precision torch's fused "
+        "AdamW keeps them in"
+    ]
+    if config.compile:
+        parts.append(
+            f"each block compiled ({config.compile_backend}), under zero.FSDP each unit's "
+            "forward with FSDP's hooks outside, as the torch-native row compiles each block"
+        )
+    if "fsdp" in config.parallel:
+        parts.append(
+            "fsdp: zero.apply_fsdp with the blocks, the embedding and the LM head as units "
+            "(fsdp_units), weights gathered and gradients reduced in the model's dtype, as "
+            "FSDP2 does by default"
+        )
+    return "; ".join(parts) + "."
+
+
 def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.device) -> list:
     if config.nproc > 1:
-        timer = "the timed steps, each the slowest rank's"
+        timer = (
+            "the timed steps, each the slowest rank's (after the first step, two steps whose "
+            "slowest rank sets how many fill the budgets, also warming up; then at least three "
+            "timed)"
+        )
     elif device.type == "cuda":
         timer = "triton.testing.do_bench over the whole step"
     else:
@@ -487,6 +519,7 @@ def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.dev
         "recomputation); attn_ms: the attention backend alone at the step's shape, forward and "
         "backward per block plus a forward per recomputed block; attn_flop_share: attention's "
         "share of the step's FLOPs (causal: half the score matrix).",
+        _ours_note(config),
     ]
     ceilings = {r["mfu_ceiling_tflops"] for r in rows if r.get("mfu_ceiling_tflops")}
     if ceilings:
@@ -505,8 +538,8 @@ def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.dev
             "torch-native: SDPA, torch.utils.checkpoint over the same segments (lmcore's "
             "non-reentrant checkpoints), a chunked cross-entropy (compiled per chunk, each chunk "
             "checkpointed: its logits recomputed in backward), torch.optim.AdamW(fused=True), "
-            f"{'each block compiled' if config.compile else 'eager'}{sharded}. bench-plan "
-            "models its loss as the fused one (one chunk of logits at a time)."
+            f"{'each block compiled' if config.compile else 'eager'}{sharded}; bench-plan's "
+            "loss `chunked`."
         )
     return notes
 
@@ -517,7 +550,8 @@ def plot_step(run: Run, path: Path) -> Path:
     Raises:
         ValueError: no row completed.
     """
-    several = [k for k in ("attention", "loss", "optimizer") if len({r[k] for r in run.rows}) > 1]
+    keys = ("layout", "attention", "loss", "optimizer")
+    several = [k for k in keys if len({r[k] for r in run.rows if r["impl"] == "ours"}) > 1]
 
     def label(r: dict[str, Any]) -> str:
         parts = [r["impl"], r["activation_checkpointing"]]
@@ -554,13 +588,13 @@ def depth_reduced_command(device: torch.device) -> str:
     return " ".join(depth_reduced_argv(num_gpus=_num_gpus(device)))
 
 
-def _preset_missing(device: torch.device) -> str | None:
-    """Why this machine cannot run the leaderboard preset, or None when it can."""
+def _preset_missing(preset: str, device: torch.device) -> str | None:
+    """Why this machine cannot run the leaderboard preset `preset`, or None when it can."""
     if device.type != "cuda":
         return "it needs CUDA GPUs, and this run has none"
-    ranks = _num_gpus(device)
-    if ranks < PRESET_RANKS:
-        return f"it needs {PRESET_RANKS} GPUs and finds {ranks}"
+    ranks, needed = _num_gpus(device), PRESETS[preset]["nproc"]
+    if ranks < needed:
+        return f"it needs {needed} GPUs and finds {ranks}"
     for index in range(min(ranks, torch.cuda.device_count())):
         memory = torch.cuda.get_device_properties(index).total_memory
         if memory < PRESET_MEMORY_BYTES:
@@ -576,16 +610,20 @@ def _preset_missing(device: torch.device) -> str | None:
 
 def _run(config: StepConfig | None, cli: Invocation) -> Run:
     if cli.args.preset:
-        missing = _preset_missing(cli.device)
+        missing = _preset_missing(cli.args.preset, cli.device)
         if missing is not None:
-            if _num_gpus(cli.device) >= PRESET_RANKS:
-                instead = f"on these {PRESET_RANKS} GPUs, the preset's ranks and layout"
+            preset = PRESETS[cli.args.preset]
+            ranks = PRESETS["leaderboard-2026"]["nproc"]
+            if _num_gpus(cli.device) >= ranks:
+                instead = f"on these {ranks} GPUs, the leaderboard's ranks and layouts"
             else:
                 instead = "on one GPU, batch 1: one GPU's share of the leaderboard's batch"
+            batch = preset["batch"] * preset["nproc"]
             cli.parser.exit(
                 1,
                 f"bench-step: --preset {cli.args.preset} runs the handout's leaderboard step "
-                f"(8B, context 32,768, batch 2 over {PRESET_RANKS} ranks, bf16), but {missing}.\n"
+                f"(8B, context 32,768, batch {batch} over {preset['nproc']} ranks, "
+                f"{preset['precision']}), but {missing}.\n"
                 "Run the depth-reduced leaderboard model instead (the most blocks that fit, "
                 f"{instead}):\n\n  {depth_reduced_command(cli.device)}\n",
             )

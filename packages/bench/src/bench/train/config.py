@@ -181,10 +181,15 @@ class TrainConfig:
     )
     compile: bool = option(
         True,
-        "torch.compile the model and the loss; the first step's time is printed",
+        "torch.compile each block (each unit's forward under --parallel fsdp) and the loss; "
+        "the first step's time is printed",
         group=RUN,
         cpu=False,
     )
+    compile_backend: str = option(
+        model_options.DEFAULT_COMPILE_BACKEND, model_options.HELP["compile_backend"], group=RUN,
+        choices=model_options.COMPILE_BACKENDS,
+    )  # fmt: skip
     baseline: str | None = option(
         None,
         "run torch's own step instead (SDPA, fused torch AdamW, compiled), to compare speed",
@@ -315,8 +320,6 @@ class TrainConfig:
                 raise ValueError(f"--baseline {given['baseline']} runs --{flag} {value}; drop it")
         given.setdefault("nproc", torchrun_world_size() or 1)
         given.setdefault("parallel", parallel.default_mode(given["nproc"]))
-        if not parallel.can_compile(given["parallel"]):
-            given.setdefault("compile", False)
         config = configured(cls, cuda=device.type == "cuda", **given)
         config.validate()
         return config

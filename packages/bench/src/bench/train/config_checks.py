@@ -75,7 +75,6 @@ def validate(config: TrainConfig) -> None:
     parallel.check(
         c.parallel,
         nproc=c.nproc,
-        compile=c.compile,
         precision=c.precision,
         baseline=c.baseline,
         device=device,

@@ -67,11 +67,13 @@ def param_groups(model: nn.Module, decayed: set[str], weight_decay: float) -> li
     ]
 
 
-def optimizer_class(name: str, *, lr: float) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+def optimizer_class(
+    name: str, *, lr: float, param_dtype: torch.dtype | None = None
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """The optimizer `name` (of `bench.core.model_options.OPTIMIZERS`) and its options (weight
-    decay is per group).
+    decay is per group), its moments in `param_dtype`, the parameters' dtype.
 
     All three load each other's state dicts, so a resumed run may change `--optimizer`.
     """
-    cls, path = model_runtime.optimizer_class(name)
+    cls, path = model_runtime.optimizer_class(name, param_dtype=param_dtype)
     return cls, {"lr": lr, "betas": BETAS, **path}

@@ -129,7 +129,7 @@ class Trainer:
             activation_checkpointing=config.activation_checkpointing,
         )
         decayed = lm.decayed_names(self.raw)
-        self.loss_fn = loss_function(compile=config.compile)
+        self.loss_fn = loss_function(compile=config.compile, backend=config.compile_backend)
         # `--baseline torch` runs bench-step's torch-native model, which compiles its own pieces.
         baseline = config.baseline == "torch"
         self.parallel = TrainerParallel(
@@ -138,12 +138,21 @@ class Trainer:
             device=device,
             precision=config.precision,
             compile=config.compile and not baseline,
+            compile_backend=config.compile_backend,
             bucket_size_mb=config.bucket_size_mb,
             broadcast_mb=config.bucket_size_mb,
         )
-        step_model = torch_native_model(self.raw, compile=config.compile) if baseline else self.raw
+        step_model = (
+            torch_native_model(
+                self.raw, compile=config.compile, compile_backend=config.compile_backend
+            )
+            if baseline
+            else self.raw
+        )
         self.model = self.parallel.wrap(step_model)
-        optimizer_cls, options = lm.optimizer_class(config.optimizer, lr=config.lr)
+        optimizer_cls, options = lm.optimizer_class(
+            config.optimizer, lr=config.lr, param_dtype=next(self.raw.parameters()).dtype
+        )
         groups = lm.param_groups(self.raw, decayed, config.weight_decay)
         self.optimizer = self.parallel.build_optimizer(groups, optimizer_cls, options)
 

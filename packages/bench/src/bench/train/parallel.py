@@ -6,10 +6,12 @@ built by `bench.core.parallel.Parallel`, the harness's one owner of the layouts,
 Modes (`MODES`, names of `bench.core.layouts`): `single`; `ddp` (`ddp.DDPBucketed`),
 `ddp:naive`, `ddp:flat`, `ddp:individual` (the other `ddp` wrappers), `ddp:torch` (torch's
 DistributedDataParallel); `zero1` (`ddp.DDPBucketed` + `zero.ShardedOptimizer`, optimizer state
-sharded); `fsdp` (`zero.FSDP`, one unit per Transformer block: weights, gradients and optimizer
-state sharded); `fsdp:torch` (torch's FSDP2: `fully_shard` on every block, then on the root).
-Under the sharded modes `--precision bf16-autocast` gathers weights and reduces gradients in
-bf16 over float32 masters; `bf16` stores the model in bf16 (zero.FSDP keeps bf16 shards).
+sharded); `fsdp` (`zero.apply_fsdp`, a unit per Transformer block, the embedding and the LM head:
+weights, gradients and optimizer state sharded); `fsdp:torch` (torch's FSDP2: `fully_shard` on
+every block, then on the root). Under the sharded modes `--precision bf16-autocast` gathers
+weights and reduces gradients in bf16 over float32 masters; `bf16` stores the model in bf16
+(zero.FSDP keeps bf16 shards). `--compile` compiles each block in every mode of ours (each
+unit's forward under `fsdp`, FSDP's hooks outside), as FSDP2 compiles its blocks.
 
 Checkpoints: rank 0 writes the run's checkpoint, with the model's full weights and the optimizer's
 consolidated state (indexed by parameter, as `torch.optim` saves it) in every mode but `fsdp`,
@@ -36,7 +38,6 @@ from bench.train.choices import PARALLEL_MODES as MODES
 __all__ = [
     "MODES",
     "TrainerParallel",
-    "can_compile",
     "check",
     "checkpoint_layout",
     "default_mode",
@@ -51,16 +52,10 @@ def default_mode(nproc: int) -> str:
     return "single" if nproc == 1 else "ddp"
 
 
-def can_compile(mode: str) -> bool:
-    """Whether `--compile` runs under `mode` (not yet under `zero.FSDP`)."""
-    return LAYOUTS[mode].wrapper != "FSDP"
-
-
 def check(
     mode: str,
     *,
     nproc: int,
-    compile: bool,
     precision: str,
     baseline: str | None,
     device: torch.device,
@@ -69,15 +64,15 @@ def check(
 
     Raises:
         ValueError: several ranks without a mode, more ranks than GPUs or than torchrun
-            started, `--compile` or `--precision bf16` under `fsdp`, or `--baseline` under a
-            wrapper of ours.
+            started, a precision only bench-plan predicts, or `--baseline` under a wrapper of
+            ours.
     """
     if nproc > 1 and mode == "single":
         raise ValueError(
             f"--nproc {nproc} needs a --parallel mode (each rank would train alone); choose "
             f"one of {', '.join(MODES[1:])}"
         )
-    check_combination(mode, precision, compile=compile)
+    check_combination(mode, precision)
     if baseline is not None and mode not in _BASELINE_MODES:
         raise ValueError(f"--baseline runs with --parallel {' or '.join(_BASELINE_MODES)}")
     if under_torchrun() and nproc != torchrun_world_size():
@@ -109,7 +104,7 @@ class TrainerParallel(Parallel):
     Args:
         mode: a key of `MODES`.
         rank: this rank.
-        options: `Parallel`'s (device, precision, compile, bucket sizes).
+        options: `Parallel`'s (device, precision, compile and its backend, bucket sizes).
     """
 
     def __init__(self, mode: str, *, rank: int, **options: Any) -> None:

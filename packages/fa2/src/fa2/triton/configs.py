@@ -12,12 +12,13 @@ Three environment variables choose among the candidates, read here and nowhere e
 `tile_settings`; a launch plan is built for each combination of their values, so a process
 may compare candidates by changing them between calls):
 
-- FA2_AUTOTUNE=1: time every listed tile once per shape class and keep the fastest.
+- FA2_AUTOTUNE=1: time every listed tile once per shape class and keep the fastest, except the
+  warp-specialised ("+WS") ones, which only FA2_TILES launches (`WS_WARNING`).
 - FA2_TILES="kernel=tile,...": launch these listed candidates instead of the defaults, e.g.
   `FA2_TILES="forward=128x64/4w/2s+TMA+WS,dkdv=32x128/4w/2s+TMA+WS"`. Kernels: forward, dq,
   dkdv, single-pass (naming it also lets a `deterministic=False` call of any dtype take the
   single pass); tiles as `Tile.__str__` writes them. A tile that the call's list does not
-  hold raises, naming the candidates.
+  hold raises, naming the candidates; a "+WS" tile warns (`WS_WARNING`).
 - FA2_L2_GROUP: the launch order of the backward passes (`l2_group`): unset or 1, each
   (batch, head)'s tiles in turn; "auto" or a number, heads taken in groups whose inputs fit
   in L2 together.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -46,6 +48,7 @@ __all__ = [
     "LOG2E",
     "PRECISIONS",
     "SHORT_SEQ",
+    "WS_WARNING",
     "Tile",
     "autotuning",
     "block_d",
@@ -222,7 +225,8 @@ class Tile(NamedTuple):
 # loop's fixed costs weigh more there, and a smaller tile, two programs to a multiprocessor,
 # hides them (d = 128 forward: 0.335 against 0.372 ms at (4, 32, 2048)).
 #
-# Warp specialisation ("+WS" tiles; candidates, not yet defaults: no GPU has timed them). For
+# Warp specialisation ("+WS" tiles; candidates that nothing chooses by default, found wrong on
+# an H200 with Triton 3.6 before the workaround in `tiles.load_rows`: see WS_WARNING). For
 # sm_90 Triton 3.6 splits a loop written `tl.range(..., warp_specialize=True)` into one TMA
 # producer warp and two consumer warpgroups, each taking half of the tile's 128 rows (FA3's
 # layout), when: the kernel has 4 warps (with 8 it silently does not specialise); the loop is
@@ -410,6 +414,24 @@ DKDV_ATOMIC = {
 }
 
 
+# What forcing a "+WS" tile says (FA2_TILES), once per kernel and tile in a process.
+WS_WARNING = (
+    "FA2_TILES forces the warp-specialised {kernel} tile {tile}. On an H200 with Triton 3.6 these "
+    "kernels gave NaN and run-to-run differences (docs/results/fa2_hopper_screen_h200_2026-11-28"
+    ".md): Triton's Hopper warp specialisation offset the second consumer warpgroup's rows "
+    "twice (docs/design/fa2.md, 'Warp specialisation on Hopper'). fa2 now works around that "
+    "defect, but no GPU has confirmed the results since: use these tiles to measure, not to "
+    "train, until packages/fa2/scripts/ws_diagnose.py passes on your GPU."
+)
+_warned: set[tuple[str, Tile]] = set()
+
+
+def _warn_ws(kernel: str, tile: Tile) -> None:
+    if (kernel, tile) not in _warned:
+        _warned.add((kernel, tile))
+        warnings.warn(WS_WARNING.format(kernel=kernel, tile=tile), UserWarning, stacklevel=4)
+
+
 # The tables by the kernel names FA2_TILES uses.
 KERNELS = {"forward": FORWARD, "dq": DQ, "dkdv": DKDV, "single-pass": DKDV_ATOMIC}
 
@@ -522,10 +544,10 @@ def choose_tile(
     `seq_len` (the longer of the query and key lengths) picks a family's `_short` list where
     the table has one and the sequences are at most `SHORT_SEQ` long (when traced with
     symbolic lengths: only where that holds for every length). FA2_TILES may name a tile of
-    either list of the family. Where the call cannot run a warp-specialised kernel
+    either list of the family. "+WS" tiles are never the default nor timed by FA2_AUTOTUNE;
+    a named one warns (`WS_WARNING`), or where the call cannot run a warp-specialised kernel
     (`specialisable` False: its rows cannot be read through TMA descriptors, or dK/dV has
-    grouped heads), "+WS" tiles are left out: a named one gives way to the list's default,
-    whose block sizes suit the plain kernel."""
+    grouped heads) gives way to the list's default, whose block sizes suit the plain kernel."""
     short = known_true(seq_len <= SHORT_SEQ)
     families = _families(head_dim_block, dtype.itemsize, precision)
     keys = [k for f in families for k in ((f"{f}_short", f) if short else (f,))]
@@ -539,9 +561,13 @@ def choose_tile(
                 f"FA2_TILES names {kernel} tile {forced}, which is not a candidate for this "
                 f"call ({', '.join(families)}); candidates: {', '.join(map(str, listed))}"
             )
-        return candidates[0] if forced.ws and not specialisable else forced
-    if not specialisable:
-        candidates = [tile for tile in candidates if not tile.ws]
+        if forced.ws and not specialisable:
+            return candidates[0]
+        if forced.ws:
+            _warn_ws(kernel, forced)
+        return forced
+    # "+WS" tiles run only where FA2_TILES names them (WS_WARNING); the default is never one.
+    candidates = [tile for tile in candidates if not tile.ws]
     if run is None or not autotuning() or len(candidates) == 1:
         return candidates[0]
     full_key = (id(table), head_dim_block, dtype, precision, *key())

@@ -4,7 +4,10 @@ In eager mode the Function runs the launch plans directly (`run_forward`, `run_b
 `torch.library` op's dispatch alone costs more host time than the kernels take at small sizes
 (about 70 µs a call on an H100 host, measured). A call's plan is looked up by everything
 that fixes it (shapes, strides, dtypes, devices, options); the inputs are validated when a
-plan is built, so a call like an earlier one pays for no check. Under `torch.compile` the
+plan is built, so a call like an earlier one pays only for what the key leaves out and is
+checked on every call: the packed sequences' offsets and max_seqlen (`check_varlen`, host
+checks and, on a GPU, device-side assertions once per offsets tensor), a scale given
+explicitly, and the inputs' 16-byte alignment (`CachedLaunch`). Under `torch.compile` the
 Function validates the call and calls the custom ops of `fa2.triton.ops` instead, which that
 module defines when it is first imported, from inside the compiled function: defining them
 imports torch's compiler stack, which `import fa2` must not pay for. Triton itself is imported
@@ -19,7 +22,14 @@ from collections.abc import Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
-from fa2.checks import MAX_HEAD_DIM, Call, check_call
+from fa2.checks import (
+    MAX_HEAD_DIM,
+    Call,
+    check_call,
+    check_varlen,
+    longest_sequence,
+    softmax_scale,
+)
 from fa2.layouts import as_bhsd
 from fa2.masks import NO_WINDOW
 from fa2.triton.configs import INTERPRET, SHORT_SEQ, dot_precision
@@ -27,6 +37,11 @@ from fa2.triton.configs import INTERPRET, SHORT_SEQ, dot_precision
 __all__ = ["FlashAttention2Triton", "interpreting", "run_backward", "run_forward"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The longest sequence a causal mask or window may cover. The kernels compute a tile's key range
+# in int32 from a query row (< n_q), the diagonal's offset (|n_k - n_q| < longest) and a window
+# side (< longest once `make_band` has made longer sides unbounded): sums below 3 * longest
+# plus a tile of 256 rows, which stay below 2**31 up to longest = 2**29.
+MAX_MASKED_SEQ = 2**29
 
 
 def interpreting() -> bool:
@@ -58,11 +73,25 @@ def _check(
             "before importing triton to run the kernels in Triton's interpreter)."
         )
     _check_scale(call.scale)
+    longest = longest_sequence(q, k, call.layout)
+    if call.band.masked and longest > MAX_MASKED_SEQ:
+        raise ValueError(
+            f"a causal mask or window over sequences of up to {longest} tokens: the Triton "
+            f"kernels place masks with int32 row arithmetic, exact up to {MAX_MASKED_SEQ} "
+            "tokens; split the sequences or use FlashAttention2PyTorch"
+        )
     if call.layout == "thd":
         same_lengths = cu_seqlens_q is cu_seqlens_k  # self-attention over packed sequences
     else:
         same_lengths = as_bhsd(q, call.layout).shape[-2] == as_bhsd(k, call.layout).shape[-2]
     return call, dot_precision(q.dtype, precision), same_lengths
+
+
+def _longest(max_seqlen_q: object, max_seqlen_k: object) -> int | None:
+    """The longer of two max_seqlen, or None unless both are ints."""
+    if isinstance(max_seqlen_q, int) and isinstance(max_seqlen_k, int):
+        return max(max_seqlen_q, max_seqlen_k)
+    return None
 
 
 def _check_scale(scale: float) -> None:
@@ -94,27 +123,41 @@ def run_forward(
     if isinstance(window_size, list):  # hashable, for the plan's key
         window_size = tuple(window_size)
     varlen = cu_seqlens_q is not None
-    # The longest sequence, for the choice of tiles; packed sequences by their longest.
-    longest = max(max_seqlen_q or 0, max_seqlen_k or 0) if varlen else None
+    # The longest sequence, for the choice of tiles; packed sequences by their longest (None
+    # where the max_seqlen are no ints: the check says so).
+    longest = _longest(max_seqlen_q, max_seqlen_k) if varlen else None
     fp32 = getattr(q, "dtype", None) is torch.float32  # (not a tensor: the check says so)
     tf32 = precision is None and fp32 and dot_precision(torch.float32) == "tf32"
+    # With q, k, v's shapes, strides, dtypes and devices, these make the plan's key: what
+    # fixes the tiles, grids and kernels. Left out, and checked on every call below: the
+    # packed sequences' offsets and max_seqlen (only whether the longest is short picks
+    # tiles) and the scale; `deterministic` picks the backward plan.
     options = (
         is_causal, precision, tf32, window_size, softcap, layout, bottom_right,
-        varlen and cu_seqlens_q is cu_seqlens_k, varlen and longest <= SHORT_SEQ,
+        varlen and cu_seqlens_q is cu_seqlens_k, longest is not None and longest <= SHORT_SEQ,
     )  # fmt: skip
     from fa2.triton.forward import forward_plan
 
-    plan = forward_plan(
-        q, k, v, options, longest,
-        lambda: _check(
+    checked = []  # whether `forward_plan` validated this call (it does when it builds a plan)
+
+    def check() -> tuple[Call, str, bool]:
+        checked.append(True)
+        return _check(
             q, k, v, is_causal=is_causal, scale=scale, precision=precision,
             window_size=window_size, softcap=softcap, layout=layout, cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             bottom_right=bottom_right,
-        ),
-    )  # fmt: skip
+        )  # fmt: skip
+
+    plan = forward_plan(q, k, v, options, longest, check)
+    if varlen and not checked:
+        # A plan serves batches of any lengths: its key holds the shapes, not the offsets and
+        # max_seqlen, which are checked here on every call instead (see `check_varlen`).
+        check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    # Per call, like the offsets: a plan serves every scale (`plan.call.scale` is the scale of
+    # the call that built it, not this one's).
     if scale is None:
-        scale = plan.call.scale
+        scale = softmax_scale(None, head_dim=q.shape[-1])
     else:
         _check_scale(scale)
     if varlen:
@@ -237,12 +280,11 @@ class FlashAttention2Triton(torch.autograd.Function):
                 q, k, v, is_causal, scale, precision, window_size, softcap, layout,
                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bottom_right,
             )  # fmt: skip
-            call = ctx.plan.call
         # The offsets of packed sequences only when there are some: the tensors saved are then
         # q, k, v, o and the one logsumexp, as the course's tests look for (no None among them).
         packed = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)
         ctx.save_for_backward(q, k, v, o, lse, *packed)
-        ctx.scale = call.scale if scale is None else float(scale)
+        ctx.scale = softmax_scale(scale, head_dim=q.shape[-1])
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
         ctx.deterministic = bool(deterministic)
         if return_lse:

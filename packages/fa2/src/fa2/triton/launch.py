@@ -56,7 +56,17 @@ INT32_MAX = 2**31 - 1
 
 
 def plan_cache(build: Callable[..., Any]) -> Callable[..., Any]:
-    """Memoise `build(key, *tensors)` on `key`; the cache is dropped when it grows past 512."""
+    """Memoise `build(key, *tensors)` on `key`; the cache is dropped when it grows past 512.
+
+    A call that finds its plan skips whatever was checked when the plan was built, so the key
+    must hold everything that check and the plan read from the call, and what it leaves out
+    must be checked by the caller on every call. The forward plans' key
+    (`fa2.triton.forward.forward_plan`) holds q, k and v's shapes, strides, dtypes and devices
+    and the options of `run_forward`; the Triton Function checks the rest on every call: the
+    packed sequences' offsets and max_seqlen, an explicit scale, the inputs' alignment (see
+    `FlashAttention2Triton`). The backward plans, kept per forward plan, add dO's strides and
+    `deterministic`.
+    """
     plans: dict[Hashable, Any] = {}
 
     def get(key: Hashable, *tensors: torch.Tensor) -> Any:
@@ -108,7 +118,10 @@ def read_layouts(
     the (batch, head, row) strides the kernels read each one with."""
     layouts = [head_strides(t) for t in tensors]
     copies = tuple(layout is None for layout in layouts)
-    strides = [layout or dense_strides(t.shape) for layout, t in zip(layouts, tensors, strict=True)]
+    strides = [
+        dense_strides(t.shape) if layout is None else layout
+        for layout, t in zip(layouts, tensors, strict=True)
+    ]
     return (copies if any(copies) else None), strides
 
 

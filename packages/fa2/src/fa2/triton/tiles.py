@@ -112,9 +112,17 @@ def load_rows(
     matrix, with TMA through a descriptor of its own (`row_source`): a program's own tile,
     loaded once before its loop. Triton 3.6's Hopper warp specialisation fails to compile a
     loop whose matmul operand was loaded before it with plain loads, so the specialised
-    kernels load such tiles this way."""
+    kernels load such tiles this way.
+
+    The TMA coordinate is `max(start, 0)` (start >= 0: the same row), a value of its own. That
+    pass splits this load between its two consumer warpgroups and gives the second one the
+    coordinate c + BLOCK_ROWS / 2 by replacing c everywhere in that consumer's code; where c
+    was `start` itself, the rows the caller numbers from it (`start + tl.arange(...)`, which
+    the pass splits too) moved by half a tile twice, so that consumer masked and stored the
+    next tile's rows (sm_90 TTGIR: docs/design/fa2.md, "Warp specialisation on Hopper")."""
     if TMA:
-        x = row_source(base, n_rows, stride, HEAD_DIM, BLOCK_ROWS, BLOCK_D, True).load([start, 0])
+        source = row_source(base, n_rows, stride, HEAD_DIM, BLOCK_ROWS, BLOCK_D, True)
+        x = source.load([tl.maximum(start, 0), 0])
         if UPCAST:
             x = x.to(tl.float32)
     else:

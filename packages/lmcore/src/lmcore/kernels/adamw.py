@@ -158,6 +158,7 @@ class Launch:
         owner = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
         self.block_tensor = owner.to(device=device, dtype=torch.int32)  # (blocks,)
         self.param_dtype = _TRITON_DTYPES[params[0].dtype]
+        self.device = device
         self._pointers: list[int] = []
         self._addresses: torch.Tensor | None = None
         self.aligned = False
@@ -167,17 +168,28 @@ class Launch:
 
         Raises:
             ValueError: a rebuilt table finds a gradient that is not contiguous or not of its
-                parameter's dtype, or moments of several dtypes or of one the kernel does not
-                keep.
+                parameter's dtype, a gradient or moment of another size than its parameter or
+                on another device than the launch's (the kernel would write past it), or
+                moments of several dtypes or of one the kernel does not keep.
         """
         pointers = [t.data_ptr() for row in zip(*tensors, strict=True) for t in row]
         if pointers != self._pointers or self._addresses is None:
-            for param, grad in zip(tensors[0], tensors[1], strict=True):
+            for param, grad, *moments in zip(*tensors, strict=True):
                 if not (grad.is_contiguous() and grad.dtype == param.dtype):
                     raise ValueError(
                         "fused AdamW needs contiguous gradients of the parameters' dtype; got "
                         f"{grad.dtype} of strides {grad.stride()} for a {param.dtype} parameter"
                     )
+                for t in (param, grad, *moments):
+                    if t.numel() != param.numel() or t.device != self.device:
+                        raise ValueError(
+                            f"fused AdamW needs each parameter's gradient and moments of its "
+                            f"size on one device; got {t.numel()} elements on {t.device} for "
+                            f"a parameter of {param.numel()} on {param.device}, updated on "
+                            f"{self.device}. Was a parameter replaced or moved after the "
+                            "optimizer's state was made? Build the optimizer after moving or "
+                            "resizing the model"
+                        )
             moment_dtypes = {m.dtype for m in (*tensors[2], *tensors[3])}
             if len(moment_dtypes) != 1 or not moment_dtypes <= set(MOMENT_DTYPES):
                 raise ValueError(

@@ -25,7 +25,13 @@ from bench.commands.model import COMPILE, MODES, WARMUP_STUDY, ModelBenchConfig,
 from bench.core.env import device_name
 from bench.core.hardware import matmul_format, peak_tflops
 from bench.core.layouts import autocast_dtype, compute_dtype
-from bench.core.memory import free_memory, peak_memory, reset_peak_memory, to_mib
+from bench.core.memory import (
+    free_memory,
+    memory_in_use,
+    peak_memory,
+    reset_peak_memory,
+    to_mib,
+)
 from bench.core.model_options import (
     DEFAULT_CHECKPOINTING,
     DEFAULT_LOSS,
@@ -210,9 +216,15 @@ def _measure(
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=autocast_to)
 
+    phases: dict[str, Any] = {}  # the first timed step's memory by phase (memory study)
+    read_phases = False
+
     def region(name: str, fn: Any) -> tuple[Any, float]:
         with nvtx_range(name, enabled=ranges):
-            return elapsed_ms(fn, device=device)
+            value, ms = elapsed_ms(fn, device=device)
+        if read_phases:
+            _read_phase(phases, name, device)
+        return value, ms
 
     def step() -> dict[str, float]:
         if cell.mode == "forward":
@@ -244,9 +256,38 @@ def _measure(
         profiled(profile, cell.label, device, profile_rows, attention=shape),
     ):
         for i in range(config.steps):
+            read_phases = snapshot is not None and i == 0
+            if read_phases:
+                phases["start_mib"] = to_mib(memory_in_use(device))
             with nvtx_range(f"step {i}", enabled=ranges):
                 samples.append(step())
-    return _metrics(samples, cell, config, model_config, device)
+            read_phases = False
+    plain = {}
+    if profile is not None:  # one more step without the profiler: its cost, by difference
+        times = step()
+        plain = {"plain_fwd_ms": times["fwd"], "plain_step_ms": sum(times.values())}
+    return {**_metrics(samples, cell, config, model_config, device), **phases, **plain}
+
+
+# A memory study's phase readings (`_read_phase`): what is allocated when each phase of the
+# first timed step ends, and the phase during which that step's peak fell.
+_PHASE_KEYS = {"forward": "fwd_end_mib", "backward": "bwd_end_mib", "optimizer": "opt_end_mib"}
+PHASE_METRICS = ["start_mib", *_PHASE_KEYS.values(), "peak_phase"]
+# A profile run's one step after the profiled ones, timed without the profiler.
+PLAIN_METRICS = ["plain_fwd_ms", "plain_step_ms"]
+
+
+def _read_phase(phases: dict[str, Any], name: str, device: torch.device) -> None:
+    """Record the memory allocated as phase `name` ends, and move `peak_phase` to `name` when
+    the running peak (`max_memory_allocated`, reset before the step) grew during it."""
+    phases[_PHASE_KEYS[name]] = to_mib(memory_in_use(device))
+    peak = to_mib(peak_memory(device))
+    if peak is not None and peak > phases.get("_peak", -1.0):
+        phases["_peak"], phases["peak_phase"] = peak, name
+
+
+def _without_private(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if not k.startswith("_")}
 
 
 def _metrics(
@@ -326,6 +367,8 @@ _METRICS = [
 KEYS = Keys(
     *COLUMNS,
     *_METRICS,
+    *PHASE_METRICS,
+    *PLAIN_METRICS,
     "study",
     "batch",
     "vocab_size",
@@ -404,7 +447,7 @@ def run_model(
             ),
             device=device,
         )
-        metrics = outcome.value if outcome.ok else None
+        metrics = _without_private(outcome.value) if outcome.ok else None
         rows.append(_row(cell, config, metrics, outcome.status, study=study))
         free_memory(device)
         if outcome.ok and snapshot is not None:
