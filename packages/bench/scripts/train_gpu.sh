@@ -3,14 +3,12 @@
 #
 #   packages/bench/scripts/train_gpu.sh TEXT_FILE OUT_DIR
 #
-# (a) the README's GPU command: `small` at context 256, batch 32, on the UTF-8 bytes, STEPS
-#     steps with the fast default (compiled, bf16-autocast, fa2-triton, fused AdamW; eval every
-#     50, a sample at the end), then the same command with `--baseline torch` (torch's own step,
+# (a) the README's GPU command: `small` at context 512, batch 64, BPE (TOKENIZER), STEPS steps
+#     with the fast default (compiled, bf16-autocast, fa2-triton, fused AdamW; eval every 20, a
+#     sample at the end), then the same command with `--baseline torch` (torch's own step,
 #     bench-step's torch-native one: SDPA, compiled blocks, F.cross_entropy over checkpointed
 #     chunks, fused torch.optim.AdamW), for train_text_<device>_<date>.{md,json,png}
-#     with the run's tokens/s beside the baseline's. Bytes, not BPE: a 1.1 MB text is about 0.3M
-#     BPE tokens, which the 128M-parameter `small` memorises within a few hundred steps; as 1M
-#     bytes it trains for several epochs before it overfits;
+#     with the run's tokens/s beside the baseline's: the README's loss and same-run ratio;
 # (b) the speed table: `small` at context 512, batch BATCH, bf16-autocast, SPEED_STEPS steps
 #     each: the fast default (`default`, with a torch.profiler table of one step), `--baseline torch`
 #     (`torch-baseline`, the ratios' denominator), and what each part of the default buys:
@@ -26,7 +24,7 @@ set -euo pipefail
 
 TEXT=${1:?usage: train_gpu.sh TEXT_FILE OUT_DIR}
 OUT=${2:?usage: train_gpu.sh TEXT_FILE OUT_DIR}
-STEPS=${STEPS:-500}
+STEPS=${STEPS:-200}
 BATCH=${BATCH:-64}
 SPEED_STEPS=${SPEED_STEPS:-40}
 PARTS=${PARTS:-ab}
@@ -46,8 +44,8 @@ train() {
 }
 
 # (a) the README's GPU command, then the same under --baseline torch
-TEXT_RUN=(--size small --tokenizer bytes --context-length 256 --steps "$STEPS" --log-every 25
-  --eval-every 50 --eval-batches 20)
+TEXT_RUN=(--size small --tokenizer "$TOKENIZER" --context-length 512 --batch-size "$BATCH"
+  --steps "$STEPS" --log-every 10 --eval-every 20 --eval-batches 20)
 if [[ $PARTS == *a* ]]; then
   train "${TEXT_RUN[@]}" --generate 500 --out "$RUNS/text"
   train "${TEXT_RUN[@]}" --generate 0 --baseline torch --out "$RUNS/text-baseline"

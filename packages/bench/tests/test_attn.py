@@ -11,14 +11,17 @@ import torch
 
 from bench.commands.attn import COMMAND, main
 from bench.core.oom import OK, OOM
-from bench.core.results import load_json
+from bench.core.results import NOISY, Run, load_json
 from bench.core.tool import device_config
 from bench.tools.attn import (
+    BRIEF,
     COLUMNS,
+    CPU_TIMES,
     HANDOUT_GRID,
     IMPLS,
     TOOL,
     AttnConfig,
+    _add_ratios,
     run_attention,
 )
 
@@ -42,6 +45,28 @@ def test_ratios_are_sdpa_time_over_own_time(tiny_attn_config):
     assert by_impl["sdpa"]["fwd_vs_sdpa"] == 1.0
     naive = by_impl["naive"]
     assert naive["fwd_vs_sdpa"] == pytest.approx(by_impl["sdpa"]["fwd_ms"] / naive["fwd_ms"])
+
+
+def test_a_cpu_run_says_first_that_its_times_check_it_runs(tiny_attn_config, capsys):
+    run = run_attention(tiny_attn_config(seqs=(17,)), device="cpu", show_progress=False)
+    assert run.notes[0] == CPU_TIMES and CPU_TIMES in capsys.readouterr().err
+    assert all(NOISY in row for row in run.rows)
+
+
+def test_noisy_times_and_their_ratios_are_flagged_and_printed_as_noisy():
+    rows = [
+        {"impl": "naive", "d": 16, "seq": 64, "seq_k": 64, "fwd_ms": 5.0, "bwd_ms": 2.0,
+         NOISY: ["fwd_ms"], "status": OK},
+        {"impl": "sdpa", "d": 16, "seq": 64, "seq_k": 64, "fwd_ms": 1.0, "bwd_ms": 1.0,
+         NOISY: ["bwd_ms"], "status": OK},
+    ]  # fmt: skip
+    _add_ratios(rows)
+    assert rows[0][NOISY] == ["fwd_ms", "fwd_vs_sdpa", "bwd_vs_sdpa"]
+    assert rows[0]["fwd_vs_sdpa"] == pytest.approx(0.2)  # the number stays in the row
+    run = Run.create("attn", rows, device="cpu", config={}, columns=COLUMNS, brief=BRIEF)
+    naive = next(line for line in run.table(wide=False).splitlines() if "naive" in line)
+    assert naive.count("noisy") == 3 and "0.2" not in naive
+    assert "0.2" in run.table()
 
 
 def test_injected_oom_marks_the_row_and_the_sweep_goes_on(tiny_attn_config, naive_attention_oom):
@@ -96,6 +121,9 @@ def test_the_main_job_runs_as_the_readme_gives_it(tmp_path):
     assert "no GPU: running the small CPU default" in proc.stderr
     run = load_json(out)
     assert run.command.startswith("bench-attn") and "| impl" in proc.stdout
+    assert proc.stdout.count(CPU_TIMES.split(":")[0]) == 1  # said once, before the table
+    table = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    assert max(map(len, table)) <= 120 and "skipped" not in "".join(table)  # a numbered note
     assert any("no GPU" in n for n in run.notes)
     assert {r["status"] for r in run.rows if r["impl"] != "fa2-triton"} == {OK}
     assert len(run.rows) == device_config(AttnConfig, "cpu").num_cells

@@ -104,6 +104,17 @@ def test_a_commands_check_is_a_usage_error_before_the_import(capsys):
     assert "--json is needed here" in capsys.readouterr().err
 
 
+def test_a_usage_error_is_two_lines_without_the_usage_block(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _command().main(["--no-such-option"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "bench-x: error: unrecognized arguments: --no-such-option",
+        "(bench-x --help lists the options)",
+    ]
+
+
 def test_a_command_refuses_a_run_that_is_not_module_colon_name():
     with pytest.raises(ValueError, match="module:name"):
         _command(run="bench.tools.attn")

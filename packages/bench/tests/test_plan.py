@@ -85,6 +85,25 @@ def test_a_sweep_predicts_each_configuration_with_its_formulas(tmp_path):
     assert plot_plan(run, tmp_path / "plan.png").is_file()
 
 
+def test_the_default_attention_is_the_fastest_the_model_can_use():
+    wide_heads = replace(TINY, d_model=1024, num_heads=2)  # head dim 512: past fa2's kernels
+    sweep = PlanConfig(models=(("tiny", TINY), ("wide", wide_heads)))
+    assert [plan.model.attention for _, plan in sweep.plans()] == ["fa2-triton", "sdpa"]
+    given = replace(sweep, attentions=("naive",))
+    assert {plan.model.attention for _, plan in given.plans()} == {"naive"}
+
+
+def test_the_printed_predictions_fit_120_characters_and_the_formulas_wait_for_wide(capsys):
+    argv = ["--size", "small", "xl", "--layout", "ddp", "fsdp", "--memory", "80GB"]
+    assert main([*argv, "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in out if not line.startswith("Command:")) <= 120
+    assert not any(line.startswith("**Formulas") for line in out)
+    assert any("--wide prints them" in line for line in out)
+    assert main([*argv, "--no-progress", "--wide"]) == 0
+    assert any(line.startswith("**Formulas") for line in capsys.readouterr().out.splitlines())
+
+
 def test_command_line_writes_its_files(tmp_path, capsys):
     argv = ["--size", "tiny", "--context-length", "32", "--precision", "fp32", "bf16-autocast",
             "--memory", "1GiB", "--json", str(tmp_path / "p.json"), "--no-progress"]  # fmt: skip

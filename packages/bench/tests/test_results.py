@@ -9,7 +9,9 @@ import torch
 
 from bench.core.oom import OK, OOM
 from bench.core.results import (
+    NOISY,
     SCHEMA,
+    TABLE_WIDTH,
     Run,
     format_value,
     load_json,
@@ -108,6 +110,49 @@ def test_run_to_markdown_has_title_header_notes_and_table():
     assert "torch " + torch.__version__ in text
     assert "- CPU default" in text
     assert "| impl" in text
+
+
+def _wide_run() -> Run:
+    """A run whose full table is far wider than a terminal: 16 numeric columns, a long status,
+    a noisy time."""
+    g = torch.Generator().manual_seed(1)
+    values = torch.rand(3, 16, generator=g).mul(1e4).tolist()
+    rows = [
+        {"impl": f"impl-{i}", **{f"metric_{j}": v for j, v in enumerate(vs)}, "status": OK}
+        for i, vs in enumerate(values)
+    ]
+    rows[1]["status"] = "skipped: a reason of a whole sentence that no column should be as wide as"
+    rows[2][NOISY] = ["metric_0"]
+    columns = ["impl", *(f"metric_{j}" for j in range(16)), "status", NOISY]
+    brief = {"impl": "impl", "status": "status", **{f"metric_{j}": f"m{j}" for j in range(16)}}
+    return Run.create("x", rows, device="cpu", config={}, title="T", columns=columns,
+                      notes=["a note " * 40], brief=brief)  # fmt: skip
+
+
+def test_the_printed_table_fits_120_characters_and_names_what_it_leaves_out():
+    run = _wide_run()
+    text = run.to_markdown(wide=False)
+    lines = text.splitlines()
+    assert all(len(line) <= TABLE_WIDTH for line in lines if not line.startswith("Command:"))
+    table = [line for line in lines if line.startswith("| ")]
+    assert len(table) == 2 + len(run.rows) and "| impl" in table[0] and "m0" in table[0]
+    assert "[1]" in table[3] and f"[1] {run.rows[1]['status']}" in text  # a note, not a cell
+    assert "| noisy" in table[4]  # row 2's metric_0: noisy, not a number
+    assert format_value(run.rows[2]["metric_0"]) not in table[4]
+    shown = table[0].count("|") - 1
+    assert 3 <= shown < 18
+    left_out = next(line for line in lines if line.startswith("Not shown:"))
+    assert "metric_15" in left_out and "--wide" in left_out  # the last of brief go first
+    assert "status" in table[0]  # second in brief: kept
+
+
+def test_the_wide_table_and_a_run_without_brief_show_every_column():
+    run = _wide_run()
+    wide = run.to_markdown()
+    assert "metric_15" in wide and run.rows[1]["status"] in wide and "Not shown" not in wide
+    assert format_value(run.rows[2]["metric_0"]) in wide
+    run.brief = None
+    assert run.to_markdown(wide=False).count("metric_15") == 1
 
 
 def test_result_stem_slugs_device_and_date():

@@ -97,6 +97,9 @@ def test_the_plot_and_the_table(step_run, tmp_path):
     text = step_run.to_markdown()
     assert "torch-native" in text
     assert "Full training step: tiny (64/256/1L/4H/V97), context 16" in text
+    printed = step_run.to_markdown(wide=False).splitlines()
+    table = [line for line in printed if line.startswith("|")]
+    assert "vs_native" in table[0] and "peak_mib" in table[0] and max(map(len, table)) <= 120
 
 
 def test_the_rows_sit_beside_bench_plans_prediction(step_run, tmp_path):

@@ -3,6 +3,7 @@
 import statistics
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,11 +57,12 @@ def test_summarize_matches_statistics_module():
         median=statistics.median(samples),
         min=min(samples),
         max=max(samples),
+        iqr=pytest.approx(float(np.subtract(*np.percentile(samples, [75, 25])))),
     )
 
 
-def test_summarize_of_one_sample_has_zero_std():
-    assert summarize([3.5]).std == 0.0
+def test_summarize_of_one_sample_has_zero_std_and_iqr():
+    assert summarize([3.5]).std == summarize([3.5]).iqr == 0.0
 
 
 @pytest.mark.parametrize("bad", [[], [1.0, float("nan")]])
@@ -72,7 +74,7 @@ def test_summarize_rejects_empty_or_nonfinite(bad):
 def test_summary_as_dict_prefixes_keys():
     d = summarize([1.0, 3.0]).as_dict("fwd_ms_")
     assert d["fwd_ms_mean"] == 2.0
-    assert set(d) == {f"fwd_ms_{k}" for k in ("n", "mean", "std", "median", "min", "max")}
+    assert set(d) == {f"fwd_ms_{k}" for k in ("n", "mean", "std", "median", "min", "max", "iqr")}
 
 
 def test_do_bench_on_cpu_spends_about_its_budget():

@@ -120,9 +120,14 @@ def test_generate_from_a_saved_run_repeats_its_sample(trained, capsys):
     assert capsys.readouterr().out == (trained / "sample.txt").read_text() + "\n"
     argv = ["--run", str(trained), "--prompt", "a dog", "--generate", "12", "--temperature", "0"]
     assert bench_generate(argv) == 0
-    greedy = capsys.readouterr().out
+    greedy, said = capsys.readouterr()
+    assert "tokens/s with the KV cache on cpu" in said
     assert greedy.startswith("a dog") and len(greedy.encode()) == len(b"a dog") + 12 + 1
     assert bench_generate(argv) == 0 and capsys.readouterr().out == greedy  # greedy: repeatable
+    assert bench_generate([*argv, "--no-cache"]) == 0
+    uncached = capsys.readouterr()
+    assert uncached.out == greedy  # float32: the window's tokens are the cache's
+    assert "12 tokens in" in uncached.err and "tokens/s without a KV cache" in uncached.err
 
 
 def test_generate_needs_a_run(tmp_path, capsys):
@@ -197,7 +202,8 @@ def test_bad_data_is_refused_before_training(train_argv, tmp_path, usage_error, 
     np.arange(1000, dtype=np.uint16).tofile(tmp_path / "big.bin")
     argv = train_argv(tmp_path / "out", "--steps", "2", data=make(tmp_path))
     assert match in usage_error(argv)
-    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+    out = tmp_path / "out"
+    assert not out.exists() or not any(out.iterdir())  # not even config.toml
 
 
 def test_unknown_size_is_refused(train_argv, tmp_path, usage_error):

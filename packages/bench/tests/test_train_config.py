@@ -69,6 +69,21 @@ def test_logging_and_evaluation_follow_the_run_length():
     assert (config.log_interval, config.eval_interval) == (5, 0)
 
 
+def test_evaluation_takes_at_most_a_tenth_of_a_run_unless_told():
+    """10 batches per evaluation where that is at most a tenth of the work (a forward each,
+    against a forward and a backward, two forwards' work, per training micro-batch), fewer in
+    a short run, at least one."""
+    counts = {
+        steps: TrainConfig.create(data="x", device="cpu", steps=steps).eval_batch_count
+        for steps in (4, 20, 100, 1000)
+    }
+    assert counts == {4: 1, 20: 1, 100: 3, 1000: 10}  # 10 evaluations: 0.1 × 3 × steps / 10
+    accumulating = TrainConfig.create(data="x", device="cpu", steps=100, grad_accum=4)
+    assert accumulating.eval_batch_count == 10  # 4 micro-batches a step: 12 forwards' work
+    given = TrainConfig.create(data="x", device="cpu", steps=4, eval_batches=7)
+    assert given.eval_batch_count == 7
+
+
 def test_timeout_bounds_the_ranks_only_when_given(monkeypatch, train_argv, tmp_path):
     """`--timeout S` reaches `launch` as bench-ddp's does; without it there is no bound."""
     seen = []

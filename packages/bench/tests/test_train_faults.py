@@ -86,6 +86,24 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(
     assert not left  # no temporary file, no lock
 
 
+def test_resume_auto_starts_a_run_continues_it_after_a_kill_and_ends_a_finished_one(
+    uninterrupted, train_argv, tmp_path, capsys
+):
+    """One command for every start, as torchrun's --max-restarts and a scheduler's requeue
+    repeat it: it starts (no checkpoint), continues after the kill (one), and finds it done."""
+    out = tmp_path / "run"
+    argv = train_argv(out, *SIX_STEPS, "--resume", "auto")
+    run_killed(argv, "step:3")
+    assert _checkpoint_step(out) == 2
+    assert main(argv) == 0
+    whole, resumed = read_metrics(uninterrupted), read_metrics(out)
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in whole], abs=1e-5)
+    assert (out / "sample.txt").read_text() == (uninterrupted / "sample.txt").read_text()
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "the checkpoint is at the last step, 6: writing the outputs" in capsys.readouterr().err
+
+
 def test_a_second_run_into_a_busy_out_is_refused(train_argv, tmp_path, usage_error):
     out = tmp_path / "run"
     argv = train_argv(out, "--steps", "2", "--generate", "0", "--eval-batches", "1")

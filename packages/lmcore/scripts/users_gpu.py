@@ -5,6 +5,8 @@ Run from the repository root on a CUDA machine (no install needed; one GPU, unde
 
     export PYTHONPATH=$(ls -d $PWD/packages/*/src | paste -sd:)
     python3 packages/lmcore/scripts/users_gpu.py --out $OUT
+    python3 packages/lmcore/scripts/users_gpu.py --out $OUT --sections generate --dtype fp32 \
+        --device cpu  # the agreement check (2 CPU cores: about an hour)
 
 Sections (`--sections`, default both):
 
@@ -17,7 +19,11 @@ Sections (`--sections`, default both):
 - `generate`: tokens per second of `lmcore.generate` (greedy, batch 1) on the `small` model
   (bf16, context 1,024) without the KV cache (every token runs the window, through SDPA, the
   fastest backend for that) and with it (`fa2.flash_attn_with_kvcache`), for a short and a
-  long prompt, and how many of the tokens agree.
+  long prompt, and how many of the tokens agree. Where they part, the uncached logits there:
+  the gap between the two tokens the paths chose, and the spacing of the dtype's numbers at
+  the top logit (a gap of a spacing or two is a rounding tie, not a bug). `--dtype fp32`
+  runs the same in float32, on the CPU too: the check that the two paths agree when
+  rounding does not decide (its tokens/s are not a measurement).
 
 Writes `hf_loss_memory_<device>_<date>.json` and `generate_kv_cache_<device>_<date>.json` under
 `--out` (rows plus device, versions, date, command and revision: `BENCH_GIT_REVISION`, else the
@@ -29,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
+import math
 import os
 import platform
 import statistics
@@ -180,8 +188,25 @@ def hf_loss(device: torch.device, tiny: bool) -> dict:
             "dtype": "bf16", "repeats": REPEATS}, "rows": rows}  # fmt: skip
 
 
-def generate_rows(device: torch.device, tiny: bool) -> dict:
-    """The `generate` section's result."""
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _parting(model: torch.nn.Module, window: torch.Tensor, chosen: dict[bool, int]) -> dict:
+    """Where the cached and uncached tokens part: the uncached logits of `window` (the prompt
+    and the tokens both chose so far), the gap between the token each path chose there, and the
+    spacing of the logits' dtype at the top logit (its unit in the last place)."""
+    context = model.config.context_length
+    logits = model(window[-context:].unsqueeze(0))[0, -1]  # (vocab,), the model's dtype
+    top = logits.max().float().abs().item()
+    spacing = torch.finfo(logits.dtype).eps * 2.0 ** math.floor(math.log2(top)) if top else 0.0
+    return {
+        "logit_gap_where_they_part": (logits[chosen[False]] - logits[chosen[True]]).item(),
+        "logit_spacing_there": spacing,
+    }
+
+
+def generate_rows(device: torch.device, tiny: bool, dtype: str = "bf16") -> dict:
+    """The `generate` section's result, the model in `dtype` (a key of `DTYPES`)."""
     if tiny:
         config = lmcore.ModelConfig(vocab_size=97, context_length=64, d_model=64, num_layers=2,
                                     num_heads=4, d_ff=96, attention="sdpa")  # fmt: skip
@@ -190,7 +215,7 @@ def generate_rows(device: torch.device, tiny: bool) -> dict:
         config = lmcore.model_config("small", context_length=1024, attention="sdpa")
         cases = [(128, 256), (768, 256)]  # (prompt tokens, new tokens)
     torch.manual_seed(0)
-    model = lmcore.TransformerLM.from_config(config).to(device, torch.bfloat16).eval()
+    model = lmcore.TransformerLM.from_config(config).to(device, DTYPES[dtype]).eval()
     rows = []
     for prompt_len, new in cases:
         prompt = torch.randint(0, config.vocab_size, (prompt_len,), device=device)
@@ -213,8 +238,13 @@ def generate_rows(device: torch.device, tiny: bool) -> dict:
         same = (outputs[True] == outputs[False]).int().cumprod(0).sum().item()
         rows[-1]["tokens_equal_to_uncached_prefix"] = same
         rows[-1]["vs_no_cache"] = rows[-1]["tokens_per_s"] / rows[-2]["tokens_per_s"]
+        if same < min(outputs[True].numel(), outputs[False].numel()):
+            with torch.no_grad():
+                window = torch.cat((prompt, outputs[False][:same]))
+                chosen = {cached: outputs[cached][same].item() for cached in (False, True)}
+                rows[-1] |= _parting(model, window, chosen)
     return {"tool": "generate-kv-cache", "config": {"model": "tiny" if tiny else "small",
-            "context_length": config.context_length, "dtype": "bf16", "greedy": True,
+            "context_length": config.context_length, "dtype": dtype, "greedy": True,
             "batch": 1}, "rows": rows}  # fmt: skip
 
 
@@ -238,21 +268,30 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, of {', '.join(SECTIONS)}")  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="toy sizes: a rehearsal, not a result")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16",
+                        help="the generate section's model dtype (default bf16)")  # fmt: skip
     args = parser.parse_args(argv)
     sections = args.sections.split(",")
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
     device = torch.device(args.device)
-    if device.type != "cuda" and not args.tiny:
-        parser.error("the measurements need a CUDA device; --tiny rehearses them on the CPU")
+    agreement_check = sections == ["generate"] and args.dtype == "fp32"
+    if device.type != "cuda" and not (args.tiny or agreement_check):
+        parser.error(
+            "the measurements need a CUDA device; --tiny rehearses them on the CPU, and "
+            "--sections generate --dtype fp32 checks the tokens' agreement there"
+        )
     environment = _environment(device)
     slug = environment["device"].split()[-1].lower() if device.type == "cuda" else "cpu"
     stem_date = environment["date"][:10]
     args.out.mkdir(parents=True, exist_ok=True)
     runs = {
         "hf-loss": ("hf_loss_memory", hf_loss),
-        "generate": ("generate_kv_cache", generate_rows),
+        "generate": (
+            "generate_kv_cache" + ("" if args.dtype == "bf16" else f"_{args.dtype}"),
+            functools.partial(generate_rows, dtype=args.dtype),
+        ),
     }
     tables = []
     for section in sections:

@@ -22,6 +22,7 @@ from lmcore.checkpointing_policy import ActivationCheckpointing, Plan
 from lmcore.model import BlockStack
 
 if TYPE_CHECKING:
+    from lmcore.documents import Documents
     from lmcore.kv_cache import KVCache
 
 __all__ = [
@@ -81,19 +82,26 @@ class CheckpointedBlockStack(BlockStack):
         self.policy = ActivationCheckpointing.parse(policy)
         self.plan = self.policy.plan(len(blocks))
 
-    def forward(self, x: torch.Tensor, *, kv_cache: KVCache | None = None) -> torch.Tensor:
-        """Run the blocks on `x` `(batch, seq, d_model)` through the policy's checkpoints;
-        with a `kv_cache` (decoding, nothing kept for backward) as a plain `BlockStack`."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        kv_cache: KVCache | None = None,
+        documents: Documents | None = None,
+    ) -> torch.Tensor:
+        """Run the blocks on `x` `(batch, seq, d_model)` (with `documents` of packed rows)
+        through the policy's checkpoints; with a `kv_cache` (decoding, nothing kept for
+        backward) as a plain `BlockStack`."""
         if kv_cache is not None:
             return super().forward(x, kv_cache=kv_cache)
-        return self._run(self.plan, x)
+        return self._run(self.plan, x, documents)
 
-    def _run(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
+    def _run(self, plan: Plan, x: torch.Tensor, documents: Documents | None) -> torch.Tensor:
         for item in plan:
             if isinstance(item, int):
-                x = self[item](x)
+                x = self[item](x) if documents is None else self[item](x, documents=documents)
             else:
-                x = checkpoint(self._run, item, x, use_reentrant=False)
+                x = checkpoint(self._run, item, x, documents, use_reentrant=False)
         return x
 
     def extra_repr(self) -> str:

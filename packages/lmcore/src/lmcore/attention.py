@@ -12,6 +12,7 @@ from lmcore.linear import Linear
 from lmcore.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
+    from lmcore.documents import Documents
     from lmcore.kv_cache import LayerKVCache
 
 __all__ = ["CausalSelfAttention"]
@@ -58,20 +59,32 @@ class CausalSelfAttention(nn.Module):
         # (batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)
         return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, *, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        kv_cache: LayerKVCache | None = None,
+        documents: Documents | None = None,
+    ) -> torch.Tensor:
         """Attend over `x` of shape `(batch, seq, d_model)`; returns the same shape.
 
         With `kv_cache` (decoding), `x` holds the tokens after the cached ones: their positions
-        start at `kv_cache.offset`, and they attend to the cached tokens too.
+        start at `kv_cache.offset`, and they attend to the cached tokens too. With `documents`
+        (packed rows), each token has its position in its document and attends only there.
         """
         offset = 0 if kv_cache is None else kv_cache.offset
-        q = self.rope(self._split_heads(self.q_proj(x), self.num_heads), offset=offset)
-        k = self.rope(self._split_heads(self.k_proj(x), self.num_kv_heads), offset=offset)
+        positions = None if documents is None else documents.positions
+        q = self._split_heads(self.q_proj(x), self.num_heads)
+        k = self._split_heads(self.k_proj(x), self.num_kv_heads)
+        q = self.rope(q, offset=offset, positions=positions)
+        k = self.rope(k, offset=offset, positions=positions)
         v = self._split_heads(self.v_proj(x), self.num_kv_heads)
-        if kv_cache is None:
-            o = self.attend(q, k, v, causal=True).transpose(1, 2)  # (batch, seq, heads, head_dim)
-        else:
+        if kv_cache is not None:
             o = kv_cache.attend(q, k, v)  # (batch, seq, heads, head_dim)
+        elif documents is not None:
+            o = documents.attend(q, k, v)  # (batch, seq, heads, head_dim)
+        else:
+            o = self.attend(q, k, v, causal=True).transpose(1, 2)  # (batch, seq, heads, head_dim)
         return self.output_proj(o.flatten(-2))  # (batch, seq, d_model)
 
     def extra_repr(self) -> str:

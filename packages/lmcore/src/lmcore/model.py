@@ -15,6 +15,7 @@ from lmcore.norm import RMSNorm
 from lmcore.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
+    from lmcore.documents import Documents
     from lmcore.kv_cache import KVCache, LayerKVCache
 
 __all__ = ["BlockStack", "TransformerBlock", "TransformerLM"]
@@ -39,10 +40,16 @@ class TransformerBlock(nn.Module):
         self.ln2 = RMSNorm(config.d_model)
         self.ffn = SwiGLU(config.d_model, config.d_ff)
 
-    def forward(self, x: torch.Tensor, *, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        kv_cache: LayerKVCache | None = None,
+        documents: Documents | None = None,
+    ) -> torch.Tensor:
         """Map the residual stream `(batch, seq, d_model)` to the same shape (with `kv_cache`:
-        new tokens after the cached ones)."""
-        x = x + self.attn(self.ln1(x), kv_cache=kv_cache)
+        new tokens after the cached ones; with `documents`: packed rows)."""
+        x = x + self.attn(self.ln1(x), kv_cache=kv_cache, documents=documents)
         x = x + self.ffn(self.ln2(x))
         return x
 
@@ -56,11 +63,20 @@ class BlockStack(nn.ModuleList):
     under checkpoints.
     """
 
-    def forward(self, x: torch.Tensor, *, kv_cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        kv_cache: KVCache | None = None,
+        documents: Documents | None = None,
+    ) -> torch.Tensor:
         """Run every block in order on `x` `(batch, seq, d_model)`, block i with layer i of
-        `kv_cache` when decoding with one."""
+        `kv_cache` when decoding with one, each with `documents` of packed rows."""
         for i, block in enumerate(self):
-            x = block(x) if kv_cache is None else block(x, kv_cache=kv_cache.layer(i))
+            if kv_cache is not None:
+                x = block(x, kv_cache=kv_cache.layer(i))
+            else:
+                x = block(x) if documents is None else block(x, documents=documents)
         return x
 
 
@@ -192,6 +208,7 @@ class TransformerLM(nn.Module):
         targets: torch.Tensor | None = None,
         *,
         kv_cache: KVCache | None = None,
+        documents: Documents | None = None,
     ) -> torch.Tensor:
         """Next-token logits for every position, or, given targets, the loss without the logits.
 
@@ -202,6 +219,9 @@ class TransformerLM(nn.Module):
             kv_cache: decode against a `KVCache`: `token_ids` are the tokens after the
                 `kv_cache.length` cached ones (positions from there on), which they attend to;
                 their keys and values are added to the cache. None: the sequence from position 0.
+            documents: the rows are documents packed one after another (`Documents`, e.g.
+                `Documents.from_tokens(token_ids, eot_id=...)`): each token attends only within
+                its document and has its position there. Not with `kv_cache`.
 
         Returns:
             Without targets, logits `(batch, seq, vocab_size)`; position `i` depends only on
@@ -212,7 +232,8 @@ class TransformerLM(nn.Module):
         Raises:
             TypeError: `token_ids` or `targets` is not an integer tensor.
             ValueError: `token_ids` is not 2-D, the sequence is empty or too long (with the
-                cached tokens, for the context or the cache), or `targets` has another shape.
+                cached tokens, for the context or the cache), `targets` has another shape, or
+                both `kv_cache` and `documents` are given.
         """
         _check_tokens("token_ids", token_ids)
         if token_ids.dim() != 2 or not 1 <= token_ids.shape[1] <= self.config.context_length:
@@ -228,10 +249,12 @@ class TransformerLM(nn.Module):
                     f"{tuple(targets.shape)}"
                 )
         if kv_cache is not None:
+            if documents is not None:
+                raise ValueError("decode one sequence with kv_cache, or train on documents")
             kv_cache.check_room(token_ids.shape[1])
         x = self.token_embeddings(token_ids)  # (batch, seq, d_model)
         if kv_cache is None:
-            x = self.layers(x)
+            x = self.layers(x) if documents is None else self.layers(x, documents=documents)
         else:
             x = self.layers(x, kv_cache=kv_cache)
             kv_cache.advance(token_ids.shape[1])

@@ -62,11 +62,18 @@ class RotaryEmbedding(nn.Module):
                 self._buffers[name] = before.to(device=after.device)
         return self
 
-    def forward(self, x: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, offset: int = 0, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Rotate `x` `(..., seq, head_dim)` for positions `offset … offset+seq-1` (`offset`:
-        tokens before these, as when decoding with a KV cache); same shape and dtype."""
+        tokens before these, as when decoding with a KV cache), or for `positions` `(batch,
+        seq)` of `x` `(batch, heads, seq, head_dim)` (each token's own, as in packed
+        documents); same shape and dtype."""
         seq = x.shape[-2]
-        cos, sin = self.cos[offset : offset + seq], self.sin[offset : offset + seq]  # (seq, d // 2)
+        if positions is None:
+            cos, sin = self.cos[offset : offset + seq], self.sin[offset : offset + seq]
+        else:  # (batch, 1, seq, d // 2): the same angles for every head
+            cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
         pairs = x.unflatten(-1, (-1, 2))  # (..., seq, head_dim // 2, 2)
         even, odd = pairs[..., 0], pairs[..., 1]
         rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)

@@ -9,6 +9,11 @@ default to the run's own (`--prompt`, `--generate`, `--temperature`, `--top-p`, 
 the run's device, with its attention backend and precision, it prints the run's `sample.txt`
 again. The attention backend changes no weight: `--attention` may name any (the run's by
 default; sdpa in place of fa2-triton off CUDA, whose kernels need a GPU).
+
+It decodes with a KV cache (`lmcore.KVCache`: the prompt runs once, then each token against the
+cached keys and values, through `fa2.flash_attn_with_kvcache`) and says on stderr how many
+tokens per second that made; `--no-cache` runs the whole window for every token instead (the
+same tokens in float32; in 16-bit a near tie may round the other way and part them).
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         choices=PRECISIONS,
         help="fp32, bf16-autocast, or bf16 (the model cast to bf16) (default: the run's on "
         "CUDA, fp32 on a CPU)",
+    )
+    parser.add_argument(
+        "--no-cache",
+        dest="use_cache",
+        action="store_false",
+        help="decode without the KV cache: the whole window for every token",
     )
     sampling = parser.add_argument_group("sampling", "bench-train's options (default: the run's)")
     add_config_options(parser, TrainConfig, names=SAMPLING, into=sampling, defaults=False)

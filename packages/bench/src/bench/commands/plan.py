@@ -65,7 +65,7 @@ from bench.plan.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS
 from bench.plan.fit import memory_argument
 from bench.plan.memory import LAYOUTS, MODES, OPTIMIZERS, PRECISIONS, TrainingPlan
 
-__all__ = ["COMMAND", "PRESETS", "PlanConfig", "add_options", "main"]
+__all__ = ["COMMAND", "PRESETS", "PlanConfig", "add_options", "fastest_attention", "main"]
 
 PRESETS = ("leaderboard-2026", "t4x2")
 # The sequence length of a sweep that names none, for a size without a context of its own.
@@ -85,7 +85,7 @@ class PlanConfig:
     Attributes:
         models: (label, `lmcore.ModelConfig`) pairs, given in Python in place of the sizes and
             dimensions; the config's context length is the sequence length and its `attention`
-            is replaced by each of `attentions`.
+            is replaced by each of `attentions` (or `fastest_attention`).
 
     Raises:
         ValueError: both batch options, an empty sweep, or dimensions given in part.
@@ -115,8 +115,9 @@ class PlanConfig:
         default_text=f"a size's own (leaderboard-8b's 32,768), else {DEFAULT_CONTEXT}",
     )  # fmt: skip
     attentions: tuple[str, ...] = option(
-        ("naive",), "attention backends (naive: materialises the scores)", group=MODEL,
+        (), "attention backends (naive: materialises the scores)", group=MODEL,
         flag="attention", choices=list(ATTENTION_KINDS),
+        default_text="the fastest the model can use: fa2-triton, or sdpa past fa2's head dims",
     )  # fmt: skip
     batches: tuple[int, ...] = option(
         (), "sequences per data-parallel rank", group=STEP, flag="batch",
@@ -182,7 +183,6 @@ class PlanConfig:
             "checkpointing": self.checkpointing,
             "losses": self.losses,
             "optimizers": self.optimizers,
-            "attentions": self.attentions,
         }
         empty = [name for name, values in named.items() if not values]
         if empty:
@@ -260,11 +260,12 @@ class PlanConfig:
         out = []
         per_rank = bool(self.batches)
         combos = itertools.product(
-            self.model_configs(), self.attentions,
+            self.model_configs(), self.attentions or (None,),
             self.batches or self.global_batches or (DEFAULT_GLOBAL_BATCH,), self.precisions,
             self.layouts, self.checkpointing, self.losses, self.optimizers,
         )  # fmt: skip
         for (label, model), attention, batch, precision, layout, ckpt, loss, opt in combos:
+            attention = attention or fastest_attention(model)
             dp = self.dp if ALL_LAYOUTS[layout].data_parallel else 1
             tp = self.tp if ALL_LAYOUTS[layout].tensor_parallel else 1
             plan = TrainingPlan(
@@ -274,6 +275,15 @@ class PlanConfig:
             )  # fmt: skip
             out.append((label, plan))
         return out
+
+
+def fastest_attention(model: lmcore.ModelConfig) -> str:
+    """The attention `--attention` defaults to: fa2's Triton kernels (bench-train's backend on a
+    GPU; in memory, like SDPA, no score matrix), or SDPA for head dims past the kernels' (a
+    run-time import: fa2 imports torch, which `--help` must not)."""
+    from fa2.checks import MAX_HEAD_DIM
+
+    return "fa2-triton" if model.head_dim <= MAX_HEAD_DIM else "sdpa"
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

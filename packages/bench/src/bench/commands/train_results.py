@@ -48,6 +48,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--baseline", help="the --speed label the ratios divide by")
     parser.add_argument(
+        "--speed-topic", default="train_speed", metavar="NAME",
+        help="the speed table's file name before device and date (default: train_speed)",
+    )  # fmt: skip
+    parser.add_argument(
         "--scaling", nargs="+", type=_labelled, default=[], metavar="LABEL=RUN",
         help="runs on one and on several ranks, in order: train_scaling_*",
     )  # fmt: skip

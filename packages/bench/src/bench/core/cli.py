@@ -27,8 +27,11 @@ a `bench.core.tool.Tool`, which adds the common options' behaviour (device, the 
 configuration and the options that change it, the table, JSON and plot at the end).
 
 Common options (`add_common_args`, on every tool's command): `--json PATH` (write the run),
-`--csv PATH` (write its rows), `--plot PATH` (write a PNG), `--markdown PATH` (write the printed
-table), `--device {auto,cpu,cuda,cuda:N}` and `--no-progress`.
+`--csv PATH` (write its rows), `--plot PATH` (write a PNG), `--markdown PATH` (write the full
+table), `--wide` (print every column), `--device {auto,cpu,cuda,cuda:N}` and `--no-progress`.
+
+A usage error is two lines (`Parser.error`): what is wrong, and where the options are listed,
+not argparse's usage block of every option before it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import typing
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Command",
     "LazyChoices",
+    "Parser",
     "Runner",
     "add_common_args",
     "add_timeout_arg",
@@ -66,6 +71,14 @@ H = TypeVar("H", bound=Hashable)
 # What a command runs once its command line has parsed: `(parser, args, argv) -> exit status`.
 # `argv` is what was parsed (None: `sys.argv[1:]`), for recording the command line.
 Runner = Callable[[argparse.ArgumentParser, argparse.Namespace, Sequence[str] | None], int]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage error is the error and a pointer to `--help` (exit status
+    2), not argparse's usage block of every option (two dozen lines for bench-train) above it."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists the options)\n")
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,7 @@ class Command:
     def parser(self) -> argparse.ArgumentParser:
         """The command line: the common options (unless not `common`), the configuration's, then
         the command's own."""
-        parser = argparse.ArgumentParser(
+        parser = Parser(
             prog=self.prog,
             description=self.doc,
             epilog=self.epilog,
@@ -140,13 +153,14 @@ class Command:
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add `--json`, `--csv`, `--plot`, `--markdown`, `--device` and `--no-progress` to
+    """Add `--json`, `--csv`, `--plot`, `--markdown`, `--wide`, `--device` and `--no-progress` to
     `parser`."""
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="PATH", help="write rows and metadata as JSON")
     out.add_argument("--csv", type=Path, metavar="PATH", help="write the rows as CSV")
     out.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG plot of the rows")
-    out.add_argument("--markdown", type=Path, metavar="PATH", help="write the printed table")
+    out.add_argument("--markdown", type=Path, metavar="PATH", help="write every column's table")
+    out.add_argument("--wide", action="store_true", help="print every column, not 120 characters")
     out.add_argument("--no-progress", action="store_true", help="no progress bar (e.g. in CI logs)")
     parser.add_argument(
         "--device",

@@ -72,6 +72,7 @@ def next_token_loss(
     *,
     fused: bool,
     loss_fn: LossFn = lmcore.cross_entropy,
+    eot_id: int | None = None,
 ) -> torch.Tensor:
     """The mean next-token cross-entropy of `model` on `inputs` `(batch, seq)` against `targets`.
 
@@ -82,7 +83,12 @@ def next_token_loss(
         fused: the model's own fused LM head + loss, `model(inputs, targets=targets)`, which
             never holds the logits; else `loss_fn(model(inputs), targets)`.
         loss_fn: the materialised loss of logits and targets.
+        eot_id: the rows are documents packed after one another, each starting at this
+            end-of-text id: attention stays in each (`lmcore.Documents`); None: plain rows.
     """
+    packed = {}
+    if eot_id is not None:
+        packed["documents"] = lmcore.Documents.from_tokens(inputs, eot_id=eot_id)
     if fused:
-        return model(inputs, targets=targets)
-    return loss_fn(model(inputs), targets)  # logits (batch, seq, vocab)
+        return model(inputs, targets=targets, **packed)
+    return loss_fn(model(inputs, **packed), targets)  # logits (batch, seq, vocab)

@@ -99,6 +99,8 @@ class Option:
         cpu: the default on a machine without CUDA, where it is not the field's (`SAME`: the
             same; None is a default of its own).
         none: the text that stands for None, where None is a value of its own.
+        const: the value of the flag given without one (`--resume` beside `--resume auto`);
+            None: the flag always takes its value(s).
         saved: written to config files (False for what only one invocation does).
         default_text: the default in words, for a None that a rule replaces.
         metavar: the value's name in `--help`; by type (N, X, TEXT) when None.
@@ -114,6 +116,7 @@ class Option:
     several: bool | None = None
     cpu: Any = SAME
     none: str | None = None
+    const: Any = None
     saved: bool = True
     default_text: str | None = None
     metavar: str | None = None
@@ -292,6 +295,8 @@ def add_options(
             kwargs["metavar"] = None if kwargs["choices"] else opt.metavar or _METAVARS.get(kind)
             if several:
                 kwargs["nargs"] = "+"
+            elif opt.const is not None:
+                kwargs |= {"nargs": "?", "const": opt.const}
         text = _help(cls, name) if defaults else opt.help.replace("%", "%%")
         container = groups[opt.group]
         container.add_argument(f"--{flag_of(cls, name)}", help=text, **kwargs)

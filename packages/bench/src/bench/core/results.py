@@ -16,6 +16,12 @@ JSON schema `cs336sys-bench/2`::
      "notes": ["..."], "plots": ["attn.png"],
      "rows": [{"impl": "sdpa", "d": 16, ..., "status": "ok"}, ...]}
 
+`brief` (optional): the printed table's columns, key → header there, most telling first. It
+keeps to `TABLE_WIDTH` characters: long text cells become numbered notes under it, the least
+telling columns are left out (and named) while it is too wide, the rest keep `columns`' order;
+`--wide`, `--markdown` and `--json` keep every column. A row's `noisy` lists the columns whose
+value its own spread exceeds: printed as `noisy`, not as a number.
+
 `plots` hold paths relative to the JSON file's folder. Non-finite floats (a bucket size of
 `inf`, say) are written as `Infinity`, `-Infinity` and `NaN`, the JSON extension that Python's
 `json` module reads back as the same floats, so a run survives the round trip exactly.
@@ -38,6 +44,7 @@ import json
 import math
 import os
 import re
+import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,7 +60,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "NOISY",
     "SCHEMA",
+    "TABLE_WIDTH",
     "Keys",
     "Run",
     "format_value",
@@ -69,6 +78,9 @@ SCHEMA = "cs336sys-bench/2"
 _OLD_NAMES_SCHEMA = "cs336sys-bench/1"
 
 _EMPTY = "—"  # no value: not measured here (memory on the CPU, a ratio without baseline)
+TABLE_WIDTH = 120  # the printed table's: a terminal of 120 columns shows it unwrapped
+NOISY = "noisy"  # a row's key: the columns whose value is within its own noise
+_LONGEST_CELL = 24  # longer text (a sentence of a status) is a note under the printed table
 
 
 def format_value(value: Any) -> str:
@@ -83,6 +95,8 @@ def format_value(value: Any) -> str:
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     if isinstance(value, int):
         return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, list | tuple):
+        return ", ".join(map(str, value)) if value else _EMPTY
     return str(value)
 
 
@@ -146,6 +160,44 @@ def to_markdown(rows: Sequence[Mapping[str, Any]], *, columns: Sequence[str] | N
     return tabulate(cells, headers=columns, tablefmt="pipe", disable_numparse=True)
 
 
+def brief_table(
+    rows: Sequence[Mapping[str, Any]], *, columns: Mapping[str, str], priority: Sequence[str]
+) -> str:
+    """The rows as a Markdown table of `columns` (key → header, in order) that fits
+    `TABLE_WIDTH`: long text cells as numbered notes under it, `NOISY` cells as `noisy`, and
+    the last columns of `priority` left out (and named) while it is wider."""
+    notes: dict[str, int] = {}
+
+    def cell(row: Mapping[str, Any], key: str) -> str:
+        value, fill = row.get(key), OOM if row.get("status") == OOM else _EMPTY
+        text = fill if value is None else "noisy" if key in row.get(NOISY, ()) else None
+        text = text or format_value(value)
+        long = isinstance(value, str) and len(text) > _LONGEST_CELL
+        return f"[{notes.setdefault(text, len(notes) + 1)}]" if long else text
+
+    ranked = [k for k in priority if k in columns]
+    while True:
+        keys = [k for k in columns if k in ranked]
+        cells = [[columns[k] for k in keys], *([cell(r, k) for k in keys] for r in rows)]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(keys))]
+        cells.insert(1, ["-" * w for w in widths])
+        lines = ["| " + " | ".join(map(str.ljust, row, widths)) + " |" for row in cells]
+        if len(lines[0]) <= TABLE_WIDTH or len(ranked) == 1:
+            break
+        ranked.pop()
+        notes.clear()
+    lines += [_wrapped(f"[{n}] {text}") for text, n in notes.items()]
+    left_out = [k for k in priority if k in columns and k not in ranked]
+    if left_out:
+        lines.append(_wrapped(f"Not shown: {', '.join(left_out)} (--wide shows them)."))
+    return "\n".join(lines)
+
+
+def _wrapped(text: str, indent: str = "") -> str:
+    """`text` in lines of `TABLE_WIDTH` (a Markdown paragraph or list item reads the same)."""
+    return textwrap.fill(text, TABLE_WIDTH, subsequent_indent=indent, break_long_words=False)
+
+
 @dataclass
 class Run:
     """One tool invocation's rows and everything needed to trust and reproduce them.
@@ -164,6 +216,7 @@ class Run:
             are of several kinds); each table shows only the columns its rows fill.
         notes: sentences that must travel with the numbers (CPU default, assumed peaks, ...).
         plots: image files drawn from the rows, relative to the JSON file once saved.
+        brief: the printed table's columns (see the module docstring); None: every column.
         schema: the JSON schema version.
     """
 
@@ -178,6 +231,7 @@ class Run:
     group_by: str | None = None
     notes: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
+    brief: dict[str, str] | None = None
     schema: str = SCHEMA
 
     @classmethod
@@ -194,6 +248,7 @@ class Run:
         group_by: str | None = None,
         notes: Iterable[str] = (),
         env: Mapping[str, Any] | None = None,
+        brief: Mapping[str, str] | None = None,
     ) -> Run:
         """Build a run, collecting the environment of `device` now (or taking `env`).
 
@@ -209,6 +264,7 @@ class Run:
             notes: sentences that must travel with the numbers.
             env: the `collect_env` record of a measurement made elsewhere (e.g. read back from
                 its files), used instead of this machine's; `command` still replaces its command.
+            brief: the printed table's columns, key → header (see the module docstring).
         """
         if env is None:
             env = collect_env(device, command=command)
@@ -225,6 +281,7 @@ class Run:
             columns=list(columns) if columns is not None else None,
             group_by=group_by,
             notes=list(notes),
+            brief=dict(brief) if brief is not None else None,
         )
 
     @property
@@ -232,14 +289,23 @@ class Run:
         """The rows whose measurement completed (`status` missing or `"ok"`)."""
         return [r for r in self.rows if r.get("status", OK) == OK]
 
-    def table(self) -> str:
-        """The rows as a Markdown table in `columns` order (one table per `group_by` value)."""
-        if self.group_by is None:
-            return to_markdown(self.rows, columns=self.columns)
-        parts = [
-            f"**{value}**\n\n{to_markdown(rows, columns=columns)}"
-            for value, rows, columns in self.groups()
-        ]
+    def table(self, *, wide: bool = True) -> str:
+        """The rows as a Markdown table in `columns` order (one table per `group_by` value);
+        unless `wide`, of `brief`'s columns (`brief_table`), a group without one left out."""
+        brief = None if wide or self.brief is None else self.brief
+        parts, hidden = [], 0
+        for value, rows, columns in self.groups():
+            if brief is None:
+                table = to_markdown(rows, columns=columns)
+            elif any(c in brief for c in columns):
+                shown = {c: brief[c] for c in columns if c in brief}
+                table = brief_table(rows, columns=shown, priority=list(brief))
+            else:
+                hidden += 1
+                continue
+            parts.append(table if value is None else f"**{value}**\n\n{table}")
+        if hidden:
+            parts.append(f"{hidden} more table(s): --wide prints them, --markdown writes them.")
         return "\n\n".join(parts)
 
     def groups(self) -> list[tuple[Any, list[dict[str, Any]], list[str]]]:
@@ -270,22 +336,27 @@ class Run:
         device = str(self.env.get("device_name") or self.env.get("device") or "")
         return self.title if not device or device in self.title else f"{self.title}, {device}"
 
-    def header(self) -> str:
-        """One Markdown paragraph naming device, versions, date and command."""
+    def header(self, *, separator: str = " ") -> str:
+        """One Markdown paragraph naming device, versions, date and command: three sentences
+        joined by `separator` (a newline keeps each on a line of its own in a terminal)."""
         e = self.env
         triton = f", triton {e['triton']}" if e.get("triton") else ""
-        return (
-            f"Device: {e.get('device_name')} ({e.get('device')}); torch {e.get('torch')}{triton}, "
-            f"python {e.get('python')}; {self.date}. Command: `{self.command}`. {code_line(e)}"
+        return separator.join(
+            [
+                f"Device: {e.get('device_name')} ({e.get('device')}); torch {e.get('torch')}"
+                f"{triton}, python {e.get('python')}; {self.date}.",
+                f"Command: `{self.command}`.",
+                code_line(e),
+            ]
         )
 
-    def to_markdown(self) -> str:
-        """Title, metadata, notes and table, ready to print or paste."""
+    def to_markdown(self, *, wide: bool = True) -> str:
+        """Title, metadata, notes and table, ready to print or paste; unless `wide`, the
+        printed form: the brief table, the prose wrapped to `TABLE_WIDTH` characters."""
+        notes = [f"- {n}" if wide else _wrapped(f"- {n}", "  ") for n in self.notes]
         parts = [f"### {self.title}"] if self.title else []
-        parts.append(self.header())
-        parts.extend(f"- {n}" for n in self.notes)
-        parts.append(self.table())
-        return "\n\n".join(parts)
+        parts.append(self.header(separator=" " if wide else "\n"))
+        return "\n\n".join([*parts, *notes, self.table(wide=wide)])
 
 
 def code_line(env: Mapping[str, Any]) -> str:

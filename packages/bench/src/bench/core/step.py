@@ -53,6 +53,7 @@ def forward_backward(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
     fused_loss: bool = False,
     loss_scaler: LossScaler | None = None,
+    eot_id: int | None = None,
 ) -> torch.Tensor:
     """Forward and backward of next-token cross-entropy over `micro_batches`; the mean loss.
 
@@ -73,6 +74,8 @@ def forward_backward(
             targets=targets)`, which never holds the logits (`loss_fn` is then not used).
         loss_scaler: backward from each loss times its scale (fp16); the gradients are left
             scaled, for `train_step` to unscale. None: backward from the loss itself.
+        eot_id: each row holds documents that start at this end-of-text id, attended apart
+            (`next_token_loss`); None: plain rows.
 
     Returns:
         The mean loss over the micro-batches (unscaled), detached: a 0-d tensor in at least
@@ -95,8 +98,9 @@ def forward_backward(
                 device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None
             ):
                 loss = next_token_loss(
-                    model, tokens[:, :-1], tokens[:, 1:], fused=fused_loss, loss_fn=loss_fn
-                )
+                    model, tokens[:, :-1], tokens[:, 1:], fused=fused_loss, loss_fn=loss_fn,
+                    eot_id=eot_id,
+                )  # fmt: skip
                 loss = loss / len(micro_batches)
             (loss if loss_scaler is None else loss_scaler.scale(loss)).backward()
         losses.append(loss.detach())
@@ -154,6 +158,7 @@ def train_step(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lmcore.cross_entropy,
     fused_loss: bool = False,
     loss_scaler: LossScaler | None = None,
+    eot_id: int | None = None,
 ) -> torch.Tensor:
     """One training step: `forward_backward`, optional clipping, the optimizer step, zero_grad.
 
@@ -171,7 +176,7 @@ def train_step(
             (`zero.FSDP`'s weights of two or more dimensions), for the clipping norm.
         set_to_none: `optimizer.zero_grad(set_to_none=...)` after the step; False keeps the
             gradient tensors allocated from step to step.
-        loss_fn: the loss of logits and targets (see `forward_backward`).
+        loss_fn, eot_id: the loss of logits and targets, packed documents (`forward_backward`).
         loss_scaler: scale the loss (fp16): the gradients are unscaled after synchronisation,
             before clipping, and the optimizer step is skipped (on every rank) where one
             overflowed; the scaler then halves its scale or grows it and counts the skip.
@@ -181,7 +186,7 @@ def train_step(
     """
     loss = forward_backward(
         model, micro_batches, autocast_dtype=autocast_dtype, loss_fn=loss_fn,
-        fused_loss=fused_loss, loss_scaler=loss_scaler,
+        fused_loss=fused_loss, loss_scaler=loss_scaler, eot_id=eot_id,
     )  # fmt: skip
     if loss_scaler is not None:
         loss_scaler.unscale_(optimizer)

@@ -128,7 +128,9 @@ def time_with_setup(
 class Summary:
     """Summary statistics of timing samples, in the samples' unit (ms here).
 
-    `std` is the sample standard deviation (n - 1 in the denominator), 0.0 for one sample.
+    `std` is the sample standard deviation (n - 1 in the denominator), 0.0 for one sample;
+    `iqr` the interquartile range (third quartile minus first, numpy's linear interpolation),
+    0.0 for one sample: with the median, the spread one slow call does not move.
     """
 
     n: int
@@ -137,6 +139,7 @@ class Summary:
     median: float
     min: float
     max: float
+    iqr: float
 
     def as_dict(self, prefix: str = "") -> dict[str, float | int]:
         """The fields as a flat dict, keys prefixed (`as_dict("fwd_ms_")` → `fwd_ms_mean`, ...)."""
@@ -144,7 +147,7 @@ class Summary:
 
 
 def summarize(samples: Sequence[float]) -> Summary:
-    """Mean, standard deviation, median, min and max of `samples`.
+    """Mean, standard deviation, median, min, max and interquartile range of `samples`.
 
     Raises:
         ValueError: if `samples` is empty or holds a non-finite value.
@@ -160,7 +163,15 @@ def summarize(samples: Sequence[float]) -> Summary:
         median=statistics.median(samples),
         min=min(samples),
         max=max(samples),
+        iqr=_iqr(samples),
     )
+
+
+def _iqr(samples: Sequence[float]) -> float:
+    if len(samples) < 2:
+        return 0.0
+    first, _, third = statistics.quantiles(samples, n=4, method="inclusive")
+    return third - first
 
 
 def _triton_do_bench() -> Callable[..., Any] | None:

@@ -153,8 +153,9 @@ def emit(
     *,
     plot: Callable[[Path], Path | Sequence[Path]] | None = None,
 ) -> None:
-    """Finish a tool's run: draw the plot, print the Markdown, write the files asked for
-    (`--json`, `--csv`, `--markdown`).
+    """Finish a tool's run: draw the plot, print the Markdown (the brief table that fits 120
+    characters, every column with `--wide`), write the files asked for (`--json`, `--csv`,
+    `--markdown`: every column).
 
     Under `torchrun` only the primary rank does any of it; the others return at once.
 
@@ -179,11 +180,10 @@ def emit(
             base = args.json.parent if args.json is not None else Path.cwd()
             for path in [written] if isinstance(written, Path) else written:
                 run.plots.append(Path(os.path.relpath(path.resolve(), base.resolve())).as_posix())
-    text = run.to_markdown()
-    print(text)
+    print(run.to_markdown(wide=getattr(args, "wide", True)))
     if args.markdown is not None:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text + "\n")
+        args.markdown.write_text(run.to_markdown() + "\n")
     if args.json is not None:
         save_json(run, args.json)
     if args.csv is not None:

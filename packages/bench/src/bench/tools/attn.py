@@ -6,6 +6,7 @@ The command line and what each option does: `bench.commands.attn` (`bench-attn -
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from bench.core.env import device_name
 from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_peak_memory, to_mib
 from bench.core.oom import OK, guarded
 from bench.core.plots import line_plot, ratio_heatmaps
-from bench.core.results import Keys, Run
+from bench.core.results import NOISY, Keys, Run
 from bench.core.timing import summarize, time_fn, time_with_setup
 from bench.core.tool import (
     Invocation,
@@ -102,10 +103,12 @@ def _measure_cell(
         )
     )
     return {
-        "fwd_ms": fwd.mean,
-        "fwd_std": fwd.std,
-        "bwd_ms": bwd.mean,
-        "bwd_std": bwd.std,
+        "fwd_ms": fwd.median,
+        "fwd_iqr": fwd.iqr,
+        "bwd_ms": bwd.median,
+        "bwd_iqr": bwd.iqr,
+        # a pass whose calls disagree by more than their typical time (a busy CPU)
+        NOISY: [f"{key}_ms" for key, s in (("fwd", fwd), ("bwd", bwd)) if s.iqr > s.median],
         "mem_before_bwd_mib": to_mib(in_use[-1]),
         "peak_mib": to_mib(peak_memory(device)),
         "n": steps,
@@ -117,7 +120,8 @@ def _measure_cell(
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
-    """`fwd_vs_sdpa` / `bwd_vs_sdpa`: SDPA's time over this row's (above 1: faster than SDPA)."""
+    """`fwd_vs_sdpa` / `bwd_vs_sdpa`: SDPA's time over this row's (above 1: faster than SDPA),
+    noisy where either time is."""
 
     def cell(r: dict[str, Any]) -> tuple[int, int, int]:
         return r["d"], r["seq"], r["seq_k"]
@@ -129,6 +133,8 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
             mine = row.get(f"{key}_ms")
             ok = ref is not None and mine and ref.get(f"{key}_ms")
             row[f"{key}_vs_sdpa"] = ref[f"{key}_ms"] / mine if ok else None
+            if ok and f"{key}_ms" in (*row[NOISY], *ref[NOISY]):
+                row[NOISY] = [*row[NOISY], f"{key}_vs_sdpa"]
 
 
 COLUMNS = [
@@ -137,17 +143,38 @@ COLUMNS = [
     "seq",
     "seq_k",
     "fwd_ms",
-    "fwd_std",
+    "fwd_iqr",
     "bwd_ms",
-    "bwd_std",
+    "bwd_iqr",
     "fwd_vs_sdpa",
     "bwd_vs_sdpa",
     "mem_before_bwd_mib",
     "peak_mib",
     "n",
+    NOISY,
     "status",
     "note",
 ]
+# The printed table (`--wide`: every column), most telling first: the cell, its times and
+# ratios, its status, the peak.
+BRIEF = {
+    "impl": "impl",
+    "d": "d",
+    "seq": "seq",
+    "seq_k": "seq_k",
+    "fwd_ms": "fwd_ms",
+    "bwd_ms": "bwd_ms",
+    "fwd_vs_sdpa": "fwd_vs_sdpa",
+    "bwd_vs_sdpa": "bwd_vs_sdpa",
+    "status": "status",
+    "peak_mib": "peak_mib",
+    "n": "n",
+}
+# What a CPU's times are for, said once, first.
+CPU_TIMES = (
+    "On a CPU these times check that every implementation runs, not how fast it runs: the "
+    "kernels are written for GPUs, and a shared CPU's calls vary more than they take."
+)
 _LIVE_COLUMNS = ["impl", "d", "seq", "seq_k", "fwd_ms", "bwd_ms", "peak_mib", "n", "status"]
 
 _METRICS = [c for c in COLUMNS if c not in ("impl", "d", "seq", "seq_k", "status")]
@@ -195,10 +222,14 @@ def run_attention(
             f"d in {c.d_values}, seq in {c.seqs}, {c.steps} steps; the handout's grid needs a GPU"
         ),
     )
+    if device.type == "cpu":
+        notes.insert(0, CPU_TIMES)
+        print(f"bench-attn: {CPU_TIMES}", file=sys.stderr)
     notes.append(
-        "Times are ms per call (mean and std over n timed calls). fwd_vs_sdpa, bwd_vs_sdpa: "
-        "SDPA's time / this time (above 1: faster than SDPA). Memory in MiB: in use before "
-        "backward, and peak."
+        "Times are ms per call (the median of n timed calls; fwd_iqr, bwd_iqr: their "
+        "interquartile range). fwd_vs_sdpa, bwd_vs_sdpa: SDPA's time / this time (above 1: "
+        "faster than SDPA). noisy: the times (and the ratios of them) whose interquartile range "
+        "exceeds their median, printed as noisy. Memory in MiB: in use before backward, and peak."
     )
     cells = [
         (d, s, k, impl)
@@ -221,7 +252,7 @@ def run_attention(
             lambda impl=impl, d=d, seq=seq, k=seq_k: _measure_cell(impl, d, seq, k, config, device),
             device=device,
         )
-        metrics = outcome.value if outcome.ok else dict.fromkeys(_METRICS)
+        metrics = outcome.value if outcome.ok else {**dict.fromkeys(_METRICS), NOISY: []}
         rows.append(
             {
                 "impl": impl,
@@ -249,6 +280,7 @@ def run_attention(
         + f", {device_name(device)}",
         columns=COLUMNS,
         notes=notes,
+        brief=BRIEF,
     )
 
 

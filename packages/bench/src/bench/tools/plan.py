@@ -148,6 +148,15 @@ GPU_FIT_COLUMNS = [
 
 
 SECTION8_COLUMNS = ["strategy", "quantity", "formula", "value", "why"]
+# The printed predictions (`--wide`: every column and each configuration's formulas), most
+# telling first: the configuration, its peak and fit, its communication.
+PLAN_BRIEF = {
+    "size": "size", "ctx": "ctx", "batch": "batch", "precision": "precision",
+    "layout": "layout", "peak_gib": "peak_gib", "fits": "fits", "attention": "attention",
+    "checkpointing": "ckpt", "loss": "loss", "sent_gb": "sent_gb", "comm_ms": "comm_ms",
+    "compute_ms": "compute_ms", "max_batch": "max_batch", "max_ctx": "max_ctx", "mesh": "mesh",
+    "optimizer": "optimizer", "peak_phase": "peak_phase",
+}  # fmt: skip
 # Every key of a row, for readers (bench-report).
 KEYS = Keys(
     *PLAN_COLUMNS, *CHECK_COLUMNS, *LEADERBOARD_COLUMNS, *SECTION8_COLUMNS, *GPU_FIT_COLUMNS
@@ -314,6 +323,7 @@ def run_plan(sweep: PlanConfig, *, command: str | None = None, formulas: bool = 
         columns=PLAN_COLUMNS,
         group_by="table",
         notes=notes,
+        brief=PLAN_BRIEF,
     )
 
 
@@ -415,6 +425,7 @@ def run_leaderboard(
         command=command,
         title="bench-plan: the CS336 2026 leaderboard step (8B, 32,768 tokens, batch 2) on 2 GPUs",
         columns=LEADERBOARD_COLUMNS,
+        brief=dict(zip(LEADERBOARD_COLUMNS, LEADERBOARD_COLUMNS, strict=True)),
         notes=notes,
     )  # fmt: skip
 
@@ -628,6 +639,7 @@ def run_section8(
         title=f"bench-plan: the handout's §8 FFN analysis, B={s.batch:,}, D={s.d_model:,}, "
         f"F={s.d_ff:,}, C={s.flops_per_s / 1e12:g} TFLOP/s, W={s.bandwidth / 1e9:g} GB/s",
         columns=SECTION8_COLUMNS,
+        brief=dict(zip(SECTION8_COLUMNS, SECTION8_COLUMNS, strict=True)),
         notes=[
             "Values in FLOPs, seconds or devices; weights and activations in FP16 (2 bytes); "
             "communication overlapped with compute unless said otherwise.",
@@ -650,6 +662,7 @@ def run_check(folder: str | Path, *, command: str | None = None) -> Run:
         command=command,
         title="bench-plan against measurement: predicted and measured memory per device",
         columns=CHECK_COLUMNS,
+        brief=dict(zip(CHECK_COLUMNS, CHECK_COLUMNS, strict=True)),
         notes=result.notes,
     )
 

@@ -3,8 +3,9 @@
 One owner per concern, in the order a run meets them:
 
 - `config`: `TrainConfig`, every option once (default, help, group, whether a resume may change
-  it; the command line is generated from it by `bench.core.options`); `config_files`: the config
-  files `--config` reads and every run writes; `choices`: the names `--precision`, `--parallel`
+  it; the command line is generated from it by `bench.core.options`); `config_checks`: what
+  `TrainConfig.validate` refuses, alone and together; `config_files`: the config files
+  `--config` reads and every run writes; `choices`: the names `--precision`, `--parallel`
   and `--baseline` offer (subsets of `bench.core.layouts`);
 - `data` (token files, the cache, `Batches`) and `tokenizer` (bytes, BPE);
 - `lm`: the model, its loss and its optimizer as lmcore makes them (where new lmcore options

@@ -19,6 +19,11 @@ moment keeps the previous checkpoint whole; rank 0 then removes the files no che
 A resume reads only the files `checkpoint.pt` names, and checks that they hold its step. A file
 that cannot be written (a full disk) is removed and ends the run with `CheckpointWriteError`,
 which says what the checkpoint needs, what is free, and that the previous one is intact.
+
+`--keep-last N` keeps the newest N checkpoints: once `checkpoint.pt` is committed, rank 0 links
+it as `checkpoint-step<S>.pt` (`step_file`) and only then removes the step files past the
+newest N, with their rank files. Each kept one is whole: to go back to it, copy it over
+`checkpoint.pt` (its rank files are kept under their own names).
 """
 
 from __future__ import annotations
@@ -26,9 +31,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import shutil
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +43,18 @@ import torch.distributed as dist
 import lmcore
 from bench.core.layouts import NAMES_VERSION, recorded_config
 from bench.core.loss_scale import LossScaler
-from bench.core.memory import MIB
 from bench.core.options import may_change
-from bench.train.config import TrainConfig
+from bench.train.checkpoint_files import (
+    CHECKPOINT,
+    CheckpointWriteError,
+    kept_steps,
+    prune,
+    rank_file,
+    remove_checkpoints,
+    step_file,
+    write_error,
+)
+from bench.train.config import RESUME_AUTO, TrainConfig
 from bench.train.faults import kill_point
 from bench.train.parallel import TrainerParallel, checkpoint_layout
 from bench.train.tokenizer import load_tokenizer
@@ -56,36 +69,15 @@ __all__ = [
     "rank_file",
     "read_checkpoint",
     "remove_checkpoints",
+    "resolve_resume",
     "resume_point",
+    "step_file",
 ]
 
-CHECKPOINT = "checkpoint.pt"
 # What every consumer of a checkpoint reads from its `extra`: without these it is not the
 # trainer's (bench-generate needs the first two, a resume all four).
 _RECORD = ("config", "model_config", "data_rng", "rng")
 _START_AGAIN = "start the run again in a new --out (or restore the file from a copy)"
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint file could not be written (a full disk, most often); the committed
-    checkpoint before it is intact, and the message says what the new one needs."""
-
-
-def _tensor_bytes(obj: Any) -> int:
-    """The bytes of the tensors in `obj` (nested dicts, lists and tuples): the least a
-    checkpoint of it takes on disk."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, Mapping):
-        return sum(_tensor_bytes(value) for value in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(_tensor_bytes(value) for value in obj)
-    return 0
-
-
-def rank_file(rank: int, step: int) -> str:
-    """The name of rank `rank`'s file of the checkpoint of `step` in the run's folder."""
-    return CHECKPOINT if rank == 0 else f"checkpoint-rank{rank}-step{step}.pt"
 
 
 def read_checkpoint(path: str | Path, *, mmap: bool = False) -> dict[str, Any]:
@@ -165,6 +157,18 @@ def _check_tokenizer(checkpoint: Mapping[str, Any], config: TrainConfig) -> None
         )
 
 
+def resolve_resume(config: TrainConfig) -> TrainConfig:
+    """`config` with `--resume auto` decided: continue if `--out` holds a checkpoint, else start.
+
+    `checkpoint.pt` is renamed into place whole (the commit point), so one that exists is
+    complete. Every process decides alone, before training: under torchrun each rank of a
+    restart finds the files its predecessors left, which no rank changes before they all meet.
+    """
+    if config.resume != RESUME_AUTO:
+        return config
+    return dataclasses.replace(config, resume=(Path(config.out) / CHECKPOINT).is_file())
+
+
 def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     """The checkpoint to resume from (rank 0's, on the CPU), after checking it fits `config`.
 
@@ -180,6 +184,7 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     """
     if config.overwrite and config.resume:
         raise ValueError("--overwrite starts a new run, --resume continues one: give one")
+    config = resolve_resume(config)
     if not config.checkpoint:
         needs = ("resume", "save_every", "stop_after")
         given = [f"--{name.replace('_', '-')}" for name in needs if getattr(config, name)]
@@ -198,6 +203,8 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     checkpoint = read_checkpoint(path)
     saved, mine = recorded_config(checkpoint["extra"]), dataclasses.asdict(config)
     resumable = may_change(TrainConfig)
+    # An option newer than the checkpoint has the value it had before there was a choice.
+    saved = {f.name: f.default for f in dataclasses.fields(TrainConfig)} | saved
     differ = sorted(k for k in mine if k not in resumable and saved.get(k) != mine[k])
     if differ:
         changes = ", ".join(
@@ -221,21 +228,6 @@ def resume_point(config: TrainConfig) -> dict[str, Any] | None:
     _check_files(checkpoint, Path(config.out))
     _check_tokenizer(checkpoint, config)
     return checkpoint
-
-
-def remove_checkpoints(out: str | Path) -> None:
-    """Remove every checkpoint file in `out`, committed or not (a run `--overwrite` replaces)."""
-    _remove_uncommitted(Path(out), keep=())
-    (Path(out) / CHECKPOINT).unlink(missing_ok=True)
-
-
-def _remove_uncommitted(out: Path, keep: Iterable[str]) -> None:
-    """Remove the checkpoint files in `out` that the committed checkpoint does not name: older
-    checkpoints' rank files, and what a killed save left."""
-    keep = set(keep)
-    for path in [*out.glob("checkpoint-rank*.pt"), *out.glob("checkpoint*.tmp")]:
-        if path.name not in keep:
-            path.unlink(missing_ok=True)
 
 
 class _Taken:
@@ -350,7 +342,7 @@ class Checkpointer:
                 lmcore.save_checkpoint(weights, optimizer_state, step, tmp, extra=extra)
             except (OSError, RuntimeError) as error:  # torch's writer raises RuntimeError
                 tmp.unlink(missing_ok=True)  # what was written of it: its space back
-                raise self._not_written(step, tmp, state, error) from None
+                raise write_error(step, tmp, state, error, saved_step=self.saved_step) from None
             if self.rank != 0:
                 os.replace(tmp, path)  # its step's own name: no committed checkpoint names it
         if len(files) > 1:
@@ -358,27 +350,8 @@ class Checkpointer:
         if self.rank == 0:
             kill_point("checkpoint", step)
             os.replace(tmp, path)  # the commit point: checkpoint.pt names this step's files
-            _remove_uncommitted(self.out, files.values())
+            prune(self.out, kept_steps(self.out, step, self.config.keep_last))
         self.saved_step = step
-
-    def _not_written(
-        self, step: int, path: Path, state: Any, error: BaseException
-    ) -> CheckpointWriteError:
-        """What to say when this rank's file of the checkpoint of `step` could not be written
-        (a full disk, most often): what it needs, what is free, and what is kept."""
-        need = _tensor_bytes(state) / MIB
-        free = shutil.disk_usage(self.out).free / MIB
-        if self.saved_step:
-            kept = (
-                f"The previous checkpoint, of step {self.saved_step}, is intact: make room and "
-                "continue from it with --resume"
-            )
-        else:
-            kept = "This run wrote no checkpoint before: make room and start it again"
-        return CheckpointWriteError(
-            f"could not write the checkpoint of step {step} to {path} ({error}). It needs at "
-            f"least {need:,.1f} MiB; the disk holding --out has {free:,.1f} MiB free. {kept}."
-        )
 
     def _record(
         self, data_rng: np.random.Generator, *, record: Mapping[str, Any], files: dict[int, str]

@@ -11,22 +11,19 @@ mode, `--baseline`'s settings).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import functools
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import ddp
 import lmcore
 from bench.core import model_options
 from bench.core.cli import bucket_size_mb, resolve_device
-from bench.core.layouts import loss_scaled, parse_name
+from bench.core.layouts import parse_name
 from bench.core.loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE
 from bench.core.options import (
     Group,
-    check_values,
     configured,
     flag_of,
     given_values,
@@ -36,12 +33,27 @@ from bench.core.options import (
 from bench.core.ranks import DEFAULT_TIMEOUT_S, torchrun_world_size
 from bench.core.shapes import CPU_SIZE
 from bench.train.choices import BASELINES, PARALLEL_MODES, PRECISIONS
-from bench.train.tokenizer import TOKENIZERS
+from bench.train.tokenizer import EOT_TEXT, TOKENIZERS
 
-__all__ = ["CONFIG_FILE", "TrainConfig"]
+__all__ = ["CONFIG_FILE", "RESUME_AUTO", "TrainConfig"]
 
 # The resolved options a run writes to its `--out` (and `--config` reads back).
 CONFIG_FILE = "config.toml"
+# `--resume auto`: continue the run in --out if it holds a checkpoint, else start it.
+RESUME_AUTO = "auto"
+# The default --eval-batches, and its rule: evaluation (a forward per batch) takes at most this
+# share of training's work, a backward counted as two forwards (6N against 2N FLOPs a token).
+EVAL_BATCHES = 10
+EVAL_SHARE = 0.1
+BACKWARD_FORWARDS = 2
+
+
+def _resume_value(text: str) -> str:
+    if text != RESUME_AUTO:  # `--resume` alone is True (the option's const)
+        raise argparse.ArgumentTypeError(f"--resume takes no value, or {RESUME_AUTO}")
+    return text
+
+
 # The groups, in the order of `--help` and of config files.
 DATA = Group("data", "what to train on")
 MODEL = Group("model", "the Transformer (lmcore.TransformerLM)")
@@ -75,6 +87,10 @@ class TrainConfig:
         metavar="FILE",
     )
     tokenizer: str = option("bpe", "how text becomes tokens", group=DATA, choices=TOKENIZERS)
+    pack: bool = option(False, "documents start at the end-of-text token: attention stays in "
+                        "each (fa2's varlen kernels), positions restart", group=DATA)  # fmt: skip
+    eot_id: int | None = option(None, "a token file's end-of-text id, for --pack", group=DATA,
+                                default_text=f"the BPE tokenizer's {EOT_TEXT}")  # fmt: skip
     vocab_size: int | None = option(
         None,
         "BPE vocabulary; for token files the model's vocabulary",
@@ -222,8 +238,15 @@ class TrainConfig:
         saved=False,
         default_text="--steps",
     )
-    resume: bool = option(
-        False, "continue the run in --out from its checkpoint", group=RUN, saved=False
+    resume: bool | str = option(
+        False,
+        f"continue the run in --out from its checkpoint; {RESUME_AUTO}: if there is one, else "
+        "start it (one command for a first start and every restart)",
+        group=RUN,
+        saved=False,
+        parse=_resume_value,
+        const=True,
+        metavar=RESUME_AUTO,
     )
     overwrite: bool = option(
         False, "replace another run in --out (its files removed first)", group=OUTPUT, saved=False
@@ -241,8 +264,15 @@ class TrainConfig:
         group=OUTPUT,
         default_text="a tenth of --steps, at least 1",
     )
-    eval_batches: int = option(10, "batches per evaluation", group=OUTPUT)
+    eval_batches: int | None = option(None, "batches per evaluation", group=OUTPUT,
+                                      default_text=f"{EVAL_BATCHES}, fewer where that is "
+                                      f"over {EVAL_SHARE:.0%} of the run")  # fmt: skip
     save_every: int = option(0, "steps between checkpoints; 0: only at the end", group=OUTPUT)
+    keep_last: int = option(1, "checkpoints kept: with --save-every, the newest N as "
+                            "checkpoint-step<N>.pt too", group=OUTPUT, metavar="N")  # fmt: skip
+    export_hf: str | None = option(None, "also write the final model as a Hugging Face Llama "
+                                   "checkpoint (safetensors) to DIR", group=OUTPUT,
+                                   default_text="none", metavar="DIR")  # fmt: skip
     checkpoint: bool = option(True, "write checkpoints; off: the run cannot resume", group=OUTPUT)
     progress: bool = option(True, "a progress bar (else log lines)", group=OUTPUT)
     profile_step: int | None = option(
@@ -291,69 +321,22 @@ class TrainConfig:
         return config
 
     def validate(self) -> None:
-        """Check every option alone and together (see `create`)."""
-        import torch
+        """Check every option alone and together (`bench.train.config_checks`)."""
+        from bench.train.config_checks import validate  # imports torch, so here
 
-        from bench.train import parallel
+        validate(self)
 
-        flag = functools.partial(flag_of, type(self))
-        check_values(self)
-        positive = ("context_length", "batch_size", "grad_accum", "steps", "nproc")
-        for name in (*positive, "eval_batches", "log_every"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"--{flag(name)} must be at least 1")
-        for name in ("eval_every", "save_every", "generate", "weight_decay", "grad_clip"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ValueError(f"--{flag(name)} must be >= 0 (0 turns it off)")
-        if Path(self.out).exists() and not Path(self.out).is_dir():
-            raise ValueError(f"--out {self.out} is a file; give a folder (new, or a run's)")
-        ddp.bucket_bytes(self.bucket_size_mb)  # --bucket-mb: finite and >= 0, or None
-        if not self.lr > 0 or (self.min_lr is not None and not 0 <= self.min_lr <= self.lr):
-            raise ValueError("--lr must be positive, and --min-lr in [0, --lr]")
-        if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
-            raise ValueError(
-                f"--warmup-steps must be in [0, --steps) = [0, {self.steps}): the cosine decay "
-                "needs at least one step"
-            )
-        if self.profile_step is not None and not 1 <= self.profile_step <= self.last_step:
-            raise ValueError(f"--profile-step must be in [1, the last step {self.last_step}]")
-        if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
-            raise ValueError(f"--stop-after must be in [1, --steps = {self.steps}]")
-        if self.time_budget is not None and not self.time_budget > 0:
-            raise ValueError("--time-budget must be a positive duration, e.g. 20m")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError("--timeout must be a positive number of seconds")
-        if not self.loss_scale > 0 or (
-            self.loss_scale != DEFAULT_INIT_SCALE and not loss_scaled(self.precision)
-        ):
-            raise ValueError("--loss-scale takes a positive scale and scales fp16's loss only: "
-                             "drop it, or add --precision fp16")  # fmt: skip
-        if self.generate and not self.prompt:
-            raise ValueError("--generate needs a non-empty --prompt to continue")
-        if not (self.temperature >= 0 and 0 < self.top_p <= 1):
-            raise ValueError("--temperature must be >= 0 and --top-p in (0, 1]")
-        if self.batch_size % (self.grad_accum * self.nproc):
-            raise ValueError(
-                f"--batch-size {self.batch_size} must be a multiple of --grad-accum × ranks = "
-                f"{self.grad_accum} × {self.nproc}, so that every rank's micro-batches are equal"
-            )
-        parallel.check(
-            self.parallel,
-            nproc=self.nproc,
-            precision=self.precision,
-            baseline=self.baseline,
-            device=torch.device(self.device),
-        )
-        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise ValueError(
-                "--tensorboard needs the tensorboard package: pip install 'cs336sys-bench"
-                "[tensorboard]' (in the workspace: uv sync --extra tensorboard); or drop it"
-            )
-        try:
-            lmcore.ActivationCheckpointing.parse(self.activation_checkpointing)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"--activation-checkpointing: {error}") from None
-        self.model_config(vocab_size=256)  # checks the model's shape
+    @property
+    def eval_batch_count(self) -> int:
+        """Batches per evaluation: `--eval-batches`, else `EVAL_BATCHES`, fewer where the
+        run's evaluations (forwards) would take more than `EVAL_SHARE` of its training
+        (forwards and backwards of every micro-batch), and at least one."""
+        if self.eval_batches is not None:
+            return self.eval_batches
+        every = self.eval_interval
+        evaluations = self.steps // every + (self.steps % every != 0) if every else 1
+        training = (1 + BACKWARD_FORWARDS) * self.steps * self.grad_accum
+        return max(1, min(EVAL_BATCHES, int(EVAL_SHARE * training / evaluations)))
 
     def model_config(self, *, vocab_size: int) -> lmcore.ModelConfig:
         """The model: the named size with the `--d-model`, ... overrides applied."""

@@ -34,10 +34,12 @@ import torch
 import lmcore
 from bench.train.tokenizer import (
     MAX_VOCAB_SIZE,
+    TOKEN_SUFFIXES,
     TOKENIZER_FILE,
     Tokenizer,
     load_tokenizer,
     make_tokenizer,
+    save_tokenizer,
 )
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "VAL_FRACTION",
     "Batches",
     "Corpus",
+    "check_sources",
     "default_cache_dir",
     "load_corpus",
     "read_token_file",
@@ -53,7 +56,6 @@ __all__ = [
 ]
 
 VAL_FRACTION = 0.1  # the held-out tail of --data when no --val-data is given
-TOKEN_SUFFIXES = (".bin", ".npy")
 BPE_VOCAB_SIZE = 10_000  # the handout's vocabulary, the default of --vocab-size
 _TOKEN_DTYPE = np.uint16
 
@@ -68,6 +70,8 @@ class Corpus:
         vocab_size: the model's vocabulary; every id in `train` and `val` is below it.
         tokenizer: decodes samples; None for a token file whose BPE tokenizer is unknown.
         val_source: where `val` came from, in words (for the summary).
+        eot_id: the end-of-text token that ends a document (`--eot-id`, or the tokenizer's);
+            None when there is none.
     """
 
     train: np.ndarray
@@ -75,6 +79,7 @@ class Corpus:
     vocab_size: int
     tokenizer: Tokenizer | None
     val_source: str
+    eot_id: int | None = None
 
 
 def default_cache_dir() -> Path:
@@ -95,6 +100,18 @@ def _check_exists(path: Path, flag: str) -> None:
         raise ValueError(f"{flag} {path}: no such file; give the path of a text or token file")
     if path.stat().st_size == 0:
         raise ValueError(f"{flag} {path} is empty; give a file with text (or tokens) in it")
+
+
+def check_sources(data: str | Path, val_data: str | Path | None) -> None:
+    """The checks of `--data` and `--val-data` that read nothing: each names a file, not empty
+    (made before the run's folder is, so that a mistyped path leaves none behind).
+
+    Raises:
+        ValueError: a missing or empty file.
+    """
+    _check_exists(Path(data), "--data")
+    if val_data is not None:
+        _check_exists(Path(val_data), "--val-data")
 
 
 def read_token_file(path: str | Path, *, flag: str = "--data") -> np.ndarray:
@@ -201,8 +218,10 @@ def load_corpus(
     out_dir: str | Path,
     cache_dir: str | Path,
     resume: bool = False,
+    eot_id: int | None = None,
 ) -> Corpus:
-    """Training and validation tokens of a run (see the module docstring), checked for use.
+    """Training and validation tokens of a run (see the module docstring), checked for use; a
+    BPE tokenizer trained on the text is saved in `out_dir` once they pass.
 
     Args:
         data: text or token file to train on.
@@ -217,6 +236,7 @@ def load_corpus(
         cache_dir: the token and tokenizer cache.
         resume: the run continues from its checkpoint in `out_dir`, whose tokenizer it keeps
             (a new run replaces one found there: `make_tokenizer`).
+        eot_id: the end-of-text id (`--eot-id`); None: the tokenizer's, if it has one.
 
     Raises:
         ValueError: any of the problems in the module docstring.
@@ -255,6 +275,7 @@ def load_corpus(
             out_dir=out_dir,
             cache_dir=cache_dir,
             resume=resume,
+            save=False,
         )
         vocab = tok.vocab_size
         train = tokens_of_text(text, tok, cache_dir=cache_dir)
@@ -279,7 +300,14 @@ def load_corpus(
             val = tokens_of_text(_read_text(val_path, "--val-data"), tok, cache_dir=cache_dir)
         _check_length(train, context_length, f"--data {data}")
         _check_length(val, context_length, f"--val-data {val_path}")
-    return Corpus(train=train, val=val, vocab_size=vocab, tokenizer=tok, val_source=source)
+    eot_id = eot_id if eot_id is not None else getattr(tok, "eot_id", None)
+    if eot_id is not None and not 0 <= eot_id < vocab:
+        raise ValueError(f"--eot-id {eot_id} is outside the vocabulary of {vocab}")
+    if not _is_token_file(data):
+        save_tokenizer(tok, out_dir)  # the data passed: the run's tokenizer goes beside it
+    return Corpus(
+        train=train, val=val, vocab_size=vocab, tokenizer=tok, val_source=source, eot_id=eot_id
+    )
 
 
 class Batches:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,6 +35,7 @@ def sample(
     top_p: float,
     seed: int,
     autocast_dtype: torch.dtype | None = None,
+    use_cache: bool | None = None,
 ) -> str:
     """`prompt` and `tokens` tokens sampled after it, decoded (see `lmcore.generate`).
 
@@ -46,6 +48,7 @@ def sample(
         top_p: nucleus sampling mass in (0, 1].
         seed: the sampling generator's seed.
         autocast_dtype: run the model under autocast in this dtype; None for none.
+        use_cache: decode with a KV cache (`lmcore.generate`'s; None: where fa2 is there).
 
     Raises:
         ValueError: the prompt encodes to no tokens.
@@ -57,8 +60,9 @@ def sample(
     generator = torch.Generator(device).manual_seed(seed)
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         out = lmcore.generate(
-            model, ids, tokens, temperature=temperature, top_p=top_p, generator=generator
-        )
+            model, ids, tokens, temperature=temperature, top_p=top_p, generator=generator,
+            use_cache=use_cache,
+        )  # fmt: skip
     return prompt + tokenizer.decode(out.tolist())
 
 
@@ -111,6 +115,7 @@ def run_parsed(
         precision = args.precision or (config["precision"] if device.type == "cuda" else "fp32")
         if PRECISIONS[precision].weights == "bf16":
             model = model.to(torch.bfloat16)
+        started = time.perf_counter()
         text = sample(
             model,
             tokenizer,
@@ -120,6 +125,14 @@ def run_parsed(
             top_p=chosen["top_p"],
             seed=chosen["seed"],
             autocast_dtype=autocast_dtype(precision),
+            use_cache=args.use_cache,
         )
+        seconds = time.perf_counter() - started  # the text is on the host: the work is done
     sys.stdout.write(text + "\n")
+    how = "with the KV cache" if args.use_cache else "without a KV cache (--no-cache)"
+    print(
+        f"bench-generate: {chosen['generate']} tokens in {seconds:.2f} s, "
+        f"{chosen['generate'] / seconds:,.1f} tokens/s {how} on {device}",
+        file=sys.stderr,
+    )
     return 0

@@ -29,7 +29,7 @@ import lmcore
 from bench.core.layouts import autocast_dtype, loss_scaled
 from bench.core.loss_scale import LossScaler
 from bench.core.memory import MIB, peak_memory
-from bench.core.model_runtime import loss_function
+from bench.core.model_runtime import loss_function, next_token_loss
 from bench.core.step import train_step
 from bench.core.torch_native import torch_native_model
 from bench.train import lm
@@ -42,14 +42,18 @@ from bench.train.faults import kill_point
 from bench.train.generate import sample
 from bench.train.parallel import TrainerParallel
 from bench.train.record import Recorder, mfu_function, profiled
-from bench.train.tokenizer import load_tokenizer
+from bench.train.tokenizer import EOT_TEXT, load_tokenizer, save_tokenizer
 
 __all__ = ["Trainer", "corpus_of", "train_on_rank"]
 
 
 def corpus_of(config: TrainConfig) -> Corpus:
-    """The run's tokens (tokenised now, or read from the cache) and tokenizer."""
-    return load_corpus(
+    """The run's tokens (tokenised now, or read from the cache) and tokenizer.
+
+    Raises:
+        ValueError: bad data (`load_corpus`), or `--pack` without an end-of-text token.
+    """
+    corpus = load_corpus(
         config.data,
         val_data=config.val_data,
         tokenizer=config.tokenizer,
@@ -57,8 +61,15 @@ def corpus_of(config: TrainConfig) -> Corpus:
         context_length=config.context_length,
         out_dir=config.out,
         cache_dir=config.cache_dir or default_cache_dir(),
-        resume=config.resume,
+        resume=bool(config.resume),
+        eot_id=config.eot_id,
     )
+    if config.pack and corpus.eot_id is None:
+        raise ValueError(
+            f"--pack: the tokenizer in --out {config.out} has no {EOT_TEXT} token (written "
+            "before it had one); start the run again in a new --out, or give --eot-id"
+        )
+    return corpus
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:
@@ -111,6 +122,8 @@ class Trainer:
         if dist.is_initialized() and self.primary:
             dist.barrier()
         self.batches = self._batches(self.corpus.train, seed=config.seed)
+        # where packed documents start (`--pack`); None: plain rows
+        self.eot_id = self.corpus.eot_id if config.pack else None
 
         self.model_config = config.model_config(vocab_size=self.corpus.vocab_size)
         self.raw = lm.build_model(
@@ -181,6 +194,7 @@ class Trainer:
                 loss_fn=self.loss_fn,
                 fused_loss=config.loss == "fused",
                 loss_scaler=self.loss_scaler,
+                eot_id=self.eot_id,
             )
 
     def _batches(self, tokens: Any, *, seed: int) -> Batches:
@@ -215,17 +229,20 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean validation loss over `--eval-batches` global batches, the same ones every time."""
+        """Mean validation loss over `--eval-batches` global batches, the same ones every time
+        (documents apart under `--pack`, as in training)."""
         c = self.config
         batches = self._batches(self.corpus.val, seed=c.seed + 1)
         dtype = autocast_dtype(c.precision)
         total = torch.zeros((), device=self.device)
-        for _ in range(c.eval_batches):
+        for _ in range(c.eval_batch_count):
             tokens = batches.next(self.device)
             with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
-                logits = self.model(tokens[:, :-1])
-            total += self.loss_fn(logits, tokens[:, 1:])
-        return _mean_over_ranks(total / c.eval_batches)
+                total += next_token_loss(
+                    self.model, tokens[:, :-1], tokens[:, 1:], fused=False,
+                    loss_fn=self.loss_fn, eot_id=self.eot_id,
+                )  # fmt: skip
+        return _mean_over_ranks(total / c.eval_batch_count)
 
     def save(self, step: int) -> None:
         """Write the checkpoint of `step` (every rank calls it)."""
@@ -301,6 +318,9 @@ class Trainer:
             stopped_by = "stop-after"
         tokens_per_s, mfu = recorder.speed()
         final = recorder.final()
+        model = self.final_model() if c.generate or c.export_hf else None
+        if model is not None and c.export_hf:
+            self.export(model)
         return {
             "final_train_loss": final.get("loss"),
             "final_val_loss": final.get("val_loss"),
@@ -309,7 +329,7 @@ class Trainer:
             "first_step_s": recorder.first_step_s,
             "tokens_per_s": tokens_per_s,
             "mfu": mfu,
-            "sample": self.sample(),
+            "sample": self.sample(model),
             "parameters": lmcore.count_parameters(self.model_config),
             "vocab_size": self.corpus.vocab_size,
             "val_source": self.corpus.val_source,
@@ -326,21 +346,33 @@ class Trainer:
             return None
         return {"loss_scale": scaler.get_scale(), "skipped_steps": scaler.skipped_steps}
 
-    def sample(self) -> str | None:
-        """`--generate` tokens after `--prompt` on rank 0 (None elsewhere, or without a tokenizer).
-
-        In the sharded modes the full weights are gathered first (every rank calls).
-        """
-        c = self.config
-        if not c.generate:
-            return None
+    def final_model(self) -> torch.nn.Module | None:
+        """The model with its full weights on rank 0 (None elsewhere): in the sharded modes
+        gathered first (a collective: every rank calls)."""
 
         def build() -> torch.nn.Module:
-            return lm.build_model(self.model_config, self.device, seed=c.seed)
+            return lm.build_model(self.model_config, self.device, seed=self.config.seed)
 
-        model = self.parallel.gathered_model(self.model, self.raw, build)
+        return self.parallel.gathered_model(self.model, self.raw, build)
+
+    def export(self, model: torch.nn.Module) -> None:
+        """Write `model` (`final_model`'s, on rank 0) as a Hugging Face Llama checkpoint to
+        `--export-hf`, with the BPE tokenizer (`tokenizer.json`) beside it; the end-of-text
+        token is its beginning and end of a sequence (GPT-2's convention)."""
+        c = self.config
+        eot = self.corpus.eot_id
+        lmcore.export_hf(model, c.export_hf, bos_token_id=eot, eos_token_id=eot)
         tokenizer = self.corpus.tokenizer or load_tokenizer(c.tokenizer, c.out)
-        if model is None or tokenizer is None:
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, c.export_hf)
+        self.recorder.say(f"exported a Hugging Face Llama checkpoint to {c.export_hf}")
+
+    def sample(self, model: torch.nn.Module | None) -> str | None:
+        """`--generate` tokens after `--prompt` from `model` (`final_model`'s) on rank 0 (None
+        elsewhere, or without a tokenizer)."""
+        c = self.config
+        tokenizer = self.corpus.tokenizer or load_tokenizer(c.tokenizer, c.out)
+        if not c.generate or model is None or tokenizer is None:
             return None
         return sample(
             model,

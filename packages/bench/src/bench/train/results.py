@@ -156,8 +156,9 @@ def speed_result(
     baseline: str,
     ceiling_tflops: float | None = None,
     notes: Sequence[str] = (),
+    topic: str = "train_speed",
 ) -> Path:
-    """Write `train_speed_*` for the (label, run folder) pairs under `out`; returns the `.md`.
+    """Write `<topic>_*` for the (label, run folder) pairs under `out`; returns the `.md`.
 
     Args:
         runs: the runs in table order; the rows are sorted fastest first.
@@ -165,6 +166,7 @@ def speed_result(
         baseline: the label whose tokens/s the ratios divide by.
         ceiling_tflops: a bf16 matmul's TFLOP/s measured on the same GPU (`matmul_tflops`).
         notes: sentences to add (e.g. how the runs were scheduled).
+        topic: the files' name before the device and date (`result_stem`).
     """
     run = speed_comparison(runs, baseline=baseline)
     run.notes.extend(notes)
@@ -177,7 +179,7 @@ def speed_result(
             "made only of such matmuls would show."
         )
     run.rows.sort(key=lambda r: -r["tokens_per_s"])
-    stem = Path(out) / result_stem("train_speed", run.env)
+    stem = Path(out) / result_stem(topic, run.env)
     run.plots.append(plot_speed(run, stem.with_suffix(".png")).name)
     save_json(run, stem.with_suffix(".json"))
     save_csv(run, stem.with_suffix(".csv"))
@@ -210,7 +212,8 @@ def run_parsed(
         if args.speed:
             ceiling = matmul_tflops() if args.measure_ceiling else None
             print(speed_result(args.speed, args.out, baseline=args.baseline,
-                               ceiling_tflops=ceiling, notes=args.note))  # fmt: skip
+                               ceiling_tflops=ceiling, notes=args.note,
+                               topic=args.speed_topic))  # fmt: skip
         if args.scaling:
             from bench.train.scaling import scaling_result  # imported on use: the table's own
 

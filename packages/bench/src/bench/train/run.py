@@ -51,10 +51,15 @@ from bench.core.launch import backend_for, is_primary, launch, under_torchrun
 from bench.core.layouts import NAMES_VERSION
 from bench.core.options import given_options
 from bench.core.plots import line_plot
-from bench.train.checkpoint import CheckpointWriteError, remove_checkpoints, resume_point
+from bench.train.checkpoint import (
+    CheckpointWriteError,
+    remove_checkpoints,
+    resolve_resume,
+    resume_point,
+)
 from bench.train.config import CONFIG_FILE, TrainConfig
 from bench.train.config_files import read_config_file
-from bench.train.data import Corpus
+from bench.train.data import Corpus, check_sources
 from bench.train.lock import hold
 from bench.train.loop import corpus_of, train_on_rank
 from bench.train.record import METRICS, PROFILE, TENSORBOARD
@@ -103,11 +108,12 @@ def prepare(config: TrainConfig) -> Corpus:
         ValueError: any bad input.
     """
     resume_point(config)
+    corpus = corpus_of(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     if not config.resume:
         _claim(out, overwrite=config.overwrite)
-    return corpus_of(config)
+    return corpus
 
 
 def _claim(out: Path, *, overwrite: bool) -> None:
@@ -136,6 +142,7 @@ def _owned(config: TrainConfig, command: str) -> Iterator[None]:
     if not is_primary():
         yield
         return
+    check_sources(config.data, config.val_data)  # a mistyped path: refused before --out exists
     with hold(config.out, command=command):
         prepare(config)
         yield
@@ -151,6 +158,7 @@ def run_train(config: TrainConfig, *, command: str | None = None) -> dict[str, A
         ValueError: bad input, or another run holds `--out`, before any training.
     """
     command = command if command is not None else command_line()
+    config = resolve_resume(config)
     with _owned(config, command):
         return _train_and_write(config, command=command)
 
@@ -233,7 +241,7 @@ def run_parsed(
     command = command_line(argv, prog=parser.prog)
     with contextlib.ExitStack() as stack:
         with usage_errors(parser):  # bad input ends here, as a usage error, before any training
-            config = config_from_args(args)
+            config = resolve_resume(config_from_args(args))
             stack.enter_context(_owned(config, command))
         try:
             summary = _train_and_write(config, command=command)

@@ -90,10 +90,10 @@ def speed_comparison(
 
     Returns:
         A `Run` (tool `"train_speed"`): a row per run with `tokens_per_s`, `mfu`, `vs_baseline`,
-        `final_train_loss`, the first step's time and what the run used (attention, compile,
-        optimizer, precision). Its environment is the baseline run's (device, versions, date,
-        git revision), so the table can be built on any machine from run folders copied off
-        the GPU.
+        `final_train_loss`, `final_val_loss`, the first step's time and what the run used
+        (attention, compile, optimizer, `--pack`). Its environment is the baseline run's
+        (device, versions, date, git revision), so the table can be built on any machine from
+        run folders copied off the GPU.
 
     Raises:
         ValueError: `baseline` is not one of the labels, a label is repeated, or a folder is
@@ -112,12 +112,14 @@ def speed_comparison(
                 "attention": c["attention"],
                 "compile": c["compile"],
                 "optimizer": c["optimizer"],
+                "pack": c.get("pack", False),  # recorded since --pack exists
                 "step": "torch-native" if c["baseline"] else "bench.core.step",
                 "tokens_per_s": summary["tokens_per_s"],
                 "mfu": summary["mfu"],
                 "vs_baseline": summary["tokens_per_s"] / reference,
                 "first_step_s": summary.get("first_step_s"),
                 "final_train_loss": summary["final_train_loss"],
+                "final_val_loss": summary["final_val_loss"],
             }
         )
     first = summaries[runs[0][0]]

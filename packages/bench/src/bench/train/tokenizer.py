@@ -4,7 +4,10 @@
 - `BPETokenizer`: a byte-level BPE (GPT-2's pre-tokenisation, bytes as the base alphabet, so
   every text encodes without unknown tokens) trained on the training text with the Hugging Face
   `tokenizers` library, and saved as one `tokenizer.json` beside the checkpoints, so that
-  generation and `--resume` decode with the same vocabulary.
+  generation and `--resume` decode with the same vocabulary. Its vocabulary holds GPT-2's
+  end-of-text token `<|endoftext|>` (`EOT_TEXT`, id `eot_id`) as a special token, as the
+  handout's tokenizer does: that text in the data (TinyStories' and OpenWebText's document
+  separator) is one token, which `--pack` splits documents at, and samples leave out.
 
 `make_tokenizer(kind, ...)` is the front door: it trains (or takes from the cache) and saves.
 Token ids are stored as uint16 (`bench.train.data`), so a vocabulary holds at most 65,536
@@ -22,18 +25,23 @@ from pathlib import Path
 from typing import Protocol
 
 __all__ = [
+    "EOT_TEXT",
     "MAX_VOCAB_SIZE",
     "TOKENIZERS",
     "TOKENIZER_FILE",
+    "TOKEN_SUFFIXES",
     "BPETokenizer",
     "ByteTokenizer",
     "Tokenizer",
     "load_tokenizer",
     "make_tokenizer",
+    "save_tokenizer",
 ]
 
 TOKENIZERS = ("bytes", "bpe")
 TOKENIZER_FILE = "tokenizer.json"  # a BPE tokenizer's file, in the run's output folder
+TOKEN_SUFFIXES = (".bin", ".npy")  # files of token ids (bench.train.data): nothing to tokenise
+EOT_TEXT = "<|endoftext|>"  # GPT-2's end of a document, a special token of every BPE here
 MAX_VOCAB_SIZE = 2**16  # ids are stored as uint16
 # Text goes to the BPE encoder in pieces of about this many characters (whole lines), so that
 # `encode_batch` spreads the work over the cores and memory stays bounded.
@@ -45,6 +53,7 @@ class Tokenizer(Protocol):
 
     kind: str
     vocab_size: int
+    eot_id: int | None  # the end-of-text token (`EOT_TEXT`); None: the vocabulary has none
 
     def encode(self, text: str) -> list[int]:
         """The token ids of `text`."""
@@ -64,6 +73,7 @@ class ByteTokenizer:
 
     kind = "bytes"
     vocab_size = 256
+    eot_id = None  # every id is a byte
 
     def encode(self, text: str) -> list[int]:
         """The UTF-8 bytes of `text`."""
@@ -89,10 +99,13 @@ class BPETokenizer:
     def __init__(self, tokenizer: object) -> None:
         self._tokenizer = tokenizer
         self.vocab_size: int = tokenizer.get_vocab_size()
+        # None for a tokenizer.json written before the end-of-text token was a special token
+        self.eot_id: int | None = tokenizer.token_to_id(EOT_TEXT)
 
     @classmethod
     def train(cls, text: str, vocab_size: int) -> BPETokenizer:
-        """Learn merges on `text` until the vocabulary holds `vocab_size` tokens (or none is left).
+        """Learn merges on `text` until the vocabulary holds `vocab_size` tokens (or none is left),
+        `EOT_TEXT` among them.
 
         Raises:
             ValueError: `vocab_size` is below 257 (the 256 bytes and one merge) or above 65,536.
@@ -112,6 +125,7 @@ class BPETokenizer:
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=[EOT_TEXT],
             show_progress=False,
         )
         tokenizer.train_from_iterator(_chunks(text), trainer=trainer, length=None)
@@ -182,8 +196,10 @@ def make_tokenizer(
     out_dir: str | Path,
     cache_dir: str | Path | None = None,
     resume: bool = False,
+    save: bool = True,
 ) -> Tokenizer:
-    """The tokenizer of a run, trained on `text` if needed, and saved in `out_dir`.
+    """The tokenizer of a run, trained on `text` if needed, and saved in `out_dir` (or by
+    `save_tokenizer` later, once the data has passed its checks: without `save`).
 
     A resumed run (`resume`) uses the BPE tokenizer saved in `out_dir` as it is (its checkpoint
     vouches for it: `bench.train.checkpoint`). A new run never does: a `tokenizer.json` that
@@ -198,6 +214,7 @@ def make_tokenizer(
         out_dir: the run's folder, where a BPE tokenizer is saved.
         cache_dir: where trained tokenizers are kept between runs; None for no cache.
         resume: the run continues from a checkpoint in `out_dir`.
+        save: write the tokenizer to `out_dir` now.
 
     Raises:
         ValueError: an unknown kind or a vocabulary size a BPE cannot have.
@@ -211,7 +228,8 @@ def make_tokenizer(
         return BPETokenizer.load(saved)
     cached = None
     if cache_dir is not None:
-        key = hashlib.sha256(json.dumps([vocab_size]).encode() + text.encode()).hexdigest()[:16]
+        what = json.dumps([vocab_size, EOT_TEXT]).encode()  # a change of either is a new BPE
+        key = hashlib.sha256(what + text.encode()).hexdigest()[:16]
         cached = Path(cache_dir) / f"bpe-{vocab_size}-{key}.json"
     if cached is not None and cached.is_file():
         tokenizer = BPETokenizer.load(cached)
@@ -219,8 +237,15 @@ def make_tokenizer(
         tokenizer = BPETokenizer.train(text, vocab_size)
         if cached is not None:
             _save_atomically(tokenizer, cached)
-    _save_atomically(tokenizer, saved)
+    if save:
+        save_tokenizer(tokenizer, out_dir)
     return tokenizer
+
+
+def save_tokenizer(tokenizer: Tokenizer, out_dir: str | Path) -> None:
+    """Write a BPE tokenizer to `out_dir` (its `TOKENIZER_FILE`); bytes need no file."""
+    if isinstance(tokenizer, BPETokenizer):
+        _save_atomically(tokenizer, Path(out_dir) / TOKENIZER_FILE)
 
 
 def _save_atomically(tokenizer: BPETokenizer, path: Path) -> None:
