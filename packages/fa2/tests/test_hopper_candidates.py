@@ -198,12 +198,12 @@ def test_no_list_defaults_to_a_warp_specialised_tile():
             assert not tiles[0].ws, (name, family)
 
 
-def test_forcing_a_warp_specialised_tile_warns_once_citing_the_screen(monkeypatch):
+def test_forcing_a_warp_specialised_tile_warns_once_citing_the_gpu_diagnosis(monkeypatch):
     monkeypatch.setattr(configs, "INTERPRET", False)  # the GPU tables
     monkeypatch.setattr(configs, "_warned", set())
     ws = next(t for t in configs.FORWARD["16bit_d128"] if t.ws)
     monkeypatch.setenv("FA2_TILES", f"forward={ws}")
-    with pytest.warns(UserWarning, match=r"forward tile .*fa2_hopper_screen_h200_2026-11-28\.md"):
+    with pytest.warns(UserWarning, match=r"forward tile .*fa2_ws_diagnose_h200_2026-11-28\.md"):
         assert _default("forward", 128) == ws
     with warnings.catch_warnings():
         warnings.simplefilter("error")
