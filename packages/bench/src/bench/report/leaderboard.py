@@ -1,10 +1,12 @@
-"""§9 of the 2026 handout: the leaderboard's training step, as far as one GPU measures it.
+"""§9 of the 2026 handout: the leaderboard's training step, on one GPU and on two.
 
 The leaderboard times a full step of its 8B model (34 blocks, context 32,768, batch 2, bf16) on
 two B200s. What this project measured and predicts instead, each cited with its file:
 
-- `step_leaderboard_*` (bench-step): the model cut to the blocks that fit one GPU, ours beside a
-  torch-native step: the time ratio, where the time goes, MFU;
+- `step_leaderboard_*` (bench-step): the full step on two GPUs (`--preset leaderboard-2026`:
+  ours on zero.FSDP and on ZeRO-1 beside the torch-native step on FSDP2), and the model cut to
+  the blocks that fit one GPU, ours beside a torch-native step: the time ratio, where the time
+  goes, MFU;
 - `flash_leaderboard_*` (bench-flash): the attention alone at the leaderboard's shape, fa2
   beside SDPA's flash and cuDNN backends;
 - `ops_*` (bench-ops): the two tricks the handout's list suggests that are not attention, the
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from bench.core.hardware import peak_tflops
 from bench.report.document import Block, Paragraph
-from bench.report.results import Results, Rows, fmt, num, ok
+from bench.report.results import SOURCE, Results, Rows, fmt, num, ok
 from bench.report.single_gpu import said
 from bench.tools import flash, ops, plan, step
 from lmcore import MODEL_SIZES
@@ -31,21 +33,23 @@ _BLOCKS = MODEL_SIZES[_MODEL].num_layers
 # What the full step needs, said where nothing measured it.
 FULL_RUN = (
     "two GPUs: the leaderboard's own two B200s, or for bench-step's `--preset "
-    f"leaderboard-2026` (the {_BLOCKS}-block model, batch 2 over two ranks, ZeRO-1, lmcore's "
-    "fused AdamW) two GPUs of at least 140 GB such as two H200s"
+    f"leaderboard-2026` (the {_BLOCKS}-block model, batch 2 over two ranks, ours on zero.FSDP "
+    "and on ZeRO-1 beside FSDP2) two GPUs of at least 140 GB such as two H200s"
 )
 
 
 def answer_leaderboard(res: Results) -> list[Block]:
     """What was run on one GPU, its ratio to torch, where the time goes, MFU, the attention
     and fused-op comparisons, the prediction for the full step, and what was not run."""
+    full = _full_step(res)
     out = [
+        *full,
         *_step(res),
         *_attention(res),
         *_fused_ops(res),
         *_prediction(res),
     ]
-    if out:
+    if out and not full:
         step_runs = res.runs("step", stem="step_leaderboard")
         when = (
             f" for the runs of {str(step_runs[-1].run.date)[:10]}, made on one "
@@ -63,8 +67,74 @@ def answer_leaderboard(res: Results) -> list[Block]:
     return out
 
 
+def _is_full(row: dict) -> bool:
+    """A row of the full step: every block, on two ranks or more."""
+    return row.get(step_keys.num_layers) == _BLOCKS and (row.get("world_size") or 1) > 1
+
+
+def _newest(rows: Rows) -> Rows:
+    """The rows of the newest result file among `rows`."""
+    if not rows:
+        return []
+    newest = max(r[SOURCE] for r in rows)
+    return [r for r in rows if r[SOURCE] == newest]
+
+
+# How the full step's layouts are named in prose.
+_LAYOUT_NAMES = {
+    "fsdp": "zero.FSDP (the blocks, the embedding and the LM head as units)",
+    "zero1": "ZeRO-1 (ddp.DDPBucketed + zero.ShardedOptimizer)",
+    "fsdp:torch": "torch's FSDP2",
+}
+
+
+def _full_step(res: Results) -> list[Block]:
+    """The full step on two GPUs or more: each row's time, first step and peak, ours as ratios
+    to the torch-native row."""
+    rows = _newest([r for r in ok(res.rows("step", stem="step_leaderboard")) if _is_full(r)])
+    ours = [r for r in rows if r[step_keys.impl] == "ours" and num(r, step_keys.step_ms)]
+    native = [r for r in rows if r[step_keys.impl] == "torch-native" and num(r, step_keys.step_ms)]
+    if not ours:
+        return []
+    first = ours[0]
+    device = res.record_of(first).run.env.get("device_name")
+    world = first.get("world_size")
+
+    def row_text(r: dict) -> str:
+        layout = _LAYOUT_NAMES.get(r.get("layout"), r.get("layout"))
+        text = (
+            f"{layout}: {fmt(r[step_keys.step_ms])} ms a step (first step "
+            f"{fmt(r[step_keys.first_step_ms])} ms), peak {fmt(r[step_keys.peak_mib])} MiB on "
+            "the busiest rank"
+        )
+        if num(r, step_keys.time_vs_native) and num(r, step_keys.peak_vs_native):
+            text += (
+                f", {r[step_keys.time_vs_native]:.2f}× the torch-native step's time and "
+                f"{r[step_keys.peak_vs_native]:.2f}× its peak"
+            )
+        return text
+
+    text = (
+        f"The full step, measured: all {_BLOCKS} blocks, batch "
+        f"{first[step_keys.batch] * world} over {world} {device} GPUs, "
+        f"{first[step_keys.ctx]:,} tokens a sequence, {first[step_keys.precision]}, each block "
+        f"compiled, {first[step_keys.activation_checkpointing]} checkpointing. Ours "
+        f"({first[step_keys.attention]} attention, {first[step_keys.loss]} loss, "
+        f"{first[step_keys.optimizer]} AdamW with moments in the parameters' dtype) on "
+        + "; on ".join(row_text(r) for r in ours)
+        + "."
+    )
+    if native:
+        n = native[0]
+        text += (
+            f" The torch-native step ({n[step_keys.attention]} attention, {n[step_keys.loss]} "
+            f"cross-entropy, {n[step_keys.optimizer]} AdamW) on {row_text(n)}."
+        )
+    return [said(res, text, [*ours, *native])]
+
+
 def _step(res: Results) -> list[Block]:
-    rows = ok(res.rows("step", stem="step_leaderboard", latest=True))
+    rows = _newest([r for r in ok(res.rows("step", stem="step_leaderboard")) if not _is_full(r)])
     ours = [r for r in rows if r[step_keys.impl] == "ours" and num(r, step_keys.step_ms)]
     native = [r for r in rows if r[step_keys.impl] == "torch-native" and num(r, step_keys.step_ms)]
     if not ours:
