@@ -178,6 +178,30 @@ def test_leaderboard_presents_the_one_gpu_step_and_the_prediction(save, tmp_path
         assert f"Source: `{stem}_" in section  # each shown in this section
 
 
+def test_leaderboard_puts_a_committed_full_step_first_and_keeps_the_one_gpu_step(save, tmp_path):
+    _leaderboard_results(save)
+    full = {"size": "leaderboard-8b", "num_layers": 34, "world_size": 2, "ctx": 32768, "batch": 1,
+            "precision": "bf16", "activation_checkpointing": "blocks", "compiled": True,
+            "status": "ok"}  # fmt: skip
+    rows = [
+        {**full, "impl": "ours", "layout": "fsdp", "attention": "fa2-triton", "loss": "fused",
+         "optimizer": "lmcore-fused", "step_ms": 6206.0, "first_step_ms": 19963.0,
+         "peak_mib": 40656.5, "time_vs_native": 1.07, "peak_vs_native": 0.7086},
+        {**full, "impl": "torch-native", "layout": "fsdp:torch", "attention": "sdpa",
+         "loss": "chunked", "optimizer": "torch-fused", "step_ms": 5801.0,
+         "first_step_ms": 14195.0, "peak_mib": 57372.9},
+    ]  # fmt: skip
+    save("step_leaderboard_2xh100_2026-11-28", "step", rows, date="2026-11-28")  # same GPU
+    section = _section(build_report(tmp_path), "leaderboard")
+    assert "The full step, measured: all 34 blocks, batch 2 over 2 " in section
+    assert "zero.FSDP (the blocks, the embedding and the LM head as units): 6,206 ms" in section
+    assert "1.07× the torch-native step's time and 0.71× its peak" in section
+    assert "on torch's FSDP2: 5,801 ms a step (first step 14,195 ms)" in section
+    assert "Not run: the leaderboard's own measurement" not in section
+    assert "cut to 19 of its 34 blocks" in section  # the one-GPU step, from its own file
+    assert section.index("The full step, measured") < section.index("cut to 19 of its 34")
+
+
 def test_memory_without_timelines_says_so_and_shows_an_earlier_runs(save, tmp_path):
     def rows(size, ctx):
         return [

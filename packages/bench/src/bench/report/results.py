@@ -59,6 +59,8 @@ SOURCE = "_source"
 # follows it, then the device (a chip's model number, `2xh200` for two, or `cpu`).
 _DATED = re.compile(r"_\d{4}-\d{2}-\d{2}.*$")
 _DEVICE = re.compile(r"_(?:\d+x)?(?:[abhl]\d{2,3}|cpu)$")
+# The GPU count a result's name gives its device (`_2xh200_`); one where it gives none.
+_GPUS = re.compile(r"_(\d+)x[abhl]\d{2,3}_")
 
 # The keys that say what a row measured (not what it found), for the tools whose results are
 # grids that later runs may measure again in other files: a result all of whose cells newer
@@ -210,6 +212,7 @@ def _superseded(records: Sequence[Record]) -> dict[Path, list[Record]]:
             if r.path not in out
             and r.run.tool == old.run.tool
             and _device(r) == _device(old)
+            and _gpus(r.path) == _gpus(old.path)  # two GPUs' run replaces no one-GPU run
             and str(r.run.date) > str(old.run.date)
         ]
         same = [r for r in newer if topic(r.path) == topic(old.path)]
@@ -221,6 +224,11 @@ def _superseded(records: Sequence[Record]) -> dict[Path, list[Record]]:
             if cells <= set().union(*(_cells(r) for r in covering)):
                 out[old.path] = covering
     return out
+
+
+def _gpus(path: Path) -> int:
+    found = _GPUS.search(path.name)
+    return int(found[1]) if found else 1
 
 
 def _hand_written(path: Path) -> Record | None:
