@@ -105,7 +105,11 @@ def answer_fp16(res: Results) -> list[Block]:
             f"{row['precision']} ends at validation loss {fmt(row['final_val_loss'])}, "
             f"{relative:+.2%} from {ref['precision']}'s {fmt(ref['final_val_loss'])}, after "
             f"{row['steps']} steps"
-            + ("" if skipped is None else f" of which {skipped} were skipped for overflow")
+            + (
+                ""
+                if skipped is None
+                else f" of which {skipped} {'was' if skipped == 1 else 'were'} skipped for overflow"
+            )
         )
     return [said(res, "; ".join(parts) + ".", rows)]
 
