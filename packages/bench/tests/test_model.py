@@ -8,7 +8,6 @@ import torch
 import bench.tools.model
 import lmcore
 from bench.commands.model import COMMAND, main
-from bench.core.nvtx import annotated_attention
 from bench.core.oom import OK, OOM
 from bench.core.results import load_json
 from bench.core.shapes import shape_named
@@ -20,6 +19,7 @@ from bench.tools.model import (
     run_model,
     run_warmup_study,
 )
+from bench.tools.model.annotated import annotated_attention
 from lmcore import ModelSize, get_attention, naive_attention
 
 

@@ -1,7 +1,7 @@
 """The shared model options (`bench.core.model_options`), the torch-native step's pieces
-(`bench.core.torch_native`), the memory split of a step (`bench.core.step_memory`), and the
+(`bench.core.torch_native`), the memory split of a step (`bench.tools.step.memory`), and the
 plumbing bench-step adds to bench-plan's (`largest_num_layers`, lmcore-fused's moments) and to
-the hardware table (`matmul_ceiling`)."""
+the hardware table (bench-step's `matmul_ceiling`)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ import torch
 import torch.nn.functional as F
 
 import lmcore
-from bench.core.hardware import matmul_ceiling
+from bench.core.memory import tensor_bytes
 from bench.core.model_options import checkpointing_spec, with_depth
 from bench.core.model_runtime import build_optimizer, next_token_loss, optimizer_class
 from bench.core.step import train_step
-from bench.core.step_memory import PhaseReadings, breakdown, tensor_bytes
 from bench.core.torch_native import TorchNativeLM, chunked_cross_entropy
 from bench.plan.fit import largest_num_layers
 from bench.plan.memory import TrainingPlan, estimate_memory
+from bench.tools.step.full_step import matmul_ceiling
+from bench.tools.step.memory import PhaseReadings, breakdown
 
 # vocabulary 61, context 13, d 16, 3 layers of 2 heads, d_ff 40: odd sizes, milliseconds a step
 TINY = lmcore.ModelConfig(

@@ -1,13 +1,15 @@
-"""Profile tables: kernels ranked by their own time per phase, ranges kept apart as ranges."""
+"""Profile tables: kernels ranked by their own time per phase, ranges kept apart as ranges
+(bench-model's `bench.tools.model.profile`); a collective's share beside compute
+(`bench.core.profiling`)."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from bench.core.profiling import (
+from bench.core.profiling import collective_overlap
+from bench.tools.model.profile import (
     AttentionShape,
     attention_flops,
-    collective_overlap,
     kernel_category,
     profile_rows,
 )

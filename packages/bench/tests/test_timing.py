@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from bench.core.timing import Summary, do_bench, elapsed_ms, summarize, time_fn, time_with_setup
+from bench.core.timing import Summary, do_bench, elapsed_ms, summarize, time_fn
+from bench.tools.attn import time_with_setup
 
 CPU = torch.device("cpu")
 SLEEP_S = 0.004  # long enough to dominate timer overhead, short enough for CI

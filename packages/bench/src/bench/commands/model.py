@@ -30,7 +30,7 @@ timed steps under `torch.profiler` and writes, per configuration, a Chrome/Perfe
 operators without a GPU), ranked by total time per phase (forward, backward, optimizer, whole
 step) with the share of matmuls, softmax, elementwise kernels and the optimizer, and the
 `record_function` ranges reported separately, as ranges: softmax against the two matmuls inside
-naive attention comes from the same profile (see `bench.core.profiling`).
+naive attention comes from the same profile (see `bench.tools.model.profile`).
 `--warmup-study` re-runs the configuration in fresh processes with 0, 1, 2 and 5 warm-up steps.
 `--study residuals` measures what one TransformerBlock of each size saves for backward (the
 handout's §2.1.6 (f) and §3.1): the bytes by operation, the five largest with their share, with

@@ -29,7 +29,7 @@ else the data sheet's peak; causal attention counted as half the scores, recompu
 all), the time of each phase (forward, backward with its recomputation, optimizer) and of the
 attention (the backend alone at the step's shape, times the blocks, plus a forward per
 recomputed block), and the peak memory with what it is made of: parameters, gradients,
-optimizer state, activations, rest (`bench.core.step_memory`; the busiest rank's). Out of
+optimizer state, activations, rest (`bench.tools.step.memory`; the busiest rank's). Out of
 memory is a row, not a crash. Rows carry the keys `bench-plan --check` reads, so its
 predictions can sit beside these measurements.
 

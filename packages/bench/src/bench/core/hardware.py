@@ -23,7 +23,6 @@ __all__ = [
     "MEASURED_MATMUL_TFLOPS",
     "find_gpu",
     "gpu_named",
-    "matmul_ceiling",
     "matmul_format",
     "peak_tflops",
 ]
@@ -162,20 +161,3 @@ def peak_tflops(device_name: str, fmt: str) -> float | None:
     """The dense peak TFLOP/s of `device_name` for matmuls in `fmt`, or None if unknown."""
     gpu = find_gpu(device_name)
     return None if gpu is None else gpu.peaks.get(fmt)
-
-
-def matmul_ceiling(device_name: str, fmt: str) -> tuple[float, str] | None:
-    """The matmul rate MFU is taken against: `(TFLOP/s, where it comes from)`, or None.
-
-    The rate measured on this project's GPUs (`MEASURED_MATMUL_TFLOPS`, by the GPU's short
-    name) where there is one for `fmt`, else the data sheet's dense peak (`peak_tflops`); None
-    for a device in neither table.
-    """
-    gpu = find_gpu(device_name)
-    if gpu is None:
-        return None
-    measured = MEASURED_MATMUL_TFLOPS.get(gpu.name, {}).get(fmt)
-    if measured is not None:
-        return measured, f"measured {fmt} matmul ceiling of the {gpu.name}"
-    peak = gpu.peaks.get(fmt)
-    return None if peak is None else (peak, f"data-sheet dense {fmt} peak")

@@ -61,7 +61,6 @@ __all__ = [
     "DTYPES",
     "FAMILIES",
     "LAYOUTS",
-    "NAMES_VERSION",
     "PRECISIONS",
     "Layout",
     "Precision",
@@ -73,7 +72,6 @@ __all__ = [
     "loss_scaled",
     "parse_name",
     "planned_precision",
-    "recorded_config",
     "renamed_row",
     "resolve",
 ]
@@ -451,16 +449,3 @@ def renamed_row(tool: str, row: Mapping[str, Any]) -> dict[str, Any]:
             if key == "variant" and isinstance(case, str) and case.startswith(value):
                 new["case"] = renames[value] + case[len(value) :]
     return new
-
-
-# The vocabulary's version. bench-train's summaries and checkpoints record it under `names`
-# (results, under their schema: `bench.core.results.SCHEMA`); a record without it holds the names
-# from before (`none`, `bucketed`, `zero`, `torch-fsdp`; `bf16` for autocast).
-NAMES_VERSION = 2
-
-
-def recorded_config(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The configuration in a bench-train record (a summary, or a checkpoint's `extra`), in the
-    current names whatever version wrote it."""
-    config = dict(record["config"])
-    return config if record.get("names") == NAMES_VERSION else renamed_row("train", config)

@@ -16,8 +16,11 @@ Example::
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterable
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = [
     "GIB",
@@ -26,6 +29,7 @@ __all__ = [
     "memory_in_use",
     "peak_memory",
     "reset_peak_memory",
+    "tensor_bytes",
     "to_mib",
 ]
 
@@ -74,3 +78,20 @@ def free_memory(device: torch.device | str) -> None:
 def to_mib(num_bytes: int | None) -> float | None:
     """Bytes to MiB, passing None through (so CPU rows stay empty instead of failing)."""
     return None if num_bytes is None else num_bytes / MIB
+
+
+def tensor_bytes(tensors: Iterable[Any], device: torch.device | str) -> int:
+    """Bytes of the distinct tensors among `tensors` that live on `device` (shared storage once).
+
+    A DTensor (torch FSDP2's parameters, gradients and optimizer state) counts its local shard;
+    anything that is not a tensor (None, a step count kept as a number) counts nothing.
+    """
+    device = torch.device(device)
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if is_traceable_wrapper_subclass(t) and hasattr(t, "to_local"):
+            t = t.to_local()
+        on_device = isinstance(t, torch.Tensor) and t.device.type == device.type
+        if on_device and device.index in (None, t.device.index):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())

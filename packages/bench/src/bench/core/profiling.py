@@ -1,246 +1,49 @@
-"""Profile tables: kernels ranked by their own time, ranges reported as ranges.
+"""Collectives beside compute, read off a profile: how much of a collective's kernel time ran
+while a compute kernel ran too.
 
-`torch.profiler`'s `key_averages()` puts three kinds of entries in one list: `record_function`
-ranges (on the CPU, and again as GPU-side annotations whose "device time" is the whole span of
-the range), aten operators (whose device time is that of the kernels they launched), and the
-CUDA kernels themselves. Ranking that list by device time puts a range such as `forward` at the
-top as if it were a kernel, and counts every kernel twice (once under its operator). This
-module reads the profiler's raw events instead and keeps the kinds apart:
-
-- **kernels** (on a CPU, operators by their own CPU time): each CUDA kernel once, attributed
-  through its launch (the correlation the profiler records between a kernel and the operator
-  that launched it) to the phase whose range was open on the CPU when the operator started:
-  `forward`, `backward` (autograd's thread runs while the main thread waits inside the
-  `backward` range) or `optimizer`;
-- **categories**: each phase's kernel time split into matrix multiplications, softmax,
-  elementwise (and other memory-bound) kernels and, for the `optimizer` phase, the optimizer;
-- **ranges**: each `record_function` range by name, with its wall time on the CPU (the tools
-  synchronise the device at the end of each phase range, so it includes the GPU's work) and
-  the kernel time launched inside it; the attention ranges (`attention: scores` / `softmax` /
-  `output`, see `bench.core.nvtx`) carry their FLOPs, so softmax can be set against the two
-  matmuls from the same profile.
-
-`profile_rows(events, ...)` is pure: it takes the event objects (`prof.events()`, or any
-objects with the same attributes) and returns rows, so the ranking is tested without a GPU.
-So is `collective_overlap(events, collective=...)`: how much of a collective's kernel time
-(NCCL's all-gathers, say) ran while a compute kernel ran too, from the kernels' device-side
-start and end times.
+`collective_overlap(events, collective=...)` is pure: it takes the profiler's events
+(`prof.events()`, or any objects with the same attributes) and returns the share of a
+collective's kernel time (NCCL's all-gathers, say) spent beside compute, from the kernels'
+device-side start and end times, so it is tested without a GPU. `traced_step` profiles one step
+on rank 0 and returns that share (bench-ddp and bench-zero); `merged_spans` and `overlap_share`
+are its interval arithmetic, which bench-report applies to a recorded trace. bench-model's
+kernel tables, which read the same events, are `bench.tools.model.profile`.
 """
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import re
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.core.env import device_name
-from bench.core.results import Keys, Run, save_json, to_markdown
 from bench.core.timing import elapsed_ms
 
 __all__ = [
-    "ATTENTION_RANGES",
-    "CATEGORIES",
-    "PHASES",
-    "PROFILE_COLUMNS",
-    "PROFILE_KEYS",
-    "AttentionShape",
-    "attention_flops",
     "collective_overlap",
-    "kernel_category",
+    "is_range",
     "merged_spans",
+    "on_cpu",
     "overlap_share",
-    "profile_rows",
-    "profiled",
-    "save_profile",
     "traced_step",
 ]
 
-PHASES = ("forward", "backward", "optimizer")
-ATTENTION_RANGES = ("attention: scores", "attention: softmax", "attention: output")
-CATEGORIES = ("matmul", "softmax", "elementwise", "optimizer", "other")
-
-PROFILE_COLUMNS = ["cell", "kind", "phase", "name", "category", "calls", "total_ms", "share"]
-# Every key of a profile row, for readers (bench-report).
-PROFILE_KEYS = Keys(*PROFILE_COLUMNS, "kernel_ms", "flops")
-
-# Kernels (and, on a CPU, operators) by what they do. cuBLAS names its Hopper kernels `nvjet_*`,
-# older ones `*gemm*` / `*xmma*`; CUTLASS's carry `cutlass`.
-_MATMUL = re.compile(
-    r"gemm|matmul|cutlass|xmma|nvjet|wgmma|cublas|aten::(mm|addmm|bmm|linear|baddbmm)\b",
-    re.IGNORECASE,
-)
-_SOFTMAX = re.compile(r"softmax", re.IGNORECASE)
-_ELEMENTWISE = re.compile(
-    r"elementwise|vectorized|unrolled|reduce|copy|fill|cat|index|where|masked|pow|rsqrt|silu|"
-    r"sigmoid|mul|add|div|sub|exp|neg|mean|sum|amax|max|min|norm|triu|tril|embedding|stack|clone|"
-    r"to_copy",
-    re.IGNORECASE,
-)
-
-_TOP_PER_PHASE = 15  # kernel rows kept per phase (the categories cover the rest)
 # NCCL names its kernels `ncclDevKernel_AllGather_RING_LL(...)` (older: `ncclKernel_...`);
 # copies and fills are the copy engines' or trivial, neither communication nor compute.
 _NCCL = re.compile(r"^nccl", re.IGNORECASE)
 _NOT_COMPUTE = re.compile(r"^(memcpy|memset)", re.IGNORECASE)
 
 
-def kernel_category(name: str, *, phase: str | None = None) -> str:
-    """The category of a kernel (or CPU operator): one of `CATEGORIES`.
-
-    Everything that runs inside the `optimizer` phase is the optimizer's; elsewhere the name
-    decides (matmul, softmax, elementwise and other memory-bound kernels, else `other`).
-    """
-    if phase == "optimizer":
-        return "optimizer"
-    if _MATMUL.search(name):
-        return "matmul"
-    if _SOFTMAX.search(name):
-        return "softmax"
-    if _ELEMENTWISE.search(name):
-        return "elementwise"
-    return "other"
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """What one call of naive attention computes: for the FLOPs of its annotated stages."""
-
-    batch: int
-    heads: int
-    seq: int
-    head_dim: int
-
-
-def attention_flops(shape: AttentionShape) -> dict[str, float]:
-    """FLOPs of one call of each annotated attention stage (forward).
-
-    `scores` is q·kᵀ (`2·B·H·S²·d`, the scale and mask are S²-sized elementwise work beside it),
-    `output` is weights·v (`2·B·H·S²·d`), `softmax` is about five operations per score (max,
-    subtract, exp, sum, divide): `5·B·H·S²`.
-    """
-    s2 = shape.batch * shape.heads * shape.seq * shape.seq
-    return {
-        "attention: scores": 2.0 * s2 * shape.head_dim,
-        "attention: softmax": 5.0 * s2,
-        "attention: output": 2.0 * s2 * shape.head_dim,
-    }
-
-
-@dataclass(frozen=True)
-class _Timed:
-    """One unit of measured work: a kernel (CUDA) or an operator's own CPU time."""
-
-    name: str
-    us: float
-    cpu_start: float  # when the launching operator started on the CPU (us)
-    phase: str | None = None  # the phase range open at `cpu_start`, if any
-
-
-class _Intervals:
-    """The CPU-side intervals of one range name, for 'which range was open at time t'."""
-
-    def __init__(self, spans: Iterable[tuple[float, float]]) -> None:
-        self.spans = sorted(spans)
-        self.starts = [s for s, _ in self.spans]
-
-    def contains(self, t: float) -> bool:
-        i = bisect.bisect_right(self.starts, t) - 1
-        return i >= 0 and self.spans[i][0] <= t <= self.spans[i][1]
-
-
-def _is_range(event: Any) -> bool:
+def is_range(event: Any) -> bool:
+    """Whether a profiler event is a `record_function` range (not work)."""
     return bool(getattr(event, "is_user_annotation", False))
 
 
-def _on_cpu(event: Any) -> bool:
+def on_cpu(event: Any) -> bool:
+    """Whether a profiler event is the CPU side of an event (not its device-side copy)."""
     return str(getattr(event, "device_type", "CPU")).rsplit(".", 1)[-1] == "CPU"
-
-
-def _work(events: Sequence[Any], *, on_cuda: bool) -> list[_Timed]:
-    """Kernels (through the operators that launched them) or operators' own CPU time."""
-    out = []
-    for e in events:
-        if not _on_cpu(e) or _is_range(e):
-            continue  # GPU-side copies of events, and ranges, are not work
-        start = e.time_range.start
-        if on_cuda:
-            out.extend(_Timed(k.name, float(k.duration), start) for k in e.kernels)
-        elif e.self_cpu_time_total > 0:
-            out.append(_Timed(e.name, float(e.self_cpu_time_total), start))
-    return out
-
-
-def profile_rows(
-    events: Sequence[Any],
-    *,
-    cell: str,
-    on_cuda: bool,
-    attention: AttentionShape | None = None,
-    top: int = _TOP_PER_PHASE,
-) -> list[dict[str, Any]]:
-    """The profile of one configuration as rows (`PROFILE_COLUMNS`); times in ms.
-
-    Args:
-        events: the profiler's events, `prof.events()` (objects with `name`, `device_type`,
-            `is_user_annotation`, `time_range.start/.end` in µs, `kernels` (each with `name`
-            and `duration` in µs) and `self_cpu_time_total`).
-        cell: the configuration's label, written in every row.
-        on_cuda: rank CUDA kernels (True) or CPU operators by their own time (False).
-        attention: the shape of one naive-attention call, to give the attention ranges FLOPs.
-        top: kernel rows kept per phase.
-
-    Returns:
-        Rows of four kinds: `range` (each range name: calls, wall ms on the CPU, `kernel_ms`
-        launched inside, `flops` for attention stages), `kernel` or `operator` (per phase and
-        for the whole step, `phase="all"`: the `top` largest by total time with their share of
-        the phase), and `category` (per phase: the share of each of `CATEGORIES`).
-
-    Example::
-
-        rows = profile_rows(prof.events(), cell="small_ctx256", on_cuda=True)
-    """
-    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for e in events:
-        if _is_range(e) and _on_cpu(e):
-            spans[e.name].append((e.time_range.start, e.time_range.end))
-    intervals = {name: _Intervals(s) for name, s in spans.items()}
-    work = _work(events, on_cuda=on_cuda)
-    kind = "kernel" if on_cuda else "operator"
-
-    def inside(name: str) -> list[_Timed]:
-        found = intervals.get(name)
-        return [w for w in work if found is not None and found.contains(w.cpu_start)]
-
-    by_phase = {p: inside(p) for p in PHASES if p in intervals}
-    phase_of = {id(w): p for p, items in by_phase.items() for w in items}
-    work = [replace(w, phase=phase_of.get(id(w))) for w in work]
-    by_phase = {p: [w for w in work if w.phase == p] for p in by_phase}
-    flops = attention_flops(attention) if attention is not None else {}
-    rows = [
-        {
-            "cell": cell,
-            "kind": "range",
-            "phase": name if name in PHASES else None,
-            "name": name,
-            "category": None,
-            "calls": len(s),
-            "total_ms": sum(end - start for start, end in s) / 1e3,
-            "share": None,
-            "kernel_ms": sum(w.us for w in inside(name)) / 1e3,
-            "flops": flops[name] * len(s) if name in flops else None,
-        }
-        for name, s in spans.items()
-    ]
-    for phase, items in [*by_phase.items(), ("all", work)]:
-        rows.extend(_ranked(items, cell=cell, kind=kind, phase=phase, top=top))
-    return rows
 
 
 def merged_spans(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -277,7 +80,7 @@ def collective_overlap(events: Sequence[Any], *, collective: str) -> float | Non
     """
     comm, compute = [], []
     for e in events:
-        if _on_cpu(e) or _is_range(e):
+        if on_cpu(e) or is_range(e):
             continue
         span = (e.time_range.start, e.time_range.end)
         if _NCCL.match(e.name):
@@ -322,129 +125,3 @@ def traced_step(
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
     return collective_overlap(prof.events(), collective=collective)
-
-
-def _ranked(
-    items: list[_Timed], *, cell: str, kind: str, phase: str, top: int
-) -> list[dict[str, Any]]:
-    """One phase's work: its share per category, then the `top` names by total time."""
-    total = sum(w.us for w in items)
-    if not total:
-        return []
-    by_category: dict[str, float] = defaultdict(float)
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for w in items:
-        by_category[kernel_category(w.name, phase=w.phase)] += w.us
-        by_name[w.name].append(w.us)
-    base = {"cell": cell, "phase": phase, "kernel_ms": None, "flops": None}
-    rows = [
-        {
-            **base,
-            "kind": "category",
-            "name": c,
-            "category": c,
-            "calls": None,
-            "total_ms": by_category[c] / 1e3,
-            "share": by_category[c] / total,
-        }
-        for c in CATEGORIES
-        if by_category.get(c)
-    ]
-    ranked = sorted(by_name.items(), key=lambda item: sum(item[1]), reverse=True)[:top]
-    rows += [
-        {
-            **base,
-            "kind": kind,
-            "name": name,
-            "category": kernel_category(name, phase=None if phase == "all" else phase),
-            "calls": len(times),
-            "total_ms": sum(times) / 1e3,
-            "share": sum(times) / total,
-        }
-        for name, times in ranked
-    ]
-    return rows
-
-
-@contextlib.contextmanager
-def profiled(
-    directory: Path | None,
-    label: str,
-    device: torch.device,
-    rows: list[dict[str, Any]],
-    *,
-    attention: AttentionShape | None = None,
-) -> Iterator[None]:
-    """Run the block under `torch.profiler` (a no-op when `directory` is None).
-
-    Writes `directory/<label>.pt.trace.json` (Chrome/Perfetto trace) and
-    `directory/<label>_kernels.md` (the kernel tables per phase), and appends the block's
-    `profile_rows` to `rows`.
-    """
-    if directory is None:
-        yield
-        return
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    on_cuda = device.type == "cuda"
-    if on_cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        yield
-    directory.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(directory / f"{label}.pt.trace.json"))
-    found = profile_rows(prof.events(), cell=label, on_cuda=on_cuda, attention=attention)
-    (directory / f"{label}_kernels.md").write_text(_tables(found, label) + "\n")
-    rows.extend(found)
-
-
-def _tables(rows: Sequence[Mapping[str, Any]], label: str) -> str:
-    """The rows of one configuration as Markdown: ranges, then each phase's kernels."""
-    columns = ["name", "category", "calls", "total_ms", "share"]
-    parts = [
-        f"# {label}",
-        "## Ranges",
-        to_markdown(
-            [r for r in rows if r["kind"] == "range"],
-            columns=["name", "calls", "total_ms", "kernel_ms", "flops"],
-        ),
-    ]
-    for phase in dict.fromkeys(r["phase"] for r in rows if r["kind"] != "range"):
-        mine = [r for r in rows if r["phase"] == phase and r["kind"] != "range"]
-        parts.append(f"## {phase}: by category, then the largest by total time")
-        parts.append(to_markdown(mine, columns=columns))
-    return "\n\n".join(parts)
-
-
-def save_profile(
-    directory: Path,
-    rows: list[dict[str, Any]],
-    *,
-    device: torch.device,
-    command: str | None,
-    config: Mapping[str, Any],
-    steps: int,
-    batch: int,
-) -> Path:
-    """`directory/<directory name>.json`: the rows as a run of tool `profile`."""
-    what = "CUDA kernels" if device.type == "cuda" else "CPU operators (own time)"
-    run = Run.create(
-        "profile",
-        rows,
-        device=device,
-        config=config,
-        command=command,
-        title=f"torch.profiler: ranges and {what} per phase, {steps} profiled steps, "
-        f"batch {batch}, {device_name(device)}",
-        columns=PROFILE_COLUMNS,
-        group_by="cell",
-        notes=[
-            f"kernel rows: {what}, each once, attributed to the phase (forward, backward, "
-            "optimizer) whose range was open when its operator was launched; `all` is the "
-            "whole step; share = of the phase's time. category rows: the phase's time split "
-            f"into {', '.join(CATEGORIES)}. range rows: record_function ranges, reported as "
-            "ranges (never as kernels): wall time on the CPU (the device is synchronised at "
-            "the end of each phase, so it includes the GPU's work), the kernel time launched "
-            "inside (kernel_ms) and, for the attention stages, their FLOPs.",
-        ],
-    )
-    return save_json(run, directory / f"{directory.name}.json")

@@ -29,11 +29,9 @@ __all__ = [
     "summarize",
     "synchronize",
     "time_fn",
-    "time_with_setup",
 ]
 
 T = TypeVar("T")
-S = TypeVar("S")
 
 # `do_bench` off CUDA times at most this many calls whatever `rep_ms` asks for (so a function
 # taking microseconds does not loop a hundred thousand times), and at least enough calls that
@@ -94,34 +92,6 @@ def time_fn(
         fn()
     synchronize(device)
     return [elapsed_ms(fn, device=device)[1] for _ in range(repeats)]
-
-
-def time_with_setup(
-    setup: Callable[[], S],
-    fn: Callable[[S], Any],
-    *,
-    device: torch.device | str,
-    warmup: int = 3,
-    repeats: int = 10,
-) -> list[float]:
-    """Like `time_fn`, but each call runs `state = setup()` untimed, then times `fn(state)`.
-
-    For work that consumes its input, e.g. timing only the backward pass: `setup` runs a fresh
-    forward, `fn` runs `backward` on its output (no `retain_graph`, which compiled graphs with
-    donated buffers refuse).
-
-    Raises:
-        ValueError: if `warmup < 0` or `repeats < 1`.
-    """
-    if warmup < 0 or repeats < 1:
-        raise ValueError(f"need warmup >= 0 and repeats >= 1, got {warmup=} {repeats=}")
-    for _ in range(warmup):
-        fn(setup())
-    samples = []
-    for _ in range(repeats):
-        state = setup()
-        samples.append(elapsed_ms(lambda s=state: fn(s), device=device)[1])
-    return samples
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bench.core.profiling import PROFILE_KEYS as profile_keys
 from bench.report.claims import SAME, STABLE, ratio_word, relation, speed, spread_word
 from bench.report.document import Block, Paragraph, Table
 from bench.report.results import (
@@ -26,6 +25,7 @@ from bench.report.results import (
 )
 from bench.report.runs import PROFILES
 from bench.tools import model, precision
+from bench.tools.model.profile import PROFILE_KEYS as profile_keys
 
 __all__ = [
     "answer_accumulation",

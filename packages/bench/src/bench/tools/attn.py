@@ -7,9 +7,10 @@ The command line and what each option does: `bench.commands.attn` (`bench-attn -
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -20,7 +21,7 @@ from bench.core.memory import free_memory, memory_in_use, peak_memory, reset_pea
 from bench.core.oom import OK, guarded
 from bench.core.plots import line_plot, ratio_heatmaps
 from bench.core.results import NOISY, Keys, Run
-from bench.core.timing import summarize, time_fn, time_with_setup
+from bench.core.timing import elapsed_ms, summarize, time_fn
 from bench.core.tool import (
     Invocation,
     Tool,
@@ -38,11 +39,43 @@ __all__ = [
     "AttnConfig",
     "plot_attention",
     "run_attention",
+    "time_with_setup",
 ]
 
 BASELINE = "sdpa"
 # Fewest timed calls a cell gets even when one call is slower than its time budget allows.
 MIN_STEPS = 3
+
+
+S = TypeVar("S")
+
+
+def time_with_setup(
+    setup: Callable[[], S],
+    fn: Callable[[S], Any],
+    *,
+    device: torch.device | str,
+    warmup: int = 3,
+    repeats: int = 10,
+) -> list[float]:
+    """Like `time_fn`, but each call runs `state = setup()` untimed, then times `fn(state)`.
+
+    For work that consumes its input, e.g. timing only the backward pass: `setup` runs a fresh
+    forward, `fn` runs `backward` on its output (no `retain_graph`, which compiled graphs with
+    donated buffers refuse).
+
+    Raises:
+        ValueError: if `warmup < 0` or `repeats < 1`.
+    """
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"need warmup >= 0 and repeats >= 1, got {warmup=} {repeats=}")
+    for _ in range(warmup):
+        fn(setup())
+    samples = []
+    for _ in range(repeats):
+        state = setup()
+        samples.append(elapsed_ms(lambda s=state: fn(s), device=device)[1])
+    return samples
 
 
 def _duration(seconds: float) -> str:

@@ -30,7 +30,6 @@ from bench.commands.data_parallel import (
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.memory import free_memory
-from bench.core.nvtx import nvtx_range
 from bench.core.oom import OK, OOM
 from bench.core.parallel import Parallel
 from bench.core.plots import hbar_plot
@@ -117,7 +116,7 @@ def _measure_allreduce(config: DDPBenchConfig, device: torch.device) -> dict[str
     times = []
     for index in range(config.warmup + config.steps):
         dist.barrier()
-        with nvtx_range(f"all-reduce alone: call {index}"):
+        with ddp.nvtx_range(f"all-reduce alone: call {index}"):
             ms = elapsed_ms(lambda: dist.all_reduce(grads), device=device)[1]
         if index >= config.warmup:
             times.append(ms)
@@ -150,7 +149,7 @@ def _measure_case(
     times, waits, comms = [], [], []
     batches = token_batches(config, rank=rank, device=device)
     for index, tokens in enumerate(itertools.islice(batches, config.warmup + config.steps)):
-        with nvtx_range(f"{_label(case)}: step {index}"):
+        with ddp.nvtx_range(f"{_label(case)}: step {index}"):
             ms = elapsed_ms(lambda t=tokens: step(t), device=device)[1]
         if index < config.warmup:
             continue

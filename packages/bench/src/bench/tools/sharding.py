@@ -18,14 +18,13 @@ from bench.commands.sharding import COMPUTE_DTYPES, OPTIMIZERS, VARIANTS, ZeroBe
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.layouts import LAYOUTS
-from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory
+from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory, tensor_bytes
 from bench.core.oom import OK, OOM
 from bench.core.parallel import Parallel
 from bench.core.plots import Bars, stacked_bar_plot
 from bench.core.profiling import traced_step
 from bench.core.results import Keys, Run
 from bench.core.step import forward_backward, train_step
-from bench.core.step_memory import tensor_bytes
 from bench.core.timing import elapsed_ms
 from bench.core.tool import Invocation, Tool, as_device, config_or_default
 from bench.core.training_bench import ADAMW_OPTIONS, Case, build_model, token_batches

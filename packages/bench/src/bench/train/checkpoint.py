@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 
 import lmcore
-from bench.core.layouts import NAMES_VERSION, recorded_config
 from bench.core.loss_scale import LossScaler
 from bench.core.options import may_change
 from bench.train.checkpoint_files import (
@@ -55,6 +54,7 @@ from bench.train.checkpoint_files import (
     write_error,
 )
 from bench.train.config import RESUME_AUTO, TrainConfig
+from bench.train.config_files import NAMES_VERSION, recorded_config
 from bench.train.faults import kill_point
 from bench.train.parallel import TrainerParallel, checkpoint_layout
 from bench.train.tokenizer import load_tokenizer

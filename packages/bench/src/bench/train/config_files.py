@@ -2,7 +2,9 @@
 TOML or JSON file that `--config` reads and every run writes (`config.toml` in its `--out`).
 
 Keys are the flags without their dashes (`context-length = 512`); values are as on the command
-line (`bucket-mb = "none"`, `time-budget = "20m"`) or of the option's type.
+line (`bucket-mb = "none"`, `time-budget = "20m"`) or of the option's type. A run's summary and
+its checkpoints record the configuration too, with the vocabulary's version (`NAMES_VERSION`);
+`recorded_config` reads one back in the current names.
 """
 
 from __future__ import annotations
@@ -12,14 +14,21 @@ import difflib
 import json
 import math
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.core.layouts import renamed_row
 from bench.core.options import Group, flag_of, kind_of, option_fields, option_of
 from bench.train.config import CONFIG_FILE
 
-__all__ = ["read_config_file", "write_config_file", "write_run_config"]
+__all__ = [
+    "NAMES_VERSION",
+    "read_config_file",
+    "recorded_config",
+    "write_config_file",
+    "write_run_config",
+]
 
 _RUN_CONFIG_HEADER = (
     "bench-train's resolved configuration: `bench-train --config FILE` repeats this run",
@@ -120,3 +129,16 @@ def write_run_config(config: Any) -> Path:
     `bench-train --config` reads back; its path."""
     path = Path(config.out) / CONFIG_FILE
     return write_config_file(config, path, header=_RUN_CONFIG_HEADER)
+
+
+# The vocabulary's version. bench-train's summaries and checkpoints record it under `names`
+# (results, under their schema: `bench.core.results.SCHEMA`); a record without it holds the names
+# from before (`none`, `bucketed`, `zero`, `torch-fsdp`; `bf16` for autocast).
+NAMES_VERSION = 2
+
+
+def recorded_config(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration in a bench-train record (a summary, or a checkpoint's `extra`), in the
+    current names whatever version wrote it."""
+    config = dict(record["config"])
+    return config if record.get("names") == NAMES_VERSION else renamed_row("train", config)

@@ -16,10 +16,11 @@ import torch
 
 import lmcore
 from bench.core.cli import resolve_device, usage_errors
-from bench.core.layouts import PRECISIONS, autocast_dtype, recorded_config
+from bench.core.layouts import PRECISIONS, autocast_dtype
 from bench.core.step import build_lm
 from bench.train.checkpoint import CHECKPOINT, read_checkpoint
 from bench.train.choices import SAMPLING
+from bench.train.config_files import recorded_config
 from bench.train.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["load_run", "run_parsed", "sample"]

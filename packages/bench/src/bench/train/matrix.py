@@ -24,7 +24,6 @@ import torch
 
 from bench.core.cli import resolve_device, usage_errors
 from bench.core.env import command_line
-from bench.core.layouts import recorded_config
 from bench.core.memory import free_memory, reset_peak_memory
 from bench.core.oom import OK, OOM
 from bench.core.options import configured, given_options, may_change
@@ -33,6 +32,7 @@ from bench.core.results import Keys, Run, save_csv, save_json
 from bench.core.tool import emit
 from bench.train.checkpoint import CHECKPOINT
 from bench.train.config import TrainConfig
+from bench.train.config_files import recorded_config
 from bench.train.matrix_config import MatrixConfig
 from bench.train.run import SUMMARY, run_train
 

@@ -48,7 +48,6 @@ import torch
 from bench.core.cli import usage_errors
 from bench.core.env import collect_env, command_line
 from bench.core.launch import backend_for, is_primary, launch, under_torchrun
-from bench.core.layouts import NAMES_VERSION
 from bench.core.options import given_options
 from bench.core.plots import line_plot
 from bench.train.checkpoint import (
@@ -58,7 +57,7 @@ from bench.train.checkpoint import (
     resume_point,
 )
 from bench.train.config import CONFIG_FILE, TrainConfig
-from bench.train.config_files import read_config_file
+from bench.train.config_files import NAMES_VERSION, read_config_file
 from bench.train.data import Corpus, check_sources
 from bench.train.lock import hold
 from bench.train.loop import corpus_of, train_on_rank

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from bench.core.layouts import recorded_config
 from bench.core.plots import hbar_plot
 from bench.core.results import Run
+from bench.train.config_files import recorded_config
 from bench.train.run import SUMMARY
 
 __all__ = ["plot_speed", "read_summaries", "read_summary", "run_env", "speed_comparison"]
@@ -22,7 +22,7 @@ __all__ = ["plot_speed", "read_summaries", "read_summary", "run_env", "speed_com
 
 def read_summary(folder: str | Path) -> dict[str, Any]:
     """A finished run's `summary.json` (in its output folder), its configuration in the current
-    names (`bench.core.layouts.recorded_config`).
+    names (`bench.train.config_files.recorded_config`).
 
     Raises:
         ValueError: the folder holds no readable `summary.json` (the message names it).

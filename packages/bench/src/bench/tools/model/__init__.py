@@ -38,16 +38,8 @@ from bench.core.model_options import (
     with_depth,
 )
 from bench.core.model_runtime import build_optimizer, next_token_loss
-from bench.core.nvtx import annotated_attention, nvtx_range
 from bench.core.oom import guarded
 from bench.core.plots import bar_plot
-from bench.core.profiling import (
-    PROFILE_COLUMNS,
-    PROFILE_KEYS,
-    AttentionShape,
-    profiled,
-    save_profile,
-)
 from bench.core.results import Keys, Run, load_json
 from bench.core.shapes import Shape
 from bench.core.timing import elapsed_ms, summarize
@@ -59,8 +51,17 @@ from bench.core.tool import (
     device_config,
     progress,
 )
+from bench.tools.model.annotated import annotated_attention
+from bench.tools.model.profile import (
+    PROFILE_COLUMNS,
+    PROFILE_KEYS,
+    AttentionShape,
+    profiled,
+    save_profile,
+)
 from bench.tools.model.residuals import run_residual_study
 from bench.tools.model.timeline import render_memory_snapshot
+from ddp import nvtx_range
 from lmcore import (
     MODEL_SIZES,
     ModelConfig,

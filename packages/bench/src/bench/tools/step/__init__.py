@@ -42,6 +42,7 @@ from bench.tools.step.full_step import (
     NATIVE_LOSS,
     NATIVE_OPTIMIZER,
     StepSpec,
+    matmul_ceiling,
     measure_step,
     step_flops,
 )
@@ -304,7 +305,7 @@ def _attention_ms(spec: StepSpec, per_rank: Sequence[dict[str, Any]]) -> float |
 def _metrics(
     spec: StepSpec, per_rank: Sequence[dict[str, Any]], device: torch.device
 ) -> dict[str, Any]:
-    from bench.core.hardware import matmul_ceiling, matmul_format
+    from bench.core.hardware import matmul_format
 
     if len(per_rank) > 1:
         step = slowest_rank([r["times"] for r in per_rank])
@@ -513,7 +514,7 @@ def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.dev
         "Memory (MiB, the busiest rank): the peak of one instrumented step split into "
         "parameters, gradients, optimizer state (tensor bytes), activations (what the forward "
         "left for backward) and rest (buffers, the batch, transients); peak_phase: where it "
-        "fell (bench.core.step_memory). Under FSDP the parameters and gradients are shards.",
+        "fell (bench.tools.step.memory). Under FSDP the parameters and gradients are shards.",
         "fwd_ms, bwd_ms, opt_ms: the instrumented step's phases (backward includes "
         "recomputation); attn_ms: the attention backend alone at the step's shape, forward and "
         "backward per block plus a forward per recomputed block; attn_flop_share: attention's "
@@ -522,7 +523,7 @@ def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.dev
     ]
     ceilings = {r["mfu_ceiling_tflops"] for r in rows if r.get("mfu_ceiling_tflops")}
     if ceilings:
-        from bench.core.hardware import matmul_ceiling, matmul_format
+        from bench.core.hardware import matmul_format
 
         dtype = compute_dtype(config.precision)
         _, source = matmul_ceiling(device_name(device), matmul_format(dtype)) or (0, "")

@@ -18,7 +18,7 @@ included), then its steady state (`triton.testing.do_bench` on one rank, the lea
 method; on several ranks a number of steps every rank agrees on, so their collectives pair up:
 two steps whose slowest rank sets the step time, counted as warm-up, then more warm-up steps to
 fill `warmup_ms`, then `max(3, rep_ms / step)` timed steps), then one more step read at its
-phase boundaries (`bench.core.step_memory`), and last, with the model gone, the attention
+phase boundaries (`bench.tools.step.memory`), and last, with the model gone, the attention
 backend alone at the step's shape. `step_flops` counts the step's FLOPs for MFU.
 
 Example::
@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 import lmcore
+from bench.core.hardware import MEASURED_MATMUL_TFLOPS, find_gpu
 from bench.core.layouts import (
     DTYPES,
     LAYOUTS,
@@ -53,14 +54,14 @@ from bench.core.layouts import (
     planned_precision,
 )
 from bench.core.loss_scale import LossScaler
-from bench.core.memory import free_memory
+from bench.core.memory import free_memory, tensor_bytes
 from bench.core.model_options import COMPILE_BACKENDS, DEFAULT_COMPILE_BACKEND, LOSSES, OPTIMIZERS
 from bench.core.model_runtime import loss_function, next_token_loss, optimizer_class
 from bench.core.parallel import Parallel
 from bench.core.step import build_lm
-from bench.core.step_memory import PhaseMeter, breakdown, tensor_bytes
 from bench.core.timing import do_bench, elapsed_ms
 from bench.core.training_bench import ADAMW_OPTIONS
+from bench.tools.step.memory import PhaseMeter, breakdown
 
 __all__ = [
     "IMPLS",
@@ -68,6 +69,7 @@ __all__ = [
     "NATIVE_LOSS",
     "NATIVE_OPTIMIZER",
     "StepSpec",
+    "matmul_ceiling",
     "measure_step",
     "step_flops",
 ]
@@ -350,7 +352,7 @@ def measure_step(spec: StepSpec, *, rank: int, device: torch.device) -> dict[str
     Returns:
         `first_ms` (the first step, compilation included), `times` (ms per timed step),
         `phases` (ms of forward, backward, optimizer in the instrumented step), `memory`
-        (`bench.core.step_memory.MemoryBreakdown` as a dict, bytes), `attention`
+        (`bench.tools.step.memory.MemoryBreakdown` as a dict, bytes), `attention`
         ((forward, forward + backward) ms of the attention alone, or None).
 
     Raises:
@@ -376,3 +378,20 @@ def step_flops(model: lmcore.ModelConfig, batch: int) -> tuple[int, int]:
     # lmcore counts q·kᵀ and softmax·v as 4·L·T·d per token over the whole square
     square = 3 * batch * seq * 4 * model.num_layers * seq * model.d_model
     return full - square // 2, square // 2
+
+
+def matmul_ceiling(device_name: str, fmt: str) -> tuple[float, str] | None:
+    """The matmul rate MFU is taken against: `(TFLOP/s, where it comes from)`, or None.
+
+    The rate measured on this project's GPUs (`MEASURED_MATMUL_TFLOPS`, by the GPU's short
+    name) where there is one for `fmt`, else the data sheet's dense peak (as
+    `bench.core.hardware.peak_tflops`); None for a device in neither table.
+    """
+    gpu = find_gpu(device_name)
+    if gpu is None:
+        return None
+    measured = MEASURED_MATMUL_TFLOPS.get(gpu.name, {}).get(fmt)
+    if measured is not None:
+        return measured, f"measured {fmt} matmul ceiling of the {gpu.name}"
+    peak = gpu.peaks.get(fmt)
+    return None if peak is None else (peak, f"data-sheet dense {fmt} peak")

@@ -1,4 +1,5 @@
-"""What a training step's peak memory is made of, from allocator readings at its phase boundaries.
+"""What a training step's peak memory is made of, from allocator readings at its phase boundaries
+(bench-step's memory columns).
 
 A step runs in three phases: forward (with the loss), backward, optimizer step. `PhaseMeter`
 reads the caching allocator at each boundary (bytes in use now, and the peak since the last
@@ -6,7 +7,7 @@ boundary) and the phase's time, synchronising the device: an instrumented step, 
 `breakdown` then splits the step's peak into
 
 - **parameters**, **gradients**, **optimizer state**: the bytes of those tensors on this device
-  (`tensor_bytes`; a DTensor's local shard), read off the tensors themselves;
+  (`bench.core.memory.tensor_bytes`; a DTensor's local shard), read off the tensors themselves;
 - **activations**: what the forward left allocated for the backward (in use after the forward
   minus in use at its start: saved tensors, checkpoint inputs, the loss), counted in full when
   the peak falls in the forward or the backward (the backward frees them as it goes, so this is
@@ -34,36 +35,17 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from bench.core.memory import memory_in_use, peak_memory, reset_peak_memory
 from bench.core.timing import synchronize
 
-__all__ = ["PHASES", "MemoryBreakdown", "PhaseMeter", "PhaseReadings", "breakdown", "tensor_bytes"]
+__all__ = ["PHASES", "MemoryBreakdown", "PhaseMeter", "PhaseReadings", "breakdown"]
 
 PHASES = ("forward", "backward", "optimizer")
-
-
-def tensor_bytes(tensors: Iterable[Any], device: torch.device | str) -> int:
-    """Bytes of the distinct tensors among `tensors` that live on `device` (shared storage once).
-
-    A DTensor (torch FSDP2's parameters, gradients and optimizer state) counts its local shard;
-    anything that is not a tensor (None, a step count kept as a number) counts nothing.
-    """
-    device = torch.device(device)
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if is_traceable_wrapper_subclass(t) and hasattr(t, "to_local"):
-            t = t.to_local()
-        on_device = isinstance(t, torch.Tensor) and t.device.type == device.type
-        if on_device and device.index in (None, t.device.index):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(seen.values())
 
 
 @dataclass(frozen=True)

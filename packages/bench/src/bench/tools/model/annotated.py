@@ -1,20 +1,16 @@
-"""NVTX ranges for Nsight Systems, and an attention backend annotated inside.
+"""An attention backend annotated inside with NVTX ranges, for bench-model's profiles.
 
-`nvtx_range(name)` (ddp's, re-exported: one definition for the wrappers and the tools) marks a
-region on the Nsight Systems timeline when CUDA is present, and in `torch.profiler` traces on any
-device (`enabled=False` makes it a no-op, so code keeps its ranges on any machine).
-`annotated_attention(name)` registers,
-in lmcore's attention registry, a variant of backend `name` with ranges around its stages: for
-`naive`, the scores (q·kᵀ/√d and the mask), the softmax and the output (weights·v); for any
-other backend one range around the whole call. The model is then built with the returned name;
-lmcore itself knows nothing of NVTX.
+`annotated_attention(name)` registers, in lmcore's attention registry, a variant of backend
+`name` with ranges (ddp's `nvtx_range`: on the Nsight Systems timeline when CUDA is present, in
+`torch.profiler` traces on any device) around its stages: for `naive`, the scores (q·kᵀ/√d and
+the mask), the softmax and the output (weights·v); for any other backend one range around the
+whole call. The model is then built with the returned name; lmcore itself knows nothing of
+NVTX. bench-model's kernel tables (`bench.tools.model.profile`) give these ranges their FLOPs.
 
 Example::
 
     model = TransformerLM.from_size("small", context_length=512,
                                     attention=annotated_attention("naive"))
-    with nvtx_range("step"):
-        model(x).sum().backward()
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ import torch
 from ddp import nvtx_range
 from lmcore import attention_scores, get_attention, register_attention
 
-__all__ = ["annotated_attention", "nvtx_range"]
+__all__ = ["annotated_attention"]
 
 
 def _annotated_naive(
