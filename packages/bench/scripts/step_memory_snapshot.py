@@ -80,7 +80,7 @@ def _worker(rank: int, world: int, row: str, layers: int | None, out: str, port:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)  # fmt: skip
     import lmcore
-    from bench.core.step_memory import tensor_bytes
+    from bench.core.memory import tensor_bytes
     from bench.tools.step.full_step import StepSpec, _build
 
     native = row == "fsdp:torch"
