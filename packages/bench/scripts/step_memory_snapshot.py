@@ -1,4 +1,4 @@
-"""What is alive at a bench-step row's peak, by the code that allocated it (one GPU session).
+"""What is alive at a bench-step row's peak, by the code that allocated it (one call on two GPUs).
 
 bench-plan predicts the 2026-11-28 leaderboard rows of ZeRO-1 (ours) and FSDP2 (torch-native)
 18 % and 22 % low, and the CPU (2 gloo ranks, the same layouts at a tiny size) holds nothing
