@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from bench.core.plots import line_plot
 from bench.core.results import Run, result_stem, save_csv, save_json
-from bench.train.record import read_metrics
-from bench.train.scaling import MODEL, SAME
+from bench.train.record import logged_losses, read_metrics
+from bench.train.scaling import MODEL, SAME, differences
 from bench.train.summary import read_summary, run_env
 
 __all__ = ["COLUMNS", "plot_precisions", "precision_comparison", "precision_result"]
@@ -31,16 +30,9 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def _differences(config: dict[str, Any], reference: dict[str, Any]) -> list[str]:
-    keys = [k for k in (*SAME, *MODEL) if k != "precision" and config.get(k) != reference.get(k)]
-    found = [f"--{k.replace('_', '-')} {config.get(k)} vs {reference.get(k)}" for k in keys]
-    if Path(str(config["data"])).name != Path(str(reference["data"])).name:
-        found.append(f"--data {config['data']} vs {reference['data']}")
-    return found
-
-
-def _losses(folder: str | Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(folder) if r.get("loss") is not None}
+# What runs compared across precisions share: everything a scaling comparison holds equal but
+# the precision, and the model.
+_COMPARED = tuple(k for k in (*SAME, *MODEL) if k != "precision")
 
 
 def precision_comparison(
@@ -67,15 +59,15 @@ def precision_comparison(
     problems = [
         f"{label}: {', '.join(diffs)}"
         for label, s in summaries.items()
-        if (diffs := _differences(s["config"], ref["config"]))
+        if (diffs := differences(s["config"], ref["config"], keys=_COMPARED))
     ]
     if problems:
         raise ValueError("runs that trained otherwise cannot be compared: " + "; ".join(problems))
-    theirs = _losses(dict(runs)[ref_label])
+    theirs = logged_losses(dict(runs)[ref_label])
     rows, notes = [], []
     for label, folder in runs:
         s = summaries[label]
-        ours = _losses(folder)
+        ours = logged_losses(folder)
         common = ours.keys() & theirs.keys()
         row = {
             "run": label, "precision": s["config"]["precision"], "steps": s["steps"],

@@ -34,6 +34,7 @@ __all__ = [
     "PROFILE",
     "TENSORBOARD",
     "Recorder",
+    "logged_losses",
     "mfu_function",
     "profiled",
     "read_metrics",
@@ -73,6 +74,11 @@ def read_metrics(out: str | Path) -> list[dict[str, Any]]:
                 stacklevel=2,
             )
     return records
+
+
+def logged_losses(out: str | Path) -> dict[int, float]:
+    """A run's logged training losses by step (`read_metrics`' records that carry one)."""
+    return {r["step"]: r["loss"] for r in read_metrics(out) if r.get("loss") is not None}
 
 
 def mfu_function(

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.results import Run, result_stem, save_csv, save_json
-from bench.train.record import read_metrics
+from bench.train.record import logged_losses
 from bench.train.summary import plot_speed, read_summaries, run_env
 
-__all__ = ["COLUMNS", "MODEL", "SAME", "scaling_comparison", "scaling_result"]
+__all__ = ["COLUMNS", "MODEL", "SAME", "differences", "scaling_comparison", "scaling_result"]
 
 # The options that name the model: runs that share them are compared with each other.
 MODEL = ("size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "context_length")
@@ -72,9 +72,12 @@ def _model(config: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(config.get(key) for key in MODEL)
 
 
-def _differences(config: Mapping[str, Any], reference: Mapping[str, Any]) -> list[str]:
-    """The `SAME` options (and the data file's name) on which `config` differs from `reference`."""
-    keys = [k for k in SAME if config.get(k) != reference.get(k)]
+def differences(
+    config: Mapping[str, Any], reference: Mapping[str, Any], *, keys: Sequence[str] = SAME
+) -> list[str]:
+    """The options of `keys` (and the data file's name) on which `config` differs from
+    `reference`, each as `--flag ours vs theirs`."""
+    keys = [k for k in keys if config.get(k) != reference.get(k)]
     found = [f"--{k.replace('_', '-')} {config.get(k)} vs {reference.get(k)}" for k in keys]
     if Path(str(config["data"])).name != Path(str(reference["data"])).name:
         found.append(f"--data {config['data']} vs {reference['data']}")
@@ -91,10 +94,6 @@ def _reference(label: str, summaries: Mapping[str, dict[str, Any]]) -> str | Non
     ]
     alone.sort(key=lambda other: summaries[other]["config"]["parallel"] != "single")
     return alone[0] if alone else None
-
-
-def _losses(folder: str | Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(folder) if r.get("loss") is not None}
 
 
 def _row(label: str, summary: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any]:
@@ -145,7 +144,7 @@ def scaling_comparison(
     problems = []
     for label, ref in references.items():
         if ref is not None:
-            diffs = _differences(summaries[label]["config"], summaries[ref]["config"])
+            diffs = differences(summaries[label]["config"], summaries[ref]["config"])
             problems += [f"{label} against {ref}: {', '.join(diffs)}"] if diffs else []
     if problems:
         raise ValueError("runs that trained otherwise cannot be compared: " + "; ".join(problems))
@@ -156,7 +155,7 @@ def scaling_comparison(
         if ref is None:
             missing.append(label)
             continue
-        ours, theirs = _losses(folders[label]), _losses(folders[ref])
+        ours, theirs = logged_losses(folders[label]), logged_losses(folders[ref])
         common = ours.keys() & theirs.keys()
         if common:
             rows[-1]["max_loss_diff"] = max(abs(ours[s] - theirs[s]) for s in common)
