@@ -27,7 +27,9 @@
 #                machine; copy the train parts' folders there first)    train_scaling_*
 #   ddp          bench-ddp on GPUS ranks at xl, and on 2 GPUs also at xl-2025: single, the four
 #                wrappers, torch DDP, and a flat all-reduce of every gradient alone, for
-#                hidden_e2e = 1 - (step - single step) / all-reduce    ddp_*, ddp_xl-2025_*
+#                hidden_e2e = 1 - (step - single step) / all-reduce, each training row with a
+#                torch.profiler trace of one step (rank 0's; `comm_overlap`: the share of its
+#                all-reduce time beside compute)                       ddp_*, ddp_xl-2025_*
 #   ddp-overlap  scripts/ddp_overlap.py on the first two GPUs: each ddp overlap lever alone and
 #                combined, end to end, with traces                    ddp_overlap_*/ (a folder)
 #   step         bench-plan's prediction for the leaderboard step's rows (zero1 and FSDP at
@@ -47,6 +49,7 @@
 #   GPUS=4 DRY_RUN=1 packages/bench/scripts/multi_gpu.sh PART ...  # each command: limit, name, command
 #   GPUS=4 TINY=1 packages/bench/scripts/multi_gpu.sh all OUT_DIR TEXT_FILE   # CPU rehearsal
 #
+# SIZES (e.g. SIZES=xl) replaces the zero and ddp parts' sizes.
 # GPUS is the count of CUDA_VISIBLE_DEVICES where that is set, else nvidia-smi's, else 2 (a
 # machine without GPUs: DRY_RUN or TINY). The train parts need TEXT_FILE (Tiny Shakespeare).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0) for every process the parts start. TINY=1 runs
@@ -112,7 +115,11 @@ gpu_memory() {  # what one GPU holds, as bench-plan reads it (80GB where none is
     echo "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)MiB"
 }
 
-sizes() {  # bench-zero's and bench-ddp's sizes: xl, and on 2 GPUs xl-2025 (the 2025 runs' count)
+sizes() {  # bench-zero's and bench-ddp's sizes: $SIZES, else xl, and on 2 GPUs xl-2025 too
+    if [ -n "${SIZES:-}" ]; then
+        echo "$SIZES"
+        return
+    fi
     echo xl
     [ "$GPUS" = 2 ] && echo xl-2025
 }
@@ -147,7 +154,10 @@ zero_options() {  # zero_options RESULT: every variant, FSDP in both dtypes, tra
         --fsdp-dtypes fp32 bf16 --trace "$bulk/${1}_traces"
 }
 
-ddp_options() { :; }  # bench-ddp's defaults: every wrapper, torch DDP and the all-reduce alone
+ddp_options() {  # ddp_options RESULT: bench-ddp's defaults (every wrapper, torch DDP and the
+    # all-reduce alone), each training row with a torch.profiler trace of one step (rank 0's)
+    echo --trace "$bulk/${1}_traces"
+}
 
 # bench-train's scaling runs: the modes (ddp:torch last: the run the issue's four-GPU scaling
 # does without, so the first a part cut short loses), and each size's run (global batch, steps).
