@@ -74,7 +74,9 @@ def _live_at_peak(trace: list[dict], marks: tuple[int, int]) -> tuple[int, dict[
     return best, dict(groups)
 
 
-def _worker(rank: int, world: int, row: str, layers: int | None, out: str, port: int) -> None:
+def _worker(
+    rank: int, world: int, row: str, layers: int | None, out: str, port: int, compile: bool
+) -> None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -93,7 +95,7 @@ def _worker(rank: int, world: int, row: str, layers: int | None, out: str, port:
         config, batch=1, impl="torch-native" if native else "ours", precision="bf16",
         loss="chunked" if native else "fused",
         optimizer="torch-fused" if native else "lmcore-fused",
-        activation_checkpointing="blocks", compile=True, world_size=world,
+        activation_checkpointing="blocks", compile=compile, world_size=world,
         parallel="fsdp" if native else "zero1", warmup_ms=1, rep_ms=1,
     )  # fmt: skip
     device = torch.device("cuda", rank)
@@ -159,9 +161,17 @@ def main() -> None:
     parser.add_argument("--row", choices=("zero1", "fsdp:torch"), required=True)
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--port", type=int, default=29533)
+    parser.add_argument("--port", type=int, default=int(os.environ.get("MASTER_PORT", 29533)))
+    parser.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="eager blocks: on torch 2.11 the allocator's history and compiled, checkpointed "
+        "blocks fail together (pytorch/pytorch#179536)",
+    )
     args = parser.parse_args()
-    mp.spawn(_worker, args=(2, args.row, args.layers, args.out, args.port), nprocs=2)
+    worker_args = (2, args.row, args.layers, args.out, args.port, args.compile)
+    mp.spawn(_worker, args=worker_args, nprocs=2)
 
 
 if __name__ == "__main__":
