@@ -137,6 +137,7 @@ def _worker(
     if rank == 0:
         result = {
             "row": row,
+            "compile": compile,
             "peak": peak,
             "allocated_at_start": at_start["allocated"],
             "replayed_peak": replay_peak,
