@@ -78,6 +78,41 @@ def test_an_attention_grid_measured_again_elsewhere_is_an_earlier_run(save, tmp_
     assert "9.75" not in section and "| 64  | 1024" in section
 
 
+def test_an_all_reduce_measured_again_on_more_gpus_replaces_the_older_cells(save, tmp_path):
+    def row(backend, world, size_mb, ms, status="ok"):
+        return {"backend": backend, "world_size": world, "size_mb": size_mb, "ms": ms,
+                "busbw_gbps": ms and size_mb / ms, "status": status}  # fmt: skip
+
+    old = [row(b, 2, s, 9.5 * s) for b in ("nccl", "gloo") for s in (1, 10, 100)]
+    old.append(row("gloo", 2, 1000, None, status="skipped: --full not given"))
+    save("allreduce_2xh200_2026-11-22", "allreduce", old, date="2026-11-22",
+         device_name="NVIDIA H200")  # fmt: skip
+    new = [row(b, w, s, 0.25 * s * w) for b in ("nccl", "gloo") for w in (2, 4)
+           for s in (1, 10, 100, 1000)]  # fmt: skip
+    save("allreduce_4xh200_2026-11-28", "allreduce", new, date="2026-11-28",
+         device_name="NVIDIA H200")  # fmt: skip
+    res = Results.collect(tmp_path)
+    # every cell the two-GPU run measured was measured again: its file name's GPU count
+    # does not keep it current, as it does for a result of one topic
+    assert set(res.earlier) == {tmp_path / "allreduce_2xh200_2026-11-22.json"}
+    section = _section(build_report(tmp_path), "distributed_communication_single_node")
+    assert "95" not in section.split("Not run")[0]  # no old time (9.5 x 10 ms) in the table
+
+
+def test_two_current_all_reduce_results_of_one_process_count_read_as_one(save, tmp_path):
+    def row(world, size_mb, ms):
+        return {"backend": "nccl", "world_size": world, "size_mb": size_mb, "ms": ms,
+                "busbw_gbps": size_mb / ms, "status": "ok"}  # fmt: skip
+
+    # the older one has a cell (6 processes) the newer lacks, so both stay current
+    save("allreduce_8xh100_2026-11-22", "allreduce", [row(2, 1, 0.05), row(6, 1, 0.1)],
+         date="2026-11-22")  # fmt: skip
+    save("allreduce_4xh100_2026-11-28", "allreduce", [row(2, 1, 0.04), row(2, 1000, 3.0)],
+         date="2026-11-28")  # fmt: skip
+    section = _section(build_report(tmp_path), "distributed_communication_single_node")
+    assert "from 1 to 1,000 MB the time grows" in section
+
+
 def test_tables_and_titles_show_what_a_size_name_meant(save, tmp_path):
     save("model_h100_2026-11-22", "model", [_model_row("xl", XL_2025, 256, "forward", 120.5)],
          date="2026-11-22")  # fmt: skip

@@ -138,7 +138,11 @@ def _allreduce_reading(backend: str, group: Rows) -> str:
     and what more processes do at the largest size measured at every process count."""
     k = allreduce_keys
     worlds = sorted({r[k.world_size] for r in group})
-    few = sorted((r for r in group if r[k.world_size] == worlds[0]), key=lambda r: r[k.size_mb])
+    # one row a size (the last one read, where two results measured it)
+    few = sorted(
+        {r[k.size_mb]: r for r in group if r[k.world_size] == worlds[0]}.values(),
+        key=lambda r: r[k.size_mb],
+    )
     parts = []
     if len(few) >= 2:
         pairs = [(few[0], few[1])] + ([(few[-2], few[-1])] if len(few) > 2 else [])

@@ -27,7 +27,7 @@ from typing import Any
 from bench.core.oom import OK, OOM
 from bench.core.results import Run, load_json
 from bench.plan.check import recorded_size_label
-from bench.tools import attn
+from bench.tools import allreduce, attn
 from bench.train.results import text_title
 from bench.train.summary import run_env
 from lmcore import MODEL_SIZES
@@ -65,9 +65,10 @@ _GPUS = re.compile(r"_(\d+)x[abhl]\d{2,3}_")
 # The keys that say what a row measured (not what it found), for the tools whose results are
 # grids that later runs may measure again in other files: a result all of whose cells newer
 # results of the same tool hold is an earlier run.
-_A = attn.KEYS
+_A, _R = attn.KEYS, allreduce.KEYS
 _CELLS: dict[str, tuple[str, ...]] = {
     "attn": (_A.impl, _A.batch, _A.d, _A.seq, _A.dtype, _A.causal),
+    "allreduce": (_R.backend, _R.world_size, _R.size_mb),
 }
 
 # A result file named in prose: `docs/results/allreduce_2xh200_2026-11-22.json`.
@@ -197,8 +198,11 @@ def _device(record: Record) -> tuple[Any, Any]:
 
 
 def _cells(record: Record) -> set[tuple]:
+    """The cells a result measured (rows whose status is not a failure or a skip)."""
     keys = _CELLS[record.run.tool]
-    return {tuple(row.get(k) for k in keys) for row in record.run.rows}
+    return {
+        tuple(row.get(k) for k in keys) for row in record.run.rows if row.get("status", OK) == OK
+    }
 
 
 def _superseded(records: Sequence[Record]) -> dict[Path, list[Record]]:
@@ -212,10 +216,15 @@ def _superseded(records: Sequence[Record]) -> dict[Path, list[Record]]:
             if r.path not in out
             and r.run.tool == old.run.tool
             and _device(r) == _device(old)
-            and _gpus(r.path) == _gpus(old.path)  # two GPUs' run replaces no one-GPU run
             and str(r.run.date) > str(old.run.date)
         ]
-        same = [r for r in newer if topic(r.path) == topic(old.path)]
+        # Two GPUs' run replaces no one-GPU run of its topic; cells say what they measured
+        # (an all-reduce's include its process count), whatever machine measured them.
+        same = [
+            r
+            for r in newer
+            if topic(r.path) == topic(old.path) and _gpus(r.path) == _gpus(old.path)
+        ]
         if same:
             out[old.path] = same
         elif old.run.tool in _CELLS and newer and old.run.rows:
