@@ -32,7 +32,14 @@ from bench.core.shapes import size_label
 from bench.plan.activations import ATTENTION_KINDS
 from bench.plan.memory import LAYOUTS, Phase, TrainingPlan, estimate_memory
 
-__all__ = ["CHECK_COLUMNS", "STEP_KEYS", "CheckResult", "check_results", "recorded_size_label"]
+__all__ = [
+    "CHECK_COLUMNS",
+    "STEP_KEYS",
+    "CheckResult",
+    "check_results",
+    "dims_on",
+    "recorded_size_label",
+]
 
 CHECK_COLUMNS = [
     "source",
@@ -64,8 +71,13 @@ _XL_2025 = (1600, 6400, 48, 25)
 _XL_RENAMED_ON = "2026-11-26"
 
 
-def _dims_of(name: str, date: str) -> tuple[int, int, int, int]:
-    """The dimensions a size name meant on `date` (for rows that record none)."""
+def dims_on(name: str, date: str) -> tuple[int, int, int, int]:
+    """The dimensions (d_model, d_ff, layers, heads) a size name meant on `date`, an ISO date
+    or timestamp: for rows that record none.
+
+    Raises:
+        KeyError: `name` is no size of lmcore's.
+    """
     if name == "xl" and date[:10] < _XL_RENAMED_ON:
         return _XL_2025
     size = lmcore.MODEL_SIZES[name]
@@ -106,7 +118,7 @@ def _model_config(row: Mapping[str, Any], run: Run) -> tuple[lmcore.ModelConfig,
     if any(d is None for d in dims):
         if name is None or (name not in lmcore.MODEL_SIZES and name != "xl"):
             return "records neither its dimensions nor a known size"
-        dims = list(_dims_of(name, run.date))
+        dims = list(dims_on(name, run.date))
     ctx = row.get("ctx") or row.get("context_length")
     vocab = row.get("vocab_size") or run.config.get("vocab_size")
     if ctx is None or vocab is None:
@@ -187,7 +199,7 @@ def _check_zero_run(source: str, run: Run) -> list[dict[str, Any]]:
     if any(d is None for d in dims):
         if name is None:
             return [_check_row(source, "?", "run", None, None, None, "records no model")]
-        dims = list(_dims_of(name, run.date))
+        dims = list(dims_on(name, run.date))
     world = cfg.get("nproc", cfg.get("world_size", 2))  # `world_size` before the one vocabulary
     # a vocabulary left out is the size's own (recorded as None since sizes keep their own)
     vocab = cfg.get("vocab_size") or lmcore.MODEL_SIZES[name].vocab_size

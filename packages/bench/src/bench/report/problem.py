@@ -72,7 +72,11 @@ def image_link(image: Path, report_dir: Path) -> str:
 
 def _title(record: Record) -> str:
     """The result's title, the size it names shown with its dimensions."""
-    return name_with_dims(record.run.title or record.path.stem, record.run.config.get("shape"))
+    return name_with_dims(
+        record.run.title or record.path.stem,
+        record.run.config.get("shape"),
+        date=str(record.run.date),
+    )
 
 
 def _source(record: Record) -> Paragraph:

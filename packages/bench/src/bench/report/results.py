@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.core.oom import OK, OOM
 from bench.core.results import Run, load_json
-from bench.plan.check import recorded_size_label
+from bench.plan.check import dims_on, recorded_size_label
 from bench.tools import allreduce, attn
 from bench.train.results import text_title
 from bench.train.summary import run_env
@@ -250,16 +250,44 @@ def _hand_written(path: Path) -> Record | None:
         return None
     meta = data.get("meta") or {}
     tool = path.stem.split("_h100")[0].split("_cpu")[0]
+    env = _hand_written_env(data)
     run = Run(
         tool=tool,
         rows=[r for r in data.get("rows", []) if isinstance(r, dict)],
         config={},
-        env=data["env"],
+        env=env,
         command=_hand_written_command(data),
-        date=str(data["env"].get("date", meta.get("date", data.get("date", "")))),
+        date=str(env.get("date", meta.get("date", data.get("date", "")))),
         title=str(meta.get("title", path.stem)),
     )
     return Record(path, run)
+
+
+# A script's device with its GPU count: `NVIDIA H200 x2`.
+_DEVICE_COUNT = re.compile(r"^(.+?) x(\d+)$")
+
+
+def _hand_written_env(data: dict[str, Any]) -> dict[str, Any]:
+    """A hand-written record's environment: its `env`, or, where a script kept the machine at
+    the top level (`device`, `torch`, `git_revision`, `date`) and `env` holds the environment
+    variables it ran under (`scripts/ddp_overlap.py`), that machine, its revision's note
+    saying how the revision is known."""
+    env = data["env"]
+    if env.get("device_name") or not data.get("device"):
+        return env
+    device = str(data["device"])
+    found = _DEVICE_COUNT.match(device)
+    machine = {
+        "device_type": "cuda" if found or "NVIDIA" in device else None,
+        "device_name": found[1] if found else device,
+        "gpu_count": int(found[2]) if found else None,
+        "torch": data.get("torch"),
+        "git_revision": data.get("git_revision"),
+        "git_revision_source": data.get("git_revision_note"),
+        "git_dirty": data.get("git_dirty"),
+        "date": data.get("date"),
+    }
+    return {k: v for k, v in machine.items() if v is not None}
 
 
 def _hand_written_command(data: dict[str, Any]) -> str:
@@ -370,33 +398,40 @@ def pairs(
     ]
 
 
-def size_label(row: dict[str, Any]) -> str:
+def size_label(row: dict[str, Any], *, date: str | None = None) -> str:
     """A size with its dimensions, `xl (2560/10240/32L/32H)`: names changed between handouts
     (2025's xl was 1600 wide, and reads `xl-2025 (1600/6400/48L/25H; recorded as xl)`), so a
     table never shows a name alone. A row without dimensions takes its name's from lmcore's
-    table, except a renamed size's (`xl`), which says that it did not record them."""
+    table, except a renamed size's (`xl`): that one takes the dimensions its name meant on the
+    `date` its result was measured (`bench.plan.check.dims_on`), or, without a date, says that
+    it did not record them."""
     name = str(row.get("size", "?"))
     dims = [row.get(k) for k in DIM_KEYS]
     if all(d is not None for d in dims):
         return recorded_size_label(name, dims)
     size = MODEL_SIZES.get(name)
     if name in _RENAMED:
+        if date:
+            return recorded_size_label(name, dims_on(name, str(date)))
         return f"{name} (dimensions not recorded)"
     if size is None or row.get("d_model") is not None:
         return name
     return recorded_size_label(name, [size.d_model, size.d_ff, size.num_layers, size.num_heads])
 
 
-def name_with_dims(text: str, shape: dict[str, Any] | None = None) -> str:
+def name_with_dims(
+    text: str, shape: dict[str, Any] | None = None, *, date: str | None = None
+) -> str:
     """`text` (a result's title) with the size it names first after its colon given its
     dimensions (`Data-parallel training step: xl, ...` → `...: xl-2025 (1600/6400/48L/25H;
-    recorded as xl), ...`), from the run's `shape` (its config's) where it has one."""
+    recorded as xl), ...`), from the run's `shape` (its config's) where it has one, else from
+    what the name meant on the run's `date` (see `size_label`)."""
     head, sep, rest = text.partition(": ")
     word = rest.split(",")[0].split(" ")[0]
     if not sep or word not in MODEL_SIZES or re.match(r" \(\d", rest[len(word) :]):
         return text
     row = {"size": word, **(shape or {})}
-    return f"{head}{sep}{size_label(row)}{rest[len(word) :]}"
+    return f"{head}{sep}{size_label(row, date=date)}{rest[len(word) :]}"
 
 
 def _with_study(run: Run) -> Run:
