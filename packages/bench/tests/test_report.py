@@ -9,6 +9,7 @@ from bench.core.results import Run, save_json
 from bench.report.analysis import ANALYTIC_PROBLEMS
 from bench.report.document import Heading, Image, Paragraph, Table, render
 from bench.report.results import Results
+from bench.report.single_gpu import kernel_label
 from bench.report.tool import PROBLEMS, build_report, report_links
 from bench.tools.attn import run_attention
 from bench.tools.model.residuals import run_residual_study
@@ -114,6 +115,29 @@ def test_profile_section_quotes_kernels_per_phase_never_ranges(tmp_path, tiny_mo
     assert "(d) over a training step matmuls take" in section
     assert "(e) inside attention softmax takes" in section and "their FLOPs" in section
     assert "Source: `profile_cpu.json`" in section
+    assert "torch.profiler stands in for it" in section  # said plainly, before the answers
+
+
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [
+        ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<"
+         "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::"
+         "MulFunctor<float> > >(at::TensorIteratorBase&)", "elementwise_kernel (Mul)"),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+         "(anonymous namespace)::TensorListMetadata<1>, std::plus<float>, float>(int)",
+         "multi_tensor_apply_kernel (plus)"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::"
+         "silu_kernel(at::TensorIteratorBase&)::{lambda()#1}, std::array<char*, 2ul> >(int)",
+         "vectorized_elementwise_kernel (silu)"),
+        ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>(Params)",
+         "Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>"),
+        ("aten::mm", "aten::mm"),
+        ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n", "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n"),
+    ],
+)  # fmt: skip
+def test_a_kernel_is_named_by_what_it_computes(name, label):
+    assert kernel_label(name) == label
 
 
 def test_residuals_answer_memory_question_f_and_checkpointing(tmp_path):

@@ -91,6 +91,24 @@ def test_reversed_warm_up_rows_reverse_the_sentence(save, tmp_path):
     assert "no one-time cost shows" in text and "pay for CUDA context" not in text
 
 
+@pytest.mark.parametrize(
+    ("h100", "h200", "said", "disagree"),
+    [
+        ({0: 160, 1: 54, 2: 61, 5: 59}, {0: 108, 1: 52, 2: 52, 5: 53},
+         "land below it in 1 of 4 (1 warm-up step on the NVIDIA H100", True),
+        ({0: 160, 1: 75, 2: 70, 5: 59}, {0: 108, 1: 70, 2: 65, 5: 53},
+         "land above it in 4 of 4", False),
+    ],
+)  # fmt: skip
+def test_two_warm_up_studies_are_read_together(save, tmp_path, h100, h200, said, disagree):
+    save("warmup_h100_2026-11-23", "warmup", _warmup_rows(h100), date="2026-11-23")
+    save("warmup_h200_2026-11-28", "warmup", _warmup_rows(h200), date="2026-11-28",
+         device_name="NVIDIA H200")  # fmt: skip
+    text = _report(tmp_path, "benchmarking_script (c)")
+    assert "fp32 on one NVIDIA H200: 0 warm-up" in text and said in text
+    assert ("no cost that warm-up removes" in text) == disagree
+
+
 # ---------------------------------------------------------------- §2.1.5
 
 
@@ -186,8 +204,15 @@ def test_the_all_reduce_commentary_reads_latency_and_processes(save, tmp_path):
     text = _report(tmp_path, "distributed_communication_single_node")
     assert "from 1 to 10 MB the time grows 1.5× for 10× the data: latency-bound" in text
     assert "going from 2 to 4 processes the time rises (40 to 60 ms)" in text
-    assert "nccl at 6 processes (not in the run)" in text
-    assert "Machines of 8 GPUs, the only ones with 6 or more, were not lent" in text
+    assert (
+        "nccl at 4 processes (a GPU per process on one node; the machines these runs had "
+        "held at most 2)" in text
+    )
+    assert "--backend nccl --nproc 4 6 --json" in text
+    assert "Machines of more than 4 GPUs were not lent" in text
+    assert "gloo at 6 processes (not in the run)" in text  # gloo needs no GPU: a run not made
+    assert "its empty cells are runs not made, not hardware missing" in text
+    assert "--backend gloo --nproc 2 4 6 --sizes-mb 1 10 100 1000 --full" in text
 
 
 def test_a_reversed_process_count_trend_is_said(save, tmp_path):
@@ -223,8 +248,11 @@ def test_ddp_comparisons_follow_the_step_times(save, tmp_path):
     assert "makes the step faster than one all-reduce per gradient" in flat
     assert "once instead of 435 times" in flat
     overlap = _section(text, "ddp_overlap_individual_parameters_benchmarking")
+    assert "On 2 ranks, overlapping each gradient's all-reduce" in overlap
     assert "makes the step slower than flat DDP" in overlap
     assert "the backward itself ran 34.3 ms longer" in overlap
+    assert "costs more than the 27.4 ms flat DDP adds" in overlap
+    assert "overlapping wins" not in overlap
 
 
 def test_reversed_ddp_rows_reverse_the_comparisons(save, tmp_path):
@@ -235,7 +263,47 @@ def test_reversed_ddp_rows_reverse_the_comparisons(save, tmp_path):
     )
     overlap = _section(text, "ddp_overlap_individual_parameters_benchmarking")
     assert "makes the step faster than flat DDP" in overlap
-    assert "the overlap hides most of the communication" in overlap
+    assert "costs less than the 63.5 ms flat DDP adds" in overlap
+    assert "overlapping wins" in overlap
+
+
+def test_each_world_size_is_said_apart_fewest_ranks_first(save, tmp_path):
+    """Two bench-ddp runs (2 and 4 ranks) never share a sentence; the 2-rank one leads, and a
+    run that recorded no dimensions reads its size by its date (`xl` after 2026-11-26: 2560)."""
+    config = {"size": "xl", "context_length": 128, "batch": 4}
+    save("ddp_4xh200_2026-11-28", "ddp", _ddp_rows(300.0, 240.0), date="2026-11-28",
+         config={**config, "nproc": 4})  # fmt: skip
+    save("ddp_2xh200_2026-11-28", "ddp", _ddp_rows(263.9, 284.4), date="2026-11-28",
+         config={**config, "nproc": 2})  # fmt: skip
+    overlap = _section(build_report(tmp_path), "ddp_overlap_individual_parameters_benchmarking")
+    two, four = overlap.index("(a) On 2 ranks"), overlap.index("(a) On 4 ranks")
+    assert two < four
+    assert "slower than flat DDP" in overlap[two:four] and "faster than flat" in overlap[four:]
+    assert "xl (2560/10240/32L/32H), context 128, batch 4, on 2×" in overlap
+    naive = _section(build_report(tmp_path), "naive_ddp_benchmarking")
+    assert "No run here trained" not in naive and "dimensions not recorded" not in naive
+
+
+def _fsdp(variant: str, step: float, overlap: float) -> dict:
+    return {"variant": variant, "compute_dtype": "fp32", "storage_dtype": "fp32",
+            "step_ms": step, "gather_overlap": overlap, "status": "ok"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("no_prefetch_ms", "said"),
+    [(408.0, "faster than the same without prefetching"),
+     (300.0, "slower than the same without prefetching")],
+)  # fmt: skip
+def test_the_fsdp_gather_reading_follows_the_rows(save, tmp_path, no_prefetch_ms, said):
+    rows = [_fsdp("fsdp", 352.0, 0.73), _fsdp("fsdp:no-prefetch", no_prefetch_ms, 0.0)]
+    save("zero_2xh200_2026-11-28", "zero", rows, date="2026-11-28",
+         config={"size": "xl", "nproc": 2, "context_length": 128, "batch": 4})  # fmt: skip
+    text = _report(tmp_path, "fsdp_accounting")
+    assert (
+        "fp32 compute: zero.FSDP takes 352 ms a step, 73% of its all-gather kernel time "
+        "beside a compute kernel (hidden), 27% with none (exposed)" in text
+    )
+    assert said in text and "xl (2560/10240/32L/32H), context 128, batch 4 on 2×" in text
 
 
 @pytest.mark.parametrize(("time_vs_ddp", "said"), [(1.03, "about DDP's"), (1.3, "slower")])

@@ -213,28 +213,46 @@ def test_leaderboard_presents_the_one_gpu_step_and_the_prediction(save, tmp_path
         assert f"Source: `{stem}_" in section  # each shown in this section
 
 
-def test_leaderboard_puts_a_committed_full_step_first_and_keeps_the_one_gpu_step(save, tmp_path):
-    _leaderboard_results(save)
-    full = {"size": "leaderboard-8b", "num_layers": 34, "world_size": 2, "ctx": 32768, "batch": 1,
-            "precision": "bf16", "activation_checkpointing": "blocks", "compiled": True,
-            "status": "ok"}  # fmt: skip
-    rows = [
+def _full_rows(world: int, ours_ms: float, native_ms: float, peak: float) -> list[dict]:
+    full = {"size": "leaderboard-8b", "num_layers": 34, "world_size": world, "ctx": 32768,
+            "batch": 1, "precision": "bf16", "activation_checkpointing": "blocks",
+            "compiled": True, "status": "ok"}  # fmt: skip
+    return [
         {**full, "impl": "ours", "layout": "fsdp", "attention": "fa2-triton", "loss": "fused",
-         "optimizer": "lmcore-fused", "step_ms": 6206.0, "first_step_ms": 19963.0,
-         "peak_mib": 40656.5, "time_vs_native": 1.07, "peak_vs_native": 0.7086},
+         "optimizer": "lmcore-fused", "step_ms": ours_ms, "first_step_ms": 19963.0,
+         "peak_mib": peak, "time_vs_native": ours_ms / native_ms, "peak_vs_native": 0.7086,
+         "tokens_per_s": world * 32768 / ours_ms * 1e3},
         {**full, "impl": "torch-native", "layout": "fsdp:torch", "attention": "sdpa",
-         "loss": "chunked", "optimizer": "torch-fused", "step_ms": 5801.0,
+         "loss": "chunked", "optimizer": "torch-fused", "step_ms": native_ms,
          "first_step_ms": 14195.0, "peak_mib": 57372.9},
     ]  # fmt: skip
-    save("step_leaderboard_2xh100_2026-11-28", "step", rows, date="2026-11-28")  # same GPU
+
+
+def test_leaderboard_puts_a_committed_full_step_first_and_keeps_the_one_gpu_step(save, tmp_path):
+    _leaderboard_results(save)
+    save("step_leaderboard_2xh100_2026-11-28", "step", _full_rows(2, 6206.0, 5801.0, 40656.5),
+         date="2026-11-28")  # fmt: skip
     section = _section(build_report(tmp_path), "leaderboard")
-    assert "The full step, measured: all 34 blocks, batch 2 over 2 " in section
+    assert "The leaderboard's own step, measured: all 34 blocks, batch 2 over 2 " in section
     assert "zero.FSDP (the blocks, the embedding and the LM head as units): 6,206 ms" in section
-    assert "1.07× the torch-native step's time and 0.71× its peak" in section
+    assert "1.07× the torch-native step's time (slower than it) and 0.71× its peak" in section
     assert "on torch's FSDP2: 5,801 ms a step (first step 14,195 ms)" in section
     assert "Not run: the leaderboard's own measurement" not in section
     assert "cut to 19 of its 34 blocks" in section  # the one-GPU step, from its own file
-    assert section.index("The full step, measured") < section.index("cut to 19 of its 34")
+    assert section.index("own step, measured") < section.index("cut to 19 of its 34")
+
+
+def test_the_full_step_on_more_gpus_follows_the_handouts_and_says_how_it_scaled(save, tmp_path):
+    save("step_leaderboard_4xh100_2026-11-28", "step", _full_rows(4, 5000.0, 5900.0, 28527.4),
+         date="2026-11-28")  # fmt: skip
+    save("step_leaderboard_2xh100_2026-11-28", "step", _full_rows(2, 6206.0, 5801.0, 40656.5),
+         date="2026-11-28")  # fmt: skip
+    section = _section(build_report(tmp_path), "leaderboard")
+    two, four = section.index("batch 2 over 2"), section.index("batch 4 over 4")
+    assert two < four and "The full step on more GPUs" in section
+    assert "(faster than it)" in section[four:] and "(slower than it)" in section[two:four]
+    assert "our fastest step falls (6,206 to 5,000 ms) and its peak falls" in section
+    assert "tokens per second grow 2.48× for 2× the GPUs (124% scaling efficiency)" in section
 
 
 def test_memory_without_timelines_says_so_and_shows_an_earlier_runs(save, tmp_path):
@@ -334,6 +352,22 @@ def test_a_hand_written_record_never_shows_an_empty_command(tmp_path, base_env):
     assert "Command: not recorded" in text
 
 
+def test_a_script_record_with_its_machine_at_the_top_level_names_it(tmp_path):
+    """A script that keeps the machine beside its rows (`device`, `torch`, `git_revision`) and
+    the environment variables it ran under in `env` is read by the former."""
+    data = {"tool": "ddp_overlap", "device": "NVIDIA H200 x2", "torch": "2.11.0",
+            "git_revision": "9c0bde1c09629e7462c1ead823b7987d23c5376e", "git_dirty": True,
+            "git_revision_note": "the tree run was 389af01", "date": "2026-11-28T11:55:22+00:00",
+            "command": "python3 ddp_overlap.py", "env": {"NCCL_NVLS_ENABLE": "0"},
+            "rows": [{"case": "single", "step_ms": 351.0}]}  # fmt: skip
+    (tmp_path / "ddp_overlap_2xh200_2026-11-28").mkdir()
+    (tmp_path / "ddp_overlap_2xh200_2026-11-28" / "ddp_overlap.json").write_text(json.dumps(data))
+    text = build_report(tmp_path)
+    assert "Device: NVIDIA H200; torch 2.11.0; 2026-11-28T11:55:22+00:00" in text
+    assert "Code: `9c0bde1c0962` (the tree run was 389af01) (uncommitted changes)" in text
+    assert "on None" not in text
+
+
 def _plan_row(size: str, layout: str, peak_gib: float) -> dict:
     return {"table": "Predictions (GiB per device at its peak)", "size": size, "ctx": 128,
             "batch": 8, "precision": "fp32", "layout": layout, "mesh": "dp2",
@@ -372,7 +406,7 @@ def test_the_2025_appendix_sweeps_buckets_and_sets_the_equation_beside_them(save
     text = build_report(tmp_path)
     assert "## Appendix: the 2025 handout's problems that 2026 dropped" in text
     sweep = _section(text, "ddp_bucketed_benchmarking (a)")
-    assert "shortest at 100 MB buckets, 246 ms; 100 MB and 1,000 MB are within 5%" in sweep
+    assert "2 ranks) is shortest at 100 MB buckets, 246 ms; 1,000 MB is within 5% of it" in sweep
     equation = _section(text, "ddp_bucketed_benchmarking (b)")
     assert "overhead(n_b) = n_b·o + s/(n_b·w)" in equation
     assert "the optimum is b* = 445 MB" in equation and "one of the two swept sizes" in equation

@@ -104,6 +104,17 @@ def test_the_writeup_of_real_results_compiles_to_a_pdf_that_fits(tool_results, t
     assert "== 1. Benchmarking Script" in text and "Other results" not in text
 
 
+def test_the_writeup_of_the_committed_results_fits_its_budget(tmp_path):
+    """The write-up one would hand in, of `docs/results` as committed: within its page budget,
+    every table within the text width (new results add columns and kernel names)."""
+    committed = Path(__file__).resolve().parents[3] / "docs" / "results"
+    out = tmp_path / "writeup.pdf"
+    build_report(committed, output=out, fmt="pdf")
+    assert pdf_pages(out.read_bytes()) <= WRITEUP_PAGE_BUDGET
+    fits = _fits(out.with_suffix(".typ"), committed)
+    assert fits and all(f["need"] <= f["avail"] for f in fits)
+
+
 def test_latex_is_ascii_for_pdflatex(tool_results):
     doc = [Paragraph("Naïve DDP, §5.2: Wᵀ ∈ R, 1–2 × 3 ≤ 4 — √x"), *[]]
     latex = render(doc, "latex")

@@ -12,7 +12,9 @@ Reading order:
   ("faster", "above", "rises"), fed the rows the sentence cites;
 - the answers by part of the handout: `single_gpu` (model timing, profiles, mixed precision),
   `memory`, `checkpointing`, `kernels` (attention, compile, FlashAttention-2), `parallel`
-  (all-reduce, DDP, sharding, FSDP), `analysis` (§8's FFN calculations), `leaderboard`, and
+  (all-reduce, sharding, FSDP, and what each distributed run trained), `data_parallel` (naive,
+  flat and overlapped DDP, one world size at a time), `analysis` (§8's FFN calculations),
+  `leaderboard`, and
   `appendix_2025` (the 2025 handout's problems the 2026 one dropped);
 - `seeds`: what the seed projects had (two T4s in fp16, the kernel x mode matrix, fp16 against
   bf16), answered after the handout's problems (not in the write-up);

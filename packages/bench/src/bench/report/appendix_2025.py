@@ -14,9 +14,10 @@ from typing import Any
 import lmcore
 from bench.plan import buckets, xxl
 from bench.report.claims import SAME, relation
+from bench.report.data_parallel import ddp_runs
 from bench.report.document import Block, Paragraph, Table
-from bench.report.parallel import run_shape
-from bench.report.results import Results, Rows, fmt, num, ok
+from bench.report.parallel import run_dims, run_shape, run_world
+from bench.report.results import Record, Results, Rows, fmt, num, ok
 from bench.report.single_gpu import said
 from bench.tools import allreduce, data_parallel
 
@@ -28,47 +29,62 @@ _FP32 = 4  # bytes per gradient value: bench-ddp trains in fp32
 _EXAMPLE_TOKENS = 4096
 
 
-def _bucketed(res: Results) -> Rows:
-    rows = [r for r in ok(res.rows("ddp")) if r.get(ddp_keys.variant) == "ddp"]
+def _bucketed(rows: Rows) -> Rows:
+    """One run's DDPBucketed rows, smallest bucket first."""
+    k = ddp_keys
     return sorted(
-        (r for r in rows if num(r, ddp_keys.bucket_mb) is not None),
-        key=lambda r: r[ddp_keys.bucket_mb],
+        (r for r in rows if r.get(k.variant) == "ddp" and num(r, k.bucket_mb) is not None),
+        key=lambda r: r[k.bucket_mb],
     )
+
+
+def _sweeps(res: Results) -> list[tuple[Record, Rows]]:
+    """Each bench-ddp run that swept bucket sizes, with its DDPBucketed rows, fewest ranks first."""
+    return [(rec, found) for rec, rows in ddp_runs(res) if (found := _bucketed(rows))]
 
 
 def answer_bucket_sweep(res: Results) -> list[Block]:
-    """(a) DDPBucketed's step time per bucket size, and which size is best (ties said so)."""
-    rows = _bucketed(res)
-    if not rows:
-        return []
+    """(a) DDPBucketed's step time per bucket size, and which size is best (ties said so), one
+    run (world size) at a time."""
     k = ddp_keys
-    table = [
-        {
-            "bucket_mb": r[k.bucket_mb],
-            "buckets": r.get(k.collectives),
-            "step_ms": r[k.step_ms],
-            "overhead_ms": r.get(k.overhead_ms),
-            "wait_ms": r.get(k.wait_ms),
-            "hidden": r.get(k.hidden),
-        }
-        for r in rows
-    ]
-    best = min(rows, key=lambda r: r[k.step_ms])
-    level = [r for r in rows if relation(r[k.step_ms], best[k.step_ms]) == "level with"]
-    sizes = " and ".join(f"{fmt(r[k.bucket_mb])} MB" for r in level)
-    text = (
-        f"(a) DDPBucketed's step ({run_shape(res.record_of(best))}) is "
-        f"shortest at {fmt(best[k.bucket_mb])} MB buckets, {fmt(best[k.step_ms])} ms"
-        + (
-            f"; {sizes} are within {SAME:.0%} of each other, level at this precision"
-            if len(level) > 1
-            else ""
+    out: list[Block] = []
+    for record, rows in _sweeps(res):
+        table = [
+            {
+                "bucket_mb": r[k.bucket_mb],
+                "buckets": r.get(k.collectives),
+                "step_ms": r[k.step_ms],
+                "overhead_ms": r.get(k.overhead_ms),
+                "wait_ms": r.get(k.wait_ms),
+                "hidden": r.get(k.hidden),
+            }
+            for r in rows
+        ]
+        best = min(rows, key=lambda r: r[k.step_ms])
+        level = [
+            r
+            for r in rows
+            if r is not best and relation(r[k.step_ms], best[k.step_ms]) == "level with"
+        ]
+        sizes = ", ".join(f"{fmt(r[k.bucket_mb])} MB" for r in level)
+        text = (
+            f"(a) DDPBucketed's step ({run_shape(record)}, {run_world(record)} ranks) is "
+            f"shortest at {fmt(best[k.bucket_mb])} MB buckets, {fmt(best[k.step_ms])} ms"
+            + (
+                f"; {sizes} {'is' if len(level) == 1 else 'are'} within {SAME:.0%} of it, "
+                "level at this precision"
+                if level
+                else ""
+            )
+            + f". The smallest buckets ({fmt(rows[0][k.bucket_mb])} MB, "
+            f"{rows[0].get(k.collectives)} all-reduces) take {fmt(rows[0][k.step_ms])} ms: many "
+            "calls, each paying its fixed cost; the largest "
+            f"({fmt(rows[-1][k.bucket_mb])} MB, {rows[-1].get(k.collectives)} all-reduces) "
+            f"{fmt(rows[-1][k.step_ms])} ms: few calls, but the last bucket's all-reduce starts "
+            "only when the backward is nearly done."
         )
-        + f". The smallest buckets ({fmt(rows[0][k.bucket_mb])} MB) take "
-        f"{fmt(rows[0][k.step_ms])} ms: many calls, each paying its fixed cost; the largest "
-        f"({fmt(rows[-1][k.bucket_mb])} MB) {fmt(rows[-1][k.step_ms])} ms."
-    )
-    return [said(res, text, rows), Table(table, list(table[0]))]
+        out += [said(res, text, rows), Table(table, list(table[0]))]
+    return out
 
 
 def _link(res: Results) -> tuple[float, float, Rows] | None:
@@ -101,13 +117,13 @@ def answer_bucket_equation(res: Results) -> list[Block]:
             "2·√(s·o/w) (`bench.plan.buckets`)."
         )
     ]
-    rows, link = _bucketed(res), _link(res)
-    if not rows or link is None:
+    sweeps, link = _sweeps(res), _link(res)
+    if not sweeps or link is None:
         return out
     w, o, link_rows = link
-    shape = res.record_of(rows[0]).run.config.get("shape") or {}
-    dims = {k: shape[k] for k in ("d_model", "d_ff", "num_layers", "num_heads") if k in shape}
-    if len(dims) < 4:
+    record, rows = sweeps[0]  # the fewest ranks: the link numbers are the two-rank ones
+    dims = run_dims(record)
+    if dims is None:
         return out
     config = lmcore.ModelConfig(vocab_size=10_000, context_length=128, **dims)
     s = _FP32 * lmcore.count_parameters(config)

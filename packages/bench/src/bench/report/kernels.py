@@ -355,11 +355,12 @@ def answer_flash_tests(prefix: str, what: str):
         gpu = [r for r in res.rows("gpu_tests") if "fa2" in str(r.get("command", ""))]
         if gpu:
             last = gpu[-1]
+            device = res.record_of(last).run.env.get("device_name")
             out.append(
                 said(
                     res,
-                    f"On an H100 fa2's own GPU tests (the Triton forward and backward against "
-                    f"a float64 oracle) last passed {last.get('passed')} of "
+                    f"On one {device} fa2's own GPU tests (the Triton forward and backward "
+                    f"against a float64 oracle) last passed {last.get('passed')} of "
                     f"{last.get('passed', 0) + last.get('failed', 0)} at "
                     f"`{str(last.get('revision'))[:12]}`.",
                     [last],

@@ -18,8 +18,9 @@ two B200s. What this project measured and predicts instead, each cited with its 
 from __future__ import annotations
 
 from bench.core.hardware import peak_tflops
+from bench.report.claims import direction, speed_against
 from bench.report.document import Block, Paragraph
-from bench.report.results import SOURCE, Results, Rows, fmt, num, ok
+from bench.report.results import SOURCE, Results, Rows, fmt, grouped, num, ok
 from bench.report.single_gpu import said
 from bench.tools import flash, ops, plan, step
 from lmcore import MODEL_SIZES
@@ -29,6 +30,8 @@ __all__ = ["FULL_RUN", "answer_leaderboard"]
 step_keys, flash_keys, ops_keys, plan_keys = step.KEYS, flash.KEYS, ops.KEYS, plan.KEYS
 _MODEL = "leaderboard-8b"
 _BLOCKS = MODEL_SIZES[_MODEL].num_layers
+# The leaderboard's setting (§9): batch 2 on two GPUs.
+_HANDOUT_GPUS, _HANDOUT_BATCH = 2, 2
 
 # What the full step needs, said where nothing measured it.
 FULL_RUN = (
@@ -89,16 +92,34 @@ _LAYOUT_NAMES = {
 
 
 def _full_step(res: Results) -> list[Block]:
-    """The full step on two GPUs or more: each row's time, first step and peak, ours as ratios
-    to the torch-native row."""
-    rows = _newest([r for r in ok(res.rows("step", stem="step_leaderboard")) if _is_full(r)])
-    ours = [r for r in rows if r[step_keys.impl] == "ours" and num(r, step_keys.step_ms)]
-    native = [r for r in rows if r[step_keys.impl] == "torch-native" and num(r, step_keys.step_ms)]
-    if not ours:
-        return []
+    """The full step on two GPUs or more, one paragraph per world size (its newest result; two
+    ranks first, the handout's): each row's time, first step and peak, ours as ratios to the
+    torch-native row; then what more ranks did to the step and its throughput."""
+    full = [r for r in ok(res.rows("step", stem="step_leaderboard")) if _is_full(r)]
+    runs = [
+        _newest(group)
+        for _, group in sorted(grouped(full, "world_size").items(), key=lambda kv: kv[0][0])
+    ]
+    out: list[Block] = []
+    best: list[dict] = []
+    for rows in runs:
+        ours = [r for r in rows if r[step_keys.impl] == "ours" and num(r, step_keys.step_ms)]
+        native = [
+            r for r in rows if r[step_keys.impl] == "torch-native" and num(r, step_keys.step_ms)
+        ]
+        if ours:
+            out.append(_full_step_paragraph(res, ours, native))
+            best.append(min(ours, key=lambda r: r[step_keys.step_ms]))
+    if len(best) >= 2:
+        out.append(_scaling(res, best[0], best[-1]))
+    return out
+
+
+def _full_step_paragraph(res: Results, ours: Rows, native: Rows) -> Block:
     first = ours[0]
     device = res.record_of(first).run.env.get("device_name")
     world = first.get("world_size")
+    handout = world == _HANDOUT_GPUS and first[step_keys.batch] * world == _HANDOUT_BATCH
 
     def row_text(r: dict) -> str:
         layout = _LAYOUT_NAMES.get(r.get("layout"), r.get("layout"))
@@ -109,17 +130,21 @@ def _full_step(res: Results) -> list[Block]:
         )
         if num(r, step_keys.time_vs_native) and num(r, step_keys.peak_vs_native):
             text += (
-                f", {r[step_keys.time_vs_native]:.2f}× the torch-native step's time and "
+                f", {r[step_keys.time_vs_native]:.2f}× the torch-native step's time ("
+                f"{speed_against(1 / r[step_keys.time_vs_native], 'it')}) and "
                 f"{r[step_keys.peak_vs_native]:.2f}× its peak"
             )
         return text
 
+    what = ("The leaderboard's own step, measured" if handout else "The full step on more GPUs") + (
+        f": all {_BLOCKS} blocks, batch {first[step_keys.batch] * world} over {world} {device} "
+        f"GPUs (one sequence per rank), {first[step_keys.ctx]:,} tokens a sequence, "
+        f"{first[step_keys.precision]}, each block compiled, "
+        f"{first[step_keys.activation_checkpointing]} checkpointing"
+        + (" (the leaderboard runs on two B200s)" if handout else "")
+    )
     text = (
-        f"The full step, measured: all {_BLOCKS} blocks, batch "
-        f"{first[step_keys.batch] * world} over {world} {device} GPUs, "
-        f"{first[step_keys.ctx]:,} tokens a sequence, {first[step_keys.precision]}, each block "
-        f"compiled, {first[step_keys.activation_checkpointing]} checkpointing. Ours "
-        f"({first[step_keys.attention]} attention, {first[step_keys.loss]} loss, "
+        f"{what}. Ours ({first[step_keys.attention]} attention, {first[step_keys.loss]} loss, "
         f"{first[step_keys.optimizer]} AdamW with moments in the parameters' dtype) on "
         + "; on ".join(row_text(r) for r in ours)
         + "."
@@ -130,7 +155,28 @@ def _full_step(res: Results) -> list[Block]:
             f" The torch-native step ({n[step_keys.attention]} attention, {n[step_keys.loss]} "
             f"cross-entropy, {n[step_keys.optimizer]} AdamW) on {row_text(n)}."
         )
-    return [said(res, text, [*ours, *native])]
+    return said(res, text, [*ours, *native])
+
+
+def _scaling(res: Results, few: dict, many: dict) -> Block:
+    """Ours at the fewest and the most ranks: the same batch per rank, so a step that keeps its
+    time multiplies the throughput by the ranks' ratio (words from `claims`)."""
+    k = step_keys
+    n0, n1 = few["world_size"], many["world_size"]
+    text = (
+        f"From {n0} to {n1} GPUs, one sequence per rank either way, our fastest step "
+        f"{direction(few[k.step_ms], many[k.step_ms])} ({fmt(few[k.step_ms])} to "
+        f"{fmt(many[k.step_ms])} ms) and its peak {direction(few[k.peak_mib], many[k.peak_mib])} "
+        f"({fmt(few[k.peak_mib])} to {fmt(many[k.peak_mib])} MiB, the shards of parameters, "
+        f"gradients and AdamW state {n0}/{n1} as large)"
+    )
+    if num(few, k.tokens_per_s) and num(many, k.tokens_per_s):
+        gain = many[k.tokens_per_s] / few[k.tokens_per_s]
+        text += (
+            f"; tokens per second grow {gain:.2f}× for {n1 / n0:g}× the GPUs "
+            f"({gain / (n1 / n0):.0%} scaling efficiency)"
+        )
+    return said(res, text + ".", [few, many])
 
 
 def _step(res: Results) -> list[Block]:
@@ -144,7 +190,7 @@ def _step(res: Results) -> list[Block]:
     full = _BLOCKS
     label = best.get(step_keys.size_label) or best[step_keys.size]
     what = (
-        f"What was run: the handout's leaderboard model does not fit one GPU with its AdamW "
+        f"On one GPU: the handout's leaderboard model does not fit one GPU with its AdamW "
         f"state, so bench-step ran it cut to {best[step_keys.num_layers]} of its {full} blocks "
         f"({label}), the most whose predicted peak fits (`--num-layers fit`), on one sequence "
         f"of {best[step_keys.ctx]:,} tokens (batch {best[step_keys.batch]}), "

@@ -1,14 +1,18 @@
-"""§5–§7 and §9 of the 2026 handout: communication, DDP, optimizer-state sharding, FSDP and the
-leaderboard."""
+"""§5.1, §6 and §7 of the 2026 handout: communication, optimizer-state sharding and FSDP, and
+what every distributed run trained (`run_shape`, `run_world`, `run_dims`); DDP's answers read
+them in `bench.report.data_parallel`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from bench.plan.check import dims_on
 from bench.report.claims import direction, growth_exponent, ratio_word, speed_against
 from bench.report.document import Block, Paragraph, Table
 from bench.report.results import (
     DIM_KEYS,
+    SOURCE,
     Record,
     Results,
     Rows,
@@ -18,43 +22,68 @@ from bench.report.results import (
     ok,
     size_label,
 )
-from bench.report.runs import ALLREDUCE_MORE_GPUS, DDP_TRACES, FSDP_PLAN, FSDP_TRACES
+from bench.report.runs import (
+    ALLREDUCE_GLOO_FULL,
+    ALLREDUCE_MORE_GPUS,
+    FSDP_PLAN,
+    FSDP_TRACES,
+    GpuRun,
+)
 from bench.report.single_gpu import said
 from bench.report.trace_timeline import NO_NSIGHT, trace_images
-from bench.tools import allreduce, data_parallel, plan, sharding
-from lmcore import describe_size
+from bench.tools import allreduce, plan, sharding
+from lmcore import MODEL_SIZES
 
 __all__ = [
     "answer_allreduce",
-    "answer_ddp",
     "answer_fsdp_accounting",
     "answer_fsdp_tests",
     "answer_sharding",
     "answer_tests",
+    "run_dims",
     "run_shape",
+    "run_world",
 ]
 
-allreduce_keys, ddp_keys, zero_keys = allreduce.KEYS, data_parallel.KEYS, sharding.KEYS
+allreduce_keys, zero_keys = allreduce.KEYS, sharding.KEYS
 plan_keys = plan.KEYS
 
 
+def run_dims(record: Record) -> dict[str, int] | None:
+    """The dimensions a distributed run trained: its config's `shape` where it recorded one,
+    else what its size's name meant on its date (`bench.plan.check.dims_on`); None when the
+    run names no size lmcore knows."""
+    config = record.run.config
+    shape: dict[str, Any] = config.get("shape") or {}
+    if all(shape.get(k) is not None for k in DIM_KEYS):
+        return {k: int(shape[k]) for k in DIM_KEYS}
+    name = config.get("size") or shape.get("name")
+    if name not in MODEL_SIZES:
+        return None
+    return dict(zip(DIM_KEYS, dims_on(name, str(record.run.date)), strict=True))
+
+
+def run_world(record: Record) -> int:
+    """The ranks a distributed run used: its config's `world_size` or `nproc`, else the GPUs
+    its machine had (2 when it says neither)."""
+    config, env = record.run.config, record.run.env
+    return int(config.get("world_size") or config.get("nproc") or env.get("gpu_count") or 2)
+
+
 def run_shape(record: Record) -> str:
-    """The model a distributed run trained, with its dimensions (names changed in 2026)."""
-    shape: dict[str, Any] = record.run.config.get("shape") or {}
-    if not shape:
-        return str(record.run.config.get("size", "?"))
-    return (
-        f"{size_label({'size': shape.get('name'), **shape})}, "
-        f"context {record.run.config.get('context_length')}, batch "
-        f"{record.run.config.get('batch')}"
-    )
+    """The model a distributed run trained, with its dimensions (names changed in 2026), its
+    context and batch per rank."""
+    config = record.run.config
+    name = config.get("size") or (config.get("shape") or {}).get("name") or "?"
+    dims = run_dims(record)
+    label = size_label({"size": name, **(dims or {})}, date=str(record.run.date))
+    return f"{label}, context {config.get('context_length')}, batch {config.get('batch')}"
 
 
 def _setup(res: Results, rows: Rows) -> str:
     records = {id(res.record_of(r)): res.record_of(r) for r in rows}.values()
     return "; ".join(
-        f"{run_shape(rec)} on {rec.run.env.get('gpu_count')}× {rec.run.env.get('device_name')}"
-        for rec in records
+        f"{run_shape(rec)} on {run_world(rec)}× {rec.run.env.get('device_name')}" for rec in records
     )
 
 
@@ -87,13 +116,9 @@ def answer_allreduce(res: Results) -> list[Block]:
         Table(table, list(table[0])),
     ]
     measured = [r for r in ok(rows) if num(r, k.ms)]
-    missing = [
-        (b, w)
-        for b, w in combos
-        if not any((r[k.backend], r[k.world_size]) == (b, w) for r in measured)
-    ]
-    if missing:
-        out.append(Paragraph(_allreduce_not_run(rows, missing)))
+    gaps = _allreduce_not_run(res, rows, measured, combos, sizes)
+    if gaps:
+        out.append(Paragraph(gaps))
     for (backend,), group in grouped(measured, k.backend).items():
         text = _allreduce_reading(backend, group)
         if text:
@@ -105,32 +130,80 @@ def answer_allreduce(res: Results) -> list[Block]:
 _HANDOUT_COMBOS = tuple((b, w) for b in ("gloo", "nccl") for w in (2, 4, 6))
 
 
-def _allreduce_not_run(rows: Rows, missing: list[tuple[str, int]]) -> str:
-    """The columns without a measurement, with the reason the tool recorded (or none)."""
+def _allreduce_not_run(
+    res: Results, rows: Rows, measured: Rows, combos: list[tuple[str, int]], sizes: list[float]
+) -> str:
+    """The table's empty cells and why: a whole column the machines could not hold (NCCL needs a
+    GPU per process, and no run here had that many), or cells a run skipped, with the reason
+    the tool recorded and the command that fills them."""
     k = allreduce_keys
-    parts = []
-    for backend, world in missing:
+    done = {(r[k.backend], r[k.world_size], r[k.size_mb]) for r in measured}
+    gpus = max(
+        [
+            int(rec.run.env.get("gpu_count") or 0)
+            for rec in res.runs("allreduce")
+            if res.current(rec)
+        ]
+        + [r[k.world_size] for r in measured if r[k.backend] == "nccl"],
+        default=0,
+    )
+    parts, too_few, skipped = [], [], []
+    skipped_sizes: set[float] = set()
+    for backend, world in combos:
+        empty = [s for s in sizes if (backend, world, s) not in done]
+        if not empty:
+            continue
+        if backend == "nccl" and world > gpus:
+            too_few.append(world)
+            parts.append(
+                f"nccl at {world} processes (a GPU per process on one node; the machines "
+                f"these runs had held at most {gpus})"
+            )
+            continue
         reasons = {
             str(r[k.status]).removeprefix("skipped: ")
             for r in rows
-            if (r[k.backend], r[k.world_size]) == (backend, world) and r[k.status] != "ok"
+            if (r[k.backend], r[k.world_size]) == (backend, world)
+            and r[k.size_mb] in empty
+            and r[k.status] != "ok"
         }
-        why = f" ({'; '.join(sorted(reasons))})" if reasons else " (not in the run)"
-        parts.append(f"{backend} at {world} processes{why}")
-    nccl = sorted(w for b, w in missing if b == "nccl" and w > 2)
-    hardware = (
-        f" NCCL at {' and '.join(map(str, nccl))} processes needs a GPU per process on one node: "
-        f"{ALLREDUCE_MORE_GPUS.sentence()}."
-        + (
-            " Machines of 8 GPUs, the only ones with 6 or more, were not lent for these runs, so "
-            "the 6-process column stays empty."
-            if max(nccl) > 4
-            else ""
+        why = "; ".join(sorted(reasons)) or "not in the run"
+        where = (
+            "" if len(empty) == len(sizes) else " at " + ", ".join(f"{fmt(s)} MB" for s in empty)
         )
-        if nccl
-        else ""
-    )
-    return "Not run: " + ", ".join(parts) + "." + hardware
+        parts.append(f"{backend} at {world} processes{where} ({why})")
+        if backend == "gloo":
+            skipped.append(world)
+            skipped_sizes.update(empty)
+    if not parts:
+        return ""
+    text = "Not run: " + "; ".join(parts) + "."
+    if too_few:
+        text += (
+            f" NCCL at {' and '.join(map(str, too_few))} processes needs that many GPUs on one "
+            f"node: {_filled(ALLREDUCE_MORE_GPUS, too_few).sentence()}."
+        )
+        if max(too_few) > _LENT_GPUS:
+            text += (
+                f" Machines of more than {_LENT_GPUS} GPUs were not lent for these runs, so "
+                "those columns stay empty."
+            )
+    if skipped:
+        text += (
+            " gloo runs on the CPU and needs no GPU, so its empty cells are runs not made, not "
+            f"hardware missing: {_filled(ALLREDUCE_GLOO_FULL, skipped, skipped_sizes).sentence()}."
+        )
+    return text
+
+
+# The most GPUs of one machine lent for the measured runs (allreduce_4xh200_2026-11-28).
+_LENT_GPUS = 4
+
+
+def _filled(run: GpuRun, nproc: list[int], sizes: set[float] | None = None) -> GpuRun:
+    """`run` with the process counts (and sizes) a table lacks filled into its command."""
+    sizes_mb = " ".join(f"{s:g}" for s in sorted(sizes or ()))
+    return replace(run, command=run.command.format(nproc=" ".join(map(str, nproc)), sizes=sizes_mb))
 
 
 def _allreduce_reading(backend: str, group: Rows) -> str:
@@ -164,168 +237,56 @@ def _allreduce_reading(backend: str, group: Rows) -> str:
             parts.append(
                 f"at {fmt(top[k.size_mb])} MB it moves {fmt(top[k.busbw_gbps])} GB/s (bus)"
             )
-    if len(worlds) >= 2:
-        common = [
-            s
-            for s in sorted({r[k.size_mb] for r in group})
-            if all(any(r[k.size_mb] == s and r[k.world_size] == w for r in group) for w in worlds)
-        ]
-        if common:
-            size = common[-1]
-            at = sorted((r for r in group if r[k.size_mb] == size), key=lambda r: r[k.world_size])
-            first, last = at[0], at[-1]
+    # more processes, within the one result that measured the most process counts (rows of
+    # two runs, on two machines, are not set against each other); the newest on a tie
+    runs = grouped(group, SOURCE)
+    if runs:
+        (_, widest) = max(
+            runs.items(), key=lambda run: (len({r[k.world_size] for r in run[1]}), run[0])
+        )
+        counts = sorted({r[k.world_size] for r in widest})
+        by = {(r[k.world_size], r[k.size_mb]): r for r in widest}
+        common = [s for s in sorted({s for _, s in by}) if all((w, s) in by for w in counts)]
+        if len(counts) >= 2 and common:
             parts.append(
-                f"at {fmt(size)} MB, going from {first[k.world_size]} to {last[k.world_size]} "
-                f"processes the time {direction(first[k.ms], last[k.ms])} "
-                f"({fmt(first[k.ms])} to {fmt(last[k.ms])} ms)"
-                + (
-                    f" while the bus bandwidth {direction(first[k.busbw_gbps], last[k.busbw_gbps])}"
-                    f" ({fmt(first[k.busbw_gbps])} to {fmt(last[k.busbw_gbps])} GB/s): each rank "
-                    "of a ring sends 2(n−1)/n of the data, so the time grows toward twice the "
-                    "two-process time at the same bandwidth"
-                    if num(first, k.busbw_gbps) and num(last, k.busbw_gbps)
-                    else ""
-                )
+                _process_reading(by[(counts[0], common[-1])], by[(counts[-1], common[-1])])
             )
     if not parts:
         return ""
     return f"{backend}: " + "; ".join(parts) + "."
 
 
+def _process_reading(first: dict[str, Any], last: dict[str, Any]) -> str:
+    """What more processes do to one size's all-reduce: the time against what a ring's traffic
+    alone predicts (each rank sends 2(n−1)/n of the data), and the bus bandwidth's direction."""
+    k = allreduce_keys
+    n0, n1, size = first[k.world_size], last[k.world_size], first[k.size_mb]
+    text = (
+        f"at {fmt(size)} MB, going from {n0} to {n1} processes the time "
+        f"{direction(first[k.ms], last[k.ms])} ({fmt(first[k.ms])} to {fmt(last[k.ms])} ms)"
+    )
+    if not (num(first, k.busbw_gbps) and num(last, k.busbw_gbps)):
+        return text
+    ring = (2 * (n1 - 1) / n1) / (2 * (n0 - 1) / n0)
+    bus = direction(first[k.busbw_gbps], last[k.busbw_gbps])
+    text += (
+        f": each rank of a ring sends 2(n−1)/n of the data, {ring:.2g}× as much at {n1} as at "
+        f"{n0}, and the time grows {last[k.ms] / first[k.ms]:.2g}×, so the bus bandwidth "
+        f"{bus} ({fmt(first[k.busbw_gbps])} to {fmt(last[k.busbw_gbps])} GB/s)"
+    )
+    return (
+        text
+        + {
+            "rises": ": more ranks move data at once",
+            "stays level": ": the links run as fast with more ranks",
+            "falls": ": the ranks contend for the links (gloo: for the host's memory, cores)",
+        }[bus]
+    )
+
+
 # Time ∝ size^p between two sizes: below this p a fixed per-call cost dominates (ten times the
 # data in well under ten times the time), above the other the bytes do.
 _LATENCY_BOUND, _BANDWIDTH_BOUND = 0.5, 0.85
-
-
-# bench-ddp's rows an answer sets beside its own: the model alone, the plain wrappers, torch's.
-_COMPARED = ("single", "ddp:naive", "ddp:flat", "ddp:individual", "ddp:torch")
-
-
-def answer_ddp(variant: str, label: str):
-    """An answer quoting one DDP variant's step and communication time against the others."""
-
-    def answer(res: Results) -> list[Block]:
-        rows = [r for r in ok(res.rows("ddp")) if num(r, ddp_keys.step_ms)]
-        mine = [r for r in rows if r.get(ddp_keys.variant) == variant]
-        if not mine:
-            return []
-        r = mine[0]
-        text = (
-            f"{label} ({_setup(res, [r])}): {fmt(r[ddp_keys.step_ms])} ms per step"
-            + (
-                f", {fmt(r[ddp_keys.comm_ms])} ms of it communicating"
-                if num(r, ddp_keys.comm_ms)
-                else ""
-            )
-            + (
-                f", {fmt(r[ddp_keys.overhead_ms])} ms beyond one GPU"
-                if num(r, ddp_keys.overhead_ms)
-                else ""
-            )
-        )
-        others = [o for o in rows if o is not r and o.get(ddp_keys.variant) in _COMPARED]
-        if others:
-            text += "; beside " + ", ".join(
-                f"{o[ddp_keys.case]} {fmt(o[ddp_keys.step_ms])} ms" for o in others
-            )
-        if num(r, ddp_keys.hidden_e2e) is not None:
-            hidden = r[ddp_keys.hidden_e2e]
-            text += f"; it hides {hidden:.0%} of a standalone all-reduce of the gradients"
-        out: list[Block] = [said(res, text + ".", [r, *others])]
-        if variant == "ddp:naive":
-            out.append(_size_note(res, rows))
-        if variant == "ddp:flat":
-            out += _flat_against_naive(res, rows)
-        if variant == "ddp:individual":
-            out += [*_individual_against_others(res, rows), *_ddp_traces(res)]
-        return out
-
-    return answer
-
-
-def _flat_against_naive(res: Results, rows: Rows) -> list[Block]:
-    """§5.3.1's comparison: one all-reduce of the flattened gradients against one per gradient."""
-    k = ddp_keys
-    flat, naive = (_variant(rows, v) for v in ("ddp:flat", "ddp:naive"))
-    if flat is None or naive is None:
-        return []
-    ratio = naive[k.step_ms] / flat[k.step_ms]
-    text = (
-        "Batching the gradients into one all-reduce makes the step "
-        f"{speed_against(ratio, 'one all-reduce per gradient')}: {fmt(flat[k.step_ms])} against "
-        f"{fmt(naive[k.step_ms])} ms"
-    )
-    if num(flat, k.comm_ms) is not None and num(naive, k.comm_ms) is not None:
-        text += (
-            f", communicating {fmt(flat[k.comm_ms])} against {fmt(naive[k.comm_ms])} ms"
-            + ratio_word(
-                naive[k.comm_ms] / flat[k.comm_ms],
-                more=f": one call pays the per-call cost once instead of "
-                f"{naive.get(k.collectives) or 'once per gradient'} times, and a large message "
-                "runs at the link's bandwidth",
-                less=": here the many small calls took less time than the one large one",
-                same=": the call count does not change the communication time here",
-            )
-        )
-    return [said(res, text + ".", [flat, naive])]
-
-
-def _individual_against_others(res: Results, rows: Rows) -> list[Block]:
-    """§5.3.2 (a)'s comparison: overlapping each gradient's all-reduce with the backward against
-    naive and flat DDP, with what the rows say of why."""
-    k = ddp_keys
-    ind, flat, naive = (_variant(rows, v) for v in ("ddp:individual", "ddp:flat", "ddp:naive"))
-    if ind is None or flat is None:
-        return []
-    versus = f"flat DDP's {fmt(flat[k.step_ms])} ms"
-    if naive is not None:
-        versus += f" and naive DDP's {fmt(naive[k.step_ms])} ms"
-    text = (
-        "(a) Overlapping each gradient's all-reduce with the backward makes the step "
-        f"{speed_against(flat[k.step_ms] / ind[k.step_ms], 'flat DDP')}: {fmt(ind[k.step_ms])} "
-        f"ms against {versus}"
-    )
-    wait, overhead = num(ind, k.wait_ms), num(ind, k.overhead_ms)
-    if wait is not None and overhead is not None and num(ind, k.comm_ms) is not None:
-        slower = overhead - wait
-        text += (
-            f". Its {ind.get(k.collectives)} all-reduces take {fmt(ind[k.comm_ms])} ms in all "
-            f"(flat's one: {fmt(flat[k.comm_ms]) if num(flat, k.comm_ms) else '?'} ms), "
-            f"and only {fmt(wait)} ms of them are left after the backward; but the step is "
-            f"{fmt(overhead)} ms longer than one GPU's, so the backward itself ran "
-            f"{fmt(slower)} ms longer"
-            + ratio_word(
-                slower / max(wait, 1e-9),
-                more=": the many small collectives, each latency-bound, share the GPU with the "
-                "backward's kernels and slow it by more than the overlap hides",
-                less=": the overlap hides most of the communication",
-                same=", as much as the wait it saved",
-            )
-        )
-    return [said(res, text + ".", [r for r in (ind, flat, naive) if r is not None])]
-
-
-def _variant(rows: Rows, variant: str) -> dict[str, Any] | None:
-    return next((r for r in rows if r.get(ddp_keys.variant) == variant), None)
-
-
-def _ddp_traces(res: Results) -> list[Block]:
-    """§5.3.2 (b): the traced steps of naive and overlapped DDP drawn as timelines, in place of
-    Nsight Systems screenshots; or the command that makes them."""
-    k = ddp_keys
-    traced = [r for r in ok(res.rows("ddp")) if num(r, k.comm_overlap) is not None]
-    images = [img for rec in res.runs("ddp") if res.current(rec) for img in trace_images(res, rec)]
-    if not images:
-        return [Paragraph(f"(b) {NO_NSIGHT} Not run: {DDP_TRACES.sentence()}.")]
-    text = (
-        f"(b) {NO_NSIGHT} A torch.profiler trace of one step per wrapper stands in for them, "
-        "drawn below as its compute and communication lanes (rank 0)"
-    )
-    if traced:
-        text += ": the share of all-reduce kernel time that ran beside compute is " + ", ".join(
-            f"{r[k.case]} {r[k.comm_overlap]:.0%}" for r in traced
-        )
-    return [said(res, text + ".", traced), *images]
 
 
 def _sharding_reading(sharded: dict[str, Any], world: int) -> str:
@@ -356,14 +317,6 @@ def _sharding_time(sharded: dict[str, Any]) -> str:
         "not make: stepping half the optimizer state saves more than it costs.",
         same="about DDP's, though the broadcast of the updated parameters adds a transfer "
         "DDP does not make: it is small beside the step.",
-    )
-
-
-def _size_note(res: Results, rows: Rows) -> Paragraph:
-    return Paragraph(
-        f"These runs trained {_setup(res, rows)}. The 2026 handout's "
-        f"{describe_size('xl')} needs `bench-ddp --size xl` on two GPUs of one node; that run "
-        "has not been made."
     )
 
 
@@ -468,7 +421,13 @@ def _fsdp_saving(res: Results) -> list[Block]:
     plan = [r for r in res.rows("plan", stem="plan_fsdp", latest=True) if num(r, k.peak_gib)]
     if not plan:
         return [Paragraph(f"(a) Not predicted yet: {FSDP_PLAN.sentence()}.")]
-    measured = {r.get(zero_keys.variant): r for r in ok(res.rows("zero"))}
+    # §6's rows in fp32 (bench-plan's prediction is fp32): FSDP rows of another dtype left out
+    measured = {
+        r.get(zero_keys.variant): r
+        for r in ok(res.rows("zero"))
+        if r.get(zero_keys.compute_dtype) in (None, "fp32")
+        and r.get(zero_keys.storage_dtype) in (None, "fp32")
+    }
     out: list[Block] = []
     for (size,), group in grouped(plan, k.size).items():
         by_layout = {r[k.layout]: r for r in group}
@@ -522,36 +481,74 @@ def _fsdp_saving(res: Results) -> list[Block]:
 
 def _dims(row: dict[str, Any], res: Results) -> str:
     """The dimensions a bench-zero row trained, as bench-plan's size labels write them."""
-    shape = res.record_of(row).run.config.get("shape") or {}
-    return "({}/{}/{}L/{}H".format(*(shape.get(k) for k in DIM_KEYS))
+    dims = run_dims(res.record_of(row)) or {}
+    return "({}/{}/{}L/{}H".format(*(dims.get(k) for k in DIM_KEYS))
 
 
 def _fsdp_traces(res: Results) -> list[Block]:
-    """(b): the all-gathers of a traced FSDP step beside compute, or what makes them."""
+    """(b): whether the all-gathers finish in time, from the newest run whose FSDP rows were
+    traced (or the newest FSDP rows): per compute dtype, zero.FSDP's step and the share of its
+    all-gather time beside compute, against the same without prefetching and torch's FSDP2;
+    then the timelines, in place of Nsight Systems screenshots."""
     k = zero_keys
-    rows = [r for r in ok(res.rows("zero")) if str(r.get(k.variant, "")).startswith("fsdp")]
-    traced = [r for r in rows if num(r, k.gather_overlap) is not None]
-    images = [img for rec in res.runs("zero") if res.current(rec) for img in trace_images(res, rec)]
-    if not rows:
+    fsdp = [r for r in ok(res.rows("zero")) if str(r.get(k.variant, "")).startswith("fsdp")]
+    if not fsdp:
         return [Paragraph(f"(b) Not run: {FSDP_TRACES.sentence()}. {NO_NSIGHT}")]
-    text = f"(b) ({_setup(res, rows)}) " + "; ".join(
-        f"{r[k.variant]} ({r[k.compute_dtype]}): {fmt(r[k.step_ms])} ms per step"
-        + (
-            f", {r[k.gather_overlap]:.0%} of its all-gather kernel time beside compute"
-            if num(r, k.gather_overlap) is not None
-            else ""
-        )
-        for r in rows
-    )
-    text += f". {NO_NSIGHT}" + (
-        " The traced step of each FSDP row stands in for them, drawn below as compute and "
-        "communication lanes (rank 0)."
+    traced = [r for r in fsdp if num(r, k.gather_overlap) is not None]
+    record = res.record_of((traced or fsdp)[-1])
+    rows = [r for r in fsdp if res.record_of(r) is record]
+    images = trace_images(res, record, variants=[r[k.variant] for r in rows])
+    parts = [
+        _gather_reading(group, compute, storage)
+        for (compute, storage), group in grouped(rows, k.compute_dtype, k.storage_dtype).items()
+    ]
+    text = f"(b) ({_setup(res, rows)}) " + "; ".join(p for p in parts if p) + "."
+    text += f" {NO_NSIGHT} " + (
+        "One more step of each FSDP row ran under torch.profiler; its timeline below stands in "
+        "for them, rank 0's compute and communication (NCCL) lanes on one time axis (the share "
+        "in each timeline's title counts every collective, the reduce-scatters too, so it "
+        "differs from the all-gathers' share above)."
         if images
-        else f" No trace was kept: {FSDP_TRACES.sentence()}."
+        else f"No trace was kept: {FSDP_TRACES.sentence()}."
     )
-    return [said(res, text, traced or rows), *images]
+    return [said(res, text, rows), *images]
+
+
+def _gather_reading(rows: Rows, compute: str | None, storage: str | None) -> str:
+    """One compute dtype's FSDP rows: zero.FSDP's step and hidden all-gather share, against
+    no prefetching and torch's FSDP2 (words from `claims`)."""
+    k = zero_keys
+    by = {r[k.variant]: r for r in rows}
+    ours = by.get("fsdp")
+    if ours is None:
+        return ""
+    stored = f", stored in {storage}" if storage and storage != "fp32" else ""
+    text = f"{compute} compute{stored}: zero.FSDP takes {fmt(ours[k.step_ms])} ms a step"
+    share = num(ours, k.gather_overlap)
+    if share is not None:
+        text += (
+            f", {share:.0%} of its all-gather kernel time beside a compute kernel (hidden), "
+            f"{1 - share:.0%} with none (exposed)"
+        )
+    for variant, name, against in (
+        ("fsdp:no-prefetch", "without prefetching", "the same without prefetching"),
+        ("fsdp:torch", "torch's FSDP2", "FSDP2"),
+    ):
+        other = by.get(variant)
+        if other is None:
+            continue
+        text += (
+            f"; {name} {fmt(other[k.step_ms])} ms"
+            + (
+                f" with {other[k.gather_overlap]:.0%} beside compute"
+                if num(other, k.gather_overlap) is not None
+                else ""
+            )
+            + f", so zero.FSDP is {speed_against(other[k.step_ms] / ours[k.step_ms], against)}"
+        )
+    return text
 
 
 def _world(res: Results, row: dict[str, Any]) -> int:
-    """The ranks of the run a row came from (2 when it does not say)."""
-    return int(res.record_of(row).run.config.get("world_size") or 2)
+    """The ranks of the run a row came from."""
+    return run_world(res.record_of(row))

@@ -15,6 +15,7 @@ from bench.core.env import now_iso
 from bench.report.analysis import analytic_answers
 from bench.report.appendix_2025 import answer_bucket_equation, answer_bucket_sweep, answer_xxl
 from bench.report.checkpointing import answer_checkpointing
+from bench.report.data_parallel import answer_ddp
 from bench.report.document import Block, Heading, Image, Paragraph
 from bench.report.kernels import (
     answer_attention,
@@ -27,7 +28,6 @@ from bench.report.leaderboard import FULL_RUN, answer_leaderboard
 from bench.report.memory import answer_memory
 from bench.report.parallel import (
     answer_allreduce,
-    answer_ddp,
     answer_fsdp_accounting,
     answer_fsdp_tests,
     answer_sharding,

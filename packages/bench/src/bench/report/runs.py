@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "ALLREDUCE_GLOO_FULL",
     "ALLREDUCE_MORE_GPUS",
     "CHECKPOINTING_STUDY",
     "COMPILE_MODEL",
@@ -91,10 +92,21 @@ CHECKPOINTING_STUDY = GpuRun(
     "--optimizer torch-fused --no-compile --no-native "
     "--json docs/results/step_checkpointing_<device>_<date>.json",
 )
+# NCCL needs a GPU per process on one node; the report fills in the process counts (`{nproc}`).
 ALLREDUCE_MORE_GPUS = GpuRun(
     "",
-    "bench-allreduce --backend nccl --nproc 4 6 --json docs/results/allreduce_<device>_<date>.json",
-    hardware="one node of 4 GPUs for 4 processes, of 8 for 6",
+    "bench-allreduce --backend nccl --nproc {nproc} "
+    "--json docs/results/allreduce_<device>_<date>.json",
+    hardware="one node with a GPU per process",
+)
+# gloo's 1 GB is opt-in (`--full`: several GB of host memory and minutes on 6 ranks); gloo runs
+# on the CPU, so any of the GPU machines' hosts makes it, GPUs or not. The report fills in
+# the process counts and sizes its table lacks (`{nproc}`, `{sizes}`).
+ALLREDUCE_GLOO_FULL = GpuRun(
+    "",
+    "bench-allreduce --backend gloo --nproc {nproc} --sizes-mb {sizes} --full "
+    "--json docs/results/allreduce_<device>_<date>.json",
+    hardware="the host of the other all-reduce runs, whose CPU gloo uses",
 )
 DDP_TRACES = GpuRun(
     "",

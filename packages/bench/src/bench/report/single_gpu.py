@@ -12,6 +12,7 @@ from typing import Any
 from bench.report.claims import SAME, STABLE, ratio_word, relation, speed, spread_word
 from bench.report.document import Block, Paragraph, Table
 from bench.report.results import (
+    SOURCE,
     Record,
     Results,
     Rows,
@@ -169,8 +170,9 @@ def answer_warmup(res: Results) -> list[Block]:
     warm-up steps land against the fully warm mean (each clause chosen by `claims`)."""
     rows = ok(res.rows("warmup"))
     out: list[Block] = []
-    for (_, ctx, mode, dtype), group in grouped(
-        rows, model_keys.size, model_keys.ctx, model_keys.mode, model_keys.dtype
+    studies = []
+    for (_, _, ctx, mode, dtype), group in grouped(
+        rows, SOURCE, model_keys.size, model_keys.ctx, model_keys.mode, model_keys.dtype
     ).items():
         group.sort(key=lambda r: r[model_keys.warmup])
         parts = "; ".join(
@@ -179,10 +181,59 @@ def answer_warmup(res: Results) -> list[Block]:
             f"(first step {fmt(r[model_keys.first_step_ms])} ms)"
             for r in group
         )
-        text = f"(c) {size_label(group[0])} context {ctx} {mode} {dtype}: {parts}. "
-        cuda = res.record_of(group[0]).run.env.get("device_type") == "cuda"
+        env = res.record_of(group[0]).run.env
+        text = (
+            f"(c) {size_label(group[0])} context {ctx} {mode} {dtype} on one "
+            f"{env.get('device_name')}: {parts}. "
+        )
+        cuda = env.get("device_type") == "cuda"
         out.append(said(res, text + _warmup_reading(group, cuda=cuda), group))
+        studies.append(group)
+    if len(studies) > 1:
+        out += _warmup_together(res, studies)
     return out
+
+
+def _warmup_together(res: Results, studies: list[Rows]) -> list[Block]:
+    """Several warm-up studies read together: the cold mean against the warm one in each, and
+    where the one- and two-step warm-ups land (words from `claims`), so that two runs which
+    disagree say so instead of each reading as the rule."""
+    cold_ratios, landed = [], {}
+    for group in studies:
+        cold, warm = group[0], group[-1]
+        if cold[model_keys.warmup] != 0 or cold is warm:
+            continue
+        w_ms = warm[model_keys.step_ms]
+        cold_ratios.append(cold[model_keys.step_ms] / w_ms)
+        env = res.record_of(cold).run.env
+        for r in group[1:-1]:
+            if r[model_keys.warmup] in (1, 2):
+                where = relation(r[model_keys.step_ms], w_ms)
+                landed.setdefault(where, []).append(
+                    f"{r[model_keys.warmup]} warm-up step{'s' if r[model_keys.warmup] > 1 else ''} "
+                    f"on the {env.get('device_name')} at context "
+                    f"{r[model_keys.ctx]}"
+                )
+    if not cold_ratios or not landed:
+        return []
+    total = sum(len(v) for v in landed.values())
+    words = {"above": "above", "level with": f"within {SAME_TEXT} of", "below": "below"}
+    clauses = [
+        f"{words[where]} it in {len(cases)} of {total} ({'; '.join(cases)})"
+        for where, cases in landed.items()
+    ]
+    text = (
+        f"Read together, the {len(cold_ratios)} studies: without warm-up the mean is "
+        f"{fmt(min(cold_ratios))}–{fmt(max(cold_ratios))}× the fully warm one; one or two "
+        "warm-up steps land " + ", ".join(clauses) + "."
+    )
+    if "below" in landed:
+        text += (
+            " A mean below the fully warm one is no cost that warm-up removes: each count runs "
+            "in its own process, whose speed varies a little from the next one's."
+        )
+    rows = [r for group in studies for r in group]
+    return [said(res, text, rows)]
 
 
 def _warmup_reading(group: Rows, *, cuda: bool) -> str:
@@ -236,6 +287,42 @@ def _warmup_reading(group: Rows, *, cuda: bool) -> str:
 # ---------------------------------------------------------------- §2.1.4 nsys_profile
 
 
+# What a CUDA kernel's templated name says it computes, most specific first: the ATen kernel it
+# wraps (`masked_fill_kernel(...)`), a binary functor's operation (`MulFunctor`, `CUDAFunctor_add`),
+# a reduction's (`MeanOps`, `sum_functor`), a foreach operation's (`std::multiplies`), any other
+# functor (`CompareFunctor`, `LerpFunctor`).
+_KERNEL_OP = (
+    re.compile(r"(\w+?)_kernel(?:_cuda|_impl)?(?:<[^>]*>)?\("),
+    re.compile(r"binary_internal::(\w+)Functor"),
+    re.compile(r"CUDAFunctor_(\w+)"),
+    re.compile(r"(\w+)(?:Ops|_functor)<"),
+    re.compile(r"std::(multiplies|plus|divides|minus)\b"),
+    re.compile(r"::(?!Binary|Unary|AUnary|Ternary|Pointwise)(\w+?)Functor<"),
+    re.compile(r"::(Sqrt|Exp|Log)<"),
+)
+# Kernel names in prose are cut after this many characters: cuBLAS's run to about 120 and say
+# what they are (tile, layout) all along.
+_KERNEL_CHARS = 130
+
+
+def kernel_label(name: str) -> str:
+    """A CUDA kernel's name as prose quotes it: its own name without namespaces or template
+    arguments, then what its arguments say it computes (`elementwise_kernel (masked_fill)`,
+    `vectorized_elementwise_kernel (Mul)`); a name without arguments (cuBLAS's) as it is, cut
+    to `_KERNEL_CHARS`, as a CPU operator's (`aten::mm`)."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    cut = min((i for i in (name.find("<"), name.find("(")) if i > 0), default=len(name))
+    if cut == len(name):  # no arguments: a cuBLAS kernel, or a CPU operator (`aten::mm`)
+        return name if len(name) <= _KERNEL_CHARS else name[: _KERNEL_CHARS - 1] + "…"
+    base, rest = re.sub(r"^.*::", "", name[:cut]).strip(), name[cut:]
+    plain = re.match(r"<(\w+)>", rest)  # a generic kernel named by its one argument (CUTLASS's)
+    if plain:
+        return f"{base}<{plain[1]}>"
+    op = next((found[1] for pattern in _KERNEL_OP if (found := pattern.search(rest))), None)
+    label = f"{base} ({op})" if op and op != base else base
+    return label if len(label) <= _KERNEL_CHARS else label[: _KERNEL_CHARS - 1] + "…"
+
+
 def _top(rows: Rows, phase: str) -> dict[str, Any] | None:
     kernels = [
         r
@@ -254,6 +341,17 @@ def _share(rows: Rows, phase: str, category: str) -> float | None:
         and r[profile_keys.name] == category
     ]
     return found[0] if found else 0.0 if any(r[profile_keys.phase] == phase for r in rows) else None
+
+
+# What stands in for Nsight Systems, said before the answers it gives.
+_NO_NSYS = (
+    "Nsight Systems (`nsys`) was not installed on the GPU machines these runs used, so "
+    "torch.profiler stands in for it: its kernel tables (every CUDA kernel with its calls "
+    "and time, per phase of one profiled training step) and its Chrome trace of that step take "
+    "the place of nsys's CUDA kernel summary and timeline, and the `record_function` ranges "
+    "(forward, backward, optimizer, the attention stages) the place of its NVTX ranges. "
+    "`bench-model --nvtx` marks the same ranges for `nsys profile` where it is installed."
+)
 
 
 def answer_profile(res: Results) -> list[Block]:
@@ -281,6 +379,8 @@ def answer_profile(res: Results) -> list[Block]:
                 "marks the same ranges for Nsight Systems."
             )
         )
+    if rows:
+        out.append(Paragraph(_NO_NSYS))
     timing = {
         (r[model_keys.size], r[model_keys.ctx], r[model_keys.mode], r[model_keys.dtype]): r
         for r in ok(res.rows("model"))
@@ -316,14 +416,15 @@ def answer_profile(res: Results) -> list[Block]:
         if top_f and fwd:
             calls = top_f[profile_keys.calls] / max(fwd[profile_keys.calls], 1)
             sentences.append(
-                f"(b) the {what} with the most forward time is `{top_f[profile_keys.name][:70]}` "
+                f"(b) the {what} with the most forward time is "
+                f"`{kernel_label(top_f[profile_keys.name])}` "
                 f"({top_f[profile_keys.share]:.0%} of the forward, {calls:g} calls per forward)"
                 + (
                     "; over the whole step it is "
                     + (
                         "the same"
                         if top_all[profile_keys.name] == top_f[profile_keys.name]
-                        else f"`{top_all[profile_keys.name][:70]}`"
+                        else f"`{kernel_label(top_all[profile_keys.name])}`"
                     )
                     if top_all and "backward" in ranges
                     else ""
@@ -337,16 +438,17 @@ def answer_profile(res: Results) -> list[Block]:
                 f"(c) in the forward, matmuls take {shares['matmul']:.0%} of {what} time, "
                 f"elementwise and other memory-bound kernels {shares['elementwise']:.0%}, "
                 f"softmax {shares['softmax']:.0%}, the rest {shares['other']:.0%}"
+                + _largest_others(group)
             )
         if "optimizer" in ranges:
             mm, opt = _share(group, "all", "matmul"), _share(group, "all", "optimizer")
             sentences.append(
                 f"(d) over a training step matmuls take {mm:.0%} and the optimizer {opt:.0%}"
                 + (
-                    f"; the matmuls' share {_share_move(shares['matmul'], mm)} from "
-                    f"{shares['matmul']:.0%} in the forward alone, the other kernels' "
-                    f"{_share_move(1 - shares['matmul'], 1 - mm)} from "
-                    f"{1 - shares['matmul']:.0%} to {1 - mm:.0%}"
+                    f"; against the forward alone the matmuls' share "
+                    f"{_share_move(shares['matmul'], mm)} ({shares['matmul']:.0%} to {mm:.0%}), "
+                    f"the other kernels' {_share_move(1 - shares['matmul'], 1 - mm)} "
+                    f"({1 - shares['matmul']:.0%} to {1 - mm:.0%}, the optimizer's included)"
                     if shares["matmul"] is not None
                     else ""
                 )
@@ -381,6 +483,30 @@ def answer_profile(res: Results) -> list[Block]:
         if sentences:
             out.append(said(res, f"`{cell}`: " + "; ".join(sentences) + ".", group))
     return out
+
+
+# Non-matmul kernels (c) names, the largest by their share of the forward's kernel time.
+_NAMED_OTHERS = 3
+
+
+def _largest_others(rows: Rows) -> str:
+    """(c)'s "which other kernels": the largest non-matmul kernels of the forward by share, the
+    kernels of one `kernel_label` counted together; "" without kernel rows."""
+    shares: dict[str, float] = {}
+    for r in rows:
+        if (
+            r[profile_keys.kind] == "kernel"
+            and r[profile_keys.phase] == "forward"
+            and r.get(profile_keys.category) != "matmul"
+        ):
+            label = kernel_label(r[profile_keys.name])
+            shares[label] = shares.get(label, 0.0) + r[profile_keys.share]
+    top = sorted(shares.items(), key=lambda kv: -kv[1])[:_NAMED_OTHERS]
+    if not top:
+        return ""
+    return "; the largest other kernels are " + ", ".join(
+        f"`{label}` ({share:.1%})" for label, share in top
+    )
 
 
 def _share_move(before: float, after: float) -> str:

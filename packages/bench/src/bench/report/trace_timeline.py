@@ -205,11 +205,15 @@ def _trace_folder(record: Record) -> Path | None:
     return None
 
 
-def trace_images(res: Results, record: Record) -> list[Image]:
+def trace_images(res: Results, record: Record, *, variants: Sequence[str] = ()) -> list[Image]:
     """The timelines of a result's traced steps (`bench-ddp --trace`, `bench-zero --trace`):
     `timeline_<result>_<trace>.png` beside the result, drawn here from each trace found that has
     no timeline yet or a newer trace. The traces are bulky and stay out of the repository; the
-    timelines are committed, so a report built without the traces still shows them."""
+    timelines are committed, so a report built without the traces still shows them.
+
+    The timelines come in the order of `variants` (the rows' variants, `ddp:naive`: a trace is
+    named by its variant, a colon written as `-`, then `_` and what else tells it apart), then
+    the rest by name."""
     folder, stem = record.path.parent, record.path.stem
     traces = _trace_folder(record)
     for trace in sorted(traces.glob("*.pt.trace.json")) if traces else []:
@@ -217,6 +221,14 @@ def trace_images(res: Results, record: Record) -> list[Image]:
         png = folder / f"timeline_{stem}_{name}.png"
         if not png.exists() or png.stat().st_mtime < trace.stat().st_mtime:
             render_trace_timeline(trace, png, title=f"{record.path.name}: {name} (rank 0)")
+    names = [v.replace(":", "-") for v in variants]
+
+    def rank(png: Path) -> tuple[int, str]:
+        trace = png.stem.removeprefix(f"timeline_{stem}_")
+        found = [i for i, n in enumerate(names) if trace == n or trace.startswith(f"{n}_")]
+        return (found[0] if found else len(names), trace)
+
     return [
-        Image(str(png.resolve()), png.stem) for png in sorted(folder.glob(f"timeline_{stem}_*.png"))
+        Image(str(png.resolve()), png.stem)
+        for png in sorted(folder.glob(f"timeline_{stem}_*.png"), key=rank)
     ]
