@@ -126,9 +126,9 @@ sizes() {  # bench-zero's and bench-ddp's sizes: $SIZES, else xl, and on 2 GPUs 
 
 # All-reduce allowance: 4 launches (2 backends x 2 world sizes on 4 GPUs) of about 15 s of
 # start-up each (the CPU rehearsal's commands took 14-34 s, two_gpu_rehearsal_cpu_2026-11-25),
-# plus gloo's 1 GB, 25 calls (5 warm-up + 20 timed) of about 0.62 s on 4 ranks and 0.42 s on 2
-# (10x the 100 MB rows, 62.3 and 41.8 ms, allreduce_2xh200_2026-11-22): about 90 s; NCCL's
-# rows take well under a second each.
+# plus gloo's 1 GB, 25 calls (5 warm-up + 20 timed) of 0.64 s on 4 ranks and 0.45 s on 2 (the
+# medians, 641.4 and 451 ms, of allreduce_4xh200_2026-11-28): 60 + 25 x 1.09 = about 90 s;
+# NCCL's rows take well under a second each.
 allreduce() {
     local result
     result=$(stem allreduce "$GPUS")

@@ -15,8 +15,15 @@ Run from the repository root on 2 GPUs of >= 140 GB (about 4 minutes for both ro
     python3 packages/bench/scripts/step_memory_snapshot.py --row zero1 --out $OUT
     python3 packages/bench/scripts/step_memory_snapshot.py --row fsdp:torch --out $OUT
 
-Writes `snapshot_<row>_rank0.json` (the groups) under `--out` and prints the table last.
-`--layers` shortens the model (the leaderboard's own depth by default).
+Writes `step_memory_snapshot_2x<gpu>_<date>_<row>.{json,md}` (a bench result, one row per group,
+MiB) under `--out` and prints the table last. `--layers` shortens the model (the leaderboard's own
+depth by default).
+
+On torch 2.11 recording the allocator's history fails inside compiled, checkpointed code
+(pytorch/pytorch#179536: "returned NULL without setting an exception"): the compiled rows, and
+FSDP2's row even with `--no-compile` (its chunked loss is compiled per checkpointed chunk), stop
+there. The ZeRO-1 row with `--no-compile` runs (2026-11-28, 2xH200:
+docs/results/step_memory_snapshot_2xh200_2026-11-28.md).
 """
 
 from __future__ import annotations
@@ -24,7 +31,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import json
 import os
 from pathlib import Path
 
@@ -135,26 +141,61 @@ def _worker(
         snapshot["device_traces"][rank], (sentinels[0].data_ptr(), sentinels[1].data_ptr())
     )
     if rank == 0:
-        result = {
-            "row": row,
-            "compile": compile,
-            "peak": peak,
-            "allocated_at_start": at_start["allocated"],
-            "replayed_peak": replay_peak,
-            "tensors": known,
-            "live_at_peak": groups,
-        }
-        Path(out).mkdir(parents=True, exist_ok=True)
-        name = row.replace(":", "_")
-        (Path(out) / f"snapshot_{name}_rank0.json").write_text(json.dumps(result, indent=1))
-        print(f"row {row}: peak {peak / _MIB:,.0f} MiB, allocated at the step's start "
-              f"{at_start['allocated'] / _MIB:,.0f} MiB")  # fmt: skip
-        for key, value in known.items():
-            print(f"  {key:16s} {value / _MIB:10,.0f} MiB")
-        print("  alive at the replayed peak, by allocating frame (MiB):")
-        for frame, size in sorted(groups.items(), key=lambda kv: -kv[1])[:25]:
-            print(f"  {size / _MIB:10,.0f}  {frame}")
+        _save(row, compile, peak, at_start["allocated"], replay_peak, known, groups, device, out)
     dist.destroy_process_group()
+
+
+def _save(
+    row: str,
+    compile: bool,
+    peak: int,
+    at_start: int,
+    replay_peak: int,
+    known: dict[str, int],
+    groups: dict[str, int],
+    device: torch.device,
+    out: str,
+) -> None:
+    """Write the groups as a bench result (`step_memory_snapshot_2x<gpu>_<date>.{json,md}`, one
+    row per line of the table, MiB) under `out` and print the table."""
+    import sys
+
+    from bench.core.env import collect_env
+    from bench.core.results import Run, result_stem, save_json
+
+    mode = "compiled" if compile else "eager"
+    rows = [
+        {"what": f"peak (max_memory_allocated), {mode} blocks", "mib": peak / _MIB},
+        {"what": "allocated at the step's start", "mib": at_start / _MIB},
+        {"what": "peak replayed from the allocator's history", "mib": replay_peak / _MIB},
+        *({"what": f"tensors: {k}", "mib": v / _MIB} for k, v in known.items()),
+        *(
+            {"what": f"alive at the peak, allocated at {frame}", "mib": size / _MIB}
+            for frame, size in sorted(groups.items(), key=lambda kv: -kv[1])
+            if size >= _MIB
+        ),
+    ]
+    for r in rows:
+        r["status"] = "ok"
+    env = collect_env(device, command="python3 " + " ".join(sys.argv))
+    env["gpu_count"] = 2
+    run = Run.create(
+        "memory-snapshot", rows, device=device, env=env, command=env["command"],
+        config={"row": row, "compile": compile, "world_size": 2, "rank": 0},
+        title=f"What is alive at the leaderboard {row} row's peak, by allocating frame "
+        f"(rank 0, {mode} blocks, 2 ranks)",
+        columns=["what", "mib", "status"],
+        notes=[
+            "Frames: the first frame of the project (or of torch) in the allocation's Python "
+            "stack; `?`: no Python frame. Under DDPBucketed the gradients are views of its "
+            "buckets: the same bytes, counted once at the peak.",
+        ],
+    )  # fmt: skip
+    stem = result_stem("step_memory_snapshot", env, num_devices=2)
+    name = row.replace(":", "-")
+    save_json(run, Path(out) / f"{stem}_{name}.json")
+    (Path(out) / f"{stem}_{name}.md").write_text(run.to_markdown())
+    print(run.to_markdown(wide=False))
 
 
 def main() -> None:

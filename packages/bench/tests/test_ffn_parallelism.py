@@ -11,16 +11,20 @@ import pytest
 from bench.core.hardware import MEASURED_MATMUL_TFLOPS
 from bench.plan import ffn
 from bench.plan.collectives import (
+    BANDWIDTH_RESULT,
     DEFAULT_BANDWIDTH_GBPS,
+    MEASURED_BANDWIDTH_GBPS,
     Collective,
     alternate_ring_all_reduce_bytes,
     alternate_ring_all_reduce_seconds,
+    measured_bandwidth_gbps,
     ring_all_gather_bytes,
     ring_all_reduce_bytes,
     ring_reduce_scatter_bytes,
 )
 
-RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+ROOT = Path(__file__).resolve().parents[3]
+RESULTS = ROOT / "docs" / "results"
 
 
 def _ring_all_reduce(values: list[list[float]]) -> tuple[list[list[float]], list[int]]:
@@ -89,14 +93,23 @@ def test_collective_counts_and_times():
         Collective("all-gather", "x", 1.0, 0)
 
 
-def test_default_bandwidth_is_the_committed_measurement():
-    run = json.loads((RESULTS / "allreduce_2xh200_2026-11-22.json").read_text())
-    largest = max(
-        (r for r in run["rows"] if r["backend"] == "nccl" and r["status"] == "ok"),
-        key=lambda r: r["size_mb"],
-    )
-    assert largest["world_size"] == 2
-    assert round(largest["busbw_gbps"], 1) == DEFAULT_BANDWIDTH_GBPS
+def test_measured_bandwidths_are_the_committed_largest_nccl_all_reduce_per_world_size():
+    run = json.loads((ROOT / BANDWIDTH_RESULT).read_text())
+    nccl = [r for r in run["rows"] if r["backend"] == "nccl" and r["status"] == "ok"]
+    largest = {
+        n: max((r for r in nccl if r["world_size"] == n), key=lambda r: r["size_mb"])
+        for n in {r["world_size"] for r in nccl}
+    }
+    assert {n: r["size_mb"] for n, r in largest.items()} == {2: 1000.0, 4: 1000.0}
+    assert {n: round(r["busbw_gbps"], 1) for n, r in largest.items()} == MEASURED_BANDWIDTH_GBPS
+    assert MEASURED_BANDWIDTH_GBPS[2] == DEFAULT_BANDWIDTH_GBPS
+
+
+@pytest.mark.parametrize(("n", "measured_at"), [(1, 2), (2, 2), (3, 2), (4, 4), (8, 4)])
+def test_a_ring_takes_the_bandwidth_measured_at_its_size_or_the_largest_below(n, measured_at):
+    assert measured_bandwidth_gbps(n) == MEASURED_BANDWIDTH_GBPS[measured_at]
+    c = Collective("all-reduce", "gradients", 8e9, n)
+    assert math.isclose(c.seconds(), c.sent_bytes / (MEASURED_BANDWIDTH_GBPS[measured_at] * 1e9))
 
 
 def test_measured_matmul_rate_is_the_committed_measurement():

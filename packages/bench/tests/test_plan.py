@@ -15,7 +15,9 @@ from bench.core.memory import GIB
 from bench.core.results import Run, load_json, save_json
 from bench.core.shapes import size_label
 from bench.plan.check import recorded_size_label
+from bench.plan.collectives import BANDWIDTH_RESULT, MEASURED_BANDWIDTH_GBPS
 from bench.plan.memory import TrainingPlan, estimate_memory
+from bench.plan.traffic import estimate_traffic
 from bench.tools.plan import (
     PlanConfig,
     plot_plan,
@@ -83,6 +85,22 @@ def test_a_sweep_predicts_each_configuration_with_its_formulas(tmp_path):
     save_json(run, tmp_path / "plan.json")
     assert load_json(tmp_path / "plan.json").rows == run.rows
     assert plot_plan(run, tmp_path / "plan.png").is_file()
+
+
+def test_each_collective_runs_at_the_bandwidth_measured_for_its_ring():
+    plan = TrainingPlan(TINY, batch=8, layout="fsdp-tp", dp=4, tp=2)
+    traffic = estimate_traffic(plan)
+    for axis, ring in (("dp", 4), ("tp", 2)):
+        sent = sum(c.sent_bytes for c in traffic.collectives if c.axis == axis)
+        assert sent > 0
+        expected = sent / (MEASURED_BANDWIDTH_GBPS[ring] * 1e9)
+        assert traffic.axis_seconds(axis) == pytest.approx(expected)
+    assert BANDWIDTH_RESULT in traffic.bandwidth_source
+    run = run_plan(PlanConfig(models=(("tiny", TINY),), layouts=("ddp",), dp=4), formulas=False)
+    assert run.rows[0]["comm_ms"] == pytest.approx(
+        run.rows[0]["sent_gb"] / MEASURED_BANDWIDTH_GBPS[4] * 1e3
+    )
+    assert any(BANDWIDTH_RESULT in note for note in run.notes)
 
 
 def test_the_default_attention_is_the_fastest_the_model_can_use():

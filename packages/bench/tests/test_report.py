@@ -81,14 +81,14 @@ def test_analytic_problems_give_bench_plans_formulas_and_example_values(tool_res
         section = _section(text, key)
         for piece in pieces:
             assert piece in section, (key, piece)
-        assert "800.9 TFLOP/s" in section and "allreduce_2xh200_2026-11-22.json" in section
+        assert "800.9 TFLOP/s" in section and "allreduce_4xh200_2026-11-28.json" in section
 
 
 def test_the_data_parallel_example_value_is_the_hand_computed_one():
-    # B = 8192 tokens, C = 800.9e12 FLOP/s, W = 320.2e9 B/s: N_DP ≤ 1 + B·W/C.
+    # B = 8192 tokens, C = 800.9e12 FLOP/s, W = 323.3e9 B/s: N_DP ≤ 1 + B·W/C.
     rows = ANALYTIC_PROBLEMS["data_parallel_calcs"][0]()
     bound = next(r for r in rows if r["part"] == "(c) largest N_DP")
-    assert bound["example"] == f"N ≤ {1 + 8192 * 320.2e9 / 800.9e12:.4g}"
+    assert bound["example"] == f"N ≤ {1 + 8192 * 323.3e9 / 800.9e12:.4g}"
 
 
 def test_oom_boundary_and_memory_accounting(tmp_path, tiny_attn_config, naive_attention_oom):

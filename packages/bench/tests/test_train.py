@@ -339,6 +339,28 @@ def test_scaling_table_sets_each_run_against_the_one_rank_run(one_process, tmp_p
         scaling_comparison([("one", one_process.run), ("other", other)])
 
 
+def test_scaling_title_names_what_all_runs_share_and_the_rest_per_size(one_process, tmp_path):
+    # The title gave the first run's batch and steps to every size and only the most ranks
+    # ("1 and 4 rank(s)"), though one size trained at another batch and length, on 2 ranks too.
+    c = json.loads((one_process.run / "summary.json").read_text())["config"]
+    big = {"size": "big", "batch_size": 2 * c["batch_size"], "steps": 3 * c["steps"]}
+    four = _copied_as(one_process.run, tmp_path / "t4", world_size=4, config={"nproc": 4})
+    runs = [("tiny-x1", one_process.run), ("tiny-x4", four)]
+    alike = scaling_comparison(runs).title
+    assert alike == (
+        f"bench-train scaling: tiny, context {c['context_length']}, global batch "
+        f"{c['batch_size']}, {c['precision']}, {c['steps']} steps, 1 and 4 ranks"
+    )
+    runs.append(("big-x1", _copied_as(one_process.run, tmp_path / "b1", config=big)))
+    two = _copied_as(one_process.run, tmp_path / "b2", world_size=2, config=big | {"nproc": 2})
+    runs.append(("big-x2", two))
+    assert scaling_comparison(runs).title == (
+        f"bench-train scaling: tiny, big, context {c['context_length']}, {c['precision']}, "
+        f"1, 2 and 4 ranks; tiny: global batch {c['batch_size']}, {c['steps']} steps; "
+        f"big: global batch {big['batch_size']}, {big['steps']} steps"
+    )
+
+
 def test_scaling_table_without_a_one_rank_run_has_no_ratios(one_process, tmp_path):
     zero = _copied_as(one_process.run, tmp_path / "zero", world_size=2, config={"nproc": 2})
     (row,) = scaling_comparison([("zero", zero)]).rows

@@ -6,10 +6,11 @@ torch's DistributedDataParallel (the handout's §2.2 to §2.3).
 or under torchrun), in these variants, all in one launch so that they share the machine's state:
 
 - `single`: the model alone on each rank, no communication: the compute-only baseline.
-- `naive`, `flat`, `individual`: `ddp.NaiveDDP`, `ddp.FlatDDP`, `ddp.DDPIndividualParameters`.
-- `bucketed`: `ddp.DDPBucketed`, a row per `--bucket-mb` (1, 10, 100, 1000 MB; `none`: one
+- `ddp:naive`, `ddp:flat`, `ddp:individual`: `ddp.NaiveDDP`, `ddp.FlatDDP`,
+  `ddp.DDPIndividualParameters`.
+- `ddp`: `ddp.DDPBucketed`, a row per `--bucket-mb` (1, 10, 100, 1000 MB; `none`: one
   bucket).
-- `torch-ddp`: torch's `DistributedDataParallel`, a row per `--torch-bucket-mb` (its default
+- `ddp:torch`: torch's `DistributedDataParallel`, a row per `--torch-bucket-mb` (its default
   `bucket_cap_mb`, 25 MB, and 100 MB). The default-cap row is the baseline of `vs_torch`.
 - `all-reduce`: no training: one all-reduce of a flat fp32 buffer as large as all the model's
   gradients, alone on the machine: the communication cost the wrappers try to hide.
@@ -47,7 +48,7 @@ runs on 2 gloo CPU ranks (and says so).
 Examples::
 
     bench-ddp --json ddp.json --plot ddp.png
-    bench-ddp --variants single bucketed torch-ddp --bucket-mb 1 10 100 1000
+    bench-ddp --variants single ddp ddp:torch --bucket-mb 1 10 100 1000
     bench-ddp --variants ddp:naive ddp:individual --trace traces/   # + Chrome traces
     torchrun --nproc-per-node 2 -m bench ddp --json ddp.json        # ranks started by torchrun
 """

@@ -61,7 +61,7 @@ from bench.core.model_options import LOSSES, checkpointing_spec, positive_int
 from bench.core.options import Group, option, positive_float
 from bench.core.shapes import size_label
 from bench.plan.activations import ATTENTION_KINDS
-from bench.plan.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS
+from bench.plan.collectives import MEASURED_BANDWIDTH_SOURCE
 from bench.plan.fit import memory_argument
 from bench.plan.memory import LAYOUTS, MODES, OPTIMIZERS, PRECISIONS, TrainingPlan
 
@@ -160,9 +160,9 @@ class PlanConfig:
         None, "device memory to fit, e.g. 80GB, 141GB, 80GiB", group=HARDWARE, flag="memory",
         parse=memory_argument, default_text="none", metavar="SIZE",
     )  # fmt: skip
-    bandwidth_gbps: float = option(
-        DEFAULT_BANDWIDTH_GBPS, f"egress per device in GB/s ({BANDWIDTH_SOURCE})",
-        group=HARDWARE, flag="bandwidth", metavar="GBPS", parse=positive_float,
+    bandwidth_gbps: float | None = option(
+        None, "egress per device in GB/s", group=HARDWARE, flag="bandwidth", metavar="GBPS",
+        parse=positive_float, default_text=f"the {MEASURED_BANDWIDTH_SOURCE}",
     )  # fmt: skip
     tflops: float | None = option(
         None, "matmul rate in TFLOP/s", group=HARDWARE, parse=positive_float,

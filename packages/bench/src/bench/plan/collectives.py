@@ -15,14 +15,14 @@ sending W bytes per second (its egress bandwidth). A tensor of S bytes in all:
 
 `W` is what nccl-tests calls the bus bandwidth: its `busbw` is defined so that an all-reduce of S
 bytes takes `2 (N − 1)/N · S / busbw` (and an all-gather `(N − 1)/N · S / busbw`), so a measured
-bus bandwidth is this W. The default below is one such measurement, cited.
+bus bandwidth is this W. The defaults below are such measurements, one per ring size, cited.
 
 Example::
 
     >>> ring_all_reduce_bytes(8e9, 2)       # 8 GB of gradients on 2 devices
     8000000000.0
-    >>> Collective("all-reduce", "gradients", 8e9, 2).seconds() * 1e3  # ms at the default W
-    24.98...
+    >>> Collective("all-reduce", "gradients", 8e9, 2).seconds() * 1e3  # ms at W measured for N = 2
+    24.74...
 """
 
 from __future__ import annotations
@@ -30,12 +30,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "BANDWIDTH_RESULT",
     "BANDWIDTH_SOURCE",
     "COLLECTIVES",
     "DEFAULT_BANDWIDTH_GBPS",
+    "MEASURED_BANDWIDTH_GBPS",
+    "MEASURED_BANDWIDTH_SOURCE",
     "Collective",
     "alternate_ring_all_reduce_bytes",
     "alternate_ring_all_reduce_seconds",
+    "measured_bandwidth_gbps",
     "ring_all_gather_bytes",
     "ring_all_gather_seconds",
     "ring_all_reduce_bytes",
@@ -44,12 +48,18 @@ __all__ = [
     "ring_reduce_scatter_seconds",
 ]
 
-# Per-device egress bandwidth W in GB/s (1e9 bytes per second): the bus bandwidth of the 1,000 MB
-# NCCL all-reduce on 2 H200s (NVLink), the largest message of the committed all-reduce study.
-DEFAULT_BANDWIDTH_GBPS = 320.2
-BANDWIDTH_SOURCE = (
-    "bus bandwidth of the 1,000 MB NCCL all-reduce on 2x H200 "
-    "(docs/results/allreduce_2xh200_2026-11-22.json)"
+# Per-device egress bandwidth W in GB/s (1e9 bytes per second), by ring size N: the bus bandwidth
+# of the 1,000 MB NCCL all-reduce (the largest message measured) on 2 and on 4 H200s (NVLink), from
+# `bench-allreduce --backend nccl gloo --nproc 2 4 --full` on 2026-11-28; a ring of another size
+# takes one of them (`measured_bandwidth_gbps`).
+BANDWIDTH_RESULT = "docs/results/allreduce_4xh200_2026-11-28.json"
+MEASURED_BANDWIDTH_GBPS = {2: 323.3, 4: 350.7}
+DEFAULT_BANDWIDTH_GBPS = MEASURED_BANDWIDTH_GBPS[2]
+BANDWIDTH_SOURCE = f"bus bandwidth of the 1,000 MB NCCL all-reduce on 2 H200s ({BANDWIDTH_RESULT})"
+MEASURED_BANDWIDTH_SOURCE = (
+    "bus bandwidth of the 1,000 MB NCCL all-reduce at the ring's size: "
+    + ", ".join(f"{w:g} GB/s on {n} H200s" for n, w in MEASURED_BANDWIDTH_GBPS.items())
+    + f"; other sizes the largest measured one below ({BANDWIDTH_RESULT})"
 )
 
 # The collectives a step uses and each one's bytes sent per device, as a multiple of the tensor's
@@ -74,6 +84,18 @@ def _seconds(sent_bytes: float, bandwidth: float) -> float:
     if not bandwidth > 0:
         raise ValueError(f"bandwidth must be positive (bytes per second), got {bandwidth!r}")
     return sent_bytes / bandwidth
+
+
+def measured_bandwidth_gbps(num_devices: int) -> float:
+    """W measured for a ring of `num_devices`: `MEASURED_BANDWIDTH_GBPS` at that size, else at the
+    largest measured size below it (the smallest measured for one device, which sends nothing).
+
+    At 1,000 MB the 4-ring measured the higher bus bandwidth of the two, so the size below errs
+    toward slower communication for a ring not measured.
+    """
+    _check(0.0, num_devices)
+    below = [n for n in MEASURED_BANDWIDTH_GBPS if n <= num_devices]
+    return MEASURED_BANDWIDTH_GBPS[max(below) if below else min(MEASURED_BANDWIDTH_GBPS)]
 
 
 def ring_all_gather_bytes(size_bytes: float, num_devices: int) -> float:
@@ -162,8 +184,11 @@ class Collective:
         per_call = ring_all_gather_bytes(self.size_bytes, self.num_devices)
         return self.count * (2 * per_call if self.kind == "all-reduce" else per_call)
 
-    def seconds(self, bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS) -> float:
-        """Time of all `count` calls at `bandwidth_gbps` GB/s egress per device (no latency)."""
+    def seconds(self, bandwidth_gbps: float | None = None) -> float:
+        """Time of all `count` calls at `bandwidth_gbps` GB/s egress per device (no latency); None:
+        the bandwidth measured for this ring's size (`measured_bandwidth_gbps`)."""
+        if bandwidth_gbps is None:
+            bandwidth_gbps = measured_bandwidth_gbps(self.num_devices)
         return _seconds(self.sent_bytes, bandwidth_gbps * 1e9)
 
     @property

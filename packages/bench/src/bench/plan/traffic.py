@@ -37,12 +37,18 @@ from dataclasses import dataclass
 import lmcore
 from bench.core.hardware import MEASURED_MATMUL_TFLOPS, peak_tflops
 from bench.plan.activations import compute_bytes, residual_bytes
-from bench.plan.collectives import BANDWIDTH_SOURCE, DEFAULT_BANDWIDTH_GBPS, Collective
+from bench.plan.collectives import (
+    BANDWIDTH_SOURCE,
+    DEFAULT_BANDWIDTH_GBPS,
+    MEASURED_BANDWIDTH_SOURCE,
+    Collective,
+)
 from bench.plan.memory import TrainingPlan
 from bench.plan.params import model_parameters
 
 __all__ = [
     "StepTraffic",
+    "bandwidth_source",
     "default_tflops",
     "estimate_traffic",
     "step_collectives",
@@ -172,14 +178,15 @@ class StepTraffic:
     Attributes:
         collectives: every collective, with its size and cost.
         flops: matmul FLOPs (`step_flops`).
-        bandwidth_gbps: W, egress per device in GB/s.
+        bandwidth_gbps: W, egress per device in GB/s; None: each collective at the bandwidth
+            measured for its ring's size (`bench.plan.collectives.measured_bandwidth_gbps`).
         tflops: the FLOP rate assumed.
         bandwidth_source, tflops_source: where those two come from.
     """
 
     collectives: tuple[Collective, ...]
     flops: int
-    bandwidth_gbps: float
+    bandwidth_gbps: float | None
     tflops: float
     bandwidth_source: str
     tflops_source: str
@@ -204,31 +211,38 @@ class StepTraffic:
         return self.flops / (self.tflops * 1e12)
 
 
+def bandwidth_source(bandwidth_gbps: float | None) -> str:
+    """Where a bandwidth W comes from, in words: the measurement it is, or `"given"`."""
+    if bandwidth_gbps is None:
+        return MEASURED_BANDWIDTH_SOURCE
+    return BANDWIDTH_SOURCE if bandwidth_gbps == DEFAULT_BANDWIDTH_GBPS else "given"
+
+
 def estimate_traffic(
     plan: TrainingPlan,
     *,
-    bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS,
+    bandwidth_gbps: float | None = None,
     tflops: float | None = None,
 ) -> StepTraffic:
     """The collectives and FLOPs of one step of `plan`, with their times.
 
     Args:
         plan: the configuration.
-        bandwidth_gbps: W, each device's egress in GB/s (default: `DEFAULT_BANDWIDTH_GBPS`, a
-            measured NVLink bus bandwidth; see `bench.plan.collectives`).
+        bandwidth_gbps: W, each device's egress in GB/s (default: the NVLink bus bandwidth
+            measured for each collective's ring size; see `bench.plan.collectives`).
         tflops: matmul rate in TFLOP/s (default: `default_tflops` of the plan's precision).
 
     Raises:
         ValueError: a bandwidth or rate that is not positive.
     """
-    if not bandwidth_gbps > 0:
+    if bandwidth_gbps is not None and not bandwidth_gbps > 0:
         raise ValueError(f"bandwidth_gbps must be positive, got {bandwidth_gbps!r}")
     rate, source = default_tflops(plan.precision_spec.regime)
     if tflops is not None:
         if not tflops > 0:
             raise ValueError(f"tflops must be positive, got {tflops!r}")
         rate, source = tflops, "given"
-    bw_source = BANDWIDTH_SOURCE if bandwidth_gbps == DEFAULT_BANDWIDTH_GBPS else "given"
+    bw_source = bandwidth_source(bandwidth_gbps)
     return StepTraffic(
         tuple(step_collectives(plan)), step_flops(plan), bandwidth_gbps, rate, bw_source, source
     )

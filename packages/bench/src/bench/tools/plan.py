@@ -29,9 +29,8 @@ from bench.core.tool import Invocation, Tool
 from bench.plan import ffn
 from bench.plan.check import CHECK_COLUMNS, check_results
 from bench.plan.collectives import (
-    BANDWIDTH_SOURCE,
-    DEFAULT_BANDWIDTH_GBPS,
     alternate_ring_all_reduce_seconds,
+    measured_bandwidth_gbps,
     ring_all_reduce_seconds,
 )
 from bench.plan.fit import (
@@ -48,7 +47,7 @@ from bench.plan.memory import (
     TrainingPlan,
     estimate_memory,
 )
-from bench.plan.traffic import StepTraffic, default_tflops, estimate_traffic
+from bench.plan.traffic import StepTraffic, bandwidth_source, default_tflops, estimate_traffic
 
 __all__ = [
     "GPU_FIT_COLUMNS",
@@ -282,8 +281,6 @@ def run_plan(sweep: PlanConfig, *, command: str | None = None, formulas: bool = 
     rows: list[dict[str, Any]] = []
     terms: list[dict[str, Any]] = []
     sources: set[str] = set()
-    default_bandwidth = sweep.bandwidth_gbps == DEFAULT_BANDWIDTH_GBPS
-    bandwidth_source = BANDWIDTH_SOURCE if default_bandwidth else "given"
     memory = sweep.memory
     for label, plan in sweep.plans():
         estimate = estimate_memory(plan)
@@ -302,8 +299,8 @@ def run_plan(sweep: PlanConfig, *, command: str | None = None, formulas: bool = 
         "allocator's cache. params includes fp32 master weights; activations the saved "
         "residuals and autocast's bf16 weight copies; buffers DDP buckets, FSDP gathers and "
         "RoPE tables; temporaries a block's backward working set or the optimizer's.",
-        f"Communication: GB (10^9 B) sent per device per step at W = {sweep.bandwidth_gbps:g} "
-        f"GB/s ({bandwidth_source}); compute: lmcore's matmul FLOPs at "
+        f"Communication: GB (10^9 B) sent per device per step at W = {_bandwidth_text(sweep)}; "
+        "compute: lmcore's matmul FLOPs at "
         f"{'; '.join(sorted(sources))}.",
     ]
     if memory is not None:
@@ -327,6 +324,12 @@ def run_plan(sweep: PlanConfig, *, command: str | None = None, formulas: bool = 
     )
 
 
+def _bandwidth_text(sweep: PlanConfig) -> str:
+    if sweep.bandwidth_gbps is None:
+        return f"the {bandwidth_source(None)}"
+    return f"{sweep.bandwidth_gbps:g} GB/s ({bandwidth_source(sweep.bandwidth_gbps)})"
+
+
 def _sweep_config(sweep: PlanConfig) -> dict[str, Any]:
     config = asdict(sweep)
     config["models"] = [[label, asdict(model)] for label, model in sweep.model_configs()]
@@ -339,7 +342,7 @@ def _sweep_config(sweep: PlanConfig) -> dict[str, Any]:
 def run_leaderboard(
     *,
     command: str | None = None,
-    bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS,
+    bandwidth_gbps: float | None = None,
     tflops: float | None = None,
     checkpointing: Sequence[str] | None = None,
 ) -> Run:
@@ -353,7 +356,8 @@ def run_leaderboard(
 
     Args:
         command: the command line to record; the process's own when None.
-        bandwidth_gbps, tflops: W and the FLOP rate for the communication and compute columns.
+        bandwidth_gbps, tflops: W and the FLOP rate for the communication and compute columns
+            (W by default: the bandwidth measured on as many GPUs as the step runs on).
         checkpointing: the forms to try (default: every form, `_checkpointing_candidates`).
 
     Returns:
@@ -361,6 +365,8 @@ def run_leaderboard(
         The default checkpointing forms are `bench.plan.fit.checkpointing_candidates`.
     """
     config = _BOARD.config(attention=_BOARD_ATTENTION)
+    if bandwidth_gbps is None:
+        bandwidth_gbps = measured_bandwidth_gbps(_BOARD.num_gpus)
     candidates = list(checkpointing or checkpointing_candidates(config.num_layers))
     rows = []
     for precision, layout, loss, optimizer in itertools.product(
@@ -410,7 +416,8 @@ def run_leaderboard(
         "moment_dtype=torch.bfloat16); bf16-master: float32 masters and moments. FSDP is "
         "zero.FSDP, the embedding and the head units of their own.",
         f"Communication and compute for the 80 GB choice (or the smallest peak) at W = "
-        f"{bandwidth_gbps:g} GB/s ({BANDWIDTH_SOURCE}) and {rate:g} TFLOP/s ({rate_source}); "
+        f"{bandwidth_gbps:g} GB/s ({bandwidth_source(bandwidth_gbps)}) and {rate:g} TFLOP/s "
+        f"({rate_source}); "
         "the leaderboard itself runs on B200s.",
         *_leaderboard_summary(rows),
     ]
@@ -762,9 +769,10 @@ def _run(config: PlanConfig | None, cli: Invocation) -> Run:
         if args.section8:
             _, model = config.model_configs()[0]
             rate = config.tflops if config.tflops is not None else default_tflops("bf16")[0]
+            bandwidth_gbps = config.bandwidth_gbps or measured_bandwidth_gbps(config.dp)
             setting = ffn.FFNSetting(
                 batch=config.global_batch * model.context_length, d_model=model.d_model,
-                d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=config.bandwidth_gbps * 1e9,
+                d_ff=model.d_ff, flops_per_s=rate * 1e12, bandwidth=bandwidth_gbps * 1e9,
             )  # fmt: skip
             return run_section8(setting, num_dp=config.dp, num_tp=config.tp, command=cli.command)
         for _, plan in config.plans():  # validate every combination before predicting any

@@ -20,7 +20,7 @@ from the run folders, so the table can be built on any machine from folders copi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,16 @@ from bench.core.results import Run, result_stem, save_csv, save_json
 from bench.train.record import logged_losses
 from bench.train.summary import plot_speed, read_summaries, run_env
 
-__all__ = ["COLUMNS", "MODEL", "SAME", "differences", "scaling_comparison", "scaling_result"]
+__all__ = [
+    "COLUMNS",
+    "MODEL",
+    "SAME",
+    "TITLE_SETTINGS",
+    "differences",
+    "scaling_comparison",
+    "scaling_result",
+    "scaling_title",
+]
 
 # The options that name the model: runs that share them are compared with each other.
 MODEL = ("size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "context_length")
@@ -52,6 +61,14 @@ SAME = (
     "compile",
     "activation_checkpointing",
 )
+# The settings a table's title names (config key, how it reads): those every run shares once,
+# the others per size (a table may hold sizes trained at different batches and lengths).
+TITLE_SETTINGS = (
+    ("context_length", "context {}"),
+    ("batch_size", "global batch {}"),
+    ("precision", "{}"),
+    ("steps", "{} steps"),
+)
 COLUMNS = (
     "run",
     "size",
@@ -66,6 +83,34 @@ COLUMNS = (
     "max_loss_diff",
     "final_val_loss",
 )
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def scaling_title(summaries: Iterable[Mapping[str, Any]]) -> str:
+    """The title of a scaling table of runs with these `summary.json`s: the sizes, each of
+    `TITLE_SETTINGS` that all runs share, the rank counts, then per size the settings that
+    differ between sizes (`bench-train scaling: small, xl, context 256, bf16-autocast, 1, 2 and
+    4 ranks; small: global batch 32, 200 steps; xl: global batch 8, 100 steps`)."""
+    summaries = list(summaries)
+    configs = [s["config"] for s in summaries]
+    sizes = list(dict.fromkeys(str(c["size"]) for c in configs))
+
+    def values(key: str, size: str | None = None) -> list[str]:
+        found = (c.get(key) for c in configs if size is None or str(c["size"]) == size)
+        return [str(v) for v in dict.fromkeys(found)]
+
+    shared = [(k, text) for k, text in TITLE_SETTINGS if len(values(k)) == 1]
+    differing = [(k, text) for k, text in TITLE_SETTINGS if (k, text) not in shared]
+    ranks = [str(n) for n in sorted({s["world_size"] for s in summaries})]
+    rank_text = f"{_and(ranks)} rank{'s' if ranks != ['1'] else ''}"
+    title = ", ".join([*sizes, *(text.format(values(k)[0]) for k, text in shared), rank_text])
+    for size in sizes if differing else ():
+        per_size = [text.format(" or ".join(values(k, size))) for k, text in differing]
+        title += f"; {size}: {', '.join(per_size)}"
+    return f"bench-train scaling: {title}"
 
 
 def _model(config: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -160,7 +205,6 @@ def scaling_comparison(
         if common:
             rows[-1]["max_loss_diff"] = max(abs(ours[s] - theirs[s]) for s in common)
     first = summaries[next((r for r in references.values() if r), runs[0][0])]
-    c = first["config"]
     notes = [
         "speedup: tokens/s over the one-rank run of the same model (with --parallel single where "
         "there is one); scaling_eff = speedup / ranks. tokens/s after each run's first logged "
@@ -176,12 +220,10 @@ def scaling_comparison(
     return Run.create(
         "train_scaling",
         rows,
-        device=c["device"],
+        device=first["config"]["device"],
         config={"runs": {label: str(folder) for label, folder in runs}},
         command=command,
-        title=f"bench-train scaling: {', '.join(dict.fromkeys(r['size'] for r in rows))}, "
-        f"context {c['context_length']}, global batch {c['batch_size']}, {c['precision']}, "
-        f"{c['steps']} steps, 1 and {max(s['world_size'] for s in summaries.values())} rank(s)",
+        title=scaling_title(summaries.values()),
         columns=list(COLUMNS),
         notes=notes,
         env=run_env(first),
