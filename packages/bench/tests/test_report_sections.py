@@ -7,7 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
-from bench.report.results import Results, topic
+from bench.report.results import Results, name_with_dims, topic
 from bench.report.runs import (
     CHECKPOINTING_STUDY,
     COMPILE_MODEL,
@@ -125,6 +125,17 @@ def test_tables_and_titles_show_what_a_size_name_meant(save, tmp_path):
     assert "xl-2025 (1600/6400/48L/25H; recorded as xl)" in text
     assert "Data-parallel training step: xl-2025 (1600/6400/48L/25H; recorded as xl), fp32" in text
     assert re.search(r"\|\s*xl\s*\|", text) is None  # no table cell names xl alone
+
+
+def test_a_title_without_dimensions_takes_them_from_the_runs_date():
+    title = "scaling: small (768/3072/12L/12H), xl, context 256; xl: batch 8"
+    assert name_with_dims(title, date="2026-11-28") == (
+        "scaling: small (768/3072/12L/12H), xl (2560/10240/32L/32H), context 256; xl: batch 8"
+    )
+    assert name_with_dims("zero: xl (AdamW), 2 ranks", date="2026-11-22") == (
+        "zero: xl-2025 (1600/6400/48L/25H; recorded as xl) (AdamW), 2 ranks"
+    )
+    assert name_with_dims("zero: xl, 2 ranks") == "zero: xl (dimensions not recorded), 2 ranks"
 
 
 _STUDY_NOTE = (

@@ -422,16 +422,24 @@ def size_label(row: dict[str, Any], *, date: str | None = None) -> str:
 def name_with_dims(
     text: str, shape: dict[str, Any] | None = None, *, date: str | None = None
 ) -> str:
-    """`text` (a result's title) with the size it names first after its colon given its
+    """`text` (a result's title) with the sizes it names first after its colon given their
     dimensions (`Data-parallel training step: xl, ...` → `...: xl-2025 (1600/6400/48L/25H;
-    recorded as xl), ...`), from the run's `shape` (its config's) where it has one, else from
-    what the name meant on the run's `date` (see `size_label`)."""
+    recorded as xl), ...`; `scaling: small, xl, context 256` names both), from the run's
+    `shape` (its config's) where it has one, else from what the name meant on the run's `date`
+    (see `size_label`). A size already followed by its dimensions is left as it is."""
     head, sep, rest = text.partition(": ")
-    word = rest.split(",")[0].split(" ")[0]
-    if not sep or word not in MODEL_SIZES or re.match(r" \(\d", rest[len(word) :]):
+    if not sep:
         return text
-    row = {"size": word, **(shape or {})}
-    return f"{head}{sep}{size_label(row, date=date)}{rest[len(word) :]}"
+    parts = rest.split(", ")
+    for i, part in enumerate(parts):
+        word = part.split(" ")[0]
+        if word not in MODEL_SIZES:
+            break
+        if re.match(r" \(\d", part[len(word) :]):  # `small (768/...)`: labelled already
+            continue
+        mine = shape if shape and shape.get("name", word) == word and i == 0 else {}
+        parts[i] = size_label({"size": word, **(mine or {})}, date=date) + part[len(word) :]
+    return f"{head}{sep}{', '.join(parts)}"
 
 
 def _with_study(run: Run) -> Run:
