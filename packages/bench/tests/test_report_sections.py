@@ -423,3 +423,17 @@ def test_the_2025_appendix_sweeps_buckets_and_sets_the_equation_beside_them(save
     assert "the optimum is b* = 445 MB" in equation and "one of the two swept sizes" in equation
     xxl = _section(text, "communication_accounting")
     assert "219,848,638,464" in xxl and "N_FSDP ≥ 38" in xxl and "319.4 tokens" in xxl
+
+
+def test_the_leaderboard_plan_check_names_each_row_by_side_and_layout():
+    from bench.report.leaderboard import _checked_row
+
+    ours = (
+        "leaderboard-8b (4096/11008/34L/32H), ours, 4096/11008/34L/32H V=151,936, batch 2 × "
+        "32,768, bf16, ZERO1 2, fa2-triton compiled, checkpointing blocks, fused loss"
+    )
+    native = ours.replace("ours", "torch-native").replace("ZERO1 2", "FSDP:TORCH 4")
+    single = ours.replace("ZERO1 2", "1 device")
+    assert _checked_row(ours) == "ours (ZERO1 2)"
+    assert _checked_row(native) == "torch-native (FSDP:TORCH 4)"
+    assert _checked_row(single) == "ours (1 device)"

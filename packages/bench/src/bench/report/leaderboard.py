@@ -17,6 +17,8 @@ two B200s. What this project measured and predicts instead, each cited with its 
 
 from __future__ import annotations
 
+import re
+
 from bench.core.hardware import peak_tflops
 from bench.report.claims import direction, speed_against
 from bench.report.document import Block, Paragraph
@@ -397,13 +399,29 @@ def _prediction(res: Results) -> list[Block]:
         and num(r, plan_keys.error_pct) is not None
     ]
     if checks:
-        errors = ", ".join(f"{r[plan_keys.error_pct]:+.1f} %" for r in checks)
+        by_file: dict[str, list[str]] = {}
+        for r in checks:
+            by_file.setdefault(r[plan_keys.source], []).append(
+                f"{_checked_row(r[plan_keys.config])}: {r[plan_keys.error_pct]:+.1f} %"
+            )
+        errors = "; ".join(f"`{name}`: {', '.join(rows)}" for name, rows in by_file.items())
         out.append(
             said(
                 res,
-                "The same model's prediction of the one-GPU step's peaks above was off by "
-                f"{errors} (bench-plan's check; positive: it predicted more than was measured).",
+                "The same model's predictions of the measured steps' peaks (bench-plan's check; "
+                f"positive: it predicted more than was measured): {errors}.",
                 checks,
             )
         )
     return out
+
+
+# The layout in a checked row's configuration (`..., bf16, ZERO1 2, fa2-triton ...`).
+_CHECKED_LAYOUT = re.compile(r", (1 device|[A-Z0-9:-]+ \d+),")
+
+
+def _checked_row(config: str) -> str:
+    """A plan-check row of a bench-step result named by its side and layout (`ours (ZERO1 2)`)."""
+    side = "torch-native" if "torch-native" in config else "ours"
+    layout = _CHECKED_LAYOUT.search(config)
+    return f"{side} ({layout[1]})" if layout else side
