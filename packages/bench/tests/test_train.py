@@ -324,6 +324,7 @@ def test_scaling_table_sets_each_run_against_the_one_rank_run(one_process, tmp_p
         tokens_per_s=1.5 * tokens,
         final_train_loss=loss + 0.01,
         peak_memory_mib=100.0,
+        mfu=0.375,
         config={"parallel": "fsdp", "nproc": 2},
     )
     run = scaling_comparison([("fsdp", fsdp), ("one", one_process.run)])
@@ -332,6 +333,7 @@ def test_scaling_table_sets_each_run_against_the_one_rank_run(one_process, tmp_p
     assert two["speedup"] == pytest.approx(1.5) and two["scaling_eff"] == pytest.approx(0.75)
     assert two["loss_diff"] == pytest.approx(0.01) and two["max_loss_diff"] == pytest.approx(0.01)
     assert (two["parallel"], two["ranks"], two["peak_memory_mib"]) == ("fsdp", 2, 100.0)
+    assert two["mfu"] == 0.375 and alone["mfu"] is None  # a CPU run: no peak to divide by
     assert alone["peak_memory_mib"] is None  # a CPU run
     assert run.env["git_revision"] == one["env"]["git_revision"]  # the runs' machine
     other = _copied_as(one_process.run, tmp_path / "other", config={"seed": 7, "lr": 0.1})

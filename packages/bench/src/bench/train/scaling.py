@@ -75,6 +75,7 @@ COLUMNS = (
     "parallel",
     "ranks",
     "tokens_per_s",
+    "mfu",
     "speedup",
     "scaling_eff",
     "peak_memory_mib",
@@ -149,6 +150,7 @@ def _row(label: str, summary: dict[str, Any], reference: dict[str, Any] | None) 
         "parallel": c["parallel"],
         "ranks": ranks,
         "tokens_per_s": summary["tokens_per_s"],
+        "mfu": summary.get("mfu"),
         "peak_memory_mib": summary.get("peak_memory_mib"),
         "final_train_loss": summary["final_train_loss"],
         "final_val_loss": summary["final_val_loss"],
@@ -208,8 +210,9 @@ def scaling_comparison(
     notes = [
         "speedup: tokens/s over the one-rank run of the same model (with --parallel single where "
         "there is one); scaling_eff = speedup / ranks. tokens/s after each run's first logged "
-        "interval (bench-train's summary); peak_memory_mib: the busiest rank's peak allocation "
-        "over the run (CUDA only).",
+        "interval (bench-train's summary); mfu: its model FLOP utilisation (the training "
+        "FLOPs over the data-sheet dense peak of all the GPUs in use); peak_memory_mib: the "
+        "busiest rank's peak allocation over the run (CUDA only).",
         "loss_diff: final training loss minus the one-rank run's; max_loss_diff: the largest "
         "absolute difference over the steps both logged. Same seed, same global batch: the "
         "ranks train together on the batch one process trains on, so only the order of "
