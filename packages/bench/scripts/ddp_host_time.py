@@ -11,9 +11,10 @@ bench-train's two parameter groups, one micro-batch, `optimizer.zero_grad()`), o
 wrapped by `bench.core.parallel.Parallel` as bench-train wraps it, on 2 ranks:
 
 - `single`: no wrapper (each rank trains alone): the step without data parallelism;
-- `ddp`: `ddp.DDPBucketed`; `ddp:torch`: torch's DistributedDataParallel, each with buckets
-  that hold the share of the model 25 MB buckets hold of the real size's (the default buckets
-  at the real width; torch's `bucket_cap_mb`, once given, caps its first bucket too);
+- `ddp`: `ddp.DDPBucketed`; `ddp:torch`: torch's DistributedDataParallel, each with bench-train's
+  buckets at the real width (25 MB; torch's default, which starts with a bucket of 1 MB), and
+  at a tiny width with buckets holding the share of the model that 25 MB holds of the real one
+  (so about as many buckets; torch's `bucket_cap_mb`, once given, caps its first bucket too);
 - `ddp 1 bucket`, `ddp:torch 1 bucket`: every gradient in one bucket, reduced after backward,
   so that backward's extra time over `single` is the wrappers' per-gradient work alone;
 - each again as `... keep`: `optimizer.zero_grad(set_to_none=False)`, gradients kept
@@ -201,6 +202,24 @@ def scaled_bucket_mb(shape: str, model: torch.nn.Module) -> float:
     return REAL_BUCKET_MB * sum(p.numel() for p in model.parameters()) / real
 
 
+def bucket_sizes(
+    case: Case, shape: str, model: torch.nn.Module, *, real_width: bool
+) -> tuple[float | None, float | None]:
+    """(DDPBucketed's `bucket_size_mb`, torch DDP's `bucket_cap_mb`) of `case` for `model`.
+
+    At the real width, bench-train's own: 25 MB, and torch's default (None: 25 MB after a first
+    bucket of 1 MB). Scaled, both the scaled size (torch's first bucket then takes it too).
+    One bucket: None, and a cap above all the gradients' bytes (torch has no "one bucket").
+    """
+    if not case.scaled_buckets:
+        model_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+        return None, 2 * model_mb
+    if real_width:
+        return REAL_BUCKET_MB, None
+    scaled = scaled_bucket_mb(shape, model)
+    return scaled, scaled
+
+
 class _Clock:
     """Host time by phase for the step being measured, in seconds summed over calls: the main
     thread's CPU time on the CPU, the wall time of the calls on CUDA (see the docstring)."""
@@ -250,15 +269,13 @@ def _build(
     """The case's step (its calls timed by `clock`) and wrapped model, as bench-train builds
     them."""
     raw = build_lm(model_config(shape, options, device), device, seed=SEED)
-    bucket_mb = scaled_bucket_mb(shape, raw) if case.scaled_buckets else None
-    # torch's DDP has no "one bucket" size: a cap above all the gradients' bytes makes one
-    model_mb = 2 * sum(p.numel() * p.element_size() for p in raw.parameters()) / 2**20
+    ours_mb, torch_mb = bucket_sizes(case, shape, raw, real_width=options.d_model is None)
     parallel = Parallel(
         case.layout,
         device=device,
         precision=PRECISION,
-        bucket_size_mb=bucket_mb,
-        torch_bucket_mb=model_mb if bucket_mb is None else bucket_mb,
+        bucket_size_mb=ours_mb,
+        torch_bucket_mb=torch_mb,
     )
     decayed = lm.decayed_names(raw)
     wrapped = parallel.wrap(raw)
@@ -408,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(cpu)")
     parser.add_argument("--shapes", nargs="+", default=list(GPU_BATCH), help="(small xl)")
     parser.add_argument("--d-model", type=int, help=f"width (CPU: {CPU_D_MODEL}; CUDA: own)")
+    parser.add_argument("--real-width", action="store_true", help="the size's own width")
     parser.add_argument("--context-length", type=int, help=f"(CPU: {CPU_CONTEXT}; {CONTEXT})")
     parser.add_argument("--batch", type=int, help=f"rows a rank (CPU: {CPU_BATCH}; GPU runs')")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps a build (3)")
@@ -419,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(
         device=args.device,
         shapes=tuple(args.shapes),
-        d_model=args.d_model or (CPU_D_MODEL if cpu else None),
+        d_model=None if args.real_width else args.d_model or (CPU_D_MODEL if cpu else None),
         context_length=args.context_length or (CPU_CONTEXT if cpu else CONTEXT),
         batch=args.batch or (CPU_BATCH if cpu else None),
         warmup=args.warmup,
