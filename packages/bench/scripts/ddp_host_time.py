@@ -1,9 +1,10 @@
 """Host time of bench-train's step under `ddp.DDPBucketed` and torch's DDP, phase by phase.
 
-bench-train's data-parallel steps on GPUs look bound by the host's work per step (a one-GPU
-`small` step runs at 11.7 % MFU: `docs/results/train_scaling_4xh200_2026-11-28.md`), so what each
-wrapper adds to the host's time per step could decide its tokens/s. This script measures that
-host time, phase by phase, beside the step's time.
+A one-GPU bench-train `small` step runs at 11.7 % MFU
+(`docs/results/train_scaling_4xh200_2026-11-28.md`), which may mean that its steps are bound by
+the host's work; then what each data-parallel wrapper adds to the host's time per step decides
+its tokens/s. This script measures that host time, phase by phase, beside the step's time, so
+that the two can be compared.
 
 Every case runs bench-train's own step, `bench.core.step.train_step`, as the trainer calls it
 (bf16 autocast, gradient clipping at `--grad-clip`'s default, torch's fused AdamW over
@@ -44,13 +45,16 @@ torch's reducer hook in C++); with buckets it also holds the launches of the all
 Usage, from the repository root::
 
     export PYTHONPATH=$(ls -d $PWD/packages/*/src | paste -sd:)
-    python3 packages/bench/scripts/ddp_host_time.py --out docs/results            # CPU
-    python3 packages/bench/scripts/ddp_host_time.py --device cuda --out "$OUT"     # 2 GPUs
+    python3 packages/bench/scripts/ddp_host_time.py --out docs/results          # CPU, both shapes
+    python3 packages/bench/scripts/ddp_host_time.py --device cuda --shapes small --rounds 2 \
+        --out "$OUT"                                                            # 2 GPUs
 
-The CPU run takes about 4 minutes on 2 cores; the GPU run about 4 minutes on 2 H200s (an
-estimate: 20 models built, 30 steps each of about 0.07 s at `small` and 0.25 s at `xl`, from
-the GPU runs' tokens/s). Each writes `ddp_host_time_<device>_<date>.{json,md}` (rows, device,
-versions, date, command, git revision) and prints the table last.
+The CPU run takes about 3 minutes on 2 cores. On 2 H200s, an estimate from the GPU runs'
+tokens/s (a `small` step about 0.07 s, an `xl` step 0.25 s) and a few seconds to build each
+model: `--shapes small --rounds 2` about 2 minutes, `--shapes xl --rounds 2` about 5, plus the
+ranks' start and Triton's compilation of fa2's kernels. Each writes
+`ddp_host_time[_<shapes>]_<device>_<date>.{json,md}` (the shapes named unless they are the
+default pair; rows, device, versions, date, command, git revision) and prints the table last.
 """
 
 from __future__ import annotations
@@ -466,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         brief=BRIEF,
     )
     if args.out is not None:
-        stem = args.out / result_stem(TOPIC, run.env, num_devices=options.nproc)
+        default = options.shapes == tuple(GPU_BATCH)
+        topic = TOPIC if default else "_".join((TOPIC, *options.shapes))
+        stem = args.out / result_stem(topic, run.env, num_devices=options.nproc)
         save_json(run, stem.with_suffix(".json"))
         stem.with_suffix(".md").write_text(run.to_markdown() + "\n")
     print(run.to_markdown(wide=False))
