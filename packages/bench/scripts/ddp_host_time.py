@@ -79,6 +79,7 @@ import bench.core.step
 import lmcore
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.env import command_line
+from bench.core.oom import OK, OOM
 from bench.core.options import device_defaults
 from bench.core.parallel import Parallel
 from bench.core.results import Run, result_stem, save_json
@@ -452,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for shape in options.shapes:
         ((_, per_rank),) = measure_cases(measure, [shape], options, device=device)
+        if any(result["status"] != OK for result in per_rank):  # out of memory on a rank
+            rows.append({"shape": shape, "status": OOM})
+            continue
         rows += rows_of(shape, per_rank)
     width = "the real width" if options.d_model is None else f"d_model {options.d_model}"
     run = Run.create(
