@@ -3,12 +3,11 @@ it reuses, and the rows it makes of the ranks' samples."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from script_module import script_module
 
 import lmcore
 
@@ -17,12 +16,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ddp_host_time.py"
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("ddp_host_time", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with script_module(SCRIPT) as module:
+        yield module
 
 
 def test_buckets_scale_to_25_mb_at_the_real_width(script):
