@@ -76,6 +76,7 @@ import torch
 import torch.distributed as dist
 
 import bench.core.step
+import ddp
 import lmcore
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.env import command_line
@@ -123,11 +124,13 @@ BRIEF = {
     "copy_": "copy_",
 }
 PRECISION = "bf16-autocast"  # the GPU runs' (bench-train's default with CUDA)
-REAL_BUCKET_MB = 25.0  # DDPBucketed's default, torch DDP's bucket_cap_mb default
+REAL_BUCKET_MB = ddp.DEFAULT_BUCKET_SIZE_MB  # 25: bench-train's, torch DDP's bucket_cap_mb
 VOCAB = 256  # the byte tokenizer of the GPU runs
 CONTEXT = 256  # the GPU runs' context length
 # The GPU runs' sequences per rank on 2 GPUs: global batch 32 (small) and 8 (xl) over 2 ranks.
 GPU_BATCH = {"small": 16, "xl": 4}
+# On the CPU, a step whose arithmetic is small next to the host's work per operation:
+# 2 rows of 32 tokens a rank, 32 wide (bench-ddp's CPU batch and context).
 CPU_BATCH = 2
 CPU_CONTEXT = 32
 CPU_D_MODEL = 32
