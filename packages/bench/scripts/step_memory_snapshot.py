@@ -32,6 +32,7 @@ import argparse
 import collections
 import dataclasses
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -158,8 +159,6 @@ def _save(
 ) -> None:
     """Write the groups as a bench result (`step_memory_snapshot_2x<gpu>_<date>.{json,md}`, one
     row per line of the table, MiB) under `out` and print the table."""
-    import sys
-
     from bench.core.env import collect_env
     from bench.core.results import Run, result_stem, save_json
 
