@@ -7,6 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
+from bench.core.results import Run, save_json
 from bench.report.results import Results, name_with_dims, topic
 from bench.report.runs import (
     CHECKPOINTING_STUDY,
@@ -97,6 +98,32 @@ def test_an_all_reduce_measured_again_on_more_gpus_replaces_the_older_cells(save
     assert set(res.earlier) == {tmp_path / "allreduce_2xh200_2026-11-22.json"}
     section = _section(build_report(tmp_path), "distributed_communication_single_node")
     assert "95" not in section.split("Not run")[0]  # no old time (9.5 x 10 ms) in the table
+
+
+def test_gloo_measured_on_a_cpu_alone_fills_and_replaces_the_gpu_runs_gloo_cells(
+    save, tmp_path, base_env
+):
+    def row(backend, world, size_mb, ms):
+        return {"backend": backend, "world_size": world, "size_mb": size_mb, "ms": ms,
+                "busbw_gbps": size_mb / ms, "status": "ok"}  # fmt: skip
+
+    # an older GPU machine's run measured gloo at 6 processes; a newer one at 2 and 4 only
+    save("allreduce_2xh200_2026-11-22", "allreduce", [row("gloo", 6, 1, 9.75)],
+         date="2026-11-22", device_name="NVIDIA H200")  # fmt: skip
+    save("allreduce_4xh200_2026-11-28", "allreduce",
+         [row(b, w, 1, 0.5 * w) for b in ("nccl", "gloo") for w in (2, 4)],
+         date="2026-11-28", device_name="NVIDIA H200")  # fmt: skip
+    # gloo needs no GPU: a later run on a CPU alone is a measurement, not a stand-in
+    env = {**base_env, "device_type": "cpu", "date": "2026-11-29"}
+    cpu = Run.create("allreduce", [row("gloo", 6, 1, 3.25)], device="cpu", config={}, env=env)
+    save_json(cpu, tmp_path / "allreduce_gloo6_cpu_2026-11-29.json")
+    res = Results.collect(tmp_path)
+    assert tmp_path / "allreduce_2xh200_2026-11-22.json" in res.earlier
+    section = _section(build_report(tmp_path), "distributed_communication_single_node")
+    table = section.split("Not run")[0]
+    assert "3.25" in table and "9.75" not in table
+    assert "gloo at 6" not in section  # the column is filled
+    assert "allreduce_gloo6_cpu_2026-11-29.json" in section
 
 
 def test_two_current_all_reduce_results_of_one_process_count_read_as_one(save, tmp_path):

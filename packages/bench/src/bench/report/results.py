@@ -71,6 +71,10 @@ _CELLS: dict[str, tuple[str, ...]] = {
     "allreduce": (_R.backend, _R.world_size, _R.size_mb),
 }
 
+# Tools whose cells name what they measured on any machine: an all-reduce's cell is its backend,
+# process count and size (gloo's on a CPU alone), and §13's table holds one time a cell.
+_ANY_DEVICE = frozenset({"allreduce"})
+
 # A result file named in prose: `docs/results/allreduce_2xh200_2026-11-22.json`.
 _MENTIONED = re.compile(r"([\w.-]+\.json)\b")
 
@@ -154,7 +158,9 @@ class Results:
             if r.run.tool == tool and (stem is None or r.path.stem.startswith(stem))
         ]
 
-    def rows(self, tool: str, *, stem: str | None = None, latest: bool = False) -> Rows:
+    def rows(
+        self, tool: str, *, stem: str | None = None, latest: bool = False, cpu_too: bool = False
+    ) -> Rows:
         """The rows of `tool`'s current results (not those of earlier runs), each tagged with
         its source (see `cite`); those measured on a GPU only, where there are any.
 
@@ -162,10 +168,13 @@ class Results:
             tool: the tool that wrote them.
             stem: only files whose name starts with this.
             latest: only the newest such file's rows.
+            cpu_too: CPU runs' rows as well, for measurements that need no GPU (gloo's
+                all-reduce), which are no stand-ins.
         """
         records = [r for r in self.runs(tool, stem=stem) if self.current(r)]
         on_gpu = [r for r in records if r.run.env.get("device_type") == "cuda"]
-        records = on_gpu or records  # a CPU stand-in answers only where no GPU result does
+        if not cpu_too:
+            records = on_gpu or records  # a CPU stand-in answers only where no GPU result does
         if latest and records:
             records = records[-1:]
         index = {id(r): i for i, r in enumerate(self.records)}
@@ -215,7 +224,7 @@ def _superseded(records: Sequence[Record]) -> dict[Path, list[Record]]:
             for r in records[i + 1 :]
             if r.path not in out
             and r.run.tool == old.run.tool
-            and _device(r) == _device(old)
+            and (_device(r) == _device(old) or r.run.tool in _ANY_DEVICE)
             and str(r.run.date) > str(old.run.date)
         ]
         # Two GPUs' run replaces no one-GPU run of its topic; cells say what they measured
