@@ -8,8 +8,8 @@ from bench.commands.report import main
 from bench.core.results import Run, save_json
 from bench.report.analysis import ANALYTIC_PROBLEMS
 from bench.report.document import Heading, Image, Paragraph, Table, render
-from bench.report.results import Results
-from bench.report.single_gpu import kernel_label
+from bench.report.results import SOURCE, Results
+from bench.report.single_gpu import _profile_cells, kernel_label
 from bench.report.tool import PROBLEMS, build_report, report_links
 from bench.tools.attn import run_attention
 from bench.tools.model.residuals import run_residual_study
@@ -272,3 +272,30 @@ def test_every_key_a_tool_writes_is_declared_in_its_keys(tool_results, ddp_run, 
     for run in runs:
         written = {key for row in run.rows for key in row}
         assert written <= set(keys[run.tool]), (run.tool, written - set(keys[run.tool]))
+
+
+def test_a_cell_profiled_twice_is_quoted_from_the_newer_file_and_forward_folds_into_the_step():
+    def row(cell, source, name):
+        return {"cell": cell, SOURCE: source, "name": name}
+
+    rows = [  # oldest file first, as Results.rows gives them
+        row("small_ctx256_train-step_fp32_naive", 0, "old kernel"),
+        row("medium_ctx256_train-step_fp32_naive", 0, "medium kernel"),
+        row("small_ctx256_train-step_fp32_naive", 1, "new kernel"),
+        row("small_ctx256_forward_fp32_naive", 1, "forward kernel"),
+        row("xl_ctx256_forward_fp32_naive", 1, "xl forward kernel"),
+    ]
+    cells = _profile_cells(rows)
+    assert [r["name"] for r in cells["small_ctx256_train-step_fp32_naive"]] == ["new kernel"]
+    assert "medium_ctx256_train-step_fp32_naive" in cells  # only the older file has it
+    assert "small_ctx256_forward_fp32_naive" not in cells  # its step's forward answers it
+    assert "xl_ctx256_forward_fp32_naive" in cells  # no step of that shape
+
+
+def test_the_writeup_answers_from_the_newer_gpu_and_the_full_report_keeps_both(save, tmp_path):
+    rows = [{"size": "small", "ctx": 512, "mode": "forward", "step_ms": 20.0, "status": "ok"}]
+    save("model_h100_2026-11-25", "model", rows, date="2026-11-25")
+    save("model_h200_2026-11-28", "model", rows, date="2026-11-28", device_name="NVIDIA H200")
+    assert not Results.collect(tmp_path).earlier
+    earlier = Results.collect(tmp_path, newest_gpu=True).earlier
+    assert set(earlier) == {tmp_path / "model_h100_2026-11-25.json"}

@@ -236,6 +236,21 @@ def _leaderboard_results(save) -> None:
          config=config)  # fmt: skip
 
 
+def test_a_whole_model_on_one_gpu_and_a_data_sheet_ceiling_are_said_so(save, tmp_path):
+    whole = {"size": "leaderboard-8b", "size_label": "leaderboard-8b (4096/11008/34L/32H)",
+             "num_layers": 34, "ctx": 32768, "batch": 1, "precision": "bf16", "loss": "fused",
+             "activation_checkpointing": "blocks", "compiled": True, "status": "ok",
+             "impl": "ours", "attention": "fa2-triton", "optimizer": "torch-fused",
+             "step_ms": 6073.0, "mfu": 0.3948, "mfu_ceiling_tflops": 989.4}  # fmt: skip
+    save("step_leaderboard_h200_2026-11-28", "step", [whole], date="2026-11-28",
+         device_name="NVIDIA H200")  # fmt: skip
+    section = _section(build_report(tmp_path), "leaderboard")
+    assert "fits one NVIDIA H200 whole with its AdamW state, so bench-step ran all 34" in section
+    assert "cut to" not in section
+    assert "MFU: 39% of the data sheet's dense bf16 peak, 989 TFLOP/s" in section
+    assert "measured bf16 matmul ceiling" not in section
+
+
 def test_leaderboard_presents_the_one_gpu_step_and_the_prediction(save, tmp_path):
     _leaderboard_results(save)
     section = _section(build_report(tmp_path), "leaderboard")

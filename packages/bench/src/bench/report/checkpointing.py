@@ -98,7 +98,7 @@ def _predicted_segments(
             )
         ]
         return blocks, None, None
-    p, k = plain[0], kept[0]
+    p, k = plain[-1], kept[-1]  # the newest study's (rows come oldest first)
     layers = model_layers(p)
     best = math.sqrt(layers * k[residual_keys.mib] / p[residual_keys.mib])
     choices = [s for s in range(1, layers + 1) if layers % s == 0]

@@ -45,11 +45,13 @@ class Paragraph:
 
 @dataclass(frozen=True)
 class Table:
-    """Rows as a table; `caption` is shown above it."""
+    """Rows as a table; `caption` is shown above it. A table `beyond_handout` answers more than
+    the handout asks (the write-up leaves it out; the full report keeps it)."""
 
     rows: Sequence[Mapping[str, Any]]
     columns: Sequence[str]
     caption: str = ""
+    beyond_handout: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ two B200s. What this project measured and predicts instead, each cited with its 
 
 from __future__ import annotations
 
+import math
 import re
 
 from bench.core.hardware import peak_tflops
@@ -191,13 +192,19 @@ def _step(res: Results) -> list[Block]:
     device = res.record_of(best).run.env.get("device_name")
     full = _BLOCKS
     label = best.get(step_keys.size_label) or best[step_keys.size]
-    what = (
-        f"On one GPU: the handout's leaderboard model does not fit one GPU with its AdamW "
+    blocks = (
+        f"the handout's leaderboard model fits one {device} whole with its AdamW state, so "
+        f"bench-step ran all {full} blocks ({label})"
+        if best[step_keys.num_layers] >= full
+        else f"the handout's leaderboard model does not fit one {device} with its AdamW "
         f"state, so bench-step ran it cut to {best[step_keys.num_layers]} of its {full} blocks "
-        f"({label}), the most whose predicted peak fits (`--num-layers fit`), on one sequence "
+        f"({label}), the most whose predicted peak fits (`--num-layers fit`)"
+    )
+    what = (
+        f"On one GPU: {blocks}, on one sequence "
         f"of {best[step_keys.ctx]:,} tokens (batch {best[step_keys.batch]}), "
-        f"{best[step_keys.precision]}, on one "
-        f"{device}: ours ({best[step_keys.attention]} attention, {best[step_keys.loss]} loss, "
+        f"{best[step_keys.precision]}: ours ({best[step_keys.attention]} attention, "
+        f"{best[step_keys.loss]} loss, "
         f"{best[step_keys.activation_checkpointing]} checkpointing, "
         f"{'compiled' if best.get(step_keys.compiled) else 'eager'}) with "
         + " and with ".join(f"{r[step_keys.optimizer]} AdamW" for r in ours)
@@ -252,6 +259,14 @@ def _step(res: Results) -> list[Block]:
     if num(best, step_keys.mfu) and num(best, step_keys.mfu_ceiling_tflops):
         ceiling = best[step_keys.mfu_ceiling_tflops]
         peak = peak_tflops(str(device), "bf16")
+        if peak and math.isclose(ceiling, peak):  # no ceiling measured: the sheet's peak
+            text = (
+                f"MFU: {best[step_keys.mfu]:.0%} of the data sheet's dense bf16 peak, "
+                f"{fmt(peak)} TFLOP/s (no matmul ceiling of the {device} is measured here); "
+                "matmul FLOPs only, recomputation not counted."
+            )
+            out.append(said(res, text, [best]))
+            return out
         of_peak = (
             f" ({best[step_keys.mfu] * ceiling / peak:.0%} of the data sheet's dense bf16 peak, "
             f"{fmt(peak)} TFLOP/s)"

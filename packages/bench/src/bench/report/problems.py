@@ -16,7 +16,7 @@ from bench.report.analysis import analytic_answers
 from bench.report.appendix_2025 import answer_bucket_equation, answer_bucket_sweep, answer_xxl
 from bench.report.checkpointing import answer_checkpointing
 from bench.report.data_parallel import answer_ddp
-from bench.report.document import Block, Heading, Image, Paragraph
+from bench.report.document import Block, Heading, Image, Paragraph, Table
 from bench.report.kernels import (
     answer_attention,
     answer_compile,
@@ -377,6 +377,12 @@ def build_document(
             "that a newer one of the same kind replaces is listed as an earlier run, without "
             "its numbers; a problem whose run is missing says which command makes it and on "
             "what hardware."
+            + (
+                " Where two GPUs measured the same study, this write-up answers from the newer "
+                "run; the full report (REPORT.md) keeps both."
+                if writeup
+                else ""
+            )
         ),
     ]
     shown: set[Path] = set()
@@ -421,7 +427,11 @@ def _section(
     if not answer:
         needs = f" It needs {problem.needs}." if problem.needs else ""
         doc.append(Paragraph(f"Not measured: no result answers it yet.{needs}"))
-    doc.extend(_linked(block, report_dir) for block in answer)
+    doc.extend(
+        _linked(block, report_dir)
+        for block in answer
+        if not (writeup and isinstance(block, Table) and block.beyond_handout)
+    )
     mine = [r for r in res.records if r.path not in shown and problem.claims(r)]
     shown.update(r.path for r in mine)
     if writeup:

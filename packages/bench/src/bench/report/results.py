@@ -27,7 +27,7 @@ from typing import Any
 from bench.core.oom import OK, OOM
 from bench.core.results import Run, load_json
 from bench.plan.check import dims_on, recorded_size_label
-from bench.tools import allreduce, attn
+from bench.tools import allreduce, attn, flash
 from bench.train.results import text_title
 from bench.train.summary import run_env
 from lmcore import MODEL_SIZES
@@ -65,10 +65,11 @@ _GPUS = re.compile(r"_(\d+)x[abhl]\d{2,3}_")
 # The keys that say what a row measured (not what it found), for the tools whose results are
 # grids that later runs may measure again in other files: a result all of whose cells newer
 # results of the same tool hold is an earlier run.
-_A, _R = attn.KEYS, allreduce.KEYS
+_A, _R, _F = attn.KEYS, allreduce.KEYS, flash.KEYS
 _CELLS: dict[str, tuple[str, ...]] = {
     "attn": (_A.impl, _A.batch, _A.d, _A.seq, _A.dtype, _A.causal),
     "allreduce": (_R.backend, _R.world_size, _R.size_mb),
+    "flash": (_F.impl, _F.batch, _F.seq, _F.seq_k, _F.d, _F.dtype, _F.causal, _F.grad),
 }
 
 # Tools whose cells name what they measured on any machine: an all-reduce's cell is its backend,
@@ -121,8 +122,12 @@ class Results:
     earlier: dict[Path, list[Record]] = field(default_factory=dict)
 
     @classmethod
-    def collect(cls, folder: str | os.PathLike[str]) -> Results:
+    def collect(cls, folder: str | os.PathLike[str], *, newest_gpu: bool = False) -> Results:
         """Read `folder/*.json` and `folder/*/*.json` (Chrome traces passed over).
+
+        With `newest_gpu`, a newer GPU result of a topic also replaces an older one measured on
+        another GPU (the write-up answers each problem from one run; the full report keeps
+        every GPU's).
 
         Raises:
             FileNotFoundError: `folder` does not exist.
@@ -143,7 +148,7 @@ class Results:
                 else:
                     out.records.append(record)
         out.records.sort(key=lambda r: r.run.date)
-        out.earlier = _superseded(out.records)
+        out.earlier = _superseded(out.records, any_gpu=newest_gpu)
         return out
 
     def current(self, record: Record) -> bool:
@@ -214,8 +219,9 @@ def _cells(record: Record) -> set[tuple]:
     }
 
 
-def _superseded(records: Sequence[Record]) -> dict[Path, list[Record]]:
-    """Each earlier run (`records` oldest first) and the current results that replace it."""
+def _superseded(records: Sequence[Record], *, any_gpu: bool = False) -> dict[Path, list[Record]]:
+    """Each earlier run (`records` oldest first) and the current results that replace it (on
+    the same device; with `any_gpu`, a GPU run replaces one on any GPU)."""
     out: dict[Path, list[Record]] = {}
     for i in range(len(records) - 1, -1, -1):  # newest first: the newer ones are settled
         old = records[i]
@@ -224,7 +230,11 @@ def _superseded(records: Sequence[Record]) -> dict[Path, list[Record]]:
             for r in records[i + 1 :]
             if r.path not in out
             and r.run.tool == old.run.tool
-            and (_device(r) == _device(old) or r.run.tool in _ANY_DEVICE)
+            and (
+                _device(r) == _device(old)
+                or r.run.tool in _ANY_DEVICE
+                or (any_gpu and _device(r)[0] == _device(old)[0] == "cuda")
+            )
             and str(r.run.date) > str(old.run.date)
         ]
         # Two GPUs' run replaces no one-GPU run of its topic; cells say what they measured

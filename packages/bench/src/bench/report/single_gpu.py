@@ -354,6 +354,24 @@ _NO_NSYS = (
 )
 
 
+def _profile_cells(rows: Rows) -> dict[str, Rows]:
+    """Each profiled cell's rows, from the newest file that profiled it (two runs' kernels are
+    never mixed); a forward-only cell is left out where a training step of the same shape was
+    profiled, whose forward phase answers the same questions."""
+    newest: dict[str, int] = {}
+    for r in rows:  # rows come oldest file first
+        newest[r[profile_keys.cell]] = r[SOURCE]
+    cells: dict[str, Rows] = {}
+    for r in rows:
+        if r[SOURCE] == newest[r[profile_keys.cell]]:
+            cells.setdefault(r[profile_keys.cell], []).append(r)
+    return {
+        cell: group
+        for cell, group in cells.items()
+        if "_forward_" not in cell or cell.replace("_forward_", "_train-step_") not in cells
+    }
+
+
 def answer_profile(res: Results) -> list[Block]:
     """(a)–(e) from `bench-model --profile` runs (kernels per phase, ranges apart)."""
     rows = [r for r in res.rows("profile") if profile_keys.phase in r]
@@ -386,8 +404,8 @@ def answer_profile(res: Results) -> list[Block]:
         for r in ok(res.rows("model"))
         if is_profile(res.record_of(r))
     }
-    cells = grouped(rows, profile_keys.cell)
-    for (cell,), group in cells.items():
+    cells = _profile_cells(rows)
+    for cell, group in cells.items():
         ranges = {r[profile_keys.name]: r for r in group if r[profile_keys.kind] == "range"}
         what = "kernel" if any(r[profile_keys.kind] == "kernel" for r in group) else "operator"
         sentences = []
