@@ -58,6 +58,7 @@ def test_learns_generated_text_and_writes_its_outputs(trained):
     assert (trained / "loss.png").stat().st_size > 0 and (trained / "checkpoint.pt").is_file()
     assert (trained / "sample.txt").read_text().startswith("the")
     assert (trained / "config.toml").is_file() and (trained / "profile.txt").is_file()
+    assert json.loads((trained / "profile.pt.trace.json").read_text())["traceEvents"]
 
 
 def test_stopped_and_resumed_run_reproduces_the_uninterrupted_one(train_argv, tmp_path):

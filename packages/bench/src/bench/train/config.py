@@ -277,7 +277,8 @@ class TrainConfig:
     progress: bool = option(True, "a progress bar (else log lines)", group=OUTPUT)
     profile_step: int | None = option(
         None,
-        "torch.profiler around this step, its table to profile.txt",
+        "torch.profiler around this step: its table to profile.txt, its trace to "
+        "profile.pt.trace.json",
         group=OUTPUT,
         default_text="off",
     )

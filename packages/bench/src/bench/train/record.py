@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "METRICS",
     "PROFILE",
+    "PROFILE_TRACE",
     "TENSORBOARD",
     "Recorder",
     "logged_losses",
@@ -42,6 +43,7 @@ __all__ = [
 
 METRICS = "metrics.jsonl"
 PROFILE = "profile.txt"
+PROFILE_TRACE = "profile.pt.trace.json"  # the profiled step's Chrome trace (Perfetto opens it)
 TENSORBOARD = "tensorboard"  # the event files' folder in the run's output folder
 
 MfuFn = Callable[[int, float], float]
@@ -102,7 +104,8 @@ def mfu_function(
 
 @contextlib.contextmanager
 def profiled(config: TrainConfig, step: int, device: torch.device, primary: bool) -> Iterator[None]:
-    """torch.profiler around `--profile-step`'s step; its table (by device time) to a file."""
+    """torch.profiler around `--profile-step`'s step; its table (by device time) and its
+    Chrome trace (every kernel on its stream: what overlaps what) to files."""
     if step != config.profile_step or not primary:
         yield
         return
@@ -116,6 +119,7 @@ def profiled(config: TrainConfig, step: int, device: torch.device, primary: bool
     sort_by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     table = profiler.key_averages().table(sort_by=sort_by, row_limit=30, max_name_column_width=60)
     (Path(config.out) / PROFILE).write_text(f"step {step}, sorted by {sort_by}\n\n{table}\n")
+    profiler.export_chrome_trace(str(Path(config.out) / PROFILE_TRACE))
 
 
 class Recorder:

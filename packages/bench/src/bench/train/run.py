@@ -15,8 +15,8 @@ into the same folder is refused). The folder holds
 - `checkpoint.pt` (and with `fsdp` one file per rank; `bench.train.checkpoint`), every
   `--save-every` steps and at the end (none with `--no-checkpoint`): `--resume` continues from
   it exactly;
-- `tokenizer.json` (BPE), `loss.png`, `sample.txt`, `profile.txt` (`--profile-step`) and
-  `tensorboard/` (`--tensorboard`);
+- `tokenizer.json` (BPE), `loss.png`, `sample.txt`, `profile.txt` and `profile.pt.trace.json`
+  (`--profile-step`: the step's kernel table and Chrome trace) and `tensorboard/` (`--tensorboard`);
 - `summary.json`, written last (a run that has one is finished): final losses, tokens/s and MFU
   (over the logged intervals after each invocation's first, which holds compilation and
   warm-up, and without the profiled one), the first step's time, the peak memory of the
@@ -61,7 +61,7 @@ from bench.train.config_files import NAMES_VERSION, read_config_file
 from bench.train.data import Corpus, check_sources
 from bench.train.lock import hold
 from bench.train.loop import corpus_of, train_on_rank
-from bench.train.record import METRICS, PROFILE, TENSORBOARD
+from bench.train.record import METRICS, PROFILE, PROFILE_TRACE, TENSORBOARD
 
 __all__ = [
     "CONFIG_FILE",
@@ -81,7 +81,7 @@ SAMPLE = "sample.txt"
 # What a run leaves in its --out besides its checkpoint files, its configuration and its
 # tokenizer (which the next run rewrites or checks): `--overwrite` removes them. The first two
 # are its results: a new run is refused an --out that holds either.
-RUN_FILES = (SUMMARY, METRICS, LOSS_PLOT, SAMPLE, PROFILE, TENSORBOARD)
+RUN_FILES = (SUMMARY, METRICS, LOSS_PLOT, SAMPLE, PROFILE, PROFILE_TRACE, TENSORBOARD)
 _RESULTS = RUN_FILES[:2]
 
 
