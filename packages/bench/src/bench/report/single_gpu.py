@@ -354,6 +354,12 @@ _NO_NSYS = (
 )
 
 
+def _per_call(calls: float) -> str:
+    """Calls per forward as prose gives them: whole, or to one decimal where the profiled
+    forwards launched a kernel a different number of times (`about 129.7`)."""
+    return f"{calls:.0f}" if calls == round(calls) else f"about {calls:.1f}"
+
+
 def _profile_cells(rows: Rows) -> dict[str, Rows]:
     """Each profiled cell's rows, from the newest file that profiled it (two runs' kernels are
     never mixed); a forward-only cell is left out where a training step of the same shape was
@@ -436,7 +442,8 @@ def answer_profile(res: Results) -> list[Block]:
             sentences.append(
                 f"(b) the {what} with the most forward time is "
                 f"`{kernel_label(top_f[profile_keys.name])}` "
-                f"({top_f[profile_keys.share]:.0%} of the forward, {calls:g} calls per forward)"
+                f"({top_f[profile_keys.share]:.0%} of the forward, "
+                f"{_per_call(calls)} calls per forward)"
                 + (
                     "; over the whole step it is "
                     + (
