@@ -257,30 +257,23 @@ def _step(res: Results) -> list[Block]:
             )
         out.append(said(res, text + ".", [best]))
     if num(best, step_keys.mfu) and num(best, step_keys.mfu_ceiling_tflops):
-        ceiling = best[step_keys.mfu_ceiling_tflops]
+        mfu, ceiling = best[step_keys.mfu], best[step_keys.mfu_ceiling_tflops]
         peak = peak_tflops(str(device), "bf16")
-        if peak and math.isclose(ceiling, peak):  # no ceiling measured: the sheet's peak
-            text = (
-                f"MFU: {best[step_keys.mfu]:.0%} of the data sheet's dense bf16 peak, "
-                f"{fmt(peak)} TFLOP/s (no matmul ceiling of the {device} is measured here); "
-                "matmul FLOPs only, recomputation not counted."
+        if peak and math.isclose(ceiling, peak):  # bench-step had no measured ceiling
+            against = (
+                f"the data sheet's dense bf16 peak, {fmt(peak)} TFLOP/s (no matmul ceiling of "
+                f"the {device} is measured here)"
             )
-            out.append(said(res, text, [best]))
-            return out
-        of_peak = (
-            f" ({best[step_keys.mfu] * ceiling / peak:.0%} of the data sheet's dense bf16 peak, "
-            f"{fmt(peak)} TFLOP/s)"
-            if peak
-            else ""
-        )
-        out.append(
-            said(
-                res,
-                f"MFU: {best[step_keys.mfu]:.0%} of the GPU's measured bf16 matmul ceiling, "
-                f"{fmt(ceiling)} TFLOP/s{of_peak}; matmul FLOPs only, recomputation not counted.",
-                [best],
+        else:
+            of_peak = (
+                f" ({mfu * ceiling / peak:.0%} of the data sheet's dense bf16 peak, "
+                f"{fmt(peak)} TFLOP/s)"
+                if peak
+                else ""
             )
-        )
+            against = f"the GPU's measured bf16 matmul ceiling, {fmt(ceiling)} TFLOP/s{of_peak}"
+        text = f"MFU: {mfu:.0%} of {against}; matmul FLOPs only, recomputation not counted."
+        out.append(said(res, text, [best]))
     return out
 
 

@@ -91,8 +91,7 @@ def answer_allreduce(res: Results) -> list[Block]:
     """The table of every (backend, processes) column, what was not run and why, and what the
     rows say of latency, bandwidth and process count (words from `claims`)."""
     k = allreduce_keys
-    rows = res.rows("allreduce")
-    rows += _gloo_on_cpu(res, rows)
+    rows = res.rows("allreduce")  # gloo's cells measured on a CPU alone included
     if not rows:
         return []
     combos = sorted({(r[k.backend], r[k.world_size]) for r in rows} | set(_HANDOUT_COMBOS))
@@ -125,22 +124,6 @@ def answer_allreduce(res: Results) -> list[Block]:
         if text:
             out.append(said(res, text, group))
     return out
-
-
-def _gloo_on_cpu(res: Results, rows: Rows) -> Rows:
-    """gloo's rows from runs on a CPU alone, for the cells no GPU machine's run measured: gloo
-    needs no GPU, so such a run measures the same thing (it is no stand-in)."""
-    k = allreduce_keys
-    on_gpu = [r for r in rows if res.record_of(r).run.env.get("device_type") == "cuda"]
-    cells = {(r[k.backend], r[k.world_size], r[k.size_mb]) for r in ok(on_gpu)}
-    return [
-        r
-        for r in res.rows("allreduce", cpu_too=True)
-        if on_gpu
-        and r[k.backend] == "gloo"
-        and res.record_of(r).run.env.get("device_type") != "cuda"
-        and (r[k.backend], r[k.world_size], r[k.size_mb]) not in cells
-    ]
 
 
 # The handout's grid: gloo and NCCL on 2, 4 and 6 processes (§5.1).

@@ -163,22 +163,19 @@ class Results:
             if r.run.tool == tool and (stem is None or r.path.stem.startswith(stem))
         ]
 
-    def rows(
-        self, tool: str, *, stem: str | None = None, latest: bool = False, cpu_too: bool = False
-    ) -> Rows:
+    def rows(self, tool: str, *, stem: str | None = None, latest: bool = False) -> Rows:
         """The rows of `tool`'s current results (not those of earlier runs), each tagged with
-        its source (see `cite`); those measured on a GPU only, where there are any.
+        its source (see `cite`); those measured on a GPU only, where there are any (except for
+        the tools whose cells say what they measured on any machine, `_ANY_DEVICE`).
 
         Args:
             tool: the tool that wrote them.
             stem: only files whose name starts with this.
             latest: only the newest such file's rows.
-            cpu_too: CPU runs' rows as well, for measurements that need no GPU (gloo's
-                all-reduce), which are no stand-ins.
         """
         records = [r for r in self.runs(tool, stem=stem) if self.current(r)]
         on_gpu = [r for r in records if r.run.env.get("device_type") == "cuda"]
-        if not cpu_too:
+        if tool not in _ANY_DEVICE:
             records = on_gpu or records  # a CPU stand-in answers only where no GPU result does
         if latest and records:
             records = records[-1:]
