@@ -126,6 +126,35 @@ def test_checkpointed_forward_keeps_only_the_checkpoints():
     assert worst.bytes_of("activations") in (2 * 256 + 4432 + 8 * 8, 256 + 4432 + 8 * 8)
 
 
+def test_selective_keeps_each_blocks_attention_output_beside_its_checkpoint():
+    # SDPA, fp32, T = 8 tokens: K = the attention output 4·T·d = 256 B and the logsumexp
+    # 4·b·h·s = 64 B, kept beside each block's X; backward rebuilds the rest of one block.
+    config = dataclasses.replace(HAND, attention="sdpa")
+    ckpt = Checkpointing.parse("selective", 2)
+    assert ckpt.segments == ((0, 1, "selective"), (1, 2, "selective"))
+    assert ckpt.recomputed_block_forwards == 2
+    assert (ckpt.recomputed_attention_forwards("sdpa"), ckpt.recomputed_attention_forwards(
+        "naive")) == (0, 2)  # fmt: skip
+
+    def estimate(policy: str, model: lmcore.ModelConfig = config):
+        return estimate_memory(TrainingPlan(model, batch=2, activation_checkpointing=policy,
+                                            mode="forward-backward"))  # fmt: skip
+
+    def worst_backward(e) -> tuple[int, int]:  # (its block, its activations)
+        phase = next(p for p in e.phases if p.name.startswith("backward, block"))
+        return int(phase.name.split()[-1]), phase.bytes_of("activations")
+
+    blocks, selective = estimate("blocks"), estimate("selective")
+    forward = [e.phase("forward end").bytes_of("activations") for e in (blocks, selective)]
+    assert forward[1] - forward[0] == 2 * (256 + 64)
+    # backward of block i: the blocks before it keep K each, beyond blocks' X
+    (i, theirs), (j, ours) = worst_backward(blocks), worst_backward(selective)
+    assert i == j and ours - theirs == i * (256 + 64)
+    # a backend whose output cannot be kept: selective predicts what blocks does
+    naive = dataclasses.replace(HAND, attention="naive")
+    assert estimate("selective", naive).peak.total == estimate("blocks", naive).peak.total
+
+
 def test_materialized_loss_by_hand():
     # T = 8 tokens, V = 11, fp32, logits held: logits 4·T·V, logits − max 4·T·V, exp 4·T·V,
     # targets 8·T, logsumexp input 4·T; backward adds one fp32 gradient 4·T·V.

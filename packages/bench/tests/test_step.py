@@ -22,6 +22,7 @@ from bench.tools.step import (
     KEYS,
     TOOL,
     StepConfig,
+    _attention_ms,
     fit_depth,
     plot_step,
     run_step,
@@ -157,6 +158,21 @@ def test_each_option_reaches_the_rows_model(monkeypatch):
         assert seen["policy"] == row["activation_checkpointing"] == "segments:1"
         assert seen["optimizer"] == row["optimizer"]
         assert (seen["fused"] > 0) == (row["loss"] == "fused")
+
+
+def test_selective_rows_run_and_count_no_recomputed_attention():
+    """`selective` rows of ours and torch-native train; their attention time holds each block's
+    forward and backward only, where `blocks` adds the recomputed forward."""
+    config = _config(activation_checkpointing=("blocks", "selective"))
+    run = run_step(config, device="cpu")
+    assert [(r["impl"], r["activation_checkpointing"], r["status"]) for r in run.rows] == [
+        ("ours", "blocks", OK), ("torch-native", "blocks", OK),
+        ("ours", "selective", OK), ("torch-native", "selective", OK),
+    ]  # fmt: skip
+    fwd, both = 1.0, 3.0  # ms of one block's attention: forward, forward + backward
+    per_rank = [{"attention": (fwd, both)}]
+    spent = {s.activation_checkpointing: _attention_ms(s, per_rank) for s in step_specs(config)}
+    assert spent == {"blocks": both + fwd, "selective": both}
 
 
 def test_fsdp_and_zero1_in_bf16_compiled_on_two_gloo_ranks():

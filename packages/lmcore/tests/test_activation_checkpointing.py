@@ -8,8 +8,10 @@ import weakref
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lmcore import (
+    KEPT_ATTENTION_OPS,
     ActivationCheckpointing,
     BlockStack,
     CheckpointedBlockStack,
@@ -22,7 +24,9 @@ from lmcore import (
 )
 
 NUM_BLOCKS = 5  # odd, so that segments of 2 and 3 leave a shorter last one
-POLICIES = ["none", "blocks", "every:2", "segments:2", "segments:3", "nested", "nested:2"]
+POLICIES = [
+    "none", "blocks", "every:2", "segments:2", "segments:3", "nested", "nested:2", "selective"
+]  # fmt: skip
 
 
 @pytest.fixture
@@ -52,6 +56,7 @@ def _gradients(model: TransformerLM, tokens: torch.Tensor) -> list[torch.Tensor]
         ("segments:5", ((0, 1, 2, 3, 4),)),
         ("nested:2", (((0,), (1,)), ((2,), (3,)), ((4,),))),
         ("nested:3", (((0,), (1,), (2,)), ((3,), (4,)))),
+        ("selective", ((0,), (1,), (2,), (3,), (4,))),
     ],
 )
 def test_spec_strings_parse_to_their_plans(spec, plan):
@@ -62,7 +67,18 @@ def test_spec_strings_parse_to_their_plans(spec, plan):
 
 
 @pytest.mark.parametrize(
-    "spec", ["", "all", "segments", "every", "segments:0", "every:-1", "nested:x", "blocks:2"]
+    "spec",
+    [
+        "",
+        "all",
+        "segments",
+        "every",
+        "segments:0",
+        "every:-1",
+        "nested:x",
+        "blocks:2",
+        "selective:2",
+    ],
 )
 def test_bad_spec_strings_say_what_is_accepted(spec):
     with pytest.raises(ValueError, match=r"segments|K"):
@@ -111,7 +127,7 @@ def test_blocks_run_forward_again_in_backward(model, policy, runs):
     assert calls == runs
 
 
-@pytest.mark.parametrize("policy", ["segments:2", "nested"])
+@pytest.mark.parametrize("policy", ["segments:2", "nested", "selective"])
 def test_parameters_names_and_state_dict_keys_are_unchanged(model, policy):
     names, keys = [n for n, _ in model.named_parameters()], list(model.state_dict())
     blocks = list(model.layers)
@@ -279,6 +295,18 @@ def test_peak_model_of_the_simple_policies():
     assert peak_activation_bytes("segments:3", 8, input_bytes=b, saved_bytes=a) == b + 3 * a
     # nested:3 over 3, 3, 2: two outer inputs held, then 1 inner input and one block
     assert peak_activation_bytes("nested:3", 8, input_bytes=b, saved_bytes=a) == 3 * b + a
+    # selective: each earlier block keeps its input and attention output, the last recomputes
+    kept = 7
+    assert (
+        peak_activation_bytes("selective", 8, input_bytes=b, saved_bytes=a, kept_bytes=kept)
+        == 7 * (b + kept) + a
+    )
+    # what other policies keep does not grow
+    assert peak_activation_bytes("blocks", 8, input_bytes=b, saved_bytes=a, kept_bytes=kept) == (
+        7 * b + a
+    )
+    with pytest.raises(ValueError, match="kept_bytes"):
+        peak_activation_bytes("selective", 8, input_bytes=b, saved_bytes=a, kept_bytes=-1)
 
 
 @pytest.mark.parametrize(
@@ -376,3 +404,98 @@ def test_measured_peaks_follow_the_memory_model(policy):
         )
 
     assert abs(offset(policy) - offset("blocks")) <= saved / 2, (saved, input_bytes)
+
+
+# ---- selective: attention's output kept ------------------------------------------------------
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the attention ops selective keeps and the matmuls, as they are dispatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = self.matmuls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.name() in KEPT_ATTENTION_OPS:
+            self.attention += 1
+        elif func.name() == "aten::mm":
+            self.matmuls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _selective_model(tiny_config, attention: str, policy: str) -> TransformerLM:
+    torch.manual_seed(0)
+    config = tiny_config.__class__(**{**tiny_config.__dict__, "attention": attention})
+    return apply_activation_checkpointing(TransformerLM.from_config(config), policy=policy)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "fa2-triton"])
+def test_selective_recomputes_blocks_but_not_attention(tiny_config, attention):
+    tokens = torch.randint(0, tiny_config.vocab_size, (2, 17))
+    counts, grads = {}, {}
+    for policy in ("none", "blocks", "selective"):
+        model = _selective_model(tiny_config, attention, policy)
+        with _OpCounter() as counter:
+            grads[policy] = _gradients(model, tokens)
+        counts[policy] = (counter.attention, counter.matmuls)
+    blocks = tiny_config.num_layers
+    assert counts["none"][0] == counts["selective"][0] == blocks
+    assert counts["blocks"][0] == 2 * blocks
+    # the projections and the feed-forward network are recomputed as under `blocks`
+    assert counts["selective"][1] == counts["blocks"][1] > counts["none"][1]
+    for got, want in zip(grads["selective"], grads["none"], strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "fa2-triton"])
+def test_selective_keeps_attention_output_under_compile(tiny_config, attention):
+    """Compiled with the checkpoint inside, a block keeps its input, the attention output and
+    the logsumexp (nothing else), and its gradients are eager's."""
+    model = _selective_model(tiny_config, attention, "selective")
+    reference = copy.deepcopy(model)
+    block = model.layers[0]
+    block.compile(backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 16, tiny_config.d_model, requires_grad=True)
+    heads = tiny_config.num_heads
+    expected = 2 * x.numel() * x.element_size() + 2 * 16 * heads * 4  # x, o; lse (fp32)
+    assert saved_activation_bytes(block, x) == expected
+    out = block(x)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, *block.parameters()], grad)
+    want = torch.autograd.grad(reference.layers[0](x), [x, *reference.layers[0].parameters()], grad)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.gpu
+def test_selective_keeps_fa2_output_when_inductor_compiles_it():
+    """On a GPU fa2 is a `triton_op` that inductor inlines; the kept output must survive that:
+    a compiled bf16 block keeps its input, the attention output and the logsumexp only, and its
+    gradients are the eager block's."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = TransformerLM(97, 256, 256, 2, 4, 512, attention="fa2-triton")
+        x = torch.randn(2, 256, 256, requires_grad=True, dtype=torch.bfloat16)
+    model.to(torch.bfloat16)
+    apply_activation_checkpointing(model, policy="selective")
+    reference = copy.deepcopy(model)
+    block = model.layers[0]
+    block.compile(fullgraph=True)
+    expected = 2 * x.numel() * x.element_size() + 2 * 4 * 256 * 4  # x, o; lse (fp32)
+    assert saved_activation_bytes(block, x) == expected
+    out = block(x)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, *block.parameters()], grad)
+    want = torch.autograd.grad(reference.layers[0](x), [x, *reference.layers[0].parameters()], grad)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)
+
+
+def test_selective_leaves_decoding_and_no_grad_forwards_alone(tiny_config):
+    model = _selective_model(tiny_config, "sdpa", "selective")
+    plain = _selective_model(tiny_config, "sdpa", "none")
+    tokens = torch.randint(0, tiny_config.vocab_size, (2, 9))
+    with torch.no_grad(), _OpCounter() as counter:
+        assert torch.equal(model(tokens), plain(tokens))
+    assert counter.attention == 2 * tiny_config.num_layers  # once per block, in each model

@@ -68,11 +68,14 @@ def _net(*, contiguous: bool = False) -> _Net:
     return _Net(contiguous_mix=contiguous)
 
 
-def _lm(*, contiguous: bool = False, num_layers: int = 2) -> TransformerLM:
+def _lm(
+    *, contiguous: bool = False, num_layers: int = 2, attention: str = "naive"
+) -> TransformerLM:
     torch.manual_seed(0)
     return TransformerLM(
-        vocab_size=VOCAB, context_length=SEQ, d_model=8, num_layers=num_layers, num_heads=2, d_ff=11
-    )
+        vocab_size=VOCAB, context_length=SEQ, d_model=8, num_layers=num_layers, num_heads=2,
+        d_ff=11, attention=attention,
+    )  # fmt: skip
 
 
 def _checkpointed_lm(*, contiguous: bool = False) -> TransformerLM:
@@ -87,12 +90,20 @@ def _nested_lm(*, contiguous: bool = False) -> TransformerLM:
     return apply_activation_checkpointing(_lm(num_layers=3), policy="nested:2")
 
 
+def _selective_lm(*, contiguous: bool = False) -> TransformerLM:
+    """Each block checkpointed inside its forward, SDPA's output kept: the recomputation runs in
+    the unit's backward, without its forward hooks."""
+    model = _lm(num_layers=3, attention="sdpa")
+    return apply_activation_checkpointing(model, policy="selective")
+
+
 MODELS = {
     "net": _net,
     "lm": _lm,
     "checkpointed": _checkpointed_lm,
     "segments": _segments_lm,
     "nested": _nested_lm,
+    "selective": _selective_lm,
 }
 
 
@@ -189,6 +200,7 @@ def _two_rank_worker(rank: int, world_size: int) -> dict[str, Any]:
         ("checkpointed", "adamw", (TransformerBlock,)),
         ("segments", "adamw", (TransformerBlock,)),
         ("nested", "sgd", (TransformerBlock,)),
+        ("selective", "adamw", (TransformerBlock,)),
     ]:
         key = f"{model}-{optimizer}-{'blocks' if units else 'default'}"
         fsdp = FSDP(MODELS[model](), units=units)
@@ -258,7 +270,7 @@ def _two_rank_worker(rank: int, world_size: int) -> dict[str, Any]:
     results["resumed_on_two-half"] = _train_reference(reference, "sgd", halves=2, seed=2)
 
     # activation checkpointing: units gathered at once during backward
-    for policy in ("blocks", "segments:6", "nested:3"):
+    for policy in ("blocks", "segments:6", "nested:3", "selective"):
         results[f"gathered-{policy}"] = _most_units_gathered(policy, rank, world_size)
 
     # a state dict with one weight of another shape loads nothing
@@ -342,6 +354,7 @@ CASES = [
     "checkpointed-adamw-blocks",
     "segments-adamw-blocks",
     "nested-sgd-blocks",
+    "selective-adamw-blocks",
 ]
 
 
@@ -456,7 +469,9 @@ def test_two_rank_checkpoint_loads_into_a_plain_module_and_one_rank(two_ranks, o
     _assert_equal(one_rank["resumed"], one_rank["resumed-whole"])
 
 
-@pytest.mark.parametrize(("policy", "most"), [("blocks", 3), ("segments:6", 4), ("nested:3", 4)])
+@pytest.mark.parametrize(
+    ("policy", "most"), [("blocks", 3), ("segments:6", 4), ("nested:3", 4), ("selective", 3)]
+)
 def test_recomputed_units_are_gathered_again_and_freed(two_ranks, policy, most):
     # The root, the unit computing and the one prefetched; a recomputation adds one more. A
     # segment of six blocks would otherwise hold all six gathered through its recomputation.
@@ -737,8 +752,9 @@ CPU_COMPILE = {"backend": "aot_eager", "fullgraph": True}
 LM_UNITS = (TransformerBlock, Embedding, LMHead)
 
 
-def _checkpointed_bf16_lm() -> TransformerLM:
-    return apply_activation_checkpointing(_lm(num_layers=3).bfloat16(), policy="blocks")
+def _checkpointed_bf16_lm(policy: str = "blocks", attention: str = "naive") -> TransformerLM:
+    model = _lm(num_layers=3, attention=attention).bfloat16()
+    return apply_activation_checkpointing(model, policy=policy)
 
 
 def _compile_worker(rank: int, world_size: int) -> dict[str, Any]:
@@ -761,6 +777,18 @@ def _compile_worker(rank: int, world_size: int) -> dict[str, Any]:
     )
     loss.backward()
     compiled.finish_gradient_synchronization()
+    # selective: the checkpoint (keeping SDPA's output) inside each compiled unit's forward
+    selective = ("selective", "sdpa")
+    results["selective_eager"] = _train_fsdp(
+        FSDP(_checkpointed_bf16_lm(*selective), units=LM_UNITS), "adamw", rank, world_size
+    )
+    counters.clear()
+    compiled = apply_fsdp(
+        _checkpointed_bf16_lm(*selective), units=LM_UNITS, compile=True,
+        compile_options=CPU_COMPILE,
+    )  # fmt: skip
+    results["selective_compiled"] = _train_fsdp(compiled, "adamw", rank, world_size)
+    results["selective_graphs"] = counters["stats"]["unique_graphs"]
     return results
 
 
@@ -774,6 +802,16 @@ def test_compiled_units_train_as_the_eager_ones(compiled):
     # fused loss inside the compiled head: the same operations, so the same bits.
     for rank in compiled:
         _assert_equal(rank["compiled"], rank["eager"])
+
+
+def test_compiled_selective_units_train_as_the_eager_ones(compiled):
+    # the recomputation runs inside each unit's compiled backward, on the weights its forward
+    # saved (gathered again before it); eagerly, on the weights installed for the backward
+    for rank in compiled:
+        _assert_equal(rank["selective_compiled"], rank["selective_eager"])
+        # one new graph for the three blocks; the embedding's and the head's are the first
+        # model's, reused
+        assert rank["selective_graphs"] == 1
 
 
 def test_with_the_embedding_and_head_as_units_nothing_stays_gathered_for_backward(compiled):

@@ -19,6 +19,7 @@ from typing import Any
 # configurations, counts and checkpointing policies cost milliseconds (a command line's `--help`
 # lists the sizes and parses a policy).
 from lmcore.checkpointing_policy import (
+    SELECTIVE_KEEPS,
     ActivationCheckpointing,
     memory_optimal_segment_size,
     peak_activation_bytes,
@@ -47,9 +48,10 @@ from lmcore.counting import (
 # Everything else needs torch: each name is imported from its module on first use (PEP 562).
 _LAZY: dict[str, tuple[str, ...]] = {
     "lmcore.activation_checkpointing": (
+        "KEPT_ATTENTION_OPS",
         "CheckpointedBlockStack",
         "apply_activation_checkpointing",
-        "apply_fused_linear_cross_entropy",
+        "checkpoint_keeping_attention",
         "saved_activation_bytes",
     ),
     "lmcore.attention": ("CausalSelfAttention",),
@@ -115,8 +117,10 @@ __all__ = [
     "DEFAULT_ATTENTION",
     "FUSED_LOSS_MODEL_TYPES",
     "HANDOUT_SIZES",
+    "KEPT_ATTENTION_OPS",
     "LEADERBOARD_2026",
     "MODEL_SIZES",
+    "SELECTIVE_KEEPS",
     "VOCAB_SIZE",
     "ActivationCheckpointing",
     "AdamW",
@@ -143,6 +147,7 @@ __all__ = [
     "attention_names",
     "attention_scores",
     "causal_mask",
+    "checkpoint_keeping_attention",
     "chunk_rows",
     "clip_grad_norm",
     "cosine_lr",

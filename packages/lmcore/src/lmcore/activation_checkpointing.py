@@ -7,16 +7,28 @@ blocks are recomputed in the backward pass instead of keeping their activations.
 (`CheckpointedBlockStack`), and `saved_activation_bytes` measures what a block saves for
 backward (the `A` and `b` of the memory model), with the handout's `saved_tensors_hooks`; on
 the meta device it needs no memory at all.
+
+`selective` checkpoints each block inside its own `forward` (`checkpoint_keeping_attention`),
+with torch's selective checkpointing keeping the outputs of the attention ops in
+`KEPT_ATTENTION_OPS`. Inside `forward`, the checkpoint is inside what `block.compile()` (or
+`zero.apply_fsdp`'s per-unit compile) compiles, which is where torch.compile honours the
+policy; a checkpoint around the compiled call would recompute attention anyway.
 """
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from lmcore.checkpointing_policy import ActivationCheckpointing, Plan
 from lmcore.model import BlockStack
@@ -26,10 +38,68 @@ if TYPE_CHECKING:
     from lmcore.kv_cache import KVCache
 
 __all__ = [
+    "KEPT_ATTENTION_OPS",
     "CheckpointedBlockStack",
     "apply_activation_checkpointing",
+    "checkpoint_keeping_attention",
     "saved_activation_bytes",
 ]
+
+# The ops whose outputs `selective` keeps: SDPA's fused kernels (the backend the `sdpa` backend
+# dispatches to on each device) and fa2's Triton forward (the `fa2-triton` backend: its custom
+# op under torch.compile or a dispatch mode). Their outputs are the attention output and its
+# logsumexp, which their backward reads; everything else in the block is recomputed.
+KEPT_ATTENTION_OPS = frozenset(
+    {
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "fa2::triton_forward",
+    }
+)
+
+
+def _keep_attention(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """Selective checkpointing's policy: keep what the attention ops return, recompute the
+    rest."""
+    name = func.name() if isinstance(func, torch._ops.OpOverload) else None
+    if name in KEPT_ATTENTION_OPS:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_KEEP_ATTENTION_CONTEXTS = functools.partial(create_selective_checkpoint_contexts, _keep_attention)
+
+
+def checkpoint_keeping_attention(
+    function: Callable[..., torch.Tensor], *args: Any, **kwargs: Any
+) -> torch.Tensor:
+    """`function(*args, **kwargs)` under a non-reentrant checkpoint that keeps the outputs of
+    the attention ops (`KEPT_ATTENTION_OPS`) and recomputes everything else in backward.
+
+    Under torch.compile the checkpoint must be inside the compiled code (compile the caller):
+    the compiler then saves those ops' outputs for backward and recomputes the rest.
+    """
+    return checkpoint(
+        function, *args, use_reentrant=False, context_fn=_KEEP_ATTENTION_CONTEXTS, **kwargs
+    )
+
+
+def _selective_forward(
+    self: nn.Module,
+    x: torch.Tensor,
+    *,
+    kv_cache: Any = None,
+    documents: Documents | None = None,
+) -> torch.Tensor:
+    """A block's `forward` under `selective` (bound to each block, so that compiling the block
+    compiles the checkpoint with it, and identical blocks share one graph). Decoding and
+    no-grad forwards run the block as it is."""
+    forward = type(self).forward
+    if kv_cache is not None or not torch.is_grad_enabled():
+        return forward(self, x, kv_cache=kv_cache, documents=documents)
+    return checkpoint_keeping_attention(forward, self, x, documents=documents)
 
 
 def saved_activation_bytes(module: Callable[..., Any], *inputs: Any) -> int:
@@ -70,7 +140,9 @@ class CheckpointedBlockStack(BlockStack):
     It holds the same block modules under the same indices, so parameter names and state-dict
     keys (`layers.i.…`) are unchanged and `layers[i]` is still the block. Checkpoints are
     torch's non-reentrant `torch.utils.checkpoint.checkpoint`, nested for `nested`: each saves
-    only its input and runs its blocks' forward again when backward reaches them.
+    only its input and runs its blocks' forward again when backward reaches them. Under
+    `selective` each block checkpoints itself (its `forward` is replaced by one that calls
+    `checkpoint_keeping_attention`), and the stack runs the blocks as they are.
 
     Args:
         blocks: the blocks (taken over, not copied).
@@ -80,7 +152,12 @@ class CheckpointedBlockStack(BlockStack):
     def __init__(self, blocks: BlockStack, policy: str | ActivationCheckpointing) -> None:
         super().__init__(list(blocks))
         self.policy = ActivationCheckpointing.parse(policy)
-        self.plan = self.policy.plan(len(blocks))
+        if self.policy.keeps_attention:
+            for block in self:
+                block.forward = types.MethodType(_selective_forward, block)
+            self.plan: Plan = tuple(range(len(self)))
+        else:
+            self.plan = self.policy.plan(len(blocks))
 
     def forward(
         self,
@@ -125,7 +202,9 @@ def apply_activation_checkpointing(
     Args:
         model: the model to modify (in place); it must have a `layers` `BlockStack`.
         policy: a spec string (`none`, `blocks`, `every:K`, `segments:K`, `nested`,
-            `nested:K`; see the module docstring) or a parsed `ActivationCheckpointing`.
+            `nested:K`, `selective`; see `lmcore.checkpointing_policy`) or a parsed
+            `ActivationCheckpointing`. Under `selective` the blocks' `forward` is replaced
+            (an instance attribute; the class is untouched).
         every: `every=K` is `policy="every:K"` (the earlier signature); not with `policy`.
 
     Returns:

@@ -15,6 +15,10 @@ A policy is written as a spec string, parsed in one place (`ActivationCheckpoint
 `nested:K`      a checkpoint around each run of K blocks, holding one checkpoint per block
                 (a checkpoint of checkpoints)
 `nested`        `nested:K` with the K of least peak memory, about √N for N blocks
+`selective`     `blocks`, but each block's attention output (and its logsumexp) is kept, so
+                backward recomputes the block without attention's forward (torchtitan's
+                op-level selective checkpointing, for attention alone): fused attention
+                only (SDPA, fa2); with other backends it recomputes as `blocks` does
 ==============  ==========================================================================
 
 Memory, in the handout's model (its §3.2 problem `gradient_checkpointing`): let `A` be the
@@ -31,6 +35,9 @@ inputs of the checkpoints before it plus whatever that checkpoint recomputes:
   O(√N) checkpoint inputs and one block's activations, for a second recomputation (two extra
   forward passes). Deeper nesting (halving the range at each level) would hold O(log N) inputs
   for O(log N) extra forward passes.
+- `selective`: as `blocks` with `b` grown by what each block keeps (`kept_bytes`: its
+  attention output and logsumexp), `(N − 1)·(b + kept) + A`, for the same recomputation less
+  attention's forward, the most expensive part of a block at long context.
 
 `peak_activation_bytes` evaluates these formulas for any policy (and
 `memory_optimal_segment_size` minimises them); `lmcore.saved_activation_bytes` measures `A` and
@@ -45,6 +52,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Union
 
 __all__ = [
+    "SELECTIVE_KEEPS",
     "SPEC_FORMS",
     "ActivationCheckpointing",
     "Plan",
@@ -53,9 +61,12 @@ __all__ = [
 ]
 
 # The forms a spec string takes, for help texts and error messages.
-SPEC_FORMS = ("none", "blocks", "every:K", "segments:K", "nested", "nested:K")
-_MODES = ("none", "blocks", "every", "segments", "nested")
+SPEC_FORMS = ("none", "blocks", "every:K", "segments:K", "nested", "nested:K", "selective")
+_MODES = ("none", "blocks", "every", "segments", "nested", "selective")
 _MODES_WITH_K = ("every", "segments", "nested")
+# The attention backends whose output `selective` keeps: their kernels are the ops
+# `lmcore.KEPT_ATTENTION_OPS` names. Others' attention is recomputed, as under `blocks`.
+SELECTIVE_KEEPS = frozenset({"sdpa", "fa2-triton"})
 
 # A plan: block indices run as they are, tuples are checkpoints around what they hold.
 Plan = tuple[Union[int, "Plan"], ...]
@@ -66,7 +77,7 @@ class ActivationCheckpointing:
     """Which blocks are recomputed in backward: a parsed spec string (see the module docstring).
 
     Attributes:
-        mode: `none`, `blocks`, `every`, `segments` or `nested`.
+        mode: `none`, `blocks`, `every`, `segments`, `nested` or `selective`.
         k: K of `every:K`, `segments:K` and `nested:K`; None for the other modes and for
             `nested` (chosen from the number of blocks).
 
@@ -140,11 +151,17 @@ class ActivationCheckpointing:
             ),
         )
 
+    @property
+    def keeps_attention(self) -> bool:
+        """Whether each checkpoint keeps its block's attention output (`selective`)."""
+        return self.mode == "selective"
+
     def plan(self, num_blocks: int) -> Plan:
-        """The nesting of checkpoints over `num_blocks` blocks (tuples are checkpoints)."""
+        """The nesting of checkpoints over `num_blocks` blocks (tuples are checkpoints;
+        `selective`'s are `blocks`' own)."""
         if self.mode == "none":
             return tuple(range(num_blocks))
-        if self.mode == "blocks":
+        if self.mode in ("blocks", "selective"):
             return _segments_plan(num_blocks, 1)
         if self.mode == "every":
             assert self.k is not None
@@ -179,23 +196,33 @@ def _peak(plan: Plan, *, input_bytes: int, saved_bytes: int) -> int:
 
 
 def peak_activation_bytes(
-    policy: str | ActivationCheckpointing, num_blocks: int, *, input_bytes: int, saved_bytes: int
+    policy: str | ActivationCheckpointing,
+    num_blocks: int,
+    *,
+    input_bytes: int,
+    saved_bytes: int,
+    kept_bytes: int = 0,
 ) -> int:
     """The peak activation memory of backward through `num_blocks` blocks under `policy`.
 
     The model of the handout's problem (see the module docstring): each block saves
     `saved_bytes` for backward (its input included), each checkpoint keeps its input of
-    `input_bytes`, and the backward of a checkpoint holds the inputs of the checkpoints before
-    it plus what it recomputes. Everything else (weights, gradients, the tensors outside the
-    blocks) is left out.
+    `input_bytes` (and under `selective` the `kept_bytes` of its attention output and
+    logsumexp, which `saved_bytes` includes too), and the backward of a checkpoint holds what
+    the checkpoints before it keep plus what it recomputes. Everything else (weights,
+    gradients, the tensors outside the blocks) is left out.
 
     Raises:
-        ValueError: a bad spec, or `num_blocks` not positive.
+        ValueError: a bad spec, `num_blocks` not positive, or `kept_bytes` negative.
     """
     if num_blocks < 1:
         raise ValueError(f"num_blocks must be positive, got {num_blocks}")
-    plan = ActivationCheckpointing.parse(policy).plan(num_blocks)
-    return _peak(plan, input_bytes=input_bytes, saved_bytes=saved_bytes)
+    if kept_bytes < 0:
+        raise ValueError(f"kept_bytes must not be negative, got {kept_bytes}")
+    parsed = ActivationCheckpointing.parse(policy)
+    if parsed.keeps_attention:
+        input_bytes += kept_bytes
+    return _peak(parsed.plan(num_blocks), input_bytes=input_bytes, saved_bytes=saved_bytes)
 
 
 def memory_optimal_segment_size(num_blocks: int, *, input_bytes: int, saved_bytes: int) -> int:

@@ -609,6 +609,7 @@ class FSDP(nn.Module):
         """Run the wrapped module, gathering each unit's weights around its forward."""
         for unit in self._units:  # weights gathered earlier may be stale after a step
             unit.needed_in_backward = False
+            self._uninstall(unit)  # installed for a backward that did not reach the unit
             if unit.state is not _State.FREE:
                 self._reshard(unit)
         self._previous_calls, self._calls = self._calls or self._previous_calls, []
@@ -636,6 +637,11 @@ class FSDP(nn.Module):
         self._in_backward = True
         unit.needed_in_backward = True
         self._unshard(unit)  # a no-op for the root unless a later forward freed it
+        # A checkpoint inside the unit's own forward (lmcore's `selective`) recomputes it within
+        # this backward, without the forward hooks: the gathered weights must be installed,
+        # requiring gradients as in forward (backward runs its hooks with grad mode off).
+        with torch.enable_grad():
+            self._install(unit)
         position = self._backward_position
         if unit.index != 0:
             position -= 1
@@ -659,6 +665,7 @@ class FSDP(nn.Module):
         )
         self._reductions.append((unit, work, out))
         unit.needed_in_backward = False
+        self._uninstall(unit)
         self._reshard(unit)
         while len(self._reductions) > _MAX_REDUCTIONS_IN_FLIGHT:
             self._complete_oldest_reduction()

@@ -54,6 +54,7 @@ __all__ = [
     "compiled_residuals_known",
     "compute_bytes",
     "head_residuals",
+    "kept_attention_residuals",
     "loss_chunk_tokens",
     "loss_memory",
     "materializes_scores",
@@ -269,6 +270,26 @@ def block_residuals(
         out.append(_res("weights", "bf16 copies of the block's weights (autocast cache)", 2,
                         f"N_block{per}", weights))  # fmt: skip
     return out
+
+
+def kept_attention_residuals(
+    config: lmcore.ModelConfig, *, batch: int, seq_len: int, regime: str, tp: int = 1
+) -> list[Residual]:
+    """What `selective` checkpointing keeps of one block beyond its input: the attention output
+    and its logsumexp, for the backends whose kernel it keeps (`lmcore.SELECTIVE_KEEPS`);
+    nothing for the others, whose attention it recomputes."""
+    _check(regime, batch, seq_len, tp)
+    if config.attention not in lmcore.SELECTIVE_KEEPS:
+        return []
+    tokens = batch * seq_len
+    heads = _tp_width(config.num_heads, tp)
+    per = "" if tp == 1 else "/t"
+    return [
+        _res("attn", "attention output (kept)", compute_bytes(regime), f"T·d{per}",
+             tokens * heads * config.head_dim),
+        _res("attn", "logsumexp per query and head (fp32, kept)", _FP32, f"b·h{per}·s",
+             tokens * heads),
+    ]  # fmt: skip
 
 
 def _compiled_block_residuals(

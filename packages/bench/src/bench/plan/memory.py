@@ -63,6 +63,7 @@ from bench.plan.activations import (
     block_residuals,
     combined_formula,
     head_residuals,
+    kept_attention_residuals,
     loss_memory,
     residual_bytes,
     residual_stream_bytes,
@@ -105,7 +106,9 @@ class Checkpointing:
     `segments` are `(start, stop, kind)` runs covering the blocks in order: `plain` (saved as
     usual), `segment` (one checkpoint: only the run's input is saved; backward recomputes the
     run), `nested` (a checkpoint of per-block checkpoints: the run's input is saved; backward
-    recomputes the run saving each block's input, then each block).
+    recomputes the run saving each block's input, then each block), `selective` (one block
+    checkpointed inside its forward: its input and its attention output are saved; backward
+    recomputes the rest of the block).
     """
 
     spec: str
@@ -124,7 +127,10 @@ class Checkpointing:
             ValueError: a spec lmcore does not read (its message lists the forms).
         """
         runs = []
-        for item in lmcore.ActivationCheckpointing.parse(spec).plan(num_layers):
+        parsed = lmcore.ActivationCheckpointing.parse(spec)
+        if parsed.keeps_attention:
+            return cls(spec, tuple((i, i + 1, "selective") for i in range(num_layers)))
+        for item in parsed.plan(num_layers):
             if isinstance(item, int):
                 runs.append((item, item + 1, "plain"))
                 continue
@@ -135,10 +141,23 @@ class Checkpointing:
         return cls(spec, tuple(runs))
 
     @property
+    def keeps_attention(self) -> bool:
+        """Whether its checkpoints keep their blocks' attention outputs (`selective`)."""
+        return any(kind == "selective" for *_, kind in self.segments)
+
+    @property
     def recomputed_block_forwards(self) -> int:
-        """Extra block forwards backward runs: one per block of a checkpoint, two when nested."""
-        extra = {"plain": 0, "segment": 1, "nested": 2}
+        """Extra block forwards backward runs: one per block of a checkpoint, two when nested
+        (`selective`'s recomputations, without attention, count as one)."""
+        extra = {"plain": 0, "segment": 1, "nested": 2, "selective": 1}
         return sum((b - a) * extra[kind] for a, b, kind in self.segments)
+
+    def recomputed_attention_forwards(self, attention: str) -> int:
+        """Extra attention forwards backward runs: one per recomputed block forward, less
+        `selective`'s where it keeps the backend's output (`lmcore.SELECTIVE_KEEPS`)."""
+        kept = sum(b - a for a, b, kind in self.segments if kind == "selective")
+        keeps = attention in lmcore.SELECTIVE_KEEPS
+        return self.recomputed_block_forwards - (kept if keeps else 0)
 
 
 @dataclass(frozen=True)
@@ -604,6 +623,7 @@ class _Activations:
     block: int  # A_block: one block's residuals
     block_cache: int  # of which autocast's bf16 weight copies
     checkpoint: int  # X: a checkpoint's saved input (the residual stream)
+    kept: int  # K: what `selective` keeps of a block beyond X (attention output, logsumexp)
     head: int  # embedding ids, final norm, LM head's autocast copy
     ids: int  # the token ids, saved until the embedding's backward
     working: Residual  # a block's backward working set
@@ -621,6 +641,7 @@ def _activations(plan: TrainingPlan) -> _Activations:
     head = head_residuals(m, **kw, loss=plan.loss)
     x_bytes = residual_bytes(regime)
     checkpoint = residual_stream_bytes(b, s, m.d_model, element_bytes=x_bytes)
+    kept = kept_attention_residuals(m, **kw) if plan.checkpointing.keeps_attention else []
     working = block_backward_working_set(m, **kw)
     prec = plan.precision_spec
     loss = loss_memory(
@@ -642,6 +663,8 @@ def _activations(plan: TrainingPlan) -> _Activations:
         Term("symbols", 0, symbols),
         Term("A_block: one block's residuals", total_bytes(block), combined_formula(block)),
         Term("X: a checkpoint (the block's input)", checkpoint, f"{x_bytes}·T·d"),
+        *([Term("K: what selective keeps beyond X", total_bytes(kept), combined_formula(kept))]
+          if kept else []),
         Term("head: token ids, final norm" + (", LM head copy" if regime == "autocast" else ""),
              total_bytes(head), combined_formula(head)),
         Term(f"loss ({plan.loss}), forward", loss.forward_peak, loss.forward_formula),
@@ -652,6 +675,7 @@ def _activations(plan: TrainingPlan) -> _Activations:
         block=total_bytes(block),
         block_cache=sum(r.num_bytes for r in block if r.where == "weights"),
         checkpoint=checkpoint,
+        kept=total_bytes(kept),
         head=total_bytes(head),
         ids=next(r.num_bytes for r in head if r.where == "embedding"),
         working=working,
@@ -693,14 +717,18 @@ def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[
     block, x_in, loss = acts.block, acts.checkpoint, acts.loss
     views = plan.family in ("ddp", "zero1") and not plan.layout_spec.torch_buckets
     resident = _resident(s, grads_always=views)
-    forward_saved = {"plain": block, "segment": x_in, "nested": x_in}
+    forward_saved = {"plain": block, "segment": x_in, "nested": x_in, "selective": x_in + acts.kept}
     saved_by_run = [forward_saved[kind] for _, _, kind in ckpt.segments]
     full = sum(b - a for a, b, kind in ckpt.segments if kind == "plain")
     points = len(ckpt.segments) - sum(1 for *_, kind in ckpt.segments if kind == "plain")
+    kept = sum(1 for *_, kind in ckpt.segments if kind == "selective")
     saved_all = sum(saved_by_run)
+    kept_text = f" + {kept} × K" if kept else ""
+    kept_value = f" + {kept} × {_mib(acts.kept)}" if kept else ""
     saved_text = (
-        f"{full} × A_block + {points} × X + head = {full} × {_mib(block)} + {points} × "
-        f"{_mib(x_in)} + {_mib(acts.head)} (checkpointing {plan.activation_checkpointing!r})"
+        f"{full} × A_block + {points} × X{kept_text} + head = {full} × {_mib(block)} + "
+        f"{points} × {_mib(x_in)}{kept_value} + {_mib(acts.head)} (checkpointing "
+        f"{plan.activation_checkpointing!r})"
     )
     unsaved_cache = sum(acts.block_cache * (b - a) for a, b, k in ckpt.segments if k != "plain")
     # FSDP at the loss: the root's weights and the last units, or the LM head unit alone (the
@@ -735,10 +763,14 @@ def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[
         before = ckpt.segments[:j]
         n_full = sum(y - x for x, y, k in before if k == "plain")
         n_points = sum(1 for *_, k in before if k != "plain")
+        n_kept = sum(1 for *_, k in before if k == "selective")
         for i in reversed(range(a, b)):
             alive = i - a + 1  # blocks a..i of this run not yet through backward
             if kind == "plain":
                 here, here_text = block, "A_block"
+            elif kind == "selective":  # its kept attention output is A_block's own
+                here = x_in + block
+                here_text = "X + A_block (recomputed but for its attention output)"
             elif kind == "segment":
                 here = x_in + alive * block
                 here_text = f"X + {alive} × A_block (its segment recomputed)"
@@ -746,14 +778,15 @@ def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[
                 here = alive * x_in + block
                 here_text = f"{alive} × X + A_block (its nested segment, then itself, recomputed)"
             grads = s.head_grads + sum(s.block_grads[i:])
-            activations = n_full * block + n_points * x_in + here + acts.ids
+            activations = n_full * block + n_points * x_in + n_kept * acts.kept + here + acts.ids
             terms = [
                 *resident,
                 *([] if views else [Term("gradients", grads,
                                          f"the LM head's, final norm's and blocks ≥ {i}'s")]),
                 *fsdp_bwd,
                 Term("activations", activations,
-                     f"{n_full} × A_block + {n_points} × X (before block {i}) + {here_text} + "
+                     f"{n_full} × A_block + {n_points} × X"
+                     f"{f' + {n_kept} × K' if n_kept else ''} (before block {i}) + {here_text} + "
                      f"token ids"),
                 Term("backward working set", acts.working.num_bytes, acts.working.formula),
             ]  # fmt: skip

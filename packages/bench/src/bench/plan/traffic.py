@@ -166,8 +166,13 @@ def step_flops(plan: TrainingPlan) -> int:
     count = lmcore.forward_flops if plan.mode == "forward" else lmcore.training_flops
     flops = count(plan.model, batch_size=b, seq_len=s)
     if plan.mode != "forward":
-        recomputed = plan.checkpointing.recomputed_block_forwards
-        flops += recomputed * b * s * _block_forward_flops_per_token(plan.model, s)
+        ckpt, m = plan.checkpointing, plan.model
+        recomputed = ckpt.recomputed_block_forwards
+        flops += recomputed * b * s * _block_forward_flops_per_token(m, s)
+        # `selective` keeps attention's output: its recomputations leave out q·kᵀ and
+        # softmax·v, 4·T·d per token (lmcore's convention)
+        kept = recomputed - ckpt.recomputed_attention_forwards(m.attention)
+        flops -= kept * b * s * 4 * s * m.d_model
     return flops // plan.tp
 
 

@@ -191,6 +191,13 @@ def run_backward(
     return bwd(q, k, v, o, lse, do, scale, cu_seqlens, max_seqlens, False)
 
 
+def _under_dispatch_mode() -> bool:
+    """Whether a TorchDispatchMode is active (selective activation checkpointing, a FLOP or
+    debug mode): the call then goes through fa2's registered ops, so the mode sees attention
+    as one op (and selective checkpointing can keep its output) instead of bare launches."""
+    return torch._C._len_torch_dispatch_stack() > 0
+
+
 class FlashAttention2Triton(torch.autograd.Function):
     """FlashAttention-2 forward and backward as Triton kernels.
 
@@ -265,7 +272,7 @@ class FlashAttention2Triton(torch.autograd.Function):
         max_seqlen_k: int | None = None,
         bottom_right: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or _under_dispatch_mode():
             call, precision, same_lengths = _check(
                 q, k, v, is_causal=is_causal, scale=scale, precision=precision,
                 window_size=window_size, softcap=softcap, layout=layout,
@@ -299,7 +306,7 @@ class FlashAttention2Triton(torch.autograd.Function):
     def backward(ctx, do: torch.Tensor, *_):
         q, k, v, o, lse, *packed = ctx.saved_tensors
         cu_q, cu_k = packed or (None, None)
-        if ctx.plan is None:  # traced by torch.compile
+        if ctx.plan is None:  # traced by torch.compile, or under a dispatch mode
             from fa2.triton.ops import backward_op
 
             dq, dk, dv = backward_op(

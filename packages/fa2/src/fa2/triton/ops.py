@@ -6,8 +6,10 @@ kernels themselves and launches them from its own generated code. Where it canno
 (Triton's CPU interpreter: `wrap_triton` does not take interpreted kernels; no Triton at all)
 they are opaque `custom_op`s with a shape function instead. Defining either kind imports
 torch's compiler stack, which is why this module is imported only by a Function running under
-torch.compile, never by `import fa2`. It builds its launch plans from `fa2.triton.forward` and
-`fa2.triton.backward`; the Function validates the call before it gets here.
+torch.compile or a TorchDispatchMode (selective activation checkpointing keeps
+`fa2::triton_forward`'s outputs), never by `import fa2`. It builds its launch plans from
+`fa2.triton.forward` and `fa2.triton.backward`; the Function validates the call before it gets
+here.
 
 The ops take a call's options as flat arguments (custom ops take tensors and scalars only):
 `op_options` turns a validated call into them (`OpOptions`), in the order both ops take them.

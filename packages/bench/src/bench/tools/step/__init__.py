@@ -290,7 +290,8 @@ def _identity(spec: StepSpec, config: StepConfig) -> dict[str, Any]:
 
 
 def _attention_ms(spec: StepSpec, per_rank: Sequence[dict[str, Any]]) -> float | None:
-    """The step's attention time: forward + backward per block, a forward per recomputed one."""
+    """The step's attention time: forward + backward per block, a forward per recomputed one
+    (none for a block whose output `selective` keeps)."""
     from bench.plan.memory import Checkpointing
 
     measured = [r["attention"] for r in per_rank if r["attention"] is not None]
@@ -298,8 +299,8 @@ def _attention_ms(spec: StepSpec, per_rank: Sequence[dict[str, Any]]) -> float |
         return None
     fwd, both = (max(t[i] for t in measured) for i in (0, 1))
     layers = spec.model.num_layers
-    extra = Checkpointing.parse(spec.activation_checkpointing, layers).recomputed_block_forwards
-    return layers * both + extra * fwd
+    ckpt = Checkpointing.parse(spec.activation_checkpointing, layers)
+    return layers * both + ckpt.recomputed_attention_forwards(spec.model.attention) * fwd
 
 
 def _metrics(
