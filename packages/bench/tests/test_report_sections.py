@@ -266,9 +266,11 @@ def test_leaderboard_presents_the_one_gpu_step_and_the_prediction(save, tmp_path
         assert f"Source: `{stem}_" in section  # each shown in this section
 
 
-def _full_rows(world: int, ours_ms: float, native_ms: float, peak: float) -> list[dict]:
+def _full_rows(
+    world: int, ours_ms: float, native_ms: float, peak: float, policy: str = "blocks"
+) -> list[dict]:
     full = {"size": "leaderboard-8b", "num_layers": 34, "world_size": world, "ctx": 32768,
-            "batch": 1, "precision": "bf16", "activation_checkpointing": "blocks",
+            "batch": 1, "precision": "bf16", "activation_checkpointing": policy,
             "compiled": True, "status": "ok"}  # fmt: skip
     return [
         {**full, "impl": "ours", "layout": "fsdp", "attention": "fa2-triton", "loss": "fused",
@@ -306,6 +308,51 @@ def test_the_full_step_on_more_gpus_follows_the_handouts_and_says_how_it_scaled(
     assert "(faster than it)" in section[four:] and "(slower than it)" in section[two:four]
     assert "our fastest step falls (6,206 to 5,000 ms) and its peak falls" in section
     assert "tokens per second grow 2.48× for 2× the GPUs (124% scaling efficiency)" in section
+
+
+def test_each_checkpointing_of_a_full_step_run_has_its_own_paragraph(save, tmp_path):
+    rows = _full_rows(2, 6318.0, 5898.0, 40656.0) + _full_rows(
+        2, 5572.0, 5206.0, 49281.0, policy="selective"
+    )
+    save("step_leaderboard_2xh100_2026-11-28", "step", rows, date="2026-11-28")
+    section = _section(build_report(tmp_path), "leaderboard")
+    blocks = section.index("The leaderboard's own step, measured")
+    selective = section.index("The same step on the same 2 GPUs with selective checkpointing")
+    assert blocks < selective
+    assert "blocks checkpointing (the leaderboard runs on two B200s)" in section[:selective]
+    assert "but for its attention, whose output and logsumexp are kept" in section[selective:]
+    assert "6,318 ms a step" in section[:selective] and "5,572 ms" not in section[:selective]
+    assert "5,572 ms a step" in section[selective:] and "5,206 ms a step" in section[selective:]
+    assert "1.07× the torch-native step's time" in section[selective:]
+
+
+def test_one_gpu_rows_of_two_checkpointings_each_get_their_ratio(save, tmp_path):
+    whole = {"size": "leaderboard-8b", "size_label": "leaderboard-8b (4096/11008/34L/32H)",
+             "num_layers": 34, "ctx": 32768, "batch": 1, "precision": "bf16",
+             "compiled": True, "status": "ok", "optimizer": "lmcore-fused",
+             "state_mib": 30997.0, "fwd_ms": 1472.0, "bwd_ms": 3802.0, "opt_ms": 46.3,
+             "mfu": 0.45, "mfu_ceiling_tflops": 989.4}  # fmt: skip
+    native = {"impl": "torch-native", "attention": "sdpa", "loss": "chunked",
+              "optimizer": "torch-fused"}  # fmt: skip
+    rows = [
+        {**whole, "impl": "ours", "attention": "fa2-triton", "loss": "fused",
+         "activation_checkpointing": policy, "step_ms": ours_ms, "peak_mib": 65923.0}
+        for policy, ours_ms in (("blocks", 6061.0), ("selective", 5320.0))
+    ] + [
+        {**whole, **native, "activation_checkpointing": policy, "step_ms": ms,
+         "peak_mib": 65914.0}
+        for policy, ms in (("blocks", 5669.0), ("selective", 5014.0))
+    ]  # fmt: skip
+    save("step_leaderboard_h200_2026-11-28", "step", rows, date="2026-11-28",
+         device_name="NVIDIA H200")  # fmt: skip
+    section = _section(build_report(tmp_path), "leaderboard")
+    assert "fused loss, blocks and selective checkpointing, compiled) with lmcore-fused" in section
+    assert "With blocks checkpointing: the ratio to the torch-native step, which takes 5,669" in (
+        section
+    )
+    assert "With selective checkpointing (every block recomputed in backward but for its" in section
+    assert "which takes 5,014 ms" in section and "5,320 ms, 0.94× as fast" in section
+    assert "Where the time goes (ours, selective checkpointing, lmcore-fused AdamW)" in section
 
 
 def test_memory_without_timelines_says_so_and_shows_an_earlier_runs(save, tmp_path):

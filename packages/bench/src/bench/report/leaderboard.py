@@ -94,10 +94,35 @@ _LAYOUT_NAMES = {
 }
 
 
+# What a checkpointing policy other than the plain ones does, said where its rows are.
+_POLICY_GLOSS = {
+    "selective": "every block recomputed in backward but for its attention, whose output and "
+    "logsumexp are kept",
+}
+
+
+def _by_checkpointing(rows: Rows) -> list[Rows]:
+    """`rows` split by their checkpointing policy, in the order the policies first appear."""
+    groups: dict[str, Rows] = {}
+    for r in rows:
+        groups.setdefault(r[step_keys.activation_checkpointing], []).append(r)
+    return list(groups.values())
+
+
+def _split(rows: Rows) -> tuple[Rows, Rows]:
+    """(ours, torch-native) rows that have a step time."""
+    timed = [r for r in rows if num(r, step_keys.step_ms)]
+    return (
+        [r for r in timed if r[step_keys.impl] == "ours"],
+        [r for r in timed if r[step_keys.impl] == "torch-native"],
+    )
+
+
 def _full_step(res: Results) -> list[Block]:
     """The full step on two GPUs or more, one paragraph per world size (its newest result; two
-    ranks first, the handout's): each row's time, first step and peak, ours as ratios to the
-    torch-native row; then what more ranks did to the step and its throughput."""
+    ranks first, the handout's) and checkpointing policy: each row's time, first step and peak,
+    ours as ratios to the torch-native row of its policy; then what more ranks did to the step
+    and its throughput."""
     full = [r for r in ok(res.rows("step", stem="step_leaderboard")) if _is_full(r)]
     runs = [
         _newest(group)
@@ -106,23 +131,26 @@ def _full_step(res: Results) -> list[Block]:
     out: list[Block] = []
     best: list[dict] = []
     for rows in runs:
-        ours = [r for r in rows if r[step_keys.impl] == "ours" and num(r, step_keys.step_ms)]
-        native = [
-            r for r in rows if r[step_keys.impl] == "torch-native" and num(r, step_keys.step_ms)
-        ]
+        for index, group in enumerate(_by_checkpointing(rows)):
+            ours, native = _split(group)
+            if ours:
+                out.append(_full_step_paragraph(res, ours, native, again=index > 0))
+        ours = _split(rows)[0]
         if ours:
-            out.append(_full_step_paragraph(res, ours, native))
             best.append(min(ours, key=lambda r: r[step_keys.step_ms]))
     if len(best) >= 2:
         out.append(_scaling(res, best[0], best[-1]))
     return out
 
 
-def _full_step_paragraph(res: Results, ours: Rows, native: Rows) -> Block:
+def _full_step_paragraph(res: Results, ours: Rows, native: Rows, *, again: bool = False) -> Block:
+    """One policy's rows of one run; `again`: the run's setting was said for another policy."""
     first = ours[0]
     device = res.record_of(first).run.env.get("device_name")
     world = first.get("world_size")
     handout = world == _HANDOUT_GPUS and first[step_keys.batch] * world == _HANDOUT_BATCH
+    policy = first[step_keys.activation_checkpointing]
+    gloss = f" ({_POLICY_GLOSS[policy]})" if policy in _POLICY_GLOSS else ""
 
     def row_text(r: dict) -> str:
         layout = _LAYOUT_NAMES.get(r.get("layout"), r.get("layout"))
@@ -139,13 +167,17 @@ def _full_step_paragraph(res: Results, ours: Rows, native: Rows) -> Block:
             )
         return text
 
-    what = ("The leaderboard's own step, measured" if handout else "The full step on more GPUs") + (
-        f": all {_BLOCKS} blocks, batch {first[step_keys.batch] * world} over {world} {device} "
-        f"GPUs (one sequence per rank), {first[step_keys.ctx]:,} tokens a sequence, "
-        f"{first[step_keys.precision]}, each block compiled, "
-        f"{first[step_keys.activation_checkpointing]} checkpointing"
-        + (" (the leaderboard runs on two B200s)" if handout else "")
-    )
+    if again:
+        what = f"The same step on the same {world} GPUs with {policy} checkpointing{gloss}"
+    else:
+        what = (
+            "The leaderboard's own step, measured" if handout else "The full step on more GPUs"
+        ) + (
+            f": all {_BLOCKS} blocks, batch {first[step_keys.batch] * world} over {world} "
+            f"{device} GPUs (one sequence per rank), {first[step_keys.ctx]:,} tokens a sequence, "
+            f"{first[step_keys.precision]}, each block compiled, {policy} checkpointing{gloss}"
+            + (" (the leaderboard runs on two B200s)" if handout else "")
+        )
     text = (
         f"{what}. Ours ({first[step_keys.attention]} attention, {first[step_keys.loss]} loss, "
         f"{first[step_keys.optimizer]} AdamW with moments in the parameters' dtype) on "
@@ -184,11 +216,12 @@ def _scaling(res: Results, few: dict, many: dict) -> Block:
 
 def _step(res: Results) -> list[Block]:
     rows = _newest([r for r in ok(res.rows("step", stem="step_leaderboard")) if not _is_full(r)])
-    ours = [r for r in rows if r[step_keys.impl] == "ours" and num(r, step_keys.step_ms)]
-    native = [r for r in rows if r[step_keys.impl] == "torch-native" and num(r, step_keys.step_ms)]
-    if not ours:
+    groups = [(ours, native) for ours, native in map(_split, _by_checkpointing(rows)) if ours]
+    if not groups:
         return []
-    best = min(ours, key=lambda r: r[step_keys.step_ms])
+    every_ours = [r for ours, _ in groups for r in ours]
+    every_native = [r for _, native in groups for r in native]
+    best = min(every_ours, key=lambda r: r[step_keys.step_ms])
     device = res.record_of(best).run.env.get("device_name")
     full = _BLOCKS
     label = best.get(step_keys.size_label) or best[step_keys.size]
@@ -200,25 +233,38 @@ def _step(res: Results) -> list[Block]:
         f"state, so bench-step ran it cut to {best[step_keys.num_layers]} of its {full} blocks "
         f"({label}), the most whose predicted peak fits (`--num-layers fit`)"
     )
+    policies = [ours[0][step_keys.activation_checkpointing] for ours, _ in groups]
+    optimizers = list(dict.fromkeys(r[step_keys.optimizer] for r in every_ours))
+    native = every_native[0] if every_native else None
     what = (
         f"On one GPU: {blocks}, on one sequence "
         f"of {best[step_keys.ctx]:,} tokens (batch {best[step_keys.batch]}), "
         f"{best[step_keys.precision]}: ours ({best[step_keys.attention]} attention, "
         f"{best[step_keys.loss]} loss, "
-        f"{best[step_keys.activation_checkpointing]} checkpointing, "
+        f"{' and '.join(policies)} checkpointing, "
         f"{'compiled' if best.get(step_keys.compiled) else 'eager'}) with "
-        + " and with ".join(f"{r[step_keys.optimizer]} AdamW" for r in ours)
+        + " and with ".join(f"{name} AdamW" for name in optimizers)
         + (
-            f", beside a torch-native step ({native[0][step_keys.attention]}, "
-            f"{native[0][step_keys.loss]} "
-            f"cross-entropy, {native[0][step_keys.optimizer]} AdamW, the same checkpointing)."
+            f", beside a torch-native step ({native[step_keys.attention]}, "
+            f"{native[step_keys.loss]} "
+            f"cross-entropy, {native[step_keys.optimizer]} AdamW, the same checkpointing)."
             if native
             else "."
         )
     )
-    out = [said(res, what, [best, *native])]
-    if native:
-        n = native[0]
+    out = [said(res, what, [best, *every_native])]
+    for ours, natives in groups:
+        if not natives:
+            continue
+        n = natives[0]
+        policy = n[step_keys.activation_checkpointing]
+        lead = (
+            f"With {policy} checkpointing"
+            + (f" ({_POLICY_GLOSS[policy]})" if policy in _POLICY_GLOSS else "")
+            + ": the"
+            if len(groups) > 1
+            else "The"
+        )
         each = "; ".join(
             f"with {r[step_keys.optimizer]} AdamW {fmt(r[step_keys.step_ms])} ms, "
             f"{n[step_keys.step_ms] / r[step_keys.step_ms]:.2f}× as fast as the torch-native step "
@@ -230,10 +276,9 @@ def _step(res: Results) -> list[Block]:
         out.append(
             said(
                 res,
-                f"Ratio to the torch-native step, which takes {fmt(n[step_keys.step_ms])} ms (peak "
-                f"{fmt(n[step_keys.peak_mib])} MiB, {fmt(n[step_keys.state_mib])} MiB of it AdamW "
-                "state): ours "
-                f"{each}.",
+                f"{lead} ratio to the torch-native step, which takes {fmt(n[step_keys.step_ms])} "
+                f"ms (peak {fmt(n[step_keys.peak_mib])} MiB, {fmt(n[step_keys.state_mib])} MiB "
+                f"of it AdamW state): ours {each}.",
                 [*ours, n],
             )
         )
@@ -241,7 +286,8 @@ def _step(res: Results) -> list[Block]:
     if all(isinstance(p, int | float) for p in phases):
         fwd, bwd, opt = phases
         text = (
-            f"Where the time goes (ours, {best[step_keys.optimizer]} AdamW): forward {fmt(fwd)} "
+            f"Where the time goes (ours, {best[step_keys.activation_checkpointing]} "
+            f"checkpointing, {best[step_keys.optimizer]} AdamW): forward {fmt(fwd)} "
             "ms, "
             f"backward with its recomputation {fmt(bwd)} ms, optimizer {fmt(opt)} ms"
         )

@@ -518,8 +518,9 @@ def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.dev
         "fell (bench.tools.step.memory). Under FSDP the parameters and gradients are shards.",
         "fwd_ms, bwd_ms, opt_ms: the instrumented step's phases (backward includes "
         "recomputation); attn_ms: the attention backend alone at the step's shape, forward and "
-        "backward per block plus a forward per recomputed block; attn_flop_share: attention's "
-        "share of the step's FLOPs (causal: half the score matrix).",
+        "backward per block plus a forward per recomputed block (none under selective "
+        "checkpointing, which keeps attention's output); attn_flop_share: attention's share of "
+        "the step's FLOPs (causal: half the score matrix).",
         _ours_note(config),
     ]
     ceilings = {r["mfu_ceiling_tflops"] for r in rows if r.get("mfu_ceiling_tflops")}
