@@ -326,6 +326,23 @@ def test_each_checkpointing_of_a_full_step_run_has_its_own_paragraph(save, tmp_p
     assert "1.07× the torch-native step's time" in section[selective:]
 
 
+def test_a_torch_native_peak_that_moved_between_runs_is_said(save, tmp_path):
+    earlier = _full_rows(2, 6206.0, 5801.0, 40656.0)
+    save("step_leaderboard_2xh100_2026-11-28", "step", earlier, date="2026-11-28")
+    later = _full_rows(2, 6318.0, 5898.0, 40656.0)
+    later[1]["peak_mib"] = 41860.0
+    save("step_leaderboard_2xh100_2026-11-28_again", "step", later, date="2026-11-28")
+    section = _section(build_report(tmp_path), "leaderboard")
+    assert (
+        "an earlier run measured 57,373 MiB where this one measured 41,860 MiB, while ours on "
+        "zero.FSDP measured 40,656 and 40,656 MiB" in section
+    )
+    # within 5 %: nothing said
+    later[1]["peak_mib"] = 57000.0
+    save("step_leaderboard_2xh100_2026-11-28_again", "step", later, date="2026-11-28")
+    assert "not the same from run to run" not in _section(build_report(tmp_path), "leaderboard")
+
+
 def test_one_gpu_rows_of_two_checkpointings_each_get_their_ratio(save, tmp_path):
     whole = {"size": "leaderboard-8b", "size_label": "leaderboard-8b (4096/11008/34L/32H)",
              "num_layers": 34, "ctx": 32768, "batch": 1, "precision": "bf16",

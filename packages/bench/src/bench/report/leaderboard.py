@@ -135,11 +135,82 @@ def _full_step(res: Results) -> list[Block]:
             ours, native = _split(group)
             if ours:
                 out.append(_full_step_paragraph(res, ours, native, again=index > 0))
+        out += _earlier_peaks(res, rows)
         ours = _split(rows)[0]
         if ours:
             best.append(min(ours, key=lambda r: r[step_keys.step_ms]))
     if len(best) >= 2:
         out.append(_scaling(res, best[0], best[-1]))
+    return out
+
+
+# How far (relative) a torch-native peak measured again may be from an earlier one before the
+# report says that it moved.
+_PEAK_MOVED = 0.05
+
+
+def _every_full_row(res: Results) -> Rows:
+    """The full step's rows of every run, earlier ones too (which `Results.rows` leaves out),
+    each tagged with its source."""
+    index = {id(r): i for i, r in enumerate(res.records)}
+    return [
+        {**row, SOURCE: index[id(record)]}
+        for record in res.runs("step", stem="step_leaderboard")
+        for row in ok(record.run.rows)
+        if _is_full(row)
+    ]
+
+
+def _earlier_peaks(res: Results, newest: Rows) -> list[Block]:
+    """Where an earlier run of the same rows (world size, checkpointing, layout) measured the
+    torch-native peak more than `_PEAK_MOVED` away from the newest run's: both peaks, ours
+    beside them, so a peak ratio is read as one run's."""
+    full = _every_full_row(res)
+    source = newest[0][SOURCE]
+    world = newest[0].get("world_size")
+    out: list[Block] = []
+    for now in newest:
+        if now[step_keys.impl] != "torch-native" or not num(now, step_keys.peak_mib):
+            continue
+        same = (step_keys.activation_checkpointing, "layout")
+        before = [
+            r
+            for r in full
+            if r[SOURCE] < source
+            and r.get("world_size") == world
+            and r[step_keys.impl] == "torch-native"
+            and all(r.get(k) == now.get(k) for k in same)
+            and num(r, step_keys.peak_mib)
+        ]
+        moved = [
+            r
+            for r in before
+            if abs(r[step_keys.peak_mib] / now[step_keys.peak_mib] - 1) > _PEAK_MOVED
+        ]
+        if not moved:
+            continue
+        old = max(moved, key=lambda r: r[SOURCE])
+        ours = {
+            r[SOURCE]: r
+            for r in full
+            if r[SOURCE] in (source, old[SOURCE])
+            and r[step_keys.impl] == "ours"
+            and r.get("layout") == "fsdp"
+            and r[step_keys.activation_checkpointing] == now[step_keys.activation_checkpointing]
+        }
+        text = (
+            f"The torch-native peak of the {now[step_keys.activation_checkpointing]}-checkpointed "
+            f"step on {world} GPUs is not the same from run to run: an earlier run measured "
+            f"{fmt(old[step_keys.peak_mib])} MiB where this one measured "
+            f"{fmt(now[step_keys.peak_mib])} MiB"
+        )
+        if len(ours) == 2:
+            a, b = ours[old[SOURCE]], ours[source]
+            text += (
+                f", while ours on zero.FSDP measured {fmt(a[step_keys.peak_mib])} and "
+                f"{fmt(b[step_keys.peak_mib])} MiB"
+            )
+        out.append(said(res, text + "; a peak ratio is one run's.", [old, now, *ours.values()]))
     return out
 
 
