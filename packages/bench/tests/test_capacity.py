@@ -336,7 +336,7 @@ def test_least_recompute_fit_picks_the_cheapest_form_that_fits():
         c: estimate_memory(dataclasses.replace(plan, activation_checkpointing=c)).peak.total
         for c in checkpointing_candidates(2)
     }
-    assert set(peaks) == {"none", "every:2", "blocks", "segments:2", "nested"}
+    assert set(peaks) == {"none", "every:2", "blocks", "selective", "segments:2", "nested"}
     # enough for everything: nothing recomputed
     assert least_recompute_fit(plan, max(peaks.values())).plan.activation_checkpointing == "none"
     # just enough for the smallest peak: some checkpointing, and one with that peak
@@ -344,6 +344,24 @@ def test_least_recompute_fit_picks_the_cheapest_form_that_fits():
     chosen = least_recompute_fit(plan, smallest)
     assert chosen.peak.total == smallest and chosen.plan.activation_checkpointing != "none"
     assert least_recompute_fit(plan, smallest - 1) is None
+
+
+def test_least_recompute_prefers_keeping_attention_where_it_fits():
+    # a fused attention at a long context: selective recomputes the blocks without their
+    # attention, fewer FLOPs than blocks for the memory of one attention output more per block
+    config = lmcore.ModelConfig(vocab_size=11, context_length=256, d_model=16, num_layers=4,
+                                num_heads=2, d_ff=16, attention="sdpa")  # fmt: skip
+    plan = TrainingPlan(config, batch=2, mode="forward-backward", loss="fused")
+    forms = ["blocks", "selective"]
+    peaks = {
+        c: estimate_memory(dataclasses.replace(plan, activation_checkpointing=c)).peak.total
+        for c in forms
+    }
+    assert peaks["selective"] > peaks["blocks"]
+    chosen = least_recompute_fit(plan, peaks["selective"], candidates=forms)
+    assert chosen.plan.activation_checkpointing == "selective"
+    chosen = least_recompute_fit(plan, peaks["selective"] - 1, candidates=forms)
+    assert chosen.plan.activation_checkpointing == "blocks"
 
 
 def test_least_memory_balances_checkpoints_against_one_recomputed_segment():

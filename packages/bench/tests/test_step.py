@@ -338,6 +338,7 @@ def test_the_preset_is_the_handouts_configuration(preset, ranks):
         assert spec.model == board.config(attention=spec.model.attention)
         assert (spec.precision, spec.moment_dtype, spec.compile) == (board.precision, "bf16", True)
         assert (spec.batch, spec.world_size) == (board.batch_per_gpu, ranks)
+        assert spec.activation_checkpointing == "selective"  # the faster policy that fits
 
 
 @pytest.mark.parametrize(

@@ -453,19 +453,28 @@ def test_selective_keeps_attention_output_under_compile(tiny_config, attention):
     """Compiled with the checkpoint inside, a block keeps its input, the attention output and
     the logsumexp (nothing else), and its gradients are eager's."""
     model = _selective_model(tiny_config, attention, "selective")
-    reference = copy.deepcopy(model)
-    block = model.layers[0]
-    block.compile(backend="aot_eager", fullgraph=True)
     x = torch.randn(2, 16, tiny_config.d_model, requires_grad=True)
-    heads = tiny_config.num_heads
-    expected = 2 * x.numel() * x.element_size() + 2 * 16 * heads * 4  # x, o; lse (fp32)
-    assert saved_activation_bytes(block, x) == expected
+    got, want = _compiled_block_keeps_attention(model, x, backend="aot_eager")
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def _compiled_block_keeps_attention(
+    model: TransformerLM, x: torch.Tensor, **compile_options
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Compile the first block of a `selective` model and check it keeps x, the attention output
+    and the logsumexp (fp32), nothing else; the gradients of x and the block's weights from the
+    compiled block and from an eager copy, for one random output gradient."""
+    reference = copy.deepcopy(model).layers[0]
+    block = model.layers[0]
+    block.compile(fullgraph=True, **compile_options)
+    batch, seq, _ = x.shape
+    lse = batch * seq * model.config.num_heads * 4
+    assert saved_activation_bytes(block, x) == 2 * x.numel() * x.element_size() + lse
     out = block(x)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, [x, *block.parameters()], grad)
-    want = torch.autograd.grad(reference.layers[0](x), [x, *reference.layers[0].parameters()], grad)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w)
+    return got, torch.autograd.grad(reference(x), [x, *reference.parameters()], grad)
 
 
 @pytest.mark.gpu
@@ -479,15 +488,7 @@ def test_selective_keeps_fa2_output_when_inductor_compiles_it():
         x = torch.randn(2, 256, 256, requires_grad=True, dtype=torch.bfloat16)
     model.to(torch.bfloat16)
     apply_activation_checkpointing(model, policy="selective")
-    reference = copy.deepcopy(model)
-    block = model.layers[0]
-    block.compile(fullgraph=True)
-    expected = 2 * x.numel() * x.element_size() + 2 * 4 * 256 * 4  # x, o; lse (fp32)
-    assert saved_activation_bytes(block, x) == expected
-    out = block(x)
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad(out, [x, *block.parameters()], grad)
-    want = torch.autograd.grad(reference.layers[0](x), [x, *reference.layers[0].parameters()], grad)
+    got, want = _compiled_block_keeps_attention(model, x)
     # bf16, compiled (fused) against eager: a few elements round differently, so the whole
     # gradient is compared, not each element
     for g, w in zip(got, want, strict=True):

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from bench.plan.memory import MemoryEstimate, TrainingPlan, estimate_memory
+from bench.plan.traffic import step_flops
 
 __all__ = [
     "checkpointing_candidates",
@@ -137,22 +138,23 @@ def largest_num_layers(
 
 def checkpointing_candidates(num_layers: int) -> list[str]:
     """Every activation-checkpointing form for `num_layers` blocks: `none`, `every:K` and
-    `segments:K` for K = 2 … L, `blocks`, `nested` (round(√L) blocks per outer segment)."""
+    `segments:K` for K = 2 … L, `blocks`, `selective`, `nested` (round(√L) blocks per outer
+    segment)."""
     ks = range(2, num_layers + 1)
-    return ["none", *(f"every:{k}" for k in ks), "blocks", *(f"segments:{k}" for k in ks), "nested"]
+    return [
+        "none", *(f"every:{k}" for k in ks), "blocks", "selective",
+        *(f"segments:{k}" for k in ks), "nested",
+    ]  # fmt: skip
 
 
 def least_recompute(
     estimates: Iterable[MemoryEstimate], memory_bytes: float
 ) -> MemoryEstimate | None:
-    """Of `estimates`, the one that fits `memory_bytes` with the fewest recomputed block forwards
-    (ties: the smaller peak); None when none fits."""
+    """Of `estimates`, the one that fits `memory_bytes` and recomputes the fewest FLOPs (the
+    step's matmul FLOPs, recomputation included: `selective`, which keeps attention's output,
+    recomputes less than `blocks`; ties: the smaller peak); None when none fits."""
     fitting = [e for e in estimates if e.fits(memory_bytes)]
-    return min(
-        fitting,
-        key=lambda e: (e.plan.checkpointing.recomputed_block_forwards, e.peak.total),
-        default=None,
-    )
+    return min(fitting, key=lambda e: (step_flops(e.plan), e.peak.total), default=None)
 
 
 def least_recompute_fit(

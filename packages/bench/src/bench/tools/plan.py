@@ -449,9 +449,10 @@ def _leaderboard_summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             out.append(f"{key} per GPU: nothing fits.")
             continue
 
-        def cost(r: Mapping[str, Any], suffix: str = suffix) -> tuple[int, float, float]:
+        def cost(r: Mapping[str, Any], suffix: str = suffix) -> tuple[int, int, float, float]:
             spec = Checkpointing.parse(r[f"ckpt_{suffix}"], layers)
-            return (spec.recomputed_block_forwards, r["sent_gb"], r[f"peak_{suffix}"])
+            attention = spec.recomputed_attention_forwards(_BOARD_ATTENTION)
+            return (spec.recomputed_block_forwards, attention, r["sent_gb"], r[f"peak_{suffix}"])
 
         best = min(fitting, key=cost)
         pairs = {f"{r['precision']} {r['layout']}" for r in rows}
