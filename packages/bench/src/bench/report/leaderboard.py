@@ -78,11 +78,11 @@ def _is_full(row: dict) -> bool:
     return row.get(step_keys.num_layers) == _BLOCKS and (row.get("world_size") or 1) > 1
 
 
-def _newest(rows: Rows) -> Rows:
-    """The rows of the newest result file among `rows`."""
+def _newest(res: Results, rows: Rows) -> Rows:
+    """The rows of the newest result file among `rows` (by the date it records, then by name)."""
     if not rows:
         return []
-    newest = max(r[SOURCE] for r in rows)
+    newest = max((str(res.record_of(r).run.date), r[SOURCE]) for r in rows)[1]
     return [r for r in rows if r[SOURCE] == newest]
 
 
@@ -125,7 +125,7 @@ def _full_step(res: Results) -> list[Block]:
     and its throughput."""
     full = [r for r in ok(res.rows("step", stem="step_leaderboard")) if _is_full(r)]
     runs = [
-        _newest(group)
+        _newest(res, group)
         for _, group in sorted(grouped(full, "world_size").items(), key=lambda kv: kv[0][0])
     ]
     out: list[Block] = []
@@ -167,6 +167,10 @@ def _earlier_peaks(res: Results, newest: Rows) -> list[Block]:
     beside them, so a peak ratio is read as one run's."""
     full = _every_full_row(res)
     source = newest[0][SOURCE]
+
+    def when(row: dict) -> tuple[str, int]:
+        return str(res.record_of(row).run.date), row[SOURCE]
+
     world = newest[0].get("world_size")
     out: list[Block] = []
     for now in newest:
@@ -176,7 +180,7 @@ def _earlier_peaks(res: Results, newest: Rows) -> list[Block]:
         before = [
             r
             for r in full
-            if r[SOURCE] < source
+            if when(r) < when(newest[0])
             and r.get("world_size") == world
             and r[step_keys.impl] == "torch-native"
             and all(r.get(k) == now.get(k) for k in same)
@@ -189,7 +193,7 @@ def _earlier_peaks(res: Results, newest: Rows) -> list[Block]:
         ]
         if not moved:
             continue
-        old = max(moved, key=lambda r: r[SOURCE])
+        old = max(moved, key=when)
         ours = {
             r[SOURCE]: r
             for r in full
@@ -286,7 +290,9 @@ def _scaling(res: Results, few: dict, many: dict) -> Block:
 
 
 def _step(res: Results) -> list[Block]:
-    rows = _newest([r for r in ok(res.rows("step", stem="step_leaderboard")) if not _is_full(r)])
+    rows = _newest(
+        res, [r for r in ok(res.rows("step", stem="step_leaderboard")) if not _is_full(r)]
+    )
     groups = [(ours, native) for ours, native in map(_split, _by_checkpointing(rows)) if ours]
     if not groups:
         return []
