@@ -319,7 +319,7 @@ def test_each_checkpointing_of_a_full_step_run_has_its_own_paragraph(save, tmp_p
     blocks = section.index("The leaderboard's own step, measured")
     selective = section.index("The same step on the same 2 GPUs with selective checkpointing")
     assert blocks < selective
-    assert "blocks checkpointing (the leaderboard runs on two B200s)" in section[:selective]
+    assert "blocks checkpointing; the leaderboard itself runs on two B200s" in section[:selective]
     assert "but for its attention, whose output and logsumexp are kept" in section[selective:]
     assert "6,318 ms a step" in section[:selective] and "5,572 ms" not in section[:selective]
     assert "5,572 ms a step" in section[selective:] and "5,206 ms a step" in section[selective:]

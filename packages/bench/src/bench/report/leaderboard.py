@@ -251,7 +251,7 @@ def _full_step_paragraph(res: Results, ours: Rows, native: Rows, *, again: bool 
             f": all {_BLOCKS} blocks, batch {first[step_keys.batch] * world} over {world} "
             f"{device} GPUs (one sequence per rank), {first[step_keys.ctx]:,} tokens a sequence, "
             f"{first[step_keys.precision]}, each block compiled, {policy} checkpointing{gloss}"
-            + (" (the leaderboard runs on two B200s)" if handout else "")
+            + ("; the leaderboard itself runs on two B200s" if handout else "")
         )
     text = (
         f"{what}. Ours ({first[step_keys.attention]} attention, {first[step_keys.loss]} loss, "
