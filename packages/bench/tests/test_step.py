@@ -5,6 +5,7 @@ out of memory as a row, and bad input."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -173,6 +174,31 @@ def test_selective_rows_run_and_count_no_recomputed_attention():
     per_rank = [{"attention": (fwd, both)}]
     spent = {s.activation_checkpointing: _attention_ms(s, per_rank) for s in step_specs(config)}
     assert spent == {"blocks": both + fwd, "selective": both}
+
+
+@pytest.mark.parametrize(("compile", "launches"), [(True, 3), (False, 1)])
+def test_compiled_rows_each_start_cold(monkeypatch, compile, launches):
+    """Compiled, each row gets processes and compiler cache folders of its own (its first step
+    pays its own compilation); otherwise the rows share one launch."""
+    import bench.tools.step as step_tool
+
+    calls = []
+
+    def fake(measure, cases, config, **kwargs):
+        calls.append((len(cases), os.environ.get("TORCHINDUCTOR_CACHE_DIR")))
+        return [(case, [{}]) for case in cases]
+
+    monkeypatch.setattr(step_tool, "measure_cases", fake)
+    config = _config(nproc=2, parallel=("fsdp", "zero1"), compile=compile)
+    specs = step_specs(config)
+    assert len(specs) == 3
+    measured = step_tool._measure_rows(specs, config, torch.device("cpu"), None)
+    assert [spec for spec, _ in measured] == specs
+    assert len(calls) == launches
+    if compile:
+        assert [n for n, _ in calls] == [1, 1, 1]
+        folders = [folder for _, folder in calls]
+        assert None not in folders and len(set(folders)) == 3
 
 
 def test_fsdp_and_zero1_in_bf16_compiled_on_two_gloo_ranks():

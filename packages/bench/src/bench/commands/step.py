@@ -22,13 +22,14 @@ Per row: the median step time of `triton.testing.do_bench` over the whole step (
 leaderboard's method, with budgets of `--warmup-ms` and `--rep-ms` instead of its 10 s and 30 s;
 on several ranks a number of steps all ranks agree on, each step as long as its slowest rank:
 two steps set the count and warm up, then at least three are timed; off CUDA the project's
-timed loop), the first step's time (compilation included, from Inductor
-and Triton cache folders fresh for the run: kernels an earlier row of the run compiled may be
-found there), tokens/s, MFU (against the measured bf16 matmul ceiling of the H100 where known,
-else the data sheet's peak; causal attention counted as half the scores, recomputation not at
-all), the time of each phase (forward, backward with its recomputation, optimizer) and of the
-attention (the backend alone at the step's shape, times the blocks, plus a forward per
-recomputed block), and the peak memory with what it is made of: parameters, gradients,
+timed loop), the first step's time (compilation included: compiled, each row runs in
+processes of its own with Inductor and Triton cache folders of its own, so that no row finds the
+kernels an earlier one compiled; under torchrun the rows share its processes), tokens/s, MFU
+(against the measured bf16 matmul ceiling of the H100 where known, else the data sheet's peak;
+causal attention counted as half the scores, recomputation not at all), the time of each phase
+(forward, backward with its recomputation, optimizer) and of the attention (the backend alone
+at the step's shape, times the blocks, plus a forward per recomputed block but none under
+`selective`), and the peak memory with what it is made of: parameters, gradients,
 optimizer state, activations, rest (`bench.tools.step.memory`; the busiest rank's). Out of
 memory is a row, not a crash. Rows carry the keys `bench-plan --check` reads, so its
 predictions can sit beside these measurements.

@@ -206,6 +206,26 @@ def _checkpointing_study(
 # ---- running the rows ------------------------------------------------------------------------
 
 
+def _measure_rows(
+    specs: list[StepSpec], config: StepConfig, device: torch.device, timeout: float | None
+) -> list[tuple[StepSpec, list[dict[str, Any]]]]:
+    """Every row's per-rank numbers. Compiled, each row runs in processes of its own with
+    compiler cache folders of its own, so that its first step pays its own compilation (kernels
+    an earlier row compiled stay in that row's processes and folders); otherwise the rows share
+    one launch (or, on one rank, this process)."""
+    if config.compile and not under_torchrun():
+        measured = []
+        for spec in specs:
+            with _empty_compile_cache(True):
+                measured += measure_cases(
+                    _measure_case, [spec], config, device=device, timeout=timeout
+                )
+        return measured
+    if config.nproc > 1:
+        return measure_cases(_measure_case, specs, config, device=device, timeout=timeout)
+    return [(spec, _measure_here(spec, device)) for spec in specs]
+
+
 def _measure_case(
     spec: StepSpec, config: StepConfig, rank: int, device: torch.device
 ) -> dict[str, Any]:
@@ -452,11 +472,7 @@ def run_step(
         notes.append(note)
         print(f"bench-step: {note}", file=sys.stderr)
     specs = step_specs(config)
-    with _empty_compile_cache(config.compile):
-        if config.nproc > 1:
-            measured = measure_cases(_measure_case, specs, config, device=device, timeout=timeout)
-        else:
-            measured = [(spec, _measure_here(spec, device)) for spec in specs]
+    measured = _measure_rows(specs, config, device, timeout)
     rows = [_row(spec, config, results, device=device, study=study) for spec, results in measured]
     _add_ratios(rows)
     notes += _notes(config, rows, device)
@@ -511,7 +527,8 @@ def _notes(config: StepConfig, rows: Sequence[dict[str, Any]], device: torch.dev
         f"step_ms: median of {timer} (warm-up {config.warmup_ms:g} ms, measurement "
         f"{config.rep_ms:g} ms); time_vs_native, peak_vs_native: ours / the torch-native row "
         "of the same checkpointing (below 1: faster, smaller). first_step_ms: the row's first "
-        "step, compilation included, with compiler cache folders fresh for the run.",
+        "step, compilation included; compiled, each row runs in processes and compiler cache "
+        "folders of its own, so no row reuses another's kernels.",
         "Memory (MiB, the busiest rank): the peak of one instrumented step split into "
         "parameters, gradients, optimizer state (tensor bytes), activations (what the forward "
         "left for backward) and rest (buffers, the batch, transients); peak_phase: where it "
