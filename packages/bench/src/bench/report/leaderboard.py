@@ -119,24 +119,23 @@ def _split(rows: Rows) -> tuple[Rows, Rows]:
 
 
 def _full_step(res: Results) -> list[Block]:
-    """The full step on two GPUs or more, one paragraph per world size (its newest result; two
-    ranks first, the handout's) and checkpointing policy: each row's time, first step and peak,
-    ours as ratios to the torch-native row of its policy; then what more ranks did to the step
-    and its throughput."""
-    full = [r for r in ok(res.rows("step", stem="step_leaderboard")) if _is_full(r)]
-    runs = [
-        _newest(res, group)
-        for _, group in sorted(grouped(full, "world_size").items(), key=lambda kv: kv[0][0])
-    ]
+    """The full step on two GPUs or more, one paragraph per world size (two ranks first, the
+    handout's) and checkpointing policy, each from the newest run of that policy (the preset's
+    policy first): each row's time, first step and peak, ours as ratios to the torch-native row
+    of its policy; then what more ranks did to the step and its throughput."""
+    full = _every_full_row(res)
+    preset = step.PRESETS["leaderboard-2026"]["activation_checkpointing"]
     out: list[Block] = []
     best: list[dict] = []
-    for rows in runs:
-        for index, group in enumerate(_by_checkpointing(rows)):
+    for _, rows in sorted(grouped(full, "world_size").items(), key=lambda kv: kv[0][0]):
+        groups = [_newest(res, group) for group in _by_checkpointing(rows)]
+        groups.sort(key=lambda g: g[0][step_keys.activation_checkpointing] not in preset)
+        for index, group in enumerate(groups):
             ours, native = _split(group)
             if ours:
                 out.append(_full_step_paragraph(res, ours, native, again=index > 0))
-        out += _earlier_peaks(res, rows)
-        ours = _split(rows)[0]
+            out += _earlier_peaks(res, group)
+        ours = [r for group in groups for r in _split(group)[0]]
         if ours:
             best.append(min(ours, key=lambda r: r[step_keys.step_ms]))
     if len(best) >= 2:
