@@ -55,6 +55,23 @@ def test_a_killed_rank_is_named_when_its_peers_failure_reached_the_launcher_firs
     assert "rank 0 failed after it" in str(failure) and "Connection closed" in str(failure)
 
 
+def test_a_failure_record_stopped_while_written_leaves_no_record(tmp_path, monkeypatch):
+    # The parent stops a failing rank once another rank's end told it the run failed; a record
+    # cut off mid-write must not be read as one (it once ended the launcher with an EOFError).
+    def stopped(obj, path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"\x80")  # the first byte of a pickle, then nothing
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch_module.torch, "save", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        launch_module._record_failure(str(tmp_path), 0, RuntimeError("peer left"))
+    assert not (tmp_path / "rank0.failed").exists()
+    raised = torch.multiprocessing.ProcessRaisedException("rank 0's traceback", 0, 10)
+    failure = launch_module._first_failure(str(tmp_path), 2, raised, signalled={}, pids=[10, 11])
+    assert failure is raised
+
+
 def test_launch_sets_no_time_bound_by_default():
     default = inspect.signature(launch).parameters["timeout"].default
     assert default is None is launch_module.DEFAULT_TIMEOUT_S

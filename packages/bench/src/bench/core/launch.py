@@ -262,7 +262,10 @@ def _child(
 
 
 def _record_failure(result_dir: str, rank: int, error: BaseException) -> None:
-    """Leave this rank's failure, with the moment it happened, for the parent to rank."""
+    """Leave this rank's failure, with the moment it happened, for the parent to rank.
+
+    Written whole or not at all (a temporary file, then renamed): the parent may stop this rank
+    while it writes, once another rank's end has told it the run failed."""
     record = {
         "time": time.time(),
         "rank": rank,
@@ -270,7 +273,9 @@ def _record_failure(result_dir: str, rank: int, error: BaseException) -> None:
         "error": f"{type(error).__name__}: {error}",
         "traceback": "".join(traceback.format_exception(error)),
     }
-    torch.save(record, os.path.join(result_dir, _FAILURE_FILE.format(rank=rank)))
+    path = os.path.join(result_dir, _FAILURE_FILE.format(rank=rank))
+    torch.save(record, path + ".partial")
+    os.replace(path + ".partial", path)
 
 
 def _signal_name(number: int) -> str:
