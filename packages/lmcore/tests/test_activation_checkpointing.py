@@ -2,6 +2,7 @@
 gradient changes."""
 
 import copy
+import io
 import math
 import weakref
 
@@ -493,6 +494,22 @@ def test_selective_keeps_fa2_output_when_inductor_compiles_it():
     # gradient is compared, not each element
     for g, w in zip(got, want, strict=True):
         assert ((g - w).float().norm() / w.float().norm()).item() < 1e-2
+
+
+def test_a_selective_model_pickles_whole(tiny_config):
+    """`torch.save(model)` and `torch.load` (a whole module, not its state dict), as users do:
+    the loaded model checkpoints its own blocks and computes the same."""
+    model = _selective_model(tiny_config, "sdpa", "selective")
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    tokens = torch.randint(0, tiny_config.vocab_size, (2, 9))
+    assert torch.equal(loaded(tokens), model(tokens))
+    assert all(block.forward.args[0] is block for block in loaded.layers)
+    with _OpCounter() as counter:
+        _gradients(loaded, tokens)
+    assert counter.attention == tiny_config.num_layers  # still kept: one forward a block
 
 
 def test_selective_leaves_decoding_and_no_grad_forwards_alone(tiny_config):

@@ -18,7 +18,6 @@ policy; a checkpoint around the compiled call would recompute attention anyway.
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -93,9 +92,9 @@ def _selective_forward(
     kv_cache: Any = None,
     documents: Documents | None = None,
 ) -> torch.Tensor:
-    """A block's `forward` under `selective` (bound to each block, so that compiling the block
-    compiles the checkpoint with it, and identical blocks share one graph). Decoding and
-    no-grad forwards run the block as it is."""
+    """A block's `forward` under `selective` (each block's `forward` is a partial of it over
+    the block: compiling the block compiles the checkpoint with it, identical blocks share one
+    graph, and a pickled model loads). Decoding and no-grad forwards run the block as it is."""
     forward = type(self).forward
     if kv_cache is not None or not torch.is_grad_enabled():
         return forward(self, x, kv_cache=kv_cache, documents=documents)
@@ -154,7 +153,8 @@ class CheckpointedBlockStack(BlockStack):
         self.policy = ActivationCheckpointing.parse(policy)
         if self.policy.keeps_attention:
             for block in self:
-                block.forward = types.MethodType(_selective_forward, block)
+                # a partial, not a bound method: a whole model pickles and loads with it
+                block.forward = functools.partial(_selective_forward, block)
             self.plan: Plan = tuple(range(len(self)))
         else:
             self.plan = self.policy.plan(len(blocks))
