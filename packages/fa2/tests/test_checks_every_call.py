@@ -144,6 +144,26 @@ def test_offsets_fa2_vouches_for_get_no_device_assertions(monkeypatch):
     assert len(issued) == 1
 
 
+def test_a_vouched_pair_survives_a_full_record(monkeypatch):
+    # With the record one short of full, vouching for the kv-cache's pair of offsets must keep
+    # both: emptying the record for the second once dropped the first (a flaky assertion).
+    from fa2.kvcache import _uniform_offsets
+
+    monkeypatch.setattr(checks, "_CHECKED_OFFSETS", {})
+    others = [
+        torch.arange(i + 2, dtype=torch.int32) for i in range(checks._MAX_CHECKED_OFFSETS - 1)
+    ]
+    for cu in others:
+        checks.vouch_for_offsets(cu, total=int(cu[-1]), max_seqlen=1)
+    issued = []
+    monkeypatch.setattr(checks, "_assert_offsets", lambda *a: issued.append(a))
+    cu_q, cu_k = _uniform_offsets(3, 1, 40, 17, torch.device("cpu"))
+    checks._assert_offsets_once("cu_seqlens_q", cu_q, 3, 1)
+    checks._assert_offsets_once("cu_seqlens_k", cu_k, 3 * 40, 40)
+    assert not issued
+    assert len(checks._CHECKED_OFFSETS) <= checks._MAX_CHECKED_OFFSETS
+
+
 def test_one_offsets_tensor_for_both_sides_is_checked_once(monkeypatch):
     # Self-attention passes one tensor, which the front doors hand on as a view of itself
     # (fa2.api._distinct): a new object each call, which must not cost a second check.

@@ -231,9 +231,10 @@ def _assert_offsets(name: str, cu: torch.Tensor, total: int, longest: int) -> No
 
 # Offsets tensors on a device whose values passed `_assert_offsets`: id -> (a weak reference to
 # the tensor, (its version counter, total, max_seqlen) when checked). A hit needs the very same
-# live tensor, unchanged, for the same totals; anything else is checked again. Emptied at this
-# many entries: a training step uses one or two offsets tensors, so this covers several
-# steps' worth while never holding on to a tensor.
+# live tensor, unchanged, for the same totals; anything else is checked again. At this many
+# entries the tensors that are gone, then the oldest half, are forgotten: a training step uses
+# one or two offsets tensors, so this covers several steps' worth while never holding on to a
+# tensor, and a pair vouched for together is never split.
 _CHECKED_OFFSETS: dict[int, tuple[weakref.ref, tuple[int, int, int]]] = {}
 _MAX_CHECKED_OFFSETS = 16
 
@@ -248,8 +249,13 @@ def _assert_offsets_once(name: str, cu: torch.Tensor, total: int, longest: int) 
 
 
 def _record_checked(cu: torch.Tensor, total: int, longest: int) -> None:
+    """Remember `cu` as checked, as the newest entry (see `_CHECKED_OFFSETS`)."""
     if len(_CHECKED_OFFSETS) >= _MAX_CHECKED_OFFSETS:
-        _CHECKED_OFFSETS.clear()
+        gone = [key for key, (ref, _) in _CHECKED_OFFSETS.items() if ref() is None]
+        oldest = [key for key in _CHECKED_OFFSETS if key not in gone]
+        for key in gone + oldest[: len(oldest) - _MAX_CHECKED_OFFSETS // 2]:
+            del _CHECKED_OFFSETS[key]
+    _CHECKED_OFFSETS.pop(id(cu), None)
     _CHECKED_OFFSETS[id(cu)] = (weakref.ref(cu), (cu._version, total, longest))
 
 
