@@ -43,7 +43,7 @@ from bench.plan.collectives import (
     MEASURED_BANDWIDTH_SOURCE,
     Collective,
 )
-from bench.plan.memory import TrainingPlan
+from bench.plan.memory import Checkpointing, TrainingPlan
 from bench.plan.params import model_parameters
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "bandwidth_source",
     "default_tflops",
     "estimate_traffic",
+    "recomputed_flops_per_sequence",
     "step_collectives",
     "step_flops",
 ]
@@ -160,19 +161,25 @@ def _block_forward_flops_per_token(config: lmcore.ModelConfig, seq_len: int) -> 
     )
 
 
+def recomputed_flops_per_sequence(
+    config: lmcore.ModelConfig, checkpointing: Checkpointing, seq_len: int
+) -> int:
+    """Matmul FLOPs backward's recomputation adds per sequence of `seq_len` tokens: a block
+    forward per recomputed block, less q·kᵀ and softmax·v (4·T·d per token, lmcore's
+    convention) where `selective` keeps attention's output."""
+    recomputed = checkpointing.recomputed_block_forwards
+    kept = recomputed - checkpointing.recomputed_attention_forwards(config.attention)
+    block = recomputed * _block_forward_flops_per_token(config, seq_len)
+    return seq_len * (block - kept * 4 * seq_len * config.d_model)
+
+
 def step_flops(plan: TrainingPlan) -> int:
     """Matmul FLOPs of one step on one device (lmcore's count; recomputation included)."""
     b, s = plan.micro_batch, plan.tokens_per_sequence
     count = lmcore.forward_flops if plan.mode == "forward" else lmcore.training_flops
     flops = count(plan.model, batch_size=b, seq_len=s)
     if plan.mode != "forward":
-        ckpt, m = plan.checkpointing, plan.model
-        recomputed = ckpt.recomputed_block_forwards
-        flops += recomputed * b * s * _block_forward_flops_per_token(m, s)
-        # `selective` keeps attention's output: its recomputations leave out q·kᵀ and
-        # softmax·v, 4·T·d per token (lmcore's convention)
-        kept = recomputed - ckpt.recomputed_attention_forwards(m.attention)
-        flops -= kept * b * s * 4 * s * m.d_model
+        flops += b * recomputed_flops_per_sequence(plan.model, plan.checkpointing, s)
     return flops // plan.tp
 
 

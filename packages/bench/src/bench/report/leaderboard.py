@@ -78,11 +78,16 @@ def _is_full(row: dict) -> bool:
     return row.get(step_keys.num_layers) == _BLOCKS and (row.get("world_size") or 1) > 1
 
 
+def _when(res: Results, row: dict) -> tuple[str, int]:
+    """When a row's run was made (the date its file records, then its place by name)."""
+    return str(res.record_of(row).run.date), row[SOURCE]
+
+
 def _newest(res: Results, rows: Rows) -> Rows:
-    """The rows of the newest result file among `rows` (by the date it records, then by name)."""
+    """The rows of the newest result file among `rows`."""
     if not rows:
         return []
-    newest = max((str(res.record_of(r).run.date), r[SOURCE]) for r in rows)[1]
+    newest = max(_when(res, r) for r in rows)[1]
     return [r for r in rows if r[SOURCE] == newest]
 
 
@@ -134,7 +139,7 @@ def _full_step(res: Results) -> list[Block]:
             ours, native = _split(group)
             if ours:
                 out.append(_full_step_paragraph(res, ours, native, again=index > 0))
-            out += _earlier_peaks(res, group)
+            out += _earlier_peaks(res, rows, group)
         ours = [r for group in groups for r in _split(group)[0]]
         if ours:
             best.append(min(ours, key=lambda r: r[step_keys.step_ms]))
@@ -160,27 +165,21 @@ def _every_full_row(res: Results) -> Rows:
     ]
 
 
-def _earlier_peaks(res: Results, newest: Rows) -> list[Block]:
-    """Where an earlier run of the same rows (world size, checkpointing, layout) measured the
-    torch-native peak more than `_PEAK_MOVED` away from the newest run's: both peaks, ours
-    beside them, so a peak ratio is read as one run's."""
-    full = _every_full_row(res)
-    source = newest[0][SOURCE]
-
-    def when(row: dict) -> tuple[str, int]:
-        return str(res.record_of(row).run.date), row[SOURCE]
-
-    world = newest[0].get("world_size")
+def _earlier_peaks(res: Results, rows: Rows, newest: Rows) -> list[Block]:
+    """Where an earlier run among `rows` (one world size's, every run's) of the same rows
+    (checkpointing, layout) as `newest` measured the torch-native peak more than `_PEAK_MOVED`
+    away from the newest run's: both peaks, ours beside them, so a peak ratio is read as one
+    run's."""
+    source, world, now_when = newest[0][SOURCE], newest[0].get("world_size"), _when(res, newest[0])
+    same = (step_keys.activation_checkpointing, "layout")
     out: list[Block] = []
     for now in newest:
         if now[step_keys.impl] != "torch-native" or not num(now, step_keys.peak_mib):
             continue
-        same = (step_keys.activation_checkpointing, "layout")
         before = [
             r
-            for r in full
-            if when(r) < when(newest[0])
-            and r.get("world_size") == world
+            for r in rows
+            if _when(res, r) < now_when
             and r[step_keys.impl] == "torch-native"
             and all(r.get(k) == now.get(k) for k in same)
             and num(r, step_keys.peak_mib)
@@ -192,10 +191,10 @@ def _earlier_peaks(res: Results, newest: Rows) -> list[Block]:
         ]
         if not moved:
             continue
-        old = max(moved, key=when)
+        old = max(moved, key=lambda r: _when(res, r))
         ours = {
             r[SOURCE]: r
-            for r in full
+            for r in rows
             if r[SOURCE] in (source, old[SOURCE])
             and r[step_keys.impl] == "ours"
             and r.get("layout") == "fsdp"

@@ -47,7 +47,13 @@ from bench.plan.memory import (
     TrainingPlan,
     estimate_memory,
 )
-from bench.plan.traffic import StepTraffic, bandwidth_source, default_tflops, estimate_traffic
+from bench.plan.traffic import (
+    StepTraffic,
+    bandwidth_source,
+    default_tflops,
+    estimate_traffic,
+    recomputed_flops_per_sequence,
+)
 
 __all__ = [
     "GPU_FIT_COLUMNS",
@@ -438,10 +444,12 @@ def run_leaderboard(
 
 
 def _leaderboard_summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One sentence per memory: how many combinations fit, the one that recomputes least (ties:
-    the least communication), what never fits; and the near misses of the smaller memory."""
+    """One sentence per memory: how many combinations fit, the one that recomputes least (the
+    fewest recomputed FLOPs, as `bench.plan.fit.least_recompute` chooses; ties: the least
+    communication), what never fits; and the near misses of the smaller memory."""
     out = []
-    layers = _BOARD.model_size.num_layers
+    config = _BOARD.config(attention=_BOARD_ATTENTION)
+    layers = config.num_layers
     for key, memory in LEADERBOARD_MEMORY.items():
         suffix = key.replace(" ", "").lower()
         fitting = [r for r in rows if r[f"peak_{suffix}"] is not None]
@@ -449,10 +457,10 @@ def _leaderboard_summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             out.append(f"{key} per GPU: nothing fits.")
             continue
 
-        def cost(r: Mapping[str, Any], suffix: str = suffix) -> tuple[int, int, float, float]:
+        def cost(r: Mapping[str, Any], suffix: str = suffix) -> tuple[int, float, float]:
             spec = Checkpointing.parse(r[f"ckpt_{suffix}"], layers)
-            attention = spec.recomputed_attention_forwards(_BOARD_ATTENTION)
-            return (spec.recomputed_block_forwards, attention, r["sent_gb"], r[f"peak_{suffix}"])
+            recomputed = recomputed_flops_per_sequence(config, spec, config.context_length)
+            return (recomputed, r["sent_gb"], r[f"peak_{suffix}"])
 
         best = min(fitting, key=cost)
         pairs = {f"{r['precision']} {r['layout']}" for r in rows}
