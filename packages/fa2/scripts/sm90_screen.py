@@ -27,6 +27,10 @@ Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
         [--tiles default|listed] [--extra dkdv=64x128/4w/2s+TMA+WS] [--cases d128] \\
         [--json PATH] [--markdown PATH]
 
+With FA2_GLUON_FORWARD=1 the forward plans take the Gluon forward (`fa2.triton.gluon_forward`)
+where a call allows it, and its rows say `gluon` for the tile: e.g.
+`FA2_GLUON_FORWARD=1 ... sm90_screen.py --tiles default --kernels forward`.
+
 `--tiles listed` (the default) compiles every candidate the tables list for the main cases and,
 for the option cases (grouped heads, windows, packed sequences, softcap...), the defaults and
 the warp-specialised candidates; `--tiles default` only what runs by default. `--extra` adds
@@ -147,6 +151,11 @@ def _source(
     parsed, signature, constexprs, attrs = kernel._pack_args(
         backend, options, bound, specialization, rest
     )
+    # A Gluon kernel's source lowers through Gluon's own front end.
+    if getattr(kernel, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(kernel, signature, constexprs, attrs), parsed.__dict__
     return ASTSource(kernel, signature, constexprs, attrs), parsed.__dict__
 
 
@@ -290,7 +299,8 @@ def screen(
             candidates += extra.get(kernel, [])
             for tile in dict.fromkeys(candidates):  # in order, once each
                 built = plan._launch(tile) if which is None else plan._launch(which, tile)
-                row = dict(case=case.name, kernel=kernel, tile=str(tile), default=tile == default)
+                label = "gluon" if getattr(plan, "gluon", False) else str(tile)
+                row = dict(case=case.name, kernel=kernel, tile=label, default=tile == default)
                 try:
                     row.update(_compile(built, tensors, scalars, target))
                     row["fits"] = row["smem"] <= limit

@@ -10,7 +10,7 @@ deterministic, costs no tuning time on the first call and adds nothing to the la
 Triton's CPU interpreter a small tile is used, smaller than the test shapes, so that the
 masked, ragged and diagonal code paths all run.
 
-Three environment variables choose among the candidates, read here and nowhere else (see
+Four environment variables choose among the candidates, read here and nowhere else (see
 `tile_settings`; a launch plan is built for each combination of their values, so a process
 may compare candidates by changing them between calls):
 
@@ -24,6 +24,11 @@ may compare candidates by changing them between calls):
 - FA2_L2_GROUP: the launch order of the backward passes (`l2_group`): unset or 1, each
   (batch, head)'s tiles in turn; "auto" or a number, heads taken in groups whose inputs fit
   in L2 together.
+- FA2_GLUON_FORWARD=1: the forward runs the hand warp-specialised Gluon kernel
+  (`fa2.triton.gluon_forward`) instead of the Triton one, where the call allows it (sm_90,
+  bf16/fp16, d 64 or 128, no grouped heads, window, softcap, packed sequences or bottom-right
+  diagonal, TMA-aligned strides, not traced by torch.compile); elsewhere the Triton forward
+  runs and a warning says why, once per reason. A candidate, not a default.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ __all__ = [
     "device_capability",
     "dot_precision",
     "forced_tile",
+    "gluon_forward_requested",
     "head_counts",
     "kernel_meta",
     "kernel_scales",
@@ -77,13 +83,18 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernels use the faster exp2
 
 
-_SETTINGS = ("FA2_AUTOTUNE", "FA2_TILES", "FA2_L2_GROUP")
+_SETTINGS = ("FA2_AUTOTUNE", "FA2_TILES", "FA2_L2_GROUP", "FA2_GLUON_FORWARD")
 
 
 def tile_settings() -> tuple[str | None, ...]:
     """The environment variables that choose tiles and launch orders (module docstring), as
     set now: part of every launch plan's key."""
     return tuple(os.environ.get(name) for name in _SETTINGS)
+
+
+def gluon_forward_requested() -> bool:
+    """FA2_GLUON_FORWARD=1 asks for the Gluon forward (module docstring)."""
+    return os.environ.get("FA2_GLUON_FORWARD", "0") == "1"
 
 
 def autotuning() -> bool:

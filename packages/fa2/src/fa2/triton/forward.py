@@ -9,6 +9,7 @@ masks are applied only on the diagonal tiles and on a ragged last tile.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -22,6 +23,7 @@ from fa2.triton.configs import (
     Tile,
     cdiv,
     choose_tile,
+    gluon_forward_requested,
     head_counts,
     kernel_meta,
     kernel_scales,
@@ -307,6 +309,10 @@ class ForwardPlan:
         # A warp-specialised tile also reads its queries through a descriptor (`load_rows`).
         self.ws_loads = self.tma_loads and tma_layouts(views[:1], strides[:1], traced=traced)
         self.backward_plans: dict = {}
+        # FA2_GLUON_FORWARD=1: the Gluon kernel where the call allows it (`_gluon_allowed`).
+        self.gluon = gluon_forward_requested() and self._gluon_allowed(
+            views, strides[:3], group, traced
+        )
         # no guard when traced with symbolic lengths
         self.seq_len = torch.sym_max(n_q, n_k) if seq_len is None else seq_len
 
@@ -322,21 +328,66 @@ class ForwardPlan:
             precision=precision,
             seq_len=self.seq_len,
             key=lambda: (call.band, seq_bucket(n_q, n_k)),
-            run=None if traced or self.varlen else run,
+            run=None if traced or self.varlen or self.gluon else run,
             specialisable=self.ws_loads,
             device=q.device,
         )
         self.tile = tile
         self.launch = self._launch(tile)
 
+    def _gluon_allowed(
+        self, views: tuple, strides: list[tuple[int, int, int]], group: int, traced: bool
+    ) -> bool:
+        """Whether this call may run the Gluon forward; where not, warn why (once per reason)
+        and run the Triton forward."""
+        from fa2.triton.gluon_forward import gluon_forward_refusal
+
+        meta = self.meta
+        if traced:  # wrap_triton has not been tried with a Gluon kernel
+            reason = "torch.compile traces this call, and the Gluon kernel is launched eagerly only"
+        else:
+            reason = gluon_forward_refusal(
+                *views, strides, group=group, packed=self.varlen, softcap=bool(meta["SOFTCAP"]),
+                windowed=bool(meta["LOCAL"] or meta["WIN_RIGHT"]),
+                causal_bottom_right=bool(meta["BOTTOM_RIGHT"]),
+            )  # fmt: skip
+        if reason is not None and reason not in _gluon_refusals:
+            _gluon_refusals.add(reason)
+            warnings.warn(
+                f"FA2_GLUON_FORWARD=1, but the Triton forward runs instead: {reason}",
+                UserWarning,
+                stacklevel=2,
+            )
+        return reason is None
+
     def _launch(self, tile: Tile) -> CachedLaunch:
+        """The launch of this plan's forward: the Gluon kernel where the plan takes it (with
+        `tile`'s plain Triton launch for misaligned tensors), else the Triton kernel."""
+        if not self.gluon:
+            return self._triton_launch(tile)
+        from fa2.triton.gluon_forward import (
+            BLOCK_M,
+            gluon_constexprs,
+            gluon_forward_kernel,
+            gluon_launch_options,
+        )
+
+        return CachedLaunch(
+            gluon_forward_kernel(), (cdiv(self.n_q, BLOCK_M), self.batch_heads),
+            gluon_constexprs(self.meta["HEAD_DIM"], bool(self.meta["IS_CAUSAL"])),
+            **gluon_launch_options(), scratch=True,
+            unaligned=self._triton_launch(tile._replace(tma=False)), checked=(0, 1, 2),
+        )  # fmt: skip
+
+    def _triton_launch(self, tile: Tile) -> CachedLaunch:
         tma = tile.tma and self.tma_loads
         ws = tile.ws and tma  # plain loads (misaligned tensors): the plain kernel
         grid = None if self.varlen else (cdiv(self.n_q, tile.block_m), self.batch_heads)
         constexprs = dict(self.meta, TMA=tma, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WS=ws)
         return CachedLaunch(
             _fwd_kernel, grid, constexprs, num_warps=tile.warps, num_stages=tile.stages,
-            scratch=tma, unaligned=self._launch(tile._replace(tma=False)) if tma else None,
+            scratch=tma,
+            unaligned=self._triton_launch(tile._replace(tma=False)) if tma else None,
             checked=(0, 1, 2, 5, 6) if self.varlen else (0, 1, 2),  # q, k, v (, cu_seqlens)
         )  # fmt: skip
 
@@ -372,6 +423,8 @@ class ForwardPlan:
 
 
 _plans = plan_cache(ForwardPlan)
+# Why FA2_GLUON_FORWARD=1 calls ran the Triton forward, each warned about once.
+_gluon_refusals: set[str] = set()
 
 
 def forward_plan(

@@ -1,0 +1,419 @@
+"""A hand warp-specialised FlashAttention forward for Hopper (sm_90), written in Gluon.
+
+Gluon (`triton.experimental.gluon`, in the Triton 3.6 wheel) exposes what Triton's compiler
+otherwise decides: shared-memory buffers, mbarriers, TMA copies, asynchronous warpgroup MMAs and
+the partitions of a warp-specialised kernel. Triton 3.6's automatic warp specialisation turned
+fa2's forward into a correct but slower kernel (every tile masked, one loop); here the split is
+written by hand after FA3's Hopper forward:
+
+- a producer partition of one warp streams Q once and the K and V tiles through a ring of
+  `STAGES` shared-memory slots, each slot with a "ready" mbarrier (the TMA copy landed) and a
+  "free" mbarrier (both consumers are done with it); K and V have barriers of their own, so
+  S = QKᵀ of a tile may start before its V has landed and a K slot is refilled as soon as
+  its QKᵀ is done;
+- two consumer partitions (one warpgroup, 4 warps, each), the kernel's default partition and
+  a worker, each own 64 of the program's 128 query rows (`HALF_M`): S = QKᵀ by wgmma from
+  shared memory, the online softmax in registers (exp2, log2 e folded into the scale: one
+  fused multiply-add per exponent, as fa2's Triton kernels), O += PV by wgmma with P taken
+  from registers; each writes its own rows of o (through shared memory and a TMA store, which
+  clips rows past the end) and of L.
+
+Causal (top-left: query i sees keys j <= i, fa2's convention): key tiles past the program's last
+row are never loaded; the tiles every row of a consumer sees in full run an unmasked loop, the
+diagonal and a ragged last key tile a masked one (two loops over one ring; the autoWS limits do
+not apply to a kernel that places its own barriers). Rows and keys past the sequence's end
+come from TMA's zero fill, so no garbage enters the matmuls.
+
+Scope: bf16 or fp16, head dim 64 or 128, one key/value head per query head, no window, softcap
+or packed sequences, q, k, v in fa2's kernel layout (batch, heads, seq, d) with strides TMA can
+read (`gluon_forward_available`, `gluon_forward_refusal`). L is written as fa2's forward writes
+it (natural log, fp32, contiguous (batch·heads, n_q)), so fa2's backward takes it unchanged.
+Gluon kernels do not run in Triton's interpreter: on a CPU this kernel can only be compiled
+(`packages/fa2/scripts/sm90_screen.py --gluon`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "BLOCK_M",
+    "GLUON_HEAD_DIMS",
+    "gluon_forward_available",
+    "gluon_forward_kernel",
+    "gluon_forward_refusal",
+    "gluon_importable",
+    "gluon_launch_options",
+]
+
+# Query rows per program: two consumer warpgroups of 64 rows each (a wgmma's M is 64 per
+# warpgroup: 4 warps x 16 rows), FA3's Hopper tile.
+BLOCK_M = 128
+# Key rows per tile: FA3's causal Hopper tile at d = 128; at d = 64 the same, so that each
+# exponential pass covers as many keys per barrier round trip.
+BLOCK_N = 128
+# Ring slots for K and V. d = 128: 2 slots x (K + V) x 128 x 128 x 2 bytes = 128 KiB, plus
+# Q's 32 KiB, within the 227 KiB a block may take on sm_90 (3 slots would be 224 KiB and leave
+# nothing for the compiler's own scratch). d = 64: a slot is half that, so 3 slots (96 KiB).
+STAGES = {64: 3, 128: 2}
+GLUON_HEAD_DIMS = tuple(STAGES)
+# Warps of each consumer partition (one warpgroup: wgmma is issued per warpgroup) and of the
+# producer (one warp issues every TMA copy).
+CONSUMER_WARPS = 4
+PRODUCER_WARPS = 1
+# Registers per thread requested for the worker partitions (setmaxnreg): the second consumer
+# as many as FA3's consumers take (240), the producer, which holds only loop counters and
+# coordinates, the least setmaxnreg allows FA3's producer (24). 128 x 240 + 128 x 240 (the
+# default partition) + 128 x 24 (the producer's warpgroup) = 64,512 of the 65,536 a
+# multiprocessor has.
+CONSUMER_REGS = 240
+PRODUCER_REGS = 24
+_LN2 = math.log(2.0)  # natural log from base-2 units: ln(x) = log2(x) * ln 2
+
+
+def gluon_importable() -> bool:
+    """Whether this Triton ships Gluon with the Hopper pieces the kernel uses."""
+    return gluon is not None
+
+
+def gluon_forward_refusal(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    strides: list[tuple[int, int, int]] | None = None,
+    *,
+    causal_bottom_right: bool = False,
+    windowed: bool = False,
+    softcap: bool = False,
+    packed: bool = False,
+    group: int = 1,
+) -> str | None:
+    """Why the Gluon forward cannot run this call, or None when it can. q, k, v are
+    `(..., heads, n, d)` views; `strides` their (batch, head, row) strides as the kernels read
+    them (`fa2.triton.launch.read_layouts`; None: read off the tensors, which must then be
+    4-D). The device is read through `configs.device_capability`, which the sm_90 screen
+    stands in for to compile on a CPU."""
+    from fa2.triton import configs
+
+    if configs.INTERPRET or configs.device_capability(q.device) != (9, 0):
+        return f"it runs on sm_90 (Hopper) GPUs only, got {q.device}"
+    if not gluon_importable():
+        return "this Triton has no Gluon with Hopper TMA and wgmma (Triton 3.6 has)"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"it takes bf16 or fp16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    d = q.shape[-1]
+    if d not in GLUON_HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
+        return f"it takes head dims {GLUON_HEAD_DIMS}, got {d}"
+    if group != 1:
+        return "it takes one key/value head per query head (no grouped heads)"
+    if causal_bottom_right or windowed or softcap or packed:
+        return (
+            "it takes plain or top-left causal attention (no bottom-right diagonal, window, "
+            "softcap or packed sequences)"
+        )
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        return "it takes at least one query and one key"
+    if strides is None:
+        strides = [(t.stride(0), t.stride(1), t.stride(2)) for t in (q, k, v)]
+    for t, layout in zip((q, k, v), strides, strict=True):
+        # TMA: 16-byte aligned row starts (every stride a whole number of 16 bytes) and rows
+        # that are not repeated; the data pointers' alignment is checked on every call.
+        if any(s * t.element_size() % 16 for s in layout) or layout[2] == 0:
+            return "TMA needs every stride a whole number of 16 bytes and rows not repeated"
+        if t.stride(-1) != 1:
+            return "TMA needs the head dim contiguous"
+    return None
+
+
+def gluon_forward_available(q: torch.Tensor) -> bool:
+    """Whether the Gluon forward can run on q's device for q's dtype and head dim: an sm_90
+    GPU, Gluon importable, bf16/fp16, d 64 or 128, q's strides TMA-aligned (the full check of
+    a call, k and v and the options included, is `gluon_forward_refusal`)."""
+    if q.dim() != 4:
+        return False
+    return gluon_forward_refusal(q, q, q) is None and q.data_ptr() % 16 == 0
+
+
+def gluon_launch_options() -> dict[str, int]:
+    """num_warps and num_stages of a launch: the default partition's warps (the first
+    consumer warpgroup; the workers add their own), and 1 stage (Gluon does not pipeline
+    loops itself; the ring is written out)."""
+    return dict(num_warps=CONSUMER_WARPS, num_stages=1)
+
+
+try:  # Gluon ships with Triton 3.6; without it the kernel is not defined (`gluon_importable`)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+except ImportError:
+    gluon = gl = None
+
+
+def _jit(fn):
+    return fn if gluon is None else gluon.jit(fn)
+
+
+def _constexpr(value):
+    """`value` as the kernels may read a module global (only constexprs)."""
+    return value if gl is None else gl.constexpr(value)
+
+
+half_m = _constexpr(BLOCK_M // 2)
+ln2 = _constexpr(_LN2)
+warps = _constexpr([CONSUMER_WARPS, PRODUCER_WARPS])
+regs = _constexpr([CONSUMER_REGS, PRODUCER_REGS])
+
+
+@_jit
+def _softmax_tiles(
+    acc, m_i, l_i, q_tile, k_ring, v_ring, k_ready, v_ready, k_free, v_free,
+    first, last, row0, N_K, qk_scale,
+    s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr,
+):  # fmt: skip
+    """Fold key tiles [first, last) into one consumer's (acc, m_i, l_i).
+
+    Tile i sits in ring slot i % STAGES, filled for the (i // STAGES)-th time: its ready
+    barriers complete phase (i // STAGES) & 1 when the copy lands (mbarrier parity). m_i
+    is in scaled log2 units: max of raw scores times qk_scale (= scale · log2 e, positive),
+    so each exponent is one FMA, s · qk_scale - m. MASKED: keys past N_K and, causal,
+    keys past the row are -inf; every row sees at least one key of every tile it visits
+    (key 0 of the first; the diagonal tile's first key is the consumer's first row or
+    before), so m stays finite after a masked tile and alpha = exp2(-inf) = 0 on the
+    first."""
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows = row0 + gl.arange(0, half_m, layout=gl.SliceLayout(1, s_layout))
+    for i in range(first, last):
+        slot = i % STAGES
+        phase = (i // STAGES) & 1
+        k_tile = k_ring.index(slot)
+        v_tile = v_ring.index(slot)
+        mbarrier.wait(k_ready.index(slot), phase)
+        s = gl.zeros([half_m, BLOCK_N], gl.float32, s_layout)
+        s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s, use_acc=False, is_async=True)
+        # The operands go through the wait too: the MMA reads them until it completes.
+        s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_tile, k_tile))
+        mbarrier.arrive(k_free.index(slot), count=1)  # this consumer is done with K
+        if MASKED:
+            cols = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            keep = cols[None, :] < N_K
+            if IS_CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p16 = gl.convert_layout(p.to(q_tile.dtype), p_layout)
+        mbarrier.wait(v_ready.index(slot), phase)
+        acc = warpgroup_mma(p16, v_tile, acc, is_async=True)
+        acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_tile))
+        mbarrier.arrive(v_free.index(slot), count=1)  # and with V
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@_jit
+def _consumer(
+    half, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, o_desc,
+    L, bh, off_m, n_tiles, N_Q, N_K, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    IS_CAUSAL: gl.constexpr,
+):  # fmt: skip
+    """One consumer warpgroup: rows off_m + half · 64 ... + 63 of one (batch, head)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    row0 = off_m + half * half_m
+    q_tile = q_ring.index(half)
+    m_i = gl.full([half_m], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([half_m], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([half_m, HEAD_DIM], gl.float32, o_layout)
+    # Key tiles every row of this consumer sees in full: tile t's last key t · BLOCK_N +
+    # BLOCK_N - 1 is at most the first row (causal) and below N_K.
+    n_full = N_K // BLOCK_N
+    if IS_CAUSAL:
+        n_full = gl.minimum(n_full, (row0 + 1) // BLOCK_N)
+    n_full = gl.minimum(n_full, n_tiles)
+    mbarrier.wait(q_ready.index(half), 0)
+    acc, m_i, l_i = _softmax_tiles(
+        acc, m_i, l_i, q_tile, k_ring, v_ring, k_ready, v_ready, k_free, v_free,
+        0, n_full, row0, N_K, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, False,
+        IS_CAUSAL,
+    )  # fmt: skip
+    acc, m_i, l_i = _softmax_tiles(
+        acc, m_i, l_i, q_tile, k_ring, v_ring, k_ready, v_ready, k_free, v_free,
+        n_full, n_tiles, row0, N_K, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, True,
+        IS_CAUSAL,
+    )  # fmt: skip
+    # Every row saw key 0 (top-left causal or none, N_K >= 1): l_i >= 1, no division by 0.
+    o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    # Q's slot is free now (the last wgmma that read it was waited for): o goes out
+    # through it, and the TMA store clips rows past N_Q.
+    q_tile.store(o.to(q_tile.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [row0, 0], q_tile)
+    rows = row0 + gl.arange(0, half_m, layout=gl.SliceLayout(1, s_layout))
+    lse = (m_i + gl.log2(l_i)) * ln2  # natural log, as fa2's backward reads it
+    gl.store(L + bh * N_Q + rows, lse, mask=rows < N_Q)
+    tma.store_wait(pendings=0)
+
+
+@_jit
+def _consumer_worker(
+    q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, o_desc,
+    L, bh, off_m, n_tiles, N_Q, N_K, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    IS_CAUSAL: gl.constexpr,
+):  # fmt: skip
+    """The second consumer (the rows 64-127 of the program), run by a worker partition."""
+    _consumer(
+        1, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, o_desc,
+        L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL,
+    )  # fmt: skip
+
+
+@_jit
+def _producer(
+    q_desc, k_desc, v_desc, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free,
+    v_free, off_m, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+):  # fmt: skip
+    """The TMA warp: Q's two halves once, then K and V tile by tile into the ring.
+
+    Before filling slot i % STAGES for the (i // STAGES)-th time it waits until both
+    consumers released that slot's previous tile: the free barrier's phase
+    (i // STAGES - 1) & 1. On the first pass (i < STAGES) that is parity 1, which a
+    freshly initialised barrier (in phase 0) reports complete at once."""
+    for half in gl.static_range(2):
+        mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            q_desc, [off_m + half * half_m, 0], q_ready.index(half), q_ring.index(half)
+        )
+    for i in range(n_tiles):
+        slot = i % STAGES
+        free_phase = ((i // STAGES) & 1) ^ 1
+        mbarrier.wait(k_free.index(slot), free_phase)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            k_desc, [i * BLOCK_N, 0], k_ready.index(slot), k_ring.index(slot)
+        )
+        mbarrier.wait(v_free.index(slot), free_phase)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            v_desc, [i * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot)
+        )
+
+
+@_jit
+def _gluon_fwd_kernel(
+    Q, K, V, O, L, CU_Q, CU_K,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+    HEADS, N_Q, N_K, qk_scale, cap_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    IS_CAUSAL: gl.constexpr,
+):  # fmt: skip
+    """o and L of 128 query rows of one (batch, head): the arguments of fa2's Triton
+    forward (`fa2.triton.forward._fwd_kernel`), so one launch plan serves both; CU_Q,
+    CU_K (packed sequences) and cap_scale (softcap) are not used here."""
+    # Heaviest causal tiles (the last query rows) first, so the grid's tail is short.
+    pid_m = gl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = gl.cdiv(N_Q, 2 * half_m) - 1 - pid_m
+    bh = gl.program_id(1).to(gl.int64)
+    b = bh // HEADS
+    h = bh % HEADS
+    off_m = pid_m * (2 * half_m)
+    dtype: gl.constexpr = Q.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([half_m, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    # One 2-D descriptor per (batch, head): rows past the head's n are out of bounds, so
+    # TMA fills them with zeros on loads and drops them on stores.
+    q_desc = tma.make_tensor_descriptor(
+        Q + b * stride_qb + h * stride_qh, [N_Q, HEAD_DIM], [stride_qn, 1],
+        [half_m, HEAD_DIM], q_layout,
+    )  # fmt: skip
+    o_desc = tma.make_tensor_descriptor(
+        O + b * stride_ob + h * stride_oh, [N_Q, HEAD_DIM], [stride_on, 1],
+        [half_m, HEAD_DIM], q_layout,
+    )  # fmt: skip
+    k_desc = tma.make_tensor_descriptor(
+        K + b * stride_kb + h * stride_kh, [N_K, HEAD_DIM], [stride_kn, 1],
+        [BLOCK_N, HEAD_DIM], kv_layout,
+    )  # fmt: skip
+    v_desc = tma.make_tensor_descriptor(
+        V + b * stride_vb + h * stride_vh, [N_K, HEAD_DIM], [stride_vn, 1],
+        [BLOCK_N, HEAD_DIM], kv_layout,
+    )  # fmt: skip
+    # Keys the program's rows may see: causal, up to its last row (and the sequence).
+    hi = N_K
+    if IS_CAUSAL:
+        hi = gl.minimum(gl.minimum(off_m + 2 * half_m, N_Q), N_K)
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+
+    q_ring = gl.allocate_shared_memory(dtype, [2, half_m, HEAD_DIM], q_layout)
+    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    for half in gl.static_range(2):
+        mbarrier.init(q_ready.index(half), count=1)  # the producer's expect-tx arrival
+    for slot in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(slot), count=1)
+        mbarrier.init(v_ready.index(slot), count=1)
+        mbarrier.init(k_free.index(slot), count=2)  # one arrival per consumer
+        mbarrier.init(v_free.index(slot), count=2)
+    fence_async_shared()  # the initialised barriers, before TMA (async proxy) signals them
+
+    gl.warp_specialize(
+        [
+            (
+                _consumer,
+                (0, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
+                 o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
+                 STAGES, IS_CAUSAL),
+            ),
+            (
+                _consumer_worker,
+                (q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
+                 o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
+                 STAGES, IS_CAUSAL),
+            ),
+            (
+                _producer,
+                (q_desc, k_desc, v_desc, q_ring, k_ring, v_ring, q_ready, k_ready,
+                 v_ready, k_free, v_free, off_m, n_tiles, BLOCK_N, STAGES),
+            ),
+        ],
+        warps,
+        regs,
+    )  # fmt: skip
+
+
+def gluon_forward_kernel():
+    """The Gluon kernel. Its runtime arguments are those of fa2's Triton forward; its
+    constexprs HEAD_DIM, BLOCK_N, STAGES and IS_CAUSAL (`gluon_constexprs`)."""
+    if gluon is None:
+        raise RuntimeError("this Triton has no Gluon: install Triton 3.6")
+    return _gluon_fwd_kernel
+
+
+def gluon_constexprs(head_dim: int, causal: bool) -> dict[str, object]:
+    """The kernel's constexpr arguments for a head dim and causality."""
+    return dict(HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, STAGES=STAGES[head_dim], IS_CAUSAL=causal)
