@@ -24,7 +24,7 @@ GPU (`tests/test_pre_hopper_compile.py` runs `--target 75` and `--target 80` in 
 Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
 
     uv run python packages/fa2/scripts/sm90_screen.py [--target 90|86|80|75] \\
-        [--tiles default|listed] [--extra dkdv=64x128/4w/2s+TMA+WS] [--cases d128] \\
+        [--tiles default|listed] [--extra dkdv=64x128/4w/2s+TMA+WS] [--cases d128 ...] \\
         [--json PATH] [--markdown PATH]
 
 With FA2_GLUON_FORWARD=1 the forward plans take the Gluon forward (`fa2.triton.gluon_forward`)
@@ -99,6 +99,7 @@ CASES = [
     Case("d128 packed 8 x 2048", (1, 16, 2048, 128), packed=8, main=False),
     Case("d64 softcap 30 (1, 16, 4096)", (1, 16, 4096, 64), softcap=30.0, main=False),
     Case("d128 non-causal ragged (1, 16, 4000)", (1, 16, 4000, 128), causal=False, main=False),
+    Case("d64 non-causal ragged (1, 16, 4000)", (1, 16, 4000, 64), causal=False, main=False),
     Case("d128 bottom-right 3000/4096", (1, 16, 3000, 128), n_k=4096, bottom_right=True,
          main=False),
 ]  # fmt: skip
@@ -373,7 +374,8 @@ def main() -> int:
                         help="compute capability x 10 (default 90)")  # fmt: skip
     parser.add_argument("--tiles", choices=("default", "listed"), default="listed")
     parser.add_argument("--extra", action="append", default=[], help="kernel=tile, repeatable")
-    parser.add_argument("--cases", default="", help="only cases whose name has this text")
+    parser.add_argument("--cases", nargs="+", default=[""],
+                        help="only cases whose name has one of these texts")  # fmt: skip
     parser.add_argument("--kernels", nargs="+", choices=list(configs.KERNELS),
                         default=list(configs.KERNELS), help="only these kernels")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the rows and metadata here")
@@ -393,7 +395,7 @@ def main() -> int:
         command="python " + " ".join(["packages/fa2/scripts/sm90_screen.py", *sys.argv[1:]]),
     )  # fmt: skip
     known = CASES if architecture(capability) is None else PRE_HOPPER_CASES
-    cases = [c for c in known if args.cases in c.name]
+    cases = [c for c in known if any(text in c.name for text in args.cases)]
     rows = screen(
         cases, tiles=args.tiles, extra=extra, capability=capability, kernels=tuple(args.kernels)
     )
