@@ -3,7 +3,9 @@
 For each shape (causal, bf16, a random output gradient) and each implementation: cuDNN (SDPA's
 cuDNN backend), fa2 as it runs by default, and fa2 with each candidate forced through
 FA2_TILES / FA2_L2_GROUP (`fa2.triton.configs`): the warp-specialised forward and dK/dV tiles,
-dQ on 128x128 tiles, the L2-grouped backward launch order, and all of them together. Measured:
+dQ on 128x128 tiles, the L2-grouped backward launch order, and all of them together; and the
+Gluon forward (FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`) with the default backward, a
+row recorded as skipped, with the reason, where it cannot run (the CPU rehearsal). Measured:
 
 - forward, forward+backward (do_bench medians, L2 flushed between calls), backward = their
   difference; inputs under 1 GiB rotate among up to 4 copies, so that no call starts on data
@@ -99,13 +101,26 @@ def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
         "fa2 l2-auto": {"FA2_L2_GROUP": "auto"},
         "fa2 all": {"FA2_TILES": every},
         "fa2 all+l2": {"FA2_TILES": every, "FA2_L2_GROUP": "auto"},
+        "fa2 gluon-fwd": {"FA2_GLUON_FORWARD": "1"},
     }
+
+
+def unavailable(env: dict[str, str], q, k, v) -> str | None:
+    """Why the implementation `env` chooses cannot run on these inputs, or None."""
+    if env.get("FA2_GLUON_FORWARD") != "1":
+        return None
+    from fa2.triton.gluon_forward import gluon_forward_refusal
+
+    reason = gluon_forward_refusal(q, k, v)
+    return None if reason is None else f"Gluon forward unavailable: {reason}"
 
 
 @contextmanager
 def environment(settings: dict[str, str]):
-    """FA2_TILES and FA2_L2_GROUP as `settings` says (unset where it does not name them)."""
-    saved = {name: os.environ.pop(name, None) for name in ("FA2_TILES", "FA2_L2_GROUP")}
+    """FA2_TILES, FA2_L2_GROUP and FA2_GLUON_FORWARD as `settings` says (unset where it does
+    not name them)."""
+    names = ("FA2_TILES", "FA2_L2_GROUP", "FA2_GLUON_FORWARD")
+    saved = {name: os.environ.pop(name, None) for name in names}
     os.environ.update(settings)
     try:
         yield
@@ -211,7 +226,7 @@ def launched(shape) -> dict[str, str]:
     if not plans:
         return {}
     fwd = plans[-1]
-    out = {"forward": _tile(fwd.tile, fwd.launch.options)}
+    out = {"forward": "gluon" if fwd.gluon else _tile(fwd.tile, fwd.launch.options)}
     for bwd in fwd.backward_plans.values():
         for which, tile in bwd.tiles.items():
             if which != "delta":
@@ -244,8 +259,11 @@ class Results(list):
         self.path.write_text(json.dumps(dict(meta=self.meta, rows=list(self)), indent=1) + "\n")
 
 
-def screen_shape(shape, rows: Results, deadline: float, *, tiny: bool, rep_ms: float) -> None:
-    """Every implementation at one shape, until `deadline` (time.monotonic())."""
+def screen_shape(
+    shape, rows: Results, deadline: float, *, tiny: bool, rep_ms: float, only: tuple = ()
+) -> None:
+    """Every implementation at one shape (of fa2's, those named in `only` where given), until
+    `deadline` (time.monotonic())."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = str(shape)
     size = 4 * math.prod(shape) * 2
@@ -256,12 +274,17 @@ def screen_shape(shape, rows: Results, deadline: float, *, tiny: bool, rep_ms: f
     sdpa_errors = slice_errors(cudnn_attention, part, reference)
     fwd_flops, bwd_flops = flops(shape)
     impls = [(baseline_name(), cudnn_attention, {})]
-    impls += [(n, fa2_attention, env) for n, env in candidates(shape[-1], tiny=tiny).items()]
+    impls += [
+        (n, fa2_attention, env)
+        for n, env in candidates(shape[-1], tiny=tiny).items()
+        if not only or n in only
+    ]
     for impl, fn, env in impls:
         row = dict(shape=name, impl=impl, env=env, input_copies=copies)
-        if time.monotonic() > deadline:
-            rows.append(dict(row, skipped="time budget"))
-            print(f"{name} {impl}: skipped (time budget)", flush=True)
+        skipped = "time budget" if time.monotonic() > deadline else unavailable(env, q, k, v)
+        if skipped:
+            rows.append(dict(row, skipped=skipped))
+            print(f"{name} {impl}: skipped ({skipped})", flush=True)
             continue
         started = time.monotonic()
         try:
@@ -476,6 +499,9 @@ def main() -> int:
     )
     parser.add_argument("--rep-ms", type=float, default=300.0, help="do_bench's rep")
     parser.add_argument("--shapes", default="", help="only shapes whose text has this")
+    parser.add_argument("--impls", nargs="+", default=[],
+                        help='only these fa2 rows (e.g. fa2 "fa2 gluon-fwd"); cuDNN always '
+                        "runs")  # fmt: skip
     parser.add_argument("--tiny", action="store_true",
                         help="rehearse on a CPU: Triton's interpreter, tiny shapes")  # fmt: skip
     parser.add_argument("--report", type=Path, metavar="JSON",
@@ -507,7 +533,9 @@ def main() -> int:
         now = time.monotonic()
         share = now + (deadline - now) * weights[i] / sum(weights[i:])
         try:
-            screen_shape(shape, rows, share, tiny=args.tiny, rep_ms=args.rep_ms)
+            screen_shape(
+                shape, rows, share, tiny=args.tiny, rep_ms=args.rep_ms, only=tuple(args.impls)
+            )
         except Exception as exc:  # e.g. out of memory: keep the other shapes
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             rows.append(dict(shape=str(shape), impl="(setup)", error=error))
