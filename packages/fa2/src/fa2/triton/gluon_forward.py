@@ -173,53 +173,31 @@ regs = _constexpr([CONSUMER_REGS, PRODUCER_REGS])
 
 
 @_jit
-def _softmax_tiles(
-    acc, m_i, l_i, q_tile, k_ring, v_ring, k_ready, v_ready, k_free, v_free,
-    first, last, row0, N_K, qk_scale,
-    s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr,
+def _softmax(
+    s, m_i, l_i, tile, n_full, rows, N_K, qk_scale,
+    s_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, DTYPE: gl.constexpr,
 ):  # fmt: skip
-    """Fold key tiles [first, last) into one consumer's (acc, m_i, l_i).
+    """One key tile's step of the online softmax: (P in the PV wgmma's register layout, new
+    row max, new row sum, alpha, the factor that rescales the rows of O).
 
-    Tile i sits in ring slot i % STAGES, filled for the (i // STAGES)-th time: its ready
-    barriers complete phase (i // STAGES) & 1 when the copy lands (mbarrier parity). m_i
-    is in scaled log2 units: max of raw scores times qk_scale (= scale · log2 e, positive),
-    so each exponent is one FMA, s · qk_scale - m. MASKED: keys past N_K and, causal,
-    keys past the row are -inf; every row sees at least one key of every tile it visits
-    (key 0 of the first; the diagonal tile's first key is the consumer's first row or
-    before), so m stays finite after a masked tile and alpha = exp2(-inf) = 0 on the
-    first."""
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows = row0 + gl.arange(0, half_m, layout=gl.SliceLayout(1, s_layout))
-    for i in range(first, last):
-        slot = i % STAGES
-        phase = (i // STAGES) & 1
-        k_tile = k_ring.index(slot)
-        v_tile = v_ring.index(slot)
-        mbarrier.wait(k_ready.index(slot), phase)
-        s = gl.zeros([half_m, BLOCK_N], gl.float32, s_layout)
-        s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s, use_acc=False, is_async=True)
-        # The operands go through the wait too: the MMA reads them until it completes.
-        s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_tile, k_tile))
-        mbarrier.arrive(k_free.index(slot), count=1)  # this consumer is done with K
-        if MASKED:
-            cols = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            keep = cols[None, :] < N_K
-            if IS_CAUSAL:
-                keep = keep & (cols[None, :] <= rows[:, None])
-            s = gl.where(keep, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        p = gl.exp2(s * qk_scale - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p16 = gl.convert_layout(p.to(q_tile.dtype), p_layout)
-        mbarrier.wait(v_ready.index(slot), phase)
-        acc = warpgroup_mma(p16, v_tile, acc, is_async=True)
-        acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_tile))
-        mbarrier.arrive(v_free.index(slot), count=1)  # and with V
-        m_i = m_new
-    return acc, m_i, l_i
+    m_i is in scaled log2 units: the max of the raw scores times qk_scale (= scale · log2 e,
+    positive), so each exponent is one FMA, s · qk_scale - m. Tiles from `n_full` on are
+    masked: keys past N_K and, causal, keys past the row are -inf. Every row sees at least one
+    key of every tile it visits (key 0 of the first; a causal tile t < n_tiles starts at
+    t · 128 <= the program's first row), so m is finite from the first tile on, and alpha =
+    exp2(-inf) = 0 there (O starts at 0 anyway)."""
+    if tile >= n_full:
+        cols = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        keep = cols[None, :] < N_K
+        if IS_CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        s = gl.where(keep, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return gl.convert_layout(p.to(DTYPE), p_layout), m_new, l_i, alpha
 
 
 @_jit
@@ -227,45 +205,101 @@ def _consumer(
     half, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, o_desc,
     L, bh, off_m, n_tiles, N_Q, N_K, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    IS_CAUSAL: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
-    """One consumer warpgroup: rows off_m + half · 64 ... + 63 of one (batch, head)."""
+    """One consumer warpgroup: rows off_m + half · 64 ... + 63 of one (batch, head).
+
+    Tile i sits in ring slot i % STAGES, filled for the (i // STAGES)-th time: its ready
+    barriers complete phase (i // STAGES) & 1 when the copy lands (mbarrier parity); the
+    consumer arrives once on the slot's free barriers when its wgmmas are done reading it.
+    P runs one tile behind S (FA3's order): iteration i issues S(i) = Q K(i)ᵀ and
+    O += P(i-1) V(i-1). OVERLAP (FA3's intra-warpgroup overlap): both are issued before
+    either is waited for, and the softmax of S(i) runs while the tensor cores still work on
+    P(i-1) V(i-1); without it each wgmma is waited for before anything else is issued or
+    computed (the plain order, which needs S(i) and P(i-1) in registers at different times,
+    not together)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
     )
+    # P as the A operand of the PV wgmma, from registers (2 16-bit values per 32-bit register)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row0 = off_m + half * half_m
+    rows = row0 + gl.arange(0, half_m, layout=gl.SliceLayout(1, s_layout))
     q_tile = q_ring.index(half)
     m_i = gl.full([half_m], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([half_m], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([half_m, HEAD_DIM], gl.float32, o_layout)
-    # Key tiles every row of this consumer sees in full: tile t's last key t · BLOCK_N +
-    # BLOCK_N - 1 is at most the first row (causal) and below N_K.
+    s_zero = gl.zeros([half_m, BLOCK_N], gl.float32, s_layout)  # ignored (use_acc=False)
+    # Key tiles every row of this consumer sees in full, which need no mask: tile t's last
+    # key t · BLOCK_N + BLOCK_N - 1 is below N_K and, causal, at most the first row.
     n_full = N_K // BLOCK_N
     if IS_CAUSAL:
         n_full = gl.minimum(n_full, (row0 + 1) // BLOCK_N)
-    n_full = gl.minimum(n_full, n_tiles)
+
+    # Tile 0: S(0) and its softmax; O is still 0, so alpha is not applied.
     mbarrier.wait(q_ready.index(half), 0)
-    acc, m_i, l_i = _softmax_tiles(
-        acc, m_i, l_i, q_tile, k_ring, v_ring, k_ready, v_ready, k_free, v_free,
-        0, n_full, row0, N_K, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, False,
-        IS_CAUSAL,
+    k_tile = k_ring.index(0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    # The operands go through the waits too: a wgmma reads them until it completes.
+    s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_tile, k_tile))
+    mbarrier.arrive(k_free.index(0), count=1)
+    p, m_i, l_i, alpha = _softmax(
+        s, m_i, l_i, 0, n_full, rows, N_K, qk_scale, s_layout, p_layout, BLOCK_N, IS_CAUSAL,
+        q_tile.dtype,
     )  # fmt: skip
-    acc, m_i, l_i = _softmax_tiles(
-        acc, m_i, l_i, q_tile, k_ring, v_ring, k_ready, v_ready, k_free, v_free,
-        n_full, n_tiles, row0, N_K, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, True,
-        IS_CAUSAL,
-    )  # fmt: skip
+    for i in range(1, n_tiles):
+        slot = i % STAGES
+        prev = (i - 1) % STAGES
+        k_tile = k_ring.index(slot)
+        v_prev = v_ring.index(prev)
+        if OVERLAP:
+            mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p, v_prev, acc, is_async=True)
+            # wgmma groups complete in issue order: with one left in flight, S(i) is done.
+            s, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s, q_tile, k_tile))
+            mbarrier.arrive(k_free.index(slot), count=1)
+            p_next, m_i, l_i, alpha = _softmax(
+                s, m_i, l_i, i, n_full, rows, N_K, qk_scale, s_layout, p_layout, BLOCK_N,
+                IS_CAUSAL, q_tile.dtype,
+            )  # fmt: skip
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_prev))
+            mbarrier.arrive(v_free.index(prev), count=1)
+        else:
+            mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p, v_prev, acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_prev))
+            mbarrier.arrive(v_free.index(prev), count=1)
+            mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
+            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_tile, k_tile))
+            mbarrier.arrive(k_free.index(slot), count=1)
+            p_next, m_i, l_i, alpha = _softmax(
+                s, m_i, l_i, i, n_full, rows, N_K, qk_scale, s_layout, p_layout, BLOCK_N,
+                IS_CAUSAL, q_tile.dtype,
+            )  # fmt: skip
+        # O holds the tiles up to i - 1 at the old max; tile i's P is at the new one.
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p = p_next
+    last = (n_tiles - 1) % STAGES
+    v_last = v_ring.index(last)
+    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p, v_last, acc, is_async=True)
+    acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_last))
+    mbarrier.arrive(v_free.index(last), count=1)
+
     # Every row saw key 0 (top-left causal or none, N_K >= 1): l_i >= 1, no division by 0.
     o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
     # Q's slot is free now (the last wgmma that read it was waited for): o goes out
-    # through it, and the TMA store clips rows past N_Q.
+    # through it, and the TMA store drops rows past N_Q.
     q_tile.store(o.to(q_tile.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [row0, 0], q_tile)
-    rows = row0 + gl.arange(0, half_m, layout=gl.SliceLayout(1, s_layout))
     lse = (m_i + gl.log2(l_i)) * ln2  # natural log, as fa2's backward reads it
     gl.store(L + bh * N_Q + rows, lse, mask=rows < N_Q)
     tma.store_wait(pendings=0)
@@ -276,12 +310,13 @@ def _consumer_worker(
     q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, o_desc,
     L, bh, off_m, n_tiles, N_Q, N_K, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    IS_CAUSAL: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
     """The second consumer (the rows 64-127 of the program), run by a worker partition."""
     _consumer(
         1, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, o_desc,
         L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL,
+        OVERLAP,
     )  # fmt: skip
 
 
@@ -323,7 +358,7 @@ def _gluon_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
     HEADS, N_Q, N_K, qk_scale, cap_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    IS_CAUSAL: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
 ):  # fmt: skip
     """o and L of 128 query rows of one (batch, head): the arguments of fa2's Triton
     forward (`fa2.triton.forward._fwd_kernel`), so one launch plan serves both; CU_Q,
@@ -387,13 +422,13 @@ def _gluon_fwd_kernel(
                 _consumer,
                 (0, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
                  o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
-                 STAGES, IS_CAUSAL),
+                 STAGES, IS_CAUSAL, OVERLAP),
             ),
             (
                 _consumer_worker,
                 (q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
                  o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
-                 STAGES, IS_CAUSAL),
+                 STAGES, IS_CAUSAL, OVERLAP),
             ),
             (
                 _producer,
@@ -408,12 +443,19 @@ def _gluon_fwd_kernel(
 
 def gluon_forward_kernel():
     """The Gluon kernel. Its runtime arguments are those of fa2's Triton forward; its
-    constexprs HEAD_DIM, BLOCK_N, STAGES and IS_CAUSAL (`gluon_constexprs`)."""
+    constexprs HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL and OVERLAP (`gluon_constexprs`)."""
     if gluon is None:
         raise RuntimeError("this Triton has no Gluon: install Triton 3.6")
     return _gluon_fwd_kernel
 
 
-def gluon_constexprs(head_dim: int, causal: bool) -> dict[str, object]:
-    """The kernel's constexpr arguments for a head dim and causality."""
-    return dict(HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, STAGES=STAGES[head_dim], IS_CAUSAL=causal)
+def gluon_constexprs(head_dim: int, causal: bool, *, overlap: bool = True) -> dict[str, object]:
+    """The kernel's constexpr arguments for a head dim and causality; `overlap`: FA3's
+    intra-warpgroup overlap (`_consumer`), off for the plain order it is measured against."""
+    return dict(
+        HEAD_DIM=head_dim,
+        BLOCK_N=BLOCK_N,
+        STAGES=STAGES[head_dim],
+        IS_CAUSAL=causal,
+        OVERLAP=overlap,
+    )
