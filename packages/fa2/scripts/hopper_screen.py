@@ -4,8 +4,9 @@ For each shape (causal, bf16, a random output gradient) and each implementation:
 cuDNN backend), fa2 as it runs by default, and fa2 with each candidate forced through
 FA2_TILES / FA2_L2_GROUP (`fa2.triton.configs`): the warp-specialised forward and dK/dV tiles,
 dQ on 128x128 tiles, the L2-grouped backward launch order, and all of them together; and the
-Gluon forward (FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`) with the default backward, a
-row recorded as skipped, with the reason, where it cannot run (the CPU rehearsal). Measured:
+Gluon forward (FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`; =plain: without FA3's
+intra-warpgroup overlap) with the default backward, a row recorded as skipped, with the
+reason, where it cannot run (the CPU rehearsal). Measured:
 
 - forward, forward+backward (do_bench medians, L2 flushed between calls), backward = their
   difference; inputs under 1 GiB rotate among up to 4 copies, so that no call starts on data
@@ -102,12 +103,13 @@ def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
         "fa2 all": {"FA2_TILES": every},
         "fa2 all+l2": {"FA2_TILES": every, "FA2_L2_GROUP": "auto"},
         "fa2 gluon-fwd": {"FA2_GLUON_FORWARD": "1"},
+        "fa2 gluon-fwd-plain": {"FA2_GLUON_FORWARD": "plain"},
     }
 
 
 def unavailable(env: dict[str, str], q, k, v) -> str | None:
     """Why the implementation `env` chooses cannot run on these inputs, or None."""
-    if env.get("FA2_GLUON_FORWARD") != "1":
+    if env.get("FA2_GLUON_FORWARD") is None:
         return None
     from fa2.triton.gluon_forward import gluon_forward_refusal
 

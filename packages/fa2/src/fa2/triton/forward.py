@@ -309,8 +309,9 @@ class ForwardPlan:
         # A warp-specialised tile also reads its queries through a descriptor (`load_rows`).
         self.ws_loads = self.tma_loads and tma_layouts(views[:1], strides[:1], traced=traced)
         self.backward_plans: dict = {}
-        # FA2_GLUON_FORWARD=1: the Gluon kernel where the call allows it (`_gluon_allowed`).
-        self.gluon = gluon_forward_requested() and self._gluon_allowed(
+        # FA2_GLUON_FORWARD: the Gluon kernel where the call allows it (`_gluon_allowed`).
+        self.gluon_mode = gluon_forward_requested()
+        self.gluon = self.gluon_mode is not None and self._gluon_allowed(
             views, strides[:3], group, traced
         )
         # no guard when traced with symbolic lengths
@@ -354,7 +355,7 @@ class ForwardPlan:
         if reason is not None and reason not in _gluon_refusals:
             _gluon_refusals.add(reason)
             warnings.warn(
-                f"FA2_GLUON_FORWARD=1, but the Triton forward runs instead: {reason}",
+                f"FA2_GLUON_FORWARD is set, but the Triton forward runs instead: {reason}",
                 UserWarning,
                 stacklevel=2,
             )
@@ -374,7 +375,10 @@ class ForwardPlan:
 
         return CachedLaunch(
             gluon_forward_kernel(), (cdiv(self.n_q, BLOCK_M), self.batch_heads),
-            gluon_constexprs(self.meta["HEAD_DIM"], bool(self.meta["IS_CAUSAL"])),
+            gluon_constexprs(
+                self.meta["HEAD_DIM"], bool(self.meta["IS_CAUSAL"]),
+                overlap=self.gluon_mode == "overlap",
+            ),
             **gluon_launch_options(), scratch=True,
             unaligned=self._triton_launch(tile._replace(tma=False)), checked=(0, 1, 2),
         )  # fmt: skip
