@@ -325,6 +325,12 @@ def _line(row: dict) -> str:
     )
 
 
+def _settings() -> list[str]:
+    """The environment variables that choose tiles and kernels, as NAME=value, where set."""
+    values = zip(configs._SETTINGS, configs.tile_settings(), strict=True)
+    return [f"{name}={value}" for name, value in values if value is not None]
+
+
 def _revision() -> str:
     """The git revision of the working tree, "+dirty" where it has uncommitted changes; or
     BENCH_GIT_REVISION where the sources are a copy of that commit's tree (bench's convention)."""
@@ -392,7 +398,9 @@ def main() -> int:
         target=f"sm_{args.target}", shared_memory=shared_memory_limit(capability),
         triton=triton.__version__, torch=torch.__version__,
         date=datetime.date.today().isoformat(), revision=_revision(),
-        command="python " + " ".join(["packages/fa2/scripts/sm90_screen.py", *sys.argv[1:]]),
+        command=" ".join(
+            [*_settings(), "python packages/fa2/scripts/sm90_screen.py", *sys.argv[1:]]
+        ),
     )  # fmt: skip
     known = CASES if architecture(capability) is None else PRE_HOPPER_CASES
     cases = [c for c in known if any(text in c.name for text in args.cases)]

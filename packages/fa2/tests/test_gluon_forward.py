@@ -69,8 +69,10 @@ def test_compiles_for_sm90_warp_specialised_without_spills(tmp_path):
 
 
 def test_a_call_it_cannot_take_warns_and_runs_the_triton_forward(monkeypatch):
+    # Head dim 16: refused on any device (and on the CPU, the device itself is refused).
     monkeypatch.setenv("FA2_GLUON_FORWARD", "1")
-    q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(1, 2, 20, 16, device=device) for _ in range(3))
     with pytest.warns(UserWarning, match="Triton forward runs instead"):
         o = FlashAttention2Triton.apply(q, k, v, True)
     (plan,) = forward._plans.cache.values()
@@ -78,6 +80,13 @@ def test_a_call_it_cannot_take_warns_and_runs_the_triton_forward(monkeypatch):
     ref, _ = attention_reference(q.double(), k.double(), v.double(), causal=True)
     assert relative_error(o, ref) < 1e-4
     assert not gluon_forward_available(q)
+
+
+def test_the_setting_takes_only_its_values(monkeypatch):
+    monkeypatch.setenv("FA2_GLUON_FORWARD", "yes")
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="FA2_GLUON_FORWARD must be"):
+        FlashAttention2Triton.apply(q, q, q, True)
 
 
 gpu = pytest.mark.skipif(
