@@ -352,6 +352,22 @@ def _producer(
 
 
 @_jit
+def _head_rows(
+    X, stride_b, stride_h, stride_n, b, h, n,
+    BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
+):  # fmt: skip
+    """A TMA descriptor of one (batch, head)'s n rows of X, read or written BLOCK rows at a
+    time into the swizzled shared-memory layout wgmma reads. Rows past n are out of bounds:
+    TMA fills them with zeros on loads and drops them on stores."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+        [BLOCK, HEAD_DIM], X.dtype.element_ty
+    )
+    return tma.make_tensor_descriptor(
+        X + b * stride_b + h * stride_h, [n, HEAD_DIM], [stride_n, 1], [BLOCK, HEAD_DIM], layout
+    )
+
+
+@_jit
 def _gluon_fwd_kernel(
     Q, K, V, O, L, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
@@ -372,35 +388,19 @@ def _gluon_fwd_kernel(
     h = bh % HEADS
     off_m = pid_m * (2 * half_m)
     dtype: gl.constexpr = Q.dtype.element_ty
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([half_m, HEAD_DIM], dtype)
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-    # One 2-D descriptor per (batch, head): rows past the head's n are out of bounds, so
-    # TMA fills them with zeros on loads and drops them on stores.
-    q_desc = tma.make_tensor_descriptor(
-        Q + b * stride_qb + h * stride_qh, [N_Q, HEAD_DIM], [stride_qn, 1],
-        [half_m, HEAD_DIM], q_layout,
-    )  # fmt: skip
-    o_desc = tma.make_tensor_descriptor(
-        O + b * stride_ob + h * stride_oh, [N_Q, HEAD_DIM], [stride_on, 1],
-        [half_m, HEAD_DIM], q_layout,
-    )  # fmt: skip
-    k_desc = tma.make_tensor_descriptor(
-        K + b * stride_kb + h * stride_kh, [N_K, HEAD_DIM], [stride_kn, 1],
-        [BLOCK_N, HEAD_DIM], kv_layout,
-    )  # fmt: skip
-    v_desc = tma.make_tensor_descriptor(
-        V + b * stride_vb + h * stride_vh, [N_K, HEAD_DIM], [stride_vn, 1],
-        [BLOCK_N, HEAD_DIM], kv_layout,
-    )  # fmt: skip
+    q_desc = _head_rows(Q, stride_qb, stride_qh, stride_qn, b, h, N_Q, half_m, HEAD_DIM)
+    o_desc = _head_rows(O, stride_ob, stride_oh, stride_on, b, h, N_Q, half_m, HEAD_DIM)
+    k_desc = _head_rows(K, stride_kb, stride_kh, stride_kn, b, h, N_K, BLOCK_N, HEAD_DIM)
+    v_desc = _head_rows(V, stride_vb, stride_vh, stride_vn, b, h, N_K, BLOCK_N, HEAD_DIM)
     # Keys the program's rows may see: causal, up to its last row (and the sequence).
     hi = N_K
     if IS_CAUSAL:
         hi = gl.minimum(gl.minimum(off_m + 2 * half_m, N_Q), N_K)
     n_tiles = gl.cdiv(hi, BLOCK_N)
 
-    q_ring = gl.allocate_shared_memory(dtype, [2, half_m, HEAD_DIM], q_layout)
-    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_ring = gl.allocate_shared_memory(dtype, [2, half_m, HEAD_DIM], q_desc.layout)
+    k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
