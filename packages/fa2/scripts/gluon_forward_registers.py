@@ -44,7 +44,7 @@ def _signature(kernel) -> dict[str, str]:
     }
 
 
-def compile_with_budget(head_dim: int, causal: bool, overlap: bool, budget: int) -> dict:
+def compile_with_budget(head_dim: int, causal: bool, mode: str, budget: int) -> dict:
     """Spill bytes and wgmma serialisation of the kernel with the second consumer at `budget`."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -54,7 +54,7 @@ def compile_with_budget(head_dim: int, causal: bool, overlap: bool, budget: int)
     gluon_forward.regs = gl.constexpr([budget, gluon_forward.PRODUCER_REGS])
     kernel.hash = None  # the compile cache's key, memoised, holds the globals' values
     try:
-        constexprs = gluon_forward.gluon_constexprs(head_dim, causal, overlap=overlap)
+        constexprs = gluon_forward.gluon_constexprs(head_dim, causal, mode=mode)
         source = GluonASTSource(kernel, _signature(kernel), constexprs)
         binary = triton.compile(
             source, target=GPUTarget("cuda", 90, 32), options=gluon_forward.gluon_launch_options()
@@ -81,13 +81,12 @@ def main() -> int:
     lines = [header, "| --- | --- | --- |" + " --- |" * len(BUDGETS)]
     for head_dim in gluon_forward.GLUON_HEAD_DIMS:
         for causal in (True, False):
-            for overlap in (True, False):
+            for mode in gluon_forward.GLUON_MODES:
                 cells = []
                 for budget in BUDGETS:
-                    r = compile_with_budget(head_dim, causal, overlap, budget)
+                    r = compile_with_budget(head_dim, causal, mode, budget)
                     cells.append(f"{r['spills']} B" + (" (serialised)" if r["serialized"] else ""))
-                variant = "overlap" if overlap else "plain"
-                lines.append(f"| {head_dim} | {causal} | {variant} | " + " | ".join(cells) + " |")
+                lines.append(f"| {head_dim} | {causal} | {mode} | " + " | ".join(cells) + " |")
                 print(lines[-1], flush=True)
     if args.markdown:
         page = [
@@ -98,8 +97,9 @@ def main() -> int:
             "",
             "Cells: ptxas's spill stores (bytes per thread) with the second consumer warpgroup "
             "given that many registers a thread by setmaxnreg; (serialised): ptxas serialised "
-            "the wgmmas. overlap: FA3's intra-warpgroup overlap (FA2_GLUON_FORWARD=1); plain: "
-            "each wgmma waited for before the next step (FA2_GLUON_FORWARD=plain).",
+            "the wgmmas. overlap: FA3's intra-warpgroup overlap (FA2_GLUON_FORWARD=1); pingpong: "
+            "that and FA3's inter-warpgroup ping-pong (=pingpong); plain: each wgmma waited for "
+            "before the next step (=plain).",
             "",
             *lines,
         ]

@@ -4,8 +4,9 @@ For each shape (causal, bf16, a random output gradient) and each implementation:
 cuDNN backend), fa2 as it runs by default, and fa2 with each candidate forced through
 FA2_TILES / FA2_L2_GROUP (`fa2.triton.configs`): the warp-specialised forward and dK/dV tiles,
 dQ on 128x128 tiles, the L2-grouped backward launch order, and all of them together; and the
-Gluon forward (FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`; =plain: without FA3's
-intra-warpgroup overlap) with the default backward, a row recorded as skipped, with the
+Gluon forward (FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`; =pingpong: with FA3's
+inter-warpgroup ping-pong too; =plain: without FA3's intra-warpgroup overlap) with the default
+backward, a row recorded as skipped, with the
 reason, where it cannot run (the CPU rehearsal). Measured:
 
 - forward, forward+backward (do_bench medians, L2 flushed between calls), backward = their
@@ -103,6 +104,7 @@ def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
         "fa2 all": {"FA2_TILES": every},
         "fa2 all+l2": {"FA2_TILES": every, "FA2_L2_GROUP": "auto"},
         "fa2 gluon-fwd": {"FA2_GLUON_FORWARD": "1"},
+        "fa2 gluon-fwd-pingpong": {"FA2_GLUON_FORWARD": "pingpong"},
         "fa2 gluon-fwd-plain": {"FA2_GLUON_FORWARD": "plain"},
     }
 

@@ -29,7 +29,8 @@ may compare candidates by changing them between calls):
   bf16/fp16, d 64 or 128, no grouped heads, window, softcap, packed sequences or bottom-right
   diagonal, TMA-aligned strides, not traced by torch.compile); elsewhere the Triton forward
   runs and a warning says why, once per reason. A candidate, not a default.
-  FA2_GLUON_FORWARD=plain runs it without FA3's intra-warpgroup overlap, to measure that.
+  FA2_GLUON_FORWARD=pingpong adds FA3's inter-warpgroup ping-pong to its intra-warpgroup
+  overlap, =plain runs it with neither, to measure what each buys.
 """
 
 from __future__ import annotations
@@ -95,13 +96,13 @@ def tile_settings() -> tuple[str | None, ...]:
 
 def gluon_forward_requested() -> str | None:
     """The Gluon forward FA2_GLUON_FORWARD asks for (module docstring): "overlap" (set to 1),
-    "plain", or None (unset or 0)."""
+    "pingpong", "plain", or None (unset or 0)."""
     text = os.environ.get("FA2_GLUON_FORWARD", "0").strip().lower()
     if text in ("", "0"):
         return None
-    if text not in ("1", "plain"):
-        raise ValueError(f'FA2_GLUON_FORWARD must be 0, 1 or "plain", got {text!r}')
-    return "overlap" if text == "1" else "plain"
+    if text not in ("1", "pingpong", "plain"):
+        raise ValueError(f'FA2_GLUON_FORWARD must be 0, 1, "pingpong" or "plain", got {text!r}')
+    return "overlap" if text == "1" else text
 
 
 def autotuning() -> bool:

@@ -376,8 +376,7 @@ class ForwardPlan:
         return CachedLaunch(
             gluon_forward_kernel(), (cdiv(self.n_q, BLOCK_M), self.batch_heads),
             gluon_constexprs(
-                self.meta["HEAD_DIM"], bool(self.meta["IS_CAUSAL"]),
-                overlap=self.gluon_mode == "overlap",
+                self.meta["HEAD_DIM"], bool(self.meta["IS_CAUSAL"]), mode=self.gluon_mode
             ),
             **gluon_launch_options(), scratch=True,
             unaligned=self._triton_launch(tile._replace(tma=False)), checked=(0, 1, 2),

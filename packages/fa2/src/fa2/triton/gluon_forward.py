@@ -41,6 +41,7 @@ import torch
 __all__ = [
     "BLOCK_M",
     "GLUON_HEAD_DIMS",
+    "GLUON_MODES",
     "gluon_forward_available",
     "gluon_forward_kernel",
     "gluon_forward_refusal",
@@ -59,6 +60,8 @@ BLOCK_N = 128
 # nothing for the compiler's own scratch). d = 64: a slot is half that, so 3 slots (96 KiB).
 STAGES = {64: 3, 128: 2}
 GLUON_HEAD_DIMS = tuple(STAGES)
+# How the consumers order their work (`gluon_constexprs`); FA2_GLUON_FORWARD picks one.
+GLUON_MODES = ("overlap", "pingpong", "plain")
 # Warps of each consumer partition (one warpgroup: wgmma is issued per warpgroup) and of the
 # producer (one warp issues every TMA copy).
 CONSUMER_WARPS = 4
@@ -202,10 +205,10 @@ def _softmax(
 
 @_jit
 def _consumer(
-    half, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, o_desc,
+    half, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, turn, o_desc,
     L, bh, off_m, n_tiles, N_Q, N_K, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """One consumer warpgroup: rows off_m + half · 64 ... + 63 of one (batch, head).
 
@@ -217,7 +220,21 @@ def _consumer(
     either is waited for, and the softmax of S(i) runs while the tensor cores still work on
     P(i-1) V(i-1); without it each wgmma is waited for before anything else is issued or
     computed (the plain order, which needs S(i) and P(i-1) in registers at different times,
-    not together)."""
+    not together).
+
+    PINGPONG (FA3's inter-warpgroup ping-pong, with OVERLAP): the two consumers take turns
+    issuing their wgmmas, so that one's softmax runs while the other's matmuls do. Step k
+    (k = 0: S(0); 1 ... n_tiles - 1: the loop's iterations; n_tiles: the last PV) waits for
+    phase k of this consumer's `turn` barrier and, once its wgmmas are issued, arrives on the
+    other's. The second consumer's arrival before its first step completes phase 0 of the
+    first's, so the first goes first; phase k of the first's then completes when the second
+    has issued step k - 1, and phase k of the second's when the first has issued step k. A
+    barrier is never a phase ahead of its waiter: each arrival needs the waiter's previous
+    step."""
+    gl.static_assert(OVERLAP or not PINGPONG, "ping-pong takes turns at overlapped steps")
+    if PINGPONG:  # noqa: SIM102 (a constexpr test, then a runtime one: two `if`s compile so)
+        if half == 1:
+            mbarrier.arrive(turn.index(0), count=1)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
@@ -242,8 +259,12 @@ def _consumer(
     # Tile 0: S(0) and its softmax; O is still 0, so alpha is not applied.
     mbarrier.wait(q_ready.index(half), 0)
     k_tile = k_ring.index(0)
+    if PINGPONG:
+        mbarrier.wait(turn.index(half), 0)
     mbarrier.wait(k_ready.index(0), 0)
     s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - half), count=1)
     # The operands go through the waits too: a wgmma reads them until it completes.
     s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_tile, k_tile))
     mbarrier.arrive(k_free.index(0), count=1)
@@ -257,10 +278,14 @@ def _consumer(
         k_tile = k_ring.index(slot)
         v_prev = v_ring.index(prev)
         if OVERLAP:
+            if PINGPONG:
+                mbarrier.wait(turn.index(half), i & 1)
             mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
             s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
             acc = warpgroup_mma(p, v_prev, acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - half), count=1)
             # wgmma groups complete in issue order: with one left in flight, S(i) is done.
             s, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s, q_tile, k_tile))
             mbarrier.arrive(k_free.index(slot), count=1)
@@ -288,8 +313,12 @@ def _consumer(
         p = p_next
     last = (n_tiles - 1) % STAGES
     v_last = v_ring.index(last)
+    if PINGPONG:
+        mbarrier.wait(turn.index(half), n_tiles & 1)
     mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p, v_last, acc, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - half), count=1)
     acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_last))
     mbarrier.arrive(v_free.index(last), count=1)
 
@@ -307,16 +336,16 @@ def _consumer(
 
 @_jit
 def _consumer_worker(
-    q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, o_desc,
+    q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, turn, o_desc,
     L, bh, off_m, n_tiles, N_Q, N_K, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """The second consumer (the rows 64-127 of the program), run by a worker partition."""
     _consumer(
-        1, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, o_desc,
+        1, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, turn, o_desc,
         L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL,
-        OVERLAP,
+        OVERLAP, PINGPONG,
     )  # fmt: skip
 
 
@@ -374,7 +403,7 @@ def _gluon_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
     HEADS, N_Q, N_K, qk_scale, cap_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """o and L of 128 query rows of one (batch, head): the arguments of fa2's Triton
     forward (`fa2.triton.forward._fwd_kernel`), so one launch plan serves both; CU_Q,
@@ -407,8 +436,10 @@ def _gluon_fwd_kernel(
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)  # ping-pong, per consumer
     for half in gl.static_range(2):
         mbarrier.init(q_ready.index(half), count=1)  # the producer's expect-tx arrival
+        mbarrier.init(turn.index(half), count=1)  # the other consumer's arrival
     for slot in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(slot), count=1)
         mbarrier.init(v_ready.index(slot), count=1)
@@ -421,14 +452,14 @@ def _gluon_fwd_kernel(
             (
                 _consumer,
                 (0, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
-                 o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
-                 STAGES, IS_CAUSAL, OVERLAP),
+                 turn, o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
+                 STAGES, IS_CAUSAL, OVERLAP, PINGPONG),
             ),
             (
                 _consumer_worker,
                 (q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
-                 o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
-                 STAGES, IS_CAUSAL, OVERLAP),
+                 turn, o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
+                 STAGES, IS_CAUSAL, OVERLAP, PINGPONG),
             ),
             (
                 _producer,
@@ -443,19 +474,23 @@ def _gluon_fwd_kernel(
 
 def gluon_forward_kernel():
     """The Gluon kernel. Its runtime arguments are those of fa2's Triton forward; its
-    constexprs HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL and OVERLAP (`gluon_constexprs`)."""
+    constexprs HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, OVERLAP and PINGPONG (`gluon_constexprs`)."""
     if gluon is None:
         raise RuntimeError("this Triton has no Gluon: install Triton 3.6")
     return _gluon_fwd_kernel
 
 
-def gluon_constexprs(head_dim: int, causal: bool, *, overlap: bool = True) -> dict[str, object]:
-    """The kernel's constexpr arguments for a head dim and causality; `overlap`: FA3's
-    intra-warpgroup overlap (`_consumer`), off for the plain order it is measured against."""
+def gluon_constexprs(head_dim: int, causal: bool, *, mode: str = "overlap") -> dict[str, object]:
+    """The kernel's constexpr arguments for a head dim, causality and one of GLUON_MODES
+    (`_consumer`): "overlap", FA3's intra-warpgroup overlap; "pingpong", that and FA3's
+    inter-warpgroup ping-pong; "plain", neither, the order they are measured against."""
+    if mode not in GLUON_MODES:
+        raise ValueError(f"mode must be one of {GLUON_MODES}, got {mode!r}")
     return dict(
         HEAD_DIM=head_dim,
         BLOCK_N=BLOCK_N,
         STAGES=STAGES[head_dim],
         IS_CAUSAL=causal,
-        OVERLAP=overlap,
+        OVERLAP=mode != "plain",
+        PINGPONG=mode == "pingpong",
     )
