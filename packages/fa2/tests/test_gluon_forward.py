@@ -116,13 +116,22 @@ def _inputs(b, h, n_q, n_k, d, layout, dtype):
     return make(n_q), make(n_k), make(n_k)
 
 
+# (FA2_GLUON_FORWARD, dtype): each order of the consumers' work in bf16, the default in fp16 too
+SETTINGS = [
+    ("1", torch.bfloat16),
+    ("1", torch.float16),
+    ("pingpong", torch.bfloat16),
+    ("plain", torch.bfloat16),
+]
+
+
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("setting", "dtype"), SETTINGS)
 @pytest.mark.parametrize("case", GPU_CASES)
-def test_o_and_lse_match_float64(monkeypatch, case, dtype):
+def test_o_and_lse_match_float64(monkeypatch, case, setting, dtype):
     b, h, n_q, n_k, d, causal, layout = case
-    monkeypatch.setenv("FA2_GLUON_FORWARD", "1")
+    monkeypatch.setenv("FA2_GLUON_FORWARD", setting)
     q, k, v = _inputs(b, h, n_q, n_k, d, layout, dtype)
     from fa2.triton.function import run_forward
 
@@ -139,11 +148,12 @@ def test_o_and_lse_match_float64(monkeypatch, case, dtype):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("setting", ["1", "pingpong"])
 @pytest.mark.parametrize("case", [GPU_CASES[0], GPU_CASES[1], GPU_CASES[5]])
-def test_gradients_through_fa2_backward_match_float64(monkeypatch, case):
+def test_gradients_through_fa2_backward_match_float64(monkeypatch, case, setting):
     b, h, n_q, n_k, d, causal, layout = case
     dtype = torch.bfloat16
-    monkeypatch.setenv("FA2_GLUON_FORWARD", "1")
+    monkeypatch.setenv("FA2_GLUON_FORWARD", setting)
     q, k, v = (t.requires_grad_() for t in _inputs(b, h, n_q, n_k, d, layout, dtype))
     do = torch.randn_like(q)
     ours = grads(FlashAttention2Triton.apply(q, k, v, causal), (q, k, v), do)
