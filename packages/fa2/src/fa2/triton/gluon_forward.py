@@ -12,24 +12,26 @@ written by hand after FA3's Hopper forward:
   S = QKᵀ of a tile may start before its V has landed and a K slot is refilled as soon as
   its QKᵀ is done;
 - two consumer partitions (one warpgroup, 4 warps, each), the kernel's default partition and
-  a worker, each own 64 of the program's 128 query rows (`HALF_M`): S = QKᵀ by wgmma from
-  shared memory, the online softmax in registers (exp2, log2 e folded into the scale: one
-  fused multiply-add per exponent, as fa2's Triton kernels), O += PV by wgmma with P taken
-  from registers; each writes its own rows of o (through shared memory and a TMA store, which
-  clips rows past the end) and of L.
+  a worker, each own 64 of the program's 128 query rows: S = QKᵀ by wgmma from shared
+  memory, the online softmax in registers (exp2, log2 e folded into the scale: one fused
+  multiply-add per exponent, as fa2's Triton kernels), O += PV by wgmma with P taken from
+  registers, one tile behind S; each writes its own rows of o (through shared memory and a TMA
+  store, which drops rows past the end) and of L. How a consumer orders its wgmmas and
+  softmax is one of GLUON_MODES: FA3's intra-warpgroup overlap, that and FA3's
+  inter-warpgroup ping-pong, or neither (`_consumer`).
 
 Causal (top-left: query i sees keys j <= i, fa2's convention): key tiles past the program's last
-row are never loaded; the tiles every row of a consumer sees in full run an unmasked loop, the
-diagonal and a ragged last key tile a masked one (two loops over one ring; the autoWS limits do
-not apply to a kernel that places its own barriers). Rows and keys past the sequence's end
-come from TMA's zero fill, so no garbage enters the matmuls.
+row are never loaded; tiles every row of a consumer sees in full skip the mask, the diagonal
+and a ragged last key tile take it (a branch in the loop: the autoWS limits, one loop and every
+tile masked, do not apply to a kernel that places its own barriers). Rows and keys past the
+sequence's end come from TMA's zero fill, so no garbage enters the matmuls.
 
 Scope: bf16 or fp16, head dim 64 or 128, one key/value head per query head, no window, softcap
 or packed sequences, q, k, v in fa2's kernel layout (batch, heads, seq, d) with strides TMA can
 read (`gluon_forward_available`, `gluon_forward_refusal`). L is written as fa2's forward writes
 it (natural log, fp32, contiguous (batch·heads, n_q)), so fa2's backward takes it unchanged.
 Gluon kernels do not run in Triton's interpreter: on a CPU this kernel can only be compiled
-(`packages/fa2/scripts/sm90_screen.py --gluon`).
+(`FA2_GLUON_FORWARD=1 python packages/fa2/scripts/sm90_screen.py --kernels forward`).
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ BLOCK_M = 128
 # exponential pass covers as many keys per barrier round trip.
 BLOCK_N = 128
 # Ring slots for K and V. d = 128: 2 slots x (K + V) x 128 x 128 x 2 bytes = 128 KiB, plus
-# Q's 32 KiB, within the 227 KiB a block may take on sm_90 (3 slots would be 224 KiB and leave
-# nothing for the compiler's own scratch). d = 64: a slot is half that, so 3 slots (96 KiB).
+# Q's 32 KiB, within the 227 KiB a block may take on sm_90, as FA3 takes at this head dim (3
+# slots, 224 KiB with Q, would fit too: untimed). d = 64: a slot is half that, 3 slots (96 KiB).
 STAGES = {64: 3, 128: 2}
 GLUON_HEAD_DIMS = tuple(STAGES)
 # How the consumers order their work (`gluon_constexprs`); FA2_GLUON_FORWARD picks one.
@@ -67,10 +69,10 @@ GLUON_MODES = ("overlap", "pingpong", "plain")
 CONSUMER_WARPS = 4
 PRODUCER_WARPS = 1
 # Registers per thread requested for the worker partitions (setmaxnreg): the second consumer
-# as many as FA3's consumers take (240), the producer, which holds only loop counters and
-# coordinates, the least setmaxnreg allows FA3's producer (24). 128 x 240 + 128 x 240 (the
-# default partition) + 128 x 24 (the producer's warpgroup) = 64,512 of the 65,536 a
-# multiprocessor has.
+# as many as FA3's consumers take (240); the producer, which holds only loop counters and
+# coordinates, 24, the least setmaxnreg takes (as FA3's producer). Triton gives the default
+# partition (the first consumer) 240 too: 128 x 240 x 2 + 128 x 24 (the producer's
+# warpgroup) = 64,512 of the 65,536 registers a multiprocessor has.
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 _LN2 = math.log(2.0)  # natural log from base-2 units: ln(x) = log2(x) * ln 2
