@@ -305,9 +305,12 @@ KNOWN_GAPS = {
     "buckets (the gradients are their views), moments and block inputs as counted "
     "(step_memory_snapshot_2xh200_2026-11-28); the 12.6 GiB more of the compiled row come with "
     "compiled, checkpointed blocks, whose allocations torch 2.11 cannot record (pytorch#179536)",
-    ("step_leaderboard_2xh200_2026-11-28", "FSDP:TORCH 2"): "FSDP2's backward peak holds 14 GB "
-    "beside its shards and activations; on the CPU at a small size only the gathered root and "
-    "units and the head's full-size gradient, predicted (scripts/step_memory_snapshot.py)",
+    ("step_leaderboard_2xh200_2026-11-28", "FSDP:TORCH 2"): "a run whose rows shared processes: "
+    "the same configuration, each row in processes of its own, peaks at 41,854 MiB, not 57,373 "
+    "(step_leaderboard_2xh200_2026-11-28_cold_blocks)",
+    ("step_leaderboard_4xh200_2026-11-28", "FSDP:TORCH 4"): "the torch-native peak differed "
+    "from run to run (REPORT.md): the same configuration measured again peaks at 30,127 MiB, not "
+    "37,897 (step_leaderboard_4xh200_2026-11-28_selective)",
 }
 
 
