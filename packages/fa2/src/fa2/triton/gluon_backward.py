@@ -149,14 +149,13 @@ if HAVE_GLUON:
         start_m,
         n_tiles,
         n_q,
-        sm_scale,
         HEAD_DIM: gl.constexpr,
         BLOCK_M: gl.constexpr,
         DQ_ROWS: gl.constexpr,
         REDUCER_WARPS: gl.constexpr,
     ):
-        """The dQ warp: per query tile, wait for the compute warps' fp32 partial dS K in
-        `dq_smem`, add sm_scale times it into the global fp32 dQ rows (relaxed atomic adds,
+        """The dQ warps: per query tile, wait for the compute warps' fp32 partial
+        sm_scale·dS K in `dq_smem`, add it into the global fp32 dQ rows (relaxed atomic adds,
         rows past the last query skipped), and release the buffer."""
         # One float per lane and instruction, the 32 lanes along a row: each atomic
         # instruction covers 128 contiguous bytes (Triton 3.6 makes no vector atomics here).
@@ -169,9 +168,9 @@ if HAVE_GLUON:
             for r0 in gl.static_range(0, BLOCK_M, DQ_ROWS):
                 part = dq_smem.slice(r0, DQ_ROWS, dim=0).load(layout)
                 rows = m0 + r0 + r
-                offsets = rows.to(gl.int64)[:, None] * HEAD_DIM + c[None, :]
+                offsets = rows[:, None] * HEAD_DIM + c[None, :]  # < 2**31: rows of one head
                 gl.atomic_add(
-                    dq_rows + offsets, part * sm_scale, mask=(rows < n_q)[:, None], sem="relaxed"
+                    dq_rows + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed"
                 )
             gl.thread_barrier()  # every lane's reads of the buffer before releasing it
             mbarrier.arrive(dq_empty, count=1)
@@ -265,7 +264,7 @@ if HAVE_GLUON:
             gl.thread_barrier()  # both warpgroups done with Q, dO (and dSᵀ)
             mbarrier.arrive(empty.index(s), count=1)
             mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the previous partial
-            dq_smem.store(dq)
+            dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
             gl.thread_barrier()
             mbarrier.arrive(dq_ready, count=1)
 
@@ -418,7 +417,7 @@ if HAVE_GLUON:
                     _reducer,
                     (
                         DQ + rows_base * HEAD_DIM, dq_smem, dq_ready, dq_empty, start_m,
-                        n_tiles, N_Q, sm_scale, HEAD_DIM, BLOCK_M, DQ_ROWS, REDUCER_WARPS,
+                        n_tiles, N_Q, HEAD_DIM, BLOCK_M, DQ_ROWS, REDUCER_WARPS,
                     ),
                 ),
             ],
