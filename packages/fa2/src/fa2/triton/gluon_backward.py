@@ -29,13 +29,11 @@ one key/value head per query head, (batch, heads, seq, d) tensors with unit stri
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 
-from fa2.triton.configs import LOG2E, block_d, cdiv, delta_rows
-from fa2.triton.launch import _scratch, needs_int64
+from fa2.triton.configs import INTERPRET, LOG2E, block_d, cdiv, delta_rows, device_capability
+from fa2.triton.launch import _scratch, head_strides, needs_int64
 
 try:  # Gluon ships with Triton 3.6; older Tritons (and non-CUDA builds) lack it
     from triton.experimental import gluon
@@ -60,6 +58,7 @@ __all__ = [
     "STAGES",
     "gluon_backward",
     "gluon_backward_available",
+    "launch",
     "unsupported_reason",
 ]
 
@@ -87,6 +86,7 @@ DQ_ROWS = 4
 
 
 if HAVE_GLUON:
+    _LOG2E = gl.constexpr(LOG2E)  # the logsumexp to log2 units, for exp2
 
     @gluon.jit
     def _loader(
@@ -133,7 +133,7 @@ if HAVE_GLUON:
             rows = m0 + gl.arange(0, BLOCK_M, row_layout)
             inside = rows < n_q
             # Rows past the last query: L = +inf gives P = exp2(-inf) = 0, D = 0 gives dS = 0.
-            lse2 = gl.load(l_rows + rows, mask=inside, other=float("inf")) * 1.4426950408889634
+            lse2 = gl.load(l_rows + rows, mask=inside, other=float("inf")) * _LOG2E
             delta = gl.load(d_rows + rows, mask=inside, other=0.0)
             lse_smem.index(s).store(lse2)
             delta_smem.index(s).store(delta)
@@ -169,9 +169,7 @@ if HAVE_GLUON:
                 part = dq_smem.slice(r0, DQ_ROWS, dim=0).load(layout)
                 rows = m0 + r0 + r
                 offsets = rows[:, None] * HEAD_DIM + c[None, :]  # < 2**31: rows of one head
-                gl.atomic_add(
-                    dq_rows + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed"
-                )
+                gl.atomic_add(dq_rows + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed")
             gl.thread_barrier()  # every lane's reads of the buffer before releasing it
             mbarrier.arrive(dq_empty, count=1)
 
@@ -213,9 +211,7 @@ if HAVE_GLUON:
         # n the accumulator's full width per warpgroup.
         s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [8, 1], [16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [8, 1], [16, HEAD_DIM, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            [3, 0], [4, 2], [16, HEAD_DIM // 2, 16]
-        )
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 2], [16, HEAD_DIM // 2, 16])
         # Pᵀ as the register (A) operand of dV += Pᵀ dO; k_width 2: two 16-bit values per
         # 32-bit register.
         a_layout: gl.constexpr = gl.DotOperandLayout(0, kv_layout, 2)
@@ -234,9 +230,7 @@ if HAVE_GLUON:
             q_s = q_smem.index(s)
             do_s = do_smem.index(s)
             s_t = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            dp_t = warpgroup_mma(
-                v_smem, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True
-            )
+            dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # Sᵀ done, dPᵀ may still run
             # One fused multiply-add per exponent (L is already in log2 units). L and D are
             # read from shared memory where they are used, not ahead: registers are tight.
@@ -259,7 +253,9 @@ if HAVE_GLUON:
             fence_async_shared()  # the generic-proxy stores before the wgmmas read them
             gl.thread_barrier()
             dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
-            dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
+            dq = warpgroup_mma(
+                ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
+            )
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
             gl.thread_barrier()  # both warpgroups done with Q, dO (and dSᵀ)
             mbarrier.arrive(empty.index(s), count=1)
@@ -300,6 +296,9 @@ if HAVE_GLUON:
         stride_dob,
         stride_doh,
         stride_don,
+        stride_dkb,
+        stride_dkh,
+        stride_dkn,
         HEADS,
         N_Q,
         N_K,
@@ -316,10 +315,10 @@ if HAVE_GLUON:
         REDUCER_WARPS: gl.constexpr,
         REDUCER_REGS: gl.constexpr,
     ):
-        """dK, dV (contiguous, (batch, heads, N_K, HEAD_DIM)) of BLOCK_N keys of one (batch,
-        head), and their share of dQ added into DQ (fp32, zeroed, contiguous (batch, heads,
-        N_Q, HEAD_DIM)). L: the forward's natural-log logsumexp, Delta: rowsum(dO ∘ O), both
-        (batch, heads, N_Q). Grid: (key tiles, batch x heads)."""
+        """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
+        (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
+        (batch, head, row) strides. L: the forward's natural-log logsumexp, Delta: rowsum(dO ∘
+        O), both contiguous (batch, heads, N_Q). Grid: (key tiles, batch x heads)."""
         gl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
         qk_scale = qk_scale.to(gl.float32)
         sm_scale = sm_scale.to(gl.float32)
@@ -355,12 +354,12 @@ if HAVE_GLUON:
             [BLOCK_N, HEAD_DIM], kv_layout,
         )  # fmt: skip
         dk_desc = tma.make_tensor_descriptor(
-            DK + bh * N_K * HEAD_DIM, [N_K, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM],
-            kv_layout,
+            DK + b * stride_dkb + h * stride_dkh, [N_K, HEAD_DIM], [stride_dkn, 1],
+            [BLOCK_N, HEAD_DIM], kv_layout,
         )  # fmt: skip
         dv_desc = tma.make_tensor_descriptor(
-            DV + bh * N_K * HEAD_DIM, [N_K, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM],
-            kv_layout,
+            DV + b * stride_dkb + h * stride_dkh, [N_K, HEAD_DIM], [stride_dkn, 1],
+            [BLOCK_N, HEAD_DIM], kv_layout,
         )  # fmt: skip
 
         k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
@@ -424,3 +423,116 @@ if HAVE_GLUON:
             [LOADER_WARPS, REDUCER_WARPS],
             [LOADER_REGS, REDUCER_REGS],
         )  # fmt: skip
+
+
+def unsupported_reason(q: torch.Tensor, *tensors: torch.Tensor) -> str | None:
+    """Why the Gluon backward cannot run for `q` (and the other tensors it would read through
+    TMA descriptors, given by `tensors`) here, or None when it can: Gluon importable, outside
+    Triton's interpreter, an sm_90 GPU (wgmma and setmaxnreg are sm_90a instructions: not on
+    Ampere, nor on Blackwell), bf16 or fp16, a head dim of HEAD_DIMS, and every tensor 16-byte
+    aligned with unit stride along d and 16-byte multiples for its other strides (TMA's
+    rules)."""
+    if not HAVE_GLUON:
+        return "this Triton has no Gluon (triton.experimental.gluon; Triton 3.6 has it)"
+    if INTERPRET:
+        return "Triton's interpreter does not run Gluon kernels"
+    if q.device.type != "cuda" or device_capability(q.device) != (9, 0):
+        return f"it needs an sm_90 GPU (H100, H200); this call is on {q.device}"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"it takes bf16 or fp16 inputs, not {q.dtype}"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"it takes head dims {HEAD_DIMS}, not {q.shape[-1]}"
+    for t in (q, *tensors):
+        strides = head_strides(t)
+        if strides is None or t.data_ptr() % 16:
+            return "a tensor is not 16-byte aligned or not contiguous along the head dim"
+        if any(stride * t.element_size() % 16 for stride in strides):
+            return "a tensor's batch, head or row stride is not a multiple of 16 bytes"
+    return None
+
+
+def gluon_backward_available(q: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Whether `gluon_backward` can run for these tensors here (`unsupported_reason`), so that
+    a caller can fall back to fa2's Triton backward."""
+    return unsupported_reason(q, *tensors) is None
+
+
+def launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    strides: tuple[tuple[int, int, int], ...],
+    *,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor:
+    """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
+    `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
+    contiguous fp32 `(..., heads, n_q, d)` tensor (the caller casts it). One key/value head per
+    query head; `unsupported_reason` must have said None."""
+    from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
+
+    sq, sk, sv, so, sdo, sdk = strides
+    n_q, d = q.shape[-2:]
+    heads = q.shape[-3] if q.dim() >= 3 else 1
+    n_k = k.shape[-2]
+    batch_heads = lse.numel() // n_q if n_q else 0
+    delta = lse.new_empty((batch_heads, n_q))
+    dq = q.new_empty(q.shape, dtype=torch.float32)
+    if batch_heads == 0 or n_q == 0 or n_k == 0:
+        return dq.zero_()
+    # D = rowsum(dO ∘ O) and the fp32 dQ accumulator zeroed: fa2's single-pass pre-pass.
+    rows = delta_rows(d)
+    large = needs_int64([o.shape, do.shape], [so, sdo])
+    _delta_kernel[(cdiv(n_q, rows), batch_heads)](
+        o, do, delta, dq, *so, *sdo, heads, n_q,
+        HEAD_DIM=d, BLOCK_D=block_d(d), LARGE=large, BLOCK_M=rows, num_warps=4, num_stages=1,
+    )  # fmt: skip
+    triton.set_allocator(_scratch)  # the kernel builds its TMA descriptors in global memory
+    _gluon_bwd_kernel[(cdiv(n_k, BLOCK_N), batch_heads)](
+        q, k, v, do, lse, delta, dk, dv, dq, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
+        scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
+        IS_CAUSAL=causal, DQ_ROWS=DQ_ROWS, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
+        REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, num_warps=COMPUTE_WARPS,
+    )  # fmt: skip
+    return dq
+
+
+def gluon_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of attention over `(batch, heads, n, d)` tensors (any strides with unit
+    stride along d), from the forward's output `o` and natural-log logsumexp `lse` (`(batch,
+    heads, n_q)`, contiguous, as fa2's forward stores it). dq in q's dtype; dk, dv contiguous.
+    Raises ValueError where `unsupported_reason` gives one, or for grouped heads."""
+    if k.shape[:-2] != q.shape[:-2] or v.shape != k.shape:
+        raise ValueError(
+            "the Gluon backward takes one key/value head per query head (k, v shaped like q "
+            f"up to the sequence length); got q {tuple(q.shape)}, k {tuple(k.shape)}, v "
+            f"{tuple(v.shape)}: use fa2's Triton backward"
+        )
+    if q.dim() != 4 or o.shape != q.shape or do.shape != q.shape:
+        raise ValueError("q, o and dO must be (batch, heads, n, d) tensors of one shape")
+    if lse.shape != q.shape[:-1] or not lse.is_contiguous() or lse.dtype != torch.float32:
+        raise ValueError("lse must be a contiguous fp32 (batch, heads, n_q) tensor")
+    reason = unsupported_reason(q, k, v, do)
+    if reason is not None:
+        raise ValueError(f"the Gluon backward cannot run here: {reason}")
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(k, memory_format=torch.contiguous_format)
+    strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
+    dq = launch(q, k, v, o, lse, do, dk, dv, strides, scale=scale, causal=causal)
+    return dq.to(q.dtype), dk, dv
