@@ -23,6 +23,7 @@ Cases are named `d{64,128}-{causal,full}[-fp16]`; all eight by default.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -35,6 +36,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from fa2.triton import gluon_backward as gb
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sm90_screen import _revision  # a sibling script, not a package
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -126,7 +130,12 @@ def main() -> int:
     for row in rows:
         print(_line(row))
     if args.json:
-        args.json.write_text(json.dumps(dict(triton=triton.__version__, rows=rows), indent=1))
+        meta = dict(
+            target="sm_90", triton=triton.__version__, revision=_revision(),
+            date=datetime.date.today().isoformat(),
+            command="python packages/fa2/scripts/gluon_sm90_screen.py " + " ".join(sys.argv[1:]),
+        )  # fmt: skip
+        args.json.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     return 0
 
 
