@@ -27,9 +27,7 @@ import datetime
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
@@ -38,10 +36,9 @@ from triton.backends.compiler import GPUTarget
 from fa2.triton import gluon_backward as gb
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sm90_screen import _revision  # a sibling script, not a package
+from sm90_screen import _revision, cubin_usage  # a sibling script, not a package
 
 TARGET = GPUTarget("cuda", 90, 32)
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 CASES = [
     f"d{d}-{mask}{suffix}"
     for suffix in ("", "-fp16")
@@ -82,16 +79,7 @@ def compile_case(case: str) -> dict:
     signature = {name: signature[name] for name in params}
     source = GluonASTSource(kernel, signature, constexprs)
     binary = triton.compile(source, target=TARGET, options={"num_warps": gb.COMPUTE_WARPS})
-    with tempfile.TemporaryDirectory() as folder:
-        cubin = Path(folder) / "kernel.cubin"
-        cubin.write_bytes(binary.asm["cubin"])
-        usage = subprocess.run(
-            [CUOBJDUMP, "-res-usage", cubin], capture_output=True, text=True, check=True
-        ).stdout
-        sass = subprocess.run(
-            [CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True
-        ).stdout
-    registers, stack = re.search(r"REG:(\d+).*?STACK:(\d+)", usage, re.S).groups()
+    registers, stack, sass = cubin_usage(binary, "-sass")
     caps = re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", binary.asm["ptx"])
     return dict(
         case=case,
@@ -99,8 +87,8 @@ def compile_case(case: str) -> dict:
         warps=binary.metadata.num_warps,
         setmaxnreg=sorted({int(c) for c in caps}),
         worker_regs=dict(loader=gb.LOADER_REGS, reducer=gb.REDUCER_REGS),
-        regs=int(registers),
-        stack=int(stack),
+        regs=registers,
+        stack=stack,
         spill_stores=len(re.findall(r"\bSTL\b", sass)),
         smem=binary.metadata.shared,
     )

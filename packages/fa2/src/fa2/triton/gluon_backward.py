@@ -274,6 +274,16 @@ if HAVE_GLUON:
         tma.store_wait(0)
 
     @gluon.jit
+    def _rows(
+        base, n_rows, row_stride, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, layout: gl.constexpr
+    ):
+        """A TMA descriptor of `n_rows` rows of one head (unit stride along d), BLOCK rows at a
+        time into shared memory of `layout`."""
+        return tma.make_tensor_descriptor(
+            base, [n_rows, HEAD_DIM], [row_stride, 1], [BLOCK, HEAD_DIM], layout
+        )
+
+    @gluon.jit
     def _gluon_bwd_kernel(
         Q,
         K,
@@ -337,30 +347,18 @@ if HAVE_GLUON:
         vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         # In-kernel descriptors of this (batch, head)'s rows: TMA reads zeros past the last row
         # and clips stores there, which masks the ragged last tiles.
-        q_desc = tma.make_tensor_descriptor(
-            Q + b * stride_qb + h * stride_qh, [N_Q, HEAD_DIM], [stride_qn, 1],
-            [BLOCK_M, HEAD_DIM], q_layout,
-        )  # fmt: skip
-        do_desc = tma.make_tensor_descriptor(
-            DO + b * stride_dob + h * stride_doh, [N_Q, HEAD_DIM], [stride_don, 1],
-            [BLOCK_M, HEAD_DIM], q_layout,
-        )  # fmt: skip
-        k_desc = tma.make_tensor_descriptor(
-            K + b * stride_kb + h * stride_kh, [N_K, HEAD_DIM], [stride_kn, 1],
-            [BLOCK_N, HEAD_DIM], kv_layout,
-        )  # fmt: skip
-        v_desc = tma.make_tensor_descriptor(
-            V + b * stride_vb + h * stride_vh, [N_K, HEAD_DIM], [stride_vn, 1],
-            [BLOCK_N, HEAD_DIM], kv_layout,
-        )  # fmt: skip
-        dk_desc = tma.make_tensor_descriptor(
-            DK + b * stride_dkb + h * stride_dkh, [N_K, HEAD_DIM], [stride_dkn, 1],
-            [BLOCK_N, HEAD_DIM], kv_layout,
-        )  # fmt: skip
-        dv_desc = tma.make_tensor_descriptor(
-            DV + b * stride_dkb + h * stride_dkh, [N_K, HEAD_DIM], [stride_dkn, 1],
-            [BLOCK_N, HEAD_DIM], kv_layout,
-        )  # fmt: skip
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        k_base = K + b * stride_kb + h * stride_kh
+        v_base = V + b * stride_vb + h * stride_vh
+        dk_base = DK + b * stride_dkb + h * stride_dkh
+        dv_base = DV + b * stride_dkb + h * stride_dkh
+        q_desc = _rows(q_base, N_Q, stride_qn, BLOCK_M, HEAD_DIM, q_layout)
+        do_desc = _rows(do_base, N_Q, stride_don, BLOCK_M, HEAD_DIM, q_layout)
+        k_desc = _rows(k_base, N_K, stride_kn, BLOCK_N, HEAD_DIM, kv_layout)
+        v_desc = _rows(v_base, N_K, stride_vn, BLOCK_N, HEAD_DIM, kv_layout)
+        dk_desc = _rows(dk_base, N_K, stride_dkn, BLOCK_N, HEAD_DIM, kv_layout)
+        dv_desc = _rows(dv_base, N_K, stride_dkn, BLOCK_N, HEAD_DIM, kv_layout)
 
         k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
         v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
