@@ -11,7 +11,8 @@ Per case (head dim, causal or not, dtype), compiled by Triton and its bundled pt
   and the workers' (the loader and dQ reducer asked for `LOADER_REGS`, `REDUCER_REGS`);
 - regs: registers per thread at launch; stack: bytes of stack per thread, where ptxas spills
   (`cuobjdump -res-usage`), with the number of spill stores (STL) in the SASS;
-- smem: shared memory in bytes.
+- smem: shared memory in bytes;
+- vector_atomics: whether dQ's atomic adds compiled to 4-wide vector atomics.
 
 Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
 
@@ -77,7 +78,14 @@ def compile_case(case: str) -> dict:
     kernel = gb._gluon_bwd_kernel
     params = [p.name for p in kernel.params]  # the kernel's order, which the source needs
     signature = {name: signature[name] for name in params}
-    source = GluonASTSource(kernel, signature, constexprs)
+    # As Triton specialises a launch on 16-byte-aligned tensors whose strides are multiples of
+    # 16 elements (the usual case; the lengths are left unspecialised): what lets it vectorise.
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(params)
+        if signature[name].startswith("*") or name.startswith("stride_")
+    }
+    source = GluonASTSource(kernel, signature, constexprs, aligned)
     binary = triton.compile(source, target=TARGET, options={"num_warps": gb.COMPUTE_WARPS})
     registers, stack, sass = cubin_usage(binary, "-sass")
     caps = re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", binary.asm["ptx"])
@@ -91,6 +99,7 @@ def compile_case(case: str) -> dict:
         stack=stack,
         spill_stores=len(re.findall(r"\bSTL\b", sass)),
         smem=binary.metadata.shared,
+        vector_atomics=bool(re.search(r"\b(atom|red)\.global\S*\.v4\.f32", binary.asm["ptx"])),
     )
 
 

@@ -41,8 +41,10 @@ def test_compiles_for_sm90_warp_specialised_without_spills(tmp_path):
     assert row["ws"], row  # a warp_specialize region: the partitions exist
     # 8 compute warps + the loader and reducer warps, padded to a third warpgroup
     assert row["warps"] == gluon_backward.COMPUTE_WARPS + 4, row
-    assert gluon_backward.LOADER_REGS in row["setmaxnreg"], row
-    assert max(row["setmaxnreg"]) == 240, row  # the compute warpgroups' cap
+    # the workers' caps as asked, the compute warpgroups' within the 240 a thread may have
+    assert {gluon_backward.LOADER_REGS, gluon_backward.REDUCER_REGS} <= set(row["setmaxnreg"])
+    assert max(row["setmaxnreg"]) <= 240, row
+    assert row["vector_atomics"], row  # dQ added 16 bytes at a time
     assert row["stack"] == 0 and row["spill_stores"] == 0, row
     assert row["smem"] <= SMEM_PER_BLOCK, row
 

@@ -8,7 +8,7 @@ bits (docs/results/fa2_single_pass_h100_2026-11-23.md) because, without warp spe
 the dQ additions and the fifth matmul wait in line behind the rest; Triton 3.6's automatic warp
 specialisation does not compile that loop. This kernel does the specialisation by hand, after
 FA3's Hopper backward (one program per 128 keys, 64-query tiles, a TMA producer, two MMA
-warpgroups and a warp that reduces dQ):
+warpgroups and warps that reduce dQ):
 
 - the default partition, 8 warps = two warpgroups of 64 keys each, computes per query tile
   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp(Sᵀ·scale − L), dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ dO,
@@ -16,8 +16,9 @@ warpgroups and a warp that reduces dQ):
   hands the fp32 dQ partial over in shared memory and goes on to the next tile;
 - a loader warp streams Q and dO (TMA, `STAGES` buffers) and L, D (plain loads into shared
   memory; L taken to log2 units, +inf past the last query so that those rows get P = 0);
-- a dQ warp adds each handed-over partial into the global fp32 dQ with atomic adds (Gluon in
-  Triton 3.6 offers no TMA bulk reduction), overlapping the next tile's matmuls.
+- two dQ warps add each handed-over partial into the global fp32 dQ with 16-byte atomic adds
+  (Gluon in Triton 3.6 offers no TMA bulk reduction, FA3's choice), overlapping the next
+  tile's matmuls.
 
 Not deterministic: dQ's last bits depend on the order the additions land in. Chosen only where
 a caller allows that (`fa2.triton.configs.gluon_backward_requested`), never by default.
@@ -73,15 +74,17 @@ BLOCK_M = 64
 STAGES = 2
 HEAD_DIMS = (64, 128)
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
-# Worker partitions: the loader (TMA issue and two 64-float row loads per tile) and the dQ
-# reducer (loads the partial in chunks of DQ_ROWS rows and issues atomic adds). One warp each,
-# as FA3's producer warpgroup gives one warp to each job; their register caps leave the rest
-# of the 64K-register file to the compute warpgroups (setmaxnreg, set by Triton).
-LOADER_WARPS, LOADER_REGS = 1, 24
-REDUCER_WARPS, REDUCER_REGS = 2, 24
-# Rows of the dQ partial the reducer holds in registers at once: the 8 rows of one swizzle
-# pattern of its shared-memory layout (a slice may not split it); 8 x 128 fp32 over 32 threads
-# are 32 values per thread.
+# Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
+# the loader (TMA issue and two 64-float row loads per tile), one warp, and the dQ reducer
+# (shared-memory loads and atomic adds), two warps so that each holds half of a DQ_ROWS slice.
+# Their register cap, 32, is the least at which neither spills (24 spilled a few loop values
+# when compiled for sm_90); Triton gives the compute warpgroups what the 64K-register file has
+# left (232 each).
+LOADER_WARPS, LOADER_REGS = 1, 32
+REDUCER_WARPS, REDUCER_REGS = 2, 32
+# Rows of the dQ partial the reducer holds in registers at once (and the period of its
+# shared-memory swizzle, which a slice may not split): 4 x 128 fp32 over 64 threads are 8
+# values per thread.
 DQ_ROWS = 4
 
 
@@ -157,9 +160,13 @@ if HAVE_GLUON:
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
         sm_scale·dS K in `dq_smem`, add it into the global fp32 dQ rows (relaxed atomic adds,
         rows past the last query skipped), and release the buffer."""
-        # One float per lane and instruction, the 32 lanes along a row: each atomic
-        # instruction covers 128 contiguous bytes (Triton 3.6 makes no vector atomics here).
-        layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [REDUCER_WARPS, 1], [1, 0])
+        # Four consecutive floats per lane (16-byte vector atomics, where the launch knows dQ
+        # 16-byte aligned), the lanes along a row; exactly DQ_ROWS rows at d = 64 and 128, so
+        # no lane holds a copy of another's values (which would be added twice).
+        lanes_per_row: gl.constexpr = HEAD_DIM // 4
+        layout: gl.constexpr = gl.BlockedLayout(
+            [1, 4], [32 // lanes_per_row, lanes_per_row], [REDUCER_WARPS, 1], [1, 0]
+        )
         r = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
         c = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
         for i in range(n_tiles):
@@ -341,8 +348,9 @@ if HAVE_GLUON:
         kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
         # The fp32 dQ partial: pairs of floats (the accumulator's per-thread unit) swizzled over
-        # 8 rows, so the compute warps' stores spread over the banks; the reducer reads it in
-        # slices of DQ_ROWS = 8 rows (a slice may not split the swizzle pattern).
+        # DQ_ROWS rows, so the compute warps' stores spread over more banks than unswizzled
+        # rows would; the reducer reads it in slices of DQ_ROWS rows (a slice may not split the
+        # swizzle pattern).
         dq_layout: gl.constexpr = gl.SwizzledSharedLayout(2, 1, DQ_ROWS, [1, 0])
         vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         # In-kernel descriptors of this (batch, head)'s rows: TMA reads zeros past the last row
