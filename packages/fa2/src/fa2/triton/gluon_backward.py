@@ -264,11 +264,12 @@ if HAVE_GLUON:
                 ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
             )
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-            gl.thread_barrier()  # both warpgroups done with Q, dO (and dSᵀ)
-            mbarrier.arrive(empty.index(s), count=1)
             mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the previous partial
             dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
+            # One barrier for both hand-overs: both warpgroups are done with Q, dO and dSᵀ
+            # (their wgmmas waited for) and have stored their halves of the partial.
             gl.thread_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
             mbarrier.arrive(dq_ready, count=1)
 
         # K and V are read no more: their buffers hold dK and dV on the way out.
