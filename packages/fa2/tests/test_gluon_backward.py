@@ -2,9 +2,11 @@
 
 On the CPU: the kernel compiles for sm_90 warp-specialised and without spills (Triton and its
 ptxas, in a process of its own: the test process runs Triton's interpreter, which cannot compile
-and does not run Gluon), and the selector falls back to the Triton backward, saying why, where
-the kernel cannot run. On an H100/H200 (`gpu`): its gradients against a float64 oracle with the
-tolerance of fa2's other GPU tests, at ragged lengths, causal or not, head dims 64 and 128.
+and does not run Gluon); the selector falls back to the Triton backward, saying why, where the
+kernel cannot run; and where it can, the plan hands it its views and assembles the gradients in
+the caller's layout (checked with a float64 stand-in for the kernel). On an H100/H200 (`gpu`):
+its gradients against a float64 oracle with the tolerance of fa2's other GPU tests, at ragged
+lengths, causal or not, head dims 64 and 128.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from oracle_checks import assert_within_twice_plain, grads
 
 from fa2 import FlashAttention2Triton, attention_reference, flash_attn_func
 from fa2.triton import configs, gluon_backward
+from fa2.triton.launch import head_strides
 
 SCREEN = Path(__file__).resolve().parents[1] / "scripts" / "gluon_sm90_screen.py"
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -82,6 +85,40 @@ def test_a_deterministic_backward_never_takes_it(monkeypatch):
     q, k, v = (torch.randn(1, 1, 20, 16, device=device).requires_grad_() for _ in range(3))
     with pytest.warns(UserWarning, match=r"deterministic backward \(deterministic=True\)"):
         torch.autograd.grad(FlashAttention2Triton.apply(q, k, v, True), (q, k, v), q)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(monkeypatch, layout):
+    """The host side, without the kernel: where the plan takes the Gluon path it hands
+    `gluon_backward.launch` (here a float64 stand-in) the (..., heads, n, d) views with their
+    strides, and returns dq cast into q's layout and the dk, dv it wrote, in the caller's."""
+    monkeypatch.setenv("FA2_BACKWARD", "gluon")
+    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors: None)
+    calls = []
+
+    def stand_in(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal):
+        views = (q, k, v, o, do, dk)
+        assert list(strides) == [head_strides(t) for t in views]
+        ins = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        with torch.enable_grad():  # a backward runs without
+            out, _ = attention_reference(*ins, causal=causal, scale=scale)
+            dq, dk_ref, dv_ref = torch.autograd.grad(out, ins, do.double())
+        dk.copy_(dk_ref)
+        dv.copy_(dv_ref)
+        calls.append(causal)
+        return dq.float()
+
+    monkeypatch.setattr(gluon_backward, "launch", stand_in)
+    shape = (2, 3, 19, 16) if layout == "bhsd" else (2, 19, 3, 16)
+    q, k, v = (torch.randn(shape).requires_grad_() for _ in range(3))
+    do = torch.randn(shape)
+    o = FlashAttention2Triton.apply(q, k, v, True, None, False, None, False, (-1, -1), 0.0, layout)
+    ours = grads(o, (q, k, v), do)
+    assert calls == [True]
+    to_bhsd = (lambda t: t) if layout == "bhsd" else (lambda t: t.transpose(1, 2))
+    oracle, plain = _oracle_and_plain(*(to_bhsd(t) for t in (q, k, v, do)), causal=True)
+    oracle, plain = ([to_bhsd(t) for t in ts] for ts in (oracle, plain))
+    assert_within_twice_plain(ours, oracle, plain, torch.float32)
 
 
 def _oracle_and_plain(q, k, v, do, causal):
