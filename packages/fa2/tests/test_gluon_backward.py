@@ -24,6 +24,8 @@ from oracle_checks import assert_within_twice_plain, grads
 
 from fa2 import FlashAttention2Triton, attention_reference, flash_attn_func
 from fa2.triton import configs, gluon_backward
+from fa2.triton.backward import backward_plan
+from fa2.triton.function import run_forward
 from fa2.triton.launch import head_strides
 
 SCREEN = Path(__file__).resolve().parents[1] / "scripts" / "gluon_sm90_screen.py"
@@ -65,26 +67,34 @@ def test_the_selector_reads_fa2_backward(monkeypatch):
 
 @pytest.mark.skipif(HOPPER, reason="checks the fallback where the kernel cannot run")
 def test_falls_back_to_the_triton_backward_saying_why(monkeypatch):
+    """Where the kernel cannot run (here: Triton's interpreter, or a GPU other than sm_90), the
+    backward plan keeps the Triton kernels and warns once, naming the reason."""
     monkeypatch.setenv("FA2_BACKWARD", "gluon")
     monkeypatch.setattr("fa2.triton.backward._gluon_warned", set())
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    q, k, v = (torch.randn(1, 1, 20, 16, device=device).requires_grad_() for _ in range(3))
-    do = torch.randn_like(q)
+    q, k, v, do = (torch.randn(1, 1, 20, 16, device=device) for _ in range(4))
     reason = gluon_backward.unsupported_reason(q)
     assert reason is not None
+    o, lse, plan = run_forward(q, k, v, True)
     with pytest.warns(UserWarning, match="FA2_BACKWARD=gluon: the Gluon backward cannot run"):
-        o = FlashAttention2Triton.apply(q, k, v, True, None, False, None, False)
-        ours = grads(o, (q, k, v), do)
-    assert_within_twice_plain(ours, *_oracle_and_plain(q, k, v, do, True), torch.float32)
+        bwd = backward_plan(plan, q, k, v, o, lse, do, False)
+    assert not bwd.gluon and bwd.launches  # the Triton passes
+    strided = torch.randn(1, 1, 20, 32, device=device)[..., :16]  # another plan, same reason
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="FA2_BACKWARD")
+        assert not backward_plan(plan, q, k, v, o, lse, strided, False).gluon  # said once
 
 
 def test_a_deterministic_backward_never_takes_it(monkeypatch):
     monkeypatch.setenv("FA2_BACKWARD", "gluon")
     monkeypatch.setattr("fa2.triton.backward._gluon_warned", set())
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    q, k, v = (torch.randn(1, 1, 20, 16, device=device).requires_grad_() for _ in range(3))
+    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors: None)
+    # a length of its own: plans are cached by shape, and another test's may refuse the kernel
+    q, k, v, do = (torch.randn(1, 1, 23, 16) for _ in range(4))
+    o, lse, plan = run_forward(q, k, v, True)
     with pytest.warns(UserWarning, match=r"deterministic backward \(deterministic=True\)"):
-        torch.autograd.grad(FlashAttention2Triton.apply(q, k, v, True), (q, k, v), q)
+        assert not backward_plan(plan, q, k, v, o, lse, do, True).gluon
+    assert backward_plan(plan, q, k, v, o, lse, do, False).gluon
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
