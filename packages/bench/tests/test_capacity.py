@@ -12,6 +12,7 @@ import torch
 import lmcore
 import zero
 from bench.plan.activations import (
+    block_backward_working_set,
     block_residuals,
     combined_formula,
     head_residuals,
@@ -442,7 +443,9 @@ def test_tensor_sizes_equal_bench_zeros_measured_ones(zero_run):
 def test_fsdp_gathers_the_embedding_and_head_around_their_own_passes():
     """zero.FSDP's units (`Layout.units`): the LM head gathered at the loss alone (the blocks
     freed), the embedding and its full gradient at the end of the backward; FSDP2's root keeps
-    both gathered throughout, as a row recorded before the units did (`head_units=False`)."""
+    both gathered throughout, as a row recorded before the units did (`head_units=False`), but
+    FSDP2 reshards every block after its forward: at the loss only the root is gathered, then
+    the last block, which the root's pre-backward prefetches."""
     common = {"batch": 2, "dp": 2, "precision": "bf16", "loss": "fused"}
     ours = estimate_memory(TrainingPlan(HAND, layout="fsdp", **common))
     theirs = estimate_memory(TrainingPlan(HAND, layout="fsdp:torch", **common))
@@ -456,10 +459,35 @@ def test_fsdp_gathers_the_embedding_and_head_around_their_own_passes():
     assert buffers(ours, "forward end") == vd
     assert buffers(ours, "backward, loss") == vd + block  # and the last block prefetched
     assert buffers(ours, "backward end") == 2 * vd
-    assert buffers(theirs, "forward end") == 2 * vd + 3 * block  # the root, 3 units
+    assert buffers(theirs, "forward end") == 2 * vd  # the root alone
+    assert buffers(theirs, "backward, loss") == 2 * vd + block  # and the last block prefetched
     assert buffers(theirs, "backward end") == 2 * 2 * vd  # the root and its gradients
-    for phase in ("forward end", "backward end"):
-        assert buffers(before, phase) == buffers(theirs, phase)
+    assert buffers(before, "forward end") == 2 * vd + 3 * block  # zero.FSDP's root, 3 units
+    assert buffers(before, "backward end") == buffers(theirs, "backward end")
+
+
+# (layers, batch, the block whose backward is the worst): the first and last block at once, the
+# first, one between, the last
+@pytest.mark.parametrize(
+    ("layers", "batch", "worst"), [(1, 2, 0), (2, 2, 0), (3, 2, 1), (3, 64, 2)]
+)
+def test_fsdp2_holds_one_block_more_only_where_torch_prefetches_or_reduces(layers, batch, worst):
+    """FSDP2 while block i runs its backward (torch's `_fsdp_param_group.py`): block i
+    gathered, plus block i - 1's prefetched all-gather unless i is the first block; block i's
+    full-size gradients, plus block i + 1's reduce-scatter input unless i is the last block;
+    the shards of the blocks after i, not block i's (its reduce-scatter comes after)."""
+    config = dataclasses.replace(HAND, num_layers=layers)
+    plan = TrainingPlan(config, batch=batch, dp=2, layout="fsdp:torch", precision="bf16",
+                        activation_checkpointing="blocks")  # fmt: skip
+    (phase,) = [p for p in estimate_memory(plan).phases if p.name.startswith("backward, block")]
+    assert phase.name == f"backward, block {worst}"
+    vd = 2 * 11 * 8  # one bf16 V × d weight, full-size
+    block = 2 * (4 * 8 * 8 + 3 * 8 * 12)  # one block's bf16 matrices, full-size
+    shard = 2 * (8 + 8 + (4 * 8 * 8 + 3 * 8 * 12) // 2)  # its norm gains whole, the rest halved
+    units = (1 + (worst > 0)) + (1 + (worst < layers - 1))
+    # the root (embedding, head) gathered, the head's full-size gradient, the units
+    assert phase.bytes_of("communication buffers") == 2 * vd + vd + units * block
+    assert phase.bytes_of("gradients") == 2 * 8 + (layers - 1 - worst) * shard  # final norm
 
 
 def _inductor_partition(gm: torch.fx.GraphModule, inputs: list) -> object:
@@ -498,15 +526,76 @@ def test_a_compiled_blocks_residuals_are_what_inductors_partition_keeps(dtype, k
     assert total_bytes(predicted) < total_bytes(eager)
 
 
+def test_a_compiled_checkpointed_block_recomputes_beside_its_input_and_one_ffn_gradient():
+    """A block compiled by inductor under `blocks` checkpointing: its recomputed residuals
+    include its input, the tensor the checkpoint kept (counted once), and its backward adds one
+    `T·f` and one `T·d` gradient beyond them (`block_backward_working_set`); eager blocks, and
+    compiled ones whose partition is not known (naive attention), keep the eager estimate."""
+    config = dataclasses.replace(HAND, attention="sdpa")
+    plan = TrainingPlan(config, batch=2, precision="bf16", activation_checkpointing="blocks",
+                        compiled=True)  # fmt: skip
+    (phase,) = [p for p in estimate_memory(plan).phases if p.name.startswith("backward, block")]
+    i = int(phase.name.rsplit(" ", 1)[1])
+    tokens = 2 * 4
+    x = 2 * tokens * 8  # a checkpoint's input, bf16
+    kept = total_bytes(block_residuals(config, batch=2, seq_len=4, regime="bf16", compiled=True))
+    assert phase.bytes_of("activations") == i * x + kept + 8 * tokens  # and the token ids
+    assert phase.bytes_of("backward working set") == 2 * tokens * (12 + 8)
+    kw = {"batch": 2, "seq_len": 4, "regime": "bf16"}
+    eager = block_backward_working_set(config, **kw)
+    assert eager.num_bytes == 2 * 3 * tokens * 12 + 4 * tokens * 8  # 3 T·f and 2 T·d gradients
+    naive = dataclasses.replace(config, attention="naive")
+    assert block_backward_working_set(naive, **kw, compiled=True) == block_backward_working_set(
+        naive, **kw
+    )
+
+
+@pytest.mark.gpu
+def test_cuda_a_compiled_checkpointed_blocks_backward_peaks_as_predicted():
+    """On CUDA, the backward of one compiled block under a non-reentrant checkpoint rises above
+    what was alive before it (the checkpoint's input, the output and its gradient) by the
+    recomputed residuals less that input, one `T·f` gradient and w2's weight gradient
+    (`block_backward_working_set`'s moment), not by the eager estimate's three `T·f`."""
+    from torch.utils.checkpoint import checkpoint
+
+    config = lmcore.ModelConfig(
+        vocab_size=37, context_length=4096, d_model=256, num_layers=1, num_heads=4, d_ff=688,
+        attention="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    block = lmcore.TransformerLM.from_config(config).layers[0].to("cuda", torch.bfloat16)
+    block.compile()
+    x = torch.randn(2, 4096, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    for _ in range(2):  # compile, and the libraries' workspaces
+        checkpoint(block, x, use_reentrant=False).backward(dy)
+    for p in block.parameters():
+        p.grad = None
+    y = checkpoint(block, x, use_reentrant=False)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y.backward(dy)
+    torch.cuda.synchronize()
+    rise = torch.cuda.max_memory_allocated() - before
+    kw = {"batch": 2, "seq_len": 4096, "regime": "bf16"}
+    saved = total_bytes(block_residuals(config, **kw, compiled=True))
+    x_bytes, w2 = 2 * x.numel(), 2 * 256 * 688
+    working = block_backward_working_set(config, **kw, compiled=True).num_bytes
+    predicted = saved - x_bytes + working - x_bytes + w2  # dy is alive before: not a rise
+    assert abs(rise - predicted) <= 0.05 * predicted, (rise, predicted)
+
+
 @pytest.mark.parametrize("layout", ["single", "fsdp", "fsdp:torch"])
 def test_while_the_blocks_run_backward_the_embeddings_gradient_does_not_exist_yet(layout):
     # HAND in fp32: the head's 88 and the final norm's 8 elements, and 560 per block, whole on
     # one device or split over 2 (norm gains whole); FSDP2's root holds the head's gradient
-    # full-size until the end, not as a shard
+    # full-size until the end, not as a shard, and block i's shard comes after its backward
     dp = 1 if layout == "single" else 2
     estimate = estimate_memory(TrainingPlan(HAND, batch=2, dp=dp, layout=layout))
     (phase,) = [p for p in estimate.phases if p.name.startswith("backward, block")]
     i = int(phase.name.rsplit(" ", 1)[1])
     block = 560 if dp == 1 else 2 * 8 + (560 - 2 * 8) // 2
     head = {"single": 88, "fsdp": 44, "fsdp:torch": 0}[layout]
-    assert phase.bytes_of("gradients") == 4 * (head + 8 + (2 - i) * block)
+    after = 2 - i - (layout == "fsdp:torch")  # blocks whose gradients exist
+    assert phase.bytes_of("gradients") == 4 * (head + 8 + after * block)

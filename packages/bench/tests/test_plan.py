@@ -14,7 +14,7 @@ from bench.commands.plan import main
 from bench.core.memory import GIB
 from bench.core.results import Run, load_json, save_json
 from bench.core.shapes import size_label
-from bench.plan.check import recorded_size_label
+from bench.plan.check import KNOWN_GAPS, known_gap, recorded_size_label
 from bench.plan.collectives import BANDWIDTH_RESULT, MEASURED_BANDWIDTH_GBPS
 from bench.plan.memory import TrainingPlan, estimate_memory
 from bench.plan.traffic import estimate_traffic
@@ -296,25 +296,6 @@ def test_check_sets_prediction_beside_measurement(tmp_path):
     assert plot_plan(run, tmp_path / "check.png").is_file()
 
 
-# Peaks the memory model does not account for yet, each with what it lacks (the FSDP issue stays
-# open on them): (result, text of the row's configuration) -> what is missing. Each must still
-# miss, so that a model that learns it fails here until the entry goes.
-KNOWN_GAPS = {
-    ("step_leaderboard_2xh200_2026-11-28", "ZERO1 2"): "the layout's bytes are predicted: "
-    "the same row with eager blocks peaks at 63,530 MiB, 2 % above the prediction, its parameters, "
-    "buckets (the gradients are their views), moments and block inputs as counted "
-    "(step_memory_snapshot_2xh200_2026-11-28); the 12.6 GiB more of the compiled row come with "
-    "compiled, checkpointed blocks, whose allocations torch 2.11 cannot record (pytorch#179536)",
-    ("step_leaderboard_2xh200_2026-11-28", "FSDP:TORCH 2"): "FSDP2's backward peak holds 14 GB "
-    "beside its shards and activations; on the CPU at a small size only the gathered root and "
-    "units and the head's full-size gradient, predicted (scripts/step_memory_snapshot.py)",
-}
-
-
-def _known_gap(row) -> bool:
-    return any(row["source"] == s and text in row["config"] for s, text in KNOWN_GAPS)
-
-
 def test_check_of_the_committed_results_meets_the_targets():
     run = run_check(RESULTS, command="x")
     tensors = [
@@ -323,9 +304,11 @@ def test_check_of_the_committed_results_meets_the_targets():
     ]  # fmt: skip
     assert tensors and all(abs(r["error_pct"]) < 10 for r in tensors)
     peaks = [r for r in run.rows if r["quantity"].endswith("peak") and r["error_pct"] is not None]
-    gaps = [r for r in peaks if _known_gap(r)]
+    # each known gap must still miss, so that a model that learns it fails here until it goes
+    gaps = [r for r in peaks if known_gap(r)]
     assert len(gaps) == len(KNOWN_GAPS) and all(abs(r["error_pct"]) >= 15 for r in gaps)
-    assert peaks and all(abs(r["error_pct"]) < 15 for r in peaks if not _known_gap(r))
+    assert all(r["note"] == KNOWN_GAPS[r["source"], known_gap(r)] for r in gaps)
+    assert peaks and all(abs(r["error_pct"]) < 15 for r in peaks if not known_gap(r))
 
 
 def test_check_refuses_a_missing_folder(tmp_path):

@@ -2,12 +2,15 @@
 
 For each shape (causal, bf16, a random output gradient) and each implementation: cuDNN (SDPA's
 cuDNN backend), fa2 as it runs by default, and fa2 with each candidate forced through
-FA2_TILES / FA2_L2_GROUP (`fa2.triton.configs`): the warp-specialised forward and dK/dV tiles,
-dQ on 128x128 tiles, the L2-grouped backward launch order, and all of them together; and the
-Gluon forward (FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`; =pingpong: with FA3's
-inter-warpgroup ping-pong too; =plain: without FA3's intra-warpgroup overlap) with the default
-backward, a row recorded as skipped, with the
-reason, where it cannot run (the CPU rehearsal). Measured:
+FA2_TILES / FA2_L2_GROUP / FA2_BACKWARD (`fa2.triton.configs`): the warp-specialised forward and
+dK/dV tiles, dQ on 128x128 tiles, the L2-grouped backward launch order, all of them together, and
+the Gluon single-pass backward ("fa2 gluon-bwd": FA2_BACKWARD=gluon, called with
+`deterministic=False`, which it needs; where it cannot run, e.g. on a CPU, its row says
+"unavailable" and why); and the Gluon forward with the default backward ("fa2 gluon-fwd":
+FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`; "-pingpong": with FA3's inter-warpgroup
+ping-pong too; "-plain": without FA3's intra-warpgroup overlap; "unavailable" and why where it
+cannot run; "fa2 gluon-fwd+bwd": both Gluon kernels). `--impls` keeps only the named fa2 rows
+(cuDNN always runs). Measured:
 
 - forward, forward+backward (do_bench medians, L2 flushed between calls), backward = their
   difference; inputs under 1 GiB rotate among up to 4 copies, so that no call starts on data
@@ -16,7 +19,8 @@ reason, where it cannot run (the CPU rehearsal). Measured:
 - the error of o, dq, dk, dv against float64 (`fa2.attention_reference`) on a slice: batch 0,
   head 0, the first min(S, 8192) positions (a causal prefix is a problem of its own; 8192 keeps
   the tiles of the long sequences), beside SDPA cuDNN's error on the same slice;
-- whether two backward passes over the full shape give the same bits;
+- whether two backward passes over the full shape give the same bits (the Gluon backward adds
+  dQ in whatever order its additions land, so it is not expected to);
 - the tiles the plans launched, and whether the warp-specialised loop was compiled in.
 
 Every part runs under a time budget (`--budget` seconds in all, Triton's compilation included):
@@ -30,6 +34,10 @@ GPU (one H100 or H200), from the repository root, with no install::
 
     export PYTHONPATH=$(ls -d $PWD/packages/*/src | paste -sd:)
     BENCH_GIT_REVISION=<commit> python3 packages/fa2/scripts/hopper_screen.py --out $OUT
+
+The Gluon backward beside the default and cuDNN only, at every shape (within the same budget)::
+
+    python3 packages/fa2/scripts/hopper_screen.py --out $OUT --impls fa2 "fa2 gluon-bwd"
 
 Rehearsal on a CPU (Triton's interpreter, tiny shapes and the interpreter's tiles)::
 
@@ -67,7 +75,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fa2 import FlashAttention2Triton, attention_reference
-from fa2.triton import configs, forward, launch
+from fa2.triton import configs, forward, gluon_backward, gluon_forward, launch
 
 SHAPES = [  # (batch, heads, seq, head dim), in the order they run
     (2, 32, 32768, 128),  # the 2026 leaderboard's
@@ -103,28 +111,23 @@ def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
         "fa2 l2-auto": {"FA2_L2_GROUP": "auto"},
         "fa2 all": {"FA2_TILES": every},
         "fa2 all+l2": {"FA2_TILES": every, "FA2_L2_GROUP": "auto"},
+        GLUON: {"FA2_BACKWARD": "gluon"},
         "fa2 gluon-fwd": {"FA2_GLUON_FORWARD": "1"},
         "fa2 gluon-fwd-pingpong": {"FA2_GLUON_FORWARD": "pingpong"},
         "fa2 gluon-fwd-plain": {"FA2_GLUON_FORWARD": "plain"},
+        "fa2 gluon-fwd+bwd": {"FA2_GLUON_FORWARD": "1", "FA2_BACKWARD": "gluon"},
     }
 
 
-def unavailable(env: dict[str, str], q, k, v) -> str | None:
-    """Why the implementation `env` chooses cannot run on these inputs, or None."""
-    if env.get("FA2_GLUON_FORWARD") is None:
-        return None
-    from fa2.triton.gluon_forward import gluon_forward_refusal
-
-    reason = gluon_forward_refusal(q, k, v)
-    return None if reason is None else f"Gluon forward unavailable: {reason}"
+GLUON = "fa2 gluon-bwd"  # the Gluon single-pass backward (`fa2.triton.gluon_backward`)
+_SETTINGS = ("FA2_TILES", "FA2_L2_GROUP", "FA2_BACKWARD", "FA2_GLUON_FORWARD")
 
 
 @contextmanager
 def environment(settings: dict[str, str]):
-    """FA2_TILES, FA2_L2_GROUP and FA2_GLUON_FORWARD as `settings` says (unset where it does
-    not name them)."""
-    names = ("FA2_TILES", "FA2_L2_GROUP", "FA2_GLUON_FORWARD")
-    saved = {name: os.environ.pop(name, None) for name in names}
+    """The variables of `_SETTINGS` (FA2_TILES, FA2_L2_GROUP, FA2_BACKWARD, FA2_GLUON_FORWARD) as
+    `settings` says (unset where it does not name them)."""
+    saved = {name: os.environ.pop(name, None) for name in _SETTINGS}
     os.environ.update(settings)
     try:
         yield
@@ -137,6 +140,16 @@ def environment(settings: dict[str, str]):
 
 def fa2_attention(q, k, v):
     return FlashAttention2Triton.apply(q, k, v, True)
+
+
+def fa2_nondeterministic(q, k, v):
+    """fa2 with `deterministic=False`, which FA2_BACKWARD=gluon needs to take effect."""
+    return FlashAttention2Triton.apply(q, k, v, True, None, False, None, False)
+
+
+def fa2_function(env: dict[str, str]) -> Callable:
+    """The call an fa2 candidate is timed with."""
+    return fa2_nondeterministic if env.get("FA2_BACKWARD") == "gluon" else fa2_attention
 
 
 def baseline_name() -> str:
@@ -232,6 +245,9 @@ def launched(shape) -> dict[str, str]:
     fwd = plans[-1]
     out = {"forward": "gluon" if fwd.gluon else _tile(fwd.tile, fwd.launch.options)}
     for bwd in fwd.backward_plans.values():
+        if bwd.gluon:
+            out["backward"] = "gluon single pass"
+            continue
         for which, tile in bwd.tiles.items():
             if which != "delta":
                 out[which] = _tile(tile, bwd.launches[which].options)
@@ -264,9 +280,9 @@ class Results(list):
 
 
 def screen_shape(
-    shape, rows: Results, deadline: float, *, tiny: bool, rep_ms: float, only: tuple = ()
+    shape, rows: Results, deadline: float, *, tiny: bool, rep_ms: float, only=None
 ) -> None:
-    """Every implementation at one shape (of fa2's, those named in `only` where given), until
+    """Every implementation at one shape (the fa2 ones named in `only`, if given), until
     `deadline` (time.monotonic())."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = str(shape)
@@ -279,16 +295,22 @@ def screen_shape(
     fwd_flops, bwd_flops = flops(shape)
     impls = [(baseline_name(), cudnn_attention, {})]
     impls += [
-        (n, fa2_attention, env)
+        (n, fa2_function(env), env)
         for n, env in candidates(shape[-1], tiny=tiny).items()
-        if not only or n in only
+        if only is None or n in only
     ]
     for impl, fn, env in impls:
         row = dict(shape=name, impl=impl, env=env, input_copies=copies)
-        skipped = "time budget" if time.monotonic() > deadline else unavailable(env, q, k, v)
-        if skipped:
-            rows.append(dict(row, skipped=skipped))
-            print(f"{name} {impl}: skipped ({skipped})", flush=True)
+        unavailable = (
+            env.get("FA2_BACKWARD") == "gluon" and gluon_backward.unsupported_reason(q, k, v, do)
+        ) or ("FA2_GLUON_FORWARD" in env and gluon_forward.gluon_forward_refusal(q, k, v))
+        if unavailable:  # the plan would fall back to the Triton kernels: nothing to time
+            rows.append(dict(row, skipped=f"unavailable: {unavailable}"))
+            print(f"{name} {impl}: unavailable ({unavailable})", flush=True)
+            continue
+        if time.monotonic() > deadline:
+            rows.append(dict(row, skipped="time budget"))
+            print(f"{name} {impl}: skipped (time budget)", flush=True)
             continue
         started = time.monotonic()
         try:
@@ -306,7 +328,7 @@ def screen_shape(
                     ratios = zip(errors, sdpa_errors, strict=True)
                     row["error_vs_sdpa"] = worst_ratio(e / s for e, s in ratios)
                     row["deterministic"] = deterministic(fn, q, k, v, do)
-                if fn is fa2_attention:
+                if impl.startswith("fa2"):
                     row["launched"] = launched(q.shape)
         except Exception as exc:  # e.g. a tile needing more shared memory than this GPU has
             row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
@@ -351,13 +373,15 @@ def _output_ratios(row: dict, rows: list[dict]) -> list[float] | None:
 
 
 def _correct(row: dict, rows: list[dict]) -> bool | None:
-    """Within twice SDPA's error in every output and, for fa2, bitwise deterministic (the GPU
-    tests' rules); None where the row has no accuracy check."""
+    """Within twice SDPA's error in every output and, for fa2's deterministic forms (all but
+    the Gluon backward), bitwise deterministic (the GPU tests' rules); None where the row has
+    no accuracy check."""
     ratios = _output_ratios(row, rows)
     if ratios is None:
         return None
     within = worst_ratio(ratios) <= 2  # NaN compares False
-    return within and (row["deterministic"] or not row["impl"].startswith("fa2"))
+    exempt = not row["impl"].startswith("fa2") or row.get("env", {}).get("FA2_BACKWARD") == "gluon"
+    return within and (row["deterministic"] or exempt)
 
 
 def table(rows: list[dict]) -> str:
@@ -503,9 +527,9 @@ def main() -> int:
     )
     parser.add_argument("--rep-ms", type=float, default=300.0, help="do_bench's rep")
     parser.add_argument("--shapes", default="", help="only shapes whose text has this")
-    parser.add_argument("--impls", nargs="+", default=[],
-                        help='only these fa2 rows (e.g. fa2 "fa2 gluon-fwd"); cuDNN always '
-                        "runs")  # fmt: skip
+    parser.add_argument("--impls", nargs="+", metavar="NAME",
+                        help='only these fa2 rows, e.g. fa2 "fa2 gluon-bwd" (cuDNN always '
+                        "runs)")  # fmt: skip
     parser.add_argument("--tiny", action="store_true",
                         help="rehearse on a CPU: Triton's interpreter, tiny shapes")  # fmt: skip
     parser.add_argument("--report", type=Path, metavar="JSON",
@@ -538,8 +562,8 @@ def main() -> int:
         share = now + (deadline - now) * weights[i] / sum(weights[i:])
         try:
             screen_shape(
-                shape, rows, share, tiny=args.tiny, rep_ms=args.rep_ms, only=tuple(args.impls)
-            )
+                shape, rows, share, tiny=args.tiny, rep_ms=args.rep_ms, only=args.impls
+            )  # fmt: skip
         except Exception as exc:  # e.g. out of memory: keep the other shapes
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             rows.append(dict(shape=str(shape), impl="(setup)", error=error))

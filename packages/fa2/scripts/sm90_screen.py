@@ -181,19 +181,29 @@ def launch_ttgir(cached: launch.CachedLaunch, tensors: tuple, scalars: tuple) ->
     return ttgir(*_source(cached, tensors, scalars))
 
 
+def cubin_usage(binary, *more: str) -> tuple:
+    """(registers per thread, stack bytes per thread) of a compiled kernel, read by `cuobjdump
+    -res-usage`, then cuobjdump's output for each further option in `more` (e.g. "-sass")."""
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = Path(folder) / "kernel.cubin"
+        cubin.write_bytes(binary.asm["cubin"])
+        outputs = [
+            subprocess.run(
+                [CUOBJDUMP, option, cubin], capture_output=True, text=True, check=True
+            ).stdout
+            for option in ("-res-usage", *more)
+        ]
+    registers, stack = re.search(r"REG:(\d+).*?STACK:(\d+)", outputs[0], re.S).groups()
+    return int(registers), int(stack), *outputs[1:]
+
+
 def _compile(
     cached: launch.CachedLaunch, tensors: tuple, scalars: tuple, target: GPUTarget = TARGET
 ) -> dict:
     """Compile one launch for `target` as Triton would launch it and read its resources."""
     source, options = _source(cached, tensors, scalars, target)
     binary = triton.compile(source, target=target, options=options)
-    with tempfile.TemporaryDirectory() as folder:
-        cubin = Path(folder) / "kernel.cubin"
-        cubin.write_bytes(binary.asm["cubin"])
-        usage = subprocess.run(
-            [CUOBJDUMP, "-res-usage", cubin], capture_output=True, text=True, check=True
-        ).stdout
-    registers, stack = re.search(r"REG:(\d+).*?STACK:(\d+)", usage, re.S).groups()
+    registers, stack = cubin_usage(binary)
     ptx = binary.asm["ptx"]
     code = "\n".join(
         line
@@ -205,8 +215,8 @@ def _compile(
         ws=binary.asm["ttgir"].count("ttg.warp_specialize(") > 0,
         warps=binary.metadata.num_warps,
         setmaxnreg=sorted({int(c) for c in counts}),
-        regs=int(registers),
-        stack=int(stack),
+        regs=registers,
+        stack=stack,
         smem=binary.metadata.shared,
         ptx=hashlib.sha256(code.encode()).hexdigest()[:12],
     )

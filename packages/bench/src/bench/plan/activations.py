@@ -311,19 +311,46 @@ def _compiled_block_residuals(
 
 
 def block_backward_working_set(
-    config: lmcore.ModelConfig, *, batch: int, seq_len: int, regime: str, tp: int = 1
+    config: lmcore.ModelConfig,
+    *,
+    batch: int,
+    seq_len: int,
+    regime: str,
+    tp: int = 1,
+    compiled: bool = False,
 ) -> Residual:
-    """An estimate of the gradients of one block's intermediates alive at once in its backward.
+    """The gradients of one block's intermediates alive at once in its backward, beyond what the
+    block saved.
 
-    The larger of the FFN's (three `T·f` gradients: of the product, of SiLU's output and of w3's)
-    and the attention's (naive: the gradients of the weights and of the scores, `b·h·s²` each, in
-    float32 unless the model is bf16; fused kernels: dq, dk, dv), plus the residual stream's
-    incoming and outgoing gradients. Not read off the graph: an estimate, whose error the
-    measured check states.
+    Eager code (an estimate, not read off the graph, whose error the measured check states):
+    the larger of the FFN's (three `T·f` gradients: of the product, of SiLU's output and of
+    w3's) and the attention's (naive: the gradients of the weights and of the scores, `b·h·s²`
+    each, in float32 unless the model is bf16; fused kernels: dq, dk, dv), plus the residual
+    stream's incoming and outgoing gradients, all on top of every saved tensor.
+
+    A block compiled by inductor, where its partition is known (`compiled_residuals_known`):
+    read off the backward inductor generates for a block (`TORCH_LOGS=output_code`, on the
+    CPU). Its saved tensors are donated to it (AOTAutograd's `donated_buffer`) and each is freed
+    at its last use. It starts with the FFN: w2's weight gradient frees w2's saved input, then
+    the gradient of that product (`T·f`) is made, then one fused kernel writes the gradients of
+    w1's and w3's outputs, one into w3's saved output in place (a buffer reuse), the other into
+    a new `T·f` buffer. That moment is the block's largest: every saved tensor but w2's input,
+    two `T·f` gradients and the incoming `T·d` one, i.e. one `T·f` and one `T·d` beyond the
+    saved tensors. After it the three saved `T·f` tensors are gone, which leaves the attention's
+    backward (dq, dk, dv) room below it.
     """
     _check(regime, batch, seq_len, tp)
     b, s, d = batch, seq_len, config.d_model
     tokens = b * s
+    if compiled and compiled_residuals_known(config, regime=regime, tp=tp):
+        r = residual_bytes(regime)
+        return Residual(
+            "backward",
+            "a new T·f gradient in the FFN's backward and the incoming T·d one (inductor's)",
+            r * tokens * (config.d_ff + d),
+            1,
+            f"{r}·T·f + {r}·T·d",
+        )
     c = compute_bytes(regime)
     r = residual_bytes(regime)
     heads = _tp_width(config.num_heads, tp)

@@ -22,6 +22,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import lmcore
@@ -34,10 +35,12 @@ from bench.plan.memory import LAYOUTS, Phase, TrainingPlan, estimate_memory
 
 __all__ = [
     "CHECK_COLUMNS",
+    "KNOWN_GAPS",
     "STEP_KEYS",
     "CheckResult",
     "check_results",
     "dims_on",
+    "known_gap",
     "recorded_size_label",
 ]
 
@@ -51,6 +54,36 @@ CHECK_COLUMNS = [
     "phase",
     "note",
 ]
+
+
+# Measured peaks the prediction misses by more than the model's error, each with why: (result,
+# text of the row's configuration) -> the reason, which the check writes in the row's note; its
+# headline states the peaks' errors without them and with them.
+KNOWN_GAPS: Mapping[tuple[str, str], str] = MappingProxyType(
+    {
+        ("step_leaderboard_2xh200_2026-11-28", "ZERO1 2"): "the layout's bytes are predicted: "
+        "the same row with eager blocks peaks at 63,530 MiB, 2 % above the prediction, its "
+        "parameters, buckets (the gradients are their views), moments and block inputs as "
+        "counted (step_memory_snapshot_2xh200_2026-11-28); the 12.6 GiB more of the compiled "
+        "row come with compiled, checkpointed blocks, whose allocations torch 2.11 cannot "
+        "record (pytorch#179536)",
+        ("step_leaderboard_2xh200_2026-11-28", "FSDP:TORCH 2"): "a run whose rows shared "
+        "processes: the same configuration, each row in processes of its own, peaks at 41,854 "
+        "MiB, not 57,373 (step_leaderboard_2xh200_2026-11-28_cold_blocks)",
+        ("step_leaderboard_4xh200_2026-11-28", "FSDP:TORCH 4"): "the torch-native peak differed "
+        "from run to run (REPORT.md): the same configuration measured again peaks at 30,127 MiB, "
+        "not 37,897 (step_leaderboard_4xh200_2026-11-28_selective)",
+    }
+)
+
+
+def known_gap(row: Mapping[str, Any]) -> str | None:
+    """The text of `KNOWN_GAPS` that names this check row (its `source` and `config`), or
+    None."""
+    return next(
+        (text for source, text in KNOWN_GAPS if row["source"] == source and text in row["config"]),
+        None,
+    )
 
 
 def recorded_size_label(name: str | None, dims: Sequence[int]) -> str:
@@ -346,8 +379,10 @@ def _check_step_row(source: str, run: Run, row: Mapping[str, Any]) -> list[dict[
     estimate = estimate_memory(plan)
     impl = f"{row['impl']}, " if row.get("impl") else ""
     label = f"{recorded_size_label(row.get('size'), dims)}, {impl}{plan.describe()}"
-    out = [_check_row(source, label, "peak", row["peak_mib"], estimate.peak.total / MIB,
-                      estimate.peak.name, "")]  # fmt: skip
+    peak = _check_row(source, label, "peak", row["peak_mib"], estimate.peak.total / MIB,
+                      estimate.peak.name, "")  # fmt: skip
+    gap = known_gap(peak)
+    out = [{**peak, "note": KNOWN_GAPS[source, gap]} if gap else peak]
     step = estimate.phase("optimizer step") if plan.mode == "train-step" else estimate.peak
     for key, names in (("param", ("parameters",)), ("grad", ("gradients",)),
                        ("state", ("optimizer state", "master weights"))):  # fmt: skip
@@ -463,7 +498,12 @@ def _check_headline(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         return [r["error_pct"] for r in rows if r["error_pct"] is not None and select(r)]
 
     tensors = errors(lambda r: r["quantity"] in ("param", "grad", "state"))
-    peaks = errors(lambda r: r["quantity"] == "peak" or r["quantity"].endswith(" peak"))
+
+    def is_peak(r: Mapping[str, Any]) -> bool:
+        return r["quantity"] == "peak" or r["quantity"].endswith(" peak")
+
+    peaks = errors(lambda r: is_peak(r) and not known_gap(r))
+    with_gaps = errors(is_peak)
     activation_rows = [
         r for r in rows if r["quantity"].startswith("activations") and r["error_pct"] is not None
     ]
@@ -475,7 +515,15 @@ def _check_headline(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return [
         f"Parameters, gradients and optimizer state (bench-zero's tensor sizes): largest error "
         f"{worst:.2f} % ({len(tensors)} values; target: within 10 %).",
-        f"Peaks (max_memory_allocated, bench-model and bench-zero): {_spread(peaks)}.",
+        f"Peaks (max_memory_allocated, bench-model, bench-zero and bench-step): "
+        f"{_spread(peaks)}"
+        + (
+            f"; with the {len(with_gaps) - len(peaks)} known gaps (their notes say why) "
+            f"{_spread(with_gaps)}"
+            if len(with_gaps) > len(peaks)
+            else ""
+        )
+        + ".",
         "Activations (the measured peak minus the predicted non-activation terms, against the "
         f"predicted activations, loss and working set at the peak): {_spread(large)} where they "
         f"are at least a quarter of the peak; {_spread(small)} where they are less (no-grad "

@@ -29,11 +29,15 @@ show the arithmetic beside the number. What is modelled, and what is not:
   head units of their own under `zero.FSDP` (each gathered around its own passes, the head's
   gradient reduce-scattered as the backward begins), in the root unit under FSDP2 (gathered from
   the forward to the end of the backward, the head's gradient held full-size until then).
+  FSDP2's blocks follow torch's own schedule (`_fsdp2_block_buffers`): resharded after their
+  forward, one block prefetched in the backward, one reduce-scatter input held.
 - Activations: the residuals of `bench.plan.activations`, read off lmcore's eager code, or, for a
   plan whose blocks are compiled, what inductor's partition of a block keeps (measured on the
   CPU for fused attention kernels in fp32 and bf16; eager's elsewhere).
-- Estimates, not exact: a block's backward working set, the optimizer's temporaries (the foreach
-  AdamW's `sqrt(v)` list, one moment's size; none for the fused ones), communication staging.
+- Estimates, not exact: an eager block's backward working set (a compiled block's is read off
+  inductor's code: `bench.plan.activations.block_backward_working_set`), the optimizer's
+  temporaries (the foreach AdamW's `sqrt(v)` list, one moment's size; none for the fused ones),
+  communication staging.
 - Not modelled: the CUDA context, cuBLAS workspaces and the caching allocator's rounding; the
   measured check (`bench-plan --check`) states how large that remainder is.
 
@@ -62,6 +66,7 @@ from bench.plan.activations import (
     block_backward_working_set,
     block_residuals,
     combined_formula,
+    compiled_residuals_known,
     head_residuals,
     kept_attention_residuals,
     loss_memory,
@@ -317,6 +322,12 @@ class TrainingPlan:
             return False
         return "LMHead" in self.layout_spec.units if self.head_units is None else self.head_units
 
+    @property
+    def fsdp2(self) -> bool:
+        """Whether torch's FSDP2 (`fully_shard`) shards the model: its own schedule of
+        gathers and reduce-scatters (`_fsdp2_block_buffers`), not zero.FSDP's."""
+        return self.layout_spec.wrapper == "fully_shard"
+
     def describe(self) -> str:
         """The configuration in one line."""
         m = self.model
@@ -418,10 +429,11 @@ class _State:
     head_root_grads: Term  # the LM head's full-size gradient, from its backward on
     root_grads: Term  # the root unit's full-size gradients at the end of backward
     head_gathered: Term  # the LM head as a unit: gathered for its forward and its backward
-    unit_prefetched: Term  # the last block, prefetched as the head's backward begins
+    unit_prefetched: Term  # the last block, prefetched as the loss's backward begins
     embedding_end: Term  # the embedding as a unit: gathered, with its gradient, at the end
     block_grads: tuple[int, ...]  # gradient bytes per block on this device
     head_grads: int  # gradient bytes outside the blocks alive during the blocks' backward
+    unit_bytes: int  # one block unit, full-size, in the compute dtype (FSDP; 0 otherwise)
 
 
 def _padded_shard(numel: int, ranks: int) -> int:
@@ -538,6 +550,13 @@ def _state(plan: TrainingPlan) -> _State:
     gathered_units = (2 if prefetch else 1) + 1
     none = Term("communication buffers", 0, "none")
     head_gathered = unit_prefetched = embedding_end = none
+    if plan.fsdp2 and prefetch:
+        unit_prefetched = Term(
+            "communication buffers",
+            c * unit_numel,
+            f"the last block's all-gather output, prefetched by the root's pre-backward: "
+            f"{c} B × {unit_numel:,}",
+        )
     if head_units:
         head_gathered = Term(
             "communication buffers",
@@ -602,6 +621,7 @@ def _state(plan: TrainingPlan) -> _State:
         params_term, master, grads, state, optimizer_temp, rope, ddp_buckets, zero_staging,
         root_gathered, units_gathered, unit_grads, head_root_grads, root_grads, head_gathered,
         unit_prefetched, embedding_end, tuple(block_grads), head_grads,
+        c * unit_numel if fsdp else 0,
     )  # fmt: skip
 
 
@@ -628,6 +648,7 @@ class _Activations:
     ids: int  # the token ids, saved until the embedding's backward
     working: Residual  # a block's backward working set
     loss: LossMemory
+    saves_input: bool  # a block's residuals include its input (inductor's partition keeps it)
     definitions: tuple[Term, ...]
 
 
@@ -642,7 +663,8 @@ def _activations(plan: TrainingPlan) -> _Activations:
     x_bytes = residual_bytes(regime)
     checkpoint = residual_stream_bytes(b, s, m.d_model, element_bytes=x_bytes)
     kept = kept_attention_residuals(m, **kw) if plan.checkpointing.keeps_attention else []
-    working = block_backward_working_set(m, **kw)
+    working = block_backward_working_set(m, **kw, compiled=plan.compiled)
+    saves_input = plan.compiled and compiled_residuals_known(m, regime=regime, tp=plan.tp)
     prec = plan.precision_spec
     loss = loss_memory(
         m, **kw, loss=plan.loss, hold_logits=plan.hold_logits, chunk_tokens=plan.loss_chunk_tokens,
@@ -669,7 +691,8 @@ def _activations(plan: TrainingPlan) -> _Activations:
              total_bytes(head), combined_formula(head)),
         Term(f"loss ({plan.loss}), forward", loss.forward_peak, loss.forward_formula),
         Term(f"loss ({plan.loss}), backward", loss.backward_peak, loss.backward_formula),
-        Term("W: a block's backward working set (estimate)", working.num_bytes, working.formula),
+        Term("W: a block's backward working set" + ("" if saves_input else " (estimate)"),
+             working.num_bytes, working.formula),
     )  # fmt: skip
     return _Activations(
         block=total_bytes(block),
@@ -680,6 +703,7 @@ def _activations(plan: TrainingPlan) -> _Activations:
         ids=next(r.num_bytes for r in head if r.where == "embedding"),
         working=working,
         loss=loss,
+        saves_input=saves_input,
         definitions=definitions,
     )
 
@@ -712,6 +736,31 @@ def _forward_mode(plan: TrainingPlan, s: _State, acts: _Activations) -> list[Pha
     return [Phase("forward (no_grad)", tuple(terms))]
 
 
+def _fsdp2_block_buffers(s: _State, i: int, num_layers: int) -> tuple[Term, Term]:
+    """torch FSDP2's full-size buffers while block `i` runs its backward, read off torch 2.11's
+    `_fsdp_param_group.py` (one `fully_shard` unit per block, the default implicit prefetch):
+
+    - gathered: block i's unsharded weights (its all-gather output was copied into them and
+      freed in its pre-backward, `wait_for_unshard`), and the all-gather output of block i − 1,
+      which block i's pre-backward prefetches (`_backward_prefetch`: one unit ahead in the
+      reverse post-forward order; none before block 0);
+    - gradients: block i's full-size gradients as autograd makes them, and block i + 1's
+      reduce-scatter input, held in `reduce_scatter_state` until block i's post-backward frees
+      it; none for the last block, whose predecessor in the backward is the root, reduced only
+      at the end of the backward.
+    """
+    gathered = 2 if i > 0 else 1
+    grads = 2 if i < num_layers - 1 else 1
+    return (
+        Term("communication buffers", gathered * s.unit_bytes,
+             f"FSDP2 units gathered: {gathered} × {_mib(s.unit_bytes)} (block {i}"
+             + (f", block {i - 1}'s prefetched all-gather" if gathered == 2 else "") + ")"),
+        Term("communication buffers", grads * s.unit_bytes,
+             f"FSDP2 full-size gradients: {grads} × {_mib(s.unit_bytes)} (block {i}'s"
+             + (f", block {i + 1}'s reduce-scatter input" if grads == 2 else "") + ")"),
+    )  # fmt: skip
+
+
 def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[Phase]:
     ckpt = plan.checkpointing
     block, x_in, loss = acts.block, acts.checkpoint, acts.loss
@@ -732,8 +781,14 @@ def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[
     )
     unsaved_cache = sum(acts.block_cache * (b - a) for a, b, k in ckpt.segments if k != "plain")
     # FSDP at the loss: the root's weights and the last units, or the LM head unit alone (the
-    # blocks freed), then as its backward begins the last block prefetched
-    at_loss = [s.head_gathered] if plan.fsdp_head_units else [s.root_gathered, s.units_gathered]
+    # blocks freed), then as its backward begins the last block prefetched; FSDP2 reshards every
+    # block after its forward and keeps only its root gathered (`_fsdp2_block_buffers`)
+    if plan.fsdp_head_units:
+        at_loss = [s.head_gathered]
+    elif plan.fsdp2:
+        at_loss = [s.root_gathered]
+    else:
+        at_loss = [s.root_gathered, s.units_gathered]
     forward_end = [
         *resident,
         *at_loss,
@@ -777,12 +832,21 @@ def _training_phases(plan: TrainingPlan, s: _State, acts: _Activations) -> list[
             else:
                 here = alive * x_in + block
                 here_text = f"{alive} × X + A_block (its nested segment, then itself, recomputed)"
+            if kind != "plain" and acts.saves_input:
+                # the recomputed block saves its input: the tensor its checkpoint kept, not a copy
+                here -= x_in
+                here_text += " − X (A_block's input is the checkpoint's)"
             grads = s.head_grads + sum(s.block_grads[i:])
+            grads_text = f"the LM head's, final norm's and blocks ≥ {i}'s"
+            if plan.fsdp2:  # block i's shard is its reduce-scatter's output, after its backward
+                grads = s.head_grads + sum(s.block_grads[i + 1 :])
+                grads_text = f"the final norm's and blocks > {i}'s shards"
+                fsdp_bwd = [s.root_gathered, *_fsdp2_block_buffers(s, i, plan.model.num_layers),
+                            s.head_root_grads]  # fmt: skip
             activations = n_full * block + n_points * x_in + n_kept * acts.kept + here + acts.ids
             terms = [
                 *resident,
-                *([] if views else [Term("gradients", grads,
-                                         f"the LM head's, final norm's and blocks ≥ {i}'s")]),
+                *([] if views else [Term("gradients", grads, grads_text)]),
                 *fsdp_bwd,
                 Term("activations", activations,
                      f"{n_full} × A_block + {n_points} × X"

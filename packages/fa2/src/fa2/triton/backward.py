@@ -19,6 +19,7 @@ depend on the order the additions land in.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -26,7 +27,7 @@ import triton
 import triton.language as tl
 
 from fa2.layouts import as_bhsd
-from fa2.triton import configs
+from fa2.triton import configs, gluon_backward
 from fa2.triton.configs import (
     DKDV,
     DKDV_ATOMIC,
@@ -558,6 +559,51 @@ def tma_reduce_available(q: torch.Tensor) -> bool:
     return USE_TMA_REDUCE and tma_capable(q.device) and q.shape[-1] % 4 == 0
 
 
+_gluon_warned: set[str] = set()
+
+
+def _gluon_refusal(
+    meta: dict, deterministic: bool, traced: bool, group: int, copies, views, strides
+) -> str | None:
+    """Why a backward plan for which FA2_BACKWARD=gluon is set cannot take the Gluon single
+    pass (`fa2.triton.gluon_backward`), or None when it can (the pointers' alignment is checked
+    per call)."""
+    if deterministic:
+        return "the call asks for a deterministic backward (deterministic=True)"
+    if traced:
+        return "torch.compile traces the call (the Gluon kernel is not a registered op)"
+    unsupported = {
+        "VARLEN": "packed sequences",
+        "LOCAL": "a sliding window",
+        "SOFTCAP": "a softcap",
+        "BOTTOM_RIGHT": "a bottom-right causal diagonal",
+    }
+    for name, what in unsupported.items():
+        if meta[name]:
+            return f"it does not take {what}"
+    if group != 1:
+        return "it takes one key/value head per query head (no grouped-query attention)"
+    if copies is not None:
+        return "an input needs a contiguous copy first"
+    q, k, v, _, do = views
+    reason = gluon_backward.unsupported_reason(q, k, v, do)
+    if reason is None and any(s * q.element_size() % 16 for s in strides[3]):
+        reason = "o's batch, head or row stride is not a multiple of 16 bytes"
+    return reason
+
+
+def _warn_gluon(reason: str) -> None:
+    """Say once per reason that FA2_BACKWARD=gluon gave way to the Triton backward."""
+    if reason not in _gluon_warned:
+        _gluon_warned.add(reason)
+        warnings.warn(
+            f"FA2_BACKWARD=gluon: the Gluon backward cannot run this call ({reason}); fa2's "
+            "Triton backward runs instead",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 class BackwardPlan:
     """The backward launches for the outputs of one forward plan, one layout of the output
     gradient and a choice of determinism.
@@ -611,6 +657,17 @@ class BackwardPlan:
         self.delta_ints = (*so, *sdo, heads, n_q)
         self.dq_buffer_shape = qv.shape
         self.tma_reduce = self.single_pass and not traced and tma_reduce_available(q)
+        # FA2_BACKWARD=gluon (`configs.gluon_backward_requested`): the Gluon single pass where
+        # the call can take it; the Triton launches below stay ready for misaligned pointers.
+        self.gluon = False
+        if configs.gluon_backward_requested():
+            reason = _gluon_refusal(
+                fwd.meta, deterministic, traced, group, copies, views, strides
+            )  # fmt: skip
+            self.gluon = reason is None
+            if reason is not None:
+                _warn_gluon(reason)
+        self.gluon_strides = (sq, sk, sv, so, sdo, sdk)
         # Tiles with `tma` read the inner loop's rows through TMA descriptors where the
         # layouts of those rows allow (and, when traced, their alignment is known: see
         # `tma_layouts`): keys and values in the dQ pass, queries and output gradients in the
@@ -759,6 +816,10 @@ class BackwardPlan:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.empty:
             return tuple(q.new_zeros(shape) for shape in self.shapes)
+        if self.gluon:
+            if all(t.data_ptr() % 16 == 0 for t in (q, k, v, o, do)):
+                return self._gluon(q, k, v, o, lse, do, scale)
+            _warn_gluon("a tensor is not 16-byte aligned")
         inputs = q, k, v, o, lse, do
         if self.copies is not None:
             inputs = contiguous_where(inputs, self.copies, self.fwd.layout)
@@ -772,6 +833,21 @@ class BackwardPlan:
             as_bhsd(grad, self.fwd.layout).copy_(dq)
             dq = grad
         return dq, dk, dv
+
+    def _gluon(self, q, k, v, o, lse, do, scale: float) -> tuple[torch.Tensor, ...]:
+        """The Gluon single pass (FA2_BACKWARD=gluon): dQ summed in fp32, then cast into q's
+        dtype and layout as the Triton single pass does."""
+        q_shape, k_shape, v_shape = self.shapes
+        layout = self.fwd.layout
+        dk, dv = q.new_empty(k_shape), q.new_empty(v_shape)
+        qv, kv, vv, ov, dov, dkv, dvv = (as_bhsd(t, layout) for t in (q, k, v, o, do, dk, dv))
+        dq = gluon_backward.launch(
+            qv, kv, vv, ov, lse, dov, dkv, dvv, self.gluon_strides, scale=scale,
+            causal=bool(self.meta["IS_CAUSAL"]),
+        )  # fmt: skip
+        grad = q.new_empty(q_shape)
+        as_bhsd(grad, layout).copy_(dq)
+        return grad, dk, dv
 
 
 def backward_plan(

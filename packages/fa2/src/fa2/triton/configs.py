@@ -10,7 +10,7 @@ deterministic, costs no tuning time on the first call and adds nothing to the la
 Triton's CPU interpreter a small tile is used, smaller than the test shapes, so that the
 masked, ragged and diagonal code paths all run.
 
-Four environment variables choose among the candidates, read here and nowhere else (see
+Five environment variables choose among the candidates, read here and nowhere else (see
 `tile_settings`; a launch plan is built for each combination of their values, so a process
 may compare candidates by changing them between calls):
 
@@ -31,6 +31,12 @@ may compare candidates by changing them between calls):
   runs and a warning says why, once per reason. A candidate, not a default.
   FA2_GLUON_FORWARD=pingpong adds FA3's inter-warpgroup ping-pong to its intra-warpgroup
   overlap, =plain runs it with neither, to measure what each buys.
+- FA2_BACKWARD: the form of a backward allowed to be nondeterministic (`deterministic=False`):
+  unset or "triton", fa2's Triton kernels as `single_pass_backward` chooses; "gluon", the
+  hand warp-specialised single pass for Hopper (`fa2.triton.gluon_backward`; bf16/fp16, head
+  dim 64 or 128, one key/value head per query head, no window, softcap or packed sequences),
+  which warns and falls back to the Triton kernels where a call cannot take it. A candidate,
+  never a default; deterministic backwards ignore it (they warn if it is set).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import torch
 from fa2.masks import Band
 
 __all__ = [
+    "BACKWARD_FORMS",
     "DKDV",
     "DKDV_ATOMIC",
     "DQ",
@@ -68,6 +75,7 @@ __all__ = [
     "device_capability",
     "dot_precision",
     "forced_tile",
+    "gluon_backward_requested",
     "gluon_forward_requested",
     "head_counts",
     "kernel_meta",
@@ -85,7 +93,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernels use the faster exp2
 
 
-_SETTINGS = ("FA2_AUTOTUNE", "FA2_TILES", "FA2_L2_GROUP", "FA2_GLUON_FORWARD")
+_SETTINGS = ("FA2_AUTOTUNE", "FA2_TILES", "FA2_L2_GROUP", "FA2_GLUON_FORWARD", "FA2_BACKWARD")
 
 
 def tile_settings() -> tuple[str | None, ...]:
@@ -466,6 +474,17 @@ def single_pass_backward(dtype: torch.dtype) -> bool:
     for 16-bit ones (docs/results/fa2_single_pass_h100_2026-11-23.md). Any dtype where
     FA2_TILES names a single-pass tile."""
     return dtype == torch.float32 or forced_tile("single-pass") is not None
+
+
+BACKWARD_FORMS = ("triton", "gluon")
+
+
+def gluon_backward_requested() -> bool:
+    """Whether FA2_BACKWARD asks for the Gluon single-pass backward (module docstring)."""
+    text = os.environ.get("FA2_BACKWARD", "triton").strip().lower() or "triton"
+    if text not in BACKWARD_FORMS:
+        raise ValueError(f"FA2_BACKWARD must be one of {', '.join(BACKWARD_FORMS)}, got {text!r}")
+    return text == "gluon"
 
 
 _forced: dict[str, dict[str, Tile]] = {}

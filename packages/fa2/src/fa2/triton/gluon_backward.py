@@ -1,0 +1,545 @@
+"""A single-pass, warp-specialised FlashAttention backward for Hopper (sm_90), written in Gluon.
+
+fa2's default backward is deterministic and issues 7 matmuls per (query tile, key tile) pair: a
+dQ pass and a dK/dV pass each recompute S and dP. FA3 and cuDNN issue 5: one pass over the key
+tiles computes dK and dV and adds each key tile's share of dQ into an fp32 accumulator. fa2's
+Triton single pass (`DKDV_ATOMIC` in `backward.py`) measured slower than the two passes in 16
+bits (docs/results/fa2_single_pass_h100_2026-11-23.md) because, without warp specialisation,
+the dQ additions and the fifth matmul wait in line behind the rest; Triton 3.6's automatic warp
+specialisation does not compile that loop. This kernel does the specialisation by hand, after
+FA3's Hopper backward (one program per 128 keys, 64-query tiles, a TMA producer, two MMA
+warpgroups and warps that reduce dQ):
+
+- the default partition, 8 warps = two warpgroups of 64 keys each, computes per query tile
+  Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp(Sᵀ·scale − L), dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ dO,
+  dK += dSᵀ Q and dQ_partial = dS K (dSᵀ goes through shared memory, read transposed), then
+  hands the fp32 dQ partial over in shared memory and goes on to the next tile;
+- a loader warp streams Q and dO (TMA, `STAGES` buffers) and L, D (plain loads into shared
+  memory; L taken to log2 units, +inf past the last query so that those rows get P = 0);
+- two dQ warps add each handed-over partial into the global fp32 dQ with 16-byte atomic adds
+  (Gluon in Triton 3.6 offers no TMA bulk reduction, FA3's choice), overlapping the next
+  tile's matmuls.
+
+Not deterministic: dQ's last bits depend on the order the additions land in. Chosen only where
+a caller allows that (`fa2.triton.configs.gluon_backward_requested`), never by default.
+Supported: bf16/fp16, head dim 64 or 128, causal (top-left, fa2's convention) or not, any
+sequence lengths (ragged last tiles: rows past the end read as zeros from TMA and are masked),
+one key/value head per query head, (batch, heads, seq, d) tensors with unit stride along d and
+16-byte aligned rows. `gluon_backward_available` says whether a call can run here.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from fa2.triton.configs import INTERPRET, LOG2E, block_d, cdiv, delta_rows, device_capability
+from fa2.triton.launch import _scratch, head_strides, needs_int64
+
+try:  # Gluon ships with Triton 3.6; older Tritons (and non-CUDA builds) lack it
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+__all__ = [
+    "BLOCK_M",
+    "BLOCK_N",
+    "HAVE_GLUON",
+    "HEAD_DIMS",
+    "STAGES",
+    "gluon_backward",
+    "gluon_backward_available",
+    "launch",
+    "unsupported_reason",
+]
+
+# FA3's hdim-64/128 backward tile: 128 keys per program (two MMA warpgroups of 64 keys: a
+# wgmma's M is 64 per warpgroup) and 64 queries per step (the smallest wgmma M, so dQ = dS K is
+# one warpgroup-sized M across both warpgroups, which split its head-dim columns).
+BLOCK_N = 128
+BLOCK_M = 64
+# Q/dO buffers the loader may fill ahead of the compute warps: 2 (FA3's) keeps shared memory at
+# K, V (64 KiB at d=128) + 2 x Q, dO (64 KiB) + dSᵀ (16 KiB) + the fp32 dQ partial (32 KiB),
+# 176 KiB of the 227 KiB a Hopper block may have.
+STAGES = 2
+HEAD_DIMS = (64, 128)
+COMPUTE_WARPS = 8  # the default partition: two warpgroups
+# Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
+# the loader (TMA issue and two 64-float row loads per tile), one warp, and the dQ reducer
+# (shared-memory loads and atomic adds), two warps so that each holds half of a DQ_ROWS slice.
+# Their register cap, 32, is the least at which neither spills (24 spilled a few loop values
+# when compiled for sm_90); Triton gives the compute warpgroups what the 64K-register file has
+# left (232 each).
+LOADER_WARPS, LOADER_REGS = 1, 32
+REDUCER_WARPS, REDUCER_REGS = 2, 32
+# Rows of the dQ partial the reducer holds in registers at once (and the period of its
+# shared-memory swizzle, which a slice may not split): 4 x 128 fp32 over 64 threads are 8
+# values per thread.
+DQ_ROWS = 4
+
+
+if HAVE_GLUON:
+    _LOG2E = gl.constexpr(LOG2E)  # the logsumexp to log2 units, for exp2
+
+    @gluon.jit
+    def _loader(
+        q_desc,
+        do_desc,
+        k_desc,
+        v_desc,
+        l_rows,
+        d_rows,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        lse_smem,
+        delta_smem,
+        kv_ready,
+        ready,
+        empty,
+        n0,
+        start_m,
+        n_tiles,
+        n_q,
+        BLOCK_M: gl.constexpr,
+        STAGES: gl.constexpr,
+    ):
+        """The TMA producer: this program's K and V once, then per query tile i (buffer i %
+        STAGES) Q and dO by TMA and L·log2(e), D by plain loads into shared memory. `ready`
+        completes when both the TMA bytes and this warp's arrival are in (count 2), `empty`
+        when the compute warps have finished reading the buffer."""
+        mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [n0, 0], kv_ready, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [n0, 0], kv_ready, v_smem)
+        row_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])  # 64 rows, 1 warp
+        for i in range(n_tiles):
+            s = i % STAGES
+            # The buffer's previous use (tile i - STAGES) must be released: parity of that
+            # use's phase; the first STAGES waits pass on the fresh barriers (parity 1).
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            m0 = start_m + i * BLOCK_M
+            bar = ready.index(s)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [m0, 0], bar, q_smem.index(s))
+            tma.async_copy_global_to_shared(do_desc, [m0, 0], bar, do_smem.index(s))
+            rows = m0 + gl.arange(0, BLOCK_M, row_layout)
+            inside = rows < n_q
+            # Rows past the last query: L = +inf gives P = exp2(-inf) = 0, D = 0 gives dS = 0.
+            lse2 = gl.load(l_rows + rows, mask=inside, other=float("inf")) * _LOG2E
+            delta = gl.load(d_rows + rows, mask=inside, other=0.0)
+            lse_smem.index(s).store(lse2)
+            delta_smem.index(s).store(delta)
+            gl.thread_barrier()  # every lane's stores before the (one-thread) arrival
+            mbarrier.arrive(bar, count=1)
+
+    @gluon.jit
+    def _reducer(
+        dq_rows,
+        dq_smem,
+        dq_ready,
+        dq_empty,
+        start_m,
+        n_tiles,
+        n_q,
+        HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        DQ_ROWS: gl.constexpr,
+        REDUCER_WARPS: gl.constexpr,
+    ):
+        """The dQ warps: per query tile, wait for the compute warps' fp32 partial
+        sm_scale·dS K in `dq_smem`, add it into the global fp32 dQ rows (relaxed atomic adds,
+        rows past the last query skipped), and release the buffer."""
+        # Four consecutive floats per lane (16-byte vector atomics, where the launch knows dQ
+        # 16-byte aligned), the lanes along a row; exactly DQ_ROWS rows at d = 64 and 128, so
+        # no lane holds a copy of another's values (which would be added twice).
+        lanes_per_row: gl.constexpr = HEAD_DIM // 4
+        layout: gl.constexpr = gl.BlockedLayout(
+            [1, 4], [32 // lanes_per_row, lanes_per_row], [REDUCER_WARPS, 1], [1, 0]
+        )
+        r = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
+        c = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+        for i in range(n_tiles):
+            mbarrier.wait(dq_ready, i & 1)
+            m0 = start_m + i * BLOCK_M
+            for r0 in gl.static_range(0, BLOCK_M, DQ_ROWS):
+                part = dq_smem.slice(r0, DQ_ROWS, dim=0).load(layout)
+                rows = m0 + r0 + r
+                offsets = rows[:, None] * HEAD_DIM + c[None, :]  # < 2**31: rows of one head
+                gl.atomic_add(dq_rows + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed")
+            gl.thread_barrier()  # every lane's reads of the buffer before releasing it
+            mbarrier.arrive(dq_empty, count=1)
+
+    @gluon.jit
+    def _compute(
+        dk_desc,
+        dv_desc,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        lse_smem,
+        delta_smem,
+        ds_smem,
+        dq_smem,
+        kv_ready,
+        ready,
+        empty,
+        dq_ready,
+        dq_empty,
+        n0,
+        start_m,
+        n_tiles,
+        n_k,
+        qk_scale,
+        sm_scale,
+        HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr,
+        IS_CAUSAL: gl.constexpr,
+    ):
+        """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
+        program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's 64 x HEAD_DIM
+        tile is split by columns between them ([4, 2]), so both read all of dSᵀ from shared
+        memory. Stores dK·sm_scale and dV at the end (TMA, which clips keys past n_k)."""
+        dtype: gl.constexpr = k_smem.dtype
+        # wgmma instruction shapes [m, n, k]: m = 16 rows per warp, k = 16 for 16-bit inputs,
+        # n the accumulator's full width per warpgroup.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [8, 1], [16, BLOCK_M, 16])
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [8, 1], [16, HEAD_DIM, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 2], [16, HEAD_DIM // 2, 16])
+        # Pᵀ as the register (A) operand of dV += Pᵀ dO; k_width 2: two 16-bit values per
+        # 32-bit register.
+        a_layout: gl.constexpr = gl.DotOperandLayout(0, kv_layout, 2)
+        key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+        keys = n0 + gl.arange(0, BLOCK_N, key_layout)
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+        zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        mbarrier.wait(kv_ready, 0)
+        for i in range(n_tiles):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            q_s = q_smem.index(s)
+            do_s = do_smem.index(s)
+            s_t = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s_t = warpgroup_mma_wait(1, deps=(s_t,))  # Sᵀ done, dPᵀ may still run
+            # One fused multiply-add per exponent (L is already in log2 units). L and D are
+            # read from shared memory where they are used, not ahead: registers are tight.
+            lse2 = lse_smem.index(s).load(query_layout)
+            p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+            keep = keys[:, None] < n_k  # keys past the end: TMA read zeros, masked anyway
+            if IS_CAUSAL:  # top-left: query m sees key n when n <= m
+                queries = start_m + i * BLOCK_M + gl.arange(0, BLOCK_M, query_layout)
+                keep = keep & (keys[:, None] <= queries[None, :])
+            p_t = gl.where(keep, p_t, 0.0)
+            # dV += Pᵀ dO needs no dP: issued now, it runs while dSᵀ is computed.
+            dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)
+            dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # in issue order: dPᵀ done, dV may run
+            delta = delta_smem.index(s).load(query_layout)
+            ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
+            # dSᵀ through shared memory: the A operand of dK += dSᵀ Q as it stands (no copy in
+            # registers, which are tight) and, transposed, of dQ = dS K, which needs both
+            # warpgroups' halves.
+            ds_smem.store(ds_t)
+            fence_async_shared()  # the generic-proxy stores before the wgmmas read them
+            gl.thread_barrier()
+            dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
+            dq = warpgroup_mma(
+                ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
+            )
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+            mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the previous partial
+            dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
+            # One barrier for both hand-overs: both warpgroups are done with Q, dO and dSᵀ
+            # (their wgmmas waited for) and have stored their halves of the partial.
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
+            mbarrier.arrive(dq_ready, count=1)
+
+        # K and V are read no more: their buffers hold dK and dV on the way out.
+        k_smem.store((dk * sm_scale).to(dtype))
+        v_smem.store(dv.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dk_desc, [n0, 0], k_smem)
+        tma.async_copy_shared_to_global(dv_desc, [n0, 0], v_smem)
+        tma.store_wait(0)
+
+    @gluon.jit
+    def _rows(
+        base, n_rows, row_stride, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, layout: gl.constexpr
+    ):
+        """A TMA descriptor of `n_rows` rows of one head (unit stride along d), BLOCK rows at a
+        time into shared memory of `layout`."""
+        return tma.make_tensor_descriptor(
+            base, [n_rows, HEAD_DIM], [row_stride, 1], [BLOCK, HEAD_DIM], layout
+        )
+
+    @gluon.jit
+    def _gluon_bwd_kernel(
+        Q,
+        K,
+        V,
+        DO,
+        L,
+        Delta,
+        DK,
+        DV,
+        DQ,
+        stride_qb,
+        stride_qh,
+        stride_qn,
+        stride_kb,
+        stride_kh,
+        stride_kn,
+        stride_vb,
+        stride_vh,
+        stride_vn,
+        stride_dob,
+        stride_doh,
+        stride_don,
+        stride_dkb,
+        stride_dkh,
+        stride_dkn,
+        HEADS,
+        N_Q,
+        N_K,
+        qk_scale,
+        sm_scale,
+        HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr,
+        IS_CAUSAL: gl.constexpr,
+        DQ_ROWS: gl.constexpr,
+        LOADER_WARPS: gl.constexpr,
+        LOADER_REGS: gl.constexpr,
+        REDUCER_WARPS: gl.constexpr,
+        REDUCER_REGS: gl.constexpr,
+    ):
+        """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
+        (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
+        (batch, head, row) strides. L: the forward's natural-log logsumexp, Delta: rowsum(dO ∘
+        O), both contiguous (batch, heads, N_Q). Grid: (key tiles, batch x heads)."""
+        gl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
+        qk_scale = qk_scale.to(gl.float32)
+        sm_scale = sm_scale.to(gl.float32)
+        pid_n = gl.program_id(0)
+        bh = gl.program_id(1).to(gl.int64)
+        b, h = bh // HEADS, bh % HEADS
+        n0 = pid_n * BLOCK_N
+        dtype: gl.constexpr = Q.dtype.element_ty
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        # The fp32 dQ partial: pairs of floats (the accumulator's per-thread unit) swizzled over
+        # DQ_ROWS rows, so the compute warps' stores spread over more banks than unswizzled
+        # rows would; the reducer reads it in slices of DQ_ROWS rows (a slice may not split the
+        # swizzle pattern).
+        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(2, 1, DQ_ROWS, [1, 0])
+        vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        # In-kernel descriptors of this (batch, head)'s rows: TMA reads zeros past the last row
+        # and clips stores there, which masks the ragged last tiles.
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        k_base = K + b * stride_kb + h * stride_kh
+        v_base = V + b * stride_vb + h * stride_vh
+        dk_base = DK + b * stride_dkb + h * stride_dkh
+        dv_base = DV + b * stride_dkb + h * stride_dkh
+        q_desc = _rows(q_base, N_Q, stride_qn, BLOCK_M, HEAD_DIM, q_layout)
+        do_desc = _rows(do_base, N_Q, stride_don, BLOCK_M, HEAD_DIM, q_layout)
+        k_desc = _rows(k_base, N_K, stride_kn, BLOCK_N, HEAD_DIM, kv_layout)
+        v_desc = _rows(v_base, N_K, stride_vn, BLOCK_N, HEAD_DIM, kv_layout)
+        dk_desc = _rows(dk_base, N_K, stride_dkn, BLOCK_N, HEAD_DIM, kv_layout)
+        dv_desc = _rows(dv_base, N_K, stride_dkn, BLOCK_N, HEAD_DIM, kv_layout)
+
+        k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+        v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dq_layout)
+
+        bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+        kv_ready = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        dq_ready = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+        dq_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+        mbarrier.init(kv_ready, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=2)  # the TMA bytes' arrival + the loader's
+            mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(dq_ready, count=1)
+        mbarrier.init(dq_empty, count=1)
+        fence_async_shared()  # the initialised barriers visible to the TMA unit
+
+        # Query tiles that see this key tile: from its diagonal on when causal (BLOCK_N is a
+        # multiple of BLOCK_M, so that is a tile boundary), from the first otherwise.
+        if IS_CAUSAL:
+            start_m = n0
+        else:
+            start_m = 0
+        n_tiles = gl.maximum(gl.cdiv(N_Q - start_m, BLOCK_M), 0)
+        rows_base = bh * N_Q
+        gl.warp_specialize(
+            [
+                (
+                    _compute,
+                    (
+                        dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+                        ds_smem, dq_smem, kv_ready, ready, empty, dq_ready, dq_empty, n0,
+                        start_m, n_tiles, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                        STAGES, IS_CAUSAL,
+                    ),
+                ),
+                (
+                    _loader,
+                    (
+                        q_desc, do_desc, k_desc, v_desc, L + rows_base, Delta + rows_base,
+                        k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
+                        empty, n0, start_m, n_tiles, N_Q, BLOCK_M, STAGES,
+                    ),
+                ),
+                (
+                    _reducer,
+                    (
+                        DQ + rows_base * HEAD_DIM, dq_smem, dq_ready, dq_empty, start_m,
+                        n_tiles, N_Q, HEAD_DIM, BLOCK_M, DQ_ROWS, REDUCER_WARPS,
+                    ),
+                ),
+            ],
+            [LOADER_WARPS, REDUCER_WARPS],
+            [LOADER_REGS, REDUCER_REGS],
+        )  # fmt: skip
+
+
+def unsupported_reason(q: torch.Tensor, *tensors: torch.Tensor) -> str | None:
+    """Why the Gluon backward cannot run for `q` (and the other tensors it would read through
+    TMA descriptors, given by `tensors`) here, or None when it can: Gluon importable, outside
+    Triton's interpreter, an sm_90 GPU (wgmma and setmaxnreg are sm_90a instructions: not on
+    Ampere, nor on Blackwell), bf16 or fp16, a head dim of HEAD_DIMS, and every tensor 16-byte
+    aligned with unit stride along d and 16-byte multiples for its other strides (TMA's
+    rules)."""
+    if not HAVE_GLUON:
+        return "this Triton has no Gluon (triton.experimental.gluon; Triton 3.6 has it)"
+    if INTERPRET:
+        return "Triton's interpreter does not run Gluon kernels"
+    if q.device.type != "cuda" or device_capability(q.device) != (9, 0):
+        return f"it needs an sm_90 GPU (H100, H200); this call is on {q.device}"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"it takes bf16 or fp16 inputs, not {q.dtype}"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"it takes head dims {HEAD_DIMS}, not {q.shape[-1]}"
+    for t in (q, *tensors):
+        strides = head_strides(t)
+        if strides is None or t.data_ptr() % 16:
+            return "a tensor is not 16-byte aligned or not contiguous along the head dim"
+        if any(stride * t.element_size() % 16 for stride in strides):
+            return "a tensor's batch, head or row stride is not a multiple of 16 bytes"
+    return None
+
+
+def gluon_backward_available(q: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Whether `gluon_backward` can run for these tensors here (`unsupported_reason`), so that
+    a caller can fall back to fa2's Triton backward."""
+    return unsupported_reason(q, *tensors) is None
+
+
+def launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    strides: tuple[tuple[int, int, int], ...],
+    *,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor:
+    """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
+    `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
+    contiguous fp32 `(..., heads, n_q, d)` tensor (the caller casts it). One key/value head per
+    query head; `unsupported_reason` must have said None."""
+    from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
+
+    sq, sk, sv, so, sdo, sdk = strides
+    n_q, d = q.shape[-2:]
+    heads = q.shape[-3] if q.dim() >= 3 else 1
+    n_k = k.shape[-2]
+    batch_heads = lse.numel() // n_q if n_q else 0
+    delta = lse.new_empty((batch_heads, n_q))
+    dq = q.new_empty(q.shape, dtype=torch.float32)
+    if batch_heads == 0 or n_q == 0 or n_k == 0:
+        return dq.zero_()
+    # D = rowsum(dO ∘ O) and the fp32 dQ accumulator zeroed: fa2's single-pass pre-pass.
+    rows = delta_rows(d)
+    large = needs_int64([o.shape, do.shape], [so, sdo])
+    _delta_kernel[(cdiv(n_q, rows), batch_heads)](
+        o, do, delta, dq, *so, *sdo, heads, n_q,
+        HEAD_DIM=d, BLOCK_D=block_d(d), LARGE=large, BLOCK_M=rows, num_warps=4, num_stages=1,
+    )  # fmt: skip
+    triton.set_allocator(_scratch)  # the kernel builds its TMA descriptors in global memory
+    _gluon_bwd_kernel[(cdiv(n_k, BLOCK_N), batch_heads)](
+        q, k, v, do, lse, delta, dk, dv, dq, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
+        scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
+        IS_CAUSAL=causal, DQ_ROWS=DQ_ROWS, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
+        REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, num_warps=COMPUTE_WARPS,
+    )  # fmt: skip
+    return dq
+
+
+def gluon_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of attention over `(batch, heads, n, d)` tensors (any strides with unit
+    stride along d), from the forward's output `o` and natural-log logsumexp `lse` (`(batch,
+    heads, n_q)`, contiguous, as fa2's forward stores it). dq in q's dtype; dk, dv contiguous.
+    Raises ValueError where `unsupported_reason` gives one, or for grouped heads."""
+    if k.shape[:-2] != q.shape[:-2] or v.shape != k.shape:
+        raise ValueError(
+            "the Gluon backward takes one key/value head per query head (k, v shaped like q "
+            f"up to the sequence length); got q {tuple(q.shape)}, k {tuple(k.shape)}, v "
+            f"{tuple(v.shape)}: use fa2's Triton backward"
+        )
+    if q.dim() != 4 or o.shape != q.shape or do.shape != q.shape:
+        raise ValueError("q, o and dO must be (batch, heads, n, d) tensors of one shape")
+    if lse.shape != q.shape[:-1] or not lse.is_contiguous() or lse.dtype != torch.float32:
+        raise ValueError("lse must be a contiguous fp32 (batch, heads, n_q) tensor")
+    reason = unsupported_reason(q, k, v, do)
+    if reason is not None:
+        raise ValueError(f"the Gluon backward cannot run here: {reason}")
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(k, memory_format=torch.contiguous_format)
+    strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
+    dq = launch(q, k, v, o, lse, do, dk, dv, strides, scale=scale, causal=causal)
+    return dq.to(q.dtype), dk, dv
