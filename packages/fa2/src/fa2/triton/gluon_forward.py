@@ -206,6 +206,24 @@ def _softmax(
 
 
 @_jit
+def _issue_scores(q_tile, k_ring, k_ready, i, s_zero, STAGES: gl.constexpr):
+    """Issue S(i) = Q K(i)ᵀ once K(i) has landed: (S's pending wgmma, K(i)'s slot). Tile i is
+    ring slot i % STAGES in its (i // STAGES)-th use, whose "ready" phase has that parity."""
+    k_tile = k_ring.index(i % STAGES)
+    mbarrier.wait(k_ready.index(i % STAGES), (i // STAGES) & 1)
+    s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return s, k_tile
+
+
+@_jit
+def _issue_pv(p, v_ring, v_ready, j, acc, STAGES: gl.constexpr):
+    """Issue O += P(j) V(j) once V(j) has landed: (O's pending wgmma, V(j)'s slot)."""
+    v_tile = v_ring.index(j % STAGES)
+    mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
+    return warpgroup_mma(p, v_tile, acc, is_async=True), v_tile
+
+
+@_jit
 def _consumer(
     half, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, turn, o_desc,
     L, bh, off_m, n_tiles, N_Q, N_K, qk_scale,
@@ -260,11 +278,9 @@ def _consumer(
 
     # Tile 0: S(0) and its softmax; O is still 0, so alpha is not applied.
     mbarrier.wait(q_ready.index(half), 0)
-    k_tile = k_ring.index(0)
     if PINGPONG:
         mbarrier.wait(turn.index(half), 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s, k_tile = _issue_scores(q_tile, k_ring, k_ready, 0, s_zero, STAGES)
     if PINGPONG:
         mbarrier.arrive(turn.index(1 - half), count=1)
     # The operands go through the waits too: a wgmma reads them until it completes.
@@ -275,54 +291,39 @@ def _consumer(
         q_tile.dtype,
     )  # fmt: skip
     for i in range(1, n_tiles):
-        slot = i % STAGES
-        prev = (i - 1) % STAGES
-        k_tile = k_ring.index(slot)
-        v_prev = v_ring.index(prev)
         if OVERLAP:
             if PINGPONG:
                 mbarrier.wait(turn.index(half), i & 1)
-            mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
-            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
-            acc = warpgroup_mma(p, v_prev, acc, is_async=True)
+            s, k_tile = _issue_scores(q_tile, k_ring, k_ready, i, s_zero, STAGES)
+            acc, v_prev = _issue_pv(p, v_ring, v_ready, i - 1, acc, STAGES)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - half), count=1)
             # wgmma groups complete in issue order: with one left in flight, S(i) is done.
             s, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s, q_tile, k_tile))
-            mbarrier.arrive(k_free.index(slot), count=1)
-            p_next, m_i, l_i, alpha = _softmax(
-                s, m_i, l_i, i, n_full, rows, N_K, qk_scale, s_layout, p_layout, BLOCK_N,
-                IS_CAUSAL, q_tile.dtype,
-            )  # fmt: skip
-            acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_prev))
-            mbarrier.arrive(v_free.index(prev), count=1)
         else:
-            mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
-            acc = warpgroup_mma(p, v_prev, acc, is_async=True)
+            acc, v_prev = _issue_pv(p, v_ring, v_ready, i - 1, acc, STAGES)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_prev))
-            mbarrier.arrive(v_free.index(prev), count=1)
-            mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
-            s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.arrive(v_free.index((i - 1) % STAGES), count=1)
+            s, k_tile = _issue_scores(q_tile, k_ring, k_ready, i, s_zero, STAGES)
             s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_tile, k_tile))
-            mbarrier.arrive(k_free.index(slot), count=1)
-            p_next, m_i, l_i, alpha = _softmax(
-                s, m_i, l_i, i, n_full, rows, N_K, qk_scale, s_layout, p_layout, BLOCK_N,
-                IS_CAUSAL, q_tile.dtype,
-            )  # fmt: skip
+        mbarrier.arrive(k_free.index(i % STAGES), count=1)
+        p_next, m_i, l_i, alpha = _softmax(
+            s, m_i, l_i, i, n_full, rows, N_K, qk_scale, s_layout, p_layout, BLOCK_N,
+            IS_CAUSAL, q_tile.dtype,
+        )  # fmt: skip
+        if OVERLAP:  # the PV wgmma ran beside the softmax
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_prev))
+            mbarrier.arrive(v_free.index((i - 1) % STAGES), count=1)
         # O holds the tiles up to i - 1 at the old max; tile i's P is at the new one.
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p = p_next
-    last = (n_tiles - 1) % STAGES
-    v_last = v_ring.index(last)
     if PINGPONG:
         mbarrier.wait(turn.index(half), n_tiles & 1)
-    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p, v_last, acc, is_async=True)
+    acc, v_last = _issue_pv(p, v_ring, v_ready, n_tiles - 1, acc, STAGES)
     if PINGPONG:
         mbarrier.arrive(turn.index(1 - half), count=1)
     acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_last))
-    mbarrier.arrive(v_free.index(last), count=1)
+    mbarrier.arrive(v_free.index((n_tiles - 1) % STAGES), count=1)
 
     # Every row saw key 0 (top-left causal or none, N_K >= 1): l_i >= 1, no division by 0.
     o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
