@@ -24,12 +24,14 @@ may compare candidates by changing them between calls):
 - FA2_L2_GROUP: the launch order of the backward passes (`l2_group`): unset or 1, each
   (batch, head)'s tiles in turn; "auto" or a number, heads taken in groups whose inputs fit
   in L2 together.
-- FA2_GLUON_FORWARD=1: the forward runs the hand warp-specialised Gluon kernel
-  (`fa2.triton.gluon_forward`) instead of the Triton one, where the call allows it (sm_90,
-  bf16/fp16, d 64 or 128, no grouped heads, window, softcap, packed sequences or bottom-right
-  diagonal, TMA-aligned strides, not traced by torch.compile); elsewhere the Triton forward
-  runs and a warning says why, once per reason. A candidate, not a default.
-  FA2_GLUON_FORWARD=plain runs it without FA3's intra-warpgroup overlap, to measure that.
+- FA2_GLUON_FORWARD: the hand warp-specialised Gluon forward (`fa2.triton.gluon_forward`)
+  in place of the Triton one. Unset ("auto"), it runs where it measured faster: sm_90, bf16 or
+  fp16, sequences longer than `SHORT_SEQ`, a call it takes (d 64 or 128, no grouped heads,
+  window, softcap, packed sequences or bottom-right diagonal, TMA-aligned strides, static
+  shapes), silently falling back otherwise. 1 forces it wherever a call allows it (a warning
+  says why, once per reason, where not), "plain" does so without FA3's intra-warpgroup overlap
+  (to measure that), 0 never runs it. Under torch.compile it runs as the opaque op
+  `fa2::gluon_forward` (Inductor launches Triton kernels, not Gluon ones).
 """
 
 from __future__ import annotations
@@ -94,13 +96,15 @@ def tile_settings() -> tuple[str | None, ...]:
 
 
 def gluon_forward_requested() -> str | None:
-    """The Gluon forward FA2_GLUON_FORWARD asks for (module docstring): "overlap" (set to 1),
-    "plain", or None (unset or 0)."""
-    text = os.environ.get("FA2_GLUON_FORWARD", "0").strip().lower()
-    if text in ("", "0"):
+    """The Gluon forward FA2_GLUON_FORWARD asks for (module docstring): "auto" (unset),
+    "overlap" (1), "plain", or None (0)."""
+    text = os.environ.get("FA2_GLUON_FORWARD", "").strip().lower()
+    if text in ("", "auto"):
+        return "auto"
+    if text == "0":
         return None
     if text not in ("1", "plain"):
-        raise ValueError(f'FA2_GLUON_FORWARD must be 0, 1 or "plain", got {text!r}')
+        raise ValueError(f'FA2_GLUON_FORWARD must be unset, 0, 1 or "plain", got {text!r}')
     return "overlap" if text == "1" else "plain"
 
 
