@@ -1,7 +1,9 @@
 """The Hopper screen: fa2's candidate kernels beside today's defaults and cuDNN, on one GPU.
 
 For each shape (causal, bf16, a random output gradient) and each implementation: cuDNN (SDPA's
-cuDNN backend), fa2 as it runs by default, and fa2 with each candidate forced through
+cuDNN backend), fa2 as it runs by default (on Hopper: the Gluon forward for sequences longer
+than `SHORT_SEQ`), fa2 with the Triton forward at every length ("fa2 triton-fwd":
+FA2_GLUON_FORWARD=0), and fa2 with each candidate forced through
 FA2_TILES / FA2_L2_GROUP / FA2_BACKWARD (`fa2.triton.configs`): the warp-specialised forward and
 dK/dV tiles, dQ on 128x128 tiles, the L2-grouped backward launch order, all of them together, and
 the Gluon single-pass backward ("fa2 gluon-bwd": FA2_BACKWARD=gluon, called with
@@ -104,7 +106,8 @@ def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
         dq = "128x128/8w/2s+TMA"
     every = f"forward={fwd},dkdv={dkdv},dq={dq}"
     return {
-        "fa2": {},
+        "fa2": {},  # the defaults: on Hopper the Gluon forward for sequences past SHORT_SEQ
+        "fa2 triton-fwd": {"FA2_GLUON_FORWARD": "0"},  # the Triton forward at every length
         "fa2 ws-fwd": {"FA2_TILES": f"forward={fwd}"},
         "fa2 ws-dkdv": {"FA2_TILES": f"dkdv={dkdv}"},
         "fa2 dq-128x128": {"FA2_TILES": f"dq={dq}"},
@@ -303,7 +306,10 @@ def screen_shape(
         row = dict(shape=name, impl=impl, env=env, input_copies=copies)
         unavailable = (
             env.get("FA2_BACKWARD") == "gluon" and gluon_backward.unsupported_reason(q, k, v, do)
-        ) or ("FA2_GLUON_FORWARD" in env and gluon_forward.gluon_forward_refusal(q, k, v))
+        ) or (
+            env.get("FA2_GLUON_FORWARD", "0") != "0"
+            and gluon_forward.gluon_forward_refusal(q, k, v)
+        )
         if unavailable:  # the plan would fall back to the Triton kernels: nothing to time
             rows.append(dict(row, skipped=f"unavailable: {unavailable}"))
             print(f"{name} {impl}: unavailable ({unavailable})", flush=True)

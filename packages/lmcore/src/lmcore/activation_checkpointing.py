@@ -45,8 +45,9 @@ __all__ = [
 ]
 
 # The ops whose outputs `selective` keeps: SDPA's fused kernels (the backend the `sdpa` backend
-# dispatches to on each device) and fa2's Triton forward (the `fa2-triton` backend: its custom
-# op under torch.compile or a dispatch mode). Their outputs are the attention output and its
+# dispatches to on each device) and fa2's forward (the `fa2-triton` backend: its custom op under
+# torch.compile or a dispatch mode, and the Gluon forward's, which it hands over to on Hopper).
+# Their outputs are the attention output and its
 # logsumexp, which their backward reads; everything else in the block is recomputed.
 KEPT_ATTENTION_OPS = frozenset(
     {
@@ -55,6 +56,7 @@ KEPT_ATTENTION_OPS = frozenset(
         "aten::_scaled_dot_product_efficient_attention",
         "aten::_scaled_dot_product_flash_attention_for_cpu",
         "fa2::triton_forward",
+        "fa2::gluon_forward",
     }
 )
 

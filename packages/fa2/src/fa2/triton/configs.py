@@ -24,13 +24,15 @@ may compare candidates by changing them between calls):
 - FA2_L2_GROUP: the launch order of the backward passes (`l2_group`): unset or 1, each
   (batch, head)'s tiles in turn; "auto" or a number, heads taken in groups whose inputs fit
   in L2 together.
-- FA2_GLUON_FORWARD=1: the forward runs the hand warp-specialised Gluon kernel
-  (`fa2.triton.gluon_forward`) instead of the Triton one, where the call allows it (sm_90,
-  bf16/fp16, d 64 or 128, no grouped heads, window, softcap, packed sequences or bottom-right
-  diagonal, TMA-aligned strides, not traced by torch.compile); elsewhere the Triton forward
-  runs and a warning says why, once per reason. A candidate, not a default.
-  FA2_GLUON_FORWARD=pingpong adds FA3's inter-warpgroup ping-pong to its intra-warpgroup
-  overlap, =plain runs it with neither, to measure what each buys.
+- FA2_GLUON_FORWARD: the hand warp-specialised Gluon forward (`fa2.triton.gluon_forward`)
+  in place of the Triton one. Unset ("auto"), it runs where it measured faster: sm_90, bf16 or
+  fp16, sequences longer than `SHORT_SEQ`, a call it takes (d 64 or 128, no grouped heads,
+  window, softcap, packed sequences or bottom-right diagonal, TMA-aligned strides, static
+  shapes), silently falling back otherwise. 1 forces it (FA3's intra-warpgroup overlap)
+  wherever a call allows it, warning why (once per reason) where not; "pingpong" adds FA3's
+  inter-warpgroup ping-pong, "plain" runs it with neither, to measure what each buys; 0 never
+  runs it. Under torch.compile it runs as the opaque op `fa2::gluon_forward` (Inductor
+  launches Triton kernels, not Gluon ones).
 - FA2_BACKWARD: the form of a backward allowed to be nondeterministic (`deterministic=False`):
   unset or "triton", fa2's Triton kernels as `single_pass_backward` chooses; "gluon", the
   hand warp-specialised single pass for Hopper (`fa2.triton.gluon_backward`; bf16/fp16, head
@@ -103,13 +105,17 @@ def tile_settings() -> tuple[str | None, ...]:
 
 
 def gluon_forward_requested() -> str | None:
-    """The Gluon forward FA2_GLUON_FORWARD asks for (module docstring): "overlap" (set to 1),
-    "pingpong", "plain", or None (unset or 0)."""
-    text = os.environ.get("FA2_GLUON_FORWARD", "0").strip().lower()
-    if text in ("", "0"):
+    """The Gluon forward FA2_GLUON_FORWARD asks for (module docstring): "auto" (unset),
+    "overlap" (1), "pingpong", "plain", or None (0)."""
+    text = os.environ.get("FA2_GLUON_FORWARD", "").strip().lower()
+    if text in ("", "auto"):
+        return "auto"
+    if text == "0":
         return None
     if text not in ("1", "pingpong", "plain"):
-        raise ValueError(f'FA2_GLUON_FORWARD must be 0, 1, "pingpong" or "plain", got {text!r}')
+        raise ValueError(
+            f'FA2_GLUON_FORWARD must be unset, 0, 1, "pingpong" or "plain", got {text!r}'
+        )
     return "overlap" if text == "1" else text
 
 

@@ -20,6 +20,7 @@ from fa2.checks import Call
 from fa2.layouts import as_bhsd
 from fa2.triton.configs import (
     FORWARD,
+    SHORT_SEQ,
     Tile,
     cdiv,
     choose_tile,
@@ -27,6 +28,7 @@ from fa2.triton.configs import (
     head_counts,
     kernel_meta,
     kernel_scales,
+    known_true,
     seq_bucket,
     tile_settings,
 )
@@ -309,13 +311,14 @@ class ForwardPlan:
         # A warp-specialised tile also reads its queries through a descriptor (`load_rows`).
         self.ws_loads = self.tma_loads and tma_layouts(views[:1], strides[:1], traced=traced)
         self.backward_plans: dict = {}
-        # FA2_GLUON_FORWARD: the Gluon kernel where the call allows it (`_gluon_allowed`).
-        self.gluon_mode = gluon_forward_requested()
-        self.gluon = self.gluon_mode is not None and self._gluon_allowed(
-            views, strides[:3], group, traced
-        )
         # no guard when traced with symbolic lengths
         self.seq_len = torch.sym_max(n_q, n_k) if seq_len is None else seq_len
+        # FA2_GLUON_FORWARD: the Gluon kernel where the call allows it (`_gluon_allowed`).
+        requested = gluon_forward_requested()
+        self.gluon_mode = "overlap" if requested == "auto" else requested
+        self.gluon = requested is not None and self._gluon_allowed(
+            views, strides[:3], group, auto=requested == "auto"
+        )
 
         def run(tile: Tile) -> None:  # for FA2_AUTOTUNE's timing only
             inputs = contiguous_where((q, k, v), self.copies, layout)
@@ -337,22 +340,27 @@ class ForwardPlan:
         self.launch = self._launch(tile)
 
     def _gluon_allowed(
-        self, views: tuple, strides: list[tuple[int, int, int]], group: int, traced: bool
+        self, views: tuple, strides: list[tuple[int, int, int]], group: int, *, auto: bool
     ) -> bool:
-        """Whether this call may run the Gluon forward; where not, warn why (once per reason)
-        and run the Triton forward."""
+        """Whether this call runs the Gluon forward. `auto` (FA2_GLUON_FORWARD unset): only for
+        sequences longer than `SHORT_SEQ`, where it measured faster than the Triton forward
+        (docs/design/fa2.md, "The Gluon forward"), and silently; forced: wherever the call
+        allows it, warning why (once per reason) where it does not."""
         from fa2.triton.gluon_forward import gluon_forward_refusal
 
+        if auto and not known_true(self.seq_len > SHORT_SEQ):
+            return False
         meta = self.meta
-        if traced:  # wrap_triton has not been tried with a Gluon kernel
-            reason = "torch.compile traces this call, and the Gluon kernel is launched eagerly only"
+        sizes = (*views[0].shape, *views[1].shape, *(s for st in strides for s in st))
+        if not all(isinstance(size, int) for size in sizes):  # traced with dynamic shapes
+            reason = "torch.compile traces this call with dynamic shapes"
         else:
             reason = gluon_forward_refusal(
                 *views, strides, group=group, packed=self.varlen, softcap=bool(meta["SOFTCAP"]),
                 windowed=bool(meta["LOCAL"] or meta["WIN_RIGHT"]),
                 causal_bottom_right=bool(meta["BOTTOM_RIGHT"]),
             )  # fmt: skip
-        if reason is not None and reason not in _gluon_refusals:
+        if reason is not None and not auto and reason not in _gluon_refusals:
             _gluon_refusals.add(reason)
             warnings.warn(
                 f"FA2_GLUON_FORWARD is set, but the Triton forward runs instead: {reason}",

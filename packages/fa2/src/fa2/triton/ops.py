@@ -13,6 +13,11 @@ here.
 
 The ops take a call's options as flat arguments (custom ops take tensors and scalars only):
 `op_options` turns a validated call into them (`OpOptions`), in the order both ops take them.
+Where a forward plan takes the Gluon forward (`fa2.triton.gluon_forward`, Hopper's long
+sequences by default), `fa2::triton_forward` hands the call to `fa2::gluon_forward`, an opaque
+`custom_op` on every device: Inductor generates launchers for Triton kernels, not Gluon ones, so
+the compiled graph calls that op as it is. It has the forward's schema and shape function.
+
 Each op's schema is inferred from its function's signature, which `_typed` spells from the
 tensors' names and `OpOptions`' fields: one list, read by both kinds of op.
 """
@@ -29,9 +34,10 @@ import torch
 from fa2.checks import Call
 from fa2.layouts import as_bhsd
 from fa2.masks import Band
-from fa2.triton.configs import INTERPRET
+from fa2.triton.configs import INTERPRET, tile_settings
+from fa2.triton.launch import plan_cache
 
-__all__ = ["TRACEABLE", "OpOptions", "backward_op", "forward_op", "op_options"]
+__all__ = ["TRACEABLE", "OpOptions", "backward_op", "forward_op", "gluon_forward_op", "op_options"]
 
 TRACEABLE = not INTERPRET and importlib.util.find_spec("triton") is not None
 
@@ -87,9 +93,36 @@ def _packed(options: OpOptions, cu_q: torch.Tensor | None, cu_k: torch.Tensor | 
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
+    plan = _plan(q, k, v, OpOptions(*options))
+    if plan.gluon:  # Inductor launches Triton kernels, not Gluon ones: an opaque op runs it
+        return gluon_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, *options)
     options = OpOptions(*options)
     cu, longest = _packed(options, cu_seqlens_q, cu_seqlens_k)
-    return _plan(q, k, v, options)(q, k, v, options.scale, cu, longest, TRACEABLE)
+    return plan(q, k, v, options.scale, cu, longest, TRACEABLE)
+
+
+def _gluon_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
+    """`fa2::gluon_forward`: the forward `fa2::triton_forward` hands over where its plan takes
+    the Gluon kernel, run eagerly from a plan of its own (cached like the Function's; never
+    packed sequences, which the Gluon forward does not take)."""
+    options = OpOptions(*options)
+    key = (
+        q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
+        options[1:], tile_settings(),
+    )  # fmt: skip
+    return _eager_plans(key, q, k, v, options)(q, k, v, options.scale, None, None, False)
+
+
+def _eager_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: OpOptions):
+    """The forward plan of an op's arguments for an eager launch."""
+    from fa2.triton.forward import ForwardPlan
+
+    o = options
+    call = Call(Band(o.left, o.right, o.bottom_right), o.softcap, o.scale, o.layout)
+    return ForwardPlan(q, k, v, call, o.precision, o.same_lengths, False)
+
+
+_eager_plans = plan_cache(_eager_plan)
 
 
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
@@ -149,6 +182,13 @@ forward_op = _define_op(
     _typed(_forward, "q k v cu_seqlens_q? cu_seqlens_k?", 2),
     _forward_fake,
 )
+# Opaque on every device: where the Gluon forward runs (sm_90), torch.compile calls it as is.
+gluon_forward_op = torch.library.custom_op(
+    "fa2::gluon_forward",
+    _typed(_gluon_forward, "q k v cu_seqlens_q? cu_seqlens_k?", 2),
+    mutates_args=(),
+)
+gluon_forward_op.register_fake(_forward_fake)
 backward_op = _define_op(
     "fa2::triton_backward",
     _typed(_backward, "q k v o lse do cu_seqlens_q? cu_seqlens_k?", 3, last=("deterministic",)),

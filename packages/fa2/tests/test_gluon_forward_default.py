@@ -1,0 +1,99 @@
+"""The Gluon forward as the default for long sequences on Hopper (FA2_GLUON_FORWARD unset), and
+its opaque op under torch.compile.
+
+On the CPU: the setting's values, that an unset setting never warns where the Gluon forward
+cannot run, and that short sequences keep the Triton forward. On an sm_90 GPU: a long sequence
+takes it by default, a short one does not, and a compiled call runs it as `fa2::gluon_forward`
+with the same bits as the eager call, gradients included.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from fa2 import FlashAttention2Triton
+from fa2.triton import configs, forward
+from fa2.triton.configs import SHORT_SEQ
+
+
+@pytest.mark.parametrize(
+    ("text", "mode"),
+    [(None, "auto"), ("", "auto"), ("auto", "auto"), ("0", None), ("1", "overlap"),
+     ("pingpong", "pingpong"), ("plain", "plain")],
+)  # fmt: skip
+def test_the_setting_reads(monkeypatch, text, mode):
+    if text is None:
+        monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
+    else:
+        monkeypatch.setenv("FA2_GLUON_FORWARD", text)
+    assert configs.gluon_forward_requested() == mode
+
+
+def test_unset_it_falls_back_silently(monkeypatch):
+    # On the CPU (or any GPU but sm_90) the Gluon forward cannot run: no warning, Triton runs.
+    monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(1, 1, 24, 16, device=device) for _ in range(3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        FlashAttention2Triton.apply(q, k, v, True)
+    assert not [w for w in caught if "FA2_GLUON_FORWARD" in str(w.message)]
+    assert not any(plan.gluon for plan in forward._plans.cache.values())
+
+
+hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="needs an sm_90 GPU",
+)
+LONG = SHORT_SEQ + 64  # the shortest sequences the default gives the Gluon forward, plus a tile
+
+
+def _qkv(n: int, d: int = 64) -> tuple[torch.Tensor, ...]:
+    return tuple(
+        torch.randn(1, 2, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(("n", "gluon"), [(LONG, True), (SHORT_SEQ, False)])
+def test_long_sequences_take_it_by_default(monkeypatch, n, gluon):
+    monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
+    from fa2.triton.function import run_forward
+
+    q, k, v = (t.detach() for t in _qkv(n))
+    _, _, plan = run_forward(q, k, v, is_causal=True)
+    assert plan.gluon is gluon
+
+
+@pytest.mark.gpu
+@hopper
+def test_compiled_it_runs_as_its_opaque_op_with_the_eager_bits(monkeypatch):
+    from torch._inductor.utils import run_and_get_code
+
+    from fa2 import flash_attention
+
+    monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
+    q, k, v = _qkv(LONG)
+    do = torch.randn_like(q)
+
+    def attend(q, k, v):
+        return flash_attention(q, k, v, causal=True)
+
+    def step(fn):
+        for t in (q, k, v):
+            t.grad = None
+        o = fn(q, k, v)
+        o.backward(do)
+        return o.detach(), *(t.grad.clone() for t in (q, k, v))
+
+    eager = step(attend)
+    torch._dynamo.reset()
+    compiled, (code, *_) = run_and_get_code(step, torch.compile(attend, fullgraph=True))
+    assert "fa2.gluon_forward" in code
+    for got, want in zip(compiled, eager, strict=True):
+        assert torch.equal(got, want)
