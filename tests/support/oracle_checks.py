@@ -24,13 +24,17 @@ def grads(o: torch.Tensor, inputs, do: torch.Tensor) -> list[torch.Tensor]:
 
 def assert_within_twice_plain(ours, oracle, plain, dtype: torch.dtype) -> None:
     """Each of o, dq, dk, dv: error vs float64 at most 2x plain PyTorch's in this dtype + a floor
-    (1e-5 for fp32, 1e-3 for 16-bit); where the oracle is 0 (nothing seen) ours must be 0 too."""
+    (1e-5 for fp32, 1e-3 for 16-bit). Where the oracle is 0, ours must be 0 up to fp32 rounding:
+    a query that sees nothing gives exact zeros, but one whose gradient cancels (a query seeing a
+    single key: dS = P ∘ (dP - D) with dP and D the same sum in two orders) leaves the rounding
+    of dP - D, about 1e-6 with gradients of order 1 (measured 1.5e-6 for dq at d = 128)."""
     floor = 1e-5 if dtype == torch.float32 else 1e-3
+    zero_atol = 1e-5  # 10x the rounding that cancellation leaves; garbage would be of order 1
     for name, x, ref, p in zip(("o", "dq", "dk", "dv"), ours, oracle, plain, strict=True):
         assert x.shape == ref.shape, name
         assert torch.isfinite(x).all(), f"{name} has non-finite values"
         if ref.norm() < 1e-9:
-            torch.testing.assert_close(x.double(), ref, atol=1e-6, rtol=0)
+            torch.testing.assert_close(x.double(), ref, atol=zero_atol, rtol=0)
             continue
         err, budget = relative_error(x, ref), 2 * relative_error(p, ref) + floor
         assert err <= budget, f"{name}: error {err:.2e} > budget {budget:.2e}"
