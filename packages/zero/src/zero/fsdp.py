@@ -31,10 +31,12 @@ from zero.mixed_precision import MixedPrecision
 
 __all__ = ["FSDP"]
 
-# Reduce-scatters in flight at once: the newest units' reductions overlap the backward of the
-# units before them, while older ones are waited for (and their full-size gradient buffers
-# released) so that at most this many units' gradients wait on the network.
-_MAX_REDUCTIONS_IN_FLIGHT = 2
+# Reduce-scatters in flight at once. A unit's reduction overlaps the backward of the unit
+# before it and is waited for (its full-size gradient buffer released; NCCL holds an async
+# collective's tensors until the wait) before the next unit's gradients are packed, FSDP2's
+# order: one full-size buffer at a time beside the gradients being packed. Each more in flight
+# would hold one more unit's full-size gradients through the backward.
+_MAX_REDUCTIONS_IN_FLIGHT = 1
 
 
 class _State(enum.Enum):
@@ -59,6 +61,9 @@ class _Unit:
     (padded); ``full_views`` are the parameters' full-shaped views of it. Its storage is
     allocated while gathered and resized to zero while free, so the views (also the ones
     autograd saved for backward) stay valid objects and see the data again after a re-gather.
+    While an all-gather is in flight its rank-major output is ``gather_out`` (``flat`` itself
+    when the layouts agree); ``flat``'s storage is then allocated only when the output is
+    copied into it, so a prefetched unit holds one full-size buffer, not two.
     """
 
     index: int
@@ -280,8 +285,9 @@ class FSDP(nn.Module):
       of the unit's output arrives; the next unit in backward order (this forward's order,
       reversed) is gathered one unit ahead from that hook; when all gradients of the unit's
       weights are ready, one ``reduce_scatter_tensor`` (average) of them in the reduce dtype,
-      at most ``_MAX_REDUCTIONS_IN_FLIGHT`` (2) in flight — launching a third waits for the
-      oldest and adds it to the shard gradients (in the storage dtype);
+      at most ``_MAX_REDUCTIONS_IN_FLIGHT`` (1) in flight — the next unit's waits for the
+      older ones and adds them to the shard gradients (in the storage dtype) before packing
+      the next unit's gradients;
     * :meth:`finish_gradient_synchronization`: waits for every outstanding reduce-scatter,
       then one blocking ``all_reduce`` (average, in the reduce dtype) of all replicated
       parameters' gradients (with a flag per parameter saying whether any rank had one);
@@ -468,35 +474,51 @@ class FSDP(nn.Module):
         unit.gather_out = None
         unit.state = _State.FREE
 
+    @staticmethod
+    def _allocate(unit: _Unit) -> None:
+        flat = unit.flat
+        flat.untyped_storage().resize_(flat.numel() * flat.element_size())
+
     def _start_gather(self, unit: _Unit) -> None:
-        """Allocate the unit's buffer and launch the all-gather of its shards into it."""
+        """Launch the all-gather of the unit's shards into its rank-major output.
+
+        In place, as FSDP2's: this rank's chunks are copied (cast to the compute dtype) into its
+        own row of the output, which is the collective's input, so no separate send buffer.
+        """
         if not unit.sharded:
             unit.state = _State.READY
             return
-        flat = unit.flat
-        flat.untyped_storage().resize_(flat.numel() * flat.element_size())
+        layout = unit.layout
         with torch.no_grad():
-            shards = [s.detach() for s in unit.shards]
-            send = torch.empty(
-                unit.layout.shard_numel, dtype=self.compute_dtype, device=self.device
-            )
-            torch.cat(shards, out=send)  # this rank's chunks, cast to the compute dtype
-            # Written through .data: a fresh version counter, so re-filling the buffer in
-            # backward does not count as modifying the weights autograd saved.
-            direct = unit.layout.same_in_both_layouts
-            out = flat.data if direct else torch.empty_like(flat.data)
-            unit.gather_out = None if direct else out
+            if layout.same_in_both_layouts:
+                self._allocate(unit)
+                # Written through .data: a fresh version counter, so re-filling the buffer in
+                # backward does not count as modifying the weights autograd saved.
+                out = unit.flat.data
+            else:
+                out = torch.empty(
+                    layout.world_size * layout.shard_numel,
+                    dtype=self.compute_dtype,
+                    device=self.device,
+                )
+                unit.gather_out = out
+            send = out.view(layout.world_size, layout.shard_numel)[self.rank]
+            torch.cat([s.detach() for s in unit.shards], out=send)
             unit.gather_work = dist.all_gather_into_tensor(
                 out, send, group=self.group, async_op=True
             )
         unit.state = _State.GATHERING
 
+    def _wait_gather(self, unit: _Unit) -> None:
+        assert unit.gather_work is not None
+        unit.gather_work.wait()
+        unit.gather_work = None
+
     def _finish_gather(self, unit: _Unit) -> None:
         if unit.state is _State.GATHERING:
-            assert unit.gather_work is not None
-            unit.gather_work.wait()
-            unit.gather_work = None
+            self._wait_gather(unit)
             if unit.gather_out is not None:
+                self._allocate(unit)
                 padded = unit.flat.data.split(unit.layout.padded_numels)
                 rank_major_to_param_major(unit.gather_out, unit.layout, padded)
                 unit.gather_out = None
@@ -512,7 +534,8 @@ class FSDP(nn.Module):
             self._start_gather(unit)
 
     def _reshard(self, unit: _Unit) -> None:
-        self._finish_gather(unit)  # an all-gather in flight must complete on every rank
+        if unit.state is _State.GATHERING:  # it must complete on every rank; its data is unused
+            self._wait_gather(unit)
         if unit.sharded:
             self._free(unit)
         unit.state = _State.FREE
@@ -657,18 +680,23 @@ class FSDP(nn.Module):
             self._prefetch(previous)
 
     def _reduce_scatter(self, unit: _Unit, grads: Sequence[torch.Tensor]) -> None:
-        """All gradients of the unit's weights are ready: average them into the shards."""
+        """All gradients of the unit's weights are ready: average them into the shards.
+
+        The unit's weights are freed and the reductions in flight completed (their full-size
+        buffers released) first, so packing these gradients adds one full-size buffer beside
+        them and nothing else of the unit's or its predecessor's is still held.
+        """
+        unit.needed_in_backward = False
+        self._uninstall(unit)
+        self._reshard(unit)
+        while len(self._reductions) >= _MAX_REDUCTIONS_IN_FLIGHT:
+            self._complete_oldest_reduction()
         send = param_major_to_rank_major(grads, unit.layout, self.reduce_dtype)
         out = torch.empty(unit.layout.shard_numel, dtype=self.reduce_dtype, device=self.device)
         work = dist.reduce_scatter_tensor(
             out, send, op=dist.ReduceOp.AVG, group=self.group, async_op=True
         )
         self._reductions.append((unit, work, out))
-        unit.needed_in_backward = False
-        self._uninstall(unit)
-        self._reshard(unit)
-        while len(self._reductions) > _MAX_REDUCTIONS_IN_FLIGHT:
-            self._complete_oldest_reduction()
 
     def _complete_oldest_reduction(self) -> None:
         unit, work, out = self._reductions.popleft()
