@@ -12,6 +12,7 @@ import enum
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -79,11 +80,23 @@ class _Unit:
     needed_in_backward: bool = False
     gather_work: dist.Work | None = None
     gather_out: torch.Tensor | None = None
-    shadowed: list[tuple[nn.Module, str]] = field(default_factory=list)
+    # (owner's __dict__, attribute) of every gathered tensor installed over a shard
+    shadowed: list[tuple[dict[str, Any], str]] = field(default_factory=list)
 
-    @property
-    def shards(self) -> list[nn.Parameter]:
-        return [p.param for p in self.sharded]
+    @cached_property
+    def shards(self) -> tuple[nn.Parameter, ...]:
+        """The sharded parameters, in the layout's order (fixed once the unit is built)."""
+        return tuple(p.param for p in self.sharded)
+
+    @cached_property
+    def owners(self) -> tuple[tuple[int, dict[str, Any], str], ...]:
+        """(index in the unit's sharded parameters, owner's ``__dict__``, attribute) of every
+        place a sharded parameter is held, for installing the gathered weights."""
+        return tuple(
+            (i, owner.__dict__, attr)
+            for i, p in enumerate(self.sharded)
+            for owner, attr in p.owners
+        )
 
 
 class _Unshard(torch.autograd.Function):
@@ -503,7 +516,7 @@ class FSDP(nn.Module):
                 )
                 unit.gather_out = out
             send = out.view(layout.world_size, layout.shard_numel)[self.rank]
-            torch.cat([s.detach() for s in unit.shards], out=send)
+            torch.cat(unit.shards, out=send)
             unit.gather_work = dist.all_gather_into_tensor(
                 out, send, group=self.group, async_op=True
             )
@@ -544,23 +557,25 @@ class FSDP(nn.Module):
 
     def _install(self, unit: _Unit) -> None:
         """Point the unit's modules at the gathered weights (autograd-tied to the shards)."""
-        tensors: list[tuple[_Param, torch.Tensor]] = []
+        # An instance attribute shadows the registered shard (nn.Module.__getattr__ only runs
+        # when normal lookup fails), so named_parameters() is unchanged.
+        shadowed = unit.shadowed
         if unit.sharded:
             fulls = _Unshard.apply(self, unit, *unit.shards)
-            tensors += zip(unit.sharded, fulls, strict=True)
+            for index, namespace, attr in unit.owners:
+                namespace[attr] = fulls[index]
+                shadowed.append((namespace, attr))
         if self.compute_dtype != self.storage_dtype:
-            tensors += [(p, p.param.to(self.compute_dtype)) for p in unit.replicated]
-        for entry, tensor in tensors:
-            for owner, attr in entry.owners:
-                # An instance attribute shadows the registered shard (nn.Module.__getattr__
-                # only runs when normal lookup fails), so named_parameters() is unchanged.
-                owner.__dict__[attr] = tensor
-                unit.shadowed.append((owner, attr))
+            for entry in unit.replicated:
+                tensor = entry.param.to(self.compute_dtype)
+                for owner, attr in entry.owners:
+                    owner.__dict__[attr] = tensor
+                    shadowed.append((owner.__dict__, attr))
 
     @staticmethod
     def _uninstall(unit: _Unit) -> None:
-        for owner, attr in unit.shadowed:
-            owner.__dict__.pop(attr, None)
+        for namespace, attr in unit.shadowed:
+            namespace.pop(attr, None)
         unit.shadowed.clear()
 
     def _pre_forward(self, unit: _Unit) -> None:
