@@ -64,7 +64,7 @@ def test_backward_holds_at_most_three_full_size_buffers(held):
     # The unit computing its backward, the next unit's all-gather output (prefetched), and one
     # reduce-scatter in flight; FSDP2 holds as many. Without freeing the unit's weights and the
     # finished reduction before packing, in-place all-gathers and allocating the gathered
-    # weights only at copy-out, five were alive at once.
+    # weights only at copy-out, more were alive at once.
     large = held["second forward+backward"]
     assert len(large) <= 3, [(a.op, a.where, a.shape) for a in large]
 
