@@ -80,8 +80,9 @@ class _Unit:
     needed_in_backward: bool = False
     gather_work: dist.Work | None = None
     gather_out: torch.Tensor | None = None
-    # (owner's __dict__, attribute) of every gathered tensor installed over a shard
-    shadowed: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    # (owner's __dict__, attribute, tensor) of every gathered (or cast) tensor the last forward
+    # installed over a parameter: put back for the unit's backward, dropped once it is reduced.
+    installed: list[tuple[dict[str, Any], str, torch.Tensor]] = field(default_factory=list)
 
     @cached_property
     def shards(self) -> tuple[nn.Parameter, ...]:
@@ -556,27 +557,35 @@ class FSDP(nn.Module):
     # ---- forward ---------------------------------------------------------------------------
 
     def _install(self, unit: _Unit) -> None:
-        """Point the unit's modules at the gathered weights (autograd-tied to the shards)."""
-        # An instance attribute shadows the registered shard (nn.Module.__getattr__ only runs
-        # when normal lookup fails), so named_parameters() is unchanged.
-        shadowed = unit.shadowed
+        """Point the unit's modules at the gathered weights, newly tied to the shards by
+        autograd (and at the replicated parameters cast to the compute dtype)."""
+        installed = []
         if unit.sharded:
             fulls = _Unshard.apply(self, unit, *unit.shards)
-            for index, namespace, attr in unit.owners:
-                namespace[attr] = fulls[index]
-                shadowed.append((namespace, attr))
+            installed += [(ns, attr, fulls[index]) for index, ns, attr in unit.owners]
         if self.compute_dtype != self.storage_dtype:
             for entry in unit.replicated:
                 tensor = entry.param.to(self.compute_dtype)
-                for owner, attr in entry.owners:
-                    owner.__dict__[attr] = tensor
-                    shadowed.append((owner.__dict__, attr))
+                installed += [(owner.__dict__, attr, tensor) for owner, attr in entry.owners]
+        unit.installed = installed
+        self._reinstall(unit)
 
     @staticmethod
-    def _uninstall(unit: _Unit) -> None:
-        for namespace, attr in unit.shadowed:
+    def _reinstall(unit: _Unit) -> None:
+        """Put the tensors of the unit's last install back in place."""
+        # An instance attribute shadows the registered shard (nn.Module.__getattr__ only runs
+        # when normal lookup fails), so named_parameters() is unchanged.
+        for namespace, attr, tensor in unit.installed:
+            namespace[attr] = tensor
+
+    @staticmethod
+    def _uninstall(unit: _Unit, *, forget: bool = False) -> None:
+        """Take the installed tensors out (and, with `forget`, drop them: the unit's backward
+        is done with them)."""
+        for namespace, attr, _ in unit.installed:
             namespace.pop(attr, None)
-        unit.shadowed.clear()
+        if forget:
+            unit.installed = []
 
     def _pre_forward(self, unit: _Unit) -> None:
         """Gather a (non-root) unit, prefetch the one the previous forward called next.
@@ -677,9 +686,14 @@ class FSDP(nn.Module):
         self._unshard(unit)  # a no-op for the root unless a later forward freed it
         # A checkpoint inside the unit's own forward (lmcore's `selective`) recomputes it within
         # this backward, without the forward hooks: the gathered weights must be installed,
-        # requiring gradients as in forward (backward runs its hooks with grad mode off).
-        with torch.enable_grad():
-            self._install(unit)
+        # requiring gradients as in forward. The forward's own are put back (the same autograd
+        # tie, no new one per backward); without them (a second backward through a graph kept
+        # with retain_graph) new ones, with grad mode on (backward runs its hooks with it off).
+        if unit.installed:
+            self._reinstall(unit)
+        else:
+            with torch.enable_grad():
+                self._install(unit)
         position = self._backward_position
         if unit.index != 0:
             position -= 1
@@ -702,7 +716,7 @@ class FSDP(nn.Module):
         them and nothing else of the unit's or its predecessor's is still held.
         """
         unit.needed_in_backward = False
-        self._uninstall(unit)
+        self._uninstall(unit, forget=True)
         self._reshard(unit)
         while len(self._reductions) >= _MAX_REDUCTIONS_IN_FLIGHT:
             self._complete_oldest_reduction()
@@ -759,6 +773,7 @@ class FSDP(nn.Module):
         self._reduce_replicated()
         for unit in self._units:
             unit.needed_in_backward = False
+            self._uninstall(unit, forget=True)  # the root's, and any a backward did not reach
             if unit.state is not _State.FREE:
                 self._reshard(unit)
         self._in_backward = False
