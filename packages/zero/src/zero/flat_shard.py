@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,9 @@ __all__ = [
 class FlatLayout:
     """The sharded parameters of one unit: their shapes and the world size that splits them.
 
+    The sizes derived from them are computed once (FSDP reads them on every gather and
+    reduction of the unit).
+
     Attributes:
         shapes: each parameter's full shape, in the unit's order.
         world_size: number of ranks sharing the unit.
@@ -42,27 +46,27 @@ class FlatLayout:
     shapes: tuple[torch.Size, ...]
     world_size: int
 
-    @property
+    @cached_property
     def numels(self) -> tuple[int, ...]:
         """Each parameter's true number of elements."""
         return tuple(s.numel() for s in self.shapes)
 
-    @property
+    @cached_property
     def chunks(self) -> tuple[int, ...]:
         """Each parameter's chunk per rank: ``ceil(numel / world_size)``."""
         return tuple(-(-n // self.world_size) for n in self.numels)
 
-    @property
+    @cached_property
     def padded_numels(self) -> tuple[int, ...]:
         """Each parameter's size after padding: ``chunk * world_size``."""
         return tuple(c * self.world_size for c in self.chunks)
 
-    @property
+    @cached_property
     def shard_numel(self) -> int:
         """Elements one rank holds for the whole unit (the sum of the chunks)."""
         return sum(self.chunks)
 
-    @property
+    @cached_property
     def same_in_both_layouts(self) -> bool:
         """Whether rank-major and param-major agree (one parameter, or one rank)."""
         return len(self.shapes) == 1 or self.world_size == 1

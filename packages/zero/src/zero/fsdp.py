@@ -12,6 +12,7 @@ import enum
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -31,10 +32,12 @@ from zero.mixed_precision import MixedPrecision
 
 __all__ = ["FSDP"]
 
-# Reduce-scatters in flight at once: the newest units' reductions overlap the backward of the
-# units before them, while older ones are waited for (and their full-size gradient buffers
-# released) so that at most this many units' gradients wait on the network.
-_MAX_REDUCTIONS_IN_FLIGHT = 2
+# Reduce-scatters in flight at once. A unit's reduction overlaps the backward of the unit
+# before it and is waited for (its full-size gradient buffer released; NCCL holds an async
+# collective's tensors until the wait) before the next unit's gradients are packed, FSDP2's
+# order: one full-size buffer at a time beside the gradients being packed. Each more in flight
+# would hold one more unit's full-size gradients through the backward.
+_MAX_REDUCTIONS_IN_FLIGHT = 1
 
 
 class _State(enum.Enum):
@@ -59,6 +62,9 @@ class _Unit:
     (padded); ``full_views`` are the parameters' full-shaped views of it. Its storage is
     allocated while gathered and resized to zero while free, so the views (also the ones
     autograd saved for backward) stay valid objects and see the data again after a re-gather.
+    While an all-gather is in flight its rank-major output is ``gather_out`` (``flat`` itself
+    when the layouts agree); ``flat``'s storage is then allocated only when the output is
+    copied into it, so a prefetched unit holds one full-size buffer, not two.
     """
 
     index: int
@@ -74,11 +80,24 @@ class _Unit:
     needed_in_backward: bool = False
     gather_work: dist.Work | None = None
     gather_out: torch.Tensor | None = None
-    shadowed: list[tuple[nn.Module, str]] = field(default_factory=list)
+    # (owner's __dict__, attribute, tensor) of every gathered (or cast) tensor the last forward
+    # installed over a parameter: put back for the unit's backward, dropped once it is reduced.
+    installed: list[tuple[dict[str, Any], str, torch.Tensor]] = field(default_factory=list)
 
-    @property
-    def shards(self) -> list[nn.Parameter]:
-        return [p.param for p in self.sharded]
+    @cached_property
+    def shards(self) -> tuple[nn.Parameter, ...]:
+        """The sharded parameters, in the layout's order (fixed once the unit is built)."""
+        return tuple(p.param for p in self.sharded)
+
+    @cached_property
+    def owners(self) -> tuple[tuple[int, dict[str, Any], str], ...]:
+        """(index in the unit's sharded parameters, owner's ``__dict__``, attribute) of every
+        place a sharded parameter is held, for installing the gathered weights."""
+        return tuple(
+            (i, owner.__dict__, attr)
+            for i, p in enumerate(self.sharded)
+            for owner, attr in p.owners
+        )
 
 
 class _Unshard(torch.autograd.Function):
@@ -280,8 +299,9 @@ class FSDP(nn.Module):
       of the unit's output arrives; the next unit in backward order (this forward's order,
       reversed) is gathered one unit ahead from that hook; when all gradients of the unit's
       weights are ready, one ``reduce_scatter_tensor`` (average) of them in the reduce dtype,
-      at most ``_MAX_REDUCTIONS_IN_FLIGHT`` (2) in flight — launching a third waits for the
-      oldest and adds it to the shard gradients (in the storage dtype);
+      at most ``_MAX_REDUCTIONS_IN_FLIGHT`` (1) in flight — the next unit's waits for the
+      older ones and adds them to the shard gradients (in the storage dtype) before packing
+      the next unit's gradients;
     * :meth:`finish_gradient_synchronization`: waits for every outstanding reduce-scatter,
       then one blocking ``all_reduce`` (average, in the reduce dtype) of all replicated
       parameters' gradients (with a flag per parameter saying whether any rank had one);
@@ -468,35 +488,51 @@ class FSDP(nn.Module):
         unit.gather_out = None
         unit.state = _State.FREE
 
+    @staticmethod
+    def _allocate(unit: _Unit) -> None:
+        flat = unit.flat
+        flat.untyped_storage().resize_(flat.numel() * flat.element_size())
+
     def _start_gather(self, unit: _Unit) -> None:
-        """Allocate the unit's buffer and launch the all-gather of its shards into it."""
+        """Launch the all-gather of the unit's shards into its rank-major output.
+
+        In place, as FSDP2's: this rank's chunks are copied (cast to the compute dtype) into its
+        own row of the output, which is the collective's input, so no separate send buffer.
+        """
         if not unit.sharded:
             unit.state = _State.READY
             return
-        flat = unit.flat
-        flat.untyped_storage().resize_(flat.numel() * flat.element_size())
+        layout = unit.layout
         with torch.no_grad():
-            shards = [s.detach() for s in unit.shards]
-            send = torch.empty(
-                unit.layout.shard_numel, dtype=self.compute_dtype, device=self.device
-            )
-            torch.cat(shards, out=send)  # this rank's chunks, cast to the compute dtype
-            # Written through .data: a fresh version counter, so re-filling the buffer in
-            # backward does not count as modifying the weights autograd saved.
-            direct = unit.layout.same_in_both_layouts
-            out = flat.data if direct else torch.empty_like(flat.data)
-            unit.gather_out = None if direct else out
+            if layout.same_in_both_layouts:
+                self._allocate(unit)
+                # Written through .data: a fresh version counter, so re-filling the buffer in
+                # backward does not count as modifying the weights autograd saved.
+                out = unit.flat.data
+            else:
+                out = torch.empty(
+                    layout.world_size * layout.shard_numel,
+                    dtype=self.compute_dtype,
+                    device=self.device,
+                )
+                unit.gather_out = out
+            send = out.view(layout.world_size, layout.shard_numel)[self.rank]
+            torch.cat(unit.shards, out=send)
             unit.gather_work = dist.all_gather_into_tensor(
                 out, send, group=self.group, async_op=True
             )
         unit.state = _State.GATHERING
 
+    def _wait_gather(self, unit: _Unit) -> None:
+        assert unit.gather_work is not None
+        unit.gather_work.wait()
+        unit.gather_work = None
+
     def _finish_gather(self, unit: _Unit) -> None:
         if unit.state is _State.GATHERING:
-            assert unit.gather_work is not None
-            unit.gather_work.wait()
-            unit.gather_work = None
+            self._wait_gather(unit)
             if unit.gather_out is not None:
+                self._allocate(unit)
                 padded = unit.flat.data.split(unit.layout.padded_numels)
                 rank_major_to_param_major(unit.gather_out, unit.layout, padded)
                 unit.gather_out = None
@@ -512,7 +548,8 @@ class FSDP(nn.Module):
             self._start_gather(unit)
 
     def _reshard(self, unit: _Unit) -> None:
-        self._finish_gather(unit)  # an all-gather in flight must complete on every rank
+        if unit.state is _State.GATHERING:  # it must complete on every rank; its data is unused
+            self._wait_gather(unit)
         if unit.sharded:
             self._free(unit)
         unit.state = _State.FREE
@@ -520,25 +557,35 @@ class FSDP(nn.Module):
     # ---- forward ---------------------------------------------------------------------------
 
     def _install(self, unit: _Unit) -> None:
-        """Point the unit's modules at the gathered weights (autograd-tied to the shards)."""
-        tensors: list[tuple[_Param, torch.Tensor]] = []
+        """Point the unit's modules at the gathered weights, newly tied to the shards by
+        autograd (and at the replicated parameters cast to the compute dtype)."""
+        installed = []
         if unit.sharded:
             fulls = _Unshard.apply(self, unit, *unit.shards)
-            tensors += zip(unit.sharded, fulls, strict=True)
+            installed += [(ns, attr, fulls[index]) for index, ns, attr in unit.owners]
         if self.compute_dtype != self.storage_dtype:
-            tensors += [(p, p.param.to(self.compute_dtype)) for p in unit.replicated]
-        for entry, tensor in tensors:
-            for owner, attr in entry.owners:
-                # An instance attribute shadows the registered shard (nn.Module.__getattr__
-                # only runs when normal lookup fails), so named_parameters() is unchanged.
-                owner.__dict__[attr] = tensor
-                unit.shadowed.append((owner, attr))
+            for entry in unit.replicated:
+                tensor = entry.param.to(self.compute_dtype)
+                installed += [(owner.__dict__, attr, tensor) for owner, attr in entry.owners]
+        unit.installed = installed
+        self._reinstall(unit)
 
     @staticmethod
-    def _uninstall(unit: _Unit) -> None:
-        for owner, attr in unit.shadowed:
-            owner.__dict__.pop(attr, None)
-        unit.shadowed.clear()
+    def _reinstall(unit: _Unit) -> None:
+        """Put the tensors of the unit's last install back in place."""
+        # An instance attribute shadows the registered shard (nn.Module.__getattr__ only runs
+        # when normal lookup fails), so named_parameters() is unchanged.
+        for namespace, attr, tensor in unit.installed:
+            namespace[attr] = tensor
+
+    @staticmethod
+    def _uninstall(unit: _Unit, *, forget: bool = False) -> None:
+        """Take the installed tensors out (and, with `forget`, drop them: the unit's backward
+        is done with them)."""
+        for namespace, attr, _ in unit.installed:
+            namespace.pop(attr, None)
+        if forget:
+            unit.installed = []
 
     def _pre_forward(self, unit: _Unit) -> None:
         """Gather a (non-root) unit, prefetch the one the previous forward called next.
@@ -639,9 +686,14 @@ class FSDP(nn.Module):
         self._unshard(unit)  # a no-op for the root unless a later forward freed it
         # A checkpoint inside the unit's own forward (lmcore's `selective`) recomputes it within
         # this backward, without the forward hooks: the gathered weights must be installed,
-        # requiring gradients as in forward (backward runs its hooks with grad mode off).
-        with torch.enable_grad():
-            self._install(unit)
+        # requiring gradients as in forward. The forward's own are put back (the same autograd
+        # tie, no new one per backward); without them (a second backward through a graph kept
+        # with retain_graph) new ones, with grad mode on (backward runs its hooks with it off).
+        if unit.installed:
+            self._reinstall(unit)
+        else:
+            with torch.enable_grad():
+                self._install(unit)
         position = self._backward_position
         if unit.index != 0:
             position -= 1
@@ -657,18 +709,23 @@ class FSDP(nn.Module):
             self._prefetch(previous)
 
     def _reduce_scatter(self, unit: _Unit, grads: Sequence[torch.Tensor]) -> None:
-        """All gradients of the unit's weights are ready: average them into the shards."""
+        """All gradients of the unit's weights are ready: average them into the shards.
+
+        The unit's weights are freed and the reductions in flight completed (their full-size
+        buffers released) first, so packing these gradients adds one full-size buffer beside
+        them and nothing else of the unit's or its predecessor's is still held.
+        """
+        unit.needed_in_backward = False
+        self._uninstall(unit, forget=True)
+        self._reshard(unit)
+        while len(self._reductions) >= _MAX_REDUCTIONS_IN_FLIGHT:
+            self._complete_oldest_reduction()
         send = param_major_to_rank_major(grads, unit.layout, self.reduce_dtype)
         out = torch.empty(unit.layout.shard_numel, dtype=self.reduce_dtype, device=self.device)
         work = dist.reduce_scatter_tensor(
             out, send, op=dist.ReduceOp.AVG, group=self.group, async_op=True
         )
         self._reductions.append((unit, work, out))
-        unit.needed_in_backward = False
-        self._uninstall(unit)
-        self._reshard(unit)
-        while len(self._reductions) > _MAX_REDUCTIONS_IN_FLIGHT:
-            self._complete_oldest_reduction()
 
     def _complete_oldest_reduction(self) -> None:
         unit, work, out = self._reductions.popleft()
@@ -716,6 +773,7 @@ class FSDP(nn.Module):
         self._reduce_replicated()
         for unit in self._units:
             unit.needed_in_backward = False
+            self._uninstall(unit, forget=True)  # the root's, and any a backward did not reach
             if unit.state is not _State.FREE:
                 self._reshard(unit)
         self._in_backward = False

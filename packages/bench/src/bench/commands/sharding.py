@@ -46,7 +46,11 @@ torch.profiler and writes rank 0's Chrome trace (open it in Perfetto or chrome:/
 `DIR/<variant>_<dtypes>.pt.trace.json` (a colon in the variant written as `-`; dtypes `fp32`,
 `bf16` or `bf16-storage`); on CUDA the row's
 `gather_overlap` is then the share of rank 0's all-gather kernel time during which a compute kernel
-ran too (1: every all-gather beside compute; 0: none).
+ran too (1: every all-gather beside compute; 0: none). `--memory-snapshot DIR` records the CUDA
+allocator through the memory step (forward, backward, optimizer step) of every FSDP row and dumps
+each rank's snapshot to `DIR/<variant>_<dtypes>_rank<r>.pickle` (open it in
+https://pytorch.org/memory_viz: the blocks alive at the peak, each with the Python stack that
+allocated it; nothing on the CPU).
 
 Without a GPU a tiny model runs on the CPU with gloo (and says so); memory is then the size of
 the parameter, gradient and state tensors, since the CPU keeps no allocator statistics.
@@ -58,6 +62,8 @@ Examples::
     bench-zero --variants fsdp fsdp:torch --fsdp-dtypes fp32 bf16 --nproc 4
     bench-zero --variants fsdp fsdp:torch --fsdp-dtypes bf16 --fsdp-storage fp32 bf16
     bench-zero --variants fsdp fsdp:no-prefetch fsdp:torch --trace traces/   # + Chrome traces
+    bench-zero --variants fsdp fsdp:torch --fsdp-dtypes bf16 --fsdp-storage bf16 \
+        --memory-snapshot snapshots/   # + allocator snapshots of the memory step
 """
 
 from __future__ import annotations
@@ -144,6 +150,14 @@ class ZeroBenchConfig(TrainingBenchConfig):
         "a torch.profiler Chrome trace of one step of each FSDP row (rank 0's) in DIR",
         group=RUN,
         flag="trace",
+        default_text="none",
+        metavar="DIR",
+    )
+    memory_snapshot_dir: str | None = option(
+        None,
+        "a CUDA allocator snapshot of the memory step of each FSDP row (every rank's) in DIR",
+        group=RUN,
+        flag="memory-snapshot",
         default_text="none",
         metavar="DIR",
     )

@@ -18,7 +18,14 @@ from bench.commands.sharding import COMPUTE_DTYPES, OPTIMIZERS, VARIANTS, ZeroBe
 from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.launch import DEFAULT_TIMEOUT_S
 from bench.core.layouts import LAYOUTS
-from bench.core.memory import MIB, free_memory, peak_memory, reset_peak_memory, tensor_bytes
+from bench.core.memory import (
+    MIB,
+    free_memory,
+    peak_memory,
+    recording_memory,
+    reset_peak_memory,
+    tensor_bytes,
+)
 from bench.core.oom import OK, OOM
 from bench.core.parallel import Parallel
 from bench.core.plots import Bars, stacked_bar_plot
@@ -162,17 +169,22 @@ def _measure_case(
         step()
     times = [elapsed_ms(step, device=device)[1] for _ in range(config.steps)]
     overlap = None
-    if config.trace_dir is not None and LAYOUTS[case.variant].shards_weights:
-        trace = Path(config.trace_dir) / _trace_name(case)
+    sharded = LAYOUTS[case.variant].shards_weights
+    if config.trace_dir is not None and sharded:
+        trace = Path(config.trace_dir) / _case_file(case, ".pt.trace.json")
         overlap = traced_step(step, trace, rank=rank, device=device, collective="AllGather")
+    snapshot = None
+    if config.memory_snapshot_dir is not None and sharded:
+        snapshot = Path(config.memory_snapshot_dir) / _case_file(case, f"_rank{rank}.pickle")
 
     # One more, instrumented, step for memory: the timed ones carry no synchronising probes.
-    reset_peak_memory(device)
-    forward_backward(wrapped, [next(batches)])
-    before_peak = peak_memory(device)
-    grads = tensor_bytes((p.grad for p in model.parameters()), device)
-    optimizer.step()
-    after_peak = peak_memory(device)
+    with recording_memory(snapshot, device):
+        reset_peak_memory(device)
+        forward_backward(wrapped, [next(batches)])
+        before_peak = peak_memory(device)
+        grads = tensor_bytes((p.grad for p in model.parameters()), device)
+        optimizer.step()
+        after_peak = peak_memory(device)
     local = parallel.local_state(optimizer)
     state = tensor_bytes((v for s in local.values() for v in s.values()), device)
     return {
@@ -187,9 +199,10 @@ def _measure_case(
     }
 
 
-def _trace_name(case: ZeroCase) -> str:
+def _case_file(case: ZeroCase, suffix: str) -> str:
+    """`<variant>_<dtypes><suffix>`: the case's trace or snapshot file name."""
     variant = case.variant.replace(":", "-")  # a file name without a colon
-    return f"{variant}_{_dtypes(asdict(case))}.pt.trace.json"
+    return f"{variant}_{_dtypes(asdict(case))}{suffix}"
 
 
 def _mib(values: Sequence[int | None]) -> float | None:
@@ -366,6 +379,12 @@ def run_zero(
     if FSDP in config.variants:
         notes += _fsdp_target_notes(rows)
     notes += _prefetch_notes(rows)
+    if config.memory_snapshot_dir is not None and device.type == "cuda":
+        notes.append(
+            f"Memory snapshots: the CUDA allocator through each FSDP row's memory step, every "
+            f"rank's, in {config.memory_snapshot_dir}/<variant>_<dtypes>_rank<r>.pickle (open "
+            "in https://pytorch.org/memory_viz)."
+        )
     if config.trace_dir is not None:
         notes.append(
             f"Traces: one more step of each FSDP row under torch.profiler, rank 0's Chrome trace "

@@ -14,7 +14,7 @@ import itertools
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from bench.core.memory import (
     free_memory,
     memory_in_use,
     peak_memory,
+    recording_memory,
     reset_peak_memory,
     to_mib,
 )
@@ -85,11 +86,6 @@ __all__ = [
     "run_model",
     "run_warmup_study",
 ]
-
-
-# Allocator events kept while recording a memory snapshot: enough for several training steps
-# of the largest model (each step allocates a few thousand blocks per layer).
-_SNAPSHOT_MAX_ENTRIES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -152,25 +148,6 @@ def _cells(config: ModelBenchConfig) -> list[_Cell]:
 def _vocab_size(cell: _Cell, config: ModelBenchConfig) -> int:
     """The cell's vocabulary: the configuration's, else its size's own."""
     return config.vocab_size or cell.shape[1].vocab_size
-
-
-@contextlib.contextmanager
-def _recording_memory(path: Path | None, device: torch.device) -> Iterator[None]:
-    if path is None or device.type != "cuda":
-        yield
-        return
-    # Python frames only: they name the forward's and the optimizer's allocations; C++ stacks
-    # would name the backward's too (autograd runs it on a thread without Python frames), but
-    # symbolising them makes dumping a large model's snapshot take minutes.
-    torch.cuda.memory._record_memory_history(
-        max_entries=_SNAPSHOT_MAX_ENTRIES, context="all", stacks="python"
-    )
-    try:
-        yield
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.cuda.memory._dump_snapshot(str(path))
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def _measure(
@@ -253,7 +230,7 @@ def _measure(
     samples = []
     shape = AttentionShape(config.batch, size.num_heads, cell.context_length, model_config.head_dim)
     with (
-        _recording_memory(snapshot, device),
+        recording_memory(snapshot, device),
         profiled(profile, cell.label, device, profile_rows, attention=shape),
     ):
         for i in range(config.steps):
