@@ -64,6 +64,7 @@ import datetime
 import json
 import math
 import platform
+import shlex
 import statistics
 import subprocess
 import time
@@ -556,7 +557,7 @@ def main() -> int:
         torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
         cudnn=torch.backends.cudnn.version(),
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        command="python3 packages/fa2/scripts/hopper_screen.py " + " ".join(sys.argv[1:]),
+        command=shlex.join(["python3", "packages/fa2/scripts/hopper_screen.py", *sys.argv[1:]]),
         budget_s=args.budget, rep_ms=args.rep_ms, **git_revision(),
     )  # fmt: skip
     rows = Results(args.out / "hopper_screen.json", meta)
