@@ -32,6 +32,18 @@ def test_the_setting_reads(monkeypatch, text, mode):
     assert configs.gluon_forward_requested() == mode
 
 
+@pytest.mark.parametrize(
+    ("version", "written_for"), [("3.6.0", True), ("3.9.0", False), ("4.6", False)]
+)
+def test_gluon_kernels_run_only_on_the_triton_they_are_written_for(
+    monkeypatch, version, written_for
+):
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", version)
+    assert configs.gluon_triton() is written_for
+
+
 def test_unset_it_falls_back_silently(monkeypatch):
     # On the CPU (or any GPU but sm_90) the Gluon forward cannot run: no warning, Triton runs.
     monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
@@ -45,8 +57,12 @@ def test_unset_it_falls_back_silently(monkeypatch):
 
 
 hopper = pytest.mark.skipif(
-    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-    reason="needs an sm_90 GPU",
+    not (
+        torch.cuda.is_available()
+        and torch.cuda.get_device_capability() == (9, 0)
+        and configs.gluon_triton()
+    ),
+    reason="needs an sm_90 GPU and the Triton whose Gluon the kernel is written for",
 )
 LONG = SHORT_SEQ + 64  # the shortest sequences the default gives the Gluon forward, plus a tile
 

@@ -61,6 +61,7 @@ __all__ = [
     "DKDV_ATOMIC",
     "DQ",
     "FORWARD",
+    "GLUON_TRITON",
     "INTERPRET",
     "KERNELS",
     "L2_BUDGET",
@@ -79,6 +80,7 @@ __all__ = [
     "forced_tile",
     "gluon_backward_requested",
     "gluon_forward_requested",
+    "gluon_triton",
     "head_counts",
     "kernel_meta",
     "kernel_scales",
@@ -102,6 +104,20 @@ def tile_settings() -> tuple[str | None, ...]:
     """The environment variables that choose tiles and launch orders (module docstring), as
     set now: part of every launch plan's key."""
     return tuple(os.environ.get(name) for name in _SETTINGS)
+
+
+# fa2's Gluon kernels (`gluon_forward`, `gluon_backward`) are written against Triton 3.6's Gluon,
+# an experimental dialect whose API changes between releases (Triton 3.9's lacks names they use,
+# such as `gl.thread_barrier`): with another Triton, every call runs the Triton kernels.
+GLUON_TRITON = (3, 6)
+
+
+def gluon_triton() -> bool:
+    """Whether the installed Triton is the one fa2's Gluon kernels are written for
+    (`GLUON_TRITON`)."""
+    import triton
+
+    return tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2]) == GLUON_TRITON
 
 
 def gluon_forward_requested() -> str | None:

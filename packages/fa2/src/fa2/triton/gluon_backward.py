@@ -37,6 +37,10 @@ from fa2.triton.configs import INTERPRET, LOG2E, block_d, cdiv, delta_rows, devi
 from fa2.triton.launch import _scratch, head_strides, needs_int64
 
 try:  # Gluon ships with Triton 3.6; older Tritons (and non-CUDA builds) lack it
+    from fa2.triton.configs import gluon_triton
+
+    if not gluon_triton():  # another Triton's Gluon: not the API the kernel is written for
+        raise ImportError("fa2's Gluon kernels are written for another Triton's Gluon")
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -440,7 +444,7 @@ def unsupported_reason(q: torch.Tensor, *tensors: torch.Tensor) -> str | None:
     aligned with unit stride along d and 16-byte multiples for its other strides (TMA's
     rules)."""
     if not HAVE_GLUON:
-        return "this Triton has no Gluon (triton.experimental.gluon; Triton 3.6 has it)"
+        return "this Triton's Gluon is not the one fa2's Gluon kernels are written for (3.6's)"
     if INTERPRET:
         return "Triton's interpreter does not run Gluon kernels"
     if q.device.type != "cuda" or device_capability(q.device) != (9, 0):

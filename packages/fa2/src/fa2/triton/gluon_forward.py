@@ -105,7 +105,7 @@ def gluon_forward_refusal(
     if configs.INTERPRET or configs.device_capability(q.device) != (9, 0):
         return f"it runs on sm_90 (Hopper) GPUs only, got {q.device}"
     if not gluon_importable():
-        return "this Triton has no Gluon with Hopper TMA and wgmma (Triton 3.6 has)"
+        return "this Triton's Gluon is not the one fa2's Gluon kernels are written for (3.6's)"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"it takes bf16 or fp16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
     d = q.shape[-1]
@@ -149,6 +149,10 @@ def gluon_launch_options() -> dict[str, int]:
 
 
 try:  # Gluon ships with Triton 3.6; without it the kernel is not defined (`gluon_importable`)
+    from fa2.triton.configs import gluon_triton
+
+    if not gluon_triton():  # another Triton's Gluon: not the API the kernel is written for
+        raise ImportError("fa2's Gluon kernels are written for another Triton's Gluon")
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
