@@ -3,12 +3,11 @@ block sizes rebuilt from requests by the allocator's rules, and the method's sel
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
+from script_module import script_module
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "snapshot_peak.py"
 MIB = 1 << 20
@@ -16,12 +15,8 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("snapshot_peak", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with script_module(SCRIPT) as module:
+        yield module
 
 
 def _frames(line: int) -> list[dict]:

@@ -34,26 +34,17 @@ import torch
 import triton
 
 from fa2.triton.configs import INTERPRET, LOG2E, block_d, cdiv, delta_rows, device_capability
+from fa2.triton.gluon_api import (
+    HAVE_GLUON,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from fa2.triton.launch import _scratch, head_strides, needs_int64
-
-try:  # Gluon ships with Triton 3.6; older Tritons (and non-CUDA builds) lack it
-    from fa2.triton.configs import gluon_triton
-
-    if not gluon_triton():  # another Triton's Gluon: not the API the kernel is written for
-        raise ImportError("fa2's Gluon kernels are written for another Triton's Gluon")
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-
-    HAVE_GLUON = True
-except ImportError:  # pragma: no cover - depends on the installed Triton
-    HAVE_GLUON = False
 
 __all__ = [
     "BLOCK_M",

@@ -40,6 +40,16 @@ import math
 
 import torch
 
+from fa2.triton.gluon_api import (
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
 __all__ = [
     "BLOCK_M",
     "GLUON_HEAD_DIMS",
@@ -79,7 +89,7 @@ _LN2 = math.log(2.0)  # natural log from base-2 units: ln(x) = log2(x) * ln 2
 
 
 def gluon_importable() -> bool:
-    """Whether this Triton ships Gluon with the Hopper pieces the kernel uses."""
+    """Whether this Triton ships the Gluon the kernel is written for (`gluon_api`)."""
     return gluon is not None
 
 
@@ -146,24 +156,6 @@ def gluon_launch_options() -> dict[str, int]:
     consumer warpgroup; the workers add their own), and 1 stage (Gluon does not pipeline
     loops itself; the ring is written out)."""
     return dict(num_warps=CONSUMER_WARPS, num_stages=1)
-
-
-try:  # Gluon ships with Triton 3.6; without it the kernel is not defined (`gluon_importable`)
-    from fa2.triton.configs import gluon_triton
-
-    if not gluon_triton():  # another Triton's Gluon: not the API the kernel is written for
-        raise ImportError("fa2's Gluon kernels are written for another Triton's Gluon")
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-except ImportError:
-    gluon = gl = None
 
 
 def _jit(fn):

@@ -34,8 +34,7 @@ import torch
 from fa2.checks import Call
 from fa2.layouts import as_bhsd
 from fa2.masks import Band
-from fa2.triton.configs import INTERPRET, tile_settings
-from fa2.triton.launch import plan_cache
+from fa2.triton.configs import INTERPRET
 
 __all__ = ["TRACEABLE", "OpOptions", "backward_op", "forward_op", "gluon_forward_op", "op_options"]
 
@@ -74,15 +73,19 @@ def op_options(
     )  # fmt: skip
 
 
+def _call(o: OpOptions) -> Call:
+    """The validated call an op's options describe."""
+    return Call(Band(o.left, o.right, o.bottom_right), o.softcap, o.scale, o.layout)
+
+
 def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: OpOptions):
     """The forward plan of an op's arguments, built afresh (shapes may be symbolic when traced,
     and tracing happens once); with (cu_seqlens, max_seqlens) for packed sequences."""
     from fa2.triton.forward import ForwardPlan
 
     o = options
-    call = Call(Band(o.left, o.right, o.bottom_right), o.softcap, o.scale, o.layout)
     seq_len = max(o.max_seqlen_q, o.max_seqlen_k) if o.layout == "thd" else None
-    return ForwardPlan(q, k, v, call, o.precision, o.same_lengths, TRACEABLE, seq_len)
+    return ForwardPlan(q, k, v, _call(o), o.precision, o.same_lengths, TRACEABLE, seq_len)
 
 
 def _packed(options: OpOptions, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None):
@@ -93,36 +96,31 @@ def _packed(options: OpOptions, cu_q: torch.Tensor | None, cu_k: torch.Tensor | 
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
-    plan = _plan(q, k, v, OpOptions(*options))
+    op_options = OpOptions(*options)
+    plan = _plan(q, k, v, op_options)
     if plan.gluon:  # Inductor launches Triton kernels, not Gluon ones: an opaque op runs it
         return gluon_forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, *options)
-    options = OpOptions(*options)
-    cu, longest = _packed(options, cu_seqlens_q, cu_seqlens_k)
-    return plan(q, k, v, options.scale, cu, longest, TRACEABLE)
+    cu, longest = _packed(op_options, cu_seqlens_q, cu_seqlens_k)
+    return plan(q, k, v, op_options.scale, cu, longest, TRACEABLE)
 
 
 def _gluon_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
     """`fa2::gluon_forward`: the forward `fa2::triton_forward` hands over where its plan takes
-    the Gluon kernel, run eagerly from a plan of its own (cached like the Function's; never
-    packed sequences, which the Gluon forward does not take)."""
-    options = OpOptions(*options)
-    key = (
-        q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
-        options[1:], tile_settings(),
-    )  # fmt: skip
-    return _eager_plans(key, q, k, v, options)(q, k, v, options.scale, None, None, False)
+    the Gluon kernel, run eagerly from the Function's plan cache (`forward.forward_plan`, under
+    keys tagged with this op's name; never packed sequences, which the Gluon forward does not
+    take)."""
+    from fa2.triton.forward import forward_plan
 
-
-def _eager_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: OpOptions):
-    """The forward plan of an op's arguments for an eager launch."""
-    from fa2.triton.forward import ForwardPlan
-
-    o = options
-    call = Call(Band(o.left, o.right, o.bottom_right), o.softcap, o.scale, o.layout)
-    return ForwardPlan(q, k, v, call, o.precision, o.same_lengths, False)
-
-
-_eager_plans = plan_cache(_eager_plan)
+    o = OpOptions(*options)
+    plan = forward_plan(
+        q,
+        k,
+        v,
+        ("fa2::gluon_forward", *o[1:]),
+        None,
+        lambda: (_call(o), o.precision, o.same_lengths),
+    )
+    return plan(q, k, v, o.scale, None, None, False)
 
 
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
