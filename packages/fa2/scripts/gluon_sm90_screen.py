@@ -12,13 +12,17 @@ Per case (head dim, causal or not, dtype), compiled by Triton and its bundled pt
 - regs: registers per thread at launch; stack: bytes of stack per thread, where ptxas spills
   (`cuobjdump -res-usage`), with the number of spill stores (STL) in the SASS;
 - smem: shared memory in bytes;
-- vector_atomics: whether dQ's atomic adds compiled to 4-wide vector atomics.
+- vector_atomics: whether dQ's atomic adds compiled to 4-wide vector atomics;
+- bulk_reduce, bulk_commit, bulk_wait_read, proxy_fence: how many TMA bulk reductions
+  (`cp.reduce.async.bulk`), bulk-group commits, `cp.async.bulk.wait_group.read` and
+  `fence.proxy.async` the PTX holds (the `-bulk` cases add dQ that way, `DQ_BULK`).
 
 Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
 
     uv run python packages/fa2/scripts/gluon_sm90_screen.py [--cases d128-causal ...] [--json PATH]
 
-Cases are named `d{64,128}-{causal,full}[-fp16]`; all eight by default.
+Cases are named `d{64,128}-{causal,full}[-fp16][-bulk]` (`-bulk`: DQ_BULK, dQ added by TMA
+bulk reductions); the eight atomic ones by default.
 """
 
 from __future__ import annotations
@@ -53,18 +57,21 @@ _INTS = [f"stride_{t}{s}" for t in ("q", "k", "v", "do", "dk") for s in ("b", "h
 ]
 
 
-def _parse(case: str) -> tuple[int, bool, str]:
-    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?", case)
+def _parse(case: str) -> tuple[int, bool, str, bool]:
+    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-bulk)?", case)
     if not match:
-        raise ValueError(f"a case is named like d128-causal or d64-full-fp16, got {case!r}")
-    return int(match.group(1)), match.group(2) == "causal", "fp16" if match.group(3) else "bf16"
+        raise ValueError(
+            f"a case is named like d128-causal, d64-full-fp16 or d128-causal-bulk, got {case!r}"
+        )
+    head_dim, causal = int(match.group(1)), match.group(2) == "causal"
+    return head_dim, causal, "fp16" if match.group(3) else "bf16", bool(match.group(4))
 
 
 def compile_case(case: str) -> dict:
     """Compile one case for sm_90 and read its resources."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    head_dim, causal, dtype = _parse(case)
+    head_dim, causal, dtype, bulk = _parse(case)
     signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "DO", "DK", "DV")}
     signature.update(L="*fp32", Delta="*fp32", DQ="*fp32", qk_scale="fp32", sm_scale="fp32")
     signature.update(dict.fromkeys(_INTS, "i32"))
@@ -72,7 +79,7 @@ def compile_case(case: str) -> dict:
         HEAD_DIM=head_dim, BLOCK_M=gb.BLOCK_M, BLOCK_N=gb.BLOCK_N, STAGES=gb.STAGES,
         IS_CAUSAL=causal, DQ_ROWS=gb.DQ_ROWS, LOADER_WARPS=gb.LOADER_WARPS,
         LOADER_REGS=gb.LOADER_REGS, REDUCER_WARPS=gb.REDUCER_WARPS,
-        REDUCER_REGS=gb.REDUCER_REGS,
+        REDUCER_REGS=gb.REDUCER_REGS, DQ_BULK=bulk,
     )  # fmt: skip
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     kernel = gb._gluon_bwd_kernel
@@ -88,7 +95,8 @@ def compile_case(case: str) -> dict:
     source = GluonASTSource(kernel, signature, constexprs, aligned)
     binary = triton.compile(source, target=TARGET, options={"num_warps": gb.COMPUTE_WARPS})
     registers, stack, sass = cubin_usage(binary, "-sass")
-    caps = re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", binary.asm["ptx"])
+    ptx = binary.asm["ptx"]
+    caps = re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)
     return dict(
         case=case,
         ws=binary.asm["ttgir"].count("ttg.warp_specialize(") > 0,
@@ -99,7 +107,11 @@ def compile_case(case: str) -> dict:
         stack=stack,
         spill_stores=len(re.findall(r"\bSTL\b", sass)),
         smem=binary.metadata.shared,
-        vector_atomics=bool(re.search(r"\b(atom|red)\.global\S*\.v4\.f32", binary.asm["ptx"])),
+        vector_atomics=bool(re.search(r"\b(atom|red)\.global\S*\.v4\.f32", ptx)),
+        bulk_reduce=len(re.findall(r"\bcp\.reduce\.async\.bulk\S*\.add\S*", ptx)),
+        bulk_commit=len(re.findall(r"\bcp\.async\.bulk\.commit_group\b", ptx)),
+        bulk_wait_read=len(re.findall(r"\bcp\.async\.bulk\.wait_group\.read\b", ptx)),
+        proxy_fence=len(re.findall(r"\bfence\.proxy\.async\b", ptx)),
     )
 
 
@@ -107,7 +119,9 @@ def _line(row: dict) -> str:
     caps = "/".join(map(str, row["setmaxnreg"]))
     return (
         f"| {row['case']} | {'yes' if row['ws'] else 'no'} | {row['warps']} | {caps} | "
-        f"{row['regs']} | {row['stack']} | {row['spill_stores']} | {row['smem']} |"
+        f"{row['regs']} | {row['stack']} | {row['spill_stores']} | {row['smem']} | "
+        f"{row['bulk_reduce']} | {row['bulk_commit']} | {row['bulk_wait_read']} | "
+        f"{row['proxy_fence']} |"
     )
 
 
@@ -122,8 +136,11 @@ def main() -> int:
         sys.exit("this Triton has no Gluon (triton.experimental.gluon)")
     rows = [compile_case(case) for case in args.cases]
     print(f"triton {triton.__version__}, target sm_90")
-    print("| case | ws | warps | setmaxnreg | regs | stack B | STL | smem B |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| case | ws | warps | setmaxnreg | regs | stack B | STL | smem B | bulk reduce | "
+        "commit | wait.read | proxy fence |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(_line(row))
     if args.json:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 __all__ = [
     "HAVE_GLUON",
+    "builtin",
     "fence_async_shared",
     "gl",
     "gluon",
+    "ir",
     "mbarrier",
     "tma",
     "warpgroup_mma",
@@ -24,8 +26,10 @@ try:
 
     if not gluon_triton():  # another Triton's Gluon: not the API the kernels are written for
         raise ImportError("fa2's Gluon kernels are written for another Triton's Gluon")
+    from triton._C.libtriton import ir
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._core import builtin
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -36,5 +40,5 @@ try:
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
-    gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
+    builtin = ir = gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
     HAVE_GLUON = False

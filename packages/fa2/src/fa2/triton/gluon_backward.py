@@ -16,9 +16,33 @@ warpgroups and warps that reduce dQ):
   hands the fp32 dQ partial over in shared memory and goes on to the next tile;
 - a loader warp streams Q and dO (TMA, `STAGES` buffers) and L, D (plain loads into shared
   memory; L taken to log2 units, +inf past the last query so that those rows get P = 0);
-- two dQ warps add each handed-over partial into the global fp32 dQ with 16-byte atomic adds
-  (Gluon in Triton 3.6 offers no TMA bulk reduction, FA3's choice), overlapping the next
-  tile's matmuls.
+- two dQ warps add each handed-over partial into the global fp32 dQ, overlapping the next
+  tile's matmuls, in one of two ways (the constexpr `DQ_BULK`, `launch(dq_bulk=...)`):
+  16-byte atomic adds from registers (the default), or TMA bulk reductions of the whole
+  64-row partial straight from shared memory (`cp.reduce.async.bulk.tensor.2d ... .add`), as
+  FA3 adds its dQ tiles with one bulk reduction per tile. Triton lowers the op to boxes of 32
+  fp32 columns (the width of the buffer's 128-byte swizzle): 4 at d = 128, 2 at d = 64,
+  shared between the two warps, each issuing its half from one elected thread. The bulk form
+  is a candidate not yet run on a GPU (FA2_BACKWARD=gluon-bulk).
+
+How the bulk form orders the hand-over of `dq_smem` (a buffer that the compute warps write
+through the generic proxy and the TMA unit reads through the async proxy):
+
+1. the compute warps store their halves of dQ_partial into `dq_smem` (generic proxy);
+2. each of them executes `fence.proxy.async.shared::cta` (`fence_async_shared`), which orders
+   its own generic-proxy writes before later async-proxy reads of them;
+3. a barrier of the 8 compute warps, then one arrival on `dq_ready` (release);
+4. the reducer waits on `dq_ready` (acquire): every compute warp's fenced stores happen before;
+5. one elected thread per reducer warp issues its boxes of the bulk reduction
+   (`async_reduce_add`), then every reducer thread runs `cp.async.bulk.commit_group` (both
+   emitted by Triton's lowering of the op; a bulk group belongs to the thread that issued it);
+6. every reducer thread runs `cp.async.bulk.wait_group.read 0` (`tma.store_wait(0)`): its own
+   group's reads of `dq_smem` are done. The additions into global memory may still be in
+   flight; nothing in the kernel reads dQ, and the next kernel (dQ's cast) sees them, as
+   Triton's and CUTLASS's TMA store epilogues rely on (the dK, dV stores below included);
+7. a barrier of the two reducer warps (each warp's issuing thread has waited for its group;
+   the arrival is made by one thread of the first warp), then one arrival on `dq_empty`: the
+   compute warps may overwrite `dq_smem` (a write after the async-proxy reads, complete in 6).
 
 Not deterministic: dQ's last bits depend on the order the additions land in. Chosen only where
 a caller allows that (`fa2.triton.configs.gluon_backward_requested`), never by default.
@@ -36,9 +60,11 @@ import triton
 from fa2.triton.configs import INTERPRET, LOG2E, block_d, cdiv, delta_rows, device_capability
 from fa2.triton.gluon_api import (
     HAVE_GLUON,
+    builtin,
     fence_async_shared,
     gl,
     gluon,
+    ir,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -49,6 +75,7 @@ from fa2.triton.launch import _scratch, head_strides, needs_int64
 __all__ = [
     "BLOCK_M",
     "BLOCK_N",
+    "DQ_BULK",
     "HAVE_GLUON",
     "HEAD_DIMS",
     "STAGES",
@@ -79,12 +106,30 @@ LOADER_WARPS, LOADER_REGS = 1, 32
 REDUCER_WARPS, REDUCER_REGS = 2, 32
 # Rows of the dQ partial the reducer holds in registers at once (and the period of its
 # shared-memory swizzle, which a slice may not split): 4 x 128 fp32 over 64 threads are 8
-# values per thread.
+# values per thread. The atomic form only.
 DQ_ROWS = 4
+# How the reducer adds a partial into dQ: False, 16-byte atomic adds (measured: see
+# docs/design/fa2.md, "The Gluon single pass"); True, one TMA bulk reduction per tile (not yet
+# run on a GPU). FA2_BACKWARD=gluon-bulk asks for True (`fa2.triton.configs.backward_form`).
+DQ_BULK = False
 
 
 if HAVE_GLUON:
     _LOG2E = gl.constexpr(LOG2E)  # the logsumexp to log2 units, for exp2
+
+    @builtin
+    def async_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """Add the shared-memory tile `src` into the global tensor of `tensor_desc` at `coord`
+        with one TMA bulk reduction (`cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta
+        .add`, issued by one thread, then `cp.async.bulk.commit_group`); box elements past the
+        tensor's bounds are not added. Wait with `tma.store_wait` before reusing `src`. Triton
+        3.6's Gluon builds this op (`ttng.async_tma_reduce`, what `tl.tensor_descriptor
+        .atomic_add` becomes) but its `tma` module does not wrap it; this is that wrapper, shaped
+        as `tma.async_copy_shared_to_global` is."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(
+            ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
+        )
 
     @gluon.jit
     def _loader(
@@ -140,6 +185,45 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _reducer(
+        dq_out,
+        dq_smem,
+        dq_ready,
+        dq_empty,
+        start_m,
+        n_tiles,
+        n_q,
+        HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        DQ_ROWS: gl.constexpr,
+        REDUCER_WARPS: gl.constexpr,
+        DQ_BULK: gl.constexpr,
+    ):
+        """The dQ warps: per query tile, wait for the compute warps' fp32 partial
+        sm_scale·dS K in `dq_smem`, add it into the global fp32 dQ rows, and release the
+        buffer. `dq_out`: this head's dQ rows, a TMA descriptor when DQ_BULK, else a
+        pointer."""
+        if DQ_BULK:
+            _reduce_bulk(dq_out, dq_smem, dq_ready, dq_empty, start_m, n_tiles, BLOCK_M)
+        else:
+            _reduce_atomic(
+                dq_out, dq_smem, dq_ready, dq_empty, start_m, n_tiles, n_q, HEAD_DIM, BLOCK_M,
+                DQ_ROWS, REDUCER_WARPS,
+            )  # fmt: skip
+
+    @gluon.jit
+    def _reduce_bulk(dq_desc, dq_smem, dq_ready, dq_empty, start_m, n_tiles, BLOCK_M: gl.constexpr):
+        """The bulk form: TMA reductions add the whole partial from shared memory (steps 4
+        to 7 of the module docstring). The descriptor's rows end at the last query, so the TMA
+        unit drops the ragged last tile's rows past it."""
+        for i in range(n_tiles):
+            mbarrier.wait(dq_ready, i & 1)  # 4: the fenced partial is in dq_smem
+            async_reduce_add(dq_desc, [start_m + i * BLOCK_M, 0], dq_smem)  # 5
+            tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, dq_smem read
+            gl.thread_barrier()  # 7: both warps' waits before the one arrival
+            mbarrier.arrive(dq_empty, count=1)
+
+    @gluon.jit
+    def _reduce_atomic(
         dq_rows,
         dq_smem,
         dq_ready,
@@ -152,9 +236,8 @@ if HAVE_GLUON:
         DQ_ROWS: gl.constexpr,
         REDUCER_WARPS: gl.constexpr,
     ):
-        """The dQ warps: per query tile, wait for the compute warps' fp32 partial
-        sm_scale·dS K in `dq_smem`, add it into the global fp32 dQ rows (relaxed atomic adds,
-        rows past the last query skipped), and release the buffer."""
+        """The atomic form: relaxed 16-byte atomic adds from registers, DQ_ROWS rows at a
+        time, rows past the last query skipped."""
         # Four consecutive floats per lane (16-byte vector atomics, where the launch knows dQ
         # 16-byte aligned), the lanes along a row; exactly DQ_ROWS rows at d = 64 and 128, so
         # no lane holds a copy of another's values (which would be added twice).
@@ -203,6 +286,7 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr,
         IS_CAUSAL: gl.constexpr,
+        DQ_BULK: gl.constexpr,
     ):
         """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
         program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's 64 x HEAD_DIM
@@ -261,6 +345,8 @@ if HAVE_GLUON:
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
             mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the previous partial
             dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
+            if DQ_BULK:  # the TMA unit reads the partial: steps 1-3 of the module docstring
+                fence_async_shared()
             # One barrier for both hand-overs: both warpgroups are done with Q, dO and dSᵀ
             # (their wgmmas waited for) and have stored their halves of the partial.
             gl.thread_barrier()
@@ -327,6 +413,7 @@ if HAVE_GLUON:
         LOADER_REGS: gl.constexpr,
         REDUCER_WARPS: gl.constexpr,
         REDUCER_REGS: gl.constexpr,
+        DQ_BULK: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -343,11 +430,22 @@ if HAVE_GLUON:
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
         kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-        # The fp32 dQ partial: pairs of floats (the accumulator's per-thread unit) swizzled over
-        # DQ_ROWS rows, so the compute warps' stores spread over more banks than unswizzled
-        # rows would; the reducer reads it in slices of DQ_ROWS rows (a slice may not split the
-        # swizzle pattern).
-        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(2, 1, DQ_ROWS, [1, 0])
+        if DQ_BULK:
+            # The fp32 dQ partial as the TMA unit reads it: the NVMMA layout (rows of 128
+            # bytes swizzled over 8 rows, the TMA unit undoing the swizzle as it reads; 128
+            # fp32 columns go out as 4 boxes of 32), so the compute warps' stores stay spread
+            # over the banks. The non-tensor bulk reduction (FA3's) would need the rows
+            # unswizzled and contiguous: not reachable here (Gluon gives no shared-memory
+            # address to inline assembly), and the tensor form clips the ragged last tile.
+            dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+                [BLOCK_M, HEAD_DIM], gl.float32
+            )
+        else:
+            # The fp32 dQ partial: pairs of floats (the accumulator's per-thread unit) swizzled
+            # over DQ_ROWS rows, so the compute warps' stores spread over more banks than
+            # unswizzled rows would; the reducer reads it in slices of DQ_ROWS rows (a slice
+            # may not split the swizzle pattern).
+            dq_layout: gl.constexpr = gl.SwizzledSharedLayout(2, 1, DQ_ROWS, [1, 0])
         vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         # In-kernel descriptors of this (batch, head)'s rows: TMA reads zeros past the last row
         # and clips stores there, which masks the ragged last tiles.
@@ -395,6 +493,11 @@ if HAVE_GLUON:
             start_m = 0
         n_tiles = gl.maximum(gl.cdiv(N_Q - start_m, BLOCK_M), 0)
         rows_base = bh * N_Q
+        dq_rows = DQ + rows_base * HEAD_DIM  # this head's (N_Q, HEAD_DIM) fp32 rows
+        if DQ_BULK:  # rows past N_Q clipped: the ragged last tile adds only real rows
+            dq_out = _rows(dq_rows, N_Q, HEAD_DIM, BLOCK_M, HEAD_DIM, dq_layout)
+        else:
+            dq_out = dq_rows
         gl.warp_specialize(
             [
                 (
@@ -403,7 +506,7 @@ if HAVE_GLUON:
                         dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                         ds_smem, dq_smem, kv_ready, ready, empty, dq_ready, dq_empty, n0,
                         start_m, n_tiles, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                        STAGES, IS_CAUSAL,
+                        STAGES, IS_CAUSAL, DQ_BULK,
                     ),
                 ),
                 (
@@ -417,8 +520,8 @@ if HAVE_GLUON:
                 (
                     _reducer,
                     (
-                        DQ + rows_base * HEAD_DIM, dq_smem, dq_ready, dq_empty, start_m,
-                        n_tiles, N_Q, HEAD_DIM, BLOCK_M, DQ_ROWS, REDUCER_WARPS,
+                        dq_out, dq_smem, dq_ready, dq_empty, start_m, n_tiles, N_Q, HEAD_DIM,
+                        BLOCK_M, DQ_ROWS, REDUCER_WARPS, DQ_BULK,
                     ),
                 ),
             ],
@@ -472,11 +575,13 @@ def launch(
     *,
     scale: float,
     causal: bool,
+    dq_bulk: bool = DQ_BULK,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
-    contiguous fp32 `(..., heads, n_q, d)` tensor (the caller casts it). One key/value head per
-    query head; `unsupported_reason` must have said None."""
+    contiguous fp32 `(..., heads, n_q, d)` tensor (the caller casts it). `dq_bulk`: add dQ
+    with one TMA bulk reduction per tile instead of atomic adds (`DQ_BULK`). One key/value
+    head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
     sq, sk, sv, so, sdo, sdk = strides
@@ -500,7 +605,8 @@ def launch(
         q, k, v, do, lse, delta, dk, dv, dq, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, DQ_ROWS=DQ_ROWS, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
-        REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, num_warps=COMPUTE_WARPS,
+        REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_BULK=dq_bulk,
+        num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
@@ -515,10 +621,12 @@ def gluon_backward(
     *,
     scale: float,
     causal: bool,
+    dq_bulk: bool = DQ_BULK,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of attention over `(batch, heads, n, d)` tensors (any strides with unit
     stride along d), from the forward's output `o` and natural-log logsumexp `lse` (`(batch,
     heads, n_q)`, contiguous, as fa2's forward stores it). dq in q's dtype; dk, dv contiguous.
+    `dq_bulk`: dQ added by TMA bulk reductions, not atomics (`DQ_BULK`; untested on a GPU).
     Raises ValueError where `unsupported_reason` gives one, or for grouped heads."""
     if k.shape[:-2] != q.shape[:-2] or v.shape != k.shape:
         raise ValueError(
@@ -536,5 +644,5 @@ def gluon_backward(
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(k, memory_format=torch.contiguous_format)
     strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
-    dq = launch(q, k, v, o, lse, do, dk, dv, strides, scale=scale, causal=causal)
+    dq = launch(q, k, v, o, lse, do, dk, dv, strides, scale=scale, causal=causal, dq_bulk=dq_bulk)
     return dq.to(q.dtype), dk, dv
