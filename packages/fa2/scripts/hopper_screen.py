@@ -8,11 +8,12 @@ FA2_TILES / FA2_L2_GROUP / FA2_BACKWARD (`fa2.triton.configs`): the warp-special
 dK/dV tiles, dQ on 128x128 tiles, the L2-grouped backward launch order, all of them together, and
 the Gluon single-pass backward ("fa2 gluon-bwd": FA2_BACKWARD=gluon, called with
 `deterministic=False`, which it needs; where it cannot run, e.g. on a CPU, its row says
-"unavailable" and why); and the Gluon forward with the default backward ("fa2 gluon-fwd":
-FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`; "-pingpong": with FA3's inter-warpgroup
-ping-pong too; "-plain": without FA3's intra-warpgroup overlap; "unavailable" and why where it
-cannot run; "fa2 gluon-fwd+bwd": both Gluon kernels). `--impls` keeps only the named fa2 rows
-(cuDNN always runs). Measured:
+"unavailable" and why; "fa2 gluon-bwd-bulk": FA2_BACKWARD=gluon-bulk, the same kernel adding
+dQ with TMA bulk reductions instead of atomic adds); and the Gluon forward with the default
+backward ("fa2 gluon-fwd": FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`; "-pingpong": with
+FA3's inter-warpgroup ping-pong too; "-plain": without FA3's intra-warpgroup overlap;
+"unavailable" and why where it cannot run; "fa2 gluon-fwd+bwd": both Gluon kernels). `--impls`
+keeps only the named fa2 rows (cuDNN always runs). Measured:
 
 - forward, forward+backward (do_bench medians, L2 flushed between calls), backward = their
   difference; inputs under 1 GiB rotate among up to 4 copies, so that no call starts on data
@@ -40,6 +41,11 @@ GPU (one H100 or H200), from the repository root, with no install::
 The Gluon backward beside the default and cuDNN only, at every shape (within the same budget)::
 
     python3 packages/fa2/scripts/hopper_screen.py --out $OUT --impls fa2 "fa2 gluon-bwd"
+
+Its two ways of adding dQ side by side::
+
+    python3 packages/fa2/scripts/hopper_screen.py --out $OUT \
+        --impls fa2 "fa2 gluon-bwd" "fa2 gluon-bwd-bulk"
 
 Rehearsal on a CPU (Triton's interpreter, tiny shapes and the interpreter's tiles)::
 
@@ -116,6 +122,7 @@ def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
         "fa2 all": {"FA2_TILES": every},
         "fa2 all+l2": {"FA2_TILES": every, "FA2_L2_GROUP": "auto"},
         GLUON: {"FA2_BACKWARD": "gluon"},
+        "fa2 gluon-bwd-bulk": {"FA2_BACKWARD": "gluon-bulk"},  # dQ by TMA bulk reductions
         "fa2 gluon-fwd": {"FA2_GLUON_FORWARD": "1"},
         "fa2 gluon-fwd-pingpong": {"FA2_GLUON_FORWARD": "pingpong"},
         "fa2 gluon-fwd-plain": {"FA2_GLUON_FORWARD": "plain"},
@@ -151,9 +158,14 @@ def fa2_nondeterministic(q, k, v):
     return FlashAttention2Triton.apply(q, k, v, True, None, False, None, False)
 
 
+def gluon_bwd(env: dict[str, str]) -> bool:
+    """Whether a candidate's environment asks for the Gluon backward (either form)."""
+    return env.get("FA2_BACKWARD", "triton") != "triton"
+
+
 def fa2_function(env: dict[str, str]) -> Callable:
     """The call an fa2 candidate is timed with."""
-    return fa2_nondeterministic if env.get("FA2_BACKWARD") == "gluon" else fa2_attention
+    return fa2_nondeterministic if gluon_bwd(env) else fa2_attention
 
 
 def baseline_name() -> str:
@@ -250,7 +262,7 @@ def launched(shape) -> dict[str, str]:
     out = {"forward": "gluon" if fwd.gluon else _tile(fwd.tile, fwd.launch.options)}
     for bwd in fwd.backward_plans.values():
         if bwd.gluon:
-            out["backward"] = "gluon single pass"
+            out["backward"] = "gluon single pass" + (", bulk dQ" if bwd.gluon_dq_bulk else "")
             continue
         for which, tile in bwd.tiles.items():
             if which != "delta":
@@ -305,9 +317,7 @@ def screen_shape(
     ]
     for impl, fn, env in impls:
         row = dict(shape=name, impl=impl, env=env, input_copies=copies)
-        unavailable = (
-            env.get("FA2_BACKWARD") == "gluon" and gluon_backward.unsupported_reason(q, k, v, do)
-        ) or (
+        unavailable = (gluon_bwd(env) and gluon_backward.unsupported_reason(q, k, v, do)) or (
             env.get("FA2_GLUON_FORWARD", "0") != "0"
             and gluon_forward.gluon_forward_refusal(q, k, v)
         )
@@ -387,7 +397,7 @@ def _correct(row: dict, rows: list[dict]) -> bool | None:
     if ratios is None:
         return None
     within = worst_ratio(ratios) <= 2  # NaN compares False
-    exempt = not row["impl"].startswith("fa2") or row.get("env", {}).get("FA2_BACKWARD") == "gluon"
+    exempt = not row["impl"].startswith("fa2") or gluon_bwd(row.get("env", {}))
     return within and (row["deterministic"] or exempt)
 
 

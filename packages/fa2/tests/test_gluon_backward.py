@@ -1,12 +1,14 @@
 """The Gluon single-pass backward for Hopper (`fa2.triton.gluon_backward`, FA2_BACKWARD=gluon).
 
-On the CPU: the kernel compiles for sm_90 warp-specialised and without spills (Triton and its
-ptxas, in a process of its own: the test process runs Triton's interpreter, which cannot compile
-and does not run Gluon); the selector falls back to the Triton backward, saying why, where the
-kernel cannot run; and where it can, the plan hands it its views and assembles the gradients in
-the caller's layout (checked with a float64 stand-in for the kernel). On an H100/H200 (`gpu`):
-its gradients against a float64 oracle with the tolerance of fa2's other GPU tests, at ragged
-lengths, causal or not, head dims 64 and 128.
+On the CPU: the kernel compiles for sm_90 warp-specialised and without spills in both ways of
+adding dQ (atomics; TMA bulk reductions, whose PTX must hold the reductions, their waits and the
+proxy fence), compiled by Triton and its ptxas in a process of its own (the test process runs
+Triton's interpreter, which cannot compile and does not run Gluon); the selector falls back to
+the Triton backward, saying why, where the kernel cannot run; and where it can, the plan hands
+it its views and assembles the gradients in the caller's layout (checked with a float64
+stand-in for the kernel). On an H100/H200 (`gpu`): its gradients against a float64 oracle with
+the tolerance of fa2's other GPU tests, at ragged lengths, causal or not, head dims 64 and 128,
+in both ways of adding dQ.
 """
 
 from __future__ import annotations
@@ -41,31 +43,42 @@ SMEM_PER_BLOCK = 227 * 1024  # the most shared memory a Hopper block may have
     not gluon_backward.HAVE_GLUON, reason="no Gluon written for this Triton (fa2 targets 3.6's)"
 )
 def test_compiles_for_sm90_warp_specialised_without_spills(tmp_path):
-    """The heaviest case (d 128, causal: the most registers live) through the compile screen."""
+    """The heaviest case (d 128, causal: the most registers live) through the compile screen,
+    dQ added by atomics and by TMA bulk reductions (DQ_BULK)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # compile afresh, write nothing home
     out = tmp_path / "screen.json"
-    command = [sys.executable, str(SCREEN), "--cases", "d128-causal", "--json", str(out)]
+    cases = ["d128-causal", "d128-causal-bulk"]
+    command = [sys.executable, str(SCREEN), "--cases", *cases, "--json", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    (row,) = json.loads(out.read_text())["rows"]
-    assert row["ws"], row  # a warp_specialize region: the partitions exist
-    # 8 compute warps + the loader and reducer warps, padded to a third warpgroup
-    assert row["warps"] == gluon_backward.COMPUTE_WARPS + 4, row
-    # the workers' caps as asked, the compute warpgroups' within the 240 a thread may have
-    assert {gluon_backward.LOADER_REGS, gluon_backward.REDUCER_REGS} <= set(row["setmaxnreg"])
-    assert max(row["setmaxnreg"]) <= 240, row
-    assert row["vector_atomics"], row  # dQ added 16 bytes at a time
-    assert row["stack"] == 0 and row["spill_stores"] == 0, row
-    assert row["smem"] <= SMEM_PER_BLOCK, row
+    atomic, bulk = json.loads(out.read_text())["rows"]
+    for row in (atomic, bulk):
+        assert row["ws"], row  # a warp_specialize region: the partitions exist
+        # 8 compute warps + the loader and reducer warps, padded to a third warpgroup
+        assert row["warps"] == gluon_backward.COMPUTE_WARPS + 4, row
+        # the workers' caps as asked, the compute warpgroups' within the 240 a thread may have
+        assert {gluon_backward.LOADER_REGS, gluon_backward.REDUCER_REGS} <= set(row["setmaxnreg"])
+        assert max(row["setmaxnreg"]) <= 240, row
+        assert row["stack"] == 0 and row["spill_stores"] == 0, row
+        assert row["smem"] <= SMEM_PER_BLOCK, row
+    assert atomic["vector_atomics"] and not atomic["bulk_reduce"], atomic  # 16 bytes at a time
+    # dQ by bulk reductions only, each group waited for (reads) before dq_smem is released,
+    # and one more proxy fence than the atomic form: the partial's stores before the TMA reads
+    assert bulk["bulk_reduce"] and not bulk["vector_atomics"], bulk
+    assert bulk["bulk_commit"] > atomic["bulk_commit"], (atomic, bulk)
+    assert bulk["bulk_wait_read"] > atomic["bulk_wait_read"], (atomic, bulk)
+    assert bulk["proxy_fence"] == atomic["proxy_fence"] + 1, (atomic, bulk)
 
 
 def test_the_selector_reads_fa2_backward(monkeypatch):
     monkeypatch.delenv("FA2_BACKWARD", raising=False)
     assert not configs.gluon_backward_requested()
     monkeypatch.setenv("FA2_BACKWARD", "Gluon")
-    assert configs.gluon_backward_requested()
+    assert configs.gluon_backward_requested() and configs.backward_form() == "gluon"
     assert "Gluon" in configs.tile_settings()  # a plan is built per setting
+    monkeypatch.setenv("FA2_BACKWARD", "gluon-bulk")
+    assert configs.gluon_backward_requested() and configs.backward_form() == "gluon-bulk"
     monkeypatch.setenv("FA2_BACKWARD", "cudnn")
     with pytest.raises(ValueError, match="FA2_BACKWARD must be one of triton, gluon"):
         configs.gluon_backward_requested()
@@ -103,16 +116,17 @@ def test_a_deterministic_backward_never_takes_it(monkeypatch):
     assert backward_plan(plan, q, k, v, o, lse, do, False).gluon
 
 
-@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(monkeypatch, layout):
+@pytest.mark.parametrize("layout, form", [("bhsd", "gluon"), ("bshd", "gluon-bulk")])
+def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(monkeypatch, layout, form):
     """The host side, without the kernel: where the plan takes the Gluon path it hands
     `gluon_backward.launch` (here a float64 stand-in) the (..., heads, n, d) views with their
-    strides, and returns dq cast into q's layout and the dk, dv it wrote, in the caller's."""
-    monkeypatch.setenv("FA2_BACKWARD", "gluon")
+    strides and the way of adding dQ that FA2_BACKWARD names, and returns dq cast into q's
+    layout and the dk, dv it wrote, in the caller's."""
+    monkeypatch.setenv("FA2_BACKWARD", form)
     monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors: None)
     calls = []
 
-    def stand_in(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal):
+    def stand_in(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal, dq_bulk):
         views = (q, k, v, o, do, dk)
         assert list(strides) == [head_strides(t) for t in views]
         ins = [t.detach().double().requires_grad_() for t in (q, k, v)]
@@ -121,7 +135,7 @@ def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(monkeyp
             dq, dk_ref, dv_ref = torch.autograd.grad(out, ins, do.double())
         dk.copy_(dk_ref)
         dv.copy_(dv_ref)
-        calls.append(causal)
+        calls.append((causal, dq_bulk))
         return dq.float()
 
     monkeypatch.setattr(gluon_backward, "launch", stand_in)
@@ -130,7 +144,7 @@ def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(monkeyp
     do = torch.randn(shape)
     o = FlashAttention2Triton.apply(q, k, v, True, None, False, None, False, (-1, -1), 0.0, layout)
     ours = grads(o, (q, k, v), do)
-    assert calls == [True]
+    assert calls == [(True, form == "gluon-bulk")]
     to_bhsd = (lambda t: t) if layout == "bhsd" else (lambda t: t.transpose(1, 2))
     oracle, plain = _oracle_and_plain(*(to_bhsd(t) for t in (q, k, v, do)), causal=True)
     oracle, plain = ([to_bhsd(t) for t in ts] for ts in (oracle, plain))
@@ -148,15 +162,17 @@ def _oracle_and_plain(q, k, v, do, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
+@pytest.mark.parametrize("form", ["gluon", "gluon-bulk"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize(
     "n_q, n_k", [(1, 1), (64, 64), (200, 200), (130, 77), (77, 300), (384, 384)], ids=str
 )
-def test_matches_the_oracle_through_the_autograd_function(monkeypatch, causal, d, n_q, n_k):
-    """FA2_BACKWARD=gluon with deterministic=False: the Gluon kernel runs (no fallback warning)
-    and o, dq, dk, dv stay within twice plain PyTorch's bf16 error of float64's."""
-    monkeypatch.setenv("FA2_BACKWARD", "gluon")
+def test_matches_the_oracle_through_the_autograd_function(monkeypatch, form, causal, d, n_q, n_k):
+    """FA2_BACKWARD=gluon or gluon-bulk (dQ by TMA bulk reductions, the ragged last query tile
+    clipped by the descriptor) with deterministic=False: the Gluon kernel runs (no fallback
+    warning) and o, dq, dk, dv stay within twice plain PyTorch's bf16 error of float64's."""
+    monkeypatch.setenv("FA2_BACKWARD", form)
     make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = (t.requires_grad_() for t in (make(n_q), make(n_k), make(n_k)))
     do = torch.randn_like(q)
@@ -169,16 +185,20 @@ def test_matches_the_oracle_through_the_autograd_function(monkeypatch, causal, d
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
+@pytest.mark.parametrize("dq_bulk", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_matches_the_oracle_called_directly_in_fp16_on_strided_inputs(d):
+def test_matches_the_oracle_called_directly_in_fp16_on_strided_inputs(d, dq_bulk):
     """`gluon_backward` on (batch, heads, n, d) views of (batch, n, heads, d) tensors (the
-    strides flash-attn's layout gives), fp16, a ragged length, with the forward's lse."""
+    strides flash-attn's layout gives), fp16, a ragged length, with the forward's lse, dQ
+    added either way."""
     n = 333
     shape = (2, n, 4, d)
     make = lambda: torch.randn(shape, device="cuda", dtype=torch.float16).transpose(1, 2)  # noqa: E731
     q, k, v, do = make(), make(), make(), make()
     o, lse = FlashAttention2Triton.apply(q, k, v, True, None, True)
-    dq, dk, dv = gluon_backward.gluon_backward(q, k, v, o, lse, do, scale=d**-0.5, causal=True)
+    dq, dk, dv = gluon_backward.gluon_backward(
+        q, k, v, o, lse, do, scale=d**-0.5, causal=True, dq_bulk=dq_bulk
+    )
     ours = [o, dq, dk, dv]
     assert_within_twice_plain(ours, *_oracle_and_plain(q, k, v, do, True), torch.float16)
 

@@ -660,6 +660,8 @@ class BackwardPlan:
         # FA2_BACKWARD=gluon (`configs.gluon_backward_requested`): the Gluon single pass where
         # the call can take it; the Triton launches below stay ready for misaligned pointers.
         self.gluon = False
+        # FA2_BACKWARD=gluon-bulk: that kernel adding dQ with TMA bulk reductions.
+        self.gluon_dq_bulk = configs.backward_form() == "gluon-bulk"
         if configs.gluon_backward_requested():
             reason = _gluon_refusal(
                 fwd.meta, deterministic, traced, group, copies, views, strides
@@ -843,7 +845,7 @@ class BackwardPlan:
         qv, kv, vv, ov, dov, dkv, dvv = (as_bhsd(t, layout) for t in (q, k, v, o, do, dk, dv))
         dq = gluon_backward.launch(
             qv, kv, vv, ov, lse, dov, dkv, dvv, self.gluon_strides, scale=scale,
-            causal=bool(self.meta["IS_CAUSAL"]),
+            causal=bool(self.meta["IS_CAUSAL"]), dq_bulk=self.gluon_dq_bulk,
         )  # fmt: skip
         grad = q.new_empty(q_shape)
         as_bhsd(grad, layout).copy_(dq)

@@ -37,8 +37,10 @@ may compare candidates by changing them between calls):
   unset or "triton", fa2's Triton kernels as `single_pass_backward` chooses; "gluon", the
   hand warp-specialised single pass for Hopper (`fa2.triton.gluon_backward`; bf16/fp16, head
   dim 64 or 128, one key/value head per query head, no window, softcap or packed sequences),
-  which warns and falls back to the Triton kernels where a call cannot take it. A candidate,
-  never a default; deterministic backwards ignore it (they warn if it is set).
+  which warns and falls back to the Triton kernels where a call cannot take it; "gluon-bulk",
+  the same kernel adding dQ with TMA bulk reductions instead of atomic adds
+  (`gluon_backward.DQ_BULK`; not yet run on a GPU). Candidates, never a default;
+  deterministic backwards ignore them (they warn if one is set).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ __all__ = [
     "WS_WARNING",
     "Tile",
     "autotuning",
+    "backward_form",
     "block_d",
     "cdiv",
     "choose_tile",
@@ -498,15 +501,21 @@ def single_pass_backward(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or forced_tile("single-pass") is not None
 
 
-BACKWARD_FORMS = ("triton", "gluon")
+BACKWARD_FORMS = ("triton", "gluon", "gluon-bulk")
 
 
-def gluon_backward_requested() -> bool:
-    """Whether FA2_BACKWARD asks for the Gluon single-pass backward (module docstring)."""
+def backward_form() -> str:
+    """The form FA2_BACKWARD names (module docstring), one of BACKWARD_FORMS."""
     text = os.environ.get("FA2_BACKWARD", "triton").strip().lower() or "triton"
     if text not in BACKWARD_FORMS:
         raise ValueError(f"FA2_BACKWARD must be one of {', '.join(BACKWARD_FORMS)}, got {text!r}")
-    return text == "gluon"
+    return text
+
+
+def gluon_backward_requested() -> bool:
+    """Whether FA2_BACKWARD asks for the Gluon single-pass backward, in either of its ways of
+    adding dQ (module docstring)."""
+    return backward_form() != "triton"
 
 
 _forced: dict[str, dict[str, Tile]] = {}
