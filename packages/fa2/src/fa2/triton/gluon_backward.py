@@ -184,6 +184,18 @@ if HAVE_GLUON:
             mbarrier.arrive(bar, count=1)
 
     @gluon.jit
+    def _reduce_bulk(dq_desc, dq_smem, dq_ready, dq_empty, start_m, n_tiles, BLOCK_M: gl.constexpr):
+        """The bulk form of `_reducer`: TMA reductions add the whole partial from shared memory
+        (steps 4 to 7 of the module docstring). The descriptor's rows end at the last query, so
+        the TMA unit drops the ragged last tile's rows past it."""
+        for i in range(n_tiles):
+            mbarrier.wait(dq_ready, i & 1)  # 4: the fenced partial is in dq_smem
+            async_reduce_add(dq_desc, [start_m + i * BLOCK_M, 0], dq_smem)  # 5
+            tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, dq_smem read
+            gl.thread_barrier()  # 7: both warps' waits before the one arrival
+            mbarrier.arrive(dq_empty, count=1)
+
+    @gluon.jit
     def _reducer(
         dq_out,
         dq_smem,
@@ -200,63 +212,31 @@ if HAVE_GLUON:
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
         sm_scale·dS K in `dq_smem`, add it into the global fp32 dQ rows, and release the
-        buffer. `dq_out`: this head's dQ rows, a TMA descriptor when DQ_BULK, else a
-        pointer."""
+        buffer. `dq_out`: this head's dQ rows, a TMA descriptor when DQ_BULK (`_reduce_bulk`),
+        else a pointer for relaxed atomic adds (rows past the last query skipped)."""
         if DQ_BULK:
             _reduce_bulk(dq_out, dq_smem, dq_ready, dq_empty, start_m, n_tiles, BLOCK_M)
         else:
-            _reduce_atomic(
-                dq_out, dq_smem, dq_ready, dq_empty, start_m, n_tiles, n_q, HEAD_DIM, BLOCK_M,
-                DQ_ROWS, REDUCER_WARPS,
-            )  # fmt: skip
-
-    @gluon.jit
-    def _reduce_bulk(dq_desc, dq_smem, dq_ready, dq_empty, start_m, n_tiles, BLOCK_M: gl.constexpr):
-        """The bulk form: TMA reductions add the whole partial from shared memory (steps 4
-        to 7 of the module docstring). The descriptor's rows end at the last query, so the TMA
-        unit drops the ragged last tile's rows past it."""
-        for i in range(n_tiles):
-            mbarrier.wait(dq_ready, i & 1)  # 4: the fenced partial is in dq_smem
-            async_reduce_add(dq_desc, [start_m + i * BLOCK_M, 0], dq_smem)  # 5
-            tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, dq_smem read
-            gl.thread_barrier()  # 7: both warps' waits before the one arrival
-            mbarrier.arrive(dq_empty, count=1)
-
-    @gluon.jit
-    def _reduce_atomic(
-        dq_rows,
-        dq_smem,
-        dq_ready,
-        dq_empty,
-        start_m,
-        n_tiles,
-        n_q,
-        HEAD_DIM: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        DQ_ROWS: gl.constexpr,
-        REDUCER_WARPS: gl.constexpr,
-    ):
-        """The atomic form: relaxed 16-byte atomic adds from registers, DQ_ROWS rows at a
-        time, rows past the last query skipped."""
-        # Four consecutive floats per lane (16-byte vector atomics, where the launch knows dQ
-        # 16-byte aligned), the lanes along a row; exactly DQ_ROWS rows at d = 64 and 128, so
-        # no lane holds a copy of another's values (which would be added twice).
-        lanes_per_row: gl.constexpr = HEAD_DIM // 4
-        layout: gl.constexpr = gl.BlockedLayout(
-            [1, 4], [32 // lanes_per_row, lanes_per_row], [REDUCER_WARPS, 1], [1, 0]
-        )
-        r = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
-        c = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-        for i in range(n_tiles):
-            mbarrier.wait(dq_ready, i & 1)
-            m0 = start_m + i * BLOCK_M
-            for r0 in gl.static_range(0, BLOCK_M, DQ_ROWS):
-                part = dq_smem.slice(r0, DQ_ROWS, dim=0).load(layout)
-                rows = m0 + r0 + r
-                offsets = rows[:, None] * HEAD_DIM + c[None, :]  # < 2**31: rows of one head
-                gl.atomic_add(dq_rows + offsets, part, mask=(rows < n_q)[:, None], sem="relaxed")
-            gl.thread_barrier()  # every lane's reads of the buffer before releasing it
-            mbarrier.arrive(dq_empty, count=1)
+            # Four consecutive floats per lane (16-byte vector atomics, where the launch knows
+            # dQ 16-byte aligned), the lanes along a row; exactly DQ_ROWS rows at d = 64 and
+            # 128, so no lane holds a copy of another's values (which would be added twice).
+            lanes_per_row: gl.constexpr = HEAD_DIM // 4
+            layout: gl.constexpr = gl.BlockedLayout(
+                [1, 4], [32 // lanes_per_row, lanes_per_row], [REDUCER_WARPS, 1], [1, 0]
+            )
+            r = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
+            c = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+            for i in range(n_tiles):
+                mbarrier.wait(dq_ready, i & 1)
+                m0 = start_m + i * BLOCK_M
+                for r0 in gl.static_range(0, BLOCK_M, DQ_ROWS):
+                    part = dq_smem.slice(r0, DQ_ROWS, dim=0).load(layout)
+                    rows = m0 + r0 + r
+                    offsets = rows[:, None] * HEAD_DIM + c[None, :]  # < 2**31: one head's rows
+                    mask = (rows < n_q)[:, None]
+                    gl.atomic_add(dq_out + offsets, part, mask=mask, sem="relaxed")
+                gl.thread_barrier()  # every lane's reads of the buffer before releasing it
+                mbarrier.arrive(dq_empty, count=1)
 
     @gluon.jit
     def _compute(
