@@ -79,7 +79,7 @@ def compile_case(case: str) -> dict:
         HEAD_DIM=head_dim, BLOCK_M=gb.BLOCK_M, BLOCK_N=gb.BLOCK_N, STAGES=gb.STAGES,
         IS_CAUSAL=causal, DQ_ROWS=gb.DQ_ROWS, LOADER_WARPS=gb.LOADER_WARPS,
         LOADER_REGS=gb.LOADER_REGS, REDUCER_WARPS=gb.REDUCER_WARPS,
-        REDUCER_REGS=gb.REDUCER_REGS, DQ_BULK=bulk,
+        REDUCER_REGS=gb.REDUCER_REGS, DQ_BULK=bulk, DQ_FIRST=gb.DQ_FIRST, DQ_DROP=False,
     )  # fmt: skip
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     kernel = gb._gluon_bwd_kernel

@@ -40,5 +40,7 @@ try:
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
-    builtin = ir = gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
+    builtin = ir = gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = (
+        warpgroup_mma_wait
+    ) = None
     HAVE_GLUON = False

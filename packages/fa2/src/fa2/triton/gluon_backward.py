@@ -112,6 +112,9 @@ DQ_ROWS = 4
 # docs/design/fa2.md, "The Gluon single pass"); True, one TMA bulk reduction per tile (not yet
 # run on a GPU). FA2_BACKWARD=gluon-bulk asks for True (`fa2.triton.configs.backward_form`).
 DQ_BULK = False
+# Whether the compute warps issue dQ = dS K before dK += dSᵀ Q, so that the partial's store to
+# shared memory overlaps dK's matmul (True), or after it (False, the order first measured).
+DQ_FIRST = False
 
 
 if HAVE_GLUON:
@@ -209,12 +212,17 @@ if HAVE_GLUON:
         DQ_ROWS: gl.constexpr,
         REDUCER_WARPS: gl.constexpr,
         DQ_BULK: gl.constexpr,
+        DQ_DROP: gl.constexpr,
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
         sm_scale·dS K in `dq_smem`, add it into the global fp32 dQ rows, and release the
         buffer. `dq_out`: this head's dQ rows, a TMA descriptor when DQ_BULK (`_reduce_bulk`),
         else a pointer for relaxed atomic adds (rows past the last query skipped)."""
-        if DQ_BULK:
+        if DQ_DROP:  # a timing probe: each partial released unread, dQ left at zero
+            for i in range(n_tiles):
+                mbarrier.wait(dq_ready, i & 1)
+                mbarrier.arrive(dq_empty, count=1)
+        elif DQ_BULK:
             _reduce_bulk(dq_out, dq_smem, dq_ready, dq_empty, start_m, n_tiles, BLOCK_M)
         else:
             # Four consecutive floats per lane (16-byte vector atomics, where the launch knows
@@ -267,6 +275,7 @@ if HAVE_GLUON:
         STAGES: gl.constexpr,
         IS_CAUSAL: gl.constexpr,
         DQ_BULK: gl.constexpr,
+        DQ_FIRST: gl.constexpr,
     ):
         """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
         program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's 64 x HEAD_DIM
@@ -318,15 +327,28 @@ if HAVE_GLUON:
             ds_smem.store(ds_t)
             fence_async_shared()  # the generic-proxy stores before the wgmmas read them
             gl.thread_barrier()
-            dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
-            dq = warpgroup_mma(
-                ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
-            )
-            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-            mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the previous partial
-            dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
-            if DQ_BULK:  # the TMA unit reads the partial: steps 1-3 of the module docstring
-                fence_async_shared()
+            if DQ_FIRST:
+                # dQ issued before dK: its partial is stored while dK += dSᵀ Q still runs.
+                dq = warpgroup_mma(
+                    ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
+                )
+                dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
+                dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
+                mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the last partial
+                dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
+                if DQ_BULK:  # the TMA unit reads the partial: steps 1-3 of the module docstring
+                    fence_async_shared()
+                dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+            else:
+                dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
+                dq = warpgroup_mma(
+                    ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
+                )
+                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+                mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the last partial
+                dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
+                if DQ_BULK:  # the TMA unit reads the partial: steps 1-3 of the module docstring
+                    fence_async_shared()
             # One barrier for both hand-overs: both warpgroups are done with Q, dO and dSᵀ
             # (their wgmmas waited for) and have stored their halves of the partial.
             gl.thread_barrier()
@@ -394,6 +416,8 @@ if HAVE_GLUON:
         REDUCER_WARPS: gl.constexpr,
         REDUCER_REGS: gl.constexpr,
         DQ_BULK: gl.constexpr,
+        DQ_FIRST: gl.constexpr,
+        DQ_DROP: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -486,7 +510,7 @@ if HAVE_GLUON:
                         dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                         ds_smem, dq_smem, kv_ready, ready, empty, dq_ready, dq_empty, n0,
                         start_m, n_tiles, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                        STAGES, IS_CAUSAL, DQ_BULK,
+                        STAGES, IS_CAUSAL, DQ_BULK, DQ_FIRST,
                     ),
                 ),
                 (
@@ -501,7 +525,7 @@ if HAVE_GLUON:
                     _reducer,
                     (
                         dq_out, dq_smem, dq_ready, dq_empty, start_m, n_tiles, N_Q, HEAD_DIM,
-                        BLOCK_M, DQ_ROWS, REDUCER_WARPS, DQ_BULK,
+                        BLOCK_M, DQ_ROWS, REDUCER_WARPS, DQ_BULK, DQ_DROP,
                     ),
                 ),
             ],
@@ -556,6 +580,8 @@ def launch(
     scale: float,
     causal: bool,
     dq_bulk: bool = DQ_BULK,
+    dq_first: bool = DQ_FIRST,
+    drop_dq: bool = False,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -586,7 +612,7 @@ def launch(
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, DQ_ROWS=DQ_ROWS, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_BULK=dq_bulk,
-        num_warps=COMPUTE_WARPS,
+        DQ_FIRST=dq_first, DQ_DROP=drop_dq, num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 

@@ -1,0 +1,138 @@
+"""Time the Gluon single-pass backward's variants kernel by kernel on one Hopper GPU, beside
+fa2's default (deterministic, two-pass) backward and cuDNN's, to choose its form by measurement.
+
+Per shape (causal, bf16, fresh random inputs and output gradient; o and the logsumexp from fa2's
+forward): the backward alone, as do_bench medians with L2 flushed, and its TFLOP/s by the usual
+convention (2.5 x the causal forward's 2·B·H·S²·D):
+
+- "fa2 two-pass": fa2's default backward (`run_backward`, deterministic);
+- "cudnn": SDPA's cuDNN backend, forward+backward less its forward (cuDNN's backward cannot be
+  launched alone through torch's public API);
+- one row per Gluon variant (`gluon_backward.launch` keywords): how dQ is added (atomics or TMA
+  bulk reductions, `dq_bulk`), the order of the last two matmuls (`dq_first`), and a timing
+  probe that drops dQ (`drop_dq`: the reducer releases each partial unread, so the row is the
+  time without dQ's additions; its dQ is wrong by design and never checked).
+
+Each variant's dk and dv (and dQ, where added) are compared with fa2's two-pass backward's on
+the same inputs, so a variant that is fast because it is wrong shows it. Rows go to
+`OUT/gluon_bwd_variants.json` as they come; a table is printed last.
+
+GPU (one H100 or H200), from the repository root, with no install::
+
+    export PYTHONPATH=$(ls -d $PWD/packages/*/src | paste -sd:)
+    BENCH_GIT_REVISION=<commit> python3 packages/fa2/scripts/gluon_bwd_variants.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+from fa2.triton import gluon_backward
+from fa2.triton.function import run_backward, run_forward
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hopper_screen import _median_ms, cudnn_attention, flops  # a sibling script
+
+SHAPES = [(2, 32, 32768, 128), (1, 16, 16384, 128), (1, 16, 16384, 64), (4, 32, 2048, 128)]
+VARIANTS = {  # row name: gluon_backward.launch keywords
+    "gluon atomic": dict(dq_bulk=False, dq_first=False),
+    "gluon atomic dq-first": dict(dq_bulk=False, dq_first=True),
+    "gluon bulk": dict(dq_bulk=True, dq_first=False),
+    "gluon bulk dq-first": dict(dq_bulk=True, dq_first=True),
+    "probe: no dQ adds": dict(dq_bulk=False, dq_first=False, drop_dq=True),
+}
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def screen_shape(shape, variants, rep_ms: float) -> list[dict]:
+    """The rows of one shape: the two-pass backward, cuDNN, then each Gluon variant."""
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    scale = shape[-1] ** -0.5
+    o, lse, plan = run_forward(q, k, v, True)
+    _, bwd_flops = flops(shape)
+    rows = []
+
+    def row(name: str, ms: float, **extra) -> None:
+        rows.append(dict(shape=list(shape), impl=name, bwd_ms=ms, tflops=bwd_flops / ms / 1e9))
+        rows[-1].update(extra)
+        print(f"  {name}: {ms:.3f} ms", flush=True)
+
+    reference = run_backward(plan, q, k, v, o, lse, do, scale)
+    row(
+        "fa2 two-pass",
+        _median_ms(lambda: run_backward(plan, q, k, v, o, lse, do, scale), rep_ms=rep_ms),
+    )
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    fwd = _median_ms(lambda: cudnn_attention(*leaves), rep_ms=rep_ms)
+    both = _median_ms(
+        lambda: torch.autograd.grad(cudnn_attention(*leaves), leaves, do), rep_ms=rep_ms
+    )
+    row("cudnn", both - fwd, fwd_ms=fwd)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
+    for name, options in variants.items():
+
+        def call(options=options):
+            return gluon_backward.launch(
+                q, k, v, o, lse, do, dk, dv, strides, scale=scale, causal=True, **options
+            )
+
+        dq = call()
+        errors = dict(dk=_rel(dk, reference[1]), dv=_rel(dv, reference[2]))
+        if not options.get("drop_dq"):
+            errors["dq"] = _rel(dq, reference[0])
+        row(name, _median_ms(call, rep_ms=rep_ms), rel_diff_to_two_pass=errors)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON")
+    parser.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, help="B,H,S,D each")
+    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--rep-ms", type=float, default=400.0, help="do_bench rep per timing")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or not gluon_backward.HAVE_GLUON:
+        sys.exit("needs an sm_90 GPU and the Triton whose Gluon fa2's kernels are written for")
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = dict(
+        device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+        date=datetime.date.today().isoformat(), revision=os.environ.get("BENCH_GIT_REVISION"),
+        command="python3 packages/fa2/scripts/gluon_bwd_variants.py " + " ".join(sys.argv[1:]),
+    )  # fmt: skip
+    variants = {name: VARIANTS[name] for name in args.variants}
+    rows = []
+    for shape in args.shapes:
+        print(shape, flush=True)
+        rows += screen_shape(shape, variants, args.rep_ms)
+        path = args.out / "gluon_bwd_variants.json"
+        path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    print("| shape | impl | bwd ms | TFLOP/s | x cuDNN | rel. diff dq/dk/dv |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        base = next(x for x in rows if x["shape"] == r["shape"] and x["impl"] == "cudnn")
+        diff = "/".join(f"{v:.1e}" for v in r.get("rel_diff_to_two_pass", {}).values())
+        print(
+            f"| {tuple(r['shape'])} | {r['impl']} | {r['bwd_ms']:.3f} | {r['tflops']:.0f} | "
+            f"{r['bwd_ms'] / base['bwd_ms']:.3f} | {diff} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
