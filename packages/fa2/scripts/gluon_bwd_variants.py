@@ -9,12 +9,14 @@ convention (2.5 x the causal forward's 2·B·H·S²·D):
 - "cudnn": SDPA's cuDNN backend, forward+backward less its forward (cuDNN's backward cannot be
   launched alone through torch's public API);
 - one row per Gluon variant (`gluon_backward.launch` keywords): how dQ is added (atomics or TMA
-  bulk reductions, `dq_bulk`), the order of the last two matmuls (`dq_first`), and a timing
+  bulk reductions, `dq_bulk`; in a fixed order, `deterministic`), the order of the last two
+  matmuls (`dq_first`), and a timing
   probe that drops dQ (`drop_dq`: the reducer releases each partial unread, so the row is the
   time without dQ's additions; its dQ is wrong by design and never checked).
 
 Each variant's dk and dv (and dQ, where added) are compared with fa2's two-pass backward's on
-the same inputs, so a variant that is fast because it is wrong shows it. Rows go to
+the same inputs, so a variant that is fast because it is wrong shows it, and each dQ with a
+second call's (same bits or not). Rows go to
 `OUT/gluon_bwd_variants.json` as they come; a table is printed last.
 
 GPU (one H100 or H200), from the repository root, with no install::
@@ -43,10 +45,11 @@ from hopper_screen import _median_ms, cudnn_attention, flops  # a sibling script
 
 SHAPES = [(2, 32, 32768, 128), (1, 16, 16384, 128), (1, 16, 16384, 64), (4, 32, 2048, 128)]
 VARIANTS = {  # row name: gluon_backward.launch keywords
-    "gluon atomic": dict(dq_bulk=False, dq_first=False),
+    "gluon atomic": dict(dq_bulk=False),
+    "gluon bulk": dict(dq_bulk=True),
+    "gluon bulk ordered": dict(dq_bulk=True, deterministic=True),
     "gluon atomic dq-first": dict(dq_bulk=False, dq_first=True),
-    "gluon bulk": dict(dq_bulk=True, dq_first=False),
-    "probe: no dQ adds": dict(dq_bulk=False, dq_first=False, drop_dq=True),
+    "probe: no dQ adds": dict(dq_bulk=False, drop_dq=True),
 }
 
 
@@ -98,9 +101,15 @@ def screen_shape(shape, variants, rep_ms: float) -> list[dict]:
             print(f"  {name}: failed ({type(exc).__name__})", flush=True)
             continue
         errors = dict(dk=_rel(dk, reference[1]), dv=_rel(dv, reference[2]))
+        same_bits = None
         if not options.get("drop_dq"):
             errors["dq"] = _rel(dq, reference[0])
-        row(name, _median_ms(call, rep_ms=rep_ms), rel_diff_to_two_pass=errors)
+            first = dq.clone()
+            same_bits = bool(torch.equal(call(), first))  # dQ's bits: run to run
+        row(
+            name, _median_ms(call, rep_ms=rep_ms), rel_diff_to_two_pass=errors,
+            same_bits_twice=same_bits,
+        )  # fmt: skip
     return rows
 
 
@@ -126,17 +135,17 @@ def main() -> int:
         rows += screen_shape(shape, variants, args.rep_ms)
         path = args.out / "gluon_bwd_variants.json"
         path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
-    print("| shape | impl | bwd ms | TFLOP/s | x cuDNN | rel. diff dq/dk/dv |")
-    print("|---|---|---|---|---|---|")
+    print("| shape | impl | bwd ms | TFLOP/s | x cuDNN | rel. diff dk/dv/dq | dQ bits twice |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {tuple(r['shape'])} | {r['impl']} | failed | | | |")
+            print(f"| {tuple(r['shape'])} | {r['impl']} | failed | | | | |")
             continue
         base = next(x for x in rows if x["shape"] == r["shape"] and x["impl"] == "cudnn")
         diff = "/".join(f"{v:.1e}" for v in r.get("rel_diff_to_two_pass", {}).values())
         print(
             f"| {tuple(r['shape'])} | {r['impl']} | {r['bwd_ms']:.3f} | {r['tflops']:.0f} | "
-            f"{r['bwd_ms'] / base['bwd_ms']:.3f} | {diff} |"
+            f"{r['bwd_ms'] / base['bwd_ms']:.3f} | {diff} | {r.get('same_bits_twice', '')} |"
         )
     return 0
 

@@ -57,29 +57,35 @@ _INTS = [f"stride_{t}{s}" for t in ("q", "k", "v", "do", "dk") for s in ("b", "h
 ]
 
 
-def _parse(case: str) -> tuple[int, bool, str, bool]:
-    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-bulk)?", case)
+def _parse(case: str) -> tuple[int, bool, str, bool, bool]:
+    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-bulk|-ordered)?", case)
     if not match:
         raise ValueError(
-            f"a case is named like d128-causal, d64-full-fp16 or d128-causal-bulk, got {case!r}"
+            "a case is named like d128-causal, d64-full-fp16, d128-causal-bulk or "
+            f"d128-causal-ordered, got {case!r}"
         )
     head_dim, causal = int(match.group(1)), match.group(2) == "causal"
-    return head_dim, causal, "fp16" if match.group(3) else "bf16", bool(match.group(4))
+    form = match.group(4)
+    dtype = "fp16" if match.group(3) else "bf16"
+    return head_dim, causal, dtype, form is not None, form == "-ordered"
 
 
 def compile_case(case: str) -> dict:
     """Compile one case for sm_90 and read its resources."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    head_dim, causal, dtype, bulk = _parse(case)
+    head_dim, causal, dtype, bulk, ordered = _parse(case)
     signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "DO", "DK", "DV")}
-    signature.update(L="*fp32", Delta="*fp32", DQ="*fp32", qk_scale="fp32", sm_scale="fp32")
+    signature.update(
+        L="*fp32", Delta="*fp32", DQ="*fp32", DQ_SEM="*i32", qk_scale="fp32", sm_scale="fp32"
+    )
     signature.update(dict.fromkeys(_INTS, "i32"))
     constexprs = dict(
         HEAD_DIM=head_dim, BLOCK_M=gb.BLOCK_M, BLOCK_N=gb.BLOCK_N, STAGES=gb.STAGES,
         IS_CAUSAL=causal, DQ_ROWS=gb.DQ_ROWS, LOADER_WARPS=gb.LOADER_WARPS,
         LOADER_REGS=gb.LOADER_REGS, REDUCER_WARPS=gb.REDUCER_WARPS,
-        REDUCER_REGS=gb.REDUCER_REGS, DQ_BULK=bulk, DQ_FIRST=gb.DQ_FIRST, DQ_DROP=False,
+        REDUCER_REGS=gb.REDUCER_REGS, DQ_BULK=bulk, DQ_ORDERED=ordered, DQ_FIRST=gb.DQ_FIRST,
+        DQ_DROP=False,
     )  # fmt: skip
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     kernel = gb._gluon_bwd_kernel

@@ -205,6 +205,30 @@ def test_matches_the_oracle_called_directly_in_fp16_on_strided_inputs(d, dq_bulk
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(
+    "n_q, n_k", [(1, 1), (200, 200), (130, 77), (77, 300), (1000, 1000)], ids=str
+)
+def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(causal, d, n_q, n_k):
+    """`deterministic=True`: the key tiles add into each dQ tile one at a time in a fixed order
+    (semaphores), so two calls give the same bits, within the oracle's tolerance; 1000 rows
+    are 8 key tiles and 16 query tiles, so each dQ tile takes several ordered additions."""
+    make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    q, k, v = make(n_q), make(n_k), make(n_k)
+    do = torch.randn_like(q)
+    o, lse = FlashAttention2Triton.apply(q, k, v, causal, None, True)
+    call = lambda: gluon_backward.gluon_backward(  # noqa: E731
+        q, k, v, o, lse, do, scale=d**-0.5, causal=causal, deterministic=True
+    )
+    first, second = call(), call()
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+    assert_within_twice_plain([o, *first], *_oracle_and_plain(q, k, v, do, causal), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
 def test_flash_attn_layout_takes_it_with_equal_lengths(monkeypatch):
     """flash_attn_func's (batch, seq, heads, d) tensors, causal, deterministic=False (its
     default): the plan reads them in place through the Gluon kernel."""

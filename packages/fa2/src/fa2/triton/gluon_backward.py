@@ -187,16 +187,85 @@ if HAVE_GLUON:
             mbarrier.arrive(bar, count=1)
 
     @gluon.jit
-    def _reduce_bulk(dq_desc, dq_smem, dq_ready, dq_empty, start_m, n_tiles, BLOCK_M: gl.constexpr):
+    def _bulk_writes_done():
+        """`cp.async.bulk.wait_group 0` (no `.read`): this thread's bulk operations have
+        completed, their writes visible to it, then `fence.proxy.async.global`, which orders
+        them before its later generic-proxy accesses (the release that follows)."""
+        gl.inline_asm_elementwise(
+            "cp.async.bulk.wait_group 0;\nfence.proxy.async.global;\nmov.u32 $0, 0;",
+            "=r",
+            [],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+    @gluon.jit
+    def _wait_for_count(counters, count):
+        """Spin until each lane's `counters` (int32 in global memory) holds `count` (acquire,
+        GPU scope), then `fence.proxy.async.global`, which orders what was acquired before
+        this thread's later async-proxy (TMA) accesses of global memory. One PTX loop (its
+        label scoped by the braces): a loop written in Gluon here made ptxas spill the compute
+        warps' registers."""
+        gl.inline_asm_elementwise(
+            "{\n.reg .pred p;\n.reg .b32 seen;\nWAIT:\n"
+            "ld.acquire.gpu.global.b32 seen, [$1];\nsetp.ne.s32 p, seen, $2;\n@p bra WAIT;\n}\n"
+            "fence.proxy.async.global;\nmov.u32 $0, 0;",
+            "=r,l,r", [counters, count], dtype=gl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _reduce_bulk(
+        dq_desc,
+        dq_smem,
+        dq_ready,
+        dq_empty,
+        sem_rows,
+        start_m,
+        n_tiles,
+        key_tile,
+        last_key_tile,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        IS_CAUSAL: gl.constexpr,
+        REDUCER_WARPS: gl.constexpr,
+        ORDERED: gl.constexpr,
+    ):
         """The bulk form of `_reducer`: TMA reductions add the whole partial from shared memory
         (steps 4 to 7 of the module docstring). The descriptor's rows end at the last query, so
-        the TMA unit drops the ragged last tile's rows past it."""
+        the TMA unit drops the ragged last tile's rows past it.
+
+        ORDERED (the deterministic form): the key tiles that add into one query tile do so one
+        at a time, the highest first (FA3's order), counted by that tile's semaphore in
+        `sem_rows` (int32, zeroed): key tile n adds query tile m once the semaphore says every
+        higher contributor has, waits until its own writes are complete, then counts itself.
+        Highest first is the order in which the tiles reach m when they run side by side (key
+        tile n meets m after m - n/(BLOCK_N/BLOCK_M) steps), and the launch starts the higher
+        ones first (`_gluon_bwd_kernel`), so a tile seldom waits."""
+        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [REDUCER_WARPS], [0])
+        lane = gl.arange(0, 32 * REDUCER_WARPS, lanes)
+        none = lane * 0  # a zero per lane: the atomics take tensors
+        first_m = start_m // BLOCK_M
         for i in range(n_tiles):
             mbarrier.wait(dq_ready, i & 1)  # 4: the fenced partial is in dq_smem
-            async_reduce_add(dq_desc, [start_m + i * BLOCK_M, 0], dq_smem)  # 5
+            m = first_m + i
+            if ORDERED:
+                # Contributors to tile m: key tiles 0 .. top (causal: those at or left of its
+                # diagonal), adding from the top down; before this one come top - key_tile.
+                if IS_CAUSAL:
+                    ahead = gl.minimum(none + (m * BLOCK_M) // BLOCK_N, last_key_tile) - key_tile
+                else:
+                    ahead = none + (last_key_tile - key_tile)
+                sem = sem_rows + m + none
+                _wait_for_count(sem, ahead)
+            async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem)  # 5
             tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, dq_smem read
             gl.thread_barrier()  # 7: both warps' waits before the one arrival
             mbarrier.arrive(dq_empty, count=1)
+            if ORDERED:
+                _bulk_writes_done()  # each issuing thread: its additions complete
+                gl.thread_barrier()  # both warps' additions before the one release
+                gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
 
     @gluon.jit
     def _reducer(
@@ -204,14 +273,20 @@ if HAVE_GLUON:
         dq_smem,
         dq_ready,
         dq_empty,
+        dq_sem,
+        n0,
         start_m,
         n_tiles,
         n_q,
+        n_k,
         HEAD_DIM: gl.constexpr,
         BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
         DQ_ROWS: gl.constexpr,
         REDUCER_WARPS: gl.constexpr,
+        IS_CAUSAL: gl.constexpr,
         DQ_BULK: gl.constexpr,
+        DQ_ORDERED: gl.constexpr,
         DQ_DROP: gl.constexpr,
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
@@ -223,7 +298,15 @@ if HAVE_GLUON:
                 mbarrier.wait(dq_ready, i & 1)
                 mbarrier.arrive(dq_empty, count=1)
         elif DQ_BULK:
-            _reduce_bulk(dq_out, dq_smem, dq_ready, dq_empty, start_m, n_tiles, BLOCK_M)
+            # Where ordered: this (batch x head)'s semaphores, one per query tile, computed
+            # here rather than before the partitions split, so the compute warps hold nothing
+            # more (their registers are full).
+            sem_rows = dq_sem + gl.program_id(1).to(gl.int64) * gl.cdiv(n_q, BLOCK_M)
+            _reduce_bulk(
+                dq_out, dq_smem, dq_ready, dq_empty, sem_rows, start_m, n_tiles, n0 // BLOCK_N,
+                gl.cdiv(n_k, BLOCK_N) - 1, BLOCK_M, BLOCK_N, IS_CAUSAL, REDUCER_WARPS,
+                DQ_ORDERED,
+            )  # fmt: skip
         else:
             # Four consecutive floats per lane (16-byte vector atomics, where the launch knows
             # dQ 16-byte aligned), the lanes along a row; exactly DQ_ROWS rows at d = 64 and
@@ -385,6 +468,7 @@ if HAVE_GLUON:
         DK,
         DV,
         DQ,
+        DQ_SEM,
         stride_qb,
         stride_qh,
         stride_qn,
@@ -416,17 +500,22 @@ if HAVE_GLUON:
         REDUCER_WARPS: gl.constexpr,
         REDUCER_REGS: gl.constexpr,
         DQ_BULK: gl.constexpr,
+        DQ_ORDERED: gl.constexpr,
         DQ_FIRST: gl.constexpr,
         DQ_DROP: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
         (batch, head, row) strides. L: the forward's natural-log logsumexp, Delta: rowsum(dO ∘
-        O), both contiguous (batch, heads, N_Q). Grid: (key tiles, batch x heads)."""
+        O), both contiguous (batch, heads, N_Q). DQ_SEM: int32, zeroed, a semaphore per (batch
+        x head, query tile) where DQ_ORDERED (else unread). Grid: (key tiles, batch x heads)."""
         gl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
         qk_scale = qk_scale.to(gl.float32)
         sm_scale = sm_scale.to(gl.float32)
-        pid_n = gl.program_id(0)
+        if DQ_ORDERED:  # the highest key tiles first: the order they add dQ in (`_reduce_bulk`)
+            pid_n = gl.num_programs(0) - 1 - gl.program_id(0)
+        else:
+            pid_n = gl.program_id(0)
         bh = gl.program_id(1).to(gl.int64)
         b, h = bh // HEADS, bh % HEADS
         n0 = pid_n * BLOCK_N
@@ -524,8 +613,9 @@ if HAVE_GLUON:
                 (
                     _reducer,
                     (
-                        dq_out, dq_smem, dq_ready, dq_empty, start_m, n_tiles, N_Q, HEAD_DIM,
-                        BLOCK_M, DQ_ROWS, REDUCER_WARPS, DQ_BULK, DQ_DROP,
+                        dq_out, dq_smem, dq_ready, dq_empty, DQ_SEM, n0, start_m, n_tiles, N_Q,
+                        N_K, HEAD_DIM, BLOCK_M, BLOCK_N,
+                        DQ_ROWS, REDUCER_WARPS, IS_CAUSAL, DQ_BULK, DQ_ORDERED, DQ_DROP,
                     ),
                 ),
             ],
@@ -580,6 +670,7 @@ def launch(
     scale: float,
     causal: bool,
     dq_bulk: bool = DQ_BULK,
+    deterministic: bool = False,
     dq_first: bool = DQ_FIRST,
     drop_dq: bool = False,
 ) -> torch.Tensor:
@@ -606,13 +697,21 @@ def launch(
         o, do, delta, dq, *so, *sdo, heads, n_q,
         HEAD_DIM=d, BLOCK_D=block_d(d), LARGE=large, BLOCK_M=rows, num_warps=4, num_stages=1,
     )  # fmt: skip
+    if deterministic and not dq_bulk:
+        raise ValueError("the Gluon backward is deterministic only in its bulk form (dq_bulk)")
+    # One semaphore per (batch x head, query tile) where the additions are ordered.
+    sem = torch.zeros(
+        (batch_heads, cdiv(n_q, BLOCK_M)) if deterministic else 1,
+        dtype=torch.int32,
+        device=q.device,
+    )
     triton.set_allocator(_scratch)  # the kernel builds its TMA descriptors in global memory
     _gluon_bwd_kernel[(cdiv(n_k, BLOCK_N), batch_heads)](
-        q, k, v, do, lse, delta, dk, dv, dq, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
+        q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, DQ_ROWS=DQ_ROWS, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_BULK=dq_bulk,
-        DQ_FIRST=dq_first, DQ_DROP=drop_dq, num_warps=COMPUTE_WARPS,
+        DQ_ORDERED=deterministic, DQ_FIRST=dq_first, DQ_DROP=drop_dq, num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
@@ -628,6 +727,7 @@ def gluon_backward(
     scale: float,
     causal: bool,
     dq_bulk: bool = DQ_BULK,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of attention over `(batch, heads, n, d)` tensors (any strides with unit
     stride along d), from the forward's output `o` and natural-log logsumexp `lse` (`(batch,
@@ -650,5 +750,8 @@ def gluon_backward(
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(k, memory_format=torch.contiguous_format)
     strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
-    dq = launch(q, k, v, o, lse, do, dk, dv, strides, scale=scale, causal=causal, dq_bulk=dq_bulk)
+    dq = launch(
+        q, k, v, o, lse, do, dk, dv, strides, scale=scale, causal=causal,
+        dq_bulk=dq_bulk or deterministic, deterministic=deterministic,
+    )  # fmt: skip
     return dq.to(q.dtype), dk, dv
