@@ -8,21 +8,24 @@ convention (2.5 x the causal forward's 2·B·H·S²·D):
 - "fa2 two-pass": fa2's default backward (`run_backward`, deterministic);
 - "cudnn": SDPA's cuDNN backend, forward+backward less its forward (cuDNN's backward cannot be
   launched alone through torch's public API);
-- one row per Gluon variant (`gluon_backward.launch` keywords): how dQ is added (atomics or TMA
-  bulk reductions, `dq_bulk`; in a fixed order, `deterministic`), the order of the last two
-  matmuls (`dq_first`), and a timing
-  probe that drops dQ (`drop_dq`: the reducer releases each partial unread, so the row is the
-  time without dQ's additions; its dQ is wrong by design and never checked).
+- one row per Gluon variant (`gluon_backward.launch` keywords): dQ's additions as they come, in
+  a fixed order (`deterministic`), and a timing probe that drops them (`drop_dq`: the reducer
+  releases each partial unread, so the row is the time without dQ's additions; its dQ is
+  wrong by design and never checked).
 
 Each variant's dk and dv (and dQ, where added) are compared with fa2's two-pass backward's on
 the same inputs, so a variant that is fast because it is wrong shows it, and each dQ with a
-second call's (same bits or not). Rows go to
-`OUT/gluon_bwd_variants.json` as they come; a table is printed last.
+second call's (same bits or not). Rows go to `OUT/gluon_bwd_variants.json` as they come; a
+table is printed last.
 
 GPU (one H100 or H200), from the repository root, with no install::
 
     export PYTHONPATH=$(ls -d $PWD/packages/*/src | paste -sd:)
     BENCH_GIT_REVISION=<commit> python3 packages/fa2/scripts/gluon_bwd_variants.py --out $OUT
+
+A results page and its plot from a run's JSON (no GPU)::
+
+    uv run python packages/fa2/scripts/gluon_bwd_variants.py --report RUN/gluon_bwd_variants.json
 """
 
 from __future__ import annotations
@@ -45,11 +48,9 @@ from hopper_screen import _median_ms, cudnn_attention, flops  # a sibling script
 
 SHAPES = [(2, 32, 32768, 128), (1, 16, 16384, 128), (1, 16, 16384, 64), (4, 32, 2048, 128)]
 VARIANTS = {  # row name: gluon_backward.launch keywords
-    "gluon atomic": dict(dq_bulk=False),
-    "gluon bulk": dict(dq_bulk=True),
-    "gluon bulk ordered": dict(dq_bulk=True, deterministic=True),
-    "gluon atomic dq-first": dict(dq_bulk=False, dq_first=True),
-    "probe: no dQ adds": dict(dq_bulk=False, drop_dq=True),
+    "gluon": {},
+    "gluon ordered": dict(deterministic=True),
+    "probe: no dQ adds": dict(drop_dq=True),
 }
 
 
@@ -113,13 +114,85 @@ def screen_shape(shape, variants, rep_ms: float) -> list[dict]:
     return rows
 
 
+def table(rows: list[dict]) -> str:
+    """The rows as a Markdown table, each backward's time beside cuDNN's at its shape."""
+    lines = [
+        "| shape | impl | bwd ms | TFLOP/s | x cuDNN | rel. diff dk/dv/dq to two-pass "
+        "| dQ bits twice |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {tuple(r['shape'])} | {r['impl']} | failed | | | | |")
+            continue
+        base = next(x for x in rows if x["shape"] == r["shape"] and x["impl"] == "cudnn")
+        diff = "/".join(f"{v:.1e}" for v in r.get("rel_diff_to_two_pass", {}).values())
+        same = {True: "yes", False: "no", None: ""}[r.get("same_bits_twice")]
+        lines.append(
+            f"| {tuple(r['shape'])} | {r['impl']} | {r['bwd_ms']:.3f} | {r['tflops']:.0f} | "
+            f"{r['bwd_ms'] / base['bwd_ms']:.3f} | {diff} | {same} |"
+        )
+    return "\n".join(lines)
+
+
+def report(path: Path) -> tuple[Path, Path]:
+    """A results page (.md) and a plot (.png: each backward's time over cuDNN's, per shape)
+    beside a run's JSON."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(path.read_text())
+    meta, rows = data["meta"], [r for r in data["rows"] if "error" not in r]
+    md, png = path.with_suffix(".md"), path.with_suffix(".png")
+    shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
+    impls = [i for i in dict.fromkeys(r["impl"] for r in rows) if i != "cudnn"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(impls)
+    for j, impl in enumerate(impls):
+        ratios = []
+        for shape in shapes:
+            row = next((r for r in rows if tuple(r["shape"]) == shape and r["impl"] == impl), None)
+            base = next(r for r in rows if tuple(r["shape"]) == shape and r["impl"] == "cudnn")
+            ratios.append(row["bwd_ms"] / base["bwd_ms"] if row else float("nan"))
+        ax.bar([i + j * width for i in range(len(shapes))], ratios, width, label=impl)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], [str(s) for s in shapes])
+    ax.set_ylabel("backward time / cuDNN's")
+    ax.set_title(f"fa2 backward variants, causal bf16, {meta['device']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    md.write_text(
+        f"# fa2 backward variants on {meta['device']} ({meta['date']})\n\n"
+        f"Command: `{meta['command']}` at revision `{meta['revision']}`; torch {meta['torch']}, "
+        f"Triton {meta['triton']}.\n\n"
+        "Causal, bf16, fresh random inputs; the backward alone (do_bench medians, L2 flushed); "
+        "cuDNN's backward is its forward+backward less its forward. TFLOP/s: 2.5x the causal "
+        "forward's 2·B·H·S²·D. Relative differences are to fa2's two-pass backward on the same "
+        "inputs; 'dQ bits twice': whether a second call gave the same dQ bits. 'probe: no dQ "
+        "adds' leaves dQ at zero by design (a timing probe).\n\n"
+        f"{table(data['rows'])}\n\n![backward over cuDNN's]({png.name})\n"
+    )
+    return md, png
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON")
+    parser.add_argument("--out", type=Path, help="folder for the JSON (a GPU run)")
+    parser.add_argument("--report", type=Path, help="a run's JSON: write its .md and .png beside")
     parser.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, help="B,H,S,D each")
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--rep-ms", type=float, default=400.0, help="do_bench rep per timing")
     args = parser.parse_args()
+    if args.report:
+        for written in report(args.report):
+            print(written)
+        return 0
+    if args.out is None:
+        parser.error("give --out (a GPU run) or --report (a page from a run's JSON)")
     if not torch.cuda.is_available() or not gluon_backward.HAVE_GLUON:
         sys.exit("needs an sm_90 GPU and the Triton whose Gluon fa2's kernels are written for")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -135,18 +208,7 @@ def main() -> int:
         rows += screen_shape(shape, variants, args.rep_ms)
         path = args.out / "gluon_bwd_variants.json"
         path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
-    print("| shape | impl | bwd ms | TFLOP/s | x cuDNN | rel. diff dk/dv/dq | dQ bits twice |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "error" in r:
-            print(f"| {tuple(r['shape'])} | {r['impl']} | failed | | | | |")
-            continue
-        base = next(x for x in rows if x["shape"] == r["shape"] and x["impl"] == "cudnn")
-        diff = "/".join(f"{v:.1e}" for v in r.get("rel_diff_to_two_pass", {}).values())
-        print(
-            f"| {tuple(r['shape'])} | {r['impl']} | {r['bwd_ms']:.3f} | {r['tflops']:.0f} | "
-            f"{r['bwd_ms'] / base['bwd_ms']:.3f} | {diff} | {r.get('same_bits_twice', '')} |"
-        )
+    print(table(rows))
     return 0
 
 

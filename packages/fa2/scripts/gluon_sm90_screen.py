@@ -12,17 +12,19 @@ Per case (head dim, causal or not, dtype), compiled by Triton and its bundled pt
 - regs: registers per thread at launch; stack: bytes of stack per thread, where ptxas spills
   (`cuobjdump -res-usage`), with the number of spill stores (STL) in the SASS;
 - smem: shared memory in bytes;
-- vector_atomics: whether dQ's atomic adds compiled to 4-wide vector atomics;
 - bulk_reduce, bulk_commit, bulk_wait_read, proxy_fence: how many TMA bulk reductions
-  (`cp.reduce.async.bulk`), bulk-group commits, `cp.async.bulk.wait_group.read` and
-  `fence.proxy.async` the PTX holds (the `-bulk` cases add dQ that way, `DQ_BULK`).
+  (`cp.reduce.async.bulk`, how dQ is added), bulk-group commits,
+  `cp.async.bulk.wait_group.read` and `fence.proxy.async` the PTX holds;
+- bulk_wait_all, acquire, release: the ordered (deterministic) form's completion waits
+  (`cp.async.bulk.wait_group` without `.read`), semaphore loads (`ld.acquire.gpu`) and
+  counts (`atom.global.gpu.release`); none in the unordered form.
 
 Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
 
     uv run python packages/fa2/scripts/gluon_sm90_screen.py [--cases d128-causal ...] [--json PATH]
 
-Cases are named `d{64,128}-{causal,full}[-fp16][-bulk]` (`-bulk`: DQ_BULK, dQ added by TMA
-bulk reductions); the eight atomic ones by default.
+Cases are named `d{64,128}-{causal,full}[-fp16][-ordered]` (`-ordered`: DQ_ORDERED, dQ's
+additions in a fixed order, `launch(deterministic=True)`); the eight unordered ones by default.
 """
 
 from __future__ import annotations
@@ -57,24 +59,21 @@ _INTS = [f"stride_{t}{s}" for t in ("q", "k", "v", "do", "dk") for s in ("b", "h
 ]
 
 
-def _parse(case: str) -> tuple[int, bool, str, bool, bool]:
-    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-bulk|-ordered)?", case)
+def _parse(case: str) -> tuple[int, bool, str, bool]:
+    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-ordered)?", case)
     if not match:
         raise ValueError(
-            "a case is named like d128-causal, d64-full-fp16, d128-causal-bulk or "
-            f"d128-causal-ordered, got {case!r}"
+            f"a case is named like d128-causal, d64-full-fp16 or d128-causal-ordered, got {case!r}"
         )
     head_dim, causal = int(match.group(1)), match.group(2) == "causal"
-    form = match.group(4)
-    dtype = "fp16" if match.group(3) else "bf16"
-    return head_dim, causal, dtype, form is not None, form == "-ordered"
+    return head_dim, causal, "fp16" if match.group(3) else "bf16", bool(match.group(4))
 
 
 def compile_case(case: str) -> dict:
     """Compile one case for sm_90 and read its resources."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    head_dim, causal, dtype, bulk, ordered = _parse(case)
+    head_dim, causal, dtype, ordered = _parse(case)
     signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "DO", "DK", "DV")}
     signature.update(
         L="*fp32", Delta="*fp32", DQ="*fp32", DQ_SEM="*i32", qk_scale="fp32", sm_scale="fp32"
@@ -82,9 +81,8 @@ def compile_case(case: str) -> dict:
     signature.update(dict.fromkeys(_INTS, "i32"))
     constexprs = dict(
         HEAD_DIM=head_dim, BLOCK_M=gb.BLOCK_M, BLOCK_N=gb.BLOCK_N, STAGES=gb.STAGES,
-        IS_CAUSAL=causal, DQ_ROWS=gb.DQ_ROWS, LOADER_WARPS=gb.LOADER_WARPS,
-        LOADER_REGS=gb.LOADER_REGS, REDUCER_WARPS=gb.REDUCER_WARPS,
-        REDUCER_REGS=gb.REDUCER_REGS, DQ_BULK=bulk, DQ_ORDERED=ordered, DQ_FIRST=gb.DQ_FIRST,
+        IS_CAUSAL=causal, LOADER_WARPS=gb.LOADER_WARPS, LOADER_REGS=gb.LOADER_REGS,
+        REDUCER_WARPS=gb.REDUCER_WARPS, REDUCER_REGS=gb.REDUCER_REGS, DQ_ORDERED=ordered,
         DQ_DROP=False,
     )  # fmt: skip
     signature.update(dict.fromkeys(constexprs, "constexpr"))
@@ -113,10 +111,12 @@ def compile_case(case: str) -> dict:
         stack=stack,
         spill_stores=len(re.findall(r"\bSTL\b", sass)),
         smem=binary.metadata.shared,
-        vector_atomics=bool(re.search(r"\b(atom|red)\.global\S*\.v4\.f32", ptx)),
         bulk_reduce=len(re.findall(r"\bcp\.reduce\.async\.bulk\S*\.add\S*", ptx)),
         bulk_commit=len(re.findall(r"\bcp\.async\.bulk\.commit_group\b", ptx)),
         bulk_wait_read=len(re.findall(r"\bcp\.async\.bulk\.wait_group\.read\b", ptx)),
+        bulk_wait_all=len(re.findall(r"\bcp\.async\.bulk\.wait_group\s", ptx)),
+        acquire=len(re.findall(r"\bld\.acquire\.gpu\b", ptx)),
+        release=len(re.findall(r"\b(?:red|atom)\.global\.gpu\.release\b", ptx)),
         proxy_fence=len(re.findall(r"\bfence\.proxy\.async\b", ptx)),
     )
 
@@ -127,7 +127,7 @@ def _line(row: dict) -> str:
         f"| {row['case']} | {'yes' if row['ws'] else 'no'} | {row['warps']} | {caps} | "
         f"{row['regs']} | {row['stack']} | {row['spill_stores']} | {row['smem']} | "
         f"{row['bulk_reduce']} | {row['bulk_commit']} | {row['bulk_wait_read']} | "
-        f"{row['proxy_fence']} |"
+        f"{row['bulk_wait_all']} | {row['acquire']} | {row['release']} | {row['proxy_fence']} |"
     )
 
 
@@ -144,9 +144,9 @@ def main() -> int:
     print(f"triton {triton.__version__}, target sm_90")
     print(
         "| case | ws | warps | setmaxnreg | regs | stack B | STL | smem B | bulk reduce | "
-        "commit | wait.read | proxy fence |"
+        "commit | wait.read | wait.all | acquire | release | proxy fence |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|" + "---|" * 15)
     for row in rows:
         print(_line(row))
     if args.json:

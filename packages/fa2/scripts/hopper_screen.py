@@ -2,18 +2,19 @@
 
 For each shape (causal, bf16, a random output gradient) and each implementation: cuDNN (SDPA's
 cuDNN backend), fa2 as it runs by default (on Hopper: the Gluon forward for sequences longer
-than `SHORT_SEQ`), fa2 with the Triton forward at every length ("fa2 triton-fwd":
-FA2_GLUON_FORWARD=0), and fa2 with each candidate forced through
+than `SHORT_SEQ`, the Gluon backward at head dim 128, deterministic), fa2 with the Triton
+forward at every length ("fa2 triton-fwd": FA2_GLUON_FORWARD=0) or the Triton backward ("fa2
+triton-bwd": FA2_BACKWARD=triton, two passes), and fa2 with each candidate forced through
 FA2_TILES / FA2_L2_GROUP / FA2_BACKWARD (`fa2.triton.configs`): the warp-specialised forward and
-dK/dV tiles, dQ on 128x128 tiles, the L2-grouped backward launch order, all of them together, and
-the Gluon single-pass backward ("fa2 gluon-bwd": FA2_BACKWARD=gluon, called with
-`deterministic=False`, which it needs; where it cannot run, e.g. on a CPU, its row says
-"unavailable" and why; "fa2 gluon-bwd-bulk": FA2_BACKWARD=gluon-bulk, the same kernel adding
-dQ with TMA bulk reductions instead of atomic adds); and the Gluon forward with the default
-backward ("fa2 gluon-fwd": FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`; "-pingpong": with
-FA3's inter-warpgroup ping-pong too; "-plain": without FA3's intra-warpgroup overlap;
-"unavailable" and why where it cannot run; "fa2 gluon-fwd+bwd": both Gluon kernels). `--impls`
-keeps only the named fa2 rows (cuDNN always runs). Measured:
+dK/dV tiles, dQ on 128x128 tiles, the L2-grouped backward launch order, all of them together
+(tiles named for a backward kernel keep the Triton backward), the Gluon single-pass backward
+at every head dim it takes ("fa2 gluon-bwd": FA2_BACKWARD=gluon, deterministic; "fa2
+gluon-bwd-nondet": the same called with `deterministic=False`, dQ's additions in whatever
+order; where it cannot run, e.g. on a CPU, a row says "unavailable" and why), and the Gluon
+forward at every length ("fa2 gluon-fwd": FA2_GLUON_FORWARD=1, `fa2.triton.gluon_forward`;
+"-pingpong": with FA3's inter-warpgroup ping-pong too; "-plain": without FA3's
+intra-warpgroup overlap; "fa2 gluon-fwd+bwd": both Gluon kernels forced). `--impls` keeps only
+the named fa2 rows (cuDNN always runs). Measured:
 
 - forward, forward+backward (do_bench medians, L2 flushed between calls), backward = their
   difference; inputs under 1 GiB rotate among up to 4 copies, so that no call starts on data
@@ -22,8 +23,8 @@ keeps only the named fa2 rows (cuDNN always runs). Measured:
 - the error of o, dq, dk, dv against float64 (`fa2.attention_reference`) on a slice: batch 0,
   head 0, the first min(S, 8192) positions (a causal prefix is a problem of its own; 8192 keeps
   the tiles of the long sequences), beside SDPA cuDNN's error on the same slice;
-- whether two backward passes over the full shape give the same bits (the Gluon backward adds
-  dQ in whatever order its additions land, so it is not expected to);
+- whether two backward passes over the full shape give the same bits (expected of every fa2
+  row but "fa2 gluon-bwd-nondet");
 - the tiles the plans launched, and whether the warp-specialised loop was compiled in.
 
 Every part runs under a time budget (`--budget` seconds in all, Triton's compilation included):
@@ -38,14 +39,11 @@ GPU (one H100 or H200), from the repository root, with no install::
     export PYTHONPATH=$(ls -d $PWD/packages/*/src | paste -sd:)
     BENCH_GIT_REVISION=<commit> python3 packages/fa2/scripts/hopper_screen.py --out $OUT
 
-The Gluon backward beside the default and cuDNN only, at every shape (within the same budget)::
-
-    python3 packages/fa2/scripts/hopper_screen.py --out $OUT --impls fa2 "fa2 gluon-bwd"
-
-Its two ways of adding dQ side by side::
+The default beside the Triton backward and the Gluon backward's two orders only, at every shape
+(within the same budget)::
 
     python3 packages/fa2/scripts/hopper_screen.py --out $OUT \
-        --impls fa2 "fa2 gluon-bwd" "fa2 gluon-bwd-bulk"
+        --impls fa2 "fa2 triton-bwd" "fa2 gluon-bwd" "fa2 gluon-bwd-nondet"
 
 Rehearsal on a CPU (Triton's interpreter, tiny shapes and the interpreter's tiles)::
 
@@ -113,16 +111,19 @@ def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
         dq = "128x128/8w/2s+TMA"
     every = f"forward={fwd},dkdv={dkdv},dq={dq}"
     return {
-        "fa2": {},  # the defaults: on Hopper the Gluon forward for sequences past SHORT_SEQ
+        # the defaults: on Hopper the Gluon forward for sequences past SHORT_SEQ and the Gluon
+        # backward (deterministic) at head dim 128
+        "fa2": {},
         "fa2 triton-fwd": {"FA2_GLUON_FORWARD": "0"},  # the Triton forward at every length
+        "fa2 triton-bwd": {"FA2_BACKWARD": "triton"},  # the Triton backward (two passes)
         "fa2 ws-fwd": {"FA2_TILES": f"forward={fwd}"},
         "fa2 ws-dkdv": {"FA2_TILES": f"dkdv={dkdv}"},
         "fa2 dq-128x128": {"FA2_TILES": f"dq={dq}"},
         "fa2 l2-auto": {"FA2_L2_GROUP": "auto"},
         "fa2 all": {"FA2_TILES": every},
         "fa2 all+l2": {"FA2_TILES": every, "FA2_L2_GROUP": "auto"},
-        GLUON: {"FA2_BACKWARD": "gluon"},
-        "fa2 gluon-bwd-bulk": {"FA2_BACKWARD": "gluon-bulk"},  # dQ by TMA bulk reductions
+        GLUON: {"FA2_BACKWARD": "gluon"},  # at every head dim it takes, deterministic
+        NONDETERMINISTIC: {"FA2_BACKWARD": "gluon"},  # dQ's additions as they come
         "fa2 gluon-fwd": {"FA2_GLUON_FORWARD": "1"},
         "fa2 gluon-fwd-pingpong": {"FA2_GLUON_FORWARD": "pingpong"},
         "fa2 gluon-fwd-plain": {"FA2_GLUON_FORWARD": "plain"},
@@ -131,6 +132,7 @@ def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
 
 
 GLUON = "fa2 gluon-bwd"  # the Gluon single-pass backward (`fa2.triton.gluon_backward`)
+NONDETERMINISTIC = "fa2 gluon-bwd-nondet"  # the same, called with deterministic=False
 _SETTINGS = ("FA2_TILES", "FA2_L2_GROUP", "FA2_BACKWARD", "FA2_GLUON_FORWARD")
 
 
@@ -154,18 +156,18 @@ def fa2_attention(q, k, v):
 
 
 def fa2_nondeterministic(q, k, v):
-    """fa2 with `deterministic=False`, which FA2_BACKWARD=gluon needs to take effect."""
+    """fa2 with `deterministic=False`: the Gluon backward adds dQ in whatever order."""
     return FlashAttention2Triton.apply(q, k, v, True, None, False, None, False)
 
 
 def gluon_bwd(env: dict[str, str]) -> bool:
-    """Whether a candidate's environment asks for the Gluon backward (either form)."""
-    return env.get("FA2_BACKWARD", "triton") != "triton"
+    """Whether a candidate's environment forces the Gluon backward."""
+    return env.get("FA2_BACKWARD") == "gluon"
 
 
-def fa2_function(env: dict[str, str]) -> Callable:
+def fa2_function(name: str) -> Callable:
     """The call an fa2 candidate is timed with."""
-    return fa2_nondeterministic if gluon_bwd(env) else fa2_attention
+    return fa2_nondeterministic if name == NONDETERMINISTIC else fa2_attention
 
 
 def baseline_name() -> str:
@@ -262,7 +264,7 @@ def launched(shape) -> dict[str, str]:
     out = {"forward": "gluon" if fwd.gluon else _tile(fwd.tile, fwd.launch.options)}
     for bwd in fwd.backward_plans.values():
         if bwd.gluon:
-            out["backward"] = "gluon single pass" + (", bulk dQ" if bwd.gluon_dq_bulk else "")
+            out["backward"] = "gluon single pass" + (", ordered" if bwd.deterministic else "")
             continue
         for which, tile in bwd.tiles.items():
             if which != "delta":
@@ -311,7 +313,7 @@ def screen_shape(
     fwd_flops, bwd_flops = flops(shape)
     impls = [(baseline_name(), cudnn_attention, {})]
     impls += [
-        (n, fa2_function(env), env)
+        (n, fa2_function(n), env)
         for n, env in candidates(shape[-1], tiny=tiny).items()
         if only is None or n in only
     ]
@@ -390,14 +392,14 @@ def _output_ratios(row: dict, rows: list[dict]) -> list[float] | None:
 
 
 def _correct(row: dict, rows: list[dict]) -> bool | None:
-    """Within twice SDPA's error in every output and, for fa2's deterministic forms (all but
-    the Gluon backward), bitwise deterministic (the GPU tests' rules); None where the row has
+    """Within twice SDPA's error in every output and, for fa2's deterministic calls (all but
+    NONDETERMINISTIC's), bitwise deterministic (the GPU tests' rules); None where the row has
     no accuracy check."""
     ratios = _output_ratios(row, rows)
     if ratios is None:
         return None
     within = worst_ratio(ratios) <= 2  # NaN compares False
-    exempt = not row["impl"].startswith("fa2") or gluon_bwd(row.get("env", {}))
+    exempt = not row["impl"].startswith("fa2") or row["impl"] == NONDETERMINISTIC
     return within and (row["deterministic"] or exempt)
 
 

@@ -1,14 +1,17 @@
-"""The Gluon single-pass backward for Hopper (`fa2.triton.gluon_backward`, FA2_BACKWARD=gluon).
+"""The Gluon single-pass backward for Hopper (`fa2.triton.gluon_backward`; FA2_BACKWARD).
 
-On the CPU: the kernel compiles for sm_90 warp-specialised and without spills in both ways of
-adding dQ (atomics; TMA bulk reductions, whose PTX must hold the reductions, their waits and the
-proxy fence), compiled by Triton and its ptxas in a process of its own (the test process runs
-Triton's interpreter, which cannot compile and does not run Gluon); the selector falls back to
-the Triton backward, saying why, where the kernel cannot run; and where it can, the plan hands
-it its views and assembles the gradients in the caller's layout (checked with a float64
-stand-in for the kernel). On an H100/H200 (`gpu`): its gradients against a float64 oracle with
-the tolerance of fa2's other GPU tests, at ragged lengths, causal or not, head dims 64 and 128,
-in both ways of adding dQ.
+On the CPU: the kernel compiles for sm_90 warp-specialised, adding dQ with TMA bulk reductions
+as they come or in a fixed order (whose PTX must hold the semaphore's acquire loads, the
+completion waits and the release counts), compiled by Triton and its ptxas in a process of its
+own (the test process runs Triton's interpreter, which cannot compile and does not run Gluon);
+the setting's values and where "auto" asks for the kernel; the selector falls back to the
+Triton backward where the kernel cannot run, saying why only where FA2_BACKWARD=gluon asks for
+it; and where it can run, the plan hands it its views and the call's order and assembles the
+gradients in the caller's layout (checked with a float64 stand-in for the kernel). On an
+H100/H200 (`gpu`): its gradients against a float64 oracle with the tolerance of fa2's other GPU
+tests, at ragged lengths, causal or not, head dims 64 and 128, in both orders; the ordered
+form's bits repeat; head dim 128 takes it by default, and a compiled call runs it as
+`fa2::gluon_backward` with the eager call's bits.
 """
 
 from __future__ import annotations
@@ -42,46 +45,63 @@ SMEM_PER_BLOCK = 227 * 1024  # the most shared memory a Hopper block may have
 @pytest.mark.skipif(
     not gluon_backward.HAVE_GLUON, reason="no Gluon written for this Triton (fa2 targets 3.6's)"
 )
-def test_compiles_for_sm90_warp_specialised_without_spills(tmp_path):
+def test_compiles_for_sm90_warp_specialised(tmp_path):
     """The heaviest case (d 128, causal: the most registers live) through the compile screen,
-    dQ added by atomics and by TMA bulk reductions (DQ_BULK)."""
+    dQ's additions as they come and in a fixed order (DQ_ORDERED)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # compile afresh, write nothing home
     out = tmp_path / "screen.json"
-    cases = ["d128-causal", "d128-causal-bulk"]
+    cases = ["d128-causal", "d128-causal-ordered"]
     command = [sys.executable, str(SCREEN), "--cases", *cases, "--json", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    atomic, bulk = json.loads(out.read_text())["rows"]
-    for row in (atomic, bulk):
+    unordered, ordered = json.loads(out.read_text())["rows"]
+    for row in (unordered, ordered):
         assert row["ws"], row  # a warp_specialize region: the partitions exist
         # 8 compute warps + the loader and reducer warps, padded to a third warpgroup
         assert row["warps"] == gluon_backward.COMPUTE_WARPS + 4, row
         # the workers' caps as asked, the compute warpgroups' within the 240 a thread may have
         assert {gluon_backward.LOADER_REGS, gluon_backward.REDUCER_REGS} <= set(row["setmaxnreg"])
         assert max(row["setmaxnreg"]) <= 240, row
-        assert row["stack"] == 0 and row["spill_stores"] == 0, row
         assert row["smem"] <= SMEM_PER_BLOCK, row
-    assert atomic["vector_atomics"] and not atomic["bulk_reduce"], atomic  # 16 bytes at a time
-    # dQ by bulk reductions only, each group waited for (reads) before dq_smem is released,
-    # and one more proxy fence than the atomic form: the partial's stores before the TMA reads
-    assert bulk["bulk_reduce"] and not bulk["vector_atomics"], bulk
-    assert bulk["bulk_commit"] > atomic["bulk_commit"], (atomic, bulk)
-    assert bulk["bulk_wait_read"] > atomic["bulk_wait_read"], (atomic, bulk)
-    assert bulk["proxy_fence"] == atomic["proxy_fence"] + 1, (atomic, bulk)
+        # dQ by bulk reductions, each group's reads waited for before dq_smem is released
+        assert row["bulk_reduce"] and row["bulk_wait_read"] > row["bulk_reduce"], row
+    assert unordered["stack"] == 0 and unordered["spill_stores"] == 0, unordered
+    assert not (unordered["bulk_wait_all"] or unordered["acquire"] or unordered["release"])
+    # The ordered form: a turn waited for (acquire), the additions' completion waited for,
+    # then counted (release), each followed or preceded by a global proxy fence.
+    assert ordered["acquire"] and ordered["bulk_wait_all"] and ordered["release"], ordered
+    assert ordered["proxy_fence"] == unordered["proxy_fence"] + 2, (unordered, ordered)
+    # Its spin loop leaves ptxas a few spills in the compute warps (13 stores, 40 bytes of
+    # stack when this was written: docs/design/fa2.md, "The ordered form"); no more than that.
+    assert ordered["stack"] <= 64, ordered
 
 
-def test_the_selector_reads_fa2_backward(monkeypatch):
-    monkeypatch.delenv("FA2_BACKWARD", raising=False)
-    assert not configs.gluon_backward_requested()
-    monkeypatch.setenv("FA2_BACKWARD", "Gluon")
-    assert configs.gluon_backward_requested() and configs.backward_form() == "gluon"
-    assert "Gluon" in configs.tile_settings()  # a plan is built per setting
+@pytest.mark.parametrize(
+    ("text", "form"), [(None, "auto"), ("", "auto"), ("Gluon", "gluon"), ("triton", "triton")]
+)
+def test_the_setting_reads(monkeypatch, text, form):
+    if text is None:
+        monkeypatch.delenv("FA2_BACKWARD", raising=False)
+    else:
+        monkeypatch.setenv("FA2_BACKWARD", text)
+        assert text in configs.tile_settings()  # a plan is built per setting
+    assert configs.backward_form() == form
+
+
+def test_a_setting_it_does_not_know_is_refused(monkeypatch):
     monkeypatch.setenv("FA2_BACKWARD", "gluon-bulk")
-    assert configs.gluon_backward_requested() and configs.backward_form() == "gluon-bulk"
-    monkeypatch.setenv("FA2_BACKWARD", "cudnn")
-    with pytest.raises(ValueError, match="FA2_BACKWARD must be one of triton, gluon"):
-        configs.gluon_backward_requested()
+    with pytest.raises(ValueError, match="FA2_BACKWARD must be one of auto, triton, gluon"):
+        configs.backward_form()
+
+
+def test_auto_asks_for_it_at_head_dim_128_unless_backward_tiles_are_forced(monkeypatch):
+    monkeypatch.delenv("FA2_TILES", raising=False)
+    assert configs.gluon_backward_default(128) and not configs.gluon_backward_default(64)
+    monkeypatch.setenv("FA2_TILES", "forward=64x64/4w/2s")  # a forward tile: still asked for
+    assert configs.gluon_backward_default(128)
+    monkeypatch.setenv("FA2_TILES", "dq=64x64/4w/2s")
+    assert not configs.gluon_backward_default(128)
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the fallback where the kernel cannot run")
@@ -104,29 +124,53 @@ def test_falls_back_to_the_triton_backward_saying_why(monkeypatch):
         assert not backward_plan(plan, q, k, v, o, lse, strided, False).gluon  # said once
 
 
-def test_a_deterministic_backward_never_takes_it(monkeypatch):
-    monkeypatch.setenv("FA2_BACKWARD", "gluon")
-    monkeypatch.setattr("fa2.triton.backward._gluon_warned", set())
-    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors: None)
+@pytest.mark.parametrize("form", [None, "gluon"])
+def test_both_orders_take_it_where_it_can_run(monkeypatch, form):
+    """Unset (auto) at head dim 128, or forced: deterministic or not, the plan takes the
+    kernel (in the call's order) and warns of nothing; FA2_BACKWARD=triton keeps the Triton
+    kernels."""
+    if form is None:
+        monkeypatch.delenv("FA2_BACKWARD", raising=False)
+    else:
+        monkeypatch.setenv("FA2_BACKWARD", form)
+    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors, pointers: None)
     # a length of its own: plans are cached by shape, and another test's may refuse the kernel
-    q, k, v, do = (torch.randn(1, 1, 23, 16) for _ in range(4))
+    q, k, v, do = (torch.randn(1, 1, 23, 128) for _ in range(4))
     o, lse, plan = run_forward(q, k, v, True)
-    with pytest.warns(UserWarning, match=r"deterministic backward \(deterministic=True\)"):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="FA2_BACKWARD")
+        for deterministic in (True, False):
+            bwd = backward_plan(plan, q, k, v, o, lse, do, deterministic)
+            assert bwd.gluon and bwd.deterministic is deterministic
+    monkeypatch.setenv("FA2_BACKWARD", "triton")
+    o, lse, plan = run_forward(q, k, v, True)  # (the setting is part of the plan's key)
+    assert not backward_plan(plan, q, k, v, o, lse, do, True).gluon
+
+
+def test_unset_it_falls_back_silently_where_it_cannot_run(monkeypatch):
+    monkeypatch.delenv("FA2_BACKWARD", raising=False)
+    monkeypatch.setattr("fa2.triton.backward._gluon_warned", set())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, do = (torch.randn(1, 1, 21, 128, device=device) for _ in range(4))  # fp32
+    o, lse, plan = run_forward(q, k, v, True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="FA2_BACKWARD")
         assert not backward_plan(plan, q, k, v, o, lse, do, True).gluon
-    assert backward_plan(plan, q, k, v, o, lse, do, False).gluon
 
 
-@pytest.mark.parametrize("layout, form", [("bhsd", "gluon"), ("bshd", "gluon-bulk")])
-def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(monkeypatch, layout, form):
+@pytest.mark.parametrize("layout, deterministic", [("bhsd", True), ("bshd", False)])
+def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(
+    monkeypatch, layout, deterministic
+):
     """The host side, without the kernel: where the plan takes the Gluon path it hands
     `gluon_backward.launch` (here a float64 stand-in) the (..., heads, n, d) views with their
-    strides and the way of adding dQ that FA2_BACKWARD names, and returns dq cast into q's
-    layout and the dk, dv it wrote, in the caller's."""
-    monkeypatch.setenv("FA2_BACKWARD", form)
-    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors: None)
+    strides and the order the call asks for, and returns dq cast into q's layout and the dk,
+    dv it wrote, in the caller's."""
+    monkeypatch.setenv("FA2_BACKWARD", "gluon")
+    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors, pointers: None)
     calls = []
 
-    def stand_in(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal, dq_bulk):
+    def stand_in(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal, deterministic):
         views = (q, k, v, o, do, dk)
         assert list(strides) == [head_strides(t) for t in views]
         ins = [t.detach().double().requires_grad_() for t in (q, k, v)]
@@ -135,16 +179,18 @@ def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(monkeyp
             dq, dk_ref, dv_ref = torch.autograd.grad(out, ins, do.double())
         dk.copy_(dk_ref)
         dv.copy_(dv_ref)
-        calls.append((causal, dq_bulk))
+        calls.append((causal, deterministic))
         return dq.float()
 
     monkeypatch.setattr(gluon_backward, "launch", stand_in)
     shape = (2, 3, 19, 16) if layout == "bhsd" else (2, 19, 3, 16)
     q, k, v = (torch.randn(shape).requires_grad_() for _ in range(3))
     do = torch.randn(shape)
-    o = FlashAttention2Triton.apply(q, k, v, True, None, False, None, False, (-1, -1), 0.0, layout)
+    o = FlashAttention2Triton.apply(
+        q, k, v, True, None, False, None, deterministic, (-1, -1), 0.0, layout
+    )
     ours = grads(o, (q, k, v), do)
-    assert calls == [(True, form == "gluon-bulk")]
+    assert calls == [(True, deterministic)]
     to_bhsd = (lambda t: t) if layout == "bhsd" else (lambda t: t.transpose(1, 2))
     oracle, plain = _oracle_and_plain(*(to_bhsd(t) for t in (q, k, v, do)), causal=True)
     oracle, plain = ([to_bhsd(t) for t in ts] for ts in (oracle, plain))
@@ -162,42 +208,44 @@ def _oracle_and_plain(q, k, v, do, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
-@pytest.mark.parametrize("form", ["gluon", "gluon-bulk"])
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize(
     "n_q, n_k", [(1, 1), (64, 64), (200, 200), (130, 77), (77, 300), (384, 384)], ids=str
 )
-def test_matches_the_oracle_through_the_autograd_function(monkeypatch, form, causal, d, n_q, n_k):
-    """FA2_BACKWARD=gluon or gluon-bulk (dQ by TMA bulk reductions, the ragged last query tile
-    clipped by the descriptor) with deterministic=False: the Gluon kernel runs (no fallback
-    warning) and o, dq, dk, dv stay within twice plain PyTorch's bf16 error of float64's."""
-    monkeypatch.setenv("FA2_BACKWARD", form)
+def test_matches_the_oracle_through_the_autograd_function(
+    monkeypatch, deterministic, causal, d, n_q, n_k
+):
+    """FA2_BACKWARD=gluon in both orders (the ragged last query tile clipped by the
+    descriptor): the Gluon kernel runs (no fallback warning) and o, dq, dk, dv stay within
+    twice plain PyTorch's bf16 error of float64's."""
+    monkeypatch.setenv("FA2_BACKWARD", "gluon")
     make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = (t.requires_grad_() for t in (make(n_q), make(n_k), make(n_k)))
     do = torch.randn_like(q)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="FA2_BACKWARD")  # a fallback would warn
-        o = FlashAttention2Triton.apply(q, k, v, causal, None, False, None, False)
+        o = FlashAttention2Triton.apply(q, k, v, causal, None, False, None, deterministic)
         ours = grads(o, (q, k, v), do)
     assert_within_twice_plain(ours, *_oracle_and_plain(q, k, v, do, causal), torch.bfloat16)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
-@pytest.mark.parametrize("dq_bulk", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_matches_the_oracle_called_directly_in_fp16_on_strided_inputs(d, dq_bulk):
+def test_matches_the_oracle_called_directly_in_fp16_on_strided_inputs(d, deterministic):
     """`gluon_backward` on (batch, heads, n, d) views of (batch, n, heads, d) tensors (the
-    strides flash-attn's layout gives), fp16, a ragged length, with the forward's lse, dQ
-    added either way."""
+    strides flash-attn's layout gives), fp16, a ragged length, with the forward's lse, in
+    both orders."""
     n = 333
     shape = (2, n, 4, d)
     make = lambda: torch.randn(shape, device="cuda", dtype=torch.float16).transpose(1, 2)  # noqa: E731
     q, k, v, do = make(), make(), make(), make()
     o, lse = FlashAttention2Triton.apply(q, k, v, True, None, True)
     dq, dk, dv = gluon_backward.gluon_backward(
-        q, k, v, o, lse, do, scale=d**-0.5, causal=True, dq_bulk=dq_bulk
+        q, k, v, o, lse, do, scale=d**-0.5, causal=True, deterministic=deterministic
     )
     ours = [o, dq, dk, dv]
     assert_within_twice_plain(ours, *_oracle_and_plain(q, k, v, do, True), torch.float16)
@@ -245,3 +293,47 @@ def test_flash_attn_layout_takes_it_with_equal_lengths(monkeypatch):
     oracle, plain = _oracle_and_plain(*bhsd, causal=True)
     oracle, plain = ([t.transpose(1, 2) for t in ts] for ts in (oracle, plain))
     assert_within_twice_plain(ours, oracle, plain, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
+@pytest.mark.parametrize(("d", "gluon"), [(128, True), (64, False)])
+def test_head_dim_128_takes_it_by_default(monkeypatch, d, gluon):
+    monkeypatch.delenv("FA2_BACKWARD", raising=False)
+    monkeypatch.delenv("FA2_TILES", raising=False)
+    q, k, v, do = (torch.randn(1, 2, 300, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    o, lse, plan = run_forward(q, k, v, True)
+    assert backward_plan(plan, q, k, v, o, lse, do, True).gluon is gluon
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
+def test_compiled_it_runs_as_its_opaque_op_with_the_eager_bits(monkeypatch):
+    """torch.compile of a deterministic call at head dim 128 (the default's case): the compiled
+    code calls `fa2::gluon_backward`, and its gradients have the eager call's bits."""
+    from torch._inductor.utils import run_and_get_code
+
+    from fa2 import flash_attention
+
+    monkeypatch.delenv("FA2_BACKWARD", raising=False)
+    q, k, v = (
+        torch.randn(2, 4, 700, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    do = torch.randn_like(q)
+
+    def attend(q, k, v):
+        return flash_attention(q, k, v, causal=True)
+
+    def step(fn):
+        for t in (q, k, v):
+            t.grad = None
+        fn(q, k, v).backward(do)
+        return tuple(t.grad.clone() for t in (q, k, v))
+
+    eager = step(attend)
+    torch._dynamo.reset()
+    compiled, codes = run_and_get_code(step, torch.compile(attend, fullgraph=True))
+    assert any("fa2.gluon_backward" in code for code in codes)
+    for got, want in zip(compiled, eager, strict=True):
+        assert torch.equal(got, want)

@@ -90,9 +90,10 @@ def flash_attention(
             error-compensated split, about fp32's accuracy), "ieee" (exact fp32 FMA, slower)
             or "tf32" (the default where `torch.backends.cuda.matmul.allow_tf32` is set).
         deterministic: the Triton backward gives the same bits on every run (default). False
-            lets fp32 inputs take its single-pass form, which adds dQ atomically: fewer
-            matmuls and faster (see `FlashAttention2Triton`), but dQ's last bits vary between
-            runs. 16-bit inputs and the PyTorch path are deterministic either way.
+            lets dQ's additions land in any order where that is faster (fp32 inputs' single
+            pass; Hopper's Gluon single pass at head dim 128; see `FlashAttention2Triton`),
+            and dQ's last bits then vary between runs. The PyTorch path is deterministic
+            either way.
         implementation: "auto" (default, as above), "triton" or "pytorch".
 
     Returns:

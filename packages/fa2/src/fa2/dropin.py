@@ -109,9 +109,10 @@ def flash_attn_func(
         window_size: `(left, right)`, the sliding window above; (-1, -1) (default): none.
         softcap: scores become `softcap * tanh(scores / softcap)` (Gemma 2); 0.0: off.
         alibi_slopes: must be None (no ALiBi).
-        deterministic: False (default, as flash-attn) allows fp32 inputs the single-pass
-            backward, which adds dQ atomically (faster; dQ's last bits vary between runs);
-            16-bit inputs are deterministic either way.
+        deterministic: False (default, as flash-attn) lets dQ's additions land in any
+            order where a backward is faster so (fp32 inputs' single pass; Hopper's Gluon
+            single pass at head dim 128): dQ's last bits then vary between runs. True gives
+            the same bits every run.
         return_attn_probs: also return the logsumexp and flash-attn's `S_dmask` (below).
 
     Returns:

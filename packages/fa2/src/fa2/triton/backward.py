@@ -562,16 +562,9 @@ def tma_reduce_available(q: torch.Tensor) -> bool:
 _gluon_warned: set[str] = set()
 
 
-def _gluon_refusal(
-    meta: dict, deterministic: bool, traced: bool, group: int, copies, views, strides
-) -> str | None:
-    """Why a backward plan for which FA2_BACKWARD=gluon is set cannot take the Gluon single
-    pass (`fa2.triton.gluon_backward`), or None when it can (the pointers' alignment is checked
-    per call)."""
-    if deterministic:
-        return "the call asks for a deterministic backward (deterministic=True)"
-    if traced:
-        return "torch.compile traces the call (the Gluon kernel is not a registered op)"
+def _gluon_refusal(meta: dict, group: int, copies, views, strides) -> str | None:
+    """Why a backward plan cannot take the Gluon single pass (`fa2.triton.gluon_backward`), or
+    None when it can (the pointers' alignment is checked per call)."""
     unsupported = {
         "VARLEN": "packed sequences",
         "LOCAL": "a sliding window",
@@ -586,7 +579,10 @@ def _gluon_refusal(
     if copies is not None:
         return "an input needs a contiguous copy first"
     q, k, v, _, do = views
-    reason = gluon_backward.unsupported_reason(q, k, v, do)
+    sizes = (*q.shape, *k.shape, *do.shape, *(s for st in strides for s in st))
+    if not all(isinstance(size, int) for size in sizes):
+        return "torch.compile traces this call with dynamic shapes"
+    reason = gluon_backward.unsupported_reason(q, k, v, do, pointers=False)
     if reason is None and any(s * q.element_size() % 16 for s in strides[3]):
         reason = "o's batch, head or row stride is not a multiple of 16 bytes"
     return reason
@@ -608,11 +604,14 @@ class BackwardPlan:
     """The backward launches for the outputs of one forward plan, one layout of the output
     gradient and a choice of determinism.
 
-    Two-pass (deterministic, and the choice for 16-bit inputs): the dQ pass, then the dK/dV
-    pass. Single-pass (`deterministic=False` where `configs.single_pass_backward` says so): a
-    small pass for D = rowsum(dO ∘ O), then one pass that computes dK, dV and dQ together and
-    adds dQ into an fp32 buffer (5 matmuls per tile pair instead of 7; the order of the
-    additions, hence dQ's last bits, varies between runs).
+    On Hopper, for the calls FA2_BACKWARD gives it (`configs.backward_form`; by default head
+    dim 128 in 16 bits), the Gluon single pass (`fa2.triton.gluon_backward`), deterministic or
+    not as the call asks. Otherwise the Triton kernels. Two-pass (deterministic, and the choice
+    for 16-bit inputs): the dQ pass, then the dK/dV pass. Single-pass (`deterministic=False`
+    where `configs.single_pass_backward` says so): a small pass for D = rowsum(dO ∘ O), then
+    one pass that computes dK, dV and dQ together and adds dQ into an fp32 buffer (5 matmuls
+    per tile pair instead of 7; the order of the additions, hence dQ's last bits, varies
+    between runs).
 
     Call as `plan(q, k, v, o, lse, do, scale, cu_seqlens, max_seqlens, traced) -> (dq, dk,
     dv)` with tensors like the ones it was built from; `backward_plan` finds or builds it.
@@ -657,17 +656,16 @@ class BackwardPlan:
         self.delta_ints = (*so, *sdo, heads, n_q)
         self.dq_buffer_shape = qv.shape
         self.tma_reduce = self.single_pass and not traced and tma_reduce_available(q)
-        # FA2_BACKWARD=gluon (`configs.gluon_backward_requested`): the Gluon single pass where
-        # the call can take it; the Triton launches below stay ready for misaligned pointers.
+        # The Gluon single pass (FA2_BACKWARD, `configs.backward_form`) where the call can
+        # take it, in the order of dQ's additions the call asks for; the Triton launches
+        # below stay ready for misaligned pointers.
+        form = configs.backward_form()
+        self.deterministic = deterministic
         self.gluon = False
-        # FA2_BACKWARD=gluon-bulk: that kernel adding dQ with TMA bulk reductions.
-        self.gluon_dq_bulk = configs.backward_form() == "gluon-bulk"
-        if configs.gluon_backward_requested():
-            reason = _gluon_refusal(
-                fwd.meta, deterministic, traced, group, copies, views, strides
-            )  # fmt: skip
+        if form == "gluon" or (form == "auto" and configs.gluon_backward_default(d)):
+            reason = _gluon_refusal(fwd.meta, group, copies, views, strides)
             self.gluon = reason is None
-            if reason is not None:
+            if reason is not None and form == "gluon":
                 _warn_gluon(reason)
         self.gluon_strides = (sq, sk, sv, so, sdo, sdk)
         # Tiles with `tma` read the inner loop's rows through TMA descriptors where the
@@ -821,7 +819,8 @@ class BackwardPlan:
         if self.gluon:
             if all(t.data_ptr() % 16 == 0 for t in (q, k, v, o, do)):
                 return self._gluon(q, k, v, o, lse, do, scale)
-            _warn_gluon("a tensor is not 16-byte aligned")
+            if configs.backward_form() == "gluon":
+                _warn_gluon("a tensor is not 16-byte aligned")
         inputs = q, k, v, o, lse, do
         if self.copies is not None:
             inputs = contiguous_where(inputs, self.copies, self.fwd.layout)
@@ -837,15 +836,15 @@ class BackwardPlan:
         return dq, dk, dv
 
     def _gluon(self, q, k, v, o, lse, do, scale: float) -> tuple[torch.Tensor, ...]:
-        """The Gluon single pass (FA2_BACKWARD=gluon): dQ summed in fp32, then cast into q's
-        dtype and layout as the Triton single pass does."""
+        """The Gluon single pass: dQ summed in fp32 (in a fixed order where the call is
+        deterministic), then cast into q's dtype and layout as the Triton single pass does."""
         q_shape, k_shape, v_shape = self.shapes
         layout = self.fwd.layout
         dk, dv = q.new_empty(k_shape), q.new_empty(v_shape)
         qv, kv, vv, ov, dov, dkv, dvv = (as_bhsd(t, layout) for t in (q, k, v, o, do, dk, dv))
         dq = gluon_backward.launch(
             qv, kv, vv, ov, lse, dov, dkv, dvv, self.gluon_strides, scale=scale,
-            causal=bool(self.meta["IS_CAUSAL"]), dq_bulk=self.gluon_dq_bulk,
+            causal=bool(self.meta["IS_CAUSAL"]), deterministic=self.deterministic,
         )  # fmt: skip
         grad = q.new_empty(q_shape)
         as_bhsd(grad, layout).copy_(dq)

@@ -33,14 +33,17 @@ may compare candidates by changing them between calls):
   inter-warpgroup ping-pong, "plain" runs it with neither, to measure what each buys; 0 never
   runs it. Under torch.compile it runs as the opaque op `fa2::gluon_forward` (Inductor
   launches Triton kernels, not Gluon ones).
-- FA2_BACKWARD: the form of a backward allowed to be nondeterministic (`deterministic=False`):
-  unset or "triton", fa2's Triton kernels as `single_pass_backward` chooses; "gluon", the
-  hand warp-specialised single pass for Hopper (`fa2.triton.gluon_backward`; bf16/fp16, head
-  dim 64 or 128, one key/value head per query head, no window, softcap or packed sequences),
-  which warns and falls back to the Triton kernels where a call cannot take it; "gluon-bulk",
-  the same kernel adding dQ with TMA bulk reductions instead of atomic adds
-  (`gluon_backward.DQ_BULK`; not yet run on a GPU). Candidates, never a default;
-  deterministic backwards ignore them (they warn if one is set).
+- FA2_BACKWARD: which backward runs for 16-bit inputs. Unset ("auto"), the hand
+  warp-specialised Gluon single pass for Hopper (`fa2.triton.gluon_backward`) where it
+  measured faster than the Triton kernels (`gluon_backward_default`: sm_90, bf16 or fp16, head
+  dim 128, a call it takes: one key/value head per query head, no window, softcap, packed
+  sequences or bottom-right diagonal, TMA-aligned strides, static shapes, no FA2_TILES naming
+  a backward kernel), silently falling back otherwise; in the order the call asks for
+  (`deterministic=True`, the default: dQ's additions in a fixed order, the same bits every
+  run; False: as they come, a little faster). "triton": fa2's Triton kernels always (two
+  passes, or the single pass `single_pass_backward` chooses). "gluon": the Gluon single pass
+  wherever a call allows it (head dim 64 too), warning why (once per reason) where not. Under
+  torch.compile it runs as the opaque op `fa2::gluon_backward`.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ __all__ = [
     "DKDV_ATOMIC",
     "DQ",
     "FORWARD",
+    "GLUON_BACKWARD_AUTO_HEAD_DIMS",
     "GLUON_TRITON",
     "INTERPRET",
     "KERNELS",
@@ -81,7 +85,7 @@ __all__ = [
     "device_capability",
     "dot_precision",
     "forced_tile",
-    "gluon_backward_requested",
+    "gluon_backward_default",
     "gluon_forward_requested",
     "gluon_triton",
     "head_counts",
@@ -501,21 +505,28 @@ def single_pass_backward(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or forced_tile("single-pass") is not None
 
 
-BACKWARD_FORMS = ("triton", "gluon", "gluon-bulk")
+BACKWARD_FORMS = ("auto", "triton", "gluon")
+# Head dims at which the Gluon backward measured faster than the Triton backward on an H200, in
+# both orders of dQ's additions (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28.md): at
+# d = 128, 0.89x the two passes' time at the leaderboard's shape deterministic; at d = 64 the
+# two passes stay faster (3.57 against 3.93 ms at (1, 16, 16384, 64)).
+GLUON_BACKWARD_AUTO_HEAD_DIMS = (128,)
 
 
 def backward_form() -> str:
     """The form FA2_BACKWARD names (module docstring), one of BACKWARD_FORMS."""
-    text = os.environ.get("FA2_BACKWARD", "triton").strip().lower() or "triton"
+    text = os.environ.get("FA2_BACKWARD", "").strip().lower() or "auto"
     if text not in BACKWARD_FORMS:
         raise ValueError(f"FA2_BACKWARD must be one of {', '.join(BACKWARD_FORMS)}, got {text!r}")
     return text
 
 
-def gluon_backward_requested() -> bool:
-    """Whether FA2_BACKWARD asks for the Gluon single-pass backward, in either of its ways of
-    adding dQ (module docstring)."""
-    return backward_form() != "triton"
+def gluon_backward_default(head_dim: int) -> bool:
+    """Whether FA2_BACKWARD unset ("auto") asks for the Gluon backward at `head_dim`: where it
+    measured faster (GLUON_BACKWARD_AUTO_HEAD_DIMS), unless FA2_TILES names a backward kernel's
+    tile (which asks for the Triton kernels)."""
+    forced = any(forced_tile(kernel) for kernel in ("dq", "dkdv", "single-pass"))
+    return head_dim in GLUON_BACKWARD_AUTO_HEAD_DIMS and not forced
 
 
 _forced: dict[str, dict[str, Tile]] = {}

@@ -230,13 +230,16 @@ class FlashAttention2Triton(torch.autograd.Function):
             on the tensor cores), "ieee" (exact fp32 FMA on the CUDA cores) or "tf32" (the
             default where `torch.backends.cuda.matmul.allow_tf32` is set). 16-bit inputs
             ignore it.
-        deterministic: True (default): the backward gives the same bits on every run (dQ and
-            dK/dV in two passes). False allows a single pass that computes all three and adds
-            dQ atomically into an fp32 buffer, issuing 5 matmuls per tile pair instead of 7;
-            dQ's last bits then vary from run to run. It is taken where it is faster: for
-            fp32 inputs (on an H100, 0.58-0.91x the two-pass backward's time at d=64, about
-            equal at d=128 with "tf32x3"; docs/results/fa2_single_pass_h100_2026-11-23.md);
-            16-bit inputs keep the two passes, which are faster for them.
+        deterministic: True (default): the backward gives the same bits on every run. False
+            lets dQ's additions land in any order (its last bits then vary from run to run),
+            which some backwards use to go faster. On Hopper, 16-bit inputs at head dim 128
+            take the Gluon single pass (`fa2.triton.gluon_backward`, FA2_BACKWARD): one pass
+            computes dK, dV and dQ with 5 matmuls per tile pair, adding dQ into an fp32
+            buffer, in a fixed order when deterministic. Elsewhere, deterministic runs two
+            passes (dQ, then dK/dV; 7 matmuls), and False allows the Triton single pass
+            where it is faster: for fp32 inputs (on an H100, 0.58-0.91x the two-pass
+            backward's time at d=64, about equal at d=128 with "tf32x3";
+            docs/results/fa2_single_pass_h100_2026-11-23.md).
         window_size: `(left, right)`: query i sees only keys from `left` before to `right`
             after its diagonal position; -1: unbounded on that side; `is_causal` makes `right`
             0. Tiles wholly outside the window are never visited.

@@ -17,16 +17,16 @@ warpgroups and warps that reduce dQ):
 - a loader warp streams Q and dO (TMA, `STAGES` buffers) and L, D (plain loads into shared
   memory; L taken to log2 units, +inf past the last query so that those rows get P = 0);
 - two dQ warps add each handed-over partial into the global fp32 dQ, overlapping the next
-  tile's matmuls, in one of two ways (the constexpr `DQ_BULK`, `launch(dq_bulk=...)`):
-  16-byte atomic adds from registers (the default), or TMA bulk reductions of the whole
-  64-row partial straight from shared memory (`cp.reduce.async.bulk.tensor.2d ... .add`), as
-  FA3 adds its dQ tiles with one bulk reduction per tile. Triton lowers the op to boxes of 32
-  fp32 columns (the width of the buffer's 128-byte swizzle): 4 at d = 128, 2 at d = 64,
-  shared between the two warps, each issuing its half from one elected thread. The bulk form
-  is a candidate not yet run on a GPU (FA2_BACKWARD=gluon-bulk).
+  tile's matmuls, with TMA bulk reductions of the whole 64-row partial straight from shared
+  memory (`cp.reduce.async.bulk.tensor.2d ... .add`), as FA3 adds its dQ tiles. Triton lowers
+  the op to boxes of 32 fp32 columns (the width of the buffer's 128-byte swizzle): 4 at
+  d = 128, 2 at d = 64, shared between the two warps, each issuing its half from one elected
+  thread. (A first form added dQ with 16-byte atomics from registers: 1.38x cuDNN's backward
+  time at the leaderboard's shape on an H200, against 1.10x for the bulk form, in
+  docs/results/fa2_gluon_bwd_variants_h200_2026-11-28.md.)
 
-How the bulk form orders the hand-over of `dq_smem` (a buffer that the compute warps write
-through the generic proxy and the TMA unit reads through the async proxy):
+How the hand-over of `dq_smem` is ordered (a buffer that the compute warps write through the
+generic proxy and the TMA unit reads through the async proxy):
 
 1. the compute warps store their halves of dQ_partial into `dq_smem` (generic proxy);
 2. each of them executes `fence.proxy.async.shared::cta` (`fence_async_shared`), which orders
@@ -44,8 +44,20 @@ through the generic proxy and the TMA unit reads through the async proxy):
    the arrival is made by one thread of the first warp), then one arrival on `dq_empty`: the
    compute warps may overwrite `dq_smem` (a write after the async-proxy reads, complete in 6).
 
-Not deterministic: dQ's last bits depend on the order the additions land in. Chosen only where
-a caller allows that (`fa2.triton.configs.gluon_backward_requested`), never by default.
+Two orders of dQ's additions (`launch(deterministic=...)`):
+
+- as they come (`deterministic=False`): dQ's last bits depend on the order the additions land
+  in, which varies from run to run;
+- fixed (`deterministic=True`, the ORDERED reducer): each query tile has a semaphore, and the
+  key tiles add into it one at a time, the highest first, as FA3's deterministic backward does;
+  a key tile waits for its turn (`ld.acquire` in a loop), adds, waits until its additions are
+  complete (`cp.async.bulk.wait_group 0`), then counts itself (`red.release`). The launch
+  starts the highest key tiles first, the order in which they reach each query tile, so the
+  waits are short: 2.5% of the unordered form's time at the leaderboard's shape, 7% at
+  (1, 16, 16384, 128) (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28.md).
+
+fa2's backward plans choose this kernel on Hopper where it measured faster than the Triton
+backward (`fa2.triton.configs.gluon_backward_default`), in the order the call asks for.
 Supported: bf16/fp16, head dim 64 or 128, causal (top-left, fa2's convention) or not, any
 sequence lengths (ragged last tiles: rows past the end read as zeros from TMA and are masked),
 one key/value head per query head, (batch, heads, seq, d) tensors with unit stride along d and
@@ -75,7 +87,6 @@ from fa2.triton.launch import _scratch, head_strides, needs_int64
 __all__ = [
     "BLOCK_M",
     "BLOCK_N",
-    "DQ_BULK",
     "HAVE_GLUON",
     "HEAD_DIMS",
     "STAGES",
@@ -97,24 +108,12 @@ STAGES = 2
 HEAD_DIMS = (64, 128)
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
-# the loader (TMA issue and two 64-float row loads per tile), one warp, and the dQ reducer
-# (shared-memory loads and atomic adds), two warps so that each holds half of a DQ_ROWS slice.
-# Their register cap, 32, is the least at which neither spills (24 spilled a few loop values
-# when compiled for sm_90); Triton gives the compute warpgroups what the 64K-register file has
-# left (232 each).
+# the loader (TMA issue and two 64-float row loads per tile), one warp, and the dQ reducer, two
+# warps, each issuing half of a partial's TMA boxes. Their register cap, 32, is the least at
+# which neither spilled when compiled for sm_90 (24 spilled a few loop values); Triton gives the
+# compute warpgroups what the 64K-register file has left (232 each).
 LOADER_WARPS, LOADER_REGS = 1, 32
 REDUCER_WARPS, REDUCER_REGS = 2, 32
-# Rows of the dQ partial the reducer holds in registers at once (and the period of its
-# shared-memory swizzle, which a slice may not split): 4 x 128 fp32 over 64 threads are 8
-# values per thread. The atomic form only.
-DQ_ROWS = 4
-# How the reducer adds a partial into dQ: False, 16-byte atomic adds (measured: see
-# docs/design/fa2.md, "The Gluon single pass"); True, one TMA bulk reduction per tile (not yet
-# run on a GPU). FA2_BACKWARD=gluon-bulk asks for True (`fa2.triton.configs.backward_form`).
-DQ_BULK = False
-# Whether the compute warps issue dQ = dS K before dK += dSᵀ Q, so that the partial's store to
-# shared memory overlaps dK's matmul (True), or after it (False, the order first measured).
-DQ_FIRST = False
 
 
 if HAVE_GLUON:
@@ -215,61 +214,8 @@ if HAVE_GLUON:
         )  # fmt: skip
 
     @gluon.jit
-    def _reduce_bulk(
-        dq_desc,
-        dq_smem,
-        dq_ready,
-        dq_empty,
-        sem_rows,
-        start_m,
-        n_tiles,
-        key_tile,
-        last_key_tile,
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        IS_CAUSAL: gl.constexpr,
-        REDUCER_WARPS: gl.constexpr,
-        ORDERED: gl.constexpr,
-    ):
-        """The bulk form of `_reducer`: TMA reductions add the whole partial from shared memory
-        (steps 4 to 7 of the module docstring). The descriptor's rows end at the last query, so
-        the TMA unit drops the ragged last tile's rows past it.
-
-        ORDERED (the deterministic form): the key tiles that add into one query tile do so one
-        at a time, the highest first (FA3's order), counted by that tile's semaphore in
-        `sem_rows` (int32, zeroed): key tile n adds query tile m once the semaphore says every
-        higher contributor has, waits until its own writes are complete, then counts itself.
-        Highest first is the order in which the tiles reach m when they run side by side (key
-        tile n meets m after m - n/(BLOCK_N/BLOCK_M) steps), and the launch starts the higher
-        ones first (`_gluon_bwd_kernel`), so a tile seldom waits."""
-        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [REDUCER_WARPS], [0])
-        lane = gl.arange(0, 32 * REDUCER_WARPS, lanes)
-        none = lane * 0  # a zero per lane: the atomics take tensors
-        first_m = start_m // BLOCK_M
-        for i in range(n_tiles):
-            mbarrier.wait(dq_ready, i & 1)  # 4: the fenced partial is in dq_smem
-            m = first_m + i
-            if ORDERED:
-                # Contributors to tile m: key tiles 0 .. top (causal: those at or left of its
-                # diagonal), adding from the top down; before this one come top - key_tile.
-                if IS_CAUSAL:
-                    ahead = gl.minimum(none + (m * BLOCK_M) // BLOCK_N, last_key_tile) - key_tile
-                else:
-                    ahead = none + (last_key_tile - key_tile)
-                sem = sem_rows + m + none
-                _wait_for_count(sem, ahead)
-            async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem)  # 5
-            tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, dq_smem read
-            gl.thread_barrier()  # 7: both warps' waits before the one arrival
-            mbarrier.arrive(dq_empty, count=1)
-            if ORDERED:
-                _bulk_writes_done()  # each issuing thread: its additions complete
-                gl.thread_barrier()  # both warps' additions before the one release
-                gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
-
-    @gluon.jit
     def _reducer(
-        dq_out,
+        dq_desc,
         dq_smem,
         dq_ready,
         dq_empty,
@@ -279,55 +225,64 @@ if HAVE_GLUON:
         n_tiles,
         n_q,
         n_k,
-        HEAD_DIM: gl.constexpr,
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
-        DQ_ROWS: gl.constexpr,
         REDUCER_WARPS: gl.constexpr,
         IS_CAUSAL: gl.constexpr,
-        DQ_BULK: gl.constexpr,
-        DQ_ORDERED: gl.constexpr,
-        DQ_DROP: gl.constexpr,
+        ORDERED: gl.constexpr,
+        DROP: gl.constexpr,
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
-        sm_scale·dS K in `dq_smem`, add it into the global fp32 dQ rows, and release the
-        buffer. `dq_out`: this head's dQ rows, a TMA descriptor when DQ_BULK (`_reduce_bulk`),
-        else a pointer for relaxed atomic adds (rows past the last query skipped)."""
-        if DQ_DROP:  # a timing probe: each partial released unread, dQ left at zero
+        sm_scale·dS K in `dq_smem`, add it into this head's global fp32 dQ rows with TMA
+        bulk reductions straight from shared memory (steps 4 to 7 of the module docstring),
+        and release the buffer. The descriptor's rows end at the last query, so the TMA unit
+        drops the ragged last tile's rows past it.
+
+        ORDERED (the deterministic form): the key tiles that add into one query tile do so one
+        at a time, the highest first (FA3's order), counted by that tile's semaphore in
+        `dq_sem` (int32, zeroed, one per (batch x head, query tile)): key tile n adds query
+        tile m once the semaphore says every higher contributor has, waits until its own
+        writes are complete, then counts itself. Highest first is the order in which the key
+        tiles reach m when they run side by side (key tile n starts at its diagonal, query
+        tile n·BLOCK_N/BLOCK_M, so a higher one reaches m in fewer steps), and the launch
+        starts the higher ones first (`_gluon_bwd_kernel`), so a tile seldom waits long.
+
+        DROP, a timing probe only (`launch(drop_dq=True)`): each partial is released unread,
+        so a run measures the backward without dQ's additions; its dQ stays zero."""
+        if DROP:
             for i in range(n_tiles):
                 mbarrier.wait(dq_ready, i & 1)
                 mbarrier.arrive(dq_empty, count=1)
-        elif DQ_BULK:
-            # Where ordered: this (batch x head)'s semaphores, one per query tile, computed
-            # here rather than before the partitions split, so the compute warps hold nothing
-            # more (their registers are full).
-            sem_rows = dq_sem + gl.program_id(1).to(gl.int64) * gl.cdiv(n_q, BLOCK_M)
-            _reduce_bulk(
-                dq_out, dq_smem, dq_ready, dq_empty, sem_rows, start_m, n_tiles, n0 // BLOCK_N,
-                gl.cdiv(n_k, BLOCK_N) - 1, BLOCK_M, BLOCK_N, IS_CAUSAL, REDUCER_WARPS,
-                DQ_ORDERED,
-            )  # fmt: skip
         else:
-            # Four consecutive floats per lane (16-byte vector atomics, where the launch knows
-            # dQ 16-byte aligned), the lanes along a row; exactly DQ_ROWS rows at d = 64 and
-            # 128, so no lane holds a copy of another's values (which would be added twice).
-            lanes_per_row: gl.constexpr = HEAD_DIM // 4
-            layout: gl.constexpr = gl.BlockedLayout(
-                [1, 4], [32 // lanes_per_row, lanes_per_row], [REDUCER_WARPS, 1], [1, 0]
-            )
-            r = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
-            c = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+            lanes: gl.constexpr = gl.BlockedLayout([1], [32], [REDUCER_WARPS], [0])
+            lane = gl.arange(0, 32 * REDUCER_WARPS, lanes)
+            none = lane * 0  # a zero per lane: the atomics and the wait take tensors
+            key_tile = n0 // BLOCK_N
+            last_key_tile = gl.cdiv(n_k, BLOCK_N) - 1
+            # This (batch x head)'s semaphores, computed here rather than before the
+            # partitions split, so that the compute warps (registers full) hold nothing more.
+            sem_rows = dq_sem + gl.program_id(1).to(gl.int64) * gl.cdiv(n_q, BLOCK_M)
+            first_m = start_m // BLOCK_M
             for i in range(n_tiles):
-                mbarrier.wait(dq_ready, i & 1)
-                m0 = start_m + i * BLOCK_M
-                for r0 in gl.static_range(0, BLOCK_M, DQ_ROWS):
-                    part = dq_smem.slice(r0, DQ_ROWS, dim=0).load(layout)
-                    rows = m0 + r0 + r
-                    offsets = rows[:, None] * HEAD_DIM + c[None, :]  # < 2**31: one head's rows
-                    mask = (rows < n_q)[:, None]
-                    gl.atomic_add(dq_out + offsets, part, mask=mask, sem="relaxed")
-                gl.thread_barrier()  # every lane's reads of the buffer before releasing it
+                m = first_m + i
+                sem = sem_rows + m + none
+                if ORDERED:  # this tile's turn, waited for while the partial is computed
+                    # Tile m's contributors: key tiles 0 .. top (causal: those at or left of
+                    # its diagonal), adding from the top down; top - key_tile come first.
+                    if IS_CAUSAL:
+                        top = gl.minimum(none + (m * BLOCK_M) // BLOCK_N, last_key_tile)
+                    else:
+                        top = none + last_key_tile
+                    _wait_for_count(sem, top - key_tile)
+                mbarrier.wait(dq_ready, i & 1)  # 4: the fenced partial is in dq_smem
+                async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem)  # 5
+                tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, dq_smem read
+                gl.thread_barrier()  # 7: both warps' waits before the one arrival
                 mbarrier.arrive(dq_empty, count=1)
+                if ORDERED:
+                    _bulk_writes_done()  # each issuing thread: its additions complete
+                    gl.thread_barrier()  # both warps' additions before the one release
+                    gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
 
     @gluon.jit
     def _compute(
@@ -357,8 +312,6 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr,
         IS_CAUSAL: gl.constexpr,
-        DQ_BULK: gl.constexpr,
-        DQ_FIRST: gl.constexpr,
     ):
         """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
         program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's 64 x HEAD_DIM
@@ -410,28 +363,14 @@ if HAVE_GLUON:
             ds_smem.store(ds_t)
             fence_async_shared()  # the generic-proxy stores before the wgmmas read them
             gl.thread_barrier()
-            if DQ_FIRST:
-                # dQ issued before dK: its partial is stored while dK += dSᵀ Q still runs.
-                dq = warpgroup_mma(
-                    ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
-                )
-                dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
-                dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
-                mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the last partial
-                dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
-                if DQ_BULK:  # the TMA unit reads the partial: steps 1-3 of the module docstring
-                    fence_async_shared()
-                dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
-            else:
-                dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
-                dq = warpgroup_mma(
-                    ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
-                )
-                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-                mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the last partial
-                dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
-                if DQ_BULK:  # the TMA unit reads the partial: steps 1-3 of the module docstring
-                    fence_async_shared()
+            dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
+            dq = warpgroup_mma(
+                ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
+            )
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+            mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the last partial
+            dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
+            fence_async_shared()  # the TMA unit reads the partial: steps 1-3 of the docstring
             # One barrier for both hand-overs: both warpgroups are done with Q, dO and dSᵀ
             # (their wgmmas waited for) and have stored their halves of the partial.
             gl.thread_barrier()
@@ -494,14 +433,11 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr,
         IS_CAUSAL: gl.constexpr,
-        DQ_ROWS: gl.constexpr,
         LOADER_WARPS: gl.constexpr,
         LOADER_REGS: gl.constexpr,
         REDUCER_WARPS: gl.constexpr,
         REDUCER_REGS: gl.constexpr,
-        DQ_BULK: gl.constexpr,
         DQ_ORDERED: gl.constexpr,
-        DQ_FIRST: gl.constexpr,
         DQ_DROP: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
@@ -512,7 +448,7 @@ if HAVE_GLUON:
         gl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
         qk_scale = qk_scale.to(gl.float32)
         sm_scale = sm_scale.to(gl.float32)
-        if DQ_ORDERED:  # the highest key tiles first: the order they add dQ in (`_reduce_bulk`)
+        if DQ_ORDERED:  # the highest key tiles first: the order they add dQ in (`_reducer`)
             pid_n = gl.num_programs(0) - 1 - gl.program_id(0)
         else:
             pid_n = gl.program_id(0)
@@ -523,22 +459,15 @@ if HAVE_GLUON:
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
         kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-        if DQ_BULK:
-            # The fp32 dQ partial as the TMA unit reads it: the NVMMA layout (rows of 128
-            # bytes swizzled over 8 rows, the TMA unit undoing the swizzle as it reads; 128
-            # fp32 columns go out as 4 boxes of 32), so the compute warps' stores stay spread
-            # over the banks. The non-tensor bulk reduction (FA3's) would need the rows
-            # unswizzled and contiguous: not reachable here (Gluon gives no shared-memory
-            # address to inline assembly), and the tensor form clips the ragged last tile.
-            dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
-                [BLOCK_M, HEAD_DIM], gl.float32
-            )
-        else:
-            # The fp32 dQ partial: pairs of floats (the accumulator's per-thread unit) swizzled
-            # over DQ_ROWS rows, so the compute warps' stores spread over more banks than
-            # unswizzled rows would; the reducer reads it in slices of DQ_ROWS rows (a slice
-            # may not split the swizzle pattern).
-            dq_layout: gl.constexpr = gl.SwizzledSharedLayout(2, 1, DQ_ROWS, [1, 0])
+        # The fp32 dQ partial as the TMA unit reads it: the NVMMA layout (rows of 128 bytes
+        # swizzled over 8 rows, the TMA unit undoing the swizzle as it reads; 128 fp32 columns
+        # go out as 4 boxes of 32), so the compute warps' stores stay spread over the banks.
+        # The non-tensor bulk reduction (FA3's) would need the rows unswizzled and contiguous:
+        # not reachable here (Gluon gives no shared-memory address to inline assembly), and
+        # the tensor form clips the ragged last tile.
+        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+            [BLOCK_M, HEAD_DIM], gl.float32
+        )
         vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         # In-kernel descriptors of this (batch, head)'s rows: TMA reads zeros past the last row
         # and clips stores there, which masks the ragged last tiles.
@@ -586,11 +515,9 @@ if HAVE_GLUON:
             start_m = 0
         n_tiles = gl.maximum(gl.cdiv(N_Q - start_m, BLOCK_M), 0)
         rows_base = bh * N_Q
-        dq_rows = DQ + rows_base * HEAD_DIM  # this head's (N_Q, HEAD_DIM) fp32 rows
-        if DQ_BULK:  # rows past N_Q clipped: the ragged last tile adds only real rows
-            dq_out = _rows(dq_rows, N_Q, HEAD_DIM, BLOCK_M, HEAD_DIM, dq_layout)
-        else:
-            dq_out = dq_rows
+        # This head's (N_Q, HEAD_DIM) fp32 dQ rows; rows past N_Q clipped, so the ragged last
+        # tile adds only real rows.
+        dq_desc = _rows(DQ + rows_base * HEAD_DIM, N_Q, HEAD_DIM, BLOCK_M, HEAD_DIM, dq_layout)
         gl.warp_specialize(
             [
                 (
@@ -599,7 +526,7 @@ if HAVE_GLUON:
                         dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                         ds_smem, dq_smem, kv_ready, ready, empty, dq_ready, dq_empty, n0,
                         start_m, n_tiles, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                        STAGES, IS_CAUSAL, DQ_BULK, DQ_FIRST,
+                        STAGES, IS_CAUSAL,
                     ),
                 ),
                 (
@@ -613,9 +540,8 @@ if HAVE_GLUON:
                 (
                     _reducer,
                     (
-                        dq_out, dq_smem, dq_ready, dq_empty, DQ_SEM, n0, start_m, n_tiles, N_Q,
-                        N_K, HEAD_DIM, BLOCK_M, BLOCK_N,
-                        DQ_ROWS, REDUCER_WARPS, IS_CAUSAL, DQ_BULK, DQ_ORDERED, DQ_DROP,
+                        dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, n0, start_m, n_tiles, N_Q,
+                        N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL, DQ_ORDERED, DQ_DROP,
                     ),
                 ),
             ],
@@ -624,13 +550,16 @@ if HAVE_GLUON:
         )  # fmt: skip
 
 
-def unsupported_reason(q: torch.Tensor, *tensors: torch.Tensor) -> str | None:
+def unsupported_reason(
+    q: torch.Tensor, *tensors: torch.Tensor, pointers: bool = True
+) -> str | None:
     """Why the Gluon backward cannot run for `q` (and the other tensors it would read through
     TMA descriptors, given by `tensors`) here, or None when it can: Gluon importable, outside
     Triton's interpreter, an sm_90 GPU (wgmma and setmaxnreg are sm_90a instructions: not on
     Ampere, nor on Blackwell), bf16 or fp16, a head dim of HEAD_DIMS, and every tensor 16-byte
     aligned with unit stride along d and 16-byte multiples for its other strides (TMA's
-    rules)."""
+    rules). `pointers=False` leaves the alignment out (a plan built while torch.compile
+    traces has no data pointers; it checks them per call)."""
     if not HAVE_GLUON:
         return "this Triton's Gluon is not the one fa2's Gluon kernels are written for (3.6's)"
     if INTERPRET:
@@ -643,7 +572,7 @@ def unsupported_reason(q: torch.Tensor, *tensors: torch.Tensor) -> str | None:
         return f"it takes head dims {HEAD_DIMS}, not {q.shape[-1]}"
     for t in (q, *tensors):
         strides = head_strides(t)
-        if strides is None or t.data_ptr() % 16:
+        if strides is None or (pointers and t.data_ptr() % 16):
             return "a tensor is not 16-byte aligned or not contiguous along the head dim"
         if any(stride * t.element_size() % 16 for stride in strides):
             return "a tensor's batch, head or row stride is not a multiple of 16 bytes"
@@ -669,16 +598,15 @@ def launch(
     *,
     scale: float,
     causal: bool,
-    dq_bulk: bool = DQ_BULK,
     deterministic: bool = False,
-    dq_first: bool = DQ_FIRST,
     drop_dq: bool = False,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
-    contiguous fp32 `(..., heads, n_q, d)` tensor (the caller casts it). `dq_bulk`: add dQ
-    with one TMA bulk reduction per tile instead of atomic adds (`DQ_BULK`). One key/value
-    head per query head; `unsupported_reason` must have said None."""
+    contiguous fp32 `(..., heads, n_q, d)` tensor (the caller casts it). `deterministic`: the
+    key tiles add into each dQ tile in a fixed order (`_reducer`), so dQ's bits repeat.
+    `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for
+    gradients. One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
     sq, sk, sv, so, sdo, sdk = strides
@@ -697,8 +625,6 @@ def launch(
         o, do, delta, dq, *so, *sdo, heads, n_q,
         HEAD_DIM=d, BLOCK_D=block_d(d), LARGE=large, BLOCK_M=rows, num_warps=4, num_stages=1,
     )  # fmt: skip
-    if deterministic and not dq_bulk:
-        raise ValueError("the Gluon backward is deterministic only in its bulk form (dq_bulk)")
     # One semaphore per (batch x head, query tile) where the additions are ordered.
     sem = torch.zeros(
         (batch_heads, cdiv(n_q, BLOCK_M)) if deterministic else 1,
@@ -709,9 +635,9 @@ def launch(
     _gluon_bwd_kernel[(cdiv(n_k, BLOCK_N), batch_heads)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
-        IS_CAUSAL=causal, DQ_ROWS=DQ_ROWS, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
-        REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_BULK=dq_bulk,
-        DQ_ORDERED=deterministic, DQ_FIRST=dq_first, DQ_DROP=drop_dq, num_warps=COMPUTE_WARPS,
+        IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
+        REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
+        DQ_DROP=drop_dq, num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
@@ -726,13 +652,12 @@ def gluon_backward(
     *,
     scale: float,
     causal: bool,
-    dq_bulk: bool = DQ_BULK,
     deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of attention over `(batch, heads, n, d)` tensors (any strides with unit
     stride along d), from the forward's output `o` and natural-log logsumexp `lse` (`(batch,
     heads, n_q)`, contiguous, as fa2's forward stores it). dq in q's dtype; dk, dv contiguous.
-    `dq_bulk`: dQ added by TMA bulk reductions, not atomics (`DQ_BULK`; untested on a GPU).
+    `deterministic`: dQ's additions in a fixed order, so the bits repeat from run to run.
     Raises ValueError where `unsupported_reason` gives one, or for grouped heads."""
     if k.shape[:-2] != q.shape[:-2] or v.shape != k.shape:
         raise ValueError(
@@ -752,6 +677,6 @@ def gluon_backward(
     strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
     dq = launch(
         q, k, v, o, lse, do, dk, dv, strides, scale=scale, causal=causal,
-        dq_bulk=dq_bulk or deterministic, deterministic=deterministic,
+        deterministic=deterministic,
     )  # fmt: skip
     return dq.to(q.dtype), dk, dv

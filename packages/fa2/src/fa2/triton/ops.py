@@ -17,6 +17,8 @@ Where a forward plan takes the Gluon forward (`fa2.triton.gluon_forward`, Hopper
 sequences by default), `fa2::triton_forward` hands the call to `fa2::gluon_forward`, an opaque
 `custom_op` on every device: Inductor generates launchers for Triton kernels, not Gluon ones, so
 the compiled graph calls that op as it is. It has the forward's schema and shape function.
+Likewise `fa2::triton_backward` hands a backward whose plan takes the Gluon backward
+(`fa2.triton.gluon_backward`, Hopper's head dim 128 by default) to `fa2::gluon_backward`.
 
 Each op's schema is inferred from its function's signature, which `_typed` spells from the
 tensors' names and `OpOptions`' fields: one list, read by both kinds of op.
@@ -36,7 +38,15 @@ from fa2.layouts import as_bhsd
 from fa2.masks import Band
 from fa2.triton.configs import INTERPRET
 
-__all__ = ["TRACEABLE", "OpOptions", "backward_op", "forward_op", "gluon_forward_op", "op_options"]
+__all__ = [
+    "TRACEABLE",
+    "OpOptions",
+    "backward_op",
+    "forward_op",
+    "gluon_backward_op",
+    "gluon_forward_op",
+    "op_options",
+]
 
 TRACEABLE = not INTERPRET and importlib.util.find_spec("triton") is not None
 
@@ -104,22 +114,22 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
     return plan(q, k, v, op_options.scale, cu, longest, TRACEABLE)
 
 
-def _gluon_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
-    """`fa2::gluon_forward`: the forward `fa2::triton_forward` hands over where its plan takes
-    the Gluon kernel, run eagerly from the Function's plan cache (`forward.forward_plan`, under
-    keys tagged with this op's name; never packed sequences, which the Gluon forward does not
-    take)."""
+def _eager_plan(op: str, q, k, v, o: OpOptions):
+    """The forward plan an opaque op runs from, in the Function's plan cache
+    (`forward.forward_plan`) under keys tagged with the op's name; never packed sequences,
+    which the Gluon kernels do not take."""
     from fa2.triton.forward import forward_plan
 
-    o = OpOptions(*options)
-    plan = forward_plan(
-        q,
-        k,
-        v,
-        ("fa2::gluon_forward", *o[1:]),
-        None,
-        lambda: (_call(o), o.precision, o.same_lengths),
+    return forward_plan(
+        q, k, v, (op, *o[1:]), None, lambda: (_call(o), o.precision, o.same_lengths)
     )
+
+
+def _gluon_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *options):
+    """`fa2::gluon_forward`: the forward `fa2::triton_forward` hands over where its plan takes
+    the Gluon kernel, run eagerly (`_eager_plan`)."""
+    o = OpOptions(*options)
+    plan = _eager_plan("fa2::gluon_forward", q, k, v, o)
     return plan(q, k, v, o.scale, None, None, False)
 
 
@@ -135,8 +145,26 @@ def _backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *options_and_dete
     *options, deterministic = options_and_determinism
     options = OpOptions(*options)
     plan = BackwardPlan(_plan(q, k, v, options), q, k, v, o, lse, do, deterministic, TRACEABLE)
+    if plan.gluon:  # as in `_forward`: an opaque op runs the Gluon kernel
+        return gluon_backward_op(
+            q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *options_and_determinism
+        )
     cu, longest = _packed(options, cu_seqlens_q, cu_seqlens_k)
     return plan(q, k, v, o, lse, do, options.scale, cu, longest, TRACEABLE)
+
+
+def _gluon_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *options_and_determinism):
+    """`fa2::gluon_backward`: the backward `fa2::triton_backward` hands over where its plan
+    takes the Gluon kernel, run eagerly from the plan cache (`_eager_plan`,
+    `backward.backward_plan`)."""
+    from fa2.triton.backward import backward_plan
+
+    *options, deterministic = options_and_determinism
+    options = OpOptions(*options)
+    plan = backward_plan(
+        _eager_plan("fa2::gluon_backward", q, k, v, options), q, k, v, o, lse, do, deterministic
+    )
+    return plan(q, k, v, o, lse, do, options.scale, None, None, False)
 
 
 def _backward_fake(q, k, v, o, lse, do, *options):
@@ -187,8 +215,15 @@ gluon_forward_op = torch.library.custom_op(
     mutates_args=(),
 )
 gluon_forward_op.register_fake(_forward_fake)
+_BACKWARD_TENSORS = "q k v o lse do cu_seqlens_q? cu_seqlens_k?"
 backward_op = _define_op(
     "fa2::triton_backward",
-    _typed(_backward, "q k v o lse do cu_seqlens_q? cu_seqlens_k?", 3, last=("deterministic",)),
+    _typed(_backward, _BACKWARD_TENSORS, 3, last=("deterministic",)),
     _backward_fake,
 )
+gluon_backward_op = torch.library.custom_op(  # opaque on every device, as gluon_forward_op
+    "fa2::gluon_backward",
+    _typed(_gluon_backward, _BACKWARD_TENSORS, 3, last=("deterministic",)),
+    mutates_args=(),
+)
+gluon_backward_op.register_fake(_backward_fake)
