@@ -133,7 +133,7 @@ def test_both_orders_take_it_where_it_can_run(monkeypatch, form):
         monkeypatch.delenv("FA2_BACKWARD", raising=False)
     else:
         monkeypatch.setenv("FA2_BACKWARD", form)
-    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors, pointers: None)
+    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors, pointers, strides: None)
     # a length of its own: plans are cached by shape, and another test's may refuse the kernel
     q, k, v, do = (torch.randn(1, 1, 23, 128) for _ in range(4))
     o, lse, plan = run_forward(q, k, v, True)
@@ -158,16 +158,20 @@ def test_unset_it_falls_back_silently_where_it_cannot_run(monkeypatch):
         assert not backward_plan(plan, q, k, v, o, lse, do, True).gluon
 
 
-@pytest.mark.parametrize("layout, deterministic", [("bhsd", True), ("bshd", False)])
+@pytest.mark.parametrize(
+    "layout, deterministic, expanded", [("bhsd", True, False), ("bshd", False, False),
+                                        ("bshd", True, True)]
+)  # fmt: skip
 def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(
-    monkeypatch, layout, deterministic
+    monkeypatch, layout, deterministic, expanded
 ):
     """The host side, without the kernel: where the plan takes the Gluon path it hands
     `gluon_backward.launch` (here a float64 stand-in) the (..., heads, n, d) views with their
     strides and the order the call asks for, and returns dq cast into q's layout and the dk,
-    dv it wrote, in the caller's."""
+    dv it wrote, in the caller's. An expanded output gradient (what `out.sum()` gives, every
+    stride 0) reaches the kernel as a contiguous copy."""
     monkeypatch.setenv("FA2_BACKWARD", "gluon")
-    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors, pointers: None)
+    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors, pointers, strides: None)
     calls = []
 
     def stand_in(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal, deterministic):
@@ -185,7 +189,7 @@ def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(
     monkeypatch.setattr(gluon_backward, "launch", stand_in)
     shape = (2, 3, 19, 16) if layout == "bhsd" else (2, 19, 3, 16)
     q, k, v = (torch.randn(shape).requires_grad_() for _ in range(3))
-    do = torch.randn(shape)
+    do = torch.randn(()).expand(shape) if expanded else torch.randn(shape)
     o = FlashAttention2Triton.apply(
         q, k, v, True, None, False, None, deterministic, (-1, -1), 0.0, layout
     )

@@ -562,9 +562,11 @@ def tma_reduce_available(q: torch.Tensor) -> bool:
 _gluon_warned: set[str] = set()
 
 
-def _gluon_refusal(meta: dict, group: int, copies, views, strides) -> str | None:
+def _gluon_refusal(meta: dict, group: int, views, strides) -> str | None:
     """Why a backward plan cannot take the Gluon single pass (`fa2.triton.gluon_backward`), or
-    None when it can (the pointers' alignment is checked per call)."""
+    None when it can. `views`: q, k, v, o, dO as `(..., heads, n, d)`; `strides`: how the
+    kernels read them (`read_layouts`: copies where a layout needs one, as for the expanded
+    gradient `out.sum()` gives). The pointers' alignment is checked per call."""
     unsupported = {
         "VARLEN": "packed sequences",
         "LOCAL": "a sliding window",
@@ -576,16 +578,11 @@ def _gluon_refusal(meta: dict, group: int, copies, views, strides) -> str | None
             return f"it does not take {what}"
     if group != 1:
         return "it takes one key/value head per query head (no grouped-query attention)"
-    if copies is not None:
-        return "an input needs a contiguous copy first"
-    q, k, v, _, do = views
-    sizes = (*q.shape, *k.shape, *do.shape, *(s for st in strides for s in st))
+    q = views[0]
+    sizes = (*q.shape, *views[1].shape, *(s for st in strides for s in st))
     if not all(isinstance(size, int) for size in sizes):
         return "torch.compile traces this call with dynamic shapes"
-    reason = gluon_backward.unsupported_reason(q, k, v, do, pointers=False)
-    if reason is None and any(s * q.element_size() % 16 for s in strides[3]):
-        reason = "o's batch, head or row stride is not a multiple of 16 bytes"
-    return reason
+    return gluon_backward.unsupported_reason(*views, pointers=False, strides=strides)
 
 
 def _warn_gluon(reason: str) -> None:
@@ -663,7 +660,7 @@ class BackwardPlan:
         self.deterministic = deterministic
         self.gluon = False
         if form == "gluon" or (form == "auto" and configs.gluon_backward_default(d)):
-            reason = _gluon_refusal(fwd.meta, group, copies, views, strides)
+            reason = _gluon_refusal(fwd.meta, group, views, strides)
             self.gluon = reason is None
             if reason is not None and form == "gluon":
                 _warn_gluon(reason)
@@ -817,8 +814,9 @@ class BackwardPlan:
         if self.empty:
             return tuple(q.new_zeros(shape) for shape in self.shapes)
         if self.gluon:
-            if all(t.data_ptr() % 16 == 0 for t in (q, k, v, o, do)):
-                return self._gluon(q, k, v, o, lse, do, scale)
+            grads = self._gluon(q, k, v, o, lse, do, scale)
+            if grads is not None:
+                return grads
             if configs.backward_form() == "gluon":
                 _warn_gluon("a tensor is not 16-byte aligned")
         inputs = q, k, v, o, lse, do
@@ -835,13 +833,21 @@ class BackwardPlan:
             dq = grad
         return dq, dk, dv
 
-    def _gluon(self, q, k, v, o, lse, do, scale: float) -> tuple[torch.Tensor, ...]:
+    def _gluon(self, q, k, v, o, lse, do, scale: float) -> tuple[torch.Tensor, ...] | None:
         """The Gluon single pass: dQ summed in fp32 (in a fixed order where the call is
-        deterministic), then cast into q's dtype and layout as the Triton single pass does."""
+        deterministic), then cast into q's dtype and layout as the Triton single pass does;
+        None where a pointer is not 16-byte aligned (the caller runs the Triton kernels)."""
         q_shape, k_shape, v_shape = self.shapes
         layout = self.fwd.layout
+        views = [as_bhsd(t, layout) for t in (q, k, v, o, do)]
+        if self.copies is not None:  # flags in the order q, k, v, o, lse, do
+            flags = (*self.copies[:4], self.copies[5])
+            views = [t.contiguous() if c else t for t, c in zip(views, flags, strict=True)]
+        if any(t.data_ptr() % 16 for t in views):
+            return None
         dk, dv = q.new_empty(k_shape), q.new_empty(v_shape)
-        qv, kv, vv, ov, dov, dkv, dvv = (as_bhsd(t, layout) for t in (q, k, v, o, do, dk, dv))
+        qv, kv, vv, ov, dov = views
+        dkv, dvv = as_bhsd(dk, layout), as_bhsd(dv, layout)
         dq = gluon_backward.launch(
             qv, kv, vv, ov, lse, dov, dkv, dvv, self.gluon_strides, scale=scale,
             causal=bool(self.meta["IS_CAUSAL"]), deterministic=self.deterministic,

@@ -66,6 +66,8 @@ one key/value head per query head, (batch, heads, seq, d) tensors with unit stri
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 
@@ -551,7 +553,10 @@ if HAVE_GLUON:
 
 
 def unsupported_reason(
-    q: torch.Tensor, *tensors: torch.Tensor, pointers: bool = True
+    q: torch.Tensor,
+    *tensors: torch.Tensor,
+    pointers: bool = True,
+    strides: Sequence[tuple[int, int, int]] | None = None,
 ) -> str | None:
     """Why the Gluon backward cannot run for `q` (and the other tensors it would read through
     TMA descriptors, given by `tensors`) here, or None when it can: Gluon importable, outside
@@ -559,7 +564,9 @@ def unsupported_reason(
     Ampere, nor on Blackwell), bf16 or fp16, a head dim of HEAD_DIMS, and every tensor 16-byte
     aligned with unit stride along d and 16-byte multiples for its other strides (TMA's
     rules). `pointers=False` leaves the alignment out (a plan built while torch.compile
-    traces has no data pointers; it checks them per call)."""
+    traces has no data pointers; it checks them per call). `strides`: the (batch, head, row)
+    strides the kernel will read each tensor with, where a caller copies some first (default:
+    each tensor's own, `head_strides`)."""
     if not HAVE_GLUON:
         return "this Triton's Gluon is not the one fa2's Gluon kernels are written for (3.6's)"
     if INTERPRET:
@@ -570,11 +577,13 @@ def unsupported_reason(
         return f"it takes bf16 or fp16 inputs, not {q.dtype}"
     if q.shape[-1] not in HEAD_DIMS:
         return f"it takes head dims {HEAD_DIMS}, not {q.shape[-1]}"
-    for t in (q, *tensors):
-        strides = head_strides(t)
-        if strides is None or (pointers and t.data_ptr() % 16):
+    tensors = (q, *tensors)
+    if strides is None:
+        strides = [head_strides(t) for t in tensors]
+    for t, layout in zip(tensors, strides, strict=True):
+        if layout is None or (pointers and t.data_ptr() % 16):
             return "a tensor is not 16-byte aligned or not contiguous along the head dim"
-        if any(stride * t.element_size() % 16 for stride in strides):
+        if any(stride * t.element_size() % 16 for stride in layout):
             return "a tensor's batch, head or row stride is not a multiple of 16 bytes"
     return None
 
