@@ -6,40 +6,23 @@ request). Two runs whose tensors are byte-identical can therefore differ in "all
 by rounding alone. This script tells the two apart from the pickles that
 `bench-zero --memory-snapshot DIR` (or `torch.cuda.memory._dump_snapshot`) writes.
 
-What a torch 2.11 snapshot holds (`torch.cuda.memory._snapshot`'s docstring; the allocator's
-`malloc` records `TraceEntry::ALLOC` with `orig_size`):
+The method is `bench.tools.model.block_replay`'s (its docstring says what a torch 2.11
+snapshot holds and which of its sizes are blocks, which requests): the trace's events replayed
+in order, each traced block's size rebuilt from its request by the allocator's rules (512-byte
+rounding; the small pool's blocks exactly that; a large block not split when <= 1 MiB would
+remain), the segments followed through `segment_alloc`/`segment_free`, the blocks alive before
+the trace taken from the end state. Blocks count as allocated from `alloc` to `free_requested`,
+as `memory_allocated` counts them. The peak is the largest sum of block sizes over the replay
+(what `max_memory_allocated` reports for the traced window); at it the script reports the
+requested bytes, the difference (rounding), the blocks at least 1 MiB larger than their request,
+and the allocating sites. Reserved memory is the end state's sum of segment sizes.
 
-- `segments`: the end state. Each segment (one cudaMalloc, `total_size` bytes, pool `small` or
-  `large`) lists its `blocks`, each with `address`, `size` (the block) and `requested_size`
-  (the request), `state` `active_allocated` or `inactive`.
-- `device_traces[d]`: the events since recording began. An `alloc` entry's `size` is the
-  **request**, not the block; `free_requested`/`free_completed` repeat the request. No trace
-  entry carries a block size.
-
-The method:
-
-1. Blocks alive before the trace = the end state's allocated blocks minus those the trace
-   allocated and did not free (matched by address): exact block and requested sizes. (A block
-   freed in the trace but allocated before it would have no size; such events are counted as
-   `untraced_frees` and must be 0 for the numbers to hold.)
-2. Replay the device's `alloc` and `free_completed` events (a block is reusable only once its
-   free completes) in order. Each traced block's size is rebuilt from the request by the
-   allocator's rules: the request rounded up to a multiple of 512 bytes (`kMinBlockSize`);
-   requests of at most 1 MiB (`kSmallSize`) come from the small pool, whose blocks are exactly
-   that; a large-pool block takes the start of a free block and splits off the rest only if
-   more than 1 MiB would remain, so when the free block (which reaches to the next live block
-   or the segment's end: free neighbours are always merged) is at most 1 MiB longer than the
-   rounded request, the block is the whole of it. This needs the segments to stay fixed through
-   the trace (no `segment_alloc`/`segment_free` events; counted, must be 0) and an unlimited
-   `max_split_size` (the snapshot's `allocator_settings`).
-3. Check: traced blocks still alive at the end have their real size in `segments`;
-   `size_mismatches` counts those the rules rebuilt wrongly (0 means the rules held).
-4. The peak is the largest sum of block sizes over the replay (what `max_memory_allocated`
-   reports for the traced window); at it the script reports the requested bytes, the
-   difference (rounding), the blocks at least 1 MiB larger than their request, and the
-   allocating sites. `trace_full` says whether the trace reached `--max-entries` (then its
-   oldest events were dropped and step 1 is wrong). Reserved memory is the end state's sum of
-   segment sizes.
+The numbers hold when the replay's checks are 0 (`status` `ok`): `size_mismatches` (traced
+blocks the end state holds whose rebuilt size differs from it) and `unplaced` (requests whose
+address has no room in the known segments) catch rules that did not hold; `untraced_frees`
+(blocks allocated before the trace and freed in it: no record holds their block sizes) and
+`expandable` (expandable segments, other rules) say where the method does not apply;
+`trace_full` whether the trace reached `--max-entries` (its oldest events were dropped).
 
 Run from the repository root with `PYTHONPATH` set to every package's `src/` (seconds, CPU)::
 
@@ -55,7 +38,6 @@ yourself: unpickling runs code.
 from __future__ import annotations
 
 import argparse
-import bisect
 import collections
 import pickle
 import sys
@@ -66,21 +48,15 @@ from typing import Any
 from bench.core.env import command_line
 from bench.core.memory import MIB, SNAPSHOT_MAX_ENTRIES
 from bench.core.results import Run, load_json, save_json, to_markdown
+from bench.tools.model.block_replay import SMALL_SIZE, BlockReplay
 from bench.tools.model.timeline import _where
 
-MIN_BLOCK = 512  # kMinBlockSize: every block is a multiple of it
-SMALL_SIZE = 1 << 20  # kSmallSize: requests up to it use the small pool; a large split's minimum
 NUM_SITES = 8  # sites listed per snapshot: the largest cover most of the peak
 COLUMNS = [
     "snapshot", "events", "trace_full", "peak_allocated_mib", "peak_requested_mib",
     "rounding_mib", "rounded_blocks", "before_trace_allocated_mib", "before_trace_rounding_mib",
     "reserved_end_mib", "size_mismatches", "status",
 ]  # fmt: skip
-
-
-def round_request(size: int) -> int:
-    """The allocator's rounding of a request: up to a multiple of 512 bytes, at least 512."""
-    return max(MIN_BLOCK, -(-size // MIN_BLOCK) * MIN_BLOCK)
 
 
 def _device_trace(snapshot: Mapping[str, Any]) -> tuple[int, list[dict]]:
@@ -94,33 +70,6 @@ def _device_trace(snapshot: Mapping[str, Any]) -> tuple[int, list[dict]]:
     return found[0]
 
 
-class _Layout:
-    """Fixed segments and the start addresses of the live blocks: where a free block ends."""
-
-    def __init__(self, segments: Sequence[Mapping[str, Any]], starts: Sequence[int]) -> None:
-        ordered = sorted(segments, key=lambda s: s["address"])
-        self.seg_starts = [s["address"] for s in ordered]
-        self.segments = ordered
-        self.live = sorted(starts)
-
-    def block_size(self, addr: int, request: int) -> int:
-        """The block the allocator hands out at `addr` for `request` bytes (module docstring)."""
-        rounded = round_request(request)
-        segment = self.segments[bisect.bisect_right(self.seg_starts, addr) - 1]
-        if segment["segment_type"] == "small":
-            return rounded
-        end = segment["address"] + segment["total_size"]
-        after = bisect.bisect_right(self.live, addr)
-        free = min(end, self.live[after]) - addr if after < len(self.live) else end - addr
-        return free if free - rounded <= SMALL_SIZE else rounded
-
-    def add(self, addr: int) -> None:
-        bisect.insort(self.live, addr)
-
-    def remove(self, addr: int) -> None:
-        self.live.pop(bisect.bisect_left(self.live, addr))
-
-
 def analyse(
     snapshot: Mapping[str, Any], *, max_entries: int = SNAPSHOT_MAX_ENTRIES
 ) -> dict[str, Any]:
@@ -128,57 +77,26 @@ def analyse(
 
     Returns a dict of bytes and counts: `events`, `trace_full`, `peak_allocated`,
     `peak_requested`, `rounding`, `rounded_blocks`, `before_trace_allocated`,
-    `before_trace_requested`, `reserved_end`, `size_mismatches`, `untraced_frees`,
-    `segment_events`, `peak_event` (index into the trace) and `top_sites` (list of
+    `before_trace_requested`, `reserved_end`, `size_mismatches`, `unplaced`, `untraced_frees`,
+    `expandable`, `peak_event` (index into the trace) and `top_sites` (list of
     `{site, blocks, allocated, requested}`, largest first).
     """
     device, trace = _device_trace(snapshot)
-    segments = [s for s in snapshot["segments"] if s.get("device", device) == device]
-    at_end = {
-        b["address"]: b for s in segments for b in s["blocks"] if b["state"] == "active_allocated"
-    }
-    traced_live: dict[int, dict] = {}
-    for e in trace:
-        if e["action"] == "alloc":
-            traced_live[e["addr"]] = e
-        elif e["action"] == "free_completed":
-            traced_live.pop(e["addr"], None)
-    # (block size, requested size, site) of each live block, by address
-    live = {
-        addr: (b["size"], b["requested_size"], _where(b.get("frames") or ()))
-        for addr, b in at_end.items()
-        if addr not in traced_live
-    }
-    before_allocated = sum(v[0] for v in live.values())
-    before_requested = sum(v[1] for v in live.values())
-    layout = _Layout(segments, list(live))
-    allocated, requested = before_allocated, before_requested
-    best = (allocated, requested, -1, dict(live))
-    mismatches = untraced = 0
+    replay = BlockReplay(snapshot, device=device)
+    best = (replay.allocated, replay.requested, -1, dict(replay.live))
     for i, e in enumerate(trace):
-        if e["action"] == "alloc":
-            size = layout.block_size(e["addr"], e["size"])
-            if traced_live.get(e["addr"]) is e and at_end[e["addr"]]["size"] != size:
-                mismatches += 1
-            live[e["addr"]] = (size, e["size"], _where(e.get("frames") or ()))
-            layout.add(e["addr"])
-            allocated, requested = allocated + size, requested + e["size"]
-            if allocated > best[0]:
-                best = (allocated, requested, i, dict(live))
-        elif e["action"] == "free_completed":
-            if e["addr"] not in live:
-                untraced += 1
-                continue
-            size, request, _ = live.pop(e["addr"])
-            layout.remove(e["addr"])
-            allocated, requested = allocated - size, requested - request
+        replay.apply(e)
+        if replay.allocated > best[0]:
+            best = (replay.allocated, replay.requested, i, dict(replay.live))
     peak_allocated, peak_requested, peak_event, at_peak = best
     sites: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
-    for size, request, site in at_peak.values():
-        sites[site][0] += 1
-        sites[site][1] += size
-        sites[site][2] += request
+    for block in at_peak.values():
+        site = sites[_where(block.frames)]
+        site[0] += 1
+        site[1] += block.size
+        site[2] += block.requested
     top = sorted(sites.items(), key=lambda kv: -kv[1][1])[:NUM_SITES]
+    segments = [s for s in snapshot["segments"] if s.get("device", device) == device]
     return {
         "device": device,
         "events": len(trace),
@@ -186,13 +104,14 @@ def analyse(
         "peak_allocated": peak_allocated,
         "peak_requested": peak_requested,
         "rounding": peak_allocated - peak_requested,
-        "rounded_blocks": sum(1 for s, r, _ in at_peak.values() if s - r >= SMALL_SIZE),
-        "before_trace_allocated": before_allocated,
-        "before_trace_requested": before_requested,
+        "rounded_blocks": sum(1 for b in at_peak.values() if b.size - b.requested >= SMALL_SIZE),
+        "before_trace_allocated": replay.before_allocated,
+        "before_trace_requested": replay.before_requested,
         "reserved_end": sum(s["total_size"] for s in segments),
-        "size_mismatches": mismatches,
-        "untraced_frees": untraced,
-        "segment_events": sum(1 for e in trace if e["action"].startswith("segment_")),
+        "size_mismatches": replay.size_mismatches,
+        "unplaced": replay.unplaced,
+        "untraced_frees": replay.untraced_frees,
+        "expandable": replay.expandable,
         "peak_event": peak_event,
         "top_sites": [
             {"site": site, "blocks": n, "allocated": size, "requested": request}
@@ -203,9 +122,8 @@ def analyse(
 
 def _row(name: str, found: Mapping[str, Any]) -> dict[str, Any]:
     """A result row: MiB for bytes; status `ok` only when the method's conditions held."""
-    broken = [k for k in ("size_mismatches", "untraced_frees", "segment_events") if found[k]] + (
-        ["trace_full"] if found["trace_full"] else []
-    )
+    checks = ("size_mismatches", "unplaced", "untraced_frees", "expandable")
+    broken = [k for k in checks if found[k]] + (["trace_full"] if found["trace_full"] else [])
     return {
         "snapshot": name,
         "events": found["events"],

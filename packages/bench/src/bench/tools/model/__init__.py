@@ -469,10 +469,15 @@ def _snapshot_note(snapshot: Path, cell: _Cell) -> str:
     """Draw the snapshot's timeline beside it; one sentence on what it shows."""
     summary = render_memory_snapshot(snapshot, snapshot.with_suffix(".png"), title=cell.label)
     top = summary.largest[0]
+    requested = f"{to_mib(summary.peak_requested_bytes):,.0f} MiB requested by tensors"
+    peak = (
+        f"{to_mib(summary.peak_allocated_bytes):,.0f} MiB allocated ({requested})"
+        if summary.peak_allocated_bytes is not None
+        else f"{requested}; block sizes not determined: {'; '.join(summary.problems)}"
+    )
     return (
-        f"Memory snapshot {snapshot} (timeline {summary.path}): peak "
-        f"{to_mib(summary.peak_bytes):,.0f} MiB, largest allocation {to_mib(top.size):,.1f} MiB "
-        f"at {top.where}."
+        f"Memory snapshot {snapshot} (timeline {summary.path}): peak {peak}, largest "
+        f"allocation {to_mib(top.size):,.1f} MiB requested at {top.where}."
     )
 
 

@@ -1,4 +1,4 @@
-"""An offline view of a CUDA memory snapshot: allocated memory over time, and the largest blocks.
+"""An offline view of a CUDA memory snapshot: allocated memory over time, and the largest requests.
 
 `torch.cuda.memory._dump_snapshot` writes a pickle that PyTorch's web viewer
 (pytorch.org/memory_viz) draws. This module draws the part one needs most, without uploading
@@ -11,6 +11,13 @@ The snapshot format (see `torch.cuda.memory._snapshot`): `{"segments": [...],
 `size`, `frames` (`[{"filename", "line", "name"}]`, innermost first) and, in recent PyTorch,
 `time_us`. Memory allocated before recording started is not in the trace; it is recovered from
 the blocks still allocated at the end (`segments[*].blocks`, state `active_allocated`).
+
+Which sizes: a trace entry's `size` is the tensor's request; an end-state block's `size` is the
+allocator's block (the request rounded) and its `requested_size` the request
+(`bench.tools.model.block_replay` gives the allocator source for each). The timeline draws
+both kinds, each from records of its own kind: block bytes, what `max_memory_allocated` and so
+bench's peak memory count, rebuilt by the allocator's rules where the trace determines them,
+and requested bytes, always.
 
 Example::
 
@@ -31,10 +38,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.memory import MIB
+from bench.tools.model.block_replay import BlockReplay
 
-__all__ = ["Allocation", "SnapshotSummary", "memory_timeline", "render_memory_snapshot"]
+__all__ = [
+    "Allocation",
+    "MemoryTimeline",
+    "SnapshotSummary",
+    "memory_timeline",
+    "render_memory_snapshot",
+]
 
-_FREED = "free_completed"  # when the allocator can reuse a block: what `memory_allocated` counts
+# the events that change the memory held by tensors: `memory_allocated` drops at the free's
+# request, not at its completion (when the block becomes reusable)
+_CHANGES = ("alloc", "free_requested")
 _TORCH_DIRS = ("/torch/", "\\torch\\")  # frames inside PyTorch say less than the caller's
 # C++ frame names: an autograd node's `apply`, an ATen operator's entry, and the frames every
 # allocation shares (the stack unwinder, the caching allocator, c10 helpers) that say nothing.
@@ -48,7 +64,7 @@ _INTERNAL = re.compile(r"unwind|CachingAllocator|c10::|^\?\?$|^$")
 
 @dataclass(frozen=True)
 class Allocation:
-    """One allocation from the trace: its size in bytes and the code that asked for it."""
+    """One allocation from the trace: the bytes it requested and the code that asked for them."""
 
     size: int
     where: str
@@ -56,21 +72,28 @@ class Allocation:
 
 @dataclass(frozen=True)
 class SnapshotSummary:
-    """What `render_memory_snapshot` found.
+    """What `render_memory_snapshot` found (`MemoryTimeline` says what each kind of bytes is).
 
     Attributes:
         device: the device index whose trace was drawn.
         num_events: allocator events in its trace.
-        baseline_bytes: memory already allocated when recording started.
-        peak_bytes: the most memory allocated at once during the trace.
-        largest: the largest allocations, biggest first.
+        baseline_allocated_bytes: block bytes allocated when recording started; None when the
+            trace does not determine block sizes (`problems` says why).
+        peak_allocated_bytes: the most block bytes allocated at once during the trace, what
+            `max_memory_allocated` reports after a reset at its start; None likewise.
+        baseline_requested_bytes, peak_requested_bytes: the same in requested bytes.
+        problems: why block sizes are not determined (empty when they are).
+        largest: the largest allocations by request, biggest first.
         path: the PNG written.
     """
 
     device: int
     num_events: int
-    baseline_bytes: int
-    peak_bytes: int
+    baseline_allocated_bytes: int | None
+    peak_allocated_bytes: int | None
+    baseline_requested_bytes: int
+    peak_requested_bytes: int
+    problems: tuple[str, ...]
     largest: list[Allocation]
     path: Path
 
@@ -123,44 +146,79 @@ def _device_with_trace(snapshot: Mapping[str, Any], device: int | None) -> int:
     )
 
 
-def memory_timeline(
-    snapshot: Mapping[str, Any], *, device: int | None = None
-) -> tuple[list[float], list[int], int]:
-    """Allocated bytes after each allocator event of one device's trace.
+@dataclass(frozen=True)
+class MemoryTimeline:
+    """Memory held by live tensors after each allocation and free of one device's trace.
+
+    Two kinds of bytes (`bench.tools.model.block_replay` says where a snapshot keeps each):
+    `allocated`, the allocator's blocks, what `torch.cuda.memory_allocated` and
+    `max_memory_allocated` count (bench's peak memory), rebuilt by the allocator's rules; and
+    `requested`, the bytes the tensors asked for, read from the trace as it is. A tensor counts
+    from its `alloc` to its `free_requested`, when `memory_allocated` drops.
+
+    Attributes:
+        times: ms since the first event, or event indices when the trace has no `time_us`.
+        timed: whether `times` are ms.
+        requested: requested bytes after each event; exact.
+        baseline_requested: requested bytes before the first event.
+        allocated: block bytes after each event; None when the trace does not determine them.
+        baseline_allocated: block bytes before the first event; None likewise.
+        problems: why block bytes are not determined, one sentence each (empty when they are).
+    """
+
+    times: list[float]
+    timed: bool
+    requested: list[int]
+    baseline_requested: int
+    allocated: list[int] | None
+    baseline_allocated: int | None
+    problems: tuple[str, ...]
+
+
+def memory_timeline(snapshot: Mapping[str, Any], *, device: int | None = None) -> MemoryTimeline:
+    """Allocated and requested bytes after each allocation and free of one device's trace.
+
+    Memory allocated before recording started is not in the trace: it is recovered from the end
+    state, in the same kind of bytes as the curve (block sizes for `allocated`, requests for
+    `requested`), so that the baseline is not off by the allocator's rounding.
 
     Args:
         snapshot: a snapshot dict (see the module docstring).
         device: which device's trace; the first with allocations when None.
 
     Returns:
-        `(times, allocated, baseline)`: event times in ms from the first event (event indices
-        when the trace has no `time_us`), bytes allocated after each event, and the bytes
-        allocated before the trace began.
+        A `MemoryTimeline`. Its `allocated` is None, and `problems` says why, where block sizes
+        cannot be rebuilt (blocks allocated before recording and freed in it, expandable
+        segments, allocator settings other than the defaults).
 
     Raises:
         ValueError: the dict is not a snapshot, or the trace has no allocations.
     """
     device = _device_with_trace(snapshot, device)
-    trace = [e for e in snapshot["device_traces"][device] if e.get("action") in ("alloc", _FREED)]
-    net = sum(e["size"] if e["action"] == "alloc" else -e["size"] for e in trace)
-    at_end = sum(
-        block["size"]
-        for segment in snapshot["segments"]
-        if segment.get("device", device) == device
-        for block in segment.get("blocks", ())
-        if block.get("state") == "active_allocated"
-    )
-    baseline = max(at_end - net, 0)
-    allocated, current = [], baseline
-    for e in trace:
-        current += e["size"] if e["action"] == "alloc" else -e["size"]
-        allocated.append(current)
-    if trace and all("time_us" in e for e in trace):
-        t0 = trace[0]["time_us"]
-        times = [(e["time_us"] - t0) / 1e3 for e in trace]
+    replay = BlockReplay(snapshot, device=device)
+    events, allocated, requested = [], [], []
+    for e in replay.trace:
+        replay.apply(e)
+        if e.get("action") in _CHANGES:
+            events.append(e)
+            allocated.append(replay.allocated)
+            requested.append(replay.requested)
+    timed = bool(events) and all("time_us" in e for e in events)
+    if timed:
+        t0 = events[0]["time_us"]
+        times = [(e["time_us"] - t0) / 1e3 for e in events]
     else:
-        times = [float(i) for i in range(len(trace))]
-    return times, allocated, baseline
+        times = [float(i) for i in range(len(events))]
+    problems = tuple(replay.problems)
+    return MemoryTimeline(
+        times=times,
+        timed=timed,
+        requested=requested,
+        baseline_requested=replay.before_requested,
+        allocated=None if problems else allocated,
+        baseline_allocated=None if problems else replay.before_allocated,
+        problems=problems,
+    )
 
 
 def _load(snapshot: Mapping[str, Any] | str | os.PathLike[str]) -> Mapping[str, Any]:
@@ -178,7 +236,11 @@ def render_memory_snapshot(
     title: str | None = None,
     num_largest: int = 10,
 ) -> SnapshotSummary:
-    """Draw a snapshot's allocated-memory timeline and its largest allocations to a PNG.
+    """Draw a snapshot's memory timeline and its largest allocations to a PNG.
+
+    The timeline draws block bytes (what `max_memory_allocated` counts) where the trace
+    determines them, and requested bytes always (`memory_timeline`); the largest allocations
+    are ranked by request, the size the trace records.
 
     Args:
         snapshot: a snapshot dict, or the path of a pickle from `_dump_snapshot`. Only load
@@ -189,35 +251,52 @@ def render_memory_snapshot(
         num_largest: how many of the largest allocations to list.
 
     Returns:
-        A `SnapshotSummary` (peak, baseline, largest allocations, the path).
+        A `SnapshotSummary` (peaks and baselines in both kinds of bytes, largest allocations,
+        the path).
 
     Raises:
         ValueError: the data is not a snapshot, or its trace has no allocations.
     """
     data = _load(snapshot)
     device = _device_with_trace(data, device)
-    times, allocated, baseline = memory_timeline(data, device=device)
+    timeline = memory_timeline(data, device=device)
     allocs = [e for e in data["device_traces"][device] if e.get("action") == "alloc"]
     largest = [
         Allocation(e["size"], _where(e.get("frames", ())))
         for e in sorted(allocs, key=lambda e: e["size"], reverse=True)[:num_largest]
     ]
-    timed = all("time_us" in e for e in allocs)
 
     from matplotlib.figure import Figure  # imported on first use, as in `bench.core.plots`
 
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     line_ax, bar_ax = fig.subplots(1, 2, width_ratios=[3, 2])
-    line_ax.step(times, [a / MIB for a in allocated], where="post", lw=1)
-    line_ax.axhline(baseline / MIB, color="grey", ls=":", lw=1, label="before recording")
-    line_ax.set_xlabel("time (ms)" if timed else "allocator event")
-    line_ax.set_ylabel("allocated (MiB)")
+    if timeline.allocated is not None:
+        line_ax.step(
+            timeline.times, [a / MIB for a in timeline.allocated], where="post", lw=1,
+            label="allocated (blocks, as max_memory_allocated)",
+        )  # fmt: skip
+    line_ax.step(
+        timeline.times, [r / MIB for r in timeline.requested], where="post", lw=1,
+        label="requested by the tensors",
+    )  # fmt: skip
+    baseline = timeline.baseline_allocated
+    line_ax.axhline(
+        (timeline.baseline_requested if baseline is None else baseline) / MIB,
+        color="grey", ls=":", lw=1, label="before recording",
+    )  # fmt: skip
+    if timeline.problems:
+        line_ax.set_title(
+            "block sizes not determined: " + "; ".join(timeline.problems), fontsize="x-small",
+            wrap=True,
+        )  # fmt: skip
+    line_ax.set_xlabel("time (ms)" if timeline.timed else "allocator event")
+    line_ax.set_ylabel("memory held by tensors (MiB)")
     line_ax.legend(fontsize="small", loc="upper left")
     line_ax.grid(True, alpha=0.3)
     labels = [f"{a.where}"[:48] for a in reversed(largest)]
     bar_ax.barh(range(len(largest)), [a.size / MIB for a in reversed(largest)])
     bar_ax.set_yticks(range(len(largest)), labels, fontsize="x-small")
-    bar_ax.set_xlabel("size (MiB)")
+    bar_ax.set_xlabel("requested (MiB)")
     bar_ax.set_title(f"{len(largest)} largest allocations", fontsize="small")
     fig.suptitle(title or f"CUDA memory, device {device}")
     path = Path(path)
@@ -226,8 +305,13 @@ def render_memory_snapshot(
     return SnapshotSummary(
         device=device,
         num_events=len(data["device_traces"][device]),
-        baseline_bytes=baseline,
-        peak_bytes=max(allocated, default=baseline),
+        baseline_allocated_bytes=baseline,
+        peak_allocated_bytes=(
+            None if timeline.allocated is None else max(timeline.allocated, default=baseline)
+        ),
+        baseline_requested_bytes=timeline.baseline_requested,
+        peak_requested_bytes=max(timeline.requested, default=timeline.baseline_requested),
+        problems=timeline.problems,
         largest=largest,
         path=path,
     )
