@@ -133,7 +133,9 @@ def test_both_orders_take_it_where_it_can_run(monkeypatch, form):
         monkeypatch.delenv("FA2_BACKWARD", raising=False)
     else:
         monkeypatch.setenv("FA2_BACKWARD", form)
-    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors, pointers, strides: None)
+    monkeypatch.setattr(
+        gluon_backward, "unsupported_reason", lambda *tensors, pointers, strides: None
+    )
     # a length of its own: plans are cached by shape, and another test's may refuse the kernel
     q, k, v, do = (torch.randn(1, 1, 23, 128) for _ in range(4))
     o, lse, plan = run_forward(q, k, v, True)
@@ -171,7 +173,9 @@ def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(
     dv it wrote, in the caller's. An expanded output gradient (what `out.sum()` gives, every
     stride 0) reaches the kernel as a contiguous copy."""
     monkeypatch.setenv("FA2_BACKWARD", "gluon")
-    monkeypatch.setattr(gluon_backward, "unsupported_reason", lambda *tensors, pointers, strides: None)
+    monkeypatch.setattr(
+        gluon_backward, "unsupported_reason", lambda *tensors, pointers, strides: None
+    )
     calls = []
 
     def stand_in(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal, deterministic):
