@@ -453,9 +453,11 @@ def report(path: Path) -> tuple[Path, Path]:
         "Python's `max`, which drops a NaN that does not come first). det: two backward "
         "passes over the full shape give the same bits. ok: every err/SDPA at most 2 and, for "
         "fa2, deterministic. tiles: what the plans launched (+WS: the warp-specialised loop "
-        "was compiled in), and the backward's L2 groups (dq, dkdv).",
+        "was compiled in; gluon: the Gluon kernels, the backward's single pass ordered where "
+        "deterministic), and the Triton backward's L2 groups (dq, dkdv).",
         "",
-        "| shape | impl | tiles (forward; dq; dkdv; L2 groups) | fwd ms | bwd ms | fwd+bwd ms "
+        "| shape | impl | tiles (forward; backward or dq; dkdv; L2 groups) | fwd ms | bwd ms "
+        "| fwd+bwd ms "
         f"| vs {base} | err/SDPA o / dq / dk / dv | det | ok |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -466,7 +468,7 @@ def report(path: Path) -> tuple[Path, Path]:
             continue
         t = r.get("launched", {})
         groups = ast.literal_eval(t["l2_groups"]) if "l2_groups" in t else {}
-        tiles = "; ".join([*(t[k] for k in ("forward", "dq", "dkdv") if k in t),
+        tiles = "; ".join([*(t[k] for k in ("forward", "backward", "dq", "dkdv") if k in t),
                            *([f"{groups['dq']}, {groups['dkdv']}"] if groups else [])])  # fmt: skip
         ratio = _ratio_to_baseline(r, rows)
         ok = {True: "yes", False: "**NO**", None: ""}[_correct(r, rows)]
