@@ -319,7 +319,7 @@ def test_head_dim_128_takes_it_by_default(monkeypatch, d, gluon):
 def test_compiled_it_runs_as_its_opaque_op_with_the_eager_bits(monkeypatch):
     """torch.compile of a deterministic call at head dim 128 (the default's case): the compiled
     code calls `fa2::gluon_backward`, and its gradients have the eager call's bits."""
-    from torch._inductor.utils import run_and_get_code
+    from compiled_checks import eager_and_compiled
 
     from fa2 import flash_attention
 
@@ -328,20 +328,11 @@ def test_compiled_it_runs_as_its_opaque_op_with_the_eager_bits(monkeypatch):
         torch.randn(2, 4, 700, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
     )
-    do = torch.randn_like(q)
 
     def attend(q, k, v):
         return flash_attention(q, k, v, causal=True)
 
-    def step(fn):
-        for t in (q, k, v):
-            t.grad = None
-        fn(q, k, v).backward(do)
-        return tuple(t.grad.clone() for t in (q, k, v))
-
-    eager = step(attend)
-    torch._dynamo.reset()
-    compiled, codes = run_and_get_code(step, torch.compile(attend, fullgraph=True))
+    eager, compiled, codes = eager_and_compiled(attend, (q, k, v), torch.randn_like(q))
     assert any("fa2.gluon_backward" in code for code in codes)
     for got, want in zip(compiled, eager, strict=True):
         assert torch.equal(got, want)

@@ -89,27 +89,17 @@ def test_long_sequences_take_it_by_default(monkeypatch, n, gluon):
 @pytest.mark.gpu
 @hopper
 def test_compiled_it_runs_as_its_opaque_op_with_the_eager_bits(monkeypatch):
-    from torch._inductor.utils import run_and_get_code
+    from compiled_checks import eager_and_compiled
 
     from fa2 import flash_attention
 
     monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
     q, k, v = _qkv(LONG)
-    do = torch.randn_like(q)
 
     def attend(q, k, v):
         return flash_attention(q, k, v, causal=True)
 
-    def step(fn):
-        for t in (q, k, v):
-            t.grad = None
-        o = fn(q, k, v)
-        o.backward(do)
-        return o.detach(), *(t.grad.clone() for t in (q, k, v))
-
-    eager = step(attend)
-    torch._dynamo.reset()
-    compiled, (code, *_) = run_and_get_code(step, torch.compile(attend, fullgraph=True))
+    eager, compiled, (code, *_) = eager_and_compiled(attend, (q, k, v), torch.randn_like(q))
     assert "fa2.gluon_forward" in code
     for got, want in zip(compiled, eager, strict=True):
         assert torch.equal(got, want)
