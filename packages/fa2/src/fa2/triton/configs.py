@@ -506,10 +506,11 @@ def single_pass_backward(dtype: torch.dtype) -> bool:
 
 
 BACKWARD_FORMS = ("auto", "triton", "gluon")
-# Head dims at which the Gluon backward measured faster than the Triton backward on an H200, in
-# both orders of dQ's additions (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28.md): at
-# d = 128, 0.89x the two passes' time at the leaderboard's shape deterministic; at d = 64 the
-# two passes stay faster (3.57 against 3.93 ms at (1, 16, 16384, 64)).
+# Head dims at which the Gluon backward, deterministic, measured no slower than the Triton
+# backward's two passes on H200s (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28.md and
+# _final.md, two runs on two hosts): at d = 128, 0.885x and 0.980x their time at the leaderboard's
+# shape, 0.93x and 1.00x at (1, 16, 16384, 128), 0.96x in both at (4, 32, 2048, 128); at d = 64
+# the two passes stay faster (3.57 against 3.93 ms, 3.62 against 3.90 at (1, 16, 16384, 64)).
 GLUON_BACKWARD_AUTO_HEAD_DIMS = (128,)
 
 

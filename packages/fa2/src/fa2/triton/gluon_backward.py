@@ -53,8 +53,9 @@ Two orders of dQ's additions (`launch(deterministic=...)`):
   a key tile waits for its turn (`ld.acquire` in a loop), adds, waits until its additions are
   complete (`cp.async.bulk.wait_group 0`), then counts itself (`red.release`). The launch
   starts the highest key tiles first, the order in which they reach each query tile, so the
-  waits are short: 2.5% of the unordered form's time at the leaderboard's shape, 7% at
-  (1, 16, 16384, 128) (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28.md).
+  waits are short: the ordered form takes 2.5-2.8% more time than the unordered one at the
+  leaderboard's shape, 7-8% at (1, 16, 16384, 128), where each head's longest key tile, started
+  last, weighs more (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28.md and _final.md).
 
 fa2's backward plans choose this kernel on Hopper where it measured faster than the Triton
 backward (`fa2.triton.configs.gluon_backward_default`), in the order the call asks for.
