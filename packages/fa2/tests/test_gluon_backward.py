@@ -160,6 +160,29 @@ def test_unset_it_falls_back_silently_where_it_cannot_run(monkeypatch):
         assert not backward_plan(plan, q, k, v, o, lse, do, True).gluon
 
 
+def _float64_launch(calls: list):
+    """A stand-in for `gluon_backward.launch`: the gradients in float64 by their formulas (no
+    autograd, which does not record inside a custom op), dk and dv written, dq returned in
+    fp32; it checks the strides it is handed and records (causal, deterministic)."""
+
+    def launch(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal, deterministic):
+        assert list(strides) == [head_strides(t) for t in (q, k, v, o, do, dk)]
+        q64, k64, v64, do64 = (t.double() for t in (q, k, v, do))
+        s = q64 @ k64.transpose(-1, -2) * scale
+        if causal:  # top-left: query i sees keys j <= i
+            n_q, n_k = s.shape[-2:]
+            s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1), float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        dp = do64 @ v64.transpose(-1, -2)
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        dk.copy_(ds.transpose(-1, -2) @ q64 * scale)
+        dv.copy_(p.transpose(-1, -2) @ do64)
+        calls.append((causal, deterministic))
+        return (ds @ k64 * scale).float()
+
+    return launch
+
+
 @pytest.mark.parametrize(
     "layout, deterministic, expanded", [("bhsd", True, False), ("bshd", False, False),
                                         ("bshd", True, True)]
@@ -177,20 +200,7 @@ def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(
         gluon_backward, "unsupported_reason", lambda *tensors, pointers, strides: None
     )
     calls = []
-
-    def stand_in(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal, deterministic):
-        views = (q, k, v, o, do, dk)
-        assert list(strides) == [head_strides(t) for t in views]
-        ins = [t.detach().double().requires_grad_() for t in (q, k, v)]
-        with torch.enable_grad():  # a backward runs without
-            out, _ = attention_reference(*ins, causal=causal, scale=scale)
-            dq, dk_ref, dv_ref = torch.autograd.grad(out, ins, do.double())
-        dk.copy_(dk_ref)
-        dv.copy_(dv_ref)
-        calls.append((causal, deterministic))
-        return dq.float()
-
-    monkeypatch.setattr(gluon_backward, "launch", stand_in)
+    monkeypatch.setattr(gluon_backward, "launch", _float64_launch(calls))
     shape = (2, 3, 19, 16) if layout == "bhsd" else (2, 19, 3, 16)
     q, k, v = (torch.randn(shape).requires_grad_() for _ in range(3))
     do = torch.randn(()).expand(shape) if expanded else torch.randn(shape)
@@ -203,6 +213,40 @@ def test_the_plan_hands_the_kernel_its_views_and_assembles_the_gradients(
     oracle, plain = _oracle_and_plain(*(to_bhsd(t) for t in (q, k, v, do)), causal=True)
     oracle, plain = ([to_bhsd(t) for t in ts] for ts in (oracle, plain))
     assert_within_twice_plain(ours, oracle, plain, torch.float32)
+
+
+def test_the_backward_op_hands_a_gluon_plan_to_its_opaque_op(monkeypatch):
+    """The path torch.compile's graphs take, on the CPU (the ops opaque, the kernel a float64
+    stand-in): under a TorchDispatchMode fa2 runs through its ops, and `fa2::triton_backward`,
+    whose plan takes the Gluon backward, hands the call to `fa2::gluon_backward`, which runs
+    it from an eager plan cached under its own name; the gradients match the oracle's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fa2.triton import forward
+
+    class Ops(TorchDispatchMode):  # records the ops the autograd Function dispatches
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setenv("FA2_BACKWARD", "gluon")
+    monkeypatch.setattr(
+        gluon_backward, "unsupported_reason", lambda *tensors, pointers, strides: None
+    )
+    calls = []
+    monkeypatch.setattr(gluon_backward, "launch", _float64_launch(calls))
+    q, k, v = (torch.randn(1, 2, 29, 16).requires_grad_() for _ in range(3))
+    do = torch.randn(1, 2, 29, 16)
+    with Ops() as mode:
+        o = FlashAttention2Triton.apply(q, k, v, True)
+        ours = grads(o, (q, k, v), do)
+    assert "fa2.triton_backward.default" in mode.names and calls == [(True, True)]
+    assert any("fa2::gluon_backward" in key[-2] for key in forward._plans.cache)
+    assert_within_twice_plain(ours, *_oracle_and_plain(q, k, v, do, True), torch.float32)
 
 
 def _oracle_and_plain(q, k, v, do, causal):
