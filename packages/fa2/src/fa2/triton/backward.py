@@ -839,10 +839,10 @@ class BackwardPlan:
         None where a pointer is not 16-byte aligned (the caller runs the Triton kernels)."""
         q_shape, k_shape, v_shape = self.shapes
         layout = self.fwd.layout
-        views = [as_bhsd(t, layout) for t in (q, k, v, o, do)]
-        if self.copies is not None:  # flags in the order q, k, v, o, lse, do
-            flags = (*self.copies[:4], self.copies[5])
-            views = [t.contiguous() if c else t for t, c in zip(views, flags, strict=True)]
+        # (..., heads, n, d) views, copied where the plan says (flags in the order q, k, v, o,
+        # lse, do; lse is not among them)
+        flags = None if self.copies is None else (*self.copies[:4], self.copies[5])
+        views = contiguous_where(tuple(as_bhsd(t, layout) for t in (q, k, v, o, do)), flags, "bhsd")
         if any(t.data_ptr() % 16 for t in views):
             return None
         dk, dv = q.new_empty(k_shape), q.new_empty(v_shape)

@@ -642,12 +642,12 @@ def launch(
         o, do, delta, dq, *so, *sdo, heads, n_q,
         HEAD_DIM=d, BLOCK_D=block_d(d), LARGE=large, BLOCK_M=rows, num_warps=4, num_stages=1,
     )  # fmt: skip
-    # One semaphore per (batch x head, query tile) where the additions are ordered.
-    sem = torch.zeros(
-        (batch_heads, cdiv(n_q, BLOCK_M)) if deterministic else 1,
-        dtype=torch.int32,
-        device=q.device,
-    )
+    # One semaphore per (batch x head, query tile) where the additions are ordered; else one
+    # int32 the kernel never reads (left unfilled: no kernel launched for it).
+    if deterministic:
+        sem = torch.zeros((batch_heads, cdiv(n_q, BLOCK_M)), dtype=torch.int32, device=q.device)
+    else:
+        sem = torch.empty(1, dtype=torch.int32, device=q.device)
     triton.set_allocator(_scratch)  # the kernel builds its TMA descriptors in global memory
     _gluon_bwd_kernel[(cdiv(n_k, BLOCK_N), batch_heads)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
