@@ -1,12 +1,14 @@
 """Profile tables: kernels ranked by their own time per phase, ranges kept apart as ranges
-(bench-model's `bench.tools.model.profile`); a collective's share beside compute
+(bench-model's `bench.tools.model.profile`); a collective's share beside compute, and a phase's
+wall time split into compute, communication, exposed communication and idle
 (`bench.core.profiling`)."""
 
+import importlib
 from types import SimpleNamespace
 
 import pytest
 
-from bench.core.profiling import collective_overlap
+from bench.core.profiling import collective_overlap, device_time, shared_time
 from bench.tools.model.profile import (
     AttentionShape,
     attention_flops,
@@ -15,15 +17,16 @@ from bench.tools.model.profile import (
 )
 
 
-def _range(name, start, end, *, device="CPU"):
-    """A `record_function` range as the profiler reports it (CPU side, or its GPU copy)."""
+def _range(name, start, end, *, device="CPU", kernels=()):
+    """A `record_function` range as the profiler reports it (CPU side, or its GPU copy), with
+    the kernels launched in it while no operator was open, `(name, duration µs)`."""
     return SimpleNamespace(
         name=name,
         device_type=f"DeviceType.{device}",
         is_user_annotation=True,
         time_range=SimpleNamespace(start=start, end=end),
-        kernels=[],
-        self_cpu_time_total=0.0,
+        kernels=[SimpleNamespace(name=k, duration=us) for k, us in kernels],
+        self_cpu_time_total=3.0,
     )
 
 
@@ -138,14 +141,86 @@ def test_attention_ranges_carry_their_flops():
     [
         ("nvjet_tst_128x256_64x4_1x2_h_bz_coopB_NNT", "matmul"),
         ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>", "matmul"),
+        ("triton_tem_fused_mm_4", "matmul"),
         ("void (anonymous namespace)::softmax_warp_backward<float>", "softmax"),
         ("void at::native::reduce_kernel<512, 1>", "elementwise"),
+        ("triton_poi_fused_0", "elementwise"),
+        ("triton_red_fused__to_copy_mean_pow_1", "elementwise"),
+        ("triton_per_fused_2", "elementwise"),
+        ("_cross_entropy_rows_kernel", "elementwise"),  # lmcore's fused loss: a row's logsumexp
+        ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64>>", "attention"),
+        ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Traits>", "attention"),
+        ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::Params)", "attention"),
+        ("fmha_cutlassB_bf16_aligned_128x64_k128_sm80(AttentionBackwardKernel)", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64", "attention"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
         ("some_custom_kernel", "other"),
     ],
-)
+)  # fmt: skip
 def test_kernel_categories(name, category):
     assert kernel_category(name) == category
     assert kernel_category(name, phase="optimizer") == "optimizer"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        "ncclKernel_ReduceScatter_RING_LL_Sum_bfloat16(ncclWork)",
+        "c10d::allgather_",
+        "gloo:all_reduce",
+        "record_param_comms",
+    ],
+)
+def test_communication_is_its_own_category_in_every_phase(name):
+    assert kernel_category(name) == "communication"
+    assert kernel_category(name, phase="optimizer") == "communication"
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "fa2.triton.forward",
+        "fa2.triton.backward",
+        "fa2.triton.gluon_forward",
+        "fa2.triton.gluon_backward",
+    ],
+)
+def test_every_fa2_kernel_is_attention(module):
+    """The kernels fa2 launches (its Triton and Gluon `*_kernel` functions) are named as the
+    attention category expects: a kernel renamed or added in fa2 fails here."""
+    found = vars(importlib.import_module(module))
+    kernels = [
+        getattr(fn, "fn", fn).__name__
+        for name, fn in found.items()
+        if name.endswith("_kernel") and hasattr(fn, "fn")  # Triton's and Gluon's jit wrappers
+    ]
+    assert kernels
+    for name in kernels:
+        assert kernel_category(name) == "attention", name
+
+
+def test_a_kernel_launched_straight_from_a_range_is_counted_in_its_phase():
+    """A Triton kernel launched from Python hangs on the range open at its launch (no operator
+    is); it is work of that range's phase, while on a CPU a range's own time is not."""
+    events = [
+        _range("forward", 0, 100, kernels=[("_fwd_kernel", 25.0)]),
+        _op("aten::mm", 10, [(GEMM, 75.0)]),
+        _range("optimizer", 200, 300, kernels=[("_adamw_kernel", 5.0)]),
+    ]
+    rows = profile_rows(events, cell="c", on_cuda=True)
+    share = {(r["phase"], r["name"]): r["share"] for r in rows if r["kind"] == "category"}
+    assert share[("forward", "attention")] == pytest.approx(0.25)
+    assert share[("optimizer", "optimizer")] == pytest.approx(1.0)
+    operators = profile_rows(events, cell="c", on_cuda=False)
+    assert {r["name"] for r in operators if r["kind"] == "operator"} == {"aten::mm"}
+
+
+def test_category_rows_count_their_kernels():
+    rows = profile_rows(_events(), cell="c", on_cuda=True)
+    calls = {(r["phase"], r["name"]): r["calls"] for r in rows if r["kind"] == "category"}
+    assert calls[("backward", "matmul")] == 2
+    assert calls[("all", "elementwise")] == 2  # the optimizer phase's mul is the optimizer's
 
 
 GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -169,3 +244,39 @@ def test_collective_overlap_is_the_share_of_its_kernel_time_beside_compute():
 
 def test_collective_overlap_is_none_without_the_collective():
     assert collective_overlap([_kernel_event(GEMM, 0, 10.0)], collective="AllGather") is None
+
+
+def test_shared_time_sweeps_both_lists_merged():
+    a = [(0, 10), (5, 20), (30, 40)]  # merged: 0-20, 30-40
+    b = [(15, 35), (38, 50), (60, 70)]
+    assert shared_time(a, b) == pytest.approx(5 + 5 + 2)
+    assert shared_time(b, a) == pytest.approx(12)
+    assert shared_time(a, []) == 0.0
+
+
+def test_device_time_splits_a_phase_into_compute_exposed_communication_and_idle():
+    """Hand-made intervals (µs) in a window of 0-1000: compute on two streams, communication
+    partly beside it, a copy, a kernel of the next window."""
+    kernels = [
+        (GEMM, 0, 300),
+        (MUL, 200, 400),  # a second stream: 200-300 overlaps the gemm
+        (GATHER, 350, 600),  # beside compute 350-400, exposed 400-600
+        (REDUCE, 550, 650),  # overlaps the gather: communication covers 350-650
+        ("Memcpy DtoD (Device -> Device)", 700, 800),  # neither compute nor communication
+        (GEMM, 900, 1200),  # cut at the window's end
+        (GEMM, 1000, 1100),  # starts at the end: the next window's
+    ]
+    spent = device_time(kernels, window=(0, 1000))
+    assert spent.wall_ms == pytest.approx(1.0)
+    assert spent.kernel_ms == pytest.approx((300 + 200 + 100) / 1e3)
+    assert spent.busy_ms == pytest.approx((400 + 100) / 1e3)
+    assert spent.comm_ms == pytest.approx(300 / 1e3)
+    assert spent.exposed_comm_ms == pytest.approx(250 / 1e3)
+    assert spent.idle_ms == pytest.approx((1000 - 650 - 100 - 100) / 1e3)
+
+
+def test_device_time_of_communication_hidden_entirely_and_of_none():
+    hidden = device_time([(GEMM, 0, 100), (GATHER, 10, 90)], window=(0, 100))
+    assert (hidden.comm_ms, hidden.exposed_comm_ms, hidden.idle_ms) == (0.08, 0.0, 0.0)
+    quiet = device_time([], window=(0, 50))
+    assert (quiet.busy_ms, quiet.comm_ms, quiet.idle_ms) == (0.0, 0.0, 0.05)

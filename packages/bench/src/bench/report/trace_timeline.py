@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.core.profiling import merged_spans, overlap_share
+from bench.core.profiling import (
+    COLLECTIVE_OPS,
+    COPY_KERNELS,
+    NCCL_KERNELS,
+    merged_spans,
+    overlap_share,
+)
 from bench.report.document import Image
 from bench.report.results import Record, Results
 
@@ -38,11 +44,7 @@ __all__ = ["NO_NSIGHT", "TraceLanes", "render_trace_timeline", "trace_images", "
 
 Span = tuple[float, float]
 
-_NCCL = re.compile(r"^nccl", re.IGNORECASE)
-_COPY = re.compile(r"^(memcpy|memset)", re.IGNORECASE)
 _GLOO = re.compile(r"^gloo:")
-# CPU operators that only enqueue or wait for a collective: neither lane's work.
-_HANDOFF = re.compile(r"^(c10d::|record_param_comms|nccl:|gloo:)")
 
 
 @dataclass(frozen=True)
@@ -107,9 +109,9 @@ def trace_lanes(trace: Mapping[str, Any] | str | os.PathLike[str]) -> TraceLanes
         source = "cuda"
         for e in kernels:
             span = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-            if _NCCL.match(e["name"]):
+            if NCCL_KERNELS.match(e["name"]):
                 comm.append((span, e["name"]))
-            elif not _COPY.match(e["name"]):
+            elif not COPY_KERNELS.match(e["name"]):
                 compute.append(span)
     else:
         source = "cpu"
@@ -119,8 +121,8 @@ def trace_lanes(trace: Mapping[str, Any] | str | os.PathLike[str]) -> TraceLanes
             if e.get("tid") in gloo:
                 if _GLOO.match(e["name"]):
                     comm.append((span, e["name"]))
-            elif e.get("cat") == "cpu_op" and not _HANDOFF.match(e["name"]):
-                compute.append(span)
+            elif e.get("cat") == "cpu_op" and not COLLECTIVE_OPS.match(e["name"]):
+                compute.append(span)  # a collective's hand-off to gloo is neither lane's work
     t0 = min(float(e["ts"]) for e in spans)
     comm.sort()
     shifted = [(start - t0, end - t0) for (start, end), _ in comm]

@@ -12,8 +12,10 @@ module reads the profiler's raw events instead and keeps the kinds apart:
   that launched it) to the phase whose range was open on the CPU when the operator started:
   `forward`, `backward` (autograd's thread runs while the main thread waits inside the
   `backward` range) or `optimizer`;
-- **categories**: each phase's kernel time split into matrix multiplications, softmax,
-  elementwise (and other memory-bound) kernels and, for the `optimizer` phase, the optimizer;
+- **categories**: each phase's kernel time split into matrix multiplications, fused attention
+  kernels, softmax, elementwise (and other memory-bound) kernels, communication (NCCL's kernels;
+  on a CPU c10d's and gloo's operators) and, for the rest of the `optimizer` phase, the
+  optimizer (`kernel_category`; bench-step's `--profile` reads the same rows);
 - **ranges**: each `record_function` range by name, with its wall time on the CPU (the tools
   synchronise the device at the end of each phase range, so it includes the GPU's work) and
   the kernel time launched inside it; the attention ranges (`attention: scores` / `softmax` /
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 
 from bench.core.env import device_name
-from bench.core.profiling import is_range, on_cpu
+from bench.core.profiling import is_communication, is_range, on_cpu
 from bench.core.results import Keys, Run, save_json, to_markdown
 
 __all__ = [
@@ -49,29 +51,47 @@ __all__ = [
     "AttentionShape",
     "attention_flops",
     "kernel_category",
+    "kernel_tables",
     "profile_rows",
     "profiled",
     "save_profile",
 ]
 
 PHASES = ("forward", "backward", "optimizer")
-CATEGORIES = ("matmul", "softmax", "elementwise", "optimizer", "other")
+CATEGORIES = (
+    "matmul", "attention", "softmax", "elementwise", "communication", "optimizer", "other",
+)  # fmt: skip
 
 PROFILE_COLUMNS = ["cell", "kind", "phase", "name", "category", "calls", "total_ms", "share"]
 # Every key of a profile row, for readers (bench-report).
 PROFILE_KEYS = Keys(*PROFILE_COLUMNS, "kernel_ms", "flops")
 
-# Kernels (and, on a CPU, operators) by what they do. cuBLAS names its Hopper kernels `nvjet_*`,
-# older ones `*gemm*` / `*xmma*`; CUTLASS's carry `cutlass`.
+# Kernels (and, on a CPU, operators) by what they do, tried in this order (communication first,
+# `bench.core.profiling.is_communication`). Fused attention: fa2's Triton and Gluon kernels
+# (`_fwd_kernel`, `_dq_kernel`, `_dkdv_kernel`, `_delta_kernel`, `_gluon_fwd_kernel`,
+# `_gluon_bwd_kernel`), torch's flash kernels (`pytorch_flash::flash_fwd_kernel`,
+# `flash_bwd_dq_dk_dv_loop_*`), its memory-efficient ones (`fmha_cutlassF_*`), cuDNN's
+# (`cudnn_generated_fort_native_sdpa_sm90_flash_fprop_*`; before the matmuls, whose patterns
+# `cutlass` and `wgmma` these names hold too) and, on a CPU, SDPA's operators.
+_ATTENTION = re.compile(
+    r"^_(gluon_)?(fwd|bwd|dq|dkdv|delta)_kernel|flash|fmha|sdpa|scaled_dot_product|attention",
+    re.IGNORECASE,
+)
+# cuBLAS names its Hopper kernels `nvjet_*`, older ones `*gemm*` / `*xmma*`; CUTLASS's carry
+# `cutlass`; Inductor's matmul templates are `triton_tem_fused_mm_*` (`addmm`, `bmm`).
 _MATMUL = re.compile(
-    r"gemm|matmul|cutlass|xmma|nvjet|wgmma|cublas|aten::(mm|addmm|bmm|linear|baddbmm)\b",
+    r"gemm|matmul|cutlass|xmma|nvjet|wgmma|cublas|aten::(mm|addmm|bmm|linear|baddbmm)\b|"
+    r"^triton_tem_fused_\w*mm",
     re.IGNORECASE,
 )
 _SOFTMAX = re.compile(r"softmax", re.IGNORECASE)
+# Memory-bound kernels: torch's elementwise and reduction kernels, Inductor's fused Triton
+# kernels (`triton_poi_*` pointwise, `triton_red_*` / `triton_per_*` reductions), lmcore's
+# cross-entropy rows (`_cross_entropy_rows_kernel`: a log-sum-exp per row).
 _ELEMENTWISE = re.compile(
     r"elementwise|vectorized|unrolled|reduce|copy|fill|cat|index|where|masked|pow|rsqrt|silu|"
     r"sigmoid|mul|add|div|sub|exp|neg|mean|sum|amax|max|min|norm|triu|tril|embedding|stack|clone|"
-    r"to_copy",
+    r"to_copy|^triton_(poi|red|per)_|cross_entropy",
     re.IGNORECASE,
 )
 
@@ -81,11 +101,17 @@ _TOP_PER_PHASE = 15  # kernel rows kept per phase (the categories cover the rest
 def kernel_category(name: str, *, phase: str | None = None) -> str:
     """The category of a kernel (or CPU operator): one of `CATEGORIES`.
 
-    Everything that runs inside the `optimizer` phase is the optimizer's; elsewhere the name
-    decides (matmul, softmax, elementwise and other memory-bound kernels, else `other`).
+    Communication (NCCL's kernels, c10d's and gloo's operators) is communication in any phase;
+    everything else that runs inside the `optimizer` phase is the optimizer's; elsewhere the
+    name decides (fused attention, matmul, softmax, elementwise and other memory-bound kernels,
+    else `other`).
     """
+    if is_communication(name):
+        return "communication"
     if phase == "optimizer":
         return "optimizer"
+    if _ATTENTION.search(name):
+        return "attention"
     if _MATMUL.search(name):
         return "matmul"
     if _SOFTMAX.search(name):
@@ -143,15 +169,21 @@ class _Intervals:
 
 
 def _work(events: Sequence[Any], *, on_cuda: bool) -> list[_Timed]:
-    """Kernels (through the operators that launched them) or operators' own CPU time."""
+    """Kernels (through the operators that launched them) or operators' own CPU time.
+
+    The profiler hangs each kernel on the innermost event open on the CPU at its launch: an
+    operator, or a range where no operator was open (a Triton kernel launched from Python, as
+    fa2's and lmcore's are, inside `forward` or an optimizer's step range), so on CUDA a range's
+    own kernels are work too; on a CPU a range's own time is not.
+    """
     out = []
     for e in events:
-        if not on_cpu(e) or is_range(e):
-            continue  # GPU-side copies of events, and ranges, are not work
+        if not on_cpu(e):
+            continue  # GPU-side copies of events are not work
         start = e.time_range.start
         if on_cuda:
             out.extend(_Timed(k.name, float(k.duration), start) for k in e.kernels)
-        elif e.self_cpu_time_total > 0:
+        elif e.self_cpu_time_total > 0 and not is_range(e):
             out.append(_Timed(e.name, float(e.self_cpu_time_total), start))
     return out
 
@@ -179,7 +211,8 @@ def profile_rows(
         Rows of four kinds: `range` (each range name: calls, wall ms on the CPU, `kernel_ms`
         launched inside, `flops` for attention stages), `kernel` or `operator` (per phase and
         for the whole step, `phase="all"`: the `top` largest by total time with their share of
-        the phase), and `category` (per phase: the share of each of `CATEGORIES`).
+        the phase), and `category` (per phase: each of `CATEGORIES` with its number of kernels
+        in `calls`, its time and its share of the phase's).
 
     Example::
 
@@ -229,10 +262,10 @@ def _ranked(
     total = sum(w.us for w in items)
     if not total:
         return []
-    by_category: dict[str, float] = defaultdict(float)
+    by_category: dict[str, list[float]] = defaultdict(list)
     by_name: dict[str, list[float]] = defaultdict(list)
     for w in items:
-        by_category[kernel_category(w.name, phase=w.phase)] += w.us
+        by_category[kernel_category(w.name, phase=w.phase)].append(w.us)
         by_name[w.name].append(w.us)
     base = {"cell": cell, "phase": phase, "kernel_ms": None, "flops": None}
     rows = [
@@ -241,9 +274,9 @@ def _ranked(
             "kind": "category",
             "name": c,
             "category": c,
-            "calls": None,
-            "total_ms": by_category[c] / 1e3,
-            "share": by_category[c] / total,
+            "calls": len(by_category[c]),
+            "total_ms": sum(by_category[c]) / 1e3,
+            "share": sum(by_category[c]) / total,
         }
         for c in CATEGORIES
         if by_category.get(c)
@@ -291,12 +324,13 @@ def profiled(
     directory.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(directory / f"{label}.pt.trace.json"))
     found = profile_rows(prof.events(), cell=label, on_cuda=on_cuda, attention=attention)
-    (directory / f"{label}_kernels.md").write_text(_tables(found, label) + "\n")
+    (directory / f"{label}_kernels.md").write_text(kernel_tables(found, label) + "\n")
     rows.extend(found)
 
 
-def _tables(rows: Sequence[Mapping[str, Any]], label: str) -> str:
-    """The rows of one configuration as Markdown: ranges, then each phase's kernels."""
+def kernel_tables(rows: Sequence[Mapping[str, Any]], label: str) -> str:
+    """`profile_rows` of one configuration as Markdown: ranges, then each phase's categories
+    and kernels."""
     columns = ["name", "category", "calls", "total_ms", "share"]
     parts = [
         f"# {label}",
