@@ -5,6 +5,8 @@ out of memory as a row, and bad input."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 import os
 
 import pytest
@@ -15,7 +17,7 @@ import lmcore
 from bench.commands.step import COMMAND, PRESETS, depth_reduced_argv, main
 from bench.core.memory import MIB
 from bench.core.oom import OK, OOM
-from bench.core.results import save_json
+from bench.core.results import load_json, save_json
 from bench.plan.check import STEP_KEYS, check_results
 from bench.plan.memory import TrainingPlan, estimate_memory
 from bench.tools.step import (
@@ -29,6 +31,7 @@ from bench.tools.step import (
     run_step,
     step_specs,
 )
+from bench.tools.step.profile import STEP_PROFILE_KEYS, breakdown_rows
 
 # One narrow block at context 16, vocabulary 97, fp32: milliseconds a step on one CPU thread.
 TINY = {
@@ -249,6 +252,98 @@ def test_fsdp_on_two_gloo_ranks_beside_torch_fsdp2_in_fp16():
     assert "torch FSDP2" in " ".join(run.notes)
 
 
+def _profiled_phases(trace):
+    """The phase ranges (on the host) of a gzipped Chrome trace."""
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    phases = ("forward", "backward", "optimizer")
+    return [e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"] in phases]
+
+
+def _check_profile(folder, config, ranks):
+    """Every row and rank of `config` profiled once in `folder`, each phase's categories adding
+    up to its kernel time; the profile's rows by (row, rank, phase)."""
+    profile = load_json(folder / f"{folder.name}.json")
+    assert profile.tool == "step-profile" and (folder / f"{folder.name}.md").is_file()
+    labels = [spec.label for spec in step_specs(config)]
+    assert {r["row"] for r in profile.rows} == set(labels)
+    found = {}
+    for label in labels:
+        for rank in range(ranks):
+            name = f"{label}_rank{rank}"
+            assert _profiled_phases(folder / f"{name}.pt.trace.json.gz") == [
+                "forward", "backward", "optimizer",
+            ]  # one step: the timed ones ran without the profiler  # fmt: skip
+            assert (folder / f"{name}_kernels.md").read_text().startswith(f"# {name}")
+            for phase in ("forward", "backward", "optimizer", "all"):
+                mine = [r for r in profile.rows if (r["row"], r["rank"], r["phase"]) ==
+                        (label, rank, phase)]  # fmt: skip
+                (summary,) = [r for r in mine if r["kind"] == "phase"]
+                assert summary["wall_ms"] > 0
+                categories = {r["category"]: r for r in mine if r["kind"] == "category"}
+                assert sum(r["share"] for r in categories.values()) == pytest.approx(1.0)
+                assert all(r["kernels"] >= 1 and r["total_ms"] > 0 for r in categories.values())
+                assert all(set(r) <= set(STEP_PROFILE_KEYS) for r in mine)
+                found[label, rank, phase] = categories
+    return found
+
+
+def test_profile_on_two_gloo_ranks_splits_each_rows_phases_by_category(tmp_path):
+    """--profile: after each row's timed steps, one more step on each rank under the profiler,
+    a trace and a kernel table per row and rank, and the categories of each phase."""
+    folder = tmp_path / "step_profile"
+    config = _config(nproc=2, parallel=("fsdp",), num_layers=2, batch=1, profile_dir=str(folder))
+    run = run_step(config, device="cpu", command="bench-step --test")
+    assert [r["status"] for r in run.rows] == [OK, OK]
+    found = _check_profile(folder, config, ranks=2)
+    ours = step_specs(config)[0].label
+    for rank in (0, 1):
+        # FSDP gathers the weights in the forward (gloo's collectives), the matmuls and SDPA run
+        assert {"matmul", "attention", "communication"} <= set(found[ours, rank, "forward"])
+        assert set(found[ours, rank, "optimizer"]) <= {"optimizer", "communication"}
+    assert "--profile" in " ".join(run.notes)
+
+
+def test_profile_of_a_single_rank_run(tmp_path):
+    folder = tmp_path / "one"
+    config = _config(native=False, profile_dir=str(folder))
+    run = run_step(config, device="cpu", command="bench-step --test")
+    assert run.rows[0]["status"] == OK
+    found = _check_profile(folder, config, ranks=1)
+    label = step_specs(config)[0].label
+    assert "communication" not in found[label, 0, "all"]
+    assert set(found[label, 0, "optimizer"]) == {"optimizer"}
+
+
+def test_profile_rows_split_each_phase_on_the_device():
+    """On CUDA each phase's wall time is split by its kernels' device-side intervals (µs)."""
+    categories = [
+        {"kind": "category", "phase": "forward", "category": "matmul", "calls": 2,
+         "total_ms": 0.5, "share": 0.8},
+        {"kind": "category", "phase": "forward", "category": "communication", "calls": 1,
+         "total_ms": 0.125, "share": 0.2},
+        {"kind": "kernel", "phase": "forward", "category": "matmul", "calls": 2,
+         "total_ms": 0.5, "share": 0.8},
+    ]  # fmt: skip
+    kernels = [
+        ("nvjet_tst_128x256", 0, 300), ("nvjet_tst_128x256", 400, 600),
+        ("ncclDevKernel_AllGather_RING_LL", 250, 375), ("nvjet_tst_128x256", 1100, 1200),
+    ]  # fmt: skip
+    windows = {"forward": (0, 1000), "backward": (1000, 1500), "all": (0, 1500)}
+    rows = breakdown_rows(categories, kernels, windows, row="r", rank=1, on_cuda=True)
+    assert [(r["phase"], r["kind"], r["category"]) for r in rows] == [
+        ("forward", "phase", None), ("forward", "category", "matmul"),
+        ("forward", "category", "communication"), ("backward", "phase", None),
+        ("all", "phase", None),
+    ]  # fmt: skip
+    forward = rows[0]
+    assert forward["wall_ms"] == 1.0 and forward["kernel_ms"] == pytest.approx(0.5)
+    assert forward["comm_ms"] == pytest.approx(0.125)
+    assert forward["exposed_comm_ms"] == pytest.approx(0.075)  # 300-375 beside no compute
+    assert forward["idle_ms"] == pytest.approx(1.0 - 0.375 - 0.2)
+    assert rows[3]["busy_ms"] == pytest.approx(0.1) and rows[4]["busy_ms"] == pytest.approx(0.6)
+    assert rows[1]["kernels"] == 2 and rows[1]["rank"] == 1 and rows[1]["row"] == "r"
+
+
 def test_the_checkpointing_study_picks_k_from_measured_bytes():
     config = _config(num_layers=None, study="checkpointing", native=False, batch=1)
     run = run_step(config, device="cpu", command="bench-step --test")
@@ -365,6 +460,10 @@ def test_the_preset_is_the_handouts_configuration(preset, ranks):
         assert (spec.precision, spec.moment_dtype, spec.compile) == (board.precision, "bf16", True)
         assert (spec.batch, spec.world_size) == (board.batch_per_gpu, ranks)
         assert spec.activation_checkpointing == "selective"  # the faster policy that fits
+    profiled = parser.parse_args(["--preset", preset, "--profile", "out/step_profile"])
+    config = TOOL.configure(profiled, parser, "cpu")
+    assert config.profile_dir == "out/step_profile" and step_specs(config) == specs
+    assert len({spec.label for spec in specs}) == len(specs)  # a file name per row
 
 
 @pytest.mark.parametrize(

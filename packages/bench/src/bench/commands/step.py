@@ -50,6 +50,16 @@ elsewhere they say so and print the depth-reduced command (`--num-layers fit`): 
 GPUs the preset's two ranks cut to the deepest model they fit, on one GPU that GPU's share of
 the batch.
 
+`--profile DIR` shows where each row's step spends its time: after the row's timed steps and
+its instrumented one (neither runs under the profiler), one more step on every rank under
+`torch.profiler`, its phases (forward, backward, optimizer) marked as ranges. DIR receives per
+row and rank a gzipped Chrome/Perfetto trace and a kernel table, and `<DIR name>.json` / `.md`:
+per row, rank and phase the kernel time by category (matmul, attention, softmax, elementwise,
+communication, optimizer, other; the number of kernels, ms, share), and the phase's wall time
+beside its compute kernels' time, the NCCL time and the part of it no compute kernel ran beside
+(exposed communication), and the time no kernel ran (`bench.tools.step.profile`). It works with
+the preset, on one rank, on several, and on a CPU (gloo; the operators are the work there).
+
 Examples::
 
     bench-step                                        # GPU: the depth-reduced leaderboard model
@@ -62,6 +72,7 @@ Examples::
     bench-step --preset leaderboard-2026-4gpu         # 4 GPUs of >= 140 GB each
     bench-step --size small --context-length 512 --batch 8 --nproc 2 --parallel fsdp zero1 \\
         --precision bf16                              # zero.FSDP, ZeRO-1 and torch's FSDP2
+    bench-step --preset leaderboard-2026 --profile step_profile  # where each row's time goes
 
 Without a GPU a tiny model runs on the CPU (and says so): fp32, SDPA, not compiled.
 """
@@ -241,6 +252,11 @@ class StepConfig:
     rep_ms: float = option(
         CUDA_BUDGET_MS[1], "timing measurement budget", group=RUN, cpu=CPU_BUDGET_MS[1],
         metavar="MS",
+    )  # fmt: skip
+    profile_dir: str | None = option(
+        None, "after each row's timed steps, one more step per rank under torch.profiler: "
+        "traces, kernel tables and time per kernel category, phase and rank in DIR",
+        group=RUN, flag="profile", default_text="none", metavar="DIR",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -34,6 +34,7 @@ from bench.core.layouts import DTYPES, LAYOUTS, PRECISIONS, autocast_dtype, comp
 from bench.core.memory import GIB, MIB, free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import Bars, stacked_bar_plot
+from bench.core.ranks import is_primary
 from bench.core.results import Keys, Run
 from bench.core.timing import summarize
 from bench.core.tool import Invocation, Tool, as_device, config_or_default
@@ -46,6 +47,7 @@ from bench.tools.step.full_step import (
     measure_step,
     step_flops,
 )
+from bench.tools.step.profile import save_step_profile
 
 __all__ = [
     "COLUMNS",
@@ -223,19 +225,26 @@ def _measure_rows(
         return measured
     if config.nproc > 1:
         return measure_cases(_measure_case, specs, config, device=device, timeout=timeout)
-    return [(spec, _measure_here(spec, device)) for spec in specs]
+    return [(spec, _measure_here(spec, config, device)) for spec in specs]
+
+
+def _profile_dir(config: StepConfig) -> Path | None:
+    return None if config.profile_dir is None else Path(config.profile_dir)
 
 
 def _measure_case(
     spec: StepSpec, config: StepConfig, rank: int, device: torch.device
 ) -> dict[str, Any]:
     """One rank's numbers for one row (a module-level function: spawned ranks import it)."""
-    return measure_step(spec, rank=rank, device=device)
+    return measure_step(spec, rank=rank, device=device, profile=_profile_dir(config))
 
 
-def _measure_here(spec: StepSpec, device: torch.device) -> list[dict[str, Any]]:
+def _measure_here(spec: StepSpec, config: StepConfig, device: torch.device) -> list[dict[str, Any]]:
     """The row's numbers on this process's one rank, out of memory as a status."""
-    outcome = guarded(lambda: measure_step(spec, rank=0, device=device), device=device)
+    outcome = guarded(
+        lambda: measure_step(spec, rank=0, device=device, profile=_profile_dir(config)),
+        device=device,
+    )
     return [{**outcome.value, "status": OK} if outcome.ok else {"status": outcome.status}]
 
 
@@ -476,6 +485,8 @@ def run_step(
     rows = [_row(spec, config, results, device=device, study=study) for spec, results in measured]
     _add_ratios(rows)
     notes += _notes(config, rows, device)
+    if config.profile_dir is not None:
+        notes.append(_save_profile(config, measured, device=device, command=command))
     columns = COLUMNS + (["pred_act_mib"] if study else [])
     return Run.create(
         "step",
@@ -488,6 +499,32 @@ def run_step(
         columns=columns,
         notes=notes,
         brief=BRIEF,
+    )
+
+
+def _save_profile(
+    config: StepConfig,
+    measured: Sequence[tuple[StepSpec, Sequence[dict[str, Any]]]],
+    *,
+    device: torch.device,
+    command: str | None,
+) -> str:
+    """Every rank's profile rows of every row into `--profile`'s run; the note that says so."""
+    rows = [
+        r
+        for _, per_rank in measured
+        for result in per_rank
+        if result["status"] == OK
+        for r in result["profile"]
+    ]
+    directory = Path(config.profile_dir)
+    if is_primary():
+        save_step_profile(directory, rows, device=device, command=command, config=asdict(config))
+    return (
+        "--profile: after each row's timed and instrumented steps, one more step on every rank "
+        f"under torch.profiler (never timed): traces, kernel tables and {directory.name}.json "
+        f"/ .md (time per kernel category, phase and rank; exposed communication) in {directory} "
+        "(bench.tools.step.profile)."
     )
 
 

@@ -18,8 +18,9 @@ included), then its steady state (`triton.testing.do_bench` on one rank, the lea
 method; on several ranks a number of steps every rank agrees on, so their collectives pair up:
 two steps whose slowest rank sets the step time, counted as warm-up, then more warm-up steps to
 fill `warmup_ms`, then `max(3, rep_ms / step)` timed steps), then one more step read at its
-phase boundaries (`bench.tools.step.memory`), and last, with the model gone, the attention
-backend alone at the step's shape. `step_flops` counts the step's FLOPs for MFU.
+phase boundaries (`bench.tools.step.memory`), with `profile=DIR` one more under torch.profiler
+(`bench.tools.step.profile`), and last, with the model gone, the attention backend alone at the
+step's shape. `step_flops` counts the step's FLOPs for MFU.
 
 Example::
 
@@ -34,8 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,6 +64,7 @@ from bench.core.step import build_lm
 from bench.core.timing import do_bench, elapsed_ms
 from bench.core.training_bench import ADAMW_OPTIONS
 from bench.tools.step.memory import PhaseMeter, breakdown
+from bench.tools.step.profile import PhaseRanges, profile_step
 
 __all__ = [
     "IMPLS",
@@ -164,6 +167,13 @@ class StepSpec:
         if self.impl == "torch-native" and self.world_size > 1:
             return "fsdp:torch"
         return self.parallel
+
+    @property
+    def label(self) -> str:
+        """The row's name in file names: impl, layout, attention, loss, optimizer and
+        checkpointing (a colon written as -)."""
+        parts = (self.impl, self.layout, self.model.attention, self.loss, self.optimizer)
+        return "_".join((*parts, self.activation_checkpointing)).replace(":", "-")
 
     @property
     def moment_dtype(self) -> str:
@@ -279,24 +289,39 @@ def _agreed_steps(step: _Step, spec: StepSpec, device: torch.device) -> list[flo
     return [elapsed_ms(step, device=device)[1] for _ in range(repeats)]
 
 
+@contextlib.contextmanager
+def _phase_hooks(
+    step: _Step, *, start: Callable[[], None], mark: Callable[[str], None]
+) -> Iterator[None]:
+    """Within the block, `step` calls `start()` after its own set-up (after `zero_grad`: the
+    step's work starts there) and `mark(phase)` as each phase ends; its hooks are restored
+    after."""
+    setup, marks = step.before, step.mark
+
+    def before() -> None:
+        setup()
+        start()
+
+    step.before, step.mark = before, mark
+    try:
+        yield
+    finally:
+        step.before, step.mark = setup, marks
+
+
 def _instrumented(step: _Step, device: torch.device) -> tuple[dict[str, Any], dict[str, float]]:
     """One more step, read at its phase boundaries: its memory split and its phases' times."""
     meter = PhaseMeter(device)
     params = list(step.module.parameters())
     grads: list[int] = []
-    setup = step.before
-
-    def before() -> None:
-        setup()
-        meter.start()  # after zero_grad: the step's memory starts here
 
     def mark(phase: str) -> None:
         meter.mark(phase)
         if phase == "backward":
             grads.append(tensor_bytes((p.grad for p in params), device))
 
-    step.before, step.mark = before, mark
-    step()
+    with _phase_hooks(step, start=meter.start, mark=mark):
+        step()
     inner = getattr(step.optimizer, "local_optimizer", step.optimizer)  # ZeRO-1: this rank's
     state = tensor_bytes((v for s in inner.state.values() for v in s.values()), device)
     readings = meter.readings()
@@ -304,8 +329,18 @@ def _instrumented(step: _Step, device: torch.device) -> tuple[dict[str, Any], di
     return asdict(split), dict(readings.times_ms)
 
 
-def _timed(spec: StepSpec, rank: int, device: torch.device) -> dict[str, Any]:
-    """Build the step, time its first call, its steady state and one instrumented step."""
+def _profiled(
+    step: _Step, spec: StepSpec, rank: int, device: torch.device, directory: Path
+) -> list[dict[str, Any]]:
+    """One more step under torch.profiler, its phases marked (`bench.tools.step.profile`)."""
+    ranges = PhaseRanges(device)
+    with _phase_hooks(step, start=ranges.start, mark=ranges.mark):
+        return profile_step(step, directory=directory, row=spec.label, rank=rank, device=device)
+
+
+def _timed(spec: StepSpec, rank: int, device: torch.device, profile: Path | None) -> dict[str, Any]:
+    """Build the step, time its first call, its steady state and one instrumented step; with
+    `profile`, one more under the profiler."""
     step = _build(spec, rank, device)
     _, first = elapsed_ms(step, device=device)
     if spec.world_size > 1:
@@ -313,7 +348,10 @@ def _timed(spec: StepSpec, rank: int, device: torch.device) -> dict[str, Any]:
     else:
         times = do_bench(step, device=device, warmup_ms=spec.warmup_ms, rep_ms=spec.rep_ms)
     memory, phases = _instrumented(step, device)
-    return {"first_ms": first, "times": times, "phases": phases, "memory": memory}
+    found = None if profile is None else _profiled(step, spec, rank, device, profile)
+    return {
+        "first_ms": first, "times": times, "phases": phases, "memory": memory, "profile": found,
+    }  # fmt: skip
 
 
 def _attention_ms(spec: StepSpec, device: torch.device) -> tuple[float, float] | None:
@@ -344,23 +382,34 @@ def _attention_ms(spec: StepSpec, device: torch.device) -> tuple[float, float] |
     return statistics.median(fwd), statistics.median(both)
 
 
-def measure_step(spec: StepSpec, *, rank: int, device: torch.device) -> dict[str, Any]:
+def measure_step(
+    spec: StepSpec, *, rank: int, device: torch.device, profile: Path | None = None
+) -> dict[str, Any]:
     """One rank's numbers for one step (see the module docstring).
 
     Every rank of the default process group calls it (with `spec.world_size > 1`).
 
+    Args:
+        spec: the row's step.
+        rank: this rank.
+        device: this rank's device.
+        profile: a directory: after the timed and instrumented steps, one more under
+            torch.profiler, its trace and kernel table written there
+            (`bench.tools.step.profile.profile_step`).
+
     Returns:
         `first_ms` (the first step, compilation included), `times` (ms per timed step),
         `phases` (ms of forward, backward, optimizer in the instrumented step), `memory`
-        (`bench.tools.step.memory.MemoryBreakdown` as a dict, bytes), `attention`
-        ((forward, forward + backward) ms of the attention alone, or None).
+        (`bench.tools.step.memory.MemoryBreakdown` as a dict, bytes), `profile` (this rank's
+        `bench.tools.step.profile` rows, or None), `attention` ((forward, forward + backward)
+        ms of the attention alone, or None).
 
     Raises:
         torch.OutOfMemoryError: the step does not fit (callers make it a row's status).
     """
     free_memory(device)
     torch.compiler.reset()  # each step compiles its own graphs
-    measured = _timed(spec, rank, device)
+    measured = _timed(spec, rank, device, profile)
     free_memory(device)  # the model is gone: time the attention alone
     torch.compiler.reset()
     return {**measured, "attention": _attention_ms(spec, device)}

@@ -1,0 +1,278 @@
+"""bench-step's `--profile DIR`: where a row's step spends its time, kernel category by kernel
+category, per phase and per rank.
+
+After a row's timed steps and its instrumented one (so neither the timing nor the memory split
+sees the profiler), every rank runs one more step under `torch.profiler` (CPU and CUDA
+activities; no shapes, no stacks: the leaderboard step launches tens of thousands of kernels,
+and each would carry them into the trace). The step's phases are `record_function` ranges
+opened and closed by `PhaseRanges` through the step's phase hooks, the ones the instrumented
+step reads memory at (`bench.tools.step.full_step`); each range closes after the device is
+synchronised, so it spans its phase's kernels on the device as well as on the host.
+
+From that one step, per rank and phase (`forward`, `backward` with its recomputation,
+`optimizer`, and `all`: the whole step):
+
+- **category** rows: bench-model's kernel table (`bench.tools.model.profile.profile_rows`):
+  every kernel once, attributed to the phase its launch fell in, split by `kernel_category`
+  (matmul, attention, softmax, elementwise, communication, optimizer, other) with its number of
+  kernels, time and share of the phase's kernel time (kernels on concurrent streams, NCCL's
+  beside compute, add up past the wall time);
+- **phase** rows: how the device spent the phase's wall time (`bench.core.profiling
+  .device_time`, from the kernels' device-side start and end): the compute kernels' summed time,
+  the time some compute kernel ran, the time some NCCL kernel ran, the part of it no compute ran
+  beside (exposed communication) and the time no kernel ran at all (idle). On a CPU (gloo) the
+  operators are the work, timed on the host: only the wall time is known.
+
+Files in DIR: per row and rank `<row>_rank<r>.pt.trace.json.gz` (Chrome/Perfetto; left out past
+`MAX_TRACE_BYTES`) and `<row>_rank<r>_kernels.md` (bench-model's tables: ranges, then each
+phase's categories and largest kernels); for the run, `<DIR name>.json` and `.md` (a `Run` of
+tool `step-profile`, `STEP_PROFILE_COLUMNS`).
+
+Example::
+
+    ranges = PhaseRanges(device)
+    with phase_hooks(step, start=ranges.start, mark=ranges.mark):
+        rows = profile_step(step, directory=Path("profile"), row="ours_fsdp", rank=0,
+                            device=device)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.core.env import device_name
+from bench.core.memory import MIB
+from bench.core.profiling import device_kernels, device_time, is_range, on_cpu
+from bench.core.results import Keys, Run, save_json
+from bench.core.timing import synchronize
+from bench.tools.model.profile import CATEGORIES, kernel_tables, profile_rows
+from bench.tools.step.memory import PHASES
+
+__all__ = [
+    "MAX_TRACE_BYTES",
+    "STEP_PROFILE_COLUMNS",
+    "STEP_PROFILE_KEYS",
+    "PhaseRanges",
+    "breakdown_rows",
+    "profile_step",
+    "save_step_profile",
+]
+
+# A trace larger than this (gzipped) is left out, its kernel table kept: it bounds what each
+# row and rank adds to DIR, and keeps every trace one that a browser's Perfetto tab opens.
+MAX_TRACE_BYTES = 256 * MIB
+# The whole step, beside its phases.
+_ALL = "all"
+_DEVICE_COLUMNS = ("wall_ms", "kernel_ms", "busy_ms", "comm_ms", "exposed_comm_ms", "idle_ms")
+STEP_PROFILE_COLUMNS = [
+    "row", "rank", "phase", "kind", "category", "kernels", "total_ms", "share", *_DEVICE_COLUMNS,
+]  # fmt: skip
+# Every key of a row, for readers.
+STEP_PROFILE_KEYS = Keys(*STEP_PROFILE_COLUMNS)
+
+
+class PhaseRanges:
+    """`record_function` ranges over a step's phases (`PHASES`), driven by the step's hooks:
+    `start` opens `forward`; `mark(phase)` synchronises the device, closes `phase` and opens the
+    next. Synchronised at both ends, a range spans its phase's kernels on the device too.
+
+    Args:
+        device: the device the step runs on.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._open: tuple[str, Any] | None = None
+
+    def _enter(self, phase: str) -> None:
+        scope = torch.profiler.record_function(phase)
+        scope.__enter__()
+        self._open = (phase, scope)
+
+    def start(self) -> None:
+        """Open the first phase, the device idle."""
+        synchronize(self.device)
+        self._enter(PHASES[0])
+
+    def mark(self, phase: str) -> None:
+        """Close `phase` once the device has finished its work; open the next, if any."""
+        synchronize(self.device)
+        if self._open is None or self._open[0] != phase:
+            raise RuntimeError(f"phase {phase!r} ended, but {self._open} was open")
+        self._open[1].__exit__(None, None, None)
+        self._open = None
+        following = PHASES.index(phase) + 1
+        if following < len(PHASES):
+            self._enter(PHASES[following])
+
+
+def _windows(events: Sequence[Any]) -> dict[str, tuple[float, float]]:
+    """Each phase's range on the host (µs), and `all` from the first phase's start to the last's
+    end; the profiled step has one of each."""
+    found = {
+        e.name: (e.time_range.start, e.time_range.end)
+        for e in events
+        if is_range(e) and on_cpu(e) and e.name in PHASES
+    }
+    if found:
+        found[_ALL] = (min(s for s, _ in found.values()), max(e for _, e in found.values()))
+    return found
+
+
+def breakdown_rows(
+    kernel_rows: Sequence[Mapping[str, Any]],
+    kernels: Sequence[tuple[str, float, float]],
+    windows: Mapping[str, tuple[float, float]],
+    *,
+    row: str,
+    rank: int,
+    on_cuda: bool,
+) -> list[dict[str, Any]]:
+    """One rank's profile of one row as `STEP_PROFILE_COLUMNS` rows; times in ms.
+
+    Args:
+        kernel_rows: `profile_rows` of the step (its `category` rows are taken).
+        kernels: the device's `(name, start, end)` (µs), `bench.core.profiling.device_kernels`.
+        windows: each phase's `(start, end)` on the host (µs), and `all`.
+        row: the row's label.
+        rank: this rank.
+        on_cuda: the kernels are CUDA's (else nothing ran on a device: wall time only).
+
+    Returns:
+        Per phase of `windows`, in `PHASES` order then `all`: a `phase` row (wall time, and on
+        CUDA `bench.core.profiling.DeviceTime`'s split of it), then a `category` row per
+        category that ran (kernels, total_ms, share of the phase's kernel time).
+    """
+    out: list[dict[str, Any]] = []
+    base = dict.fromkeys(STEP_PROFILE_COLUMNS) | {"row": row, "rank": rank}
+    for phase in [p for p in (*PHASES, _ALL) if p in windows]:
+        start, end = windows[phase]
+        split = {"wall_ms": (end - start) / 1e3}
+        if on_cuda:
+            spent = device_time(kernels, window=(start, end))
+            split = {c: getattr(spent, c) for c in _DEVICE_COLUMNS}
+        out.append({**base, "phase": phase, "kind": "phase", **split})
+        categories = {
+            r["category"]: r for r in kernel_rows if r["kind"] == "category" and r["phase"] == phase
+        }
+        out += [
+            {
+                **base,
+                "phase": phase,
+                "kind": "category",
+                "category": c,
+                "kernels": categories[c]["calls"],
+                "total_ms": categories[c]["total_ms"],
+                "share": categories[c]["share"],
+            }
+            for c in CATEGORIES
+            if c in categories
+        ]
+    return out
+
+
+def _export_trace(prof: torch.profiler.profile, path: Path) -> bool:
+    """Write the trace gzipped; remove it again past `MAX_TRACE_BYTES`. Whether it stayed."""
+    prof.export_chrome_trace(str(path))
+    if path.stat().st_size <= MAX_TRACE_BYTES:
+        return True
+    path.unlink()
+    return False
+
+
+def profile_step(
+    step: Callable[[], None],
+    *,
+    directory: Path,
+    row: str,
+    rank: int,
+    device: torch.device,
+) -> list[dict[str, Any]]:
+    """Run `step` once under torch.profiler; write its trace and kernel table; its rows.
+
+    `step` must mark its phases with `PhaseRanges` (see the module docstring); every rank of
+    the step calls this together.
+
+    Args:
+        step: one training step, its phase hooks set.
+        directory: where the trace and the kernel table go.
+        row: the row's label, for the file names and the rows.
+        rank: this rank.
+        device: the device the step runs on.
+
+    Returns:
+        `breakdown_rows` of the step, each with `trace`: the trace's file name, or None when it
+        was left out.
+    """
+    on_cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if on_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities, record_shapes=False, with_stack=False) as p:
+        step()
+    name = f"{row}_rank{rank}"
+    directory.mkdir(parents=True, exist_ok=True)
+    trace = directory / f"{name}.pt.trace.json.gz"
+    kept = _export_trace(p, trace)
+    events = p.events()
+    found = profile_rows(events, cell=name, on_cuda=on_cuda)
+    (directory / f"{name}_kernels.md").write_text(kernel_tables(found, name) + "\n")
+    rows = breakdown_rows(
+        found, device_kernels(events), _windows(events), row=row, rank=rank, on_cuda=on_cuda
+    )
+    return [{**r, "trace": trace.name if kept else None} for r in rows]
+
+
+def save_step_profile(
+    directory: Path,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    device: torch.device,
+    command: str | None,
+    config: Mapping[str, Any],
+) -> Path:
+    """`directory/<directory name>.json` and `.md`: the rows as a run of tool `step-profile`."""
+    on_cuda = device.type == "cuda"
+    work = "CUDA kernels" if on_cuda else "CPU operators (own time)"
+    dropped = sorted({r["row"] for r in rows if r.get("trace") is None}) if on_cuda else []
+    notes = [
+        "One step per row after its timed steps (the timing never ran under the profiler), on "
+        "every rank; phases are record_function ranges closed after a device synchronisation. "
+        f"category rows: the phase's {work}, each once, attributed to the phase its launch "
+        "fell in (bench-model's profile tables), by category (kernel_category): number, "
+        "total_ms, share of the phase's summed kernel time (concurrent streams and NCCL beside "
+        "compute add up past wall_ms).",
+        "phase rows: wall_ms, the phase's host range (the device synchronised at its end); "
+        + (
+            "kernel_ms, the compute kernels' summed time (every kernel but NCCL's, copies and "
+            "fills); busy_ms, the time some compute kernel ran; comm_ms, the time some NCCL "
+            "kernel ran; exposed_comm_ms, the part of comm_ms beside no compute kernel; "
+            "idle_ms, the time no kernel ran (from the kernels' device-side intervals, "
+            "bench.core.profiling.device_time)."
+            if on_cuda
+            else "on a CPU the operators run on the host: no device split."
+        ),
+        f"Traces: <row>_rank<r>.pt.trace.json.gz (Perfetto opens them), left out past "
+        f"{MAX_TRACE_BYTES // MIB} MiB gzipped"
+        + (f" (left out: {', '.join(dropped)})" if dropped else "")
+        + "; kernel tables with the largest kernels per phase: <row>_rank<r>_kernels.md.",
+    ]
+    run = Run.create(
+        "step-profile",
+        [{c: r.get(c) for c in STEP_PROFILE_COLUMNS} for r in rows],
+        device=device,
+        config=config,
+        command=command,
+        title=f"bench-step under torch.profiler: {work} per phase and rank, one step per row, "
+        f"{device_name(device)}",
+        columns=STEP_PROFILE_COLUMNS[1:],
+        group_by="row",
+        notes=notes,
+    )
+    path = save_json(run, directory / f"{directory.name}.json")
+    path.with_suffix(".md").write_text(run.to_markdown() + "\n")
+    return path
