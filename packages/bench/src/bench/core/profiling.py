@@ -39,6 +39,7 @@ __all__ = [
     "merged_spans",
     "on_cpu",
     "overlap_share",
+    "profiler_activities",
     "shared_time",
     "traced_step",
 ]
@@ -63,6 +64,14 @@ def is_range(event: Any) -> bool:
 def on_cpu(event: Any) -> bool:
     """Whether a profiler event is the CPU side of an event (not its device-side copy)."""
     return str(getattr(event, "device_type", "CPU")).rsplit(".", 1)[-1] == "CPU"
+
+
+def profiler_activities(device: torch.device) -> list[torch.profiler.ProfilerActivity]:
+    """What `torch.profiler` records for a step on `device`: the CPU, and CUDA's kernels."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
 
 
 def is_communication(name: str) -> bool:
@@ -225,10 +234,7 @@ def traced_step(
     if rank != 0:
         elapsed_ms(step, device=device)
         return None
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=profiler_activities(device)) as prof:
         elapsed_ms(step, device=device)  # synchronises: every kernel is in the trace
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))

@@ -24,6 +24,7 @@ import lmcore
 from bench.core.env import device_name
 from bench.core.hardware import matmul_format, peak_tflops
 from bench.core.layouts import compute_dtype
+from bench.core.profiling import profiler_activities
 from bench.train.faults import kill_point
 
 if TYPE_CHECKING:
@@ -109,10 +110,7 @@ def profiled(config: TrainConfig, step: int, device: torch.device, primary: bool
     if step != config.profile_step or not primary:
         yield
         return
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as profiler:
+    with torch.profiler.profile(activities=profiler_activities(device)) as profiler:
         yield
         if device.type == "cuda":
             torch.cuda.synchronize(device)

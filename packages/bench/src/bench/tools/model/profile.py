@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from bench.core.env import device_name
-from bench.core.profiling import is_communication, is_range, on_cpu
+from bench.core.profiling import is_communication, is_range, on_cpu, profiler_activities
 from bench.core.results import Keys, Run, save_json, to_markdown
 
 __all__ = [
@@ -315,11 +315,8 @@ def profiled(
     if directory is None:
         yield
         return
-    activities = [torch.profiler.ProfilerActivity.CPU]
     on_cuda = device.type == "cuda"
-    if on_cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=profiler_activities(device)) as prof:
         yield
     directory.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(directory / f"{label}.pt.trace.json"))

@@ -3,8 +3,8 @@ category, per phase and per rank.
 
 After a row's timed steps and its instrumented one (so neither the timing nor the memory split
 sees the profiler), every rank runs one more step under `torch.profiler` (CPU and CUDA
-activities; no shapes, no stacks: the leaderboard step launches tens of thousands of kernels,
-and each would carry them into the trace). The step's phases are `record_function` ranges
+activities; no shapes, no stacks: the leaderboard step is long, and each of its events would
+carry them into the trace). The step's phases are `record_function` ranges
 opened and closed by `PhaseRanges` through the step's phase hooks, the ones the instrumented
 step reads memory at (`bench.tools.step.full_step`); each range closes after the device is
 synchronised, so it spans its phase's kernels on the device as well as on the host.
@@ -46,7 +46,13 @@ import torch
 
 from bench.core.env import device_name
 from bench.core.memory import MIB
-from bench.core.profiling import device_kernels, device_time, is_range, on_cpu
+from bench.core.profiling import (
+    device_kernels,
+    device_time,
+    is_range,
+    on_cpu,
+    profiler_activities,
+)
 from bench.core.results import Keys, Run, save_json
 from bench.core.timing import synchronize
 from bench.tools.model.profile import CATEGORIES, kernel_tables, profile_rows
@@ -112,12 +118,12 @@ class PhaseRanges:
 
 def _windows(events: Sequence[Any]) -> dict[str, tuple[float, float]]:
     """Each phase's range on the host (µs), and `all` from the first phase's start to the last's
-    end; the profiled step has one of each."""
-    found = {
-        e.name: (e.time_range.start, e.time_range.end)
-        for e in events
-        if is_range(e) and on_cpu(e) and e.name in PHASES
-    }
+    end; the profiled step has one of each (a range of the same name inside it is covered)."""
+    found: dict[str, tuple[float, float]] = {}
+    for e in events:
+        if is_range(e) and on_cpu(e) and e.name in PHASES:
+            start, end = found.get(e.name, (e.time_range.start, e.time_range.end))
+            found[e.name] = (min(start, e.time_range.start), max(end, e.time_range.end))
     if found:
         found[_ALL] = (min(s for s, _ in found.values()), max(e for _, e in found.values()))
     return found
@@ -209,9 +215,7 @@ def profile_step(
         was left out.
     """
     on_cuda = device.type == "cuda"
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if on_cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    activities = profiler_activities(device)
     with torch.profiler.profile(activities=activities, record_shapes=False, with_stack=False) as p:
         step()
     name = f"{row}_rank{rank}"
