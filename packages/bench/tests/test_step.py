@@ -31,7 +31,7 @@ from bench.tools.step import (
     run_step,
     step_specs,
 )
-from bench.tools.step.profile import STEP_PROFILE_KEYS, breakdown_rows
+from bench.tools.step.profile import STEP_PROFILE_KEYS, breakdown_rows, phase_summary
 
 # One narrow block at context 16, vocabulary 97, fp32: milliseconds a step on one CPU thread.
 TINY = {
@@ -342,6 +342,11 @@ def test_profile_rows_split_each_phase_on_the_device():
     assert forward["idle_ms"] == pytest.approx(1.0 - 0.375 - 0.2)
     assert rows[3]["busy_ms"] == pytest.approx(0.1) and rows[4]["busy_ms"] == pytest.approx(0.6)
     assert rows[1]["kernels"] == 2 and rows[1]["rank"] == 1 and rows[1]["row"] == "r"
+    summary = phase_summary(rows)
+    assert [(s["phase"], s["matmul_ms"], s["communication_ms"]) for s in summary] == [
+        ("forward", 0.5, 0.125), ("backward", None, None), ("all", None, None),
+    ]  # fmt: skip
+    assert summary[0]["exposed_comm_ms"] == forward["exposed_comm_ms"]
 
 
 def test_the_checkpointing_study_picks_k_from_measured_bytes():

@@ -26,7 +26,8 @@ From that one step, per rank and phase (`forward`, `backward` with its recomputa
 Files in DIR: per row and rank `<row>_rank<r>.pt.trace.json.gz` (Chrome/Perfetto; left out past
 `MAX_TRACE_BYTES`) and `<row>_rank<r>_kernels.md` (bench-model's tables: ranges, then each
 phase's categories and largest kernels); for the run, `<DIR name>.json` and `.md` (a `Run` of
-tool `step-profile`, `STEP_PROFILE_COLUMNS`).
+tool `step-profile`, `STEP_PROFILE_COLUMNS`; the Markdown opens with `phase_summary`: a line
+per row, rank and phase with each category's ms beside the device split).
 
 Example::
 
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from bench.core.env import device_name
 from bench.core.memory import MIB
@@ -53,7 +55,7 @@ from bench.core.profiling import (
     on_cpu,
     profiler_activities,
 )
-from bench.core.results import Keys, Run, save_json
+from bench.core.results import Keys, Run, save_json, to_markdown
 from bench.core.timing import synchronize
 from bench.tools.model.profile import CATEGORIES, kernel_tables, profile_rows
 from bench.tools.step.memory import PHASES
@@ -64,6 +66,7 @@ __all__ = [
     "STEP_PROFILE_KEYS",
     "PhaseRanges",
     "breakdown_rows",
+    "phase_summary",
     "profile_step",
     "save_step_profile",
 ]
@@ -181,6 +184,23 @@ def breakdown_rows(
     return out
 
 
+def phase_summary(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows pivoted: one per (row, rank, phase), the phase row's device split, then each
+    category's ms (`<category>_ms`; None where none ran), for reading phases side by side."""
+    out: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["row"], r["rank"], r["phase"])
+        line = out.setdefault(
+            key, {"row": r["row"], "rank": r["rank"], "phase": r["phase"]}
+            | dict.fromkeys(_DEVICE_COLUMNS) | {f"{c}_ms": None for c in CATEGORIES}
+        )  # fmt: skip
+        if r["kind"] == "phase":
+            line.update({c: r.get(c) for c in _DEVICE_COLUMNS})
+        else:
+            line[f"{r['category']}_ms"] = r["total_ms"]
+    return list(out.values())
+
+
 def _export_trace(prof: torch.profiler.profile, path: Path) -> bool:
     """Write the trace gzipped; remove it again past `MAX_TRACE_BYTES`. Whether it stayed."""
     prof.export_chrome_trace(str(path))
@@ -201,7 +221,7 @@ def profile_step(
     """Run `step` once under torch.profiler; write its trace and kernel table; its rows.
 
     `step` must mark its phases with `PhaseRanges` (see the module docstring); every rank of
-    the step calls this together.
+    the step calls this together, and they start the step after a barrier (outside its phases).
 
     Args:
         step: one training step, its phase hooks set.
@@ -217,6 +237,10 @@ def profile_step(
     on_cuda = device.type == "cuda"
     activities = profiler_activities(device)
     with torch.profiler.profile(activities=activities, record_shapes=False, with_stack=False) as p:
+        if dist.is_initialized():
+            # the ranks start the step together: one rank's profiler start-up must not show in
+            # another's phases as time spent waiting for its collectives
+            dist.barrier()
         step()
     name = f"{row}_rank{rank}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -278,5 +302,7 @@ def save_step_profile(
         notes=notes,
     )
     path = save_json(run, directory / f"{directory.name}.json")
-    path.with_suffix(".md").write_text(run.to_markdown() + "\n")
+    summary = to_markdown(phase_summary(run.rows))
+    header = "Per row, rank and phase: the device split, then each category's kernel time (ms)."
+    path.with_suffix(".md").write_text(f"{run.to_markdown()}\n\n{header}\n\n{summary}\n")
     return path
