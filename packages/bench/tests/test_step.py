@@ -552,3 +552,32 @@ def test_cuda_the_leaderboard_rows_at_a_small_size_on_two_gpus():
     assert fsdp["param_mib"] == pytest.approx(native["param_mib"], rel=1e-2)
     assert fsdp["state_mib"] == pytest.approx(native["state_mib"], rel=1e-2)
     assert zero1["param_mib"] == pytest.approx(2 * native["param_mib"], rel=1e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_profile_of_fsdp_beside_fsdp2_on_two_gpus(tmp_path):
+    """--profile on 2 GPUs: every phase's wall time split on the device, fa2's kernels and
+    NCCL's in their categories, and the kernels attributed by launch (the categories) adding up
+    to at least the compute kernels found in the phase's device window."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    folder = tmp_path / "step_profile"
+    config = StepConfig(
+        size="small", num_layers=2, context_length=2048, batch=1, precision="bf16",
+        attention=("fa2-triton",), optimizer=("lmcore-fused",),
+        activation_checkpointing=("selective",), nproc=2, parallel=("fsdp",),
+        warmup_ms=25.0, rep_ms=100.0, profile_dir=str(folder),
+    )  # fmt: skip
+    assert all(r["status"] == OK for r in run_step(config, device="cuda").rows)
+    found = _check_profile(folder, config, ranks=2)
+    profile = load_json(folder / f"{folder.name}.json")
+    for r in (r for r in profile.rows if r["kind"] == "phase"):
+        assert r["busy_ms"] > 0 and r["idle_ms"] >= 0, r
+        assert 0 <= r["exposed_comm_ms"] <= r["comm_ms"] <= r["wall_ms"], r
+        categories = found[r["row"], r["rank"], r["phase"]]
+        launched = sum(c["total_ms"] for name, c in categories.items() if name != "communication")
+        assert launched >= 0.99 * r["kernel_ms"], r
+    for spec in step_specs(config):
+        for rank in (0, 1):
+            forward = found[spec.label, rank, "forward"]
+            assert {"matmul", "attention", "communication"} <= set(forward), spec.label
