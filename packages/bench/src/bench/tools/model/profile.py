@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -98,6 +99,7 @@ _ELEMENTWISE = re.compile(
 _TOP_PER_PHASE = 15  # kernel rows kept per phase (the categories cover the rest)
 
 
+@functools.cache  # a step launches each of its kernels many times: each name is looked up once
 def kernel_category(name: str, *, phase: str | None = None) -> str:
     """The category of a kernel (or CPU operator): one of `CATEGORIES`.
 
