@@ -33,7 +33,7 @@ import contextlib
 import functools
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,13 @@ from typing import Any
 import torch
 
 from bench.core.env import device_name
-from bench.core.profiling import is_communication, is_range, on_cpu, profiler_activities
+from bench.core.profiling import (
+    is_communication,
+    is_range,
+    merged_spans,
+    on_cpu,
+    profiler_activities,
+)
 from bench.core.results import Keys, Run, save_json, to_markdown
 
 __all__ = [
@@ -158,18 +164,6 @@ class _Timed:
     phase: str | None = None  # the phase range open at `cpu_start`, if any
 
 
-class _Intervals:
-    """The CPU-side intervals of one range name, for 'which range was open at time t'."""
-
-    def __init__(self, spans: Iterable[tuple[float, float]]) -> None:
-        self.spans = sorted(spans)
-        self.starts = [s for s, _ in self.spans]
-
-    def contains(self, t: float) -> bool:
-        i = bisect.bisect_right(self.starts, t) - 1
-        return i >= 0 and self.spans[i][0] <= t <= self.spans[i][1]
-
-
 def _work(events: Sequence[Any], *, on_cuda: bool) -> list[_Timed]:
     """Kernels (through the operators that launched them) or operators' own CPU time.
 
@@ -224,15 +218,20 @@ def profile_rows(
     for e in events:
         if is_range(e) and on_cpu(e):
             spans[e.name].append((e.time_range.start, e.time_range.end))
-    intervals = {name: _Intervals(s) for name, s in spans.items()}
-    work = _work(events, on_cuda=on_cuda)
+    work = sorted(_work(events, on_cuda=on_cuda), key=lambda w: w.cpu_start)
+    starts = [w.cpu_start for w in work]
     kind = "kernel" if on_cuda else "operator"
 
     def inside(name: str) -> list[_Timed]:
-        found = intervals.get(name)
-        return [w for w in work if found is not None and found.contains(w.cpu_start)]
+        """The work launched while a range `name` was open: a slice of `work` per merged span
+        (a step opens ranges per FSDP unit and per compiled graph: no scan of all work each)."""
+        return [
+            w
+            for start, end in merged_spans(spans.get(name, ()))
+            for w in work[bisect.bisect_left(starts, start) : bisect.bisect_right(starts, end)]
+        ]
 
-    by_phase = {p: inside(p) for p in PHASES if p in intervals}
+    by_phase = {p: inside(p) for p in PHASES if p in spans}
     phase_of = {id(w): p for p, items in by_phase.items() for w in items}
     work = [replace(w, phase=phase_of.get(id(w))) for w in work]
     by_phase = {p: [w for w in work if w.phase == p] for p in by_phase}
