@@ -9,8 +9,7 @@ convention (2.5 x the causal forward's 2·B·H·S²·D):
 - "cudnn": SDPA's cuDNN backend, forward+backward less its forward (cuDNN's backward cannot be
   launched alone through torch's public API);
 - one row per Gluon variant (`gluon_backward.launch` keywords): dQ's additions as they come, in
-  a fixed order (`deterministic`; with the longest key tiles launched first, `longest_first`, a
-  candidate launch order), and a timing probe that drops them (`drop_dq`: the reducer
+  a fixed order (`deterministic`), and a timing probe that drops them (`drop_dq`: the reducer
   releases each partial unread, so the row is the time without dQ's additions; its dQ is
   wrong by design and never checked).
 
@@ -51,7 +50,6 @@ SHAPES = [(2, 32, 32768, 128), (1, 16, 16384, 128), (1, 16, 16384, 64), (4, 32, 
 VARIANTS = {  # row name: gluon_backward.launch keywords
     "gluon": {},
     "gluon ordered": dict(deterministic=True),
-    "gluon ordered, longest first": dict(deterministic=True, longest_first=True),
     "probe: no dQ adds": dict(drop_dq=True),
 }
 

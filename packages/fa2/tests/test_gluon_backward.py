@@ -310,15 +310,10 @@ def test_matches_the_oracle_called_directly_in_fp16_on_strided_inputs(d, determi
 @pytest.mark.parametrize(
     "n_q, n_k", [(1, 1), (200, 200), (130, 77), (77, 300), (1000, 1000)], ids=str
 )
-@pytest.mark.parametrize("longest_first", [False, True])
-def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(
-    causal, d, n_q, n_k, longest_first
-):
+def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(causal, d, n_q, n_k):
     """`deterministic=True`: the key tiles add into each dQ tile one at a time in a fixed order
     (semaphores), so two calls give the same bits, within the oracle's tolerance; 1000 rows
-    are 8 key tiles and 16 query tiles, so each dQ tile takes several ordered additions. In
-    both launch orders: the highest key tiles first (the default) and the longest first (a
-    candidate, `launch(longest_first=True)`)."""
+    are 8 key tiles and 16 query tiles, so each dQ tile takes several ordered additions."""
     make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = make(n_q), make(n_k), make(n_k)
     do = torch.randn_like(q)
@@ -329,7 +324,7 @@ def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(
         strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
         dq = gluon_backward.launch(
             q, k, v, o, lse, do, dk, dv, strides, scale=d**-0.5, causal=causal,
-            deterministic=True, longest_first=longest_first,
+            deterministic=True,
         )  # fmt: skip
         return dq.to(q.dtype), dk, dv
 

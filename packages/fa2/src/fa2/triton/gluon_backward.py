@@ -441,7 +441,6 @@ if HAVE_GLUON:
         REDUCER_WARPS: gl.constexpr,
         REDUCER_REGS: gl.constexpr,
         DQ_ORDERED: gl.constexpr,
-        LONGEST_FIRST: gl.constexpr,
         DQ_DROP: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
@@ -452,9 +451,9 @@ if HAVE_GLUON:
         gl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
         qk_scale = qk_scale.to(gl.float32)
         sm_scale = sm_scale.to(gl.float32)
-        # Ordered: the highest key tiles first, the order they add dQ in (`_reducer`), unless
-        # LONGEST_FIRST keeps the grid's order (the longest first), a candidate order.
-        if DQ_ORDERED and not LONGEST_FIRST:
+        # Ordered: the highest key tiles first, the order they add dQ in (`_reducer`), so that
+        # a key tile only ever waits for programs launched before it (module docstring).
+        if DQ_ORDERED:
             pid_n = gl.num_programs(0) - 1 - gl.program_id(0)
         else:
             pid_n = gl.program_id(0)
@@ -612,17 +611,13 @@ def launch(
     scale: float,
     causal: bool,
     deterministic: bool = False,
-    longest_first: bool = False,
     drop_dq: bool = False,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
     contiguous fp32 `(..., heads, n_q, d)` tensor (the caller casts it). `deterministic`: the
     key tiles add into each dQ tile in a fixed order (`_reducer`), so dQ's bits repeat.
-    `longest_first`: where deterministic, launch each head's longest key tiles first (the
-    unordered form's order) rather than the highest first; a candidate order, to measure
-    against the tail it would remove and the waits it would add (docs/design/fa2.md, "The
-    ordered form"). `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for
+    `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for
     gradients. One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
@@ -654,7 +649,7 @@ def launch(
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        LONGEST_FIRST=longest_first, DQ_DROP=drop_dq, num_warps=COMPUTE_WARPS,
+        DQ_DROP=drop_dq, num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
