@@ -322,6 +322,63 @@ def test_the_preset_says_what_it_needs_and_prints_the_one_gpu_command(capsys):
     )
 
 
+def _fake_gpus(monkeypatch, count: int, total_bytes: int) -> None:
+    """`count` CUDA GPUs of `total_bytes` each, as far as the preset's check can tell."""
+    import bench.tools.step as step
+
+    props = type("Props", (), {"total_memory": total_bytes})()
+    monkeypatch.setattr(step, "_num_gpus", lambda device: count)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "total", "memory", "over"),
+    [
+        (2, 141 * 10**9, None, []),  # H200s
+        (2, 85 * 10**9, None, []),  # 80 GB H100s: ZeRO-1's 69,153 MiB predicted fits
+        (2, 85 * 10**9, "60GB", ["ours zero1"]),  # --memory below: only ZeRO-1 is over
+        (2, 42 * 10**9, None, ["ours fsdp", "ours zero1", "torch-native fsdp:torch"]),
+        (1, 141 * 10**9, None, None),  # too few GPUs
+    ],
+)
+def test_the_preset_runs_where_every_row_is_predicted_to_fit(
+    monkeypatch, gpus, total, memory, over
+):
+    from bench.tools.step import _preset_missing
+
+    _fake_gpus(monkeypatch, gpus, total)
+    parser = COMMAND.parser()
+    argv = ["--preset", "leaderboard-2026"] + (["--memory", memory] if memory else [])
+    config = TOOL.configure(parser.parse_args(argv), parser, "cpu")
+    missing = _preset_missing(config, "leaderboard-2026", torch.device("cuda"))
+    if over is None:
+        assert missing == "it needs 2 GPUs and finds 1"
+    elif not over:
+        assert missing is None
+    else:
+        named = [row for row in ["ours fsdp", "ours zero1", "torch-native fsdp:torch"]
+                 if f"{row} (" in missing]  # fmt: skip
+        assert named == over and "--parallel fsdp" in missing
+
+
+def test_the_memory_cap_sets_the_allocators_share_and_gives_it_back(monkeypatch):
+    from bench.core.memory import capped_memory
+
+    _fake_gpus(monkeypatch, 1, 100 * 10**9)
+    shares = []
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, d: shares.append(f)
+    )
+    with capped_memory(80 * 10**9, torch.device("cuda")):
+        assert shares == [pytest.approx(0.8)]
+    assert shares == [pytest.approx(0.8), 1.0]
+    for limit, device in [(None, "cuda"), (100 * 10**9, "cuda"), (10, "cpu")]:
+        with capped_memory(limit, torch.device(device)):
+            pass
+    assert len(shares) == 2  # no cap: none asked for, not below the GPU's, or off CUDA
+
+
 @pytest.mark.parametrize(
     ("num_gpus", "nproc", "memory"), [(0, None, 80e9), (1, None, None), (2, 2, None), (4, 2, None)]
 )

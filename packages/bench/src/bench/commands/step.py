@@ -45,10 +45,14 @@ gradients, reductions and AdamW moments): ours on `zero.FSDP`, ours on ZeRO-1, t
 torch-native FSDP2 row: seven steps a row (the first, compiling one; two that set the count
 and warm up; three timed; one instrumented), the fewest the multi-rank timer takes, since the
 budgets cover less than one of its steps. `--preset leaderboard-2026-4gpu` is the same step
-at batch 4 over 4 ranks, ours on `zero.FSDP` beside FSDP2. Both need GPUs of at least 140 GB:
-elsewhere they say so and print the depth-reduced command (`--num-layers fit`): on 2 smaller
-GPUs the preset's two ranks cut to the deepest model they fit, on one GPU that GPU's share of
-the batch.
+at batch 4 over 4 ranks, ours on `zero.FSDP` beside FSDP2. Both need their GPUs, each with the
+memory bench-plan predicts for every row (at 2 ranks the ZeRO-1 row's is the largest: 69,153
+MiB predicted and 69,490 measured on H200s, plan_check_2026-11-28, 72.9 GB, within an 80 GB
+H100; `--parallel fsdp` leaves that row out): elsewhere they say which
+row does not fit and print the depth-reduced command (`--num-layers fit`): on 2 smaller GPUs
+the preset's two ranks cut to the deepest model they fit, on one GPU that GPU's share of the
+batch. `--memory 80GB` on larger GPUs caps each rank's allocator there, so that a run on two
+H200s shows whether the step fits two H100s.
 
 Examples::
 
@@ -58,8 +62,8 @@ Examples::
         --activation-checkpointing blocks --compile --json step.json --plot step.png
     bench-step --study checkpointing --size xl --context-length 2048 --batch 4 \\
         --precision bf16-autocast --optimizer torch-fused --no-compile --no-native
-    bench-step --preset leaderboard-2026              # 2 GPUs of >= 140 GB each
-    bench-step --preset leaderboard-2026-4gpu         # 4 GPUs of >= 140 GB each
+    bench-step --preset leaderboard-2026              # 2 GPUs, 80 GB each (H100s) or more
+    bench-step --preset leaderboard-2026-4gpu         # 4 GPUs
     bench-step --size small --context-length 512 --batch 8 --nproc 2 --parallel fsdp zero1 \\
         --precision bf16                              # zero.FSDP, ZeRO-1 and torch's FSDP2
 
@@ -231,7 +235,9 @@ class StepConfig:
         default_text="none",
     )  # fmt: skip
     memory_bytes: int | None = option(
-        None, "what --num-layers fit fills", group=RUN, flag="memory", parse=memory_argument,
+        None, "the memory per GPU: what --num-layers fit fills, the preset's check, and, below "
+        "the GPU's, a cap on each rank's allocator (a larger GPU standing in for a smaller)",
+        group=RUN, flag="memory", parse=memory_argument,
         default_text="the GPU's", metavar="SIZE",
     )  # fmt: skip
     headroom: float = option(DEFAULT_HEADROOM, "share --num-layers fit leaves free", group=RUN)

@@ -31,7 +31,7 @@ from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.env import device_name
 from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
 from bench.core.layouts import DTYPES, LAYOUTS, PRECISIONS, autocast_dtype, compute_dtype
-from bench.core.memory import GIB, MIB, free_memory
+from bench.core.memory import GIB, MIB, capped_memory, free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import Bars, stacked_bar_plot
 from bench.core.results import Keys, Run
@@ -60,8 +60,6 @@ __all__ = [
     "step_specs",
 ]
 
-# The preset needs this much memory per GPU (the handout's 2 B200s; an H200 has 141 GB).
-PRESET_MEMORY_BYTES = 140e9
 _CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 
 
@@ -223,19 +221,22 @@ def _measure_rows(
         return measured
     if config.nproc > 1:
         return measure_cases(_measure_case, specs, config, device=device, timeout=timeout)
-    return [(spec, _measure_here(spec, device)) for spec in specs]
+    return [(spec, _measure_here(spec, config, device)) for spec in specs]
 
 
 def _measure_case(
     spec: StepSpec, config: StepConfig, rank: int, device: torch.device
 ) -> dict[str, Any]:
-    """One rank's numbers for one row (a module-level function: spawned ranks import it)."""
-    return measure_step(spec, rank=rank, device=device)
+    """One rank's numbers for one row (a module-level function: spawned ranks import it), the
+    allocator capped at `--memory` (`capped_memory`)."""
+    with capped_memory(config.memory_bytes, device):
+        return measure_step(spec, rank=rank, device=device)
 
 
-def _measure_here(spec: StepSpec, device: torch.device) -> list[dict[str, Any]]:
+def _measure_here(spec: StepSpec, config: StepConfig, device: torch.device) -> list[dict[str, Any]]:
     """The row's numbers on this process's one rank, out of memory as a status."""
-    outcome = guarded(lambda: measure_step(spec, rank=0, device=device), device=device)
+    with capped_memory(config.memory_bytes, device):
+        outcome = guarded(lambda: measure_step(spec, rank=0, device=device), device=device)
     return [{**outcome.value, "status": OK} if outcome.ok else {"status": outcome.status}]
 
 
@@ -607,21 +608,40 @@ def depth_reduced_command(device: torch.device) -> str:
     return " ".join(depth_reduced_argv(num_gpus=_num_gpus(device)))
 
 
-def _preset_missing(preset: str, device: torch.device) -> str | None:
-    """Why this machine cannot run the leaderboard preset `preset`, or None when it can."""
+def _preset_missing(config: StepConfig, preset: str, device: torch.device) -> str | None:
+    """Why this machine cannot run the leaderboard preset `preset` (built into `config`), or
+    None when it can: too few GPUs, or a row whose peak bench-plan predicts above a GPU's memory
+    (`--memory` where given and smaller; no headroom: its predictions of the preset's rows are
+    within a few percent of the measured peaks, and a row that still runs out is a row)."""
     if device.type != "cuda":
         return "it needs CUDA GPUs, and this run has none"
     ranks, needed = _num_gpus(device), PRESETS[preset]["nproc"]
     if ranks < needed:
         return f"it needs {needed} GPUs and finds {ranks}"
-    for index in range(min(ranks, torch.cuda.device_count())):
-        memory = torch.cuda.get_device_properties(index).total_memory
-        if memory < PRESET_MEMORY_BYTES:
-            return (
-                f"it needs {PRESET_MEMORY_BYTES / 1e9:.0f} GB per GPU and GPU {index} has "
-                f"{memory / 1e9:.1f} GB ({memory / GIB:.1f} GiB)"
-            )
+    memory = min(
+        torch.cuda.get_device_properties(index).total_memory
+        for index in range(min(ranks, torch.cuda.device_count()))
+    )
+    if config.memory_bytes is not None:
+        memory = min(memory, config.memory_bytes)
+    over = [
+        f"{spec.impl} {spec.layout} ({peak / GIB:.1f} GiB)"
+        for spec in step_specs(config)
+        if (peak := _predicted_peak(spec)) > memory
+    ]
+    if over:
+        return (
+            f"bench-plan predicts {', '.join(over)} above the {memory / GIB:.1f} GiB per GPU "
+            "here (leave rows out with --parallel, e.g. --parallel fsdp)"
+        )
     return None
+
+
+def _predicted_peak(spec: StepSpec) -> float:
+    """bench-plan's predicted peak of a row, in bytes per GPU."""
+    from bench.plan.memory import estimate_memory
+
+    return estimate_memory(_plan(spec)).peak.total
 
 
 # ---- the command line ------------------------------------------------------------------------
@@ -629,7 +649,7 @@ def _preset_missing(preset: str, device: torch.device) -> str | None:
 
 def _run(config: StepConfig | None, cli: Invocation) -> Run:
     if cli.args.preset:
-        missing = _preset_missing(cli.args.preset, cli.device)
+        missing = _preset_missing(config, cli.args.preset, cli.device)
         if missing is not None:
             preset = PRESETS[cli.args.preset]
             ranks = PRESETS["leaderboard-2026"]["nproc"]
