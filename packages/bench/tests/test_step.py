@@ -332,34 +332,43 @@ def _fake_gpus(monkeypatch, count: int, total_bytes: int) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
 
 
+ROWS = ["ours fsdp", "ours zero1", "torch-native fsdp:torch"]
+
+
 @pytest.mark.parametrize(
-    ("gpus", "total", "memory", "over"),
+    ("gpus", "total", "memory", "refused", "left_out"),
     [
-        (2, 141 * 10**9, None, []),  # H200s
-        (2, 85 * 10**9, None, []),  # 80 GB H100s: ZeRO-1's 69,153 MiB predicted fits
-        (2, 85 * 10**9, "60GB", ["ours zero1"]),  # --memory below: only ZeRO-1 is over
-        (2, 42 * 10**9, None, ["ours fsdp", "ours zero1", "torch-native fsdp:torch"]),
-        (1, 141 * 10**9, None, None),  # too few GPUs
+        (2, 141 * 10**9, None, [], []),  # H200s: every row
+        (2, 85 * 10**9, None, [], ["ours zero1"]),  # 80 GB H100s: ZeRO-1 left out
+        (2, 141 * 10**9, "80GB", [], ["ours zero1"]),  # H200s standing in for them
+        (2, 42 * 10**9, None, ["ours fsdp", "torch-native fsdp:torch"], None),
+        (1, 141 * 10**9, None, None, None),  # too few GPUs
     ],
 )
-def test_the_preset_runs_where_every_row_is_predicted_to_fit(
-    monkeypatch, gpus, total, memory, over
+def test_the_preset_runs_the_rows_predicted_to_fit(
+    monkeypatch, gpus, total, memory, refused, left_out
 ):
-    from bench.tools.step import _preset_missing
+    """Ours on zero.FSDP and torch-native must fit a GPU's memory less the headroom by
+    bench-plan's prediction, else the preset is refused; the ZeRO-1 row is left out, with a
+    note, where it alone does not fit."""
+    from bench.tools.step import _preset_missing, _preset_rows
 
     _fake_gpus(monkeypatch, gpus, total)
     parser = COMMAND.parser()
     argv = ["--preset", "leaderboard-2026"] + (["--memory", memory] if memory else [])
     config = TOOL.configure(parser.parse_args(argv), parser, "cpu")
     missing = _preset_missing(config, "leaderboard-2026", torch.device("cuda"))
-    if over is None:
+    if refused is None:
         assert missing == "it needs 2 GPUs and finds 1"
-    elif not over:
-        assert missing is None
-    else:
-        named = [row for row in ["ours fsdp", "ours zero1", "torch-native fsdp:torch"]
-                 if f"{row} (" in missing]  # fmt: skip
-        assert named == over and "--parallel fsdp" in missing
+        return
+    if refused:
+        assert [row for row in ROWS if f"{row} (" in missing] == refused
+        return
+    assert missing is None
+    kept, note = _preset_rows(config, torch.device("cuda"))
+    assert [row for row in ROWS if note and f"{row} (" in note] == left_out
+    dropped = {row.split()[-1] for row in left_out}
+    assert kept.parallel == tuple(p for p in config.parallel if p not in dropped)
 
 
 def test_the_memory_cap_sets_the_allocators_share_and_gives_it_back(monkeypatch):

@@ -46,13 +46,13 @@ torch-native FSDP2 row: seven steps a row (the first, compiling one; two that se
 and warm up; three timed; one instrumented), the fewest the multi-rank timer takes, since the
 budgets cover less than one of its steps. `--preset leaderboard-2026-4gpu` is the same step
 at batch 4 over 4 ranks, ours on `zero.FSDP` beside FSDP2. Both need their GPUs, each with the
-memory bench-plan predicts for every row (at 2 ranks the ZeRO-1 row's is the largest: 69,153
-MiB predicted and 69,490 measured on H200s, plan_check_2026-11-28, 72.9 GB, within an 80 GB
-H100; `--parallel fsdp` leaves that row out): elsewhere they say which
-row does not fit and print the depth-reduced command (`--num-layers fit`): on 2 smaller GPUs
-the preset's two ranks cut to the deepest model they fit, on one GPU that GPU's share of the
-batch. `--memory 80GB` on larger GPUs caps each rank's allocator there, so that a run on two
-H200s shows whether the step fits two H100s.
+memory bench-plan predicts for ours on `zero.FSDP` and for torch-native, less `--headroom`;
+elsewhere they say which row does not fit and print the depth-reduced command (`--num-layers
+fit`): on 2 smaller GPUs the preset's two ranks cut to the deepest model they fit, on one GPU
+that GPU's share of the batch. The ZeRO-1 row runs where it is predicted to fit too, and is
+left out (with a note) where not: on two 80 GB H100s, where its tensors alone would take
+69,490 MiB (as measured on H200s). `--memory 80GB` on larger GPUs also caps each rank's
+allocator there, so that two H200s show what two H100s would run.
 
 Examples::
 
