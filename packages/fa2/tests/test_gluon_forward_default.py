@@ -3,8 +3,8 @@ its opaque op under torch.compile.
 
 On the CPU: the setting's values, that an unset setting never warns where the Gluon forward
 cannot run, and the lengths the default takes at each head dim. On an sm_90 GPU: a long
-sequence takes it by default, a short one does not, and a compiled call runs it as `fa2::gluon_forward`
-with the same bits as the eager call, gradients included.
+sequence takes it by default, a short one does not, and a compiled call runs it as
+`fa2::gluon_forward` with the same bits as the eager call, gradients included.
 """
 
 from __future__ import annotations
