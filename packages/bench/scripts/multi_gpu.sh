@@ -34,9 +34,10 @@
 #                combined, end to end, with traces                    ddp_overlap_*/ (a folder)
 #   step         bench-plan's prediction for the leaderboard step's rows (zero1 and FSDP at
 #                this GPU's memory), then bench-step --preset leaderboard-2026 (ours, ZeRO-1,
-#                beside the torch-native step on FSDP2); on GPUs under 140 GB the tool refuses
-#                and prints the depth-reduced command (2 ranks, --num-layers fit), which then
-#                runs in the time left                   plan_leaderboard_*, step_leaderboard_*
+#                beside the torch-native step on FSDP2); where bench-plan predicts zero.FSDP's
+#                or FSDP2's row above the GPUs' memory the tool refuses and prints the
+#                depth-reduced command (2 ranks, --num-layers fit), which then runs in the
+#                time left                   plan_leaderboard_*, step_leaderboard_*
 #   tests        python3 -m pytest -m gpu: fa2's, then every other package's   gpu_tests_*
 #
 # Every part but train-* and tests needs 2 GPUs or more. Limits are allowances, estimated from
@@ -277,7 +278,7 @@ step() {
     start=$SECONDS
     RUN_STDERR=$refused run "$limit" "leaderboard step (--preset)" $PY -m bench step \
         --preset leaderboard-2026 --no-progress $(files "$result") $(tiny preset)
-    if [ "$dry" = 1 ]; then  # what the tool prints on GPUS GPUs under 140 GB, from its own function
+    if [ "$dry" = 1 ]; then  # what the tool prints where a row does not fit, from its own function
         instead=$($PY -c "import shlex; from bench.commands.step import depth_reduced_argv; \
 print(shlex.join(depth_reduced_argv(num_gpus=$GPUS)[1:]))")
     else

@@ -422,6 +422,72 @@ def test_the_preset_says_what_it_needs_and_prints_the_one_gpu_command(capsys):
     )
 
 
+def _fake_gpus(monkeypatch, count: int, total_bytes: int) -> None:
+    """`count` CUDA GPUs of `total_bytes` each, as far as the preset's check can tell."""
+    import bench.tools.step as step
+
+    props = type("Props", (), {"total_memory": total_bytes})()
+    monkeypatch.setattr(step, "_num_gpus", lambda device: count)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+
+
+ROWS = ["ours fsdp", "ours zero1", "torch-native fsdp:torch"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "total", "memory", "refused", "left_out"),
+    [
+        (2, 141 * 10**9, None, [], []),  # H200s: every row
+        (2, 85 * 10**9, None, [], ["ours zero1"]),  # 80 GB H100s: ZeRO-1 left out
+        (2, 141 * 10**9, "80GB", [], ["ours zero1"]),  # H200s standing in for them
+        (2, 42 * 10**9, None, ["ours fsdp", "torch-native fsdp:torch"], None),
+        (1, 141 * 10**9, None, None, None),  # too few GPUs
+    ],
+)
+def test_the_preset_runs_the_rows_predicted_to_fit(
+    monkeypatch, gpus, total, memory, refused, left_out
+):
+    """Ours on zero.FSDP and torch-native must fit a GPU's memory less the headroom by
+    bench-plan's prediction, else the preset is refused; the ZeRO-1 row is left out, with a
+    note, where it alone does not fit."""
+    from bench.tools.step import _preset_missing, _preset_rows
+
+    _fake_gpus(monkeypatch, gpus, total)
+    parser = COMMAND.parser()
+    argv = ["--preset", "leaderboard-2026"] + (["--memory", memory] if memory else [])
+    config = TOOL.configure(parser.parse_args(argv), parser, "cpu")
+    missing = _preset_missing(config, "leaderboard-2026", torch.device("cuda"))
+    if refused is None:
+        assert missing == "it needs 2 GPUs and finds 1"
+        return
+    if refused:
+        assert [row for row in ROWS if f"{row} (" in missing] == refused
+        return
+    assert missing is None
+    kept, note = _preset_rows(config, torch.device("cuda"))
+    assert [row for row in ROWS if note and f"{row} (" in note] == left_out
+    dropped = {row.split()[-1] for row in left_out}
+    assert kept.parallel == tuple(p for p in config.parallel if p not in dropped)
+
+
+def test_the_memory_cap_sets_the_allocators_share_and_gives_it_back(monkeypatch):
+    from bench.core.memory import capped_memory
+
+    _fake_gpus(monkeypatch, 1, 100 * 10**9)
+    shares = []
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, d: shares.append(f)
+    )
+    with capped_memory(80 * 10**9, torch.device("cuda")):
+        assert shares == [pytest.approx(0.8)]
+    assert shares == [pytest.approx(0.8), 1.0]
+    for limit, device in [(None, "cuda"), (100 * 10**9, "cuda"), (10, "cpu")]:
+        with capped_memory(limit, torch.device(device)):
+            pass
+    assert len(shares) == 2  # no cap: none asked for, not below the GPU's, or off CUDA
+
+
 @pytest.mark.parametrize(
     ("num_gpus", "nproc", "memory"), [(0, None, 80e9), (1, None, None), (2, 2, None), (4, 2, None)]
 )

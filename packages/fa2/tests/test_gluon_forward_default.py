@@ -2,9 +2,9 @@
 its opaque op under torch.compile.
 
 On the CPU: the setting's values, that an unset setting never warns where the Gluon forward
-cannot run, and that short sequences keep the Triton forward. On an sm_90 GPU: a long sequence
-takes it by default, a short one does not, and a compiled call runs it as `fa2::gluon_forward`
-with the same bits as the eager call, gradients included.
+cannot run, and the lengths the default takes at each head dim. On an sm_90 GPU: a long
+sequence takes it by default, a short one does not, and a compiled call runs it as
+`fa2::gluon_forward` with the same bits as the eager call, gradients included.
 """
 
 from __future__ import annotations
@@ -44,6 +44,15 @@ def test_gluon_kernels_run_only_on_the_triton_they_are_written_for(
     assert configs.gluon_triton() is written_for
 
 
+@pytest.mark.parametrize(
+    ("head_dim", "seq_len", "taken"),
+    [(64, SHORT_SEQ, False), (64, SHORT_SEQ + 1, True), (128, 2047, False), (128, 2048, True),
+     (128, 32768, True), (32, 32768, False), (256, 32768, False)],
+)  # fmt: skip
+def test_the_default_takes_the_lengths_where_it_measured_faster(head_dim, seq_len, taken):
+    assert configs.gluon_forward_default(head_dim, seq_len) is taken
+
+
 def test_unset_it_falls_back_silently(monkeypatch):
     # On the CPU (or any GPU but sm_90) the Gluon forward cannot run: no warning, Triton runs.
     monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
@@ -76,12 +85,15 @@ def _qkv(n: int, d: int = 64) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize(("n", "gluon"), [(LONG, True), (SHORT_SEQ, False)])
-def test_long_sequences_take_it_by_default(monkeypatch, n, gluon):
+@pytest.mark.parametrize(
+    ("n", "d", "gluon"),
+    [(LONG, 64, True), (SHORT_SEQ, 64, False), (2048, 128, True), (2047, 128, False)],
+)
+def test_long_sequences_take_it_by_default(monkeypatch, n, d, gluon):
     monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
     from fa2.triton.function import run_forward
 
-    q, k, v = (t.detach() for t in _qkv(n))
+    q, k, v = (t.detach() for t in _qkv(n, d))
     _, _, plan = run_forward(q, k, v, is_causal=True)
     assert plan.gluon is gluon
 

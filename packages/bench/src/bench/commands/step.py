@@ -45,10 +45,14 @@ gradients, reductions and AdamW moments): ours on `zero.FSDP`, ours on ZeRO-1, t
 torch-native FSDP2 row: seven steps a row (the first, compiling one; two that set the count
 and warm up; three timed; one instrumented), the fewest the multi-rank timer takes, since the
 budgets cover less than one of its steps. `--preset leaderboard-2026-4gpu` is the same step
-at batch 4 over 4 ranks, ours on `zero.FSDP` beside FSDP2. Both need GPUs of at least 140 GB:
-elsewhere they say so and print the depth-reduced command (`--num-layers fit`): on 2 smaller
-GPUs the preset's two ranks cut to the deepest model they fit, on one GPU that GPU's share of
-the batch.
+at batch 4 over 4 ranks, ours on `zero.FSDP` beside FSDP2. Both need their GPUs, each with the
+memory bench-plan predicts for ours on `zero.FSDP` and for torch-native, less `--headroom`;
+elsewhere they say which row does not fit and print the depth-reduced command (`--num-layers
+fit`): on 2 smaller GPUs the preset's two ranks cut to the deepest model they fit, on one GPU
+that GPU's share of the batch. The ZeRO-1 row runs where it is predicted to fit too, and is
+left out (with a note) where not: on two 80 GB H100s, where its tensors alone would take
+69,490 MiB (as measured on H200s). `--memory 80GB` on larger GPUs also caps each rank's
+allocator there, so that two H200s show what two H100s would run.
 
 `--profile DIR` shows where each row's step spends its time: after the row's timed steps and
 its instrumented one (neither runs under the profiler), one more step on every rank under
@@ -68,8 +72,8 @@ Examples::
         --activation-checkpointing blocks --compile --json step.json --plot step.png
     bench-step --study checkpointing --size xl --context-length 2048 --batch 4 \\
         --precision bf16-autocast --optimizer torch-fused --no-compile --no-native
-    bench-step --preset leaderboard-2026              # 2 GPUs of >= 140 GB each
-    bench-step --preset leaderboard-2026-4gpu         # 4 GPUs of >= 140 GB each
+    bench-step --preset leaderboard-2026              # 2 GPUs, 80 GB each (H100s) or more
+    bench-step --preset leaderboard-2026-4gpu         # 4 GPUs
     bench-step --size small --context-length 512 --batch 8 --nproc 2 --parallel fsdp zero1 \\
         --precision bf16                              # zero.FSDP, ZeRO-1 and torch's FSDP2
     bench-step --preset leaderboard-2026 --profile step_profile  # where each row's time goes
@@ -242,7 +246,9 @@ class StepConfig:
         default_text="none",
     )  # fmt: skip
     memory_bytes: int | None = option(
-        None, "what --num-layers fit fills", group=RUN, flag="memory", parse=memory_argument,
+        None, "the memory per GPU: what --num-layers fit fills, the preset's check, and, below "
+        "the GPU's, a cap on each rank's allocator (a larger GPU standing in for a smaller)",
+        group=RUN, flag="memory", parse=memory_argument,
         default_text="the GPU's", metavar="SIZE",
     )  # fmt: skip
     headroom: float = option(DEFAULT_HEADROOM, "share --num-layers fit leaves free", group=RUN)

@@ -40,7 +40,7 @@ _HANDOUT_GPUS, _HANDOUT_BATCH = 2, 2
 FULL_RUN = (
     "two GPUs: the leaderboard's own two B200s, or for bench-step's `--preset "
     f"leaderboard-2026` (the {_BLOCKS}-block model, batch 2 over two ranks, ours on zero.FSDP "
-    "and on ZeRO-1 beside FSDP2) two GPUs of at least 140 GB such as two H200s"
+    "and on ZeRO-1 beside FSDP2) two GPUs of at least 80 GB such as two H100s or H200s"
 )
 
 

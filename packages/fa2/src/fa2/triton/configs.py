@@ -26,10 +26,11 @@ may compare candidates by changing them between calls):
   in L2 together.
 - FA2_GLUON_FORWARD: the hand warp-specialised Gluon forward (`fa2.triton.gluon_forward`)
   in place of the Triton one. Unset ("auto"), it runs where it measured faster: sm_90, bf16 or
-  fp16, sequences longer than `SHORT_SEQ`, a call it takes (d 64 or 128, no grouped heads,
-  window, softcap, packed sequences or bottom-right diagonal, TMA-aligned strides, static
-  shapes), silently falling back otherwise. 1 forces it (FA3's intra-warpgroup overlap)
-  wherever a call allows it, warning why (once per reason) where not; "pingpong" adds FA3's
+  fp16, sequences of at least `GLUON_FORWARD_MIN_SEQ` tokens at the head dim, a call it takes
+  (d 64 or 128, no grouped heads, window, softcap, packed sequences or bottom-right diagonal,
+  TMA-aligned strides, static shapes), silently falling back otherwise. 1 forces it (FA3's
+  intra-warpgroup overlap) wherever a call allows it, warning why (once per reason) where
+  not; "pingpong" adds FA3's
   inter-warpgroup ping-pong, "plain" runs it with neither, to measure what each buys; 0 never
   runs it. Under torch.compile it runs as the opaque op `fa2::gluon_forward` (Inductor
   launches Triton kernels, not Gluon ones).
@@ -67,6 +68,7 @@ __all__ = [
     "DQ",
     "FORWARD",
     "GLUON_BACKWARD_AUTO_HEAD_DIMS",
+    "GLUON_FORWARD_MIN_SEQ",
     "GLUON_TRITON",
     "INTERPRET",
     "KERNELS",
@@ -86,6 +88,7 @@ __all__ = [
     "dot_precision",
     "forced_tile",
     "gluon_backward_default",
+    "gluon_forward_default",
     "gluon_forward_requested",
     "gluon_triton",
     "head_counts",
@@ -140,6 +143,14 @@ def gluon_forward_requested() -> str | None:
             f'FA2_GLUON_FORWARD must be unset, 0, 1, "pingpong" or "plain", got {text!r}'
         )
     return "overlap" if text == "1" else text
+
+
+def gluon_forward_default(head_dim: int, seq_len: Any) -> bool:
+    """Whether FA2_GLUON_FORWARD unset ("auto") asks for the Gluon forward at `head_dim` and
+    `seq_len` (the longer of the query and key lengths): where it measured faster
+    (GLUON_FORWARD_MIN_SEQ). A traced symbolic length takes it only where it is known to."""
+    least = GLUON_FORWARD_MIN_SEQ.get(head_dim)
+    return least is not None and known_true(seq_len >= least)
 
 
 def autotuning() -> bool:
@@ -300,6 +311,15 @@ class Tile(NamedTuple):
 # take the plain kernels. Compiled for sm_90 on a CPU: docs/design/fa2.md, "Warp
 # specialisation on Hopper".
 SHORT_SEQ = 4096
+
+# The shortest sequences the Gluon forward takes by default, by head dim (`gluon_forward_default`):
+# where it measured faster than the Triton forward on H200s. d = 128: from 2,048 tokens, faster at
+# (4, 32, 2048, 128) in both screens that forced it (0.333 against 0.352 ms,
+# fa2_hopper_screen_h200_2026-11-28_gluon; 0.334 against 0.346,
+# fa2_hopper_screen_h200_2026-11-28_gluonfwd) and at every longer shape; shorter d = 128 sequences
+# are untimed. d = 64: past SHORT_SEQ only, slower at and below it (0.411 against 0.370 ms at
+# (4, 16, 4096, 64), 0.164 against 0.094 at (32, 16, 512, 64), the same _gluonfwd screen).
+GLUON_FORWARD_MIN_SEQ = {64: SHORT_SEQ + 1, 128: 2048}
 FORWARD = {
     # the second tile runs the warp-specialised kernel's loop (tests force it)
     "interpreter": [Tile(32, 16, 1, 1), Tile(32, 16, 1, 1, tma=True, ws=True)],

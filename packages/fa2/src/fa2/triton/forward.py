@@ -20,15 +20,14 @@ from fa2.checks import Call
 from fa2.layouts import as_bhsd
 from fa2.triton.configs import (
     FORWARD,
-    SHORT_SEQ,
     Tile,
     cdiv,
     choose_tile,
+    gluon_forward_default,
     gluon_forward_requested,
     head_counts,
     kernel_meta,
     kernel_scales,
-    known_true,
     seq_bucket,
     tile_settings,
 )
@@ -342,13 +341,14 @@ class ForwardPlan:
     def _gluon_allowed(
         self, views: tuple, strides: list[tuple[int, int, int]], group: int, *, auto: bool
     ) -> bool:
-        """Whether this call runs the Gluon forward. `auto` (FA2_GLUON_FORWARD unset): only for
-        sequences longer than `SHORT_SEQ`, where it measured faster than the Triton forward
-        (docs/design/fa2.md, "The Gluon forward"), and silently; forced: wherever the call
-        allows it, warning why (once per reason) where it does not."""
+        """Whether this call runs the Gluon forward. `auto` (FA2_GLUON_FORWARD unset): only
+        where it measured faster than the Triton forward (`gluon_forward_default`: sequences of
+        at least `GLUON_FORWARD_MIN_SEQ` tokens at the head dim; docs/design/fa2.md, "The Gluon
+        forward"), and silently; forced: wherever the call allows it, warning why (once per
+        reason) where it does not."""
         from fa2.triton.gluon_forward import gluon_forward_refusal
 
-        if auto and not known_true(self.seq_len > SHORT_SEQ):
+        if auto and not gluon_forward_default(self.meta["HEAD_DIM"], self.seq_len):
             return False
         meta = self.meta
         sizes = (*views[0].shape, *views[1].shape, *(s for st in strides for s in st))

@@ -105,9 +105,21 @@ __all__ = [
 BLOCK_N = 128
 BLOCK_M = 64
 # Q/dO buffers the loader may fill ahead of the compute warps: 2 (FA3's) keeps shared memory at
-# K, V (64 KiB at d=128) + 2 x Q, dO (64 KiB) + dSᵀ (16 KiB) + the fp32 dQ partial (32 KiB),
-# 176 KiB of the 227 KiB a Hopper block may have.
+# K, V (64 KiB at d=128) + 2 x Q, dO (64 KiB) + dSᵀ (16 KiB) + the fp32 dQ partials (32 KiB
+# each, DQ_SLOTS of them), 208 KiB with two of the 227 KiB a Hopper block may have.
 STAGES = 2
+# dQ partial buffers (`dq_smem` slots): with two, the compute warps write tile i + 1's partial
+# while the reducer still adds tile i's (in the ordered form: waits for its turn, adds, waits
+# for completion), so a reducer one step late does not stall the matmuls. 32 KiB each at
+# d = 128: 208 KiB in all with the buffers above. Against one slot, in one run on an H200
+# (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28_dqslots.md): 95.231 against 96.279 ms
+# ordered and 90.488 against 90.846 unordered at (2, 32, 32768, 128), 5.653 against 5.809
+# unordered at (1, 16, 16384, 128); the other rows within 1.3 % either way.
+DQ_SLOTS = 2
+# The ordered form counts a query tile's turn once its additions are complete; late (True), after
+# issuing the next tile's additions, so that the reducer does not idle while they complete. A
+# candidate, not yet timed on a GPU: off by default.
+DQ_LATE_RELEASE = False
 HEAD_DIMS = (64, 128)
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
@@ -189,18 +201,31 @@ if HAVE_GLUON:
             mbarrier.arrive(bar, count=1)
 
     @gluon.jit
-    def _bulk_writes_done():
-        """`cp.async.bulk.wait_group 0` (no `.read`): this thread's bulk operations have
-        completed, their writes visible to it, then `fence.proxy.async.global`, which orders
-        them before its later generic-proxy accesses (the release that follows)."""
-        gl.inline_asm_elementwise(
-            "cp.async.bulk.wait_group 0;\nfence.proxy.async.global;\nmov.u32 $0, 0;",
-            "=r",
-            [],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
+    def _bulk_writes_done(PENDING: gl.constexpr):
+        """`cp.async.bulk.wait_group PENDING` (no `.read`): this thread's bulk operations but
+        its PENDING most recent groups have completed, their writes visible to it, then
+        `fence.proxy.async.global`, which orders them before its later generic-proxy accesses
+        (the release that follows)."""
+        if PENDING == 0:
+            gl.inline_asm_elementwise(
+                "cp.async.bulk.wait_group 0;\nfence.proxy.async.global;\nmov.u32 $0, 0;",
+                "=r", [], dtype=gl.int32, is_pure=False, pack=1,
+            )  # fmt: skip
+        else:
+            gl.static_assert(PENDING == 1, "one group in flight at most")
+            gl.inline_asm_elementwise(
+                "cp.async.bulk.wait_group 1;\nfence.proxy.async.global;\nmov.u32 $0, 0;",
+                "=r", [], dtype=gl.int32, is_pure=False, pack=1,
+            )  # fmt: skip
+
+    @gluon.jit
+    def _count_done(sem, lane, none, PENDING: gl.constexpr):
+        """The ordered form's hand-over: once this reducer's additions but its PENDING most
+        recent groups are complete (each issuing thread waits for its own), count the tile
+        whose semaphore `sem` is (release, GPU scope: the next key tile may add)."""
+        _bulk_writes_done(PENDING)
+        gl.thread_barrier()  # both warps' additions before the one release
+        gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
 
     @gluon.jit
     def _wait_for_count(counters, count):
@@ -234,6 +259,8 @@ if HAVE_GLUON:
         IS_CAUSAL: gl.constexpr,
         ORDERED: gl.constexpr,
         DROP: gl.constexpr,
+        DQ_SLOTS: gl.constexpr,
+        LATE_RELEASE: gl.constexpr,
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
         sm_scale·dS K in `dq_smem`, add it into this head's global fp32 dQ rows with TMA
@@ -250,12 +277,16 @@ if HAVE_GLUON:
         tile n·BLOCK_N/BLOCK_M, so a higher one reaches m in fewer steps), and the launch
         starts the higher ones first (`_gluon_bwd_kernel`), so a tile seldom waits long.
 
+        LATE_RELEASE (ordered only): count tile m's semaphore after issuing the next tile's
+        additions rather than before, so that waiting for m's to complete overlaps that
+        issue instead of holding the reducer; each count comes about one step later.
+
         DROP, a timing probe only (`launch(drop_dq=True)`): each partial is released unread,
         so a run measures the backward without dQ's additions; its dQ stays zero."""
         if DROP:
             for i in range(n_tiles):
-                mbarrier.wait(dq_ready, i & 1)
-                mbarrier.arrive(dq_empty, count=1)
+                mbarrier.wait(dq_ready.index(i % DQ_SLOTS), (i // DQ_SLOTS) & 1)
+                mbarrier.arrive(dq_empty.index(i % DQ_SLOTS), count=1)
         else:
             lanes: gl.constexpr = gl.BlockedLayout([1], [32], [REDUCER_WARPS], [0])
             lane = gl.arange(0, 32 * REDUCER_WARPS, lanes)
@@ -266,6 +297,7 @@ if HAVE_GLUON:
             # partitions split, so that the compute warps (registers full) hold nothing more.
             sem_rows = dq_sem + gl.program_id(1).to(gl.int64) * gl.cdiv(n_q, BLOCK_M)
             first_m = start_m // BLOCK_M
+            last_sem = sem_rows + none  # LATE_RELEASE: the previous tile's, counted late
             for i in range(n_tiles):
                 m = first_m + i
                 sem = sem_rows + m + none
@@ -277,15 +309,21 @@ if HAVE_GLUON:
                     else:
                         top = none + last_key_tile
                     _wait_for_count(sem, top - key_tile)
-                mbarrier.wait(dq_ready, i & 1)  # 4: the fenced partial is in dq_smem
-                async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem)  # 5
-                tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, dq_smem read
+                t = i % DQ_SLOTS  # the partial's slot
+                mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4: the partial is in
+                async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))  # 5
+                tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, the slot read
                 gl.thread_barrier()  # 7: both warps' waits before the one arrival
-                mbarrier.arrive(dq_empty, count=1)
+                mbarrier.arrive(dq_empty.index(t), count=1)
                 if ORDERED:
-                    _bulk_writes_done()  # each issuing thread: its additions complete
-                    gl.thread_barrier()  # both warps' additions before the one release
-                    gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
+                    if LATE_RELEASE:
+                        if i > 0:  # the previous tile's additions, all but this one's group
+                            _count_done(last_sem, lane, none, 1)
+                        last_sem = sem
+                    else:
+                        _count_done(sem, lane, none, 0)
+            if ORDERED and LATE_RELEASE and n_tiles > 0:
+                _count_done(last_sem, lane, none, 0)
 
     @gluon.jit
     def _compute(
@@ -315,6 +353,7 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr,
         IS_CAUSAL: gl.constexpr,
+        DQ_SLOTS: gl.constexpr,
     ):
         """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
         program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's 64 x HEAD_DIM
@@ -371,14 +410,17 @@ if HAVE_GLUON:
                 ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
             )
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-            mbarrier.wait(dq_empty, (i & 1) ^ 1)  # the reducer has read the last partial
-            dq_smem.store(dq * sm_scale)  # here, not in the reducer, whose registers are few
+            # The reducer has read the slot's last partial (tile i - DQ_SLOTS); the first
+            # DQ_SLOTS waits pass on the fresh barriers (parity 1).
+            t = i % DQ_SLOTS
+            mbarrier.wait(dq_empty.index(t), ((i // DQ_SLOTS) & 1) ^ 1)
+            dq_smem.index(t).store(dq * sm_scale)  # here: the reducer's registers are few
             fence_async_shared()  # the TMA unit reads the partial: steps 1-3 of the docstring
             # One barrier for both hand-overs: both warpgroups are done with Q, dO and dSᵀ
             # (their wgmmas waited for) and have stored their halves of the partial.
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
-            mbarrier.arrive(dq_ready, count=1)
+            mbarrier.arrive(dq_ready.index(t), count=1)
 
         # K and V are read no more: their buffers hold dK and dV on the way out.
         k_smem.store((dk * sm_scale).to(dtype))
@@ -441,8 +483,9 @@ if HAVE_GLUON:
         REDUCER_WARPS: gl.constexpr,
         REDUCER_REGS: gl.constexpr,
         DQ_ORDERED: gl.constexpr,
-        LONGEST_FIRST: gl.constexpr,
         DQ_DROP: gl.constexpr,
+        DQ_SLOTS: gl.constexpr,
+        DQ_LATE_RELEASE: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -452,9 +495,9 @@ if HAVE_GLUON:
         gl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
         qk_scale = qk_scale.to(gl.float32)
         sm_scale = sm_scale.to(gl.float32)
-        # Ordered: the highest key tiles first, the order they add dQ in (`_reducer`), unless
-        # LONGEST_FIRST keeps the grid's order (the longest first), a candidate order.
-        if DQ_ORDERED and not LONGEST_FIRST:
+        # Ordered: the highest key tiles first, the order they add dQ in (`_reducer`), so that
+        # a key tile only ever waits for programs launched before it (module docstring).
+        if DQ_ORDERED:
             pid_n = gl.num_programs(0) - 1 - gl.program_id(0)
         else:
             pid_n = gl.program_id(0)
@@ -497,20 +540,21 @@ if HAVE_GLUON:
         lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
         delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dq_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_SLOTS, BLOCK_M, HEAD_DIM], dq_layout)
 
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         kv_ready = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        dq_ready = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-        dq_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+        dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_SLOTS, 1], bar_layout)
+        dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_SLOTS, 1], bar_layout)
         mbarrier.init(kv_ready, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=2)  # the TMA bytes' arrival + the loader's
             mbarrier.init(empty.index(s), count=1)
-        mbarrier.init(dq_ready, count=1)
-        mbarrier.init(dq_empty, count=1)
+        for t in gl.static_range(DQ_SLOTS):
+            mbarrier.init(dq_ready.index(t), count=1)
+            mbarrier.init(dq_empty.index(t), count=1)
         fence_async_shared()  # the initialised barriers visible to the TMA unit
 
         # Query tiles that see this key tile: from its diagonal on when causal (BLOCK_N is a
@@ -532,7 +576,7 @@ if HAVE_GLUON:
                         dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                         ds_smem, dq_smem, kv_ready, ready, empty, dq_ready, dq_empty, n0,
                         start_m, n_tiles, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                        STAGES, IS_CAUSAL,
+                        STAGES, IS_CAUSAL, DQ_SLOTS,
                     ),
                 ),
                 (
@@ -548,6 +592,7 @@ if HAVE_GLUON:
                     (
                         dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, n0, start_m, n_tiles, N_Q,
                         N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL, DQ_ORDERED, DQ_DROP,
+                        DQ_SLOTS, DQ_LATE_RELEASE,
                     ),
                 ),
             ],
@@ -612,18 +657,19 @@ def launch(
     scale: float,
     causal: bool,
     deterministic: bool = False,
-    longest_first: bool = False,
+    dq_slots: int = DQ_SLOTS,
+    late_release: bool = DQ_LATE_RELEASE,
     drop_dq: bool = False,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
     contiguous fp32 `(..., heads, n_q, d)` tensor (the caller casts it). `deterministic`: the
     key tiles add into each dQ tile in a fixed order (`_reducer`), so dQ's bits repeat.
-    `longest_first`: where deterministic, launch each head's longest key tiles first (the
-    unordered form's order) rather than the highest first; a candidate order, to measure
-    against the tail it would remove and the waits it would add (docs/design/fa2.md, "The
-    ordered form"). `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for
-    gradients. One key/value head per query head; `unsupported_reason` must have said None."""
+    `dq_slots`: dQ partial buffers (`DQ_SLOTS`; 1 to measure what the second buys).
+    `late_release`: where deterministic, count each query tile's turn one step late
+    (`DQ_LATE_RELEASE`, `_reducer`'s LATE_RELEASE).
+    `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for gradients.
+    One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
     sq, sk, sv, so, sdo, sdk = strides
@@ -654,7 +700,8 @@ def launch(
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        LONGEST_FIRST=longest_first, DQ_DROP=drop_dq, num_warps=COMPUTE_WARPS,
+        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, DQ_LATE_RELEASE=late_release,
+        num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 

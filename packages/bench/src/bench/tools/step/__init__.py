@@ -31,7 +31,7 @@ from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.env import device_name
 from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
 from bench.core.layouts import DTYPES, LAYOUTS, PRECISIONS, autocast_dtype, compute_dtype
-from bench.core.memory import GIB, MIB, free_memory
+from bench.core.memory import GIB, MIB, capped_memory, free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import Bars, stacked_bar_plot
 from bench.core.ranks import is_primary
@@ -62,8 +62,6 @@ __all__ = [
     "step_specs",
 ]
 
-# The preset needs this much memory per GPU (the handout's 2 B200s; an H200 has 141 GB).
-PRESET_MEMORY_BYTES = 140e9
 _CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 
 
@@ -235,16 +233,19 @@ def _profile_dir(config: StepConfig) -> Path | None:
 def _measure_case(
     spec: StepSpec, config: StepConfig, rank: int, device: torch.device
 ) -> dict[str, Any]:
-    """One rank's numbers for one row (a module-level function: spawned ranks import it)."""
-    return measure_step(spec, rank=rank, device=device, profile=_profile_dir(config))
+    """One rank's numbers for one row (a module-level function: spawned ranks import it), the
+    allocator capped at `--memory` (`capped_memory`)."""
+    with capped_memory(config.memory_bytes, device):
+        return measure_step(spec, rank=rank, device=device, profile=_profile_dir(config))
 
 
 def _measure_here(spec: StepSpec, config: StepConfig, device: torch.device) -> list[dict[str, Any]]:
     """The row's numbers on this process's one rank, out of memory as a status."""
-    outcome = guarded(
-        lambda: measure_step(spec, rank=0, device=device, profile=_profile_dir(config)),
-        device=device,
-    )
+    profile = _profile_dir(config)
+    with capped_memory(config.memory_bytes, device):
+        outcome = guarded(
+            lambda: measure_step(spec, rank=0, device=device, profile=profile), device=device
+        )
     return [{**outcome.value, "status": OK} if outcome.ok else {"status": outcome.status}]
 
 
@@ -644,29 +645,73 @@ def depth_reduced_command(device: torch.device) -> str:
     return " ".join(depth_reduced_argv(num_gpus=_num_gpus(device)))
 
 
-def _preset_missing(preset: str, device: torch.device) -> str | None:
-    """Why this machine cannot run the leaderboard preset `preset`, or None when it can."""
+def _preset_memory(config: StepConfig, device: torch.device) -> int:
+    """The memory per GPU the preset has: the smallest of its GPUs', or `--memory` if less."""
+    ranks = min(_num_gpus(device), torch.cuda.device_count())
+    memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(ranks))
+    return memory if config.memory_bytes is None else min(memory, config.memory_bytes)
+
+
+def _rows_over(config: StepConfig, budget: float) -> list[tuple[StepSpec, float]]:
+    """The rows whose peak bench-plan predicts above `budget` bytes per GPU, with that peak."""
+    from bench.plan.memory import estimate_memory
+
+    peaks = [(spec, estimate_memory(_plan(spec)).peak.total) for spec in step_specs(config)]
+    return [(spec, peak) for spec, peak in peaks if peak > budget]
+
+
+def _named(rows: Sequence[tuple[StepSpec, float]]) -> str:
+    return ", ".join(f"{spec.impl} {spec.layout} ({peak / GIB:.1f} GiB)" for spec, peak in rows)
+
+
+def _preset_missing(config: StepConfig, preset: str, device: torch.device) -> str | None:
+    """Why this machine cannot run the leaderboard preset `preset` (built into `config`), or
+    None when it can: too few GPUs, or bench-plan predicts its headline rows (ours on its first
+    layout, zero.FSDP, and torch-native) above a GPU's memory less `--headroom` (the allocator
+    needs more than the tensors: the ZeRO-1 row, whose tensors peak at 69,490 MiB on H200s,
+    ran out of memory with each rank's allocator capped at 80 GB; step_leaderboard_2xh200_
+    2026-11-28_gluonbwd and _cap80gb; see `_preset_rows`)."""
     if device.type != "cuda":
         return "it needs CUDA GPUs, and this run has none"
     ranks, needed = _num_gpus(device), PRESETS[preset]["nproc"]
     if ranks < needed:
         return f"it needs {needed} GPUs and finds {ranks}"
-    for index in range(min(ranks, torch.cuda.device_count())):
-        memory = torch.cuda.get_device_properties(index).total_memory
-        if memory < PRESET_MEMORY_BYTES:
-            return (
-                f"it needs {PRESET_MEMORY_BYTES / 1e9:.0f} GB per GPU and GPU {index} has "
-                f"{memory / 1e9:.1f} GB ({memory / GIB:.1f} GiB)"
-            )
+    memory = _preset_memory(config, device)
+    headline = (config.parallel[0], "fsdp:torch")
+    over = [(s, p) for s, p in _rows_over(config, memory * (1 - config.headroom))
+            if s.layout in headline]  # fmt: skip
+    if over:
+        return (
+            f"bench-plan predicts {_named(over)} above the {memory / GIB:.1f} GiB per GPU here "
+            f"less {config.headroom:.0%} headroom"
+        )
     return None
+
+
+def _preset_rows(config: StepConfig, device: torch.device) -> tuple[StepConfig, str | None]:
+    """The preset's config without the rows of ours (beyond its first layout) that bench-plan
+    predicts above a GPU's memory less `--headroom` (on two 80 GB H100s, ZeRO-1), and a note
+    naming them; the config unchanged and None when every row fits."""
+    memory = _preset_memory(config, device)
+    over = _rows_over(config, memory * (1 - config.headroom))
+    if not over:
+        return config, None
+    dropped = {spec.layout for spec, _ in over}
+    kept = tuple(layout for layout in config.parallel if layout not in dropped)
+    note = (
+        f"Left out of the preset: {_named(over)}, which bench-plan predicts above the "
+        f"{memory / GIB:.1f} GiB per GPU here less {config.headroom:.0%} headroom."
+    )
+    return replace(config, parallel=kept), note
 
 
 # ---- the command line ------------------------------------------------------------------------
 
 
 def _run(config: StepConfig | None, cli: Invocation) -> Run:
+    left_out = None  # the preset's rows predicted not to fit (`_preset_rows`)
     if cli.args.preset:
-        missing = _preset_missing(cli.args.preset, cli.device)
+        missing = _preset_missing(config, cli.args.preset, cli.device)
         if missing is not None:
             preset = PRESETS[cli.args.preset]
             ranks = PRESETS["leaderboard-2026"]["nproc"]
@@ -683,8 +728,14 @@ def _run(config: StepConfig | None, cli: Invocation) -> Run:
                 "Run the depth-reduced leaderboard model instead (the most blocks that fit, "
                 f"{instead}):\n\n  {depth_reduced_command(cli.device)}\n",
             )
+        config, left_out = _preset_rows(config, cli.device)
+        if left_out is not None:
+            print(f"bench-step: {left_out}", file=sys.stderr)
     with usage_errors(cli.parser):
-        return run_step(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
+        run = run_step(config, device=cli.device, command=cli.command, timeout=cli.args.timeout)
+    if left_out is not None:
+        run.notes.append(left_out)
+    return run
 
 
 TOOL = Tool(run=_run, config=StepConfig, preset=step_given, plot=plot_step)
