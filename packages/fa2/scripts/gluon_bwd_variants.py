@@ -9,11 +9,9 @@ convention (2.5 x the causal forward's 2·B·H·S²·D):
 - "cudnn": SDPA's cuDNN backend, forward+backward less its forward (cuDNN's backward cannot be
   launched alone through torch's public API);
 - one row per Gluon variant (`gluon_backward.launch` keywords): dQ's additions as they come, in
-  a fixed order (`deterministic`; also with each query tile's turn counted one step late,
-  `late_release`), each also with one dQ partial buffer instead of `DQ_SLOTS` (`dq_slots=1`,
-  the form before the second), and a timing probe that drops them (`drop_dq`:
-  the reducer releases each partial unread, so the row is the time without dQ's additions; its dQ is
-  wrong by design and never checked).
+  a fixed order (`deterministic`), each also with two dQ partial buffers (`dq_slots=2`), and
+  a timing probe that drops them (`drop_dq`: the reducer releases each partial unread, so the
+  row is the time without dQ's additions; its dQ is wrong by design and never checked).
 
 Each variant's dk and dv (and dQ, where added) are compared with fa2's two-pass backward's on
 the same inputs, so a variant that is fast because it is wrong shows it, and each dQ with a
@@ -52,9 +50,8 @@ SHAPES = [(2, 32, 32768, 128), (1, 16, 16384, 128), (1, 16, 16384, 64), (4, 32, 
 VARIANTS = {  # row name: gluon_backward.launch keywords
     "gluon": {},
     "gluon ordered": dict(deterministic=True),
-    "gluon ordered, late release": dict(deterministic=True, late_release=True),
-    "gluon, 1 dQ slot": dict(dq_slots=1),
-    "gluon ordered, 1 dQ slot": dict(deterministic=True, dq_slots=1),
+    "gluon, 2 dQ slots": dict(dq_slots=2),
+    "gluon ordered, 2 dQ slots": dict(deterministic=True, dq_slots=2),
     "probe: no dQ adds": dict(drop_dq=True),
 }
 

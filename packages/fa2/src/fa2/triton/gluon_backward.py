@@ -108,18 +108,14 @@ BLOCK_M = 64
 # K, V (64 KiB at d=128) + 2 x Q, dO (64 KiB) + dSᵀ (16 KiB) + the fp32 dQ partials (32 KiB
 # each, DQ_SLOTS of them), 208 KiB with two of the 227 KiB a Hopper block may have.
 STAGES = 2
-# dQ partial buffers (`dq_smem` slots): with two, the compute warps write tile i + 1's partial
-# while the reducer still adds tile i's (in the ordered form: waits for its turn, adds, waits
-# for completion), so a reducer one step late does not stall the matmuls. 32 KiB each at
-# d = 128: 208 KiB in all with the buffers above. Against one slot, in one run on an H200
-# (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28_dqslots.md): 95.231 against 96.279 ms
-# ordered and 90.488 against 90.846 unordered at (2, 32, 32768, 128), 5.653 against 5.809
-# unordered at (1, 16, 16384, 128); the other rows within 1.3 % either way.
-DQ_SLOTS = 2
-# The ordered form counts a query tile's turn once its additions are complete; late (True), after
-# issuing the next tile's additions, so that the reducer does not idle while they complete. A
-# candidate, not yet timed on a GPU: off by default.
-DQ_LATE_RELEASE = False
+# dQ partial buffers (`dq_smem` slots). One: the compute warps write tile i + 1's partial once
+# the reducer has read tile i's. Two (32 KiB more at d = 128, 208 KiB in all) would let the
+# reducer fall one step behind; in two runs on H200s they measured no steady gain
+# (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28_dqslots.md and _late.md: at
+# (2, 32, 32768, 128) ordered 95.231 against 96.279 ms, then 94.289 against 94.290; unordered
+# 90.488 against 90.846, then 93.070 against 90.773), so the plainer one stays; `launch(dq_slots=2)`
+# measures the other.
+DQ_SLOTS = 1
 HEAD_DIMS = (64, 128)
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
@@ -201,31 +197,18 @@ if HAVE_GLUON:
             mbarrier.arrive(bar, count=1)
 
     @gluon.jit
-    def _bulk_writes_done(PENDING: gl.constexpr):
-        """`cp.async.bulk.wait_group PENDING` (no `.read`): this thread's bulk operations but
-        its PENDING most recent groups have completed, their writes visible to it, then
-        `fence.proxy.async.global`, which orders them before its later generic-proxy accesses
-        (the release that follows)."""
-        if PENDING == 0:
-            gl.inline_asm_elementwise(
-                "cp.async.bulk.wait_group 0;\nfence.proxy.async.global;\nmov.u32 $0, 0;",
-                "=r", [], dtype=gl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-        else:
-            gl.static_assert(PENDING == 1, "one group in flight at most")
-            gl.inline_asm_elementwise(
-                "cp.async.bulk.wait_group 1;\nfence.proxy.async.global;\nmov.u32 $0, 0;",
-                "=r", [], dtype=gl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-
-    @gluon.jit
-    def _count_done(sem, lane, none, PENDING: gl.constexpr):
-        """The ordered form's hand-over: once this reducer's additions but its PENDING most
-        recent groups are complete (each issuing thread waits for its own), count the tile
-        whose semaphore `sem` is (release, GPU scope: the next key tile may add)."""
-        _bulk_writes_done(PENDING)
-        gl.thread_barrier()  # both warps' additions before the one release
-        gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
+    def _bulk_writes_done():
+        """`cp.async.bulk.wait_group 0` (no `.read`): this thread's bulk operations have
+        completed, their writes visible to it, then `fence.proxy.async.global`, which orders
+        them before its later generic-proxy accesses (the release that follows)."""
+        gl.inline_asm_elementwise(
+            "cp.async.bulk.wait_group 0;\nfence.proxy.async.global;\nmov.u32 $0, 0;",
+            "=r",
+            [],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
     def _wait_for_count(counters, count):
@@ -260,7 +243,6 @@ if HAVE_GLUON:
         ORDERED: gl.constexpr,
         DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        LATE_RELEASE: gl.constexpr,
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
         sm_scale·dS K in `dq_smem`, add it into this head's global fp32 dQ rows with TMA
@@ -276,10 +258,6 @@ if HAVE_GLUON:
         tiles reach m when they run side by side (key tile n starts at its diagonal, query
         tile n·BLOCK_N/BLOCK_M, so a higher one reaches m in fewer steps), and the launch
         starts the higher ones first (`_gluon_bwd_kernel`), so a tile seldom waits long.
-
-        LATE_RELEASE (ordered only): count tile m's semaphore after issuing the next tile's
-        additions rather than before, so that waiting for m's to complete overlaps that
-        issue instead of holding the reducer; each count comes about one step later.
 
         DROP, a timing probe only (`launch(drop_dq=True)`): each partial is released unread,
         so a run measures the backward without dQ's additions; its dQ stays zero."""
@@ -297,7 +275,6 @@ if HAVE_GLUON:
             # partitions split, so that the compute warps (registers full) hold nothing more.
             sem_rows = dq_sem + gl.program_id(1).to(gl.int64) * gl.cdiv(n_q, BLOCK_M)
             first_m = start_m // BLOCK_M
-            last_sem = sem_rows + none  # LATE_RELEASE: the previous tile's, counted late
             for i in range(n_tiles):
                 m = first_m + i
                 sem = sem_rows + m + none
@@ -316,14 +293,9 @@ if HAVE_GLUON:
                 gl.thread_barrier()  # 7: both warps' waits before the one arrival
                 mbarrier.arrive(dq_empty.index(t), count=1)
                 if ORDERED:
-                    if LATE_RELEASE:
-                        if i > 0:  # the previous tile's additions, all but this one's group
-                            _count_done(last_sem, lane, none, 1)
-                        last_sem = sem
-                    else:
-                        _count_done(sem, lane, none, 0)
-            if ORDERED and LATE_RELEASE and n_tiles > 0:
-                _count_done(last_sem, lane, none, 0)
+                    _bulk_writes_done()  # each issuing thread: its additions complete
+                    gl.thread_barrier()  # both warps' additions before the one release
+                    gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
 
     @gluon.jit
     def _compute(
@@ -485,7 +457,6 @@ if HAVE_GLUON:
         DQ_ORDERED: gl.constexpr,
         DQ_DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        DQ_LATE_RELEASE: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -592,7 +563,7 @@ if HAVE_GLUON:
                     (
                         dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, n0, start_m, n_tiles, N_Q,
                         N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL, DQ_ORDERED, DQ_DROP,
-                        DQ_SLOTS, DQ_LATE_RELEASE,
+                        DQ_SLOTS,
                     ),
                 ),
             ],
@@ -658,7 +629,6 @@ def launch(
     causal: bool,
     deterministic: bool = False,
     dq_slots: int = DQ_SLOTS,
-    late_release: bool = DQ_LATE_RELEASE,
     drop_dq: bool = False,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
@@ -666,8 +636,6 @@ def launch(
     contiguous fp32 `(..., heads, n_q, d)` tensor (the caller casts it). `deterministic`: the
     key tiles add into each dQ tile in a fixed order (`_reducer`), so dQ's bits repeat.
     `dq_slots`: dQ partial buffers (`DQ_SLOTS`; 1 to measure what the second buys).
-    `late_release`: where deterministic, count each query tile's turn one step late
-    (`DQ_LATE_RELEASE`, `_reducer`'s LATE_RELEASE).
     `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for gradients.
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
@@ -700,8 +668,7 @@ def launch(
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, DQ_LATE_RELEASE=late_release,
-        num_warps=COMPUTE_WARPS,
+        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
