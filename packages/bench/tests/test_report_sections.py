@@ -310,6 +310,25 @@ def test_the_full_step_on_more_gpus_follows_the_handouts_and_says_how_it_scaled(
     assert "tokens per second grow 2.48× for 2× the GPUs (124% scaling efficiency)" in section
 
 
+def test_a_step_with_capped_allocators_is_a_stand_in_said_apart(save, tmp_path):
+    """A run whose ranks' allocators `--memory` capped (a stand-in for smaller GPUs) never
+    replaces the whole GPUs' newest run, and is said in a paragraph of its own, its rows that
+    ran out of memory included."""
+    save("step_leaderboard_2xh100_2026-11-28", "step", _full_rows(2, 6206.0, 5801.0, 40656.5),
+         date="2026-11-28")  # fmt: skip
+    capped = _full_rows(2, 5467.0, 5096.0, 48632.0)
+    capped.insert(1, {**capped[0], "layout": "zero1", "status": "OOM", "step_ms": None,
+                      "peak_mib": None, "time_vs_native": None})  # fmt: skip
+    save("step_leaderboard_2xh100_2026-11-29_cap80gb", "step", capped, date="2026-11-29",
+         config={"memory_bytes": 80 * 10**9})  # fmt: skip
+    section = _section(build_report(tmp_path), "leaderboard")
+    assert "zero.FSDP (the blocks, the embedding and the LM head as units): 6,206 ms" in section
+    stand_in = section[section.index("allocator capped at 80 GB") :]
+    assert "5,467 ms, peak 48,632 MiB (1.07× the torch-native step's time)" in stand_in
+    assert "ZeRO-1 (ddp.DDPBucketed + zero.ShardedOptimizer): out of memory" in stand_in
+    assert "torch's FSDP2: 5,096 ms" in stand_in
+
+
 def test_each_checkpointing_of_a_full_step_has_its_own_paragraph_the_presets_first(save, tmp_path):
     rows = _full_rows(2, 6318.0, 5898.0, 40656.0) + _full_rows(
         2, 5572.0, 5206.0, 49281.0, policy="selective"

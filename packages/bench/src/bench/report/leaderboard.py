@@ -145,7 +145,7 @@ def _full_step(res: Results) -> list[Block]:
             best.append(min(ours, key=lambda r: r[step_keys.step_ms]))
     if len(best) >= 2:
         out.append(_scaling(res, best[0], best[-1]))
-    return out
+    return out + _capped_step(res)
 
 
 # How far (relative) a torch-native peak measured again may be from an earlier one before the
@@ -153,16 +153,52 @@ def _full_step(res: Results) -> list[Block]:
 _PEAK_MOVED = 0.05
 
 
-def _every_full_row(res: Results) -> Rows:
+def _every_full_row(res: Results, *, capped: bool = False) -> Rows:
     """The full step's rows of every run, earlier ones too (which `Results.rows` leaves out),
-    each tagged with its source."""
+    each tagged with its source: the runs on whole GPUs, or (`capped`) those whose ranks'
+    allocators `--memory` capped (stand-ins for smaller GPUs), out-of-memory rows included."""
     index = {id(r): i for i, r in enumerate(res.records)}
     return [
         {**row, SOURCE: index[id(record)]}
         for record in res.runs("step", stem="step_leaderboard")
-        for row in ok(record.run.rows)
+        if bool(_cap(record)) == capped
+        for row in (record.run.rows if capped else ok(record.run.rows))
         if _is_full(row)
     ]
+
+
+def _cap(record) -> int | None:
+    """The bytes `--memory` capped each rank's allocator at, or None (bench-step caps it only
+    below the GPU's memory, which the run's GPUs all had more than where it was given)."""
+    return record.run.config.get("memory_bytes")
+
+
+def _capped_step(res: Results) -> list[Block]:
+    """The newest full step run with each rank's allocator capped: each row's time and peak, or
+    that it ran out of memory."""
+    rows = _newest(res, _every_full_row(res, capped=True))
+    if not rows:
+        return []
+    run = res.record_of(rows[0]).run
+    cap, world = _cap(res.record_of(rows[0])), rows[0].get("world_size")
+
+    def row_text(r: dict) -> str:
+        layout = _LAYOUT_NAMES.get(r.get("layout"), r.get("layout"))
+        if not num(r, step_keys.step_ms):
+            return f"{layout}: out of memory"
+        text = f"{layout}: {fmt(r[step_keys.step_ms])} ms, peak {fmt(r[step_keys.peak_mib])} MiB"
+        if num(r, step_keys.time_vs_native):
+            text += f" ({r[step_keys.time_vs_native]:.2f}× the torch-native step's time)"
+        return text
+
+    text = (
+        f"The same step with each rank's allocator capped at {cap / 1e9:g} GB (`--memory`, "
+        f"on {world} {run.env.get('device_name')} GPUs: a stand-in for {world} GPUs of that "
+        "memory, whose CUDA context and NCCL buffers come on top of it there too): "
+        + "; ".join(row_text(r) for r in rows)
+        + "."
+    )
+    return [said(res, text, rows)]
 
 
 def _earlier_peaks(res: Results, rows: Rows, newest: Rows) -> list[Block]:
