@@ -147,6 +147,13 @@ def test_attention_ranges_carry_their_flops():
         ("triton_poi_fused_0", "elementwise"),
         ("triton_red_fused__to_copy_mean_pow_1", "elementwise"),
         ("triton_per_fused_2", "elementwise"),
+        # Inductor's fused kernels are memory-bound whatever ops their names list (the RoPE and
+        # layout copy before SDPA, the loss's log-softmax reduction; an H200 trace's names)
+        ("triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy__unsafe_view_add_mul_"
+         "select_stack_sub_transpose_view_1", "elementwise"),
+        ("triton_poi_fused__to_copy__unsafe_view_add_gluon_forward_mul_select_stack_sub_"
+         "transpose_view_1", "elementwise"),
+        ("triton_red_fused__log_softmax__to_copy_prepare_softmax_online_0", "elementwise"),
         ("_cross_entropy_rows_kernel", "elementwise"),  # lmcore's fused loss: a row's logsumexp
         ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64>>", "attention"),
         ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Traits>", "attention"),

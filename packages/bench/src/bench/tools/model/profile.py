@@ -74,7 +74,12 @@ PROFILE_COLUMNS = ["cell", "kind", "phase", "name", "category", "calls", "total_
 PROFILE_KEYS = Keys(*PROFILE_COLUMNS, "kernel_ms", "flops")
 
 # Kernels (and, on a CPU, operators) by what they do, tried in this order (communication first,
-# `bench.core.profiling.is_communication`). Fused attention: fa2's Triton and Gluon kernels
+# `bench.core.profiling.is_communication`). Inductor's fused pointwise and reduction kernels
+# (`triton_poi_*`, `triton_red_*`, `triton_per_*`) are memory-bound whatever ops their names
+# list: `triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy_..._1` is the RoPE and
+# layout copy fused in front of SDPA, `triton_red_fused__log_softmax_...` the loss's reduction;
+# they are elementwise before any name-based match (Inductor's matmul templates, `triton_tem_*`,
+# stay matmul). Fused attention: fa2's Triton and Gluon kernels
 # (`_fwd_kernel`, `_dq_kernel`, `_dkdv_kernel`, `_delta_kernel`, `_gluon_fwd_kernel`,
 # `_gluon_bwd_kernel`), torch's flash kernels (`pytorch_flash::flash_fwd_kernel`,
 # `flash_bwd_dq_dk_dv_loop_*`), its memory-efficient ones (`fmha_cutlassF_*`), cuDNN's
@@ -92,13 +97,13 @@ _MATMUL = re.compile(
     re.IGNORECASE,
 )
 _SOFTMAX = re.compile(r"softmax", re.IGNORECASE)
-# Memory-bound kernels: torch's elementwise and reduction kernels, Inductor's fused Triton
-# kernels (`triton_poi_*` pointwise, `triton_red_*` / `triton_per_*` reductions), lmcore's
-# cross-entropy rows (`_cross_entropy_rows_kernel`: a log-sum-exp per row).
+_INDUCTOR_FUSED = re.compile(r"^triton_(poi|red|per)_")
+# Memory-bound kernels: torch's elementwise and reduction kernels, lmcore's cross-entropy rows
+# (`_cross_entropy_rows_kernel`: a log-sum-exp per row).
 _ELEMENTWISE = re.compile(
     r"elementwise|vectorized|unrolled|reduce|copy|fill|cat|index|where|masked|pow|rsqrt|silu|"
     r"sigmoid|mul|add|div|sub|exp|neg|mean|sum|amax|max|min|norm|triu|tril|embedding|stack|clone|"
-    r"to_copy|^triton_(poi|red|per)_|cross_entropy",
+    r"to_copy|cross_entropy",
     re.IGNORECASE,
 )
 
@@ -110,7 +115,8 @@ def kernel_category(name: str, *, phase: str | None = None) -> str:
     """The category of a kernel (or CPU operator): one of `CATEGORIES`.
 
     Communication (NCCL's kernels, c10d's and gloo's operators) is communication in any phase;
-    everything else that runs inside the `optimizer` phase is the optimizer's; elsewhere the
+    everything else that runs inside the `optimizer` phase is the optimizer's; Inductor's fused
+    pointwise and reduction kernels are elementwise whatever ops their names list; elsewhere the
     name decides (fused attention, matmul, softmax, elementwise and other memory-bound kernels,
     else `other`).
     """
@@ -118,6 +124,8 @@ def kernel_category(name: str, *, phase: str | None = None) -> str:
         return "communication"
     if phase == "optimizer":
         return "optimizer"
+    if _INDUCTOR_FUSED.match(name):
+        return "elementwise"
     if _ATTENTION.search(name):
         return "attention"
     if _MATMUL.search(name):
