@@ -32,7 +32,7 @@ import bisect
 import contextlib
 import functools
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -107,6 +107,10 @@ _ELEMENTWISE = re.compile(
     re.IGNORECASE,
 )
 
+# The CUDA runtime's and driver's calls as the profiler names them on the CPU
+# (`cudaLaunchKernel`, `cuLaunchKernelEx`, `cudaMemcpyAsync`); no operator is named so.
+_CUDA_CALLS = re.compile(r"^cu(da)?[A-Z]")
+
 _TOP_PER_PHASE = 15  # kernel rows kept per phase (the categories cover the rest)
 
 
@@ -175,20 +179,40 @@ class _Timed:
 def _work(events: Sequence[Any], *, on_cuda: bool) -> list[_Timed]:
     """Kernels (through the operators that launched them) or operators' own CPU time.
 
-    The profiler hangs each kernel on the innermost event open on the CPU at its launch: an
-    operator, or a range where no operator was open (a Triton kernel launched from Python, as
-    fa2's and lmcore's are, inside `forward` or an optimizer's step range), so on CUDA a range's
-    own kernels are work too; on a CPU a range's own time is not.
+    torch's profiler hangs a kernel (copy, fill) on the operator open on the CPU at its launch,
+    through the launch's external correlation id. A range (`record_function`) sets none: a
+    Triton kernel launched from Python with only ranges open (lmcore's `_adamw_kernel` inside
+    `Optimizer.step#...`) hangs on nothing and shows only as a device-side event. Such a kernel
+    is work too, placed at its launch: the CUDA call on the CPU (`cuLaunchKernelEx`) that shares
+    its correlation id (`id`), else its own start on the device. A CUDA call never launches
+    on an operator's behalf, yet torch hangs on it the kernels of an operator whose id equals
+    its correlation id: those are left out (counted under their operator). On a CPU a range's
+    own time is not work.
     """
     out = []
+    hung: Counter[tuple[str, float]] = Counter()
+    launches: dict[Any, float] = {}
     for e in events:
         if not on_cpu(e):
             continue  # GPU-side copies of events are not work
         start = e.time_range.start
-        if on_cuda:
+        if not on_cuda:
+            if e.self_cpu_time_total > 0 and not is_range(e):
+                out.append(_Timed(e.name, float(e.self_cpu_time_total), start))
+        elif _CUDA_CALLS.match(e.name):
+            launches[getattr(e, "id", None)] = start
+        else:
             out.extend(_Timed(k.name, float(k.duration), start) for k in e.kernels)
-        elif e.self_cpu_time_total > 0 and not is_range(e):
-            out.append(_Timed(e.name, float(e.self_cpu_time_total), start))
+            hung.update((k.name, float(k.duration)) for k in e.kernels)
+    for e in events if on_cuda else ():
+        if on_cpu(e) or is_range(e):
+            continue
+        us = float(e.time_range.end - e.time_range.start)
+        if hung[e.name, us] > 0:
+            hung[e.name, us] -= 1
+        else:
+            start = launches.get(getattr(e, "id", None), e.time_range.start)
+            out.append(_Timed(e.name, us, start))
     return out
 
 
