@@ -3,12 +3,20 @@
 wall time split into compute, communication, exposed communication and idle
 (`bench.core.profiling`)."""
 
+import gzip
 import importlib
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from bench.core.profiling import collective_overlap, device_time, shared_time
+from bench.core.profiling import (
+    collective_overlap,
+    device_kernels,
+    device_time,
+    shared_time,
+    trace_events,
+)
 from bench.tools.model.profile import (
     AttentionShape,
     attention_flops,
@@ -339,3 +347,35 @@ def test_device_time_of_communication_hidden_entirely_and_of_none():
     assert (hidden.comm_ms, hidden.exposed_comm_ms, hidden.idle_ms) == (0.08, 0.0, 0.0)
     quiet = device_time([], window=(0, 50))
     assert (quiet.busy_ms, quiet.comm_ms, quiet.idle_ms) == (0.0, 0.0, 0.05)
+
+
+def test_a_recorded_trace_reads_back_as_the_profilers_events(tmp_path):
+    """`trace_events`: a Chrome trace's operators carry the kernels of their external id, a
+    kernel with none (launched with only a range open) stands alone beside its CUDA call of the
+    same correlation id; the tables follow as from `prof.events()`."""
+    trace = {
+        "traceEvents": [
+            {"cat": "user_annotation", "name": "optimizer", "ts": 0, "dur": 500,
+             "args": {"External id": 5}},
+            {"cat": "cpu_op", "name": "aten::copy_", "ts": 10, "dur": 5,
+             "args": {"External id": 6}},
+            {"cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 20, "dur": 1.5,
+             "args": {"External id": 6, "correlation": 40}},
+            {"cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 30, "dur": 2,
+             "args": {"correlation": 41}},
+            {"cat": "kernel", "name": "_adamw_kernel", "ts": 40, "dur": 400,
+             "args": {"correlation": 41}},
+            {"cat": "gpu_user_annotation", "name": "optimizer", "ts": 19, "dur": 430,
+             "args": {"External id": 5}},
+            {"ph": "M", "name": "process_name", "args": {"name": "python"}},
+        ]
+    }  # fmt: skip
+    path = tmp_path / "t.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    events = trace_events(path)
+    (copy,) = [e for e in events if e.name == "aten::copy_"]
+    assert [(k.name, k.duration) for k in copy.kernels] == [("Memcpy HtoD", 1.5)]
+    assert [k[0] for k in device_kernels(events)] == ["Memcpy HtoD", "_adamw_kernel"]
+    rows = profile_rows(events, cell="c", on_cuda=True)
+    (optimizer,) = [r for r in rows if r["kind"] == "category" and r["phase"] == "optimizer"]
+    assert optimizer["calls"] == 2 and optimizer["total_ms"] == pytest.approx(0.4015)
