@@ -15,13 +15,13 @@ from bench.core.profiling import (
     device_kernels,
     device_time,
     shared_time,
-    trace_events,
 )
 from bench.tools.model.profile import (
     AttentionShape,
     attention_flops,
     kernel_category,
     profile_rows,
+    trace_events,
 )
 
 

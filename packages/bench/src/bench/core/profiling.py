@@ -7,9 +7,7 @@ collective's kernel time (NCCL's all-gathers, say) spent beside compute, from th
 device-side start and end times, so it is tested without a GPU. `traced_step` profiles one step
 on rank 0 and returns that share (bench-ddp and bench-zero); `merged_spans`, `covered`,
 `shared_time` and `overlap_share` are its interval arithmetic, which bench-report applies to a
-recorded trace. `trace_events(path)` reads a recorded
-Chrome trace back into events of `prof.events()`'s shape (its tables rebuilt without a GPU).
-`device_time(kernels, window=...)` splits a stretch of wall time (a phase of a
+recorded trace. `device_time(kernels, window=...)` splits a stretch of wall time (a phase of a
 step) into compute, communication, the communication no compute hid (exposed) and idle time
 (bench-step's `--profile`). bench-model's kernel tables, which read the same events, are
 `bench.tools.model.profile`.
@@ -17,14 +15,10 @@ step) into compute, communication, the communication no compute hid (exposed) an
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -47,7 +41,6 @@ __all__ = [
     "overlap_share",
     "profiler_activities",
     "shared_time",
-    "trace_events",
     "traced_step",
 ]
 
@@ -246,60 +239,3 @@ def traced_step(
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
     return collective_overlap(prof.events(), collective=collective)
-
-
-# A Chrome trace's categories: the CPU's operators and ranges, the CUDA calls, the device's work.
-_CPU_TRACE = {"cpu_op": False, "user_annotation": True}
-_CUDA_CALL_TRACE = ("cuda_runtime", "cuda_driver")
-_DEVICE_TRACE = {"kernel": False, "gpu_memcpy": False, "gpu_memset": False,
-                 "gpu_user_annotation": True}  # fmt: skip
-
-
-def _event(e: Mapping[str, Any], *, ident: Any, device: str, annotation: bool) -> Any:
-    start = float(e["ts"])
-    return SimpleNamespace(
-        id=ident,
-        name=e["name"],
-        device_type=f"DeviceType.{device}",
-        is_user_annotation=annotation,
-        time_range=SimpleNamespace(start=start, end=start + float(e["dur"])),
-        kernels=[],
-        self_cpu_time_total=0.0,
-    )
-
-
-def trace_events(path: Path) -> list[Any]:
-    """A Chrome trace written by `prof.export_chrome_trace` (gzipped or not) as events of
-    `prof.events()`'s shape (`name`, `id`, `device_type`, `is_user_annotation`, `time_range`
-    in µs, `kernels`), for `bench.tools.model.profile.profile_rows` and `device_kernels`.
-
-    As torch links them: an operator's or range's `id` is its external id, a CUDA call's and a
-    device event's their correlation id; a device event hangs on the operator or range whose id
-    is its external id (a CUDA call without one is a CPU event with no kernels). CUDA-only
-    traces: a CPU operator's own time is not recorded (`self_cpu_time_total` is 0).
-    """
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        found = json.load(f)["traceEvents"]
-    out: list[Any] = []
-    operators: list[Any] = []
-    hung: dict[Any, list[Any]] = defaultdict(list)
-    for e in found:
-        cat, args = e.get("cat"), e.get("args", {})
-        if cat in _DEVICE_TRACE:
-            ident = args.get("correlation", args.get("External id"))
-            out.append(_event(e, ident=ident, device="CUDA", annotation=_DEVICE_TRACE[cat]))
-            if not _DEVICE_TRACE[cat] and "External id" in args:
-                span = out[-1].time_range
-                hung[args["External id"]].append(
-                    SimpleNamespace(name=e["name"], duration=span.end - span.start)
-                )
-        elif cat in _CPU_TRACE:
-            ident = args.get("External id")
-            out.append(_event(e, ident=ident, device="CPU", annotation=_CPU_TRACE[cat]))
-            operators.append(out[-1])
-        elif cat in _CUDA_CALL_TRACE:
-            out.append(_event(e, ident=args.get("correlation"), device="CPU", annotation=False))
-    for e in operators:
-        e.kernels = hung.get(e.id, [])
-    return out

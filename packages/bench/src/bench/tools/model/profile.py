@@ -23,7 +23,9 @@ module reads the profiler's raw events instead and keeps the kinds apart:
   the two matmuls from the same profile.
 
 `profile_rows(events, ...)` is pure: it takes the event objects (`prof.events()`, or any
-objects with the same attributes) and returns rows, so the ranking is tested without a GPU.
+objects with the same attributes) and returns rows, so the ranking is tested without a GPU;
+`trace_events(path)` reads a recorded Chrome trace back into such events, so a GPU run's
+tables can be rebuilt from its traces without a GPU.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
+import gzip
+import json
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -62,6 +67,7 @@ __all__ = [
     "profile_rows",
     "profiled",
     "save_profile",
+    "trace_events",
 ]
 
 PHASES = ("forward", "backward", "optimizer")
@@ -410,3 +416,60 @@ def save_profile(
         ],
     )
     return save_json(run, directory / f"{directory.name}.json")
+
+
+# A Chrome trace's categories: the CPU's operators and ranges, the CUDA calls, the device's work.
+_CPU_TRACE = {"cpu_op": False, "user_annotation": True}
+_CUDA_CALL_TRACE = ("cuda_runtime", "cuda_driver")
+_DEVICE_TRACE = {"kernel": False, "gpu_memcpy": False, "gpu_memset": False,
+                 "gpu_user_annotation": True}  # fmt: skip
+
+
+def _event(e: Mapping[str, Any], *, ident: Any, device: str, annotation: bool) -> Any:
+    start = float(e["ts"])
+    return SimpleNamespace(
+        id=ident,
+        name=e["name"],
+        device_type=f"DeviceType.{device}",
+        is_user_annotation=annotation,
+        time_range=SimpleNamespace(start=start, end=start + float(e["dur"])),
+        kernels=[],
+        self_cpu_time_total=0.0,
+    )
+
+
+def trace_events(path: Path) -> list[Any]:
+    """A Chrome trace written by `prof.export_chrome_trace` (gzipped or not) as events of
+    `prof.events()`'s shape (`name`, `id`, `device_type`, `is_user_annotation`, `time_range`
+    in µs, `kernels`), for `bench.tools.model.profile.profile_rows` and `device_kernels`.
+
+    As torch links them: an operator's or range's `id` is its external id, a CUDA call's and a
+    device event's their correlation id; a device event hangs on the operator or range whose id
+    is its external id (a CUDA call without one is a CPU event with no kernels). CUDA-only
+    traces: a CPU operator's own time is not recorded (`self_cpu_time_total` is 0).
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        found = json.load(f)["traceEvents"]
+    out: list[Any] = []
+    operators: list[Any] = []
+    hung: dict[Any, list[Any]] = defaultdict(list)
+    for e in found:
+        cat, args = e.get("cat"), e.get("args", {})
+        if cat in _DEVICE_TRACE:
+            ident = args.get("correlation", args.get("External id"))
+            out.append(_event(e, ident=ident, device="CUDA", annotation=_DEVICE_TRACE[cat]))
+            if not _DEVICE_TRACE[cat] and "External id" in args:
+                span = out[-1].time_range
+                hung[args["External id"]].append(
+                    SimpleNamespace(name=e["name"], duration=span.end - span.start)
+                )
+        elif cat in _CPU_TRACE:
+            ident = args.get("External id")
+            out.append(_event(e, ident=ident, device="CPU", annotation=_CPU_TRACE[cat]))
+            operators.append(out[-1])
+        elif cat in _CUDA_CALL_TRACE:
+            out.append(_event(e, ident=args.get("correlation"), device="CPU", annotation=False))
+    for e in operators:
+        e.kernels = hung.get(e.id, [])
+    return out
