@@ -3,17 +3,25 @@
 wall time split into compute, communication, exposed communication and idle
 (`bench.core.profiling`)."""
 
+import gzip
 import importlib
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from bench.core.profiling import collective_overlap, device_time, shared_time
+from bench.core.profiling import (
+    collective_overlap,
+    device_kernels,
+    device_time,
+    shared_time,
+)
 from bench.tools.model.profile import (
     AttentionShape,
     attention_flops,
     kernel_category,
     profile_rows,
+    trace_events,
 )
 
 
@@ -42,15 +50,31 @@ def _op(name, start, kernels=(), *, self_cpu=1.0):
     )
 
 
-def _kernel_event(name, start, us):
-    """The kernel itself, as a CUDA-side event (its time is already counted via its operator)."""
+def _kernel_event(name, start, us, *, ident=0):
+    """The kernel itself, as a CUDA-side event, with its launch's correlation id `ident` (its
+    time is counted via its operator, if one launched it)."""
     return SimpleNamespace(
+        id=ident,
         name=name,
         device_type="DeviceType.CUDA",
         is_user_annotation=False,
         time_range=SimpleNamespace(start=start, end=start + us),
         kernels=[],
         self_cpu_time_total=0.0,
+    )
+
+
+def _cuda_call(name, start, us, *, ident, kernels=()):
+    """A CUDA runtime or driver call on the CPU with its correlation id `ident` (the profiler
+    may hang on it the kernels of an operator whose id is `ident` too)."""
+    return SimpleNamespace(
+        id=ident,
+        name=name,
+        device_type="DeviceType.CPU",
+        is_user_annotation=False,
+        time_range=SimpleNamespace(start=start, end=start + us),
+        kernels=[SimpleNamespace(name=k, duration=d) for k, d in kernels],
+        self_cpu_time_total=us,
     )
 
 
@@ -147,6 +171,13 @@ def test_attention_ranges_carry_their_flops():
         ("triton_poi_fused_0", "elementwise"),
         ("triton_red_fused__to_copy_mean_pow_1", "elementwise"),
         ("triton_per_fused_2", "elementwise"),
+        # Inductor's fused kernels are memory-bound whatever ops their names list (the RoPE and
+        # layout copy before SDPA, the loss's log-softmax reduction; an H200 trace's names)
+        ("triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy__unsafe_view_add_mul_"
+         "select_stack_sub_transpose_view_1", "elementwise"),
+        ("triton_poi_fused__to_copy__unsafe_view_add_gluon_forward_mul_select_stack_sub_"
+         "transpose_view_1", "elementwise"),
+        ("triton_red_fused__log_softmax__to_copy_prepare_softmax_online_0", "elementwise"),
         ("_cross_entropy_rows_kernel", "elementwise"),  # lmcore's fused loss: a row's logsumexp
         ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64>>", "attention"),
         ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Traits>", "attention"),
@@ -200,20 +231,56 @@ def test_every_fa2_kernel_is_attention(module):
         assert kernel_category(name) == "attention", name
 
 
-def test_a_kernel_launched_straight_from_a_range_is_counted_in_its_phase():
-    """A Triton kernel launched from Python hangs on the range open at its launch (no operator
-    is); it is work of that range's phase, while on a CPU a range's own time is not."""
+def test_a_kernel_launched_with_only_ranges_open_is_counted_at_its_launch():
+    """Regression: lmcore's `_adamw_kernel` (44.5 ms) was missing from the optimizer phase.
+
+    The structure of an H200 step trace (bench-step --profile, lmcore's fused AdamW; times in
+    µs from the `optimizer` range's start): `optimizer` 0–48797, inside it
+    `Optimizer.step#AdamW.step` 58–4162; `aten::copy_` at 3643 launches a 1.184 µs
+    `Memcpy HtoD`; `cuLaunchKernelEx` at 4019 (correlation 33317, no external id: only ranges
+    were open) launches `_adamw_kernel`, on the device at 4066 for 44547 µs, hung on no CPU
+    event; `cudaDeviceSynchronize` at 4211 waits for it.
+    """
+    memcpy, adam = "Memcpy HtoD (Pinned -> Device)", "_adamw_kernel"
+    copied = (3_700 + 1.184) - 3_700  # torch's duration of a hung kernel: its end less its start
     events = [
-        _range("forward", 0, 100, kernels=[("_fwd_kernel", 25.0)]),
-        _op("aten::mm", 10, [(GEMM, 75.0)]),
-        _range("optimizer", 200, 300, kernels=[("_adamw_kernel", 5.0)]),
+        _range("optimizer", 0, 48_797),
+        _range("Optimizer.step#AdamW.step", 58, 4_162),
+        _range("Optimizer.step#AdamW.step", 3_711, 48_612, device="CUDA"),
+        _op("aten::copy_", 3_643, [(memcpy, copied)]),
+        _kernel_event(memcpy, 3_700, 1.184, ident=33_302),
+        _cuda_call("cuLaunchKernelEx", 4_019, 52.6, ident=33_317),
+        _kernel_event(adam, 4_066, 44_546.771, ident=33_317),
+        _cuda_call("cudaDeviceSynchronize", 4_211, 44_433.2, ident=33_319),
     ]
     rows = profile_rows(events, cell="c", on_cuda=True)
-    share = {(r["phase"], r["name"]): r["share"] for r in rows if r["kind"] == "category"}
-    assert share[("forward", "attention")] == pytest.approx(0.25)
-    assert share[("optimizer", "optimizer")] == pytest.approx(1.0)
-    operators = profile_rows(events, cell="c", on_cuda=False)
-    assert {r["name"] for r in operators if r["kind"] == "operator"} == {"aten::mm"}
+    kernel = {(r["phase"], r["name"]): r for r in rows if r["kind"] == "kernel"}
+    for phase in ("optimizer", "all"):
+        assert kernel[phase, adam]["total_ms"] == pytest.approx(44.546771)
+        assert kernel[phase, memcpy]["calls"] == 1
+    ranges = {r["name"]: r for r in rows if r["kind"] == "range"}
+    assert ranges["Optimizer.step#AdamW.step"]["kernel_ms"] == pytest.approx(44.547955)
+    category = {(r["phase"], r["name"]): r for r in rows if r["kind"] == "category"}
+    assert category["optimizer", "optimizer"]["calls"] == 2
+
+
+def test_a_kernel_hung_on_a_cuda_call_too_is_counted_once():
+    """torch hangs an operator's kernels on every CPU event whose id is the operator's: a CUDA
+    call whose correlation id equals it gets them too. In an H200 trace a `cudaEventQuery` in
+    the forward (correlation 4325) got the kernels of a backward `aten::mm` (external id 4325):
+    a 1.349 ms matmul and a memset were counted in both phases."""
+    events = [
+        _range("forward", 0, 100),
+        _range("backward", 100, 300),
+        _cuda_call("cudaEventQuery", 20, 1.0, ident=4_325, kernels=[(GEMM, 40.0), ("Memset", 1.0)]),
+        _op("aten::mm", 150, [(GEMM, 40.0), ("Memset", 1.0)]),
+        _kernel_event(GEMM, 160, 40.0, ident=9_000),
+        _kernel_event("Memset", 155, 1.0, ident=9_001),
+    ]
+    rows = profile_rows(events, cell="c", on_cuda=True)
+    kernel = {(r["phase"], r["name"]): r for r in rows if r["kind"] == "kernel"}
+    assert ("forward", GEMM) not in kernel
+    assert kernel["backward", GEMM]["calls"] == 1 and kernel["all", GEMM]["calls"] == 1
 
 
 def test_category_rows_count_their_kernels():
@@ -280,3 +347,35 @@ def test_device_time_of_communication_hidden_entirely_and_of_none():
     assert (hidden.comm_ms, hidden.exposed_comm_ms, hidden.idle_ms) == (0.08, 0.0, 0.0)
     quiet = device_time([], window=(0, 50))
     assert (quiet.busy_ms, quiet.comm_ms, quiet.idle_ms) == (0.0, 0.0, 0.05)
+
+
+def test_a_recorded_trace_reads_back_as_the_profilers_events(tmp_path):
+    """`trace_events`: a Chrome trace's operators carry the kernels of their external id, a
+    kernel with none (launched with only a range open) stands alone beside its CUDA call of the
+    same correlation id; the tables follow as from `prof.events()`."""
+    trace = {
+        "traceEvents": [
+            {"cat": "user_annotation", "name": "optimizer", "ts": 0, "dur": 500,
+             "args": {"External id": 5}},
+            {"cat": "cpu_op", "name": "aten::copy_", "ts": 10, "dur": 5,
+             "args": {"External id": 6}},
+            {"cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 20, "dur": 1.5,
+             "args": {"External id": 6, "correlation": 40}},
+            {"cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 30, "dur": 2,
+             "args": {"correlation": 41}},
+            {"cat": "kernel", "name": "_adamw_kernel", "ts": 40, "dur": 400,
+             "args": {"correlation": 41}},
+            {"cat": "gpu_user_annotation", "name": "optimizer", "ts": 19, "dur": 430,
+             "args": {"External id": 5}},
+            {"ph": "M", "name": "process_name", "args": {"name": "python"}},
+        ]
+    }  # fmt: skip
+    path = tmp_path / "t.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    events = trace_events(path)
+    (copy,) = [e for e in events if e.name == "aten::copy_"]
+    assert [(k.name, k.duration) for k in copy.kernels] == [("Memcpy HtoD", 1.5)]
+    assert [k[0] for k in device_kernels(events)] == ["Memcpy HtoD", "_adamw_kernel"]
+    rows = profile_rows(events, cell="c", on_cuda=True)
+    (optimizer,) = [r for r in rows if r["kind"] == "category" and r["phase"] == "optimizer"]
+    assert optimizer["calls"] == 2 and optimizer["total_ms"] == pytest.approx(0.4015)

@@ -323,6 +323,11 @@ def test_profile_rows_split_each_phase_on_the_device():
          "total_ms": 0.125, "share": 0.2},
         {"kind": "kernel", "phase": "forward", "category": "matmul", "calls": 2,
          "total_ms": 0.5, "share": 0.8},
+        {"kind": "category", "phase": "backward", "category": "matmul", "calls": 1,
+         "total_ms": 0.125, "share": 1.0},
+        # profile_rows' whole profile: the barrier before the step too, not the step's
+        {"kind": "category", "phase": "all", "category": "other", "calls": 90,
+         "total_ms": 9.0, "share": 1.0},
     ]  # fmt: skip
     kernels = [
         ("nvjet_tst_128x256", 0, 300), ("nvjet_tst_128x256", 400, 600),
@@ -333,18 +338,22 @@ def test_profile_rows_split_each_phase_on_the_device():
     assert [(r["phase"], r["kind"], r["category"]) for r in rows] == [
         ("forward", "phase", None), ("forward", "category", "matmul"),
         ("forward", "category", "communication"), ("backward", "phase", None),
-        ("all", "phase", None),
+        ("backward", "category", "matmul"), ("all", "phase", None),
+        ("all", "category", "matmul"), ("all", "category", "communication"),
     ]  # fmt: skip
     forward = rows[0]
     assert forward["wall_ms"] == 1.0 and forward["kernel_ms"] == pytest.approx(0.5)
     assert forward["comm_ms"] == pytest.approx(0.125)
     assert forward["exposed_comm_ms"] == pytest.approx(0.075)  # 300-375 beside no compute
     assert forward["idle_ms"] == pytest.approx(1.0 - 0.375 - 0.2)
-    assert rows[3]["busy_ms"] == pytest.approx(0.1) and rows[4]["busy_ms"] == pytest.approx(0.6)
+    assert rows[3]["busy_ms"] == pytest.approx(0.1) and rows[5]["busy_ms"] == pytest.approx(0.6)
     assert rows[1]["kernels"] == 2 and rows[1]["rank"] == 1 and rows[1]["row"] == "r"
+    # the step's categories: its phases' added up
+    assert rows[6]["kernels"] == 3 and rows[6]["total_ms"] == pytest.approx(0.625)
+    assert rows[6]["share"] == pytest.approx(0.625 / 0.75)
     summary = phase_summary(rows)
     assert [(s["phase"], s["matmul_ms"], s["communication_ms"]) for s in summary] == [
-        ("forward", 0.5, 0.125), ("backward", None, None), ("all", None, None),
+        ("forward", 0.5, 0.125), ("backward", 0.125, None), ("all", 0.625, 0.125),
     ]  # fmt: skip
     assert summary[0]["exposed_comm_ms"] == forward["exposed_comm_ms"]
 

@@ -23,7 +23,9 @@ module reads the profiler's raw events instead and keeps the kinds apart:
   the two matmuls from the same profile.
 
 `profile_rows(events, ...)` is pure: it takes the event objects (`prof.events()`, or any
-objects with the same attributes) and returns rows, so the ranking is tested without a GPU.
+objects with the same attributes) and returns rows, so the ranking is tested without a GPU;
+`trace_events(path)` reads a recorded Chrome trace back into such events, so a GPU run's
+tables can be rebuilt from its traces without a GPU.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
+import gzip
+import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -62,6 +67,7 @@ __all__ = [
     "profile_rows",
     "profiled",
     "save_profile",
+    "trace_events",
 ]
 
 PHASES = ("forward", "backward", "optimizer")
@@ -74,7 +80,12 @@ PROFILE_COLUMNS = ["cell", "kind", "phase", "name", "category", "calls", "total_
 PROFILE_KEYS = Keys(*PROFILE_COLUMNS, "kernel_ms", "flops")
 
 # Kernels (and, on a CPU, operators) by what they do, tried in this order (communication first,
-# `bench.core.profiling.is_communication`). Fused attention: fa2's Triton and Gluon kernels
+# `bench.core.profiling.is_communication`). Inductor's fused pointwise and reduction kernels
+# (`triton_poi_*`, `triton_red_*`, `triton_per_*`) are memory-bound whatever ops their names
+# list: `triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy_..._1` is the RoPE and
+# layout copy fused in front of SDPA, `triton_red_fused__log_softmax_...` the loss's reduction;
+# they are elementwise before any name-based match (Inductor's matmul templates, `triton_tem_*`,
+# stay matmul). Fused attention: fa2's Triton and Gluon kernels
 # (`_fwd_kernel`, `_dq_kernel`, `_dkdv_kernel`, `_delta_kernel`, `_gluon_fwd_kernel`,
 # `_gluon_bwd_kernel`), torch's flash kernels (`pytorch_flash::flash_fwd_kernel`,
 # `flash_bwd_dq_dk_dv_loop_*`), its memory-efficient ones (`fmha_cutlassF_*`), cuDNN's
@@ -92,15 +103,19 @@ _MATMUL = re.compile(
     re.IGNORECASE,
 )
 _SOFTMAX = re.compile(r"softmax", re.IGNORECASE)
-# Memory-bound kernels: torch's elementwise and reduction kernels, Inductor's fused Triton
-# kernels (`triton_poi_*` pointwise, `triton_red_*` / `triton_per_*` reductions), lmcore's
-# cross-entropy rows (`_cross_entropy_rows_kernel`: a log-sum-exp per row).
+_INDUCTOR_FUSED = re.compile(r"^triton_(poi|red|per)_")
+# Memory-bound kernels: torch's elementwise and reduction kernels, lmcore's cross-entropy rows
+# (`_cross_entropy_rows_kernel`: a log-sum-exp per row).
 _ELEMENTWISE = re.compile(
     r"elementwise|vectorized|unrolled|reduce|copy|fill|cat|index|where|masked|pow|rsqrt|silu|"
     r"sigmoid|mul|add|div|sub|exp|neg|mean|sum|amax|max|min|norm|triu|tril|embedding|stack|clone|"
-    r"to_copy|^triton_(poi|red|per)_|cross_entropy",
+    r"to_copy|cross_entropy",
     re.IGNORECASE,
 )
+
+# The CUDA runtime's and driver's calls as the profiler names them on the CPU
+# (`cudaLaunchKernel`, `cuLaunchKernelEx`, `cudaMemcpyAsync`); no operator is named so.
+_CUDA_CALLS = re.compile(r"^cu(da)?[A-Z]")
 
 _TOP_PER_PHASE = 15  # kernel rows kept per phase (the categories cover the rest)
 
@@ -110,7 +125,8 @@ def kernel_category(name: str, *, phase: str | None = None) -> str:
     """The category of a kernel (or CPU operator): one of `CATEGORIES`.
 
     Communication (NCCL's kernels, c10d's and gloo's operators) is communication in any phase;
-    everything else that runs inside the `optimizer` phase is the optimizer's; elsewhere the
+    everything else that runs inside the `optimizer` phase is the optimizer's; Inductor's fused
+    pointwise and reduction kernels are elementwise whatever ops their names list; elsewhere the
     name decides (fused attention, matmul, softmax, elementwise and other memory-bound kernels,
     else `other`).
     """
@@ -118,6 +134,8 @@ def kernel_category(name: str, *, phase: str | None = None) -> str:
         return "communication"
     if phase == "optimizer":
         return "optimizer"
+    if _INDUCTOR_FUSED.match(name):
+        return "elementwise"
     if _ATTENTION.search(name):
         return "attention"
     if _MATMUL.search(name):
@@ -167,20 +185,40 @@ class _Timed:
 def _work(events: Sequence[Any], *, on_cuda: bool) -> list[_Timed]:
     """Kernels (through the operators that launched them) or operators' own CPU time.
 
-    The profiler hangs each kernel on the innermost event open on the CPU at its launch: an
-    operator, or a range where no operator was open (a Triton kernel launched from Python, as
-    fa2's and lmcore's are, inside `forward` or an optimizer's step range), so on CUDA a range's
-    own kernels are work too; on a CPU a range's own time is not.
+    torch's profiler hangs a kernel (copy, fill) on the operator open on the CPU at its launch,
+    through the launch's external correlation id. A range (`record_function`) sets none: a
+    Triton kernel launched from Python with only ranges open (lmcore's `_adamw_kernel` inside
+    `Optimizer.step#...`) hangs on nothing and shows only as a device-side event. Such a kernel
+    is work too, placed at its launch: the CUDA call on the CPU (`cuLaunchKernelEx`) that shares
+    its correlation id (`id`), else its own start on the device. A CUDA call never launches
+    on an operator's behalf, yet torch hangs on it the kernels of an operator whose id equals
+    its correlation id: those are left out (counted under their operator). On a CPU a range's
+    own time is not work.
     """
     out = []
+    hung: Counter[tuple[str, float]] = Counter()
+    launches: dict[Any, float] = {}
     for e in events:
         if not on_cpu(e):
             continue  # GPU-side copies of events are not work
         start = e.time_range.start
-        if on_cuda:
+        if not on_cuda:
+            if e.self_cpu_time_total > 0 and not is_range(e):
+                out.append(_Timed(e.name, float(e.self_cpu_time_total), start))
+        elif _CUDA_CALLS.match(e.name):
+            launches[getattr(e, "id", None)] = start
+        else:
             out.extend(_Timed(k.name, float(k.duration), start) for k in e.kernels)
-        elif e.self_cpu_time_total > 0 and not is_range(e):
-            out.append(_Timed(e.name, float(e.self_cpu_time_total), start))
+            hung.update((k.name, float(k.duration)) for k in e.kernels)
+    for e in events if on_cuda else ():
+        if on_cpu(e) or is_range(e):
+            continue
+        us = float(e.time_range.end - e.time_range.start)
+        if hung[e.name, us] > 0:
+            hung[e.name, us] -= 1
+        else:
+            start = launches.get(getattr(e, "id", None), e.time_range.start)
+            out.append(_Timed(e.name, us, start))
     return out
 
 
@@ -378,3 +416,60 @@ def save_profile(
         ],
     )
     return save_json(run, directory / f"{directory.name}.json")
+
+
+# A Chrome trace's categories: the CPU's operators and ranges, the CUDA calls, the device's work.
+_CPU_TRACE = {"cpu_op": False, "user_annotation": True}
+_CUDA_CALL_TRACE = ("cuda_runtime", "cuda_driver")
+_DEVICE_TRACE = {"kernel": False, "gpu_memcpy": False, "gpu_memset": False,
+                 "gpu_user_annotation": True}  # fmt: skip
+
+
+def _event(e: Mapping[str, Any], *, ident: Any, device: str, annotation: bool) -> Any:
+    start = float(e["ts"])
+    return SimpleNamespace(
+        id=ident,
+        name=e["name"],
+        device_type=f"DeviceType.{device}",
+        is_user_annotation=annotation,
+        time_range=SimpleNamespace(start=start, end=start + float(e["dur"])),
+        kernels=[],
+        self_cpu_time_total=0.0,
+    )
+
+
+def trace_events(path: Path) -> list[Any]:
+    """A Chrome trace written by `prof.export_chrome_trace` (gzipped or not) as events of
+    `prof.events()`'s shape (`name`, `id`, `device_type`, `is_user_annotation`, `time_range`
+    in µs, `kernels`), for `bench.tools.model.profile.profile_rows` and `device_kernels`.
+
+    As torch links them: an operator's or range's `id` is its external id, a CUDA call's and a
+    device event's their correlation id; a device event hangs on the operator or range whose id
+    is its external id (a CUDA call without one is a CPU event with no kernels). CUDA-only
+    traces: a CPU operator's own time is not recorded (`self_cpu_time_total` is 0).
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        found = json.load(f)["traceEvents"]
+    out: list[Any] = []
+    operators: list[Any] = []
+    hung: dict[Any, list[Any]] = defaultdict(list)
+    for e in found:
+        cat, args = e.get("cat"), e.get("args", {})
+        if cat in _DEVICE_TRACE:
+            ident = args.get("correlation", args.get("External id"))
+            out.append(_event(e, ident=ident, device="CUDA", annotation=_DEVICE_TRACE[cat]))
+            if not _DEVICE_TRACE[cat] and "External id" in args:
+                span = out[-1].time_range
+                hung[args["External id"]].append(
+                    SimpleNamespace(name=e["name"], duration=span.end - span.start)
+                )
+        elif cat in _CPU_TRACE:
+            ident = args.get("External id")
+            out.append(_event(e, ident=ident, device="CPU", annotation=_CPU_TRACE[cat]))
+            operators.append(out[-1])
+        elif cat in _CUDA_CALL_TRACE:
+            out.append(_event(e, ident=args.get("correlation"), device="CPU", annotation=False))
+    for e in operators:
+        e.kernels = hung.get(e.id, [])
+    return out

@@ -132,6 +132,22 @@ def _windows(events: Sequence[Any]) -> dict[str, tuple[float, float]]:
     return found
 
 
+def _summed(
+    kernel_rows: Sequence[Mapping[str, Any]], phases: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """The `phases`' category rows added up per category, shares of their sum: the whole step
+    as its window (the first phase's start to the last's end) holds it. `profile_rows`' own
+    `all` holds the whole profile: the barrier before the step, NCCL's set-up in it."""
+    found: dict[str, dict[str, Any]] = {}
+    for r in kernel_rows:
+        if r["kind"] == "category" and r["phase"] in phases:
+            line = found.setdefault(r["category"], {"calls": 0, "total_ms": 0.0})
+            line["calls"] += r["calls"]
+            line["total_ms"] += r["total_ms"]
+    total = sum(line["total_ms"] for line in found.values())
+    return {c: line | {"share": line["total_ms"] / total} for c, line in found.items()}
+
+
 def breakdown_rows(
     kernel_rows: Sequence[Mapping[str, Any]],
     kernels: Sequence[tuple[str, float, float]],
@@ -154,7 +170,8 @@ def breakdown_rows(
     Returns:
         Per phase of `windows`, in `PHASES` order then `all`: a `phase` row (wall time, and on
         CUDA `bench.core.profiling.DeviceTime`'s split of it), then a `category` row per
-        category that ran (kernels, total_ms, share of the phase's kernel time).
+        category that ran (kernels, total_ms, share of the phase's kernel time); `all`'s are
+        the phases' added up (the work outside them is not the step's).
     """
     out: list[dict[str, Any]] = []
     base = dict.fromkeys(STEP_PROFILE_COLUMNS) | {"row": row, "rank": rank}
@@ -165,9 +182,15 @@ def breakdown_rows(
             spent = device_time(kernels, window=(start, end))
             split = {c: getattr(spent, c) for c in _DEVICE_COLUMNS}
         out.append({**base, "phase": phase, "kind": "phase", **split})
-        categories = {
-            r["category"]: r for r in kernel_rows if r["kind"] == "category" and r["phase"] == phase
-        }
+        categories = (
+            _summed(kernel_rows, [p for p in PHASES if p in windows])
+            if phase == _ALL
+            else {
+                r["category"]: r
+                for r in kernel_rows
+                if r["kind"] == "category" and r["phase"] == phase
+            }
+        )
         out += [
             {
                 **base,
