@@ -379,3 +379,82 @@ def test_a_recorded_trace_reads_back_as_the_profilers_events(tmp_path):
     rows = profile_rows(events, cell="c", on_cuda=True)
     (optimizer,) = [r for r in rows if r["kind"] == "category" and r["phase"] == "optimizer"]
     assert optimizer["calls"] == 2 and optimizer["total_ms"] == pytest.approx(0.4015)
+
+
+def _phase_trace(adamw_us: float) -> dict:
+    """A CUDA step's trace as torch writes it: the three phase ranges (CPU and device side), a
+    matmul in forward, fa2's backward kernel launched with only the backward range open, and
+    lmcore's AdamW launched with only the optimizer range open."""
+
+    def phase(name, ident, start, dur):
+        return [{"cat": "user_annotation", "name": name, "ts": start, "dur": dur,
+                 "args": {"External id": ident}},
+                {"cat": "gpu_user_annotation", "name": name, "ts": start + 1, "dur": dur,
+                 "args": {"External id": ident}}]  # fmt: skip
+
+    return {
+        "traceEvents": [
+            *phase("forward", 1, 0, 100), *phase("backward", 2, 100, 300),
+            *phase("optimizer", 3, 400, 100),
+            {"cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5, "args": {"External id": 4}},
+            {"cat": "kernel", "name": "nvjet_sm90_tst_192x192", "ts": 20, "dur": 60,
+             "args": {"External id": 4, "correlation": 40}},
+            {"cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 110, "dur": 2,
+             "args": {"correlation": 41}},
+            {"cat": "kernel", "name": "_gluon_bwd_kernel", "ts": 120, "dur": 250,
+             "args": {"correlation": 41}},
+            {"cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 410, "dur": 2,
+             "args": {"correlation": 42}},
+            {"cat": "kernel", "name": "_adamw_kernel", "ts": 420, "dur": adamw_us,
+             "args": {"correlation": 42}},
+        ]
+    }  # fmt: skip
+
+
+def test_a_gpu_runs_tables_are_rebuilt_from_its_traces_keeping_its_run(tmp_path, base_env):
+    """`rebuild_step_profile`: the tables of a CUDA run come back from its traces as the code
+    reads them now, the run's device, date and command kept, a note saying so; a CPU run, or a
+    missing trace, says why not."""
+    import torch
+
+    from bench.core.results import load_json
+    from bench.tools.step.profile import rebuild_step_profile, save_step_profile
+
+    directory = tmp_path / "step_profile_h200"
+    directory.mkdir()
+    trace = directory / "ours_rank0.pt.trace.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps(_phase_trace(80.0)).encode()))
+    env = {**base_env, "device_type": "cuda", "device_name": "NVIDIA H200", "date": "2026-11-28"}
+    stale = [{"row": "ours", "rank": 0, "phase": "forward", "kind": "phase", "trace": trace.name}]
+    save_step_profile(directory, stale, device=torch.device("cpu"), command="bench-step x",
+                      config={"profile_dir": "OUT"}, env=env)  # fmt: skip
+    run = load_json(rebuild_step_profile(directory))
+    assert (run.env["device_name"], run.date, run.command) == (
+        "NVIDIA H200",
+        "2026-11-28",
+        "bench-step x",
+    )
+    assert "rebuilt from these traces" in run.notes[-1] and "H200" in run.title
+    ms = {(r["phase"], r["category"]): r["total_ms"] for r in run.rows if r["kind"] == "category"}
+    assert ms[("forward", "matmul")] == pytest.approx(0.060)
+    assert ms[("backward", "attention")] == pytest.approx(0.250)
+    assert ms[("optimizer", "optimizer")] == pytest.approx(0.080)
+    assert (directory / "ours_rank0_kernels.md").exists()
+    trace.unlink()
+    with pytest.raises(FileNotFoundError, match="trace of row ours, rank 0"):
+        rebuild_step_profile(directory)
+    save_step_profile(directory, stale, device=torch.device("cpu"), command="x", config={},
+                      env={**env, "device_type": "cpu"})  # fmt: skip
+    with pytest.raises(ValueError, match="only a CUDA run"):
+        rebuild_step_profile(directory)
+
+
+def test_the_rebuild_script_has_help(capsys):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "scripts" / "rebuild_step_profile.py"
+    main = runpy.run_path(str(script))["main"]
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0 and "bench-step --profile DIR" in capsys.readouterr().out

@@ -57,7 +57,7 @@ from bench.core.profiling import (
 )
 from bench.core.results import Keys, Run, save_json, to_markdown
 from bench.core.timing import synchronize
-from bench.tools.model.profile import CATEGORIES, kernel_tables, profile_rows
+from bench.tools.model.profile import CATEGORIES, kernel_tables, profile_rows, trace_events
 from bench.tools.step.memory import PHASES
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "breakdown_rows",
     "phase_summary",
     "profile_step",
+    "rebuild_step_profile",
     "save_step_profile",
 ]
 
@@ -76,6 +77,7 @@ __all__ = [
 MAX_TRACE_BYTES = 256 * MIB
 # The whole step, beside its phases.
 _ALL = "all"
+_TRACE_SUFFIX = ".pt.trace.json.gz"
 _DEVICE_COLUMNS = ("wall_ms", "kernel_ms", "busy_ms", "comm_ms", "exposed_comm_ms", "idle_ms")
 STEP_PROFILE_COLUMNS = [
     "row", "rank", "phase", "kind", "category", "kernels", "total_ms", "share", *_DEVICE_COLUMNS,
@@ -265,17 +267,57 @@ def profile_step(
             # another's phases as time spent waiting for its collectives
             dist.barrier()
         step()
-    name = f"{row}_rank{rank}"
     directory.mkdir(parents=True, exist_ok=True)
-    trace = directory / f"{name}.pt.trace.json.gz"
+    trace = directory / f"{row}_rank{rank}{_TRACE_SUFFIX}"
     kept = _export_trace(p, trace)
-    events = p.events()
+    rows = _tables(p.events(), directory=directory, row=row, rank=rank, on_cuda=on_cuda)
+    return [{**r, "trace": trace.name if kept else None} for r in rows]
+
+
+def _tables(
+    events: Sequence[Any], *, directory: Path, row: str, rank: int, on_cuda: bool
+) -> list[dict[str, Any]]:
+    """One rank's step from its profiler events: its kernel table written into `directory`,
+    its `breakdown_rows` returned."""
+    name = f"{row}_rank{rank}"
     found = profile_rows(events, cell=name, on_cuda=on_cuda)
     (directory / f"{name}_kernels.md").write_text(kernel_tables(found, name) + "\n")
-    rows = breakdown_rows(
+    return breakdown_rows(
         found, device_kernels(events), _windows(events), row=row, rank=rank, on_cuda=on_cuda
     )
-    return [{**r, "trace": trace.name if kept else None} for r in rows]
+
+
+def rebuild_step_profile(directory: Path) -> Path:
+    """Rebuild a CUDA run's tables in `directory` (`<DIR name>.json` and `.md`, each
+    `*_kernels.md`) from the traces it holds, on any machine (no GPU): after a change to how
+    kernels are categorised or attributed, an earlier GPU run reads as a new one would. The
+    run's device, versions, date, command and config are kept; a note says the tables were
+    rebuilt, and at which revision of this code.
+
+    Raises:
+        FileNotFoundError: no `<DIR name>.json`, or no trace for one of its rows and ranks.
+        ValueError: the run is not a CUDA run (a CPU trace keeps no operator's own time).
+    """
+    from bench.core.env import collect_env
+    from bench.core.results import load_json
+
+    run = load_json(directory / f"{directory.name}.json")
+    if run.env.get("device_type") != "cuda":
+        raise ValueError(f"{directory}: only a CUDA run's tables can be rebuilt from its traces")
+    rows: list[dict[str, Any]] = []
+    for row, rank in dict.fromkeys((r["row"], r["rank"]) for r in run.rows):
+        trace = directory / f"{row}_rank{rank}{_TRACE_SUFFIX}"
+        if not trace.exists():
+            raise FileNotFoundError(f"{trace}: the trace of row {row}, rank {rank} is missing")
+        found = _tables(trace_events(trace), directory=directory, row=row, rank=rank, on_cuda=True)
+        rows += [{**r, "trace": trace.name} for r in found]
+    revision = collect_env(torch.device("cpu")).get("git_revision")
+    return save_step_profile(
+        directory, rows, device=torch.device("cuda"), command=run.command, config=run.config,
+        env=run.env,
+        note=f"The tables were rebuilt from these traces on a CPU (rebuild_step_profile, code "
+        f"{revision}); the step ran with the revision above.",
+    )  # fmt: skip
 
 
 def save_step_profile(
@@ -285,8 +327,11 @@ def save_step_profile(
     device: torch.device,
     command: str | None,
     config: Mapping[str, Any],
+    env: Mapping[str, Any] | None = None,
+    note: str | None = None,
 ) -> Path:
-    """`directory/<directory name>.json` and `.md`: the rows as a run of tool `step-profile`."""
+    """`directory/<directory name>.json` and `.md`: the rows as a run of tool `step-profile`
+    (`env`: a rebuilt run's own instead of this machine's; `note` after the others)."""
     on_cuda = device.type == "cuda"
     work = "CUDA kernels" if on_cuda else "CPU operators (own time)"
     dropped = sorted({r["row"] for r in rows if r.get("trace") is None}) if on_cuda else []
@@ -312,6 +357,8 @@ def save_step_profile(
         + (f" (left out: {', '.join(dropped)})" if dropped else "")
         + "; kernel tables with the largest kernels per phase: <row>_rank<r>_kernels.md.",
     ]
+    if note is not None:
+        notes.append(note)
     run = Run.create(
         "step-profile",
         [{c: r.get(c) for c in STEP_PROFILE_COLUMNS} for r in rows],
@@ -319,10 +366,11 @@ def save_step_profile(
         config=config,
         command=command,
         title=f"bench-step under torch.profiler: {work} per phase and rank, one step per row, "
-        f"{device_name(device)}",
+        f"{device_name(device) if env is None else env.get('device_name')}",
         columns=STEP_PROFILE_COLUMNS[1:],
         group_by="row",
         notes=notes,
+        env=env,
     )
     path = save_json(run, directory / f"{directory.name}.json")
     summary = to_markdown(phase_summary(run.rows))
