@@ -564,3 +564,33 @@ def test_the_leaderboard_plan_check_names_each_row_by_side_and_layout():
     assert _checked_row(ours) == "ours (ZERO1 2)"
     assert _checked_row(native) == "torch-native (FSDP:TORCH 4)"
     assert _checked_row(single) == "ours (1 device)"
+
+
+def test_a_profiled_step_is_split_by_kernel_category_beside_torch_natives(save, tmp_path):
+    def rows(label: str, kernel_ms: float, **ms: float) -> list[dict]:
+        phase = {"row": label, "rank": 0, "phase": "all", "kind": "phase", "category": None,
+                 "kernel_ms": kernel_ms, "wall_ms": kernel_ms + 10}  # fmt: skip
+        forward = {**phase, "phase": "forward", "kernel_ms": kernel_ms / 3}  # not the step's
+        return [phase, forward] + [
+            {
+                "row": label,
+                "rank": 0,
+                "phase": "all",
+                "kind": "category",
+                "category": cat,
+                "total_ms": t,
+                "kernels": 3,
+            }
+            for cat, t in ms.items()
+        ]
+
+    ours = rows("ours_single", 5144.0, matmul=2505.0, attention=2382.0, optimizer=44.55)
+    native = rows("torch-native_single", 5025.0, matmul=2628.0, attention=2111.0, other=17.5)
+    save("step_profile_h200_2026-11-28", "step-profile", ours + native, date="2026-11-28",
+         device_name="NVIDIA H200")  # fmt: skip
+    section = _section(build_report(tmp_path), "leaderboard")
+    assert (
+        "ours (ours_single) runs 5,144 ms of kernels in its step against the torch-native step's "
+        "5,025 ms; by category, matmul 2,505 against 2,628 ms, attention 2,382 against 2,111 ms"
+    ) in section
+    assert "optimizer 44.5 against 0 ms, other 0 against 17.5 ms" in section

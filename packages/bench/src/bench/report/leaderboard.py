@@ -51,6 +51,7 @@ def answer_leaderboard(res: Results) -> list[Block]:
     out = [
         *full,
         *_step(res),
+        *_kernel_split(res),
         *_attention(res),
         *_fused_ops(res),
         *_prediction(res),
@@ -70,6 +71,45 @@ def answer_leaderboard(res: Results) -> list[Block]:
                 f"on two GPUs. It needs {FULL_RUN}; two such GPUs were not available{when}."
             )
         )
+    return out
+
+
+def _kernel_split(res: Results) -> list[Block]:
+    """The newest `bench-step --profile` run: each of ours' rows beside the torch-native row,
+    rank 0's whole step, kernel time by category (`bench.tools.step.profile`)."""
+    from bench.tools.model.profile import CATEGORIES
+
+    rows = res.rows("step-profile", latest=True)
+    step_rows = [r for r in rows if r.get("rank") == 0 and r.get("phase") == "all"]
+    by_row: dict[str, dict[str, dict]] = {}
+    for r in step_rows:
+        key = r["category"] if r.get("kind") == "category" else "phase"
+        by_row.setdefault(r["row"], {})[key] = r
+    native = next((v for k, v in by_row.items() if k.startswith("torch-native")), None)
+    ours = {k: v for k, v in by_row.items() if k.startswith("ours")}
+    if native is None or not ours or "phase" not in native:
+        return []
+    run = res.record_of(step_rows[0]).run
+    out: list[Block] = []
+    for label, mine in ours.items():
+        if "phase" not in mine:
+            continue
+        parts = [
+            f"{cat} {fmt(mine[cat]['total_ms'] if cat in mine else 0)} against "
+            f"{fmt(native[cat]['total_ms'] if cat in native else 0)} ms"
+            for cat in CATEGORIES
+            if cat in mine or cat in native
+        ]
+        text = (
+            f"Kernel by kernel (`bench-step --profile`: one more step per row under "
+            f"torch.profiler, rank 0, on {run.env.get('device_name')}): ours ({label}) runs "
+            f"{fmt(mine['phase']['kernel_ms'])} ms of kernels in its step against the "
+            f"torch-native step's {fmt(native['phase']['kernel_ms'])} ms; by category, "
+            + ", ".join(parts)
+            + "."
+        )
+        cited = [mine["phase"], native["phase"], *(v for k, v in mine.items() if k != "phase")]
+        out.append(said(res, text, cited))
     return out
 
 
