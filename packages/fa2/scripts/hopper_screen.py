@@ -45,6 +45,11 @@ The default beside the Triton backward and the Gluon backward's two orders only,
     python3 packages/fa2/scripts/hopper_screen.py --out $OUT \
         --impls fa2 "fa2 triton-bwd" "fa2 gluon-bwd" "fa2 gluon-bwd-nondet"
 
+The same with q, k, v and dO laid out as a model's projections give them, (batch, seq, heads, d)
+tensors viewed (batch, heads, seq, d) (the leaderboard step's layout), for cuDNN too::
+
+    python3 packages/fa2/scripts/hopper_screen.py --out $OUT --layout bshd --impls fa2
+
 Rehearsal on a CPU (Triton's interpreter, tiny shapes and the interpreter's tiles)::
 
     uv run python packages/fa2/scripts/hopper_screen.py --tiny --out screen_tiny
@@ -195,12 +200,22 @@ def _median_ms(fn: Callable[[], object], *, rep_ms: float) -> float:
     return statistics.median(times)
 
 
-def _inputs(shape, device, copies):
-    """`copies` sets of fresh q, k, v (requiring grad) and dO."""
-    make = lambda: torch.randn(shape, device=device, dtype=torch.bfloat16)  # noqa: E731
-    return [
-        (*(make().requires_grad_() for _ in range(3)), make()) for _ in range(copies)
-    ]  # fmt: skip
+# How q, k, v and dO are laid out (`--layout`): contiguous (batch, heads, seq, d), or as a
+# model's projections give them, (batch, seq, heads, d) tensors viewed (batch, heads, seq, d).
+LAYOUTS = ("bhsd", "bshd")
+
+
+def _inputs(shape, device, copies, layout="bhsd"):
+    """`copies` sets of fresh q, k, v (requiring grad, or views of leaves that do) and dO, all
+    (batch, heads, seq, d) in shape, stored as `layout` says."""
+    b, h, s, d = shape
+    stored = shape if layout == "bhsd" else (b, s, h, d)
+
+    def make(grad=False):
+        x = torch.randn(stored, device=device, dtype=torch.bfloat16, requires_grad=grad)
+        return x if layout == "bhsd" else x.transpose(1, 2)
+
+    return [(*(make(grad=True) for _ in range(3)), make()) for _ in range(copies)]
 
 
 def time_impl(fn, sets, *, rep_ms):
@@ -298,7 +313,14 @@ class Results(list):
 
 
 def screen_shape(
-    shape, rows: Results, deadline: float, *, tiny: bool, rep_ms: float, only=None
+    shape,
+    rows: Results,
+    deadline: float,
+    *,
+    tiny: bool,
+    rep_ms: float,
+    only=None,
+    layout: str = "bhsd",
 ) -> None:
     """Every implementation at one shape (the fa2 ones named in `only`, if given), until
     `deadline` (time.monotonic())."""
@@ -306,7 +328,7 @@ def screen_shape(
     name = str(shape)
     size = 4 * math.prod(shape) * 2
     copies = 1 if tiny else max(1, min(4, -(-ROTATE_BYTES // size)))
-    sets = _inputs(shape, device, copies)
+    sets = _inputs(shape, device, copies, layout)
     q, k, v, do = sets[0]
     part, reference = slice_reference(q, k, v, do)
     sdpa_errors = slice_errors(cudnn_attention, part, reference)
@@ -445,7 +467,13 @@ def report(path: Path) -> tuple[Path, Path]:
         f"({meta.get('git_revision_source', 'checkout')}). Command: `{meta['command']}` "
         f"(time budget {meta['budget_s']:.0f} s, do_bench rep {meta['rep_ms']:.0f} ms).",
         "",
-        "Causal, bf16, a random output gradient. fwd and fwd+bwd: do_bench medians (L2 flushed); "
+        (
+            "q, k, v and dO stored (batch, seq, heads, d), viewed (batch, heads, seq, d), as a "
+            "model's projections give them. "
+            if meta.get("layout") == "bshd"
+            else ""
+        )
+        + "Causal, bf16, a random output gradient. fwd and fwd+bwd: do_bench medians (L2 flushed); "
         "bwd = their difference. vs: fwd+bwd over the baseline's at the same shape. err/SDPA: "
         "the error of o / dq / dk / dv against float64 on a slice (batch 0, head 0, the first "
         "min(S, 8192) positions) over SDPA cuDNN's error on the same slice (recomputed here "
@@ -551,6 +579,10 @@ def main() -> int:
     parser.add_argument("--impls", nargs="+", metavar="NAME",
                         help='only these fa2 rows, e.g. fa2 "fa2 gluon-bwd" (cuDNN always '
                         "runs)")  # fmt: skip
+    parser.add_argument("--layout", choices=LAYOUTS, default="bhsd",
+                        help="q, k, v, dO contiguous (batch, heads, seq, d), or (batch, "
+                        "seq, heads, d) tensors viewed so, as a model's projections give "
+                        "them")  # fmt: skip
     parser.add_argument("--tiny", action="store_true",
                         help="rehearse on a CPU: Triton's interpreter, tiny shapes")  # fmt: skip
     parser.add_argument("--report", type=Path, metavar="JSON",
@@ -572,7 +604,7 @@ def main() -> int:
         cudnn=torch.backends.cudnn.version(),
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command=shlex.join(["python3", "packages/fa2/scripts/hopper_screen.py", *sys.argv[1:]]),
-        budget_s=args.budget, rep_ms=args.rep_ms, **git_revision(),
+        budget_s=args.budget, rep_ms=args.rep_ms, layout=args.layout, **git_revision(),
     )  # fmt: skip
     rows = Results(args.out / "hopper_screen.json", meta)
     shapes = [s for s in (TINY_SHAPES if args.tiny else SHAPES) if args.shapes in str(s)]
@@ -583,7 +615,8 @@ def main() -> int:
         share = now + (deadline - now) * weights[i] / sum(weights[i:])
         try:
             screen_shape(
-                shape, rows, share, tiny=args.tiny, rep_ms=args.rep_ms, only=args.impls
+                shape, rows, share, tiny=args.tiny, rep_ms=args.rep_ms, only=args.impls,
+                layout=args.layout,
             )  # fmt: skip
         except Exception as exc:  # e.g. out of memory: keep the other shapes
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
