@@ -147,6 +147,29 @@ def test_ranks_end_with_the_process_that_launched_them(tmp_path):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads processes from /proc")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_ranks_start_still_stops_them(signum, monkeypatch):
+    """A Ctrl-C (or SIGTERM) that reaches the launcher after its ranks were started but before
+    it waits on them: it is raised once the launcher knows them, which it stops and reaps, so
+    none runs on past `launch`. (Before, it was raised while they started, and they ran on.)"""
+    started = []
+    start = launch_module._start
+
+    def start_then_signalled(*args):
+        context = start(*args)
+        started.extend(p.pid for p in context.processes)
+        os.kill(os.getpid(), signum)  # as if it came now, with the ranks running
+        return context
+
+    monkeypatch.setattr(launch_module, "_start", start_then_signalled)
+    monkeypatch.setattr(launch_module, "_start_method", lambda: "fork")  # one torch import
+    raised = KeyboardInterrupt if signum == signal.SIGINT else SystemExit
+    with pytest.raises(raised):
+        launch(sleeps, world_size=2)
+    assert len(started) == 2 and not [pid for pid in started if _running(pid)]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads processes from /proc")
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, -signal.SIGINT),
                                                 (signal.SIGTERM, 128 + signal.SIGTERM)],
                          ids=["SIGINT", "SIGTERM"])  # fmt: skip

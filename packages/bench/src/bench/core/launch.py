@@ -19,7 +19,8 @@ order, to the caller:
   killer, `kill -9`) is named with its signal, even where a peer's failure that followed it
   (in a collective it had left) reached the launcher first. An exception in the launcher
   while its ranks run (SIGINT's KeyboardInterrupt; SIGTERM, which `launch` turns into
-  `SystemExit(143)` while it waits) stops them (SIGTERM, then SIGKILL after
+  `SystemExit(143)` while it waits; either held while the ranks start, so that one arriving
+  then finds them known) stops them (SIGTERM, then SIGKILL after
   `STOP_GRACE_S`) and reaps them before it propagates, so nothing the launcher releases on
   its way out (bench-train's lock on its output folder) outlives them. The ranks die with
   the process that launched them (on Linux), so a killed launcher leaves no rank running
@@ -235,6 +236,8 @@ def _child(
     launcher: int,
     environ: Mapping[str, str],
 ) -> None:
+    if hasattr(signal, "pthread_sigmask"):  # started while the launcher held them (`_held`)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     _end_with(launcher)
     os.environ.clear()  # the launcher's environment now, not the server's at its start
     os.environ.update(environ)
@@ -449,37 +452,57 @@ def launch(
     # gloo ranks share the host's cores; more threads than cores per rank only thrash.
     num_threads = max(1, (os.cpu_count() or 1) // world_size)
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as result_dir:
-        context = mp.start_processes(
-            _child,
-            args=(
-                worker,
-                world_size,
-                backend,
-                _free_port(),
-                tuple(args),
-                env,
-                num_threads,
-                result_dir,
-                os.getpid(),
-                dict(os.environ),
-            ),
-            nprocs=world_size,
-            join=False,
-            start_method=_start_method(),
-        )
+        processes: list[Any] = []
         try:
             with _sigterm_raises():
+                # SIGINT and SIGTERM wait while the ranks start, so that one arriving then is
+                # raised here, in the `try`, with the ranks to stop known (each rank lets them
+                # through again as it starts: `_child`).
+                with _held(signal.SIGINT, signal.SIGTERM):
+                    context = _start(worker, world_size, backend, args, env, num_threads,
+                                     result_dir)  # fmt: skip
+                    processes = context.processes
                 _join(context, world_size, result_dir, timeout)
         except BaseException:
             # Before anything the caller holds is released; a second Ctrl-C must not cut
             # it short (multiprocessing would then wait at exit for ranks left running).
             with _deaf_to(signal.SIGINT, signal.SIGTERM):
-                _stop(context.processes)
+                _stop(processes)
             raise
         return [
             torch.load(os.path.join(result_dir, f"rank{rank}.pt"), weights_only=False)
             for rank in range(world_size)
         ]
+
+
+def _start(
+    worker: Callable[..., Any],
+    world_size: int,
+    backend: str,
+    args: Sequence[Any],
+    env: Mapping[str, str],
+    num_threads: int,
+    result_dir: str,
+) -> Any:
+    """Start the ranks (`_child`), not waiting for them: torch's process context."""
+    return mp.start_processes(
+        _child,
+        args=(
+            worker,
+            world_size,
+            backend,
+            _free_port(),
+            tuple(args),
+            env,
+            num_threads,
+            result_dir,
+            os.getpid(),
+            dict(os.environ),
+        ),
+        nprocs=world_size,
+        join=False,
+        start_method=_start_method(),
+    )
 
 
 def _join(context: Any, world_size: int, result_dir: str, timeout: float | None) -> None:
@@ -538,6 +561,20 @@ def _sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _held(*signals: signal.Signals) -> Iterator[None]:
+    """Within the block, `signals` wait (blocked in the calling thread); one that came meanwhile
+    is delivered as the block ends. Where threads cannot block signals, nothing changes."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager
