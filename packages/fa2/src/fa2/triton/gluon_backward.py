@@ -89,6 +89,7 @@ from fa2.triton.launch import _scratch, head_strides, needs_int64
 
 __all__ = [
     "BLOCK_M",
+    "BLOCK_MS",
     "BLOCK_N",
     "HAVE_GLUON",
     "HEAD_DIMS",
@@ -104,6 +105,11 @@ __all__ = [
 # one warpgroup-sized M across both warpgroups, which split its head-dim columns).
 BLOCK_N = 128
 BLOCK_M = 64
+# The query tiles `launch(block_m=...)` takes per head dim. 128 queries per step (FA3's hdim-64
+# tile, 128 x 128) only at d = 64: each wgmma of Sᵀ and dPᵀ then does twice the work per issue
+# and each step per barrier round; at d = 128 the compute registers are full at 64 and Q, dO
+# (2 stages) and the dQ partial would not fit the 227 KiB of shared memory at 128.
+BLOCK_MS = {64: (64, 128), 128: (64,)}
 # Q/dO buffers the loader may fill ahead of the compute warps: 2 (FA3's) keeps shared memory at
 # K, V (64 KiB at d=128) + 2 x Q, dO (64 KiB) + dSᵀ (16 KiB) + the fp32 dQ partials (32 KiB
 # each, DQ_SLOTS of them), 208 KiB with two of the 227 KiB a Hopper block may have.
@@ -175,7 +181,8 @@ if HAVE_GLUON:
         mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [n0, 0], kv_ready, k_smem)
         tma.async_copy_global_to_shared(v_desc, [n0, 0], kv_ready, v_smem)
-        row_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])  # 64 rows, 1 warp
+        # BLOCK_M rows over the warp's 32 lanes (2 each at 64 rows, 4 at 128)
+        row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
         for i in range(n_tiles):
             s = i % STAGES
             # The buffer's previous use (tile i - STAGES) must be released: parity of that
@@ -328,15 +335,23 @@ if HAVE_GLUON:
         DQ_SLOTS: gl.constexpr,
     ):
         """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
-        program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's 64 x HEAD_DIM
-        tile is split by columns between them ([4, 2]), so both read all of dSᵀ from shared
-        memory. Stores dK·sm_scale and dV at the end (TMA, which clips keys past n_k)."""
+        program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's BLOCK_M x
+        HEAD_DIM tile is split between them, by columns at 64 rows ([4, 2]), by rows at 128
+        ([8, 1]), each reading the dSᵀ columns it needs from shared memory. Stores dK·sm_scale
+        and dV at the end (TMA, which clips keys past n_k)."""
         dtype: gl.constexpr = k_smem.dtype
         # wgmma instruction shapes [m, n, k]: m = 16 rows per warp, k = 16 for 16-bit inputs,
         # n the accumulator's full width per warpgroup.
         s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [8, 1], [16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [8, 1], [16, HEAD_DIM, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 2], [16, HEAD_DIM // 2, 16])
+        # dQ = dS K, BLOCK_M x HEAD_DIM over the 8 warps: a wgmma's M is 64 per warpgroup, so
+        # 64 query rows leave one warpgroup-sized M whose head-dim columns the two warpgroups
+        # split ([4, 2] warps, n = HEAD_DIM / 2), and 128 rows give each warpgroup 64 rows of
+        # the whole head dim ([8, 1], n = HEAD_DIM).
+        dq_col_groups: gl.constexpr = 128 // BLOCK_M
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            [3, 0], [8 // dq_col_groups, dq_col_groups], [16, HEAD_DIM // dq_col_groups, 16]
+        )
         # Pᵀ as the register (A) operand of dV += Pᵀ dO; k_width 2: two 16-bit values per
         # 32-bit register.
         a_layout: gl.constexpr = gl.DotOperandLayout(0, kv_layout, 2)
@@ -630,6 +645,7 @@ def launch(
     deterministic: bool = False,
     dq_slots: int = DQ_SLOTS,
     drop_dq: bool = False,
+    block_m: int = BLOCK_M,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -637,11 +653,17 @@ def launch(
     key tiles add into each dQ tile in a fixed order (`_reducer`), so dQ's bits repeat.
     `dq_slots`: dQ partial buffers (`DQ_SLOTS`; 1 to measure what the second buys).
     `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for gradients.
+    `block_m`: queries per step (`BLOCK_MS` lists what each head dim takes).
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
     sq, sk, sv, so, sdo, sdk = strides
     n_q, d = q.shape[-2:]
+    if block_m not in BLOCK_MS.get(d, ()):
+        raise ValueError(
+            f"block_m={block_m} is not a query tile of head dim {d}: choose one of "
+            f"{BLOCK_MS.get(d, ())} (BLOCK_MS)"
+        )
     heads = q.shape[-3] if q.dim() >= 3 else 1
     n_k = k.shape[-2]
     batch_heads = lse.numel() // n_q if n_q else 0
@@ -659,13 +681,13 @@ def launch(
     # One semaphore per (batch x head, query tile) where the additions are ordered; else one
     # int32 the kernel never reads (left unfilled: no kernel launched for it).
     if deterministic:
-        sem = torch.zeros((batch_heads, cdiv(n_q, BLOCK_M)), dtype=torch.int32, device=q.device)
+        sem = torch.zeros((batch_heads, cdiv(n_q, block_m)), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty(1, dtype=torch.int32, device=q.device)
     triton.set_allocator(_scratch)  # the kernel builds its TMA descriptors in global memory
     _gluon_bwd_kernel[(cdiv(n_k, BLOCK_N), batch_heads)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
-        scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
+        scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
         DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, num_warps=COMPUTE_WARPS,
