@@ -355,6 +355,10 @@ if HAVE_GLUON:
         # Pᵀ as the register (A) operand of dV += Pᵀ dO; k_width 2: two 16-bit values per
         # 32-bit register.
         a_layout: gl.constexpr = gl.DotOperandLayout(0, kv_layout, 2)
+        # dV += Pᵀ dO issued before dPᵀ is waited for (at 64 queries a step), or after dSᵀ is
+        # computed (at 128: Sᵀ and dPᵀ take 64 registers each, and Pᵀ's 16-bit copy held for
+        # the early wgmma beside its fp32 values made ptxas spill the compute warps).
+        DV_EARLY: gl.constexpr = BLOCK_M == 64
         key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
@@ -381,11 +385,20 @@ if HAVE_GLUON:
                 queries = start_m + i * BLOCK_M + gl.arange(0, BLOCK_M, query_layout)
                 keep = keep & (keys[:, None] <= queries[None, :])
             p_t = gl.where(keep, p_t, 0.0)
-            # dV += Pᵀ dO needs no dP: issued now, it runs while dSᵀ is computed.
-            dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)
-            dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # in issue order: dPᵀ done, dV may run
+            if DV_EARLY:
+                # dV += Pᵀ dO needs no dP: issued now, it runs while dSᵀ is computed.
+                dv = warpgroup_mma(
+                    gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True
+                )
+                dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # in issue order: dPᵀ done, dV runs
+            else:
+                dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
             delta = delta_smem.index(s).load(query_layout)
             ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
+            if not DV_EARLY:  # Pᵀ's fp32 registers free as its 16-bit operand is made
+                dv = warpgroup_mma(
+                    gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True
+                )
             # dSᵀ through shared memory: the A operand of dK += dSᵀ Q as it stands (no copy in
             # registers, which are tight) and, transposed, of dQ = dS K, which needs both
             # warpgroups' halves.
