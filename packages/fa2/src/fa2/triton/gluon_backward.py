@@ -8,7 +8,8 @@ bits (docs/results/fa2_single_pass_h100_2026-11-23.md) because, without warp spe
 the dQ additions and the fifth matmul wait in line behind the rest; Triton 3.6's automatic warp
 specialisation does not compile that loop. This kernel does the specialisation by hand, after
 FA3's Hopper backward (one program per 128 keys, 64-query tiles, a TMA producer, two MMA
-warpgroups and warps that reduce dQ):
+warpgroups and warps that reduce dQ; at head dim 64, `launch(block_m=128)` steps 128 queries
+at a time, FA3's hdim-64 tile):
 
 - the default partition, 8 warps = two warpgroups of 64 keys each, computes per query tile
   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp(Sᵀ·scale − L), dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ dO,
@@ -357,7 +358,9 @@ if HAVE_GLUON:
         a_layout: gl.constexpr = gl.DotOperandLayout(0, kv_layout, 2)
         # dV += Pᵀ dO issued before dPᵀ is waited for (at 64 queries a step), or after dSᵀ is
         # computed (at 128: Sᵀ and dPᵀ take 64 registers each, and Pᵀ's 16-bit copy held for
-        # the early wgmma beside its fp32 values made ptxas spill the compute warps).
+        # the early wgmma beside its fp32 values made ptxas spill inside the loop; late, its
+        # few spills sit outside it:
+        # docs/results/fa2_gluon_bwd_sm90_compile_cpu_2026-11-28_m128.md).
         DV_EARLY: gl.constexpr = BLOCK_M == 64
         key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
