@@ -11,7 +11,9 @@ convention (2.5 x the causal forward's 2·B·H·S²·D):
 - one row per Gluon variant (`gluon_backward.launch` keywords): dQ's additions as they come, in
   a fixed order (`deterministic`), each also with two dQ partial buffers (`dq_slots=2`), and
   a timing probe that drops them (`drop_dq`: the reducer releases each partial unread, so the
-  row is the time without dQ's additions; its dQ is wrong by design and never checked).
+  row is the time without dQ's additions; its dQ is wrong by design and never checked), and
+  both orders at 128 queries a step (`block_m=128`), at the shapes whose head dim takes it
+  (`gluon_backward.BLOCK_MS`: 64).
 
 Each variant's dk and dv (and dQ, where added) are compared with fa2's two-pass backward's on
 the same inputs, so a variant that is fast because it is wrong shows it, and each dQ with a
@@ -53,6 +55,8 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
     "gluon, 2 dQ slots": dict(dq_slots=2),
     "gluon ordered, 2 dQ slots": dict(deterministic=True, dq_slots=2),
     "probe: no dQ adds": dict(drop_dq=True),
+    "gluon d64 m128": dict(block_m=128),
+    "gluon ordered m128": dict(deterministic=True, block_m=128),
 }
 
 
@@ -91,6 +95,8 @@ def screen_shape(shape, variants, rep_ms: float) -> list[dict]:
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
     for name, options in variants.items():
+        if options.get("block_m", gluon_backward.BLOCK_M) not in gluon_backward.BLOCK_MS[shape[-1]]:
+            continue  # a query tile this head dim does not take: no row
 
         def call(options=options):
             return gluon_backward.launch(

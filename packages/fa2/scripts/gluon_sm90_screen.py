@@ -23,8 +23,9 @@ Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
 
     uv run python packages/fa2/scripts/gluon_sm90_screen.py [--cases d128-causal ...] [--json PATH]
 
-Cases are named `d{64,128}-{causal,full}[-fp16][-ordered]` (`-ordered`: DQ_ORDERED, dQ's
-additions in a fixed order, `launch(deterministic=True)`); the eight unordered ones by default.
+Cases are named `d{64,128}-{causal,full}[-fp16][-ordered][-m128]` (`-ordered`: DQ_ORDERED,
+dQ's additions in a fixed order, `launch(deterministic=True)`; `-m128`: 128 queries per step,
+`launch(block_m=128)`, else `BLOCK_M`); the eight unordered ones by default.
 """
 
 from __future__ import annotations
@@ -59,28 +60,30 @@ _INTS = [f"stride_{t}{s}" for t in ("q", "k", "v", "do", "dk") for s in ("b", "h
 ]
 
 
-def _parse(case: str) -> tuple[int, bool, str, bool]:
-    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-ordered)?", case)
+def _parse(case: str) -> tuple[int, bool, str, bool, int]:
+    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-ordered)?(-m(\d+))?", case)
     if not match:
         raise ValueError(
-            f"a case is named like d128-causal, d64-full-fp16 or d128-causal-ordered, got {case!r}"
+            "a case is named like d128-causal, d64-full-fp16, d128-causal-ordered or "
+            f"d64-causal-ordered-m128, got {case!r}"
         )
     head_dim, causal = int(match.group(1)), match.group(2) == "causal"
-    return head_dim, causal, "fp16" if match.group(3) else "bf16", bool(match.group(4))
+    block_m = int(match.group(6)) if match.group(5) else gb.BLOCK_M
+    return head_dim, causal, "fp16" if match.group(3) else "bf16", bool(match.group(4)), block_m
 
 
 def compile_case(case: str) -> dict:
     """Compile one case for sm_90 and read its resources."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    head_dim, causal, dtype, ordered = _parse(case)
+    head_dim, causal, dtype, ordered, block_m = _parse(case)
     signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "DO", "DK", "DV")}
     signature.update(
         L="*fp32", Delta="*fp32", DQ="*fp32", DQ_SEM="*i32", qk_scale="fp32", sm_scale="fp32"
     )
     signature.update(dict.fromkeys(_INTS, "i32"))
     constexprs = dict(
-        HEAD_DIM=head_dim, BLOCK_M=gb.BLOCK_M, BLOCK_N=gb.BLOCK_N, STAGES=gb.STAGES,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=gb.BLOCK_N, STAGES=gb.STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=gb.LOADER_WARPS, LOADER_REGS=gb.LOADER_REGS,
         REDUCER_WARPS=gb.REDUCER_WARPS, REDUCER_REGS=gb.REDUCER_REGS, DQ_ORDERED=ordered,
         DQ_DROP=False, DQ_SLOTS=gb.DQ_SLOTS,

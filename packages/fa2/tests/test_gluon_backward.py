@@ -16,6 +16,7 @@ form's bits repeat; head dim 128 takes it by default, and a compiled call runs i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -47,16 +48,17 @@ SMEM_PER_BLOCK = 227 * 1024  # the most shared memory a Hopper block may have
 )
 def test_compiles_for_sm90_warp_specialised(tmp_path):
     """The heaviest case (d 128, causal: the most registers live) through the compile screen,
-    dQ's additions as they come and in a fixed order (DQ_ORDERED)."""
+    dQ's additions as they come and in a fixed order (DQ_ORDERED), and d 64 at 128 queries a
+    step (`launch(block_m=128)`)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # compile afresh, write nothing home
     out = tmp_path / "screen.json"
-    cases = ["d128-causal", "d128-causal-ordered"]
+    cases = ["d128-causal", "d128-causal-ordered", "d64-causal-m128"]
     command = [sys.executable, str(SCREEN), "--cases", *cases, "--json", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    unordered, ordered = json.loads(out.read_text())["rows"]
-    for row in (unordered, ordered):
+    unordered, ordered, wide = json.loads(out.read_text())["rows"]
+    for row in (unordered, ordered, wide):
         assert row["ws"], row  # a warp_specialize region: the partitions exist
         # 8 compute warps + the loader and reducer warps, padded to a third warpgroup
         assert row["warps"] == gluon_backward.COMPUTE_WARPS + 4, row
@@ -75,6 +77,22 @@ def test_compiles_for_sm90_warp_specialised(tmp_path):
     # Its spin loop leaves ptxas a few spills in the compute warps (13 stores, 40 bytes of
     # stack when this was written: docs/design/fa2.md, "The ordered form"); no more than that.
     assert ordered["stack"] <= 64, ordered
+    # 128 queries a step: ptxas spills a few values the compute warps keep across the loop for
+    # its end (12 stores, 32 bytes of stack when this was written:
+    # docs/results/fa2_gluon_bwd_sm90_compile_cpu_2026-11-28_m128.md); no more than that.
+    assert wide["stack"] <= 32, wide
+
+
+def test_a_query_tile_the_head_dim_does_not_take_is_refused():
+    """128 queries a step only at head dim 64 (`BLOCK_MS`): refused before any launch."""
+    q, k, v, o, do = (torch.randn(1, 1, 8, 128) for _ in range(5))
+    lse = torch.randn(1, 1, 8)
+    strides = tuple(head_strides(t) for t in (q, k, v, o, do, q))
+    with pytest.raises(ValueError, match="block_m=128 is not a query tile of head dim 128"):
+        gluon_backward.launch(
+            q, k, v, o, lse, do, k.clone(), v.clone(), strides, scale=1.0, causal=True,
+            block_m=128,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -258,21 +276,29 @@ def _oracle_and_plain(q, k, v, do, causal):
     return oracle, plain
 
 
+# (head dim, queries a step): every query tile each head dim takes (`BLOCK_MS`)
+QUERY_TILES = [(d, m) for d in gluon_backward.HEAD_DIMS for m in gluon_backward.BLOCK_MS[d]]
+QUERY_TILE_IDS = [f"d{d}-block_m{m}" for d, m in QUERY_TILES]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(("d", "block_m"), QUERY_TILES, ids=QUERY_TILE_IDS)
 @pytest.mark.parametrize(
     "n_q, n_k", [(1, 1), (64, 64), (200, 200), (130, 77), (77, 300), (384, 384)], ids=str
 )
 def test_matches_the_oracle_through_the_autograd_function(
-    monkeypatch, deterministic, causal, d, n_q, n_k
+    monkeypatch, deterministic, causal, d, block_m, n_q, n_k
 ):
     """FA2_BACKWARD=gluon in both orders (the ragged last query tile clipped by the
-    descriptor): the Gluon kernel runs (no fallback warning) and o, dq, dk, dv stay within
-    twice plain PyTorch's bf16 error of float64's."""
+    descriptor), at each query tile the head dim takes (the plan's launch given `block_m`):
+    the Gluon kernel runs (no fallback warning) and o, dq, dk, dv stay within twice plain
+    PyTorch's bf16 error of float64's."""
     monkeypatch.setenv("FA2_BACKWARD", "gluon")
+    launch = functools.partial(gluon_backward.launch, block_m=block_m)
+    monkeypatch.setattr(gluon_backward, "launch", launch)
     make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = (t.requires_grad_() for t in (make(n_q), make(n_k), make(n_k)))
     do = torch.randn_like(q)
@@ -306,16 +332,19 @@ def test_matches_the_oracle_called_directly_in_fp16_on_strided_inputs(d, determi
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(("d", "block_m"), QUERY_TILES, ids=QUERY_TILE_IDS)
 @pytest.mark.parametrize(
     "n_q, n_k", [(1, 1), (200, 200), (130, 77), (77, 300), (1000, 1000)], ids=str
 )
 @pytest.mark.parametrize("dq_slots", [1, 2])
-def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(causal, d, n_q, n_k, dq_slots):
+def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(
+    causal, d, block_m, n_q, n_k, dq_slots
+):
     """`deterministic=True`: the key tiles add into each dQ tile one at a time in a fixed order
     (semaphores), so two calls give the same bits, within the oracle's tolerance; 1000 rows
-    are 8 key tiles and 16 query tiles, so each dQ tile takes several ordered additions. With
-    one dQ partial buffer (the default) and two (`dq_slots=2`)."""
+    are 8 key tiles and 16 query tiles of 64 (8 of 128), so each dQ tile takes several ordered
+    additions. With one dQ partial buffer (the default) and two (`dq_slots=2`), at each query
+    tile the head dim takes (`block_m`)."""
     make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = make(n_q), make(n_k), make(n_k)
     do = torch.randn_like(q)
@@ -326,7 +355,7 @@ def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(causal, d, n_q
         strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
         dq = gluon_backward.launch(
             q, k, v, o, lse, do, dk, dv, strides, scale=d**-0.5, causal=causal,
-            deterministic=True, dq_slots=dq_slots,
+            deterministic=True, dq_slots=dq_slots, block_m=block_m,
         )  # fmt: skip
         return dq.to(q.dtype), dk, dv
 

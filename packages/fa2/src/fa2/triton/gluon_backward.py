@@ -8,7 +8,8 @@ bits (docs/results/fa2_single_pass_h100_2026-11-23.md) because, without warp spe
 the dQ additions and the fifth matmul wait in line behind the rest; Triton 3.6's automatic warp
 specialisation does not compile that loop. This kernel does the specialisation by hand, after
 FA3's Hopper backward (one program per 128 keys, 64-query tiles, a TMA producer, two MMA
-warpgroups and warps that reduce dQ):
+warpgroups and warps that reduce dQ; at head dim 64, `launch(block_m=128)` steps 128 queries
+at a time, FA3's hdim-64 tile):
 
 - the default partition, 8 warps = two warpgroups of 64 keys each, computes per query tile
   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp(Sᵀ·scale − L), dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ dO,
@@ -89,6 +90,7 @@ from fa2.triton.launch import _scratch, head_strides, needs_int64
 
 __all__ = [
     "BLOCK_M",
+    "BLOCK_MS",
     "BLOCK_N",
     "HAVE_GLUON",
     "HEAD_DIMS",
@@ -104,6 +106,11 @@ __all__ = [
 # one warpgroup-sized M across both warpgroups, which split its head-dim columns).
 BLOCK_N = 128
 BLOCK_M = 64
+# The query tiles `launch(block_m=...)` takes per head dim. 128 queries per step (FA3's hdim-64
+# tile, 128 x 128) only at d = 64: each wgmma of Sᵀ and dPᵀ then does twice the work per issue
+# and each step per barrier round; at d = 128 the compute registers are full at 64 and Q, dO
+# (2 stages) and the dQ partial would not fit the 227 KiB of shared memory at 128.
+BLOCK_MS = {64: (64, 128), 128: (64,)}
 # Q/dO buffers the loader may fill ahead of the compute warps: 2 (FA3's) keeps shared memory at
 # K, V (64 KiB at d=128) + 2 x Q, dO (64 KiB) + dSᵀ (16 KiB) + the fp32 dQ partials (32 KiB
 # each, DQ_SLOTS of them), 208 KiB with two of the 227 KiB a Hopper block may have.
@@ -175,7 +182,8 @@ if HAVE_GLUON:
         mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [n0, 0], kv_ready, k_smem)
         tma.async_copy_global_to_shared(v_desc, [n0, 0], kv_ready, v_smem)
-        row_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])  # 64 rows, 1 warp
+        # BLOCK_M rows over the warp's 32 lanes (2 each at 64 rows, 4 at 128)
+        row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
         for i in range(n_tiles):
             s = i % STAGES
             # The buffer's previous use (tile i - STAGES) must be released: parity of that
@@ -328,18 +336,32 @@ if HAVE_GLUON:
         DQ_SLOTS: gl.constexpr,
     ):
         """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
-        program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's 64 x HEAD_DIM
-        tile is split by columns between them ([4, 2]), so both read all of dSᵀ from shared
-        memory. Stores dK·sm_scale and dV at the end (TMA, which clips keys past n_k)."""
+        program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's BLOCK_M x
+        HEAD_DIM tile is split between them, by columns at 64 rows ([4, 2]), by rows at 128
+        ([8, 1]), each reading the dSᵀ columns it needs from shared memory. Stores dK·sm_scale
+        and dV at the end (TMA, which clips keys past n_k)."""
         dtype: gl.constexpr = k_smem.dtype
         # wgmma instruction shapes [m, n, k]: m = 16 rows per warp, k = 16 for 16-bit inputs,
         # n the accumulator's full width per warpgroup.
         s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [8, 1], [16, BLOCK_M, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [8, 1], [16, HEAD_DIM, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 2], [16, HEAD_DIM // 2, 16])
+        # dQ = dS K, BLOCK_M x HEAD_DIM over the 8 warps: a wgmma's M is 64 per warpgroup, so
+        # 64 query rows leave one warpgroup-sized M whose head-dim columns the two warpgroups
+        # split ([4, 2] warps, n = HEAD_DIM / 2), and 128 rows give each warpgroup 64 rows of
+        # the whole head dim ([8, 1], n = HEAD_DIM).
+        dq_col_groups: gl.constexpr = 128 // BLOCK_M
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            [3, 0], [8 // dq_col_groups, dq_col_groups], [16, HEAD_DIM // dq_col_groups, 16]
+        )
         # Pᵀ as the register (A) operand of dV += Pᵀ dO; k_width 2: two 16-bit values per
         # 32-bit register.
         a_layout: gl.constexpr = gl.DotOperandLayout(0, kv_layout, 2)
+        # dV += Pᵀ dO issued before dPᵀ is waited for (at 64 queries a step), or after dSᵀ is
+        # computed (at 128: Sᵀ and dPᵀ take 64 registers each, and Pᵀ's 16-bit copy held for
+        # the early wgmma beside its fp32 values made ptxas spill inside the loop; late, its
+        # few spills sit outside it:
+        # docs/results/fa2_gluon_bwd_sm90_compile_cpu_2026-11-28_m128.md).
+        DV_EARLY: gl.constexpr = BLOCK_M == 64
         key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
@@ -366,11 +388,20 @@ if HAVE_GLUON:
                 queries = start_m + i * BLOCK_M + gl.arange(0, BLOCK_M, query_layout)
                 keep = keep & (keys[:, None] <= queries[None, :])
             p_t = gl.where(keep, p_t, 0.0)
-            # dV += Pᵀ dO needs no dP: issued now, it runs while dSᵀ is computed.
-            dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)
-            dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # in issue order: dPᵀ done, dV may run
+            if DV_EARLY:
+                # dV += Pᵀ dO needs no dP: issued now, it runs while dSᵀ is computed.
+                dv = warpgroup_mma(
+                    gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True
+                )
+                dp_t = warpgroup_mma_wait(1, deps=(dp_t,))  # in issue order: dPᵀ done, dV runs
+            else:
+                dp_t = warpgroup_mma_wait(0, deps=(dp_t,))
             delta = delta_smem.index(s).load(query_layout)
             ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
+            if not DV_EARLY:  # Pᵀ's fp32 registers free as its 16-bit operand is made
+                dv = warpgroup_mma(
+                    gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True
+                )
             # dSᵀ through shared memory: the A operand of dK += dSᵀ Q as it stands (no copy in
             # registers, which are tight) and, transposed, of dQ = dS K, which needs both
             # warpgroups' halves.
@@ -630,6 +661,7 @@ def launch(
     deterministic: bool = False,
     dq_slots: int = DQ_SLOTS,
     drop_dq: bool = False,
+    block_m: int = BLOCK_M,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -637,11 +669,17 @@ def launch(
     key tiles add into each dQ tile in a fixed order (`_reducer`), so dQ's bits repeat.
     `dq_slots`: dQ partial buffers (`DQ_SLOTS`; 1 to measure what the second buys).
     `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for gradients.
+    `block_m`: queries per step (`BLOCK_MS` lists what each head dim takes).
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
     sq, sk, sv, so, sdo, sdk = strides
     n_q, d = q.shape[-2:]
+    if block_m not in BLOCK_MS.get(d, ()):
+        raise ValueError(
+            f"block_m={block_m} is not a query tile of head dim {d}: choose one of "
+            f"{BLOCK_MS.get(d, ())} (BLOCK_MS)"
+        )
     heads = q.shape[-3] if q.dim() >= 3 else 1
     n_k = k.shape[-2]
     batch_heads = lse.numel() // n_q if n_q else 0
@@ -659,13 +697,13 @@ def launch(
     # One semaphore per (batch x head, query tile) where the additions are ordered; else one
     # int32 the kernel never reads (left unfilled: no kernel launched for it).
     if deterministic:
-        sem = torch.zeros((batch_heads, cdiv(n_q, BLOCK_M)), dtype=torch.int32, device=q.device)
+        sem = torch.zeros((batch_heads, cdiv(n_q, block_m)), dtype=torch.int32, device=q.device)
     else:
         sem = torch.empty(1, dtype=torch.int32, device=q.device)
     triton.set_allocator(_scratch)  # the kernel builds its TMA descriptors in global memory
     _gluon_bwd_kernel[(cdiv(n_k, BLOCK_N), batch_heads)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
-        scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
+        scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
         DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, num_warps=COMPUTE_WARPS,
