@@ -481,7 +481,7 @@ def test_the_preset_runs_the_rows_predicted_to_fit(
 
 
 def test_the_memory_cap_sets_the_allocators_share_and_gives_it_back(monkeypatch):
-    from bench.core.memory import capped_memory
+    from bench.tools.step.memory import capped_memory
 
     _fake_gpus(monkeypatch, 1, 100 * 10**9)
     shares = []

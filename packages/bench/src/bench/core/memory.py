@@ -27,7 +27,6 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 __all__ = [
     "GIB",
     "MIB",
-    "capped_memory",
     "free_memory",
     "memory_in_use",
     "peak_memory",
@@ -86,27 +85,6 @@ def recording_memory(path: Path | None, device: torch.device) -> Iterator[None]:
         torch.cuda.memory._dump_snapshot(str(path))
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-
-
-@contextlib.contextmanager
-def capped_memory(limit_bytes: int | None, device: torch.device | str) -> Iterator[None]:
-    """Inside the block, the caching allocator on `device` holds at most `limit_bytes` (an
-    allocation beyond it raises `torch.OutOfMemoryError`, as on a GPU of that size), so that a
-    larger GPU stands in for a smaller one. Only the allocator is capped: the CUDA context and
-    what libraries allocate outside it (NCCL's buffers) come on top, as they do on the smaller
-    GPU. A no-op when `limit_bytes` is None, at least the GPU's memory, or off CUDA."""
-    if limit_bytes is None or not _is_cuda(device):
-        yield
-        return
-    total = torch.cuda.get_device_properties(device).total_memory
-    if limit_bytes >= total:
-        yield
-        return
-    torch.cuda.set_per_process_memory_fraction(limit_bytes / total, device)
-    try:
-        yield
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
 def memory_in_use(device: torch.device | str) -> int | None:

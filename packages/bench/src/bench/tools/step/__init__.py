@@ -31,7 +31,7 @@ from bench.core.distributed import measure_cases, slowest_rank
 from bench.core.env import device_name
 from bench.core.launch import DEFAULT_TIMEOUT_S, torchrun_world_size, under_torchrun
 from bench.core.layouts import DTYPES, LAYOUTS, PRECISIONS, autocast_dtype, compute_dtype
-from bench.core.memory import GIB, MIB, capped_memory, free_memory
+from bench.core.memory import GIB, MIB, free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import Bars, stacked_bar_plot
 from bench.core.ranks import is_primary
@@ -47,6 +47,7 @@ from bench.tools.step.full_step import (
     measure_step,
     step_flops,
 )
+from bench.tools.step.memory import capped_memory
 from bench.tools.step.profile import save_step_profile
 
 __all__ = [

@@ -30,12 +30,16 @@ Example::
     loss.backward();            meter.mark("backward")
     optimizer.step();           meter.mark("optimizer")
     split = breakdown(meter.readings(), params=p_bytes, grads=g_bytes, state=s_bytes)
+
+`capped_memory` is `--memory`'s cap on a rank's allocator, where a larger GPU stands in for a
+smaller one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +47,14 @@ import torch
 from bench.core.memory import memory_in_use, peak_memory, reset_peak_memory
 from bench.core.timing import synchronize
 
-__all__ = ["PHASES", "MemoryBreakdown", "PhaseMeter", "PhaseReadings", "breakdown"]
+__all__ = [
+    "PHASES",
+    "MemoryBreakdown",
+    "PhaseMeter",
+    "PhaseReadings",
+    "breakdown",
+    "capped_memory",
+]
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -147,3 +158,24 @@ def breakdown(readings: PhaseReadings, *, params: int, grads: int, state: int) -
         grads_at, activations = grads, 0
     rest = peak - base - activations - grads_at
     return MemoryBreakdown(peak, phase, params, grads_at, state, activations, rest)
+
+
+@contextlib.contextmanager
+def capped_memory(limit_bytes: int | None, device: torch.device | str) -> Iterator[None]:
+    """Inside the block, the caching allocator on `device` holds at most `limit_bytes` (an
+    allocation beyond it raises `torch.OutOfMemoryError`, as on a GPU of that size), so that a
+    larger GPU stands in for a smaller one. Only the allocator is capped: the CUDA context and
+    what libraries allocate outside it (NCCL's buffers) come on top, as they do on the smaller
+    GPU. A no-op when `limit_bytes` is None, at least the GPU's memory, or off CUDA."""
+    if limit_bytes is None or torch.device(device).type != "cuda":
+        yield
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    if limit_bytes >= total:
+        yield
+        return
+    torch.cuda.set_per_process_memory_fraction(limit_bytes / total, device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
