@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -163,6 +164,9 @@ def test_a_signal_while_the_ranks_start_still_stops_them(signum, monkeypatch):
 
     monkeypatch.setattr(launch_module, "_start", start_then_signalled)
     monkeypatch.setattr(launch_module, "_start_method", lambda: "fork")  # one torch import
+    # A process with a thread besides the main one (a tool's usually has several): the kernel
+    # may hand the signal to it, so blocking the signal in the main thread would not hold it.
+    threading.Thread(target=time.sleep, args=(10,), daemon=True).start()
     raised = KeyboardInterrupt if signum == signal.SIGINT else SystemExit
     with pytest.raises(raised):
         launch(sleeps, world_size=2)

@@ -236,8 +236,10 @@ def _child(
     launcher: int,
     environ: Mapping[str, str],
 ) -> None:
-    if hasattr(signal, "pthread_sigmask"):  # started while the launcher held them (`_held`)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    # A rank forked while the launcher deferred these (`_deferred`) handles them as a process
+    # does; a rank spawned, or forked by a server, already does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _end_with(launcher)
     os.environ.clear()  # the launcher's environment now, not the server's at its start
     os.environ.update(environ)
@@ -456,9 +458,9 @@ def launch(
         try:
             with _sigterm_raises():
                 # SIGINT and SIGTERM wait while the ranks start, so that one arriving then is
-                # raised here, in the `try`, with the ranks to stop known (each rank lets them
-                # through again as it starts: `_child`).
-                with _held(signal.SIGINT, signal.SIGTERM):
+                # raised here, in the `try`, with the ranks to stop known (each rank handles
+                # them as a process does again as it starts: `_child`).
+                with _deferred(signal.SIGINT, signal.SIGTERM):
                     context = _start(worker, world_size, backend, args, env, num_threads,
                                      result_dir)  # fmt: skip
                     processes = context.processes
@@ -564,17 +566,26 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _held(*signals: signal.Signals) -> Iterator[None]:
-    """Within the block, `signals` wait (blocked in the calling thread); one that came meanwhile
-    is delivered as the block ends. Where threads cannot block signals, nothing changes."""
-    if not hasattr(signal, "pthread_sigmask"):
+def _deferred(*signals: signal.Signals) -> Iterator[None]:
+    """Within the block, `signals` are noted instead of handled; as it ends, the handlers before
+    it are back and each noted signal is raised again, to be handled by them. (Blocking them
+    would not do: the kernel gives a signal sent to the process to any thread not blocking it,
+    and Python then handles it in the main thread at once.) Off the main thread, where Python
+    sets no handlers, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    came: list[int] = []
+    previous = {number: signal.getsignal(number) for number in signals}
+    for number in signals:
+        signal.signal(number, lambda signum, frame: came.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        for number in dict.fromkeys(came):
+            signal.raise_signal(number)
 
 
 @contextlib.contextmanager
