@@ -460,13 +460,13 @@ def test_the_preset_runs_the_rows_predicted_to_fit(
     """Ours on zero.FSDP and torch-native must fit a GPU's memory less the headroom by
     bench-plan's prediction, else the preset is refused; the ZeRO-1 row is left out, with a
     note, where it alone does not fit."""
-    from bench.tools.step import _preset_missing, _preset_rows
+    from bench.tools.step import _preset_fit
 
     _fake_gpus(monkeypatch, gpus, total)
     parser = COMMAND.parser()
     argv = ["--preset", "leaderboard-2026"] + (["--memory", memory] if memory else [])
     config = TOOL.configure(parser.parse_args(argv), parser, "cpu")
-    missing = _preset_missing(config, "leaderboard-2026", torch.device("cuda"))
+    missing, kept, note = _preset_fit(config, "leaderboard-2026", torch.device("cuda"))
     if refused is None:
         assert missing == "it needs 2 GPUs and finds 1"
         return
@@ -474,7 +474,6 @@ def test_the_preset_runs_the_rows_predicted_to_fit(
         assert [row for row in ROWS if f"{row} (" in missing] == refused
         return
     assert missing is None
-    kept, note = _preset_rows(config, torch.device("cuda"))
     assert [row for row in ROWS if note and f"{row} (" in note] == left_out
     dropped = {row.split()[-1] for row in left_out}
     assert kept.parallel == tuple(p for p in config.parallel if p not in dropped)

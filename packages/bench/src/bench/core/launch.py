@@ -566,40 +566,38 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _handled_by(handler: Any, *signals: signal.Signals) -> Iterator[None]:
+    """Within the block, `handler` handles `signals` in the main thread; the handlers before it
+    are back as it ends. Off the main thread, where Python sets no handlers, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.getsignal(number) for number in signals}
+    for number in signals:
+        signal.signal(number, handler)
+    try:
+        yield
+    finally:
+        for number, before in previous.items():
+            if before is not None:  # None: a handler not set from Python, left as it is
+                signal.signal(number, before)
+
+
+@contextlib.contextmanager
 def _deferred(*signals: signal.Signals) -> Iterator[None]:
     """Within the block, `signals` are noted instead of handled; as it ends, the handlers before
     it are back and each noted signal is raised again, to be handled by them. (Blocking them
     would not do: the kernel gives a signal sent to the process to any thread not blocking it,
-    and Python then handles it in the main thread at once.) Off the main thread, where Python
-    sets no handlers, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    and Python then handles it in the main thread at once.)"""
     came: list[int] = []
-    previous = {number: signal.getsignal(number) for number in signals}
-    for number in signals:
-        signal.signal(number, lambda signum, frame: came.append(signum))
     try:
-        yield
+        with _handled_by(lambda signum, frame: came.append(signum), *signals):
+            yield
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, signal.SIG_DFL if handler is None else handler)
         for number in dict.fromkeys(came):
             signal.raise_signal(number)
 
 
-@contextlib.contextmanager
-def _deaf_to(*signals: signal.Signals) -> Iterator[None]:
+def _deaf_to(*signals: signal.Signals) -> contextlib.AbstractContextManager[None]:
     """Within the block, the main thread ignores `signals` (elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {number: signal.getsignal(number) for number in signals}
-    for number in signals:
-        signal.signal(number, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            if handler is not None:  # None: a handler not set from Python, left as it is
-                signal.signal(number, handler)
+    return _handled_by(signal.SIG_IGN, *signals)

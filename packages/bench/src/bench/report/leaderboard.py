@@ -26,6 +26,7 @@ from bench.report.document import Block, Paragraph
 from bench.report.results import SOURCE, Results, Rows, fmt, grouped, num, ok
 from bench.report.single_gpu import said
 from bench.tools import flash, ops, plan, step
+from bench.tools.model.profile import CATEGORIES
 from lmcore import MODEL_SIZES
 
 __all__ = ["FULL_RUN", "answer_leaderboard"]
@@ -77,8 +78,6 @@ def answer_leaderboard(res: Results) -> list[Block]:
 def _kernel_split(res: Results) -> list[Block]:
     """The newest `bench-step --profile` run: each of ours' rows beside the torch-native row,
     rank 0's whole step, kernel time by category (`bench.tools.step.profile`)."""
-    from bench.tools.model.profile import CATEGORIES
-
     rows = res.rows("step-profile", latest=True)
     step_rows = [r for r in rows if r.get("rank") == 0 and r.get("phase") == "all"]
     by_row: dict[str, dict[str, dict]] = {}
@@ -208,8 +207,8 @@ def _every_full_row(res: Results, *, capped: bool = False) -> Rows:
 
 
 def _cap(record) -> int | None:
-    """The bytes `--memory` capped each rank's allocator at, or None (bench-step caps it only
-    below the GPU's memory, which the run's GPUs all had more than where it was given)."""
+    """The `--memory` a full step ran with, or None: bench-step caps each rank's allocator at it
+    (the leaderboard's GPUs all have more), so the run stands in for smaller GPUs."""
     return record.run.config.get("memory_bytes")
 
 

@@ -646,73 +646,56 @@ def depth_reduced_command(device: torch.device) -> str:
     return " ".join(depth_reduced_argv(num_gpus=_num_gpus(device)))
 
 
-def _preset_memory(config: StepConfig, device: torch.device) -> int:
-    """The memory per GPU the preset has: the smallest of its GPUs', or `--memory` if less."""
-    ranks = min(_num_gpus(device), torch.cuda.device_count())
-    memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(ranks))
-    return memory if config.memory_bytes is None else min(memory, config.memory_bytes)
-
-
-def _rows_over(config: StepConfig, budget: float) -> list[tuple[StepSpec, float]]:
-    """The rows whose peak bench-plan predicts above `budget` bytes per GPU, with that peak."""
-    from bench.plan.memory import estimate_memory
-
-    peaks = [(spec, estimate_memory(_plan(spec)).peak.total) for spec in step_specs(config)]
-    return [(spec, peak) for spec, peak in peaks if peak > budget]
-
-
 def _named(rows: Sequence[tuple[StepSpec, float]]) -> str:
     return ", ".join(f"{spec.impl} {spec.layout} ({peak / GIB:.1f} GiB)" for spec, peak in rows)
 
 
-def _preset_missing(config: StepConfig, preset: str, device: torch.device) -> str | None:
-    """Why this machine cannot run the leaderboard preset `preset` (built into `config`), or
-    None when it can: too few GPUs, or bench-plan predicts its headline rows (ours on its first
-    layout, zero.FSDP, and torch-native) above a GPU's memory less `--headroom` (the allocator
-    needs more than the tensors: the ZeRO-1 row, whose tensors peak at 69,490 MiB on H200s,
-    ran out of memory with each rank's allocator capped at 80 GB; step_leaderboard_2xh200_
-    2026-11-28_gluonbwd and _cap80gb; see `_preset_rows`)."""
+def _preset_fit(
+    config: StepConfig, preset: str, device: torch.device
+) -> tuple[str | None, StepConfig, str | None]:
+    """Whether this machine runs the leaderboard preset `preset` (built into `config`), and with
+    which rows: (why it cannot, or None; the config to run; a note naming the rows left out,
+    or None).
+
+    It cannot with too few GPUs, or where bench-plan predicts a headline row (ours on the
+    preset's first layout, zero.FSDP, or torch-native) above a GPU's memory (`--memory` where
+    given and smaller) less `--headroom`: the allocator needs more than the tensors (the ZeRO-1
+    row, whose tensors peak at 69,490 MiB on H200s, ran out of memory with each rank's
+    allocator capped at 80 GB; step_leaderboard_2xh200_2026-11-28_gluonbwd and _cap80gb). Rows
+    of ours beyond the first predicted above it (on two 80 GB H100s, ZeRO-1) are left out."""
+    from bench.plan.memory import estimate_memory
+
     if device.type != "cuda":
-        return "it needs CUDA GPUs, and this run has none"
+        return "it needs CUDA GPUs, and this run has none", config, None
     ranks, needed = _num_gpus(device), PRESETS[preset]["nproc"]
     if ranks < needed:
-        return f"it needs {needed} GPUs and finds {ranks}"
-    memory = _preset_memory(config, device)
-    headline = (config.parallel[0], "fsdp:torch")
-    over = [(s, p) for s, p in _rows_over(config, memory * (1 - config.headroom))
-            if s.layout in headline]  # fmt: skip
-    if over:
-        return (
-            f"bench-plan predicts {_named(over)} above the {memory / GIB:.1f} GiB per GPU here "
-            f"less {config.headroom:.0%} headroom"
-        )
-    return None
-
-
-def _preset_rows(config: StepConfig, device: torch.device) -> tuple[StepConfig, str | None]:
-    """The preset's config without the rows of ours (beyond its first layout) that bench-plan
-    predicts above a GPU's memory less `--headroom` (on two 80 GB H100s, ZeRO-1), and a note
-    naming them; the config unchanged and None when every row fits."""
-    memory = _preset_memory(config, device)
-    over = _rows_over(config, memory * (1 - config.headroom))
+        return f"it needs {needed} GPUs and finds {ranks}", config, None
+    visible = range(min(ranks, torch.cuda.device_count()))
+    memory = min(torch.cuda.get_device_properties(i).total_memory for i in visible)
+    if config.memory_bytes is not None:
+        memory = min(memory, config.memory_bytes)
+    budget = memory * (1 - config.headroom)
+    peaks = [(spec, estimate_memory(_plan(spec)).peak.total) for spec in step_specs(config)]
+    over = [(spec, peak) for spec, peak in peaks if peak > budget]
+    here = f"the {memory / GIB:.1f} GiB per GPU here less {config.headroom:.0%} headroom"
+    headline = [(s, p) for s, p in over if s.layout in (config.parallel[0], "fsdp:torch")]
+    if headline:
+        return f"bench-plan predicts {_named(headline)} above {here}", config, None
     if not over:
-        return config, None
+        return None, config, None
     dropped = {spec.layout for spec, _ in over}
     kept = tuple(layout for layout in config.parallel if layout not in dropped)
-    note = (
-        f"Left out of the preset: {_named(over)}, which bench-plan predicts above the "
-        f"{memory / GIB:.1f} GiB per GPU here less {config.headroom:.0%} headroom."
-    )
-    return replace(config, parallel=kept), note
+    note = f"Left out of the preset: {_named(over)}, which bench-plan predicts above {here}."
+    return None, replace(config, parallel=kept), note
 
 
 # ---- the command line ------------------------------------------------------------------------
 
 
 def _run(config: StepConfig | None, cli: Invocation) -> Run:
-    left_out = None  # the preset's rows predicted not to fit (`_preset_rows`)
+    left_out = None  # the preset's rows predicted not to fit (`_preset_fit`)
     if cli.args.preset:
-        missing = _preset_missing(config, cli.args.preset, cli.device)
+        missing, config, left_out = _preset_fit(config, cli.args.preset, cli.device)
         if missing is not None:
             preset = PRESETS[cli.args.preset]
             ranks = PRESETS["leaderboard-2026"]["nproc"]
@@ -729,7 +712,6 @@ def _run(config: StepConfig | None, cli: Invocation) -> Run:
                 "Run the depth-reduced leaderboard model instead (the most blocks that fit, "
                 f"{instead}):\n\n  {depth_reduced_command(cli.device)}\n",
             )
-        config, left_out = _preset_rows(config, cli.device)
         if left_out is not None:
             print(f"bench-step: {left_out}", file=sys.stderr)
     with usage_errors(cli.parser):

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.core.env import device_name
+from bench.core.env import collect_env, device_name
 from bench.core.memory import MIB
 from bench.core.profiling import (
     device_kernels,
@@ -55,7 +55,7 @@ from bench.core.profiling import (
     on_cpu,
     profiler_activities,
 )
-from bench.core.results import Keys, Run, save_json, to_markdown
+from bench.core.results import Keys, Run, load_json, save_json, to_markdown
 from bench.core.timing import synchronize
 from bench.tools.model.profile import CATEGORIES, kernel_tables, profile_rows, trace_events
 from bench.tools.step.memory import PHASES
@@ -298,9 +298,6 @@ def rebuild_step_profile(directory: Path) -> Path:
         FileNotFoundError: no `<DIR name>.json`, or no trace for one of its rows and ranks.
         ValueError: the run is not a CUDA run (a CPU trace keeps no operator's own time).
     """
-    from bench.core.env import collect_env
-    from bench.core.results import load_json
-
     run = load_json(directory / f"{directory.name}.json")
     if run.env.get("device_type") != "cuda":
         raise ValueError(f"{directory}: only a CUDA run's tables can be rebuilt from its traces")
