@@ -115,3 +115,52 @@ def test_compiled_it_runs_as_its_opaque_op_with_the_eager_bits(monkeypatch):
     assert "fa2.gluon_forward" in code
     for got, want in zip(compiled, eager, strict=True):
         assert torch.equal(got, want)
+
+
+def _symbolic_length() -> torch.SymInt:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return ShapeEnv().create_unbacked_symint()
+
+
+@pytest.mark.parametrize("on_hopper", [True, False])
+def test_a_symbolic_length_on_hopper_is_said_once_per_kernel(monkeypatch, on_hopper):
+    # A compiled model whose lengths dynamo made symbolic runs the Triton kernels; on Hopper,
+    # where the Gluon ones are the default, that is said once per kernel, elsewhere never.
+    monkeypatch.setattr(configs, "INTERPRET", False)
+    monkeypatch.setattr(
+        configs, "device_capability", lambda device: (9, 0) if on_hopper else (8, 0)
+    )
+    monkeypatch.setattr(configs, "_symbolic_warned", set())
+    device = torch.device("cuda", 0)
+    symbolic = (1, 32, _symbolic_length(), 128)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert configs.symbolic_shapes_refusal((1, 32, 4096, 128), device, "forward") is None
+        for kernel in ("forward", "backward", "forward", "backward"):
+            reason = configs.symbolic_shapes_refusal(symbolic, device, kernel)
+            assert reason is not None and "dynamic shapes" in reason
+    said = [str(w.message) for w in caught if "dynamic shapes" in str(w.message)]
+    if on_hopper:
+        assert len(said) == 2
+        assert "its forward runs" in said[0] and "its backward runs" in said[1]
+        assert all("dynamic=False" in text for text in said)
+    else:
+        assert not said
+
+
+@pytest.mark.gpu
+@hopper
+def test_compiled_with_dynamic_lengths_it_says_why_the_triton_kernels_run(monkeypatch):
+    from fa2 import flash_attention
+
+    monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
+    monkeypatch.setattr(configs, "_symbolic_warned", set())
+    q, k, v = _qkv(2048, 128)
+    attend = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), dynamic=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attend(q, k, v).sum().backward()
+    said = [str(w.message) for w in caught if "dynamic shapes" in str(w.message)]
+    assert any("its forward runs" in text for text in said)
+    assert any("its backward runs" in text for text in said)

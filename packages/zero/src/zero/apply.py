@@ -10,11 +10,22 @@ trace them (and compile the whole model, every block anew: a first step of minut
 and units of one class share that graph (dynamo caches compiled code per code object, and with
 `inline_inbuilt_nn_modules`, on in every torch this package supports, its guards do not pin the
 module instance), so a model of N identical blocks compiles one.
+
+Each unit class is compiled through a frame of its own (`_unit_frame`). `torch.compile` of a
+forward dynamo cannot enter directly (torch's own `nn.Embedding.forward`, or the partial that
+selective checkpointing installs) wraps it in one shared function of torch's, so every such
+unit class shared one code object, and with it dynamo's record of the shapes it was called
+with: the embedding's `(batch, seq)` ids and the blocks' `(batch, seq, d_model)` activations
+differ in rank, so dynamo recompiled the blocks with a symbolic sequence length ("automatic
+dynamic shapes"). fa2 then runs its Triton kernels instead of its Gluon ones on Hopper
+(docs/results/step_profile_2xh200_2026-11-28: 1.27x cuDNN's attention time inside the
+leaderboard step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import types
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -84,5 +95,33 @@ def apply_fsdp(
         options = dict(COMPILE_OPTIONS if compile_options is None else compile_options)
         for module in fsdp.unit_modules:
             # An instance attribute: the module's call (its hooks) stays eager and calls it.
-            module.forward = torch.compile(module.forward, **options)
+            module.forward = torch.compile(_unit_frame(module), **options)
     return fsdp
+
+
+# One code object per unit class (`_unit_frame`); kept for the process, as a method's is, so
+# that the models of one process share their compiled units as they would share methods.
+_UNIT_CODES: dict[type, types.CodeType] = {}
+
+
+def _forwarding(forward: Callable[..., Any]) -> Callable[..., Any]:
+    def unit_forward(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    return unit_forward
+
+
+def _unit_frame(module: nn.Module) -> Callable[..., Any]:
+    """`module.forward`, called from a function whose code object is its class's own.
+
+    Dynamo keeps compiled code, guards and the history of input shapes per code object. This
+    gives each unit class one (the instances' functions differ only in the forward they call,
+    which the guards do not pin), so that the classes' shapes never mix and identical units
+    still share one graph."""
+    forward = _forwarding(module.forward)
+    cls = type(module)
+    code = _UNIT_CODES.get(cls)
+    if code is None:
+        name = f"{cls.__name__}_unit_forward"
+        code = _UNIT_CODES[cls] = forward.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, forward.__globals__, code.co_name, None, forward.__closure__)

@@ -580,8 +580,9 @@ def _gluon_refusal(meta: dict, group: int, views, strides) -> str | None:
         return "it takes one key/value head per query head (no grouped-query attention)"
     q = views[0]
     sizes = (*q.shape, *views[1].shape, *(s for st in strides for s in st))
-    if not all(isinstance(size, int) for size in sizes):
-        return "torch.compile traces this call with dynamic shapes"
+    reason = configs.symbolic_shapes_refusal(sizes, q.device, "backward")
+    if reason is not None:
+        return reason
     return gluon_backward.unsupported_reason(*views, pointers=False, strides=strides)
 
 

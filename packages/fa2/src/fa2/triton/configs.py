@@ -624,6 +624,32 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
+_SYMBOLIC_SHAPES = "torch.compile traces this call with dynamic shapes"
+_symbolic_warned: set[str] = set()
+
+
+def symbolic_shapes_refusal(sizes: Any, device: torch.device, kernel: str) -> str | None:
+    """Why a call traced with symbolic `sizes` cannot take a Gluon `kernel` ("forward" or
+    "backward"), or None where every size is an int. The Gluon kernels' plans need them known;
+    where the call could otherwise take the Gluon kernel by default (an sm_90 GPU, outside the
+    interpreter), this says so once per kernel, since the Triton kernels are slower there:
+    a compiled model whose sequence length went symbolic (dynamo's automatic dynamic shapes,
+    after a recompile) would otherwise run slower without a word."""
+    if all(isinstance(size, int) for size in sizes):
+        return None
+    if not INTERPRET and device_capability(device) == (9, 0) and kernel not in _symbolic_warned:
+        _symbolic_warned.add(kernel)
+        warnings.warn(
+            f"fa2: torch.compile traced this attention call with dynamic shapes, so its "
+            f"{kernel} runs fa2's Triton kernels instead of the Gluon one it takes on Hopper "
+            "by default, which are slower; keep the lengths static (torch.compile(..., "
+            "dynamic=False), or torch._dynamo.mark_static on the inputs)",
+            UserWarning,
+            stacklevel=5,
+        )
+    return _SYMBOLIC_SHAPES
+
+
 def known_true(condition: Any) -> bool:
     """Whether `condition` holds: a plain bool, or, while torch.compile traces with dynamic
     shapes, a symbolic one that holds for every size the graph may run with. Adds no guard,

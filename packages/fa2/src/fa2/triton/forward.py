@@ -20,6 +20,7 @@ from fa2.checks import Call
 from fa2.layouts import as_bhsd
 from fa2.triton.configs import (
     FORWARD,
+    GLUON_FORWARD_MIN_SEQ,
     Tile,
     cdiv,
     choose_tile,
@@ -29,6 +30,7 @@ from fa2.triton.configs import (
     kernel_meta,
     kernel_scales,
     seq_bucket,
+    symbolic_shapes_refusal,
     tile_settings,
 )
 from fa2.triton.launch import (
@@ -344,17 +346,21 @@ class ForwardPlan:
         """Whether this call runs the Gluon forward. `auto` (FA2_GLUON_FORWARD unset): only
         where it measured faster than the Triton forward (`gluon_forward_default`: sequences of
         at least `GLUON_FORWARD_MIN_SEQ` tokens at the head dim; docs/design/fa2.md, "The Gluon
-        forward"), and silently; forced: wherever the call allows it, warning why (once per
-        reason) where it does not."""
+        forward"), and silently, except for a call traced with symbolic lengths on Hopper
+        (`symbolic_shapes_refusal` says so once); forced: wherever the call allows it, warning
+        why (once per reason) where it does not."""
         from fa2.triton.gluon_forward import gluon_forward_refusal
 
-        if auto and not gluon_forward_default(self.meta["HEAD_DIM"], self.seq_len):
-            return False
         meta = self.meta
         sizes = (*views[0].shape, *views[1].shape, *(s for st in strides for s in st))
-        if not all(isinstance(size, int) for size in sizes):  # traced with dynamic shapes
-            reason = "torch.compile traces this call with dynamic shapes"
-        else:
+        if auto and not gluon_forward_default(meta["HEAD_DIM"], self.seq_len):
+            # a symbolic length is not known to reach the Gluon forward's: say why, where it
+            # might have (`symbolic_shapes_refusal`), a head dim it takes by default
+            if meta["HEAD_DIM"] in GLUON_FORWARD_MIN_SEQ:
+                symbolic_shapes_refusal(sizes, views[0].device, "forward")
+            return False
+        reason = symbolic_shapes_refusal(sizes, views[0].device, "forward")
+        if reason is None:
             reason = gluon_forward_refusal(
                 *views, strides, group=group, packed=self.varlen, softcap=bool(meta["SOFTCAP"]),
                 windowed=bool(meta["LOCAL"] or meta["WIN_RIGHT"]),
