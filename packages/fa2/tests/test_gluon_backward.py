@@ -113,13 +113,27 @@ def test_a_setting_it_does_not_know_is_refused(monkeypatch):
         configs.backward_form()
 
 
-def test_auto_asks_for_it_at_head_dim_128_unless_backward_tiles_are_forced(monkeypatch):
+@pytest.mark.parametrize(
+    ("head_dim", "seq_len", "taken"),
+    [(128, 128, True), (128, 32768, True), (64, 4096, False), (64, 8192, True),
+     (64, 16384, True), (32, 32768, False), (256, 32768, False)],
+)  # fmt: skip
+def test_auto_asks_for_it_where_it_measured_faster(monkeypatch, head_dim, seq_len, taken):
     monkeypatch.delenv("FA2_TILES", raising=False)
-    assert configs.gluon_backward_default(128) and not configs.gluon_backward_default(64)
+    assert configs.gluon_backward_default(head_dim, seq_len) is taken
+
+
+def test_auto_takes_128_queries_a_step_at_head_dim_64():
+    assert configs.gluon_backward_block_m(64) == 128 and configs.gluon_backward_block_m(128) == 64
+    for d, block_m in configs.GLUON_BACKWARD_BLOCK_M.items():
+        assert block_m in gluon_backward.BLOCK_MS[d]
+
+
+def test_auto_leaves_it_where_backward_tiles_are_forced(monkeypatch):
     monkeypatch.setenv("FA2_TILES", "forward=64x64/4w/2s")  # a forward tile: still asked for
-    assert configs.gluon_backward_default(128)
+    assert configs.gluon_backward_default(128, 4096)
     monkeypatch.setenv("FA2_TILES", "dq=64x64/4w/2s")
-    assert not configs.gluon_backward_default(128)
+    assert not configs.gluon_backward_default(128, 4096)
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the fallback where the kernel cannot run")
@@ -181,10 +195,12 @@ def test_unset_it_falls_back_silently_where_it_cannot_run(monkeypatch):
 def _float64_launch(calls: list):
     """A stand-in for `gluon_backward.launch`: the gradients in float64 by their formulas (no
     autograd, which does not record inside a custom op), dk and dv written, dq returned in
-    fp32; it checks the strides it is handed and records (causal, deterministic)."""
+    fp32; it checks the strides and the query tile it is handed (the head dim's default,
+    `configs.gluon_backward_block_m`) and records (causal, deterministic)."""
 
-    def launch(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal, deterministic):
+    def launch(q, k, v, o, lse, do, dk, dv, strides, *, scale, causal, deterministic, block_m):
         assert list(strides) == [head_strides(t) for t in (q, k, v, o, do, dk)]
+        assert block_m == configs.gluon_backward_block_m(q.shape[-1])
         q64, k64, v64, do64 = (t.double() for t in (q, k, v, do))
         s = q64 @ k64.transpose(-1, -2) * scale
         if causal:  # top-left: query i sees keys j <= i
@@ -387,13 +403,32 @@ def test_flash_attn_layout_takes_it_with_equal_lengths(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
-@pytest.mark.parametrize(("d", "gluon"), [(128, True), (64, False)])
-def test_head_dim_128_takes_it_by_default(monkeypatch, d, gluon):
+@pytest.mark.parametrize(
+    ("d", "n", "gluon"), [(128, 300, True), (64, 4096, False), (64, 8192, True)]
+)
+def test_it_is_the_default_where_it_measured_faster(monkeypatch, d, n, gluon):
     monkeypatch.delenv("FA2_BACKWARD", raising=False)
     monkeypatch.delenv("FA2_TILES", raising=False)
-    q, k, v, do = (torch.randn(1, 2, 300, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, do = (torch.randn(1, 2, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     o, lse, plan = run_forward(q, k, v, True)
     assert backward_plan(plan, q, k, v, o, lse, do, True).gluon is gluon
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200)")
+def test_the_head_dim_64_default_matches_the_oracle(monkeypatch):
+    # from 8,192 tokens at d = 64 the default is the ordered pass at 128 queries a step
+    monkeypatch.delenv("FA2_BACKWARD", raising=False)
+    monkeypatch.delenv("FA2_TILES", raising=False)
+    q, k, v, do = (
+        torch.randn(1, 2, 8192, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4)
+    )
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    ours = grads(FlashAttention2Triton.apply(q, k, v, True), (q, k, v), do)
+    oracle, plain = _oracle_and_plain(q, k, v, do, causal=True)
+    assert_within_twice_plain(ours, oracle, plain, torch.bfloat16)
+    again = grads(FlashAttention2Triton.apply(q, k, v, True), (q, k, v), do)
+    assert all(torch.equal(a, b) for a, b in zip(again, ours, strict=True))
 
 
 @pytest.mark.gpu

@@ -117,6 +117,14 @@ def test_compiled_it_runs_as_its_opaque_op_with_the_eager_bits(monkeypatch):
         assert torch.equal(got, want)
 
 
+def test_a_symbolic_head_dim_takes_the_default_only_where_known():
+    # torch.compile(dynamic=True) traces the head dim as a symbol too; the default must not
+    # hash it (a dict lookup raised "unhashable type: non-nested SymInt" on Hopper)
+    assert not configs.gluon_forward_default(_symbolic_length(), 32768)
+    assert configs.gluon_forward_min_seq(_symbolic_length()) is None
+    assert configs.gluon_forward_min_seq(128) == configs.GLUON_FORWARD_MIN_SEQ[128]
+
+
 def _symbolic_length() -> torch.SymInt:
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 

@@ -660,7 +660,7 @@ class BackwardPlan:
         form = configs.backward_form()
         self.deterministic = deterministic
         self.gluon = False
-        if form == "gluon" or (form == "auto" and configs.gluon_backward_default(d)):
+        if form == "gluon" or (form == "auto" and configs.gluon_backward_default(d, fwd.seq_len)):
             reason = _gluon_refusal(fwd.meta, group, views, strides)
             self.gluon = reason is None
             if reason is not None and form == "gluon":
@@ -852,6 +852,7 @@ class BackwardPlan:
         dq = gluon_backward.launch(
             qv, kv, vv, ov, lse, dov, dkv, dvv, self.gluon_strides, scale=scale,
             causal=bool(self.meta["IS_CAUSAL"]), deterministic=self.deterministic,
+            block_m=configs.gluon_backward_block_m(self.meta["HEAD_DIM"]),
         )  # fmt: skip
         grad = q.new_empty(q_shape)
         as_bhsd(grad, layout).copy_(dq)

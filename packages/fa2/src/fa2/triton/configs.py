@@ -37,7 +37,8 @@ may compare candidates by changing them between calls):
 - FA2_BACKWARD: which backward runs for 16-bit inputs. Unset ("auto"), the hand
   warp-specialised Gluon single pass for Hopper (`fa2.triton.gluon_backward`) where it
   measured faster than the Triton kernels (`gluon_backward_default`: sm_90, bf16 or fp16, head
-  dim 128, a call it takes: one key/value head per query head, no window, softcap, packed
+  dim 128, or 64 from 8,192 tokens with 128 queries a step; a call it takes: one key/value
+  head per query head, no window, softcap, packed
   sequences or bottom-right diagonal, TMA-aligned strides, static shapes, no FA2_TILES naming
   a backward kernel), silently falling back otherwise; in the order the call asks for
   (`deterministic=True`, the default: dQ's additions in a fixed order, the same bits every
@@ -67,7 +68,8 @@ __all__ = [
     "DKDV_ATOMIC",
     "DQ",
     "FORWARD",
-    "GLUON_BACKWARD_AUTO_HEAD_DIMS",
+    "GLUON_BACKWARD_BLOCK_M",
+    "GLUON_BACKWARD_MIN_SEQ",
     "GLUON_FORWARD_MIN_SEQ",
     "GLUON_TRITON",
     "INTERPRET",
@@ -87,6 +89,7 @@ __all__ = [
     "device_capability",
     "dot_precision",
     "forced_tile",
+    "gluon_backward_block_m",
     "gluon_backward_default",
     "gluon_forward_default",
     "gluon_forward_requested",
@@ -149,8 +152,17 @@ def gluon_forward_default(head_dim: int, seq_len: Any) -> bool:
     """Whether FA2_GLUON_FORWARD unset ("auto") asks for the Gluon forward at `head_dim` and
     `seq_len` (the longer of the query and key lengths): where it measured faster
     (GLUON_FORWARD_MIN_SEQ). A traced symbolic length takes it only where it is known to."""
-    least = GLUON_FORWARD_MIN_SEQ.get(head_dim)
+    least = gluon_forward_min_seq(head_dim)
     return least is not None and known_true(seq_len >= least)
+
+
+def gluon_forward_min_seq(head_dim: Any) -> int | None:
+    """The shortest sequence FA2_GLUON_FORWARD unset gives the Gluon forward at `head_dim`
+    (GLUON_FORWARD_MIN_SEQ), or None. A head dim traced as a symbol (torch.compile with
+    `dynamic=True`) takes a length only where it is known to equal its head dim (no guard)."""
+    if isinstance(head_dim, int):
+        return GLUON_FORWARD_MIN_SEQ.get(head_dim)
+    return next((n for d, n in GLUON_FORWARD_MIN_SEQ.items() if known_true(head_dim == d)), None)
 
 
 def autotuning() -> bool:
@@ -526,12 +538,20 @@ def single_pass_backward(dtype: torch.dtype) -> bool:
 
 
 BACKWARD_FORMS = ("auto", "triton", "gluon")
-# Head dims at which the Gluon backward, deterministic, measured no slower than the Triton
-# backward's two passes on H200s (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28.md and
-# _final.md, two runs on two hosts): at d = 128, 0.885x and 0.980x their time at the leaderboard's
-# shape, 0.93x and 1.00x at (1, 16, 16384, 128), 0.96x in both at (4, 32, 2048, 128); at d = 64
-# the two passes stay faster (3.57 against 3.93 ms, 3.62 against 3.90 at (1, 16, 16384, 64)).
-GLUON_BACKWARD_AUTO_HEAD_DIMS = (128,)
+# Where FA2_BACKWARD unset takes the Gluon backward, deterministic (its ordered form): the
+# shortest sequence at each head dim from which it measured no slower than the Triton
+# backward's two passes on H200s, and the query tile it takes there.
+# - d = 128, 64 queries a step, every length (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28
+#   .md and _final.md, two runs on two hosts): 0.885x and 0.980x the two passes' time at the
+#   leaderboard's shape, 0.93x and 1.00x at (1, 16, 16384, 128), 0.96x in both at
+#   (4, 32, 2048, 128).
+# - d = 64, 128 queries a step (FA3's tile at that head dim), from 8,192 tokens
+#   (fa2_gluon_bwd_variants_h200_2026-11-28_d64): 0.96x at (1, 16, 16384, 64) (0.97x in
+#   fa2_gluon_bwd_variants_h200_2026-11-28_m128), 0.98x at (2, 16, 8192, 64); 1.02x at
+#   (4, 16, 4096, 64) and slower below, where the two passes stay. At 64 queries a step the
+#   single pass was slower than the two passes at every length.
+GLUON_BACKWARD_MIN_SEQ = {128: 0, 64: 8192}
+GLUON_BACKWARD_BLOCK_M = {128: 64, 64: 128}
 
 
 def backward_form() -> str:
@@ -542,12 +562,21 @@ def backward_form() -> str:
     return text
 
 
-def gluon_backward_default(head_dim: int) -> bool:
-    """Whether FA2_BACKWARD unset ("auto") asks for the Gluon backward at `head_dim`: where it
-    measured faster (GLUON_BACKWARD_AUTO_HEAD_DIMS), unless FA2_TILES names a backward kernel's
-    tile (which asks for the Triton kernels)."""
-    forced = any(forced_tile(kernel) for kernel in ("dq", "dkdv", "single-pass"))
-    return head_dim in GLUON_BACKWARD_AUTO_HEAD_DIMS and not forced
+def gluon_backward_default(head_dim: Any, seq_len: Any) -> bool:
+    """Whether FA2_BACKWARD unset ("auto") asks for the Gluon backward at `head_dim` and
+    `seq_len` (the longer of the query and key lengths): where it measured faster
+    (GLUON_BACKWARD_MIN_SEQ), unless FA2_TILES names a backward kernel's tile (which asks for
+    the Triton kernels). Symbolic sizes take it only where they are known to (no guard)."""
+    if any(forced_tile(kernel) for kernel in ("dq", "dkdv", "single-pass")):
+        return False
+    least = next((n for d, n in GLUON_BACKWARD_MIN_SEQ.items() if known_true(head_dim == d)), None)
+    return least is not None and known_true(seq_len >= least)
+
+
+def gluon_backward_block_m(head_dim: int) -> int:
+    """The queries per step of the Gluon backward at `head_dim` (GLUON_BACKWARD_BLOCK_M; 64
+    where the table is silent)."""
+    return GLUON_BACKWARD_BLOCK_M.get(head_dim, 64)
 
 
 _forced: dict[str, dict[str, Tile]] = {}

@@ -355,8 +355,10 @@ class ForwardPlan:
         sizes = (*views[0].shape, *views[1].shape, *(s for st in strides for s in st))
         if auto and not gluon_forward_default(meta["HEAD_DIM"], self.seq_len):
             # a symbolic length is not known to reach the Gluon forward's: say why, where it
-            # might have (`symbolic_shapes_refusal`), a head dim it takes by default
-            if meta["HEAD_DIM"] in GLUON_FORWARD_MIN_SEQ:
+            # might have (`symbolic_shapes_refusal`): a head dim it takes by default, or one
+            # traced as a symbol
+            head_dim = meta["HEAD_DIM"]
+            if not isinstance(head_dim, int) or head_dim in GLUON_FORWARD_MIN_SEQ:
                 symbolic_shapes_refusal(sizes, views[0].device, "forward")
             return False
         reason = symbolic_shapes_refusal(sizes, views[0].device, "forward")
