@@ -665,6 +665,10 @@ class BackwardPlan:
             self.gluon = reason is None
             if reason is not None and form == "gluon":
                 _warn_gluon(reason)
+        elif form == "auto" and (not isinstance(d, int) or d in configs.GLUON_BACKWARD_MIN_SEQ):
+            # a symbolic length or head dim is not known to reach the default: said once on
+            # Hopper, where the Gluon backward is the default for known ones
+            configs.symbolic_shapes_refusal((*qv.shape, *kv.shape), q.device, "backward")
         self.gluon_strides = (sq, sk, sv, so, sdo, sdk)
         # Tiles with `tma` read the inner loop's rows through TMA descriptors where the
         # layouts of those rows allow (and, when traced, their alignment is known: see
