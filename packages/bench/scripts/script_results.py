@@ -69,20 +69,24 @@ def _tests(args: argparse.Namespace) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        argv = [sys.executable, "-m", "pytest", *pytest_args, f"--junitxml={report}"]
+        argv = [sys.executable, "-u", "-m", "pytest", *pytest_args, f"--junitxml={report}"]
         start = time.perf_counter()
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        # pytest's output passed on as it comes (a run stopped by a time limit still shows
+        # how far it got) and kept for the deselected count; its stderr is this script's
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, bufsize=1)
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
+        returncode = proc.wait()
         seconds = time.perf_counter() - start
-        sys.stdout.write(proc.stdout)
-        sys.stderr.write(proc.stderr)
         if not report.is_file():
-            print(
-                f"pytest wrote no report (exit {proc.returncode}): nothing recorded",
-                file=sys.stderr,
-            )
-            return proc.returncode or 1
+            print(f"pytest wrote no report (exit {returncode}): nothing recorded", file=sys.stderr)
+            return returncode or 1
         counts = junit_counts(report)
-    deselected = _DESELECTED.findall(proc.stdout)
+    deselected = _DESELECTED.findall("".join(lines))
     command = shlex.join(["python3", "-m", "pytest", *pytest_args])
     run = Run.create(
         "gpu_tests",
@@ -113,7 +117,7 @@ def _tests(args: argparse.Namespace) -> int:
             **{key: counts[key] for key in ("passed", "failed", "errors", "skipped")},
             "deselected": int(deselected[-1]) if deselected else 0,
             "seconds": round(seconds, 1),
-            "exit_status": proc.returncode,
+            "exit_status": returncode,
             "not_passed": counts["not_passed"],
             "skip_reasons": counts["skip_reasons"],
         }
@@ -127,7 +131,7 @@ def _tests(args: argparse.Namespace) -> int:
     save_json(run, stem.with_suffix(".json"))
     stem.with_suffix(".md").write_text(run.to_markdown() + "\n")
     print(stem.with_suffix(".md"))
-    return proc.returncode
+    return returncode
 
 
 def log_rows(path: Path) -> list[dict[str, Any]]:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import queue
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -38,6 +42,39 @@ def script_results():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# One test passes, the next never ends: a run a time limit stops.
+STUCK_TESTS = """
+import time
+
+def test_quick():
+    pass
+
+def test_stuck():
+    time.sleep(600)
+"""
+
+
+def test_pytests_output_is_passed_on_as_it_comes(tmp_path):
+    # A run stopped by a time limit (the GPU machines' per-part limits) must still show how
+    # far it got: the first test's line arrives while the second still runs.
+    tests = tmp_path / "stuck" / "test_stuck.py"
+    tests.parent.mkdir()
+    tests.write_text(STUCK_TESTS)
+    (tests.parent / "pytest.ini").write_text("[pytest]\n")
+    argv = [sys.executable, str(SCRIPTS / "script_results.py"), "tests", "--out", str(tmp_path)]
+    argv += ["--gpus", "1", "--", str(tests), "-v", "-p", "no:cacheprovider"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        while "test_quick PASSED" not in lines.get(timeout=60):
+            pass
+        assert proc.poll() is None  # test_stuck still running
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_each_pytest_run_is_a_row_of_the_days_result(script_results, tmp_path):
