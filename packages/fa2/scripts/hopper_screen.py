@@ -200,22 +200,26 @@ def _median_ms(fn: Callable[[], object], *, rep_ms: float) -> float:
     return statistics.median(times)
 
 
-# How q, k, v and dO are laid out (`--layout`): contiguous (batch, heads, seq, d), or as a
-# model's projections give them, (batch, seq, heads, d) tensors viewed (batch, heads, seq, d).
-LAYOUTS = ("bhsd", "bshd")
+# How q, k, v and dO are laid out (`--layout`): contiguous (batch, heads, seq, d); as a model's
+# projections give them, (batch, seq, heads, d) tensors viewed (batch, heads, seq, d); or as fa2
+# received them inside the compiled leaderboard step, q and k contiguous (batch, heads, seq, d)
+# (the compiled RoPE writes them so) and v and dO viewed from (batch, seq, heads, d).
+LAYOUTS = ("bhsd", "bshd", "step")
+_VIEWED = {"bhsd": (False,) * 4, "bshd": (True,) * 4, "step": (False, False, True, True)}
 
 
 def _inputs(shape, device, copies, layout="bhsd"):
     """`copies` sets of fresh q, k, v (requiring grad, or views of leaves that do) and dO, all
     (batch, heads, seq, d) in shape, stored as `layout` says."""
     b, h, s, d = shape
-    stored = shape if layout == "bhsd" else (b, s, h, d)
 
-    def make(grad=False):
+    def make(viewed, grad=False):
+        stored = (b, s, h, d) if viewed else shape
         x = torch.randn(stored, device=device, dtype=torch.bfloat16, requires_grad=grad)
-        return x if layout == "bhsd" else x.transpose(1, 2)
+        return x.transpose(1, 2) if viewed else x
 
-    return [(*(make(grad=True) for _ in range(3)), make()) for _ in range(copies)]
+    viewed = _VIEWED[layout]
+    return [tuple(make(view, grad=i < 3) for i, view in enumerate(viewed)) for _ in range(copies)]
 
 
 def time_impl(fn, sets, *, rep_ms):
@@ -467,12 +471,13 @@ def report(path: Path) -> tuple[Path, Path]:
         f"({meta.get('git_revision_source', 'checkout')}). Command: `{meta['command']}` "
         f"(time budget {meta['budget_s']:.0f} s, do_bench rep {meta['rep_ms']:.0f} ms).",
         "",
-        (
-            "q, k, v and dO stored (batch, seq, heads, d), viewed (batch, heads, seq, d), as a "
-            "model's projections give them. "
-            if meta.get("layout") == "bshd"
-            else ""
-        )
+        {
+            "bshd": "q, k, v and dO stored (batch, seq, heads, d), viewed (batch, heads, seq, "
+            "d), as a model's projections give them. ",
+            "step": "q and k contiguous (batch, heads, seq, d), v and dO stored (batch, seq, "
+            "heads, d) and viewed so, as fa2 receives them inside the compiled leaderboard "
+            "step. ",
+        }.get(meta.get("layout"), "")
         + "Causal, bf16, a random output gradient. fwd and fwd+bwd: do_bench medians (L2 flushed); "
         "bwd = their difference. vs: fwd+bwd over the baseline's at the same shape. err/SDPA: "
         "the error of o / dq / dk / dv against float64 on a slice (batch 0, head 0, the first "
@@ -580,9 +585,10 @@ def main() -> int:
                         help='only these fa2 rows, e.g. fa2 "fa2 gluon-bwd" (cuDNN always '
                         "runs)")  # fmt: skip
     parser.add_argument("--layout", choices=LAYOUTS, default="bhsd",
-                        help="q, k, v, dO contiguous (batch, heads, seq, d), or (batch, "
-                        "seq, heads, d) tensors viewed so, as a model's projections give "
-                        "them")  # fmt: skip
+                        help="q, k, v, dO contiguous (batch, heads, seq, d) (bhsd); "
+                        "(batch, seq, heads, d) tensors viewed so, as a model's projections "
+                        "give them (bshd); or q, k contiguous and v, dO viewed, as inside "
+                        "the compiled leaderboard step (step)")  # fmt: skip
     parser.add_argument("--tiny", action="store_true",
                         help="rehearse on a CPU: Triton's interpreter, tiny shapes")  # fmt: skip
     parser.add_argument("--report", type=Path, metavar="JSON",
