@@ -886,6 +886,46 @@ def test_nccl_bf16_compute_is_within_bf16_rounding_of_fp32():
     _assert_within_twice_the_plain_error(result["fsdp"], result["bf16"], result["fp32"])
 
 
+def _gluon_units_worker(rank: int, world_size: int) -> list[str]:
+    """The kernels of a compiled zero.FSDP step of a model whose attention takes fa2's Gluon
+    kernels by default on Hopper (head dim 128, 2,048 tokens, bf16, selective checkpointing, as
+    the leaderboard step), after a warm-up step."""
+    torch.manual_seed(0)
+    model = TransformerLM(
+        vocab_size=97, context_length=2048, d_model=256, num_layers=2, num_heads=2, d_ff=512,
+        attention="fa2-triton",
+    )  # fmt: skip
+    apply_activation_checkpointing(model, policy="selective")
+    fsdp = apply_fsdp(model.cuda().bfloat16(), units=LM_UNITS, compile=True)
+    tokens = torch.randint(97, (1, 2049), device="cuda")
+
+    def step() -> None:
+        fsdp(tokens[:, :-1], targets=tokens[:, 1:]).backward()
+        fsdp.finish_gradient_synchronization()
+
+    step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sorted({event.name for event in prof.events() if event.device_type.name == "CUDA"})
+
+
+@pytest.mark.gpu
+def test_nccl_compiled_units_run_fa2s_gluon_kernels_on_hopper():
+    # the compiled blocks keep their sequence length static, so fa2 takes its Gluon kernels
+    # there; with one frame shared by every unit class they ran its Triton ones
+    # (docs/results/step_profile_2xh200_2026-11-28)
+    from fa2.triton import configs
+
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        pytest.skip("needs an sm_90 GPU (H100, H200)")
+    if not configs.gluon_triton():
+        pytest.skip("needs the Triton whose Gluon fa2's kernels are written for")
+    kernels = run_ranks(_gluon_units_worker, world_size=1, backend="nccl")[0]
+    assert "_gluon_fwd_kernel" in kernels and "_gluon_bwd_kernel" in kernels, kernels
+    assert not {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel"} & set(kernels), kernels
+
+
 def _gpu_lm(attention: str = "fa2-triton") -> TransformerLM:
     """Three checkpointed blocks wide enough for fa2's Triton kernels (head dim 16)."""
     torch.manual_seed(0)
