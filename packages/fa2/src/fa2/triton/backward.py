@@ -665,7 +665,7 @@ class BackwardPlan:
             self.gluon = reason is None
             if reason is not None and form == "gluon":
                 _warn_gluon(reason)
-        elif form == "auto" and (not isinstance(d, int) or d in configs.GLUON_BACKWARD_MIN_SEQ):
+        elif form == "auto" and configs.gluon_default_possible(configs.GLUON_BACKWARD_MIN_SEQ, d):
             # a symbolic length or head dim is not known to reach the default: said once on
             # Hopper, where the Gluon backward is the default for known ones
             configs.symbolic_shapes_refusal((*qv.shape, *kv.shape), q.device, "backward")

@@ -83,6 +83,7 @@ __all__ = [
     "autotuning",
     "backward_form",
     "block_d",
+    "by_head_dim",
     "cdiv",
     "choose_tile",
     "delta_rows",
@@ -91,6 +92,7 @@ __all__ = [
     "forced_tile",
     "gluon_backward_block_m",
     "gluon_backward_default",
+    "gluon_default_possible",
     "gluon_forward_default",
     "gluon_forward_min_seq",
     "gluon_forward_requested",
@@ -160,11 +162,23 @@ def gluon_forward_default(head_dim: int, seq_len: Any) -> bool:
 
 def gluon_forward_min_seq(head_dim: Any) -> int | None:
     """The shortest sequence FA2_GLUON_FORWARD unset gives the Gluon forward at `head_dim`
-    (GLUON_FORWARD_MIN_SEQ), or None. A head dim traced as a symbol (torch.compile with
-    `dynamic=True`) takes a length only where it is known to equal its head dim (no guard)."""
+    (GLUON_FORWARD_MIN_SEQ), or None (`by_head_dim`)."""
+    return by_head_dim(GLUON_FORWARD_MIN_SEQ, head_dim)
+
+
+def by_head_dim(table: dict[int, int], head_dim: Any) -> int | None:
+    """`table`'s entry at `head_dim`, or None. A head dim traced as a symbol (torch.compile
+    with `dynamic=True`) takes an entry only where it is known to equal its key (no guard)."""
     if isinstance(head_dim, int):
-        return GLUON_FORWARD_MIN_SEQ.get(head_dim)
-    return next((n for d, n in GLUON_FORWARD_MIN_SEQ.items() if known_true(head_dim == d)), None)
+        return table.get(head_dim)
+    return next((n for d, n in table.items() if known_true(head_dim == d)), None)
+
+
+def gluon_default_possible(table: dict[int, int], head_dim: Any) -> bool:
+    """Whether a Gluon default's `table` (GLUON_FORWARD_MIN_SEQ, GLUON_BACKWARD_MIN_SEQ) might
+    take a call at `head_dim`: a head dim it lists, or one traced as a symbol. Where such a
+    call was not given the Gluon kernel, symbolic sizes may be why (`symbolic_shapes_refusal`)."""
+    return not isinstance(head_dim, int) or head_dim in table
 
 
 def autotuning() -> bool:
@@ -571,7 +585,7 @@ def gluon_backward_default(head_dim: Any, seq_len: Any) -> bool:
     the Triton kernels). Symbolic sizes take it only where they are known to (no guard)."""
     if any(forced_tile(kernel) for kernel in ("dq", "dkdv", "single-pass")):
         return False
-    least = next((n for d, n in GLUON_BACKWARD_MIN_SEQ.items() if known_true(head_dim == d)), None)
+    least = by_head_dim(GLUON_BACKWARD_MIN_SEQ, head_dim)
     return least is not None and known_true(seq_len >= least)
 
 

@@ -24,6 +24,7 @@ from fa2.triton.configs import (
     Tile,
     cdiv,
     choose_tile,
+    gluon_default_possible,
     gluon_forward_default,
     gluon_forward_requested,
     head_counts,
@@ -355,10 +356,8 @@ class ForwardPlan:
         sizes = (*views[0].shape, *views[1].shape, *(s for st in strides for s in st))
         if auto and not gluon_forward_default(meta["HEAD_DIM"], self.seq_len):
             # a symbolic length is not known to reach the Gluon forward's: say why, where it
-            # might have (`symbolic_shapes_refusal`): a head dim it takes by default, or one
-            # traced as a symbol
-            head_dim = meta["HEAD_DIM"]
-            if not isinstance(head_dim, int) or head_dim in GLUON_FORWARD_MIN_SEQ:
+            # might have (`symbolic_shapes_refusal`)
+            if gluon_default_possible(GLUON_FORWARD_MIN_SEQ, meta["HEAD_DIM"]):
                 symbolic_shapes_refusal(sizes, views[0].device, "forward")
             return False
         reason = symbolic_shapes_refusal(sizes, views[0].device, "forward")
