@@ -13,8 +13,7 @@ convention (2.5 x the causal forward's 2·B·H·S²·D):
   a timing probe that drops them (`drop_dq`: the reducer releases each partial unread, so the
   row is the time without dQ's additions; its dQ is wrong by design and never checked), and
   both orders at 128 queries a step (`block_m=128`), at the shapes whose head dim takes it
-  (`gluon_backward.BLOCK_MS`: 64), and the forms that issue the next step's wgmmas ahead
-  (`ahead`, `gluon_backward.AHEADS`).
+  (`gluon_backward.BLOCK_MS`: 64).
 
 Each variant's dk and dv (and dQ, where added) are compared with fa2's two-pass backward's on
 the same inputs, so a variant that is fast because it is wrong shows it, and each dQ with a
@@ -58,10 +57,6 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
     "probe: no dQ adds": dict(drop_dq=True),
     "gluon d64 m128": dict(block_m=128),
     "gluon ordered m128": dict(deterministic=True, block_m=128),
-    "gluon, ahead 2": dict(ahead=2),
-    "gluon ordered, ahead 1": dict(deterministic=True, ahead=1),
-    "gluon ordered, ahead 2": dict(deterministic=True, ahead=2),
-    "gluon ordered m128, ahead 2": dict(deterministic=True, block_m=128, ahead=2),
 }
 
 

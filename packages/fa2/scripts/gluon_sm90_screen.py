@@ -25,8 +25,7 @@ Run from the repository root, with Triton 3.6 and without TRITON_INTERPRET::
 
 Cases are named `d{64,128}-{causal,full}[-fp16][-ordered][-m128]` (`-ordered`: DQ_ORDERED,
 dQ's additions in a fixed order, `launch(deterministic=True)`; `-m128`: 128 queries per step,
-`launch(block_m=128)`, else `BLOCK_M`; `-ahead1`, `-ahead2`: what each step issues of the
-next tile's work, `launch(ahead=...)`, else `AHEAD`); the eight unordered ones by default.
+`launch(block_m=128)`, else `BLOCK_M`); the eight unordered ones by default.
 """
 
 from __future__ import annotations
@@ -61,25 +60,23 @@ _INTS = [f"stride_{t}{s}" for t in ("q", "k", "v", "do", "dk") for s in ("b", "h
 ]
 
 
-def _parse(case: str) -> tuple[int, bool, str, bool, int, int]:
-    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-ordered)?(-m(\d+))?(-ahead([12]))?", case)
+def _parse(case: str) -> tuple[int, bool, str, bool, int]:
+    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-ordered)?(-m(\d+))?", case)
     if not match:
         raise ValueError(
-            "a case is named like d128-causal, d64-full-fp16, d128-causal-ordered, "
-            f"d64-causal-ordered-m128 or d128-causal-ahead2, got {case!r}"
+            "a case is named like d128-causal, d64-full-fp16, d128-causal-ordered or "
+            f"d64-causal-ordered-m128, got {case!r}"
         )
     head_dim, causal = int(match.group(1)), match.group(2) == "causal"
     block_m = int(match.group(6)) if match.group(5) else gb.BLOCK_M
-    dtype = "fp16" if match.group(3) else "bf16"
-    ahead = int(match.group(8)) if match.group(7) else gb.AHEAD
-    return head_dim, causal, dtype, bool(match.group(4)), block_m, ahead
+    return head_dim, causal, "fp16" if match.group(3) else "bf16", bool(match.group(4)), block_m
 
 
 def compile_case(case: str) -> dict:
     """Compile one case for sm_90 and read its resources."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    head_dim, causal, dtype, ordered, block_m, ahead = _parse(case)
+    head_dim, causal, dtype, ordered, block_m = _parse(case)
     signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "DO", "DK", "DV")}
     signature.update(
         L="*fp32", Delta="*fp32", DQ="*fp32", DQ_SEM="*i32", qk_scale="fp32", sm_scale="fp32"
@@ -89,7 +86,7 @@ def compile_case(case: str) -> dict:
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=gb.BLOCK_N, STAGES=gb.STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=gb.LOADER_WARPS, LOADER_REGS=gb.LOADER_REGS,
         REDUCER_WARPS=gb.REDUCER_WARPS, REDUCER_REGS=gb.REDUCER_REGS, DQ_ORDERED=ordered,
-        DQ_DROP=False, DQ_SLOTS=gb.DQ_SLOTS, AHEAD=ahead,
+        DQ_DROP=False, DQ_SLOTS=gb.DQ_SLOTS,
     )  # fmt: skip
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     kernel = gb._gluon_bwd_kernel

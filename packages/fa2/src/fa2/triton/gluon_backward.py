@@ -89,8 +89,6 @@ from fa2.triton.gluon_api import (
 from fa2.triton.launch import _scratch, head_strides, needs_int64
 
 __all__ = [
-    "AHEAD",
-    "AHEADS",
     "BLOCK_M",
     "BLOCK_MS",
     "BLOCK_N",
@@ -125,14 +123,6 @@ STAGES = 2
 # 90.488 against 90.846, then 93.070 against 90.773), so the plainer one stays; `launch(dq_slots=2)`
 # measures the other.
 DQ_SLOTS = 1
-# What each step issues of the next query tile's work (software pipelining by a step): 0,
-# nothing (the next step issues its Sᵀ and dPᵀ, and its exponentials wait for Sᵀ); 1, its
-# Sᵀ = K Qᵀ behind this step's dK and dQ wgmmas, so the tensor cores compute it while the dQ
-# partial is handed over (its accumulator then live beside dQ's: ptxas spills at d = 128);
-# 2, its Sᵀ and dPᵀ once dQ's partial is stored (no more registers live than at a step's
-# start), so they run through the hand-over's fence and barriers.
-AHEAD = 0
-AHEADS = (0, 1, 2)
 HEAD_DIMS = (64, 128)
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
@@ -316,16 +306,6 @@ if HAVE_GLUON:
                     gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
 
     @gluon.jit
-    def _issue_next(kv_smem, rows_smem, ready, i, n_tiles, zero_s, STAGES: gl.constexpr):
-        """Issue (K or V) times query tile i + 1's (Q or dO) rows transposed, once they have
-        landed: the pending wgmma. Issued after the last tile too, from a slot no copy will
-        fill (the result unread), so that every step waits for its wgmmas alike."""
-        if i + 1 < n_tiles:
-            mbarrier.wait(ready.index((i + 1) % STAGES), ((i + 1) // STAGES) & 1)
-        rows_t = rows_smem.index((i + 1) % STAGES).permute((1, 0))
-        return warpgroup_mma(kv_smem, rows_t, zero_s, use_acc=False, is_async=True)
-
-    @gluon.jit
     def _compute(
         dk_desc,
         dv_desc,
@@ -354,7 +334,6 @@ if HAVE_GLUON:
         STAGES: gl.constexpr,
         IS_CAUSAL: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        AHEAD: gl.constexpr,
     ):
         """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
         program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's BLOCK_M x
@@ -392,37 +371,13 @@ if HAVE_GLUON:
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
         mbarrier.wait(kv_ready, 0)
-        if AHEAD > 0:
-            # Tile 0's Sᵀ (and dPᵀ), pending; each step then issues the next tile's. Issued
-            # even where the program has no query tile (the results unread, waited for after
-            # the loop), so that a pending wgmma is one kind of value on every path.
-            if n_tiles > 0:
-                mbarrier.wait(ready.index(0), 0)
-            s_next = warpgroup_mma(
-                k_smem, q_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True
-            )
-            if AHEAD == 2:
-                dp_next = warpgroup_mma(
-                    v_smem, do_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
-                    is_async=True,
-                )  # fmt: skip
         for i in range(n_tiles):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             q_s = q_smem.index(s)
             do_s = do_smem.index(s)
-            if AHEAD > 0:
-                s_t = s_next
-            else:
-                s_t = warpgroup_mma(
-                    k_smem, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True
-                )
-            if AHEAD == 2:
-                dp_t = dp_next
-            else:
-                dp_t = warpgroup_mma(
-                    v_smem, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True
-                )
+            s_t = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dp_t = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))  # Sᵀ done, dPᵀ may still run
             # One fused multiply-add per exponent (L is already in log2 units). L and D are
             # read from shared memory where they are used, not ahead: registers are tight.
@@ -457,23 +412,12 @@ if HAVE_GLUON:
             dq = warpgroup_mma(
                 ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
             )
-            if AHEAD == 1:
-                # The next tile's Sᵀ behind them: the tensor cores run it while the partial
-                # below is handed over.
-                s_next = _issue_next(k_smem, q_smem, ready, i, n_tiles, zero_s, STAGES)
-                dv, dk, dq = warpgroup_mma_wait(1, deps=(dv, dk, dq))  # all but that Sᵀ
-            else:
-                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
             # The reducer has read the slot's last partial (tile i - DQ_SLOTS); the first
             # DQ_SLOTS waits pass on the fresh barriers (parity 1).
             t = i % DQ_SLOTS
             mbarrier.wait(dq_empty.index(t), ((i // DQ_SLOTS) & 1) ^ 1)
             dq_smem.index(t).store(dq * sm_scale)  # here: the reducer's registers are few
-            if AHEAD == 2:
-                # The next tile's Sᵀ and dPᵀ once dQ's registers are free: they run through
-                # the hand-over below.
-                s_next = _issue_next(k_smem, q_smem, ready, i, n_tiles, zero_s, STAGES)
-                dp_next = _issue_next(v_smem, do_smem, ready, i, n_tiles, zero_s, STAGES)
             fence_async_shared()  # the TMA unit reads the partial: steps 1-3 of the docstring
             # One barrier for both hand-overs: both warpgroups are done with Q, dO and dSᵀ
             # (their wgmmas waited for) and have stored their halves of the partial.
@@ -481,10 +425,6 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index(s), count=1)
             mbarrier.arrive(dq_ready.index(t), count=1)
 
-        if AHEAD == 1:  # the last, unread Sᵀ, before K's buffer takes dK
-            warpgroup_mma_wait(0, deps=(s_next,))
-        if AHEAD == 2:
-            warpgroup_mma_wait(0, deps=(s_next, dp_next))
         # K and V are read no more: their buffers hold dK and dV on the way out.
         k_smem.store((dk * sm_scale).to(dtype))
         v_smem.store(dv.to(dtype))
@@ -548,7 +488,6 @@ if HAVE_GLUON:
         DQ_ORDERED: gl.constexpr,
         DQ_DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        AHEAD: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -639,7 +578,7 @@ if HAVE_GLUON:
                         dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                         ds_smem, dq_smem, kv_ready, ready, empty, dq_ready, dq_empty, n0,
                         start_m, n_tiles, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                        STAGES, IS_CAUSAL, DQ_SLOTS, AHEAD,
+                        STAGES, IS_CAUSAL, DQ_SLOTS,
                     ),
                 ),
                 (
@@ -723,7 +662,6 @@ def launch(
     dq_slots: int = DQ_SLOTS,
     drop_dq: bool = False,
     block_m: int = BLOCK_M,
-    ahead: int = AHEAD,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -732,14 +670,11 @@ def launch(
     `dq_slots`: dQ partial buffers (`DQ_SLOTS`; 1 to measure what the second buys).
     `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for gradients.
     `block_m`: queries per step (`BLOCK_MS` lists what each head dim takes).
-    `ahead`: which of the next query tile's wgmmas each step issues ahead (`AHEAD`).
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
     sq, sk, sv, so, sdo, sdk = strides
     n_q, d = q.shape[-2:]
-    if ahead not in AHEADS:
-        raise ValueError(f"ahead={ahead} is not one of {AHEADS} (AHEAD says what each means)")
     if block_m not in BLOCK_MS.get(d, ()):
         raise ValueError(
             f"block_m={block_m} is not a query tile of head dim {d}: choose one of "
@@ -771,7 +706,7 @@ def launch(
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, AHEAD=ahead, num_warps=COMPUTE_WARPS,
+        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
