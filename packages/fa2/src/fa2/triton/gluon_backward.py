@@ -330,12 +330,13 @@ if HAVE_GLUON:
                             _bulk_writes_done()  # each issuing thread: its additions complete
                         gl.thread_barrier()  # both warps' additions before the one release
                         gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
-            if ORDERED and ORDER_FORM == 1:  # noqa: SIM102 (constexpr tests, then a runtime one)
-                if n_tiles > 0:  # the last tile's count
-                    _bulk_writes_done()
-                    gl.thread_barrier()
-                    last = sem_rows + first_m + n_tiles - 1 + none
-                    gl.atomic_add(last, none + 1, mask=lane == 0, sem="release", scope="gpu")
+            if ORDERED:  # noqa: SIM102 (a constexpr test, then a runtime one)
+                if ORDER_FORM == 1:
+                    if n_tiles > 0:  # the last tile's count
+                        _bulk_writes_done()
+                        gl.thread_barrier()
+                        last = sem_rows + first_m + n_tiles - 1 + none
+                        gl.atomic_add(last, none + 1, mask=lane == 0, sem="release", scope="gpu")
 
     @gluon.jit
     def _compute(
