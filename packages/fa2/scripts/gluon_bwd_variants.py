@@ -57,10 +57,6 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
     "probe: no dQ adds": dict(drop_dq=True),
     "gluon d64 m128": dict(block_m=128),
     "gluon ordered m128": dict(deterministic=True, block_m=128),
-    "gluon ordered, deferred count": dict(deterministic=True, order_form=1),
-    "gluon ordered m128, deferred count": dict(deterministic=True, block_m=128, order_form=1),
-    "probe: ordered, no completion wait": dict(deterministic=True, order_form=2),
-    "probe: ordered, no turn wait": dict(deterministic=True, order_form=3),
 }
 
 

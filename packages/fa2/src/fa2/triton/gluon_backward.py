@@ -219,19 +219,6 @@ if HAVE_GLUON:
         )
 
     @gluon.jit
-    def _bulk_writes_done_but_last():
-        """`cp.async.bulk.wait_group 1`: as `_bulk_writes_done`, for every bulk group of this
-        thread but the newest."""
-        gl.inline_asm_elementwise(
-            "cp.async.bulk.wait_group 1;\nfence.proxy.async.global;\nmov.u32 $0, 0;",
-            "=r",
-            [],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
     def _wait_for_count(counters, count):
         """Spin until each lane's `counters` (int32 in global memory) holds `count` (acquire,
         GPU scope), then `fence.proxy.async.global`, which orders what was acquired before
@@ -264,7 +251,6 @@ if HAVE_GLUON:
         ORDERED: gl.constexpr,
         DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        ORDER_FORM: gl.constexpr,
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
         sm_scale·dS K in `dq_smem`, add it into this head's global fp32 dQ rows with TMA
@@ -307,8 +293,7 @@ if HAVE_GLUON:
                         top = gl.minimum(none + (m * BLOCK_M) // BLOCK_N, last_key_tile)
                     else:
                         top = none + last_key_tile
-                    if ORDER_FORM != 3:
-                        _wait_for_count(sem, top - key_tile)
+                    _wait_for_count(sem, top - key_tile)
                 t = i % DQ_SLOTS  # the partial's slot
                 mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4: the partial is in
                 async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))  # 5
@@ -316,27 +301,9 @@ if HAVE_GLUON:
                 gl.thread_barrier()  # 7: both warps' waits before the one arrival
                 mbarrier.arrive(dq_empty.index(t), count=1)
                 if ORDERED:
-                    if ORDER_FORM == 1:
-                        # Deferred: the previous tile's additions counted now, once complete,
-                        # their wait overlapping this tile's turn and hand-over.
-                        if i > 0:
-                            _bulk_writes_done_but_last()
-                            gl.thread_barrier()
-                            gl.atomic_add(
-                                sem - 1, none + 1, mask=lane == 0, sem="release", scope="gpu"
-                            )
-                    else:
-                        if ORDER_FORM != 2:
-                            _bulk_writes_done()  # each issuing thread: its additions complete
-                        gl.thread_barrier()  # both warps' additions before the one release
-                        gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
-            if ORDERED:  # noqa: SIM102 (a constexpr test, then a runtime one)
-                if ORDER_FORM == 1:
-                    if n_tiles > 0:  # the last tile's count
-                        _bulk_writes_done()
-                        gl.thread_barrier()
-                        last = sem_rows + first_m + n_tiles - 1 + none
-                        gl.atomic_add(last, none + 1, mask=lane == 0, sem="release", scope="gpu")
+                    _bulk_writes_done()  # each issuing thread: its additions complete
+                    gl.thread_barrier()  # both warps' additions before the one release
+                    gl.atomic_add(sem, none + 1, mask=lane == 0, sem="release", scope="gpu")
 
     @gluon.jit
     def _compute(
@@ -521,7 +488,6 @@ if HAVE_GLUON:
         DQ_ORDERED: gl.constexpr,
         DQ_DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        ORDER_FORM: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -628,7 +594,7 @@ if HAVE_GLUON:
                     (
                         dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, n0, start_m, n_tiles, N_Q,
                         N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL, DQ_ORDERED, DQ_DROP,
-                        DQ_SLOTS, ORDER_FORM,
+                        DQ_SLOTS,
                     ),
                 ),
             ],
@@ -696,7 +662,6 @@ def launch(
     dq_slots: int = DQ_SLOTS,
     drop_dq: bool = False,
     block_m: int = BLOCK_M,
-    order_form: int = 0,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -741,8 +706,7 @@ def launch(
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, ORDER_FORM=order_form,
-        num_warps=COMPUTE_WARPS,
+        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
