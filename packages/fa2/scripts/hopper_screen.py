@@ -132,6 +132,7 @@ def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
         "fa2 gluon-fwd": {"FA2_GLUON_FORWARD": "1"},
         "fa2 gluon-fwd-pingpong": {"FA2_GLUON_FORWARD": "pingpong"},
         "fa2 gluon-fwd-plain": {"FA2_GLUON_FORWARD": "plain"},
+        "fa2 gluon-fwd-persistent": {"FA2_GLUON_FORWARD": "persistent"},
         "fa2 gluon-fwd+bwd": {"FA2_GLUON_FORWARD": "1", "FA2_BACKWARD": "gluon"},
     }
 

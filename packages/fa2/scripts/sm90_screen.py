@@ -148,7 +148,7 @@ def _source(
     backend = make_backend(target)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     options = dict(cached.options, debug=False)
-    bound, specialization, rest = binder(*tensors, *scalars, **options)
+    bound, specialization, rest = binder(*tensors, *scalars, *cached.trailing, **options)
     parsed, signature, constexprs, attrs = kernel._pack_args(
         backend, options, bound, specialization, rest
     )

@@ -49,18 +49,21 @@ def fresh_plans():
 @pytest.mark.skipif(
     not gluon_importable(), reason="no Gluon written for this Triton (fa2 targets 3.6's)"
 )
-def test_compiles_for_sm90_warp_specialised_without_spills(tmp_path):
+@pytest.mark.parametrize(
+    ("setting", "cases"), [("1", CASES), ("persistent", ("bf16 d128 (16, 1, 16384)",))]
+)
+def test_compiles_for_sm90_warp_specialised_without_spills(tmp_path, setting, cases):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(FA2_GLUON_FORWARD="1", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env.update(FA2_GLUON_FORWARD=setting, TRITON_CACHE_DIR=str(tmp_path / "cache"))
     out = tmp_path / "screen.json"
     command = [
         sys.executable, str(SCREEN), "--tiles", "default", "--kernels", "forward",
-        "--cases", *CASES, "--json", str(out),
+        "--cases", *cases, "--json", str(out),
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert {r["case"] for r in rows} == set(CASES)
+    assert {r["case"] for r in rows} == set(cases)
     for row in rows:
         assert "error" not in row, row
         assert row["tile"] == "gluon", row
@@ -82,6 +85,25 @@ def test_a_call_it_cannot_take_warns_and_runs_the_triton_forward(monkeypatch):
     ref, _ = attention_reference(q.double(), k.double(), v.double(), causal=True)
     assert relative_error(o, ref) < 1e-4
     assert not gluon_forward_available(q)
+
+
+@pytest.mark.parametrize(
+    ("shapes", "strides", "refused"),
+    [
+        # (batch, heads, n) of q, k, v, o and their (batch, head, row) strides at d = 64
+        ([(2, 3, 256)] * 4, [(3 * 256 * 64, 256 * 64, 64)] * 4, None),
+        ([(2, 3, 200)] * 4, [(3 * 200 * 64, 200 * 64, 64)] * 4, "multiples of 128"),
+        ([(2, 3, 256)] * 4, [(256 * 3 * 64, 64, 3 * 64)] * 4, "follow each other"),
+        ([(1, 1, 384)] * 4, [(0, 0, 64)] * 4, None),  # one head: its strides never step
+    ],
+)
+def test_the_persistent_grid_takes_whole_tiles_of_rows_that_follow_each_other(
+    shapes, strides, refused
+):
+    from fa2.triton.gluon_forward import persistent_refusal
+
+    reason = persistent_refusal(shapes, strides)
+    assert reason is None if refused is None else refused in reason
 
 
 def test_the_setting_takes_only_its_values(monkeypatch):
@@ -123,12 +145,25 @@ def _inputs(b, h, n_q, n_k, d, layout, dtype):
 
 
 # (FA2_GLUON_FORWARD, dtype): each order of the consumers' work in bf16, the default in fp16 too
+# ("persistent" at these ragged or strided shapes: refused, so the one-item grid in its mode)
 SETTINGS = [
     ("1", torch.bfloat16),
     ("1", torch.float16),
     ("pingpong", torch.bfloat16),
     ("plain", torch.bfloat16),
+    ("persistent", torch.bfloat16),
 ]
+
+
+def _assert_o_and_lse_within_budget(o, lse, q, k, v, causal):
+    """o and L against the float64 oracle, within twice the plain 16-bit reference's error."""
+    ref_o, ref_lse = attention_reference(q.double(), k.double(), v.double(), causal=causal)
+    plain_o, plain_lse = attention_reference(q, k, v, causal=causal)
+    floor = 1e-3  # the 16-bit floor of `assert_within_twice_plain`
+    for name, ours, ref, plain in (("o", o, ref_o, plain_o), ("lse", lse, ref_lse, plain_lse)):
+        assert torch.isfinite(ours).all(), name
+        err, budget = relative_error(ours, ref), 2 * relative_error(plain, ref) + floor
+        assert err <= budget, f"{name}: error {err:.2e} > budget {budget:.2e}"
 
 
 @pytest.mark.gpu
@@ -143,13 +178,36 @@ def test_o_and_lse_match_float64(monkeypatch, case, setting, dtype):
 
     o, lse, plan = run_forward(q, k, v, is_causal=causal)
     assert plan.gluon
-    ref_o, ref_lse = attention_reference(q.double(), k.double(), v.double(), causal=causal)
-    plain_o, plain_lse = attention_reference(q, k, v, causal=causal)
-    floor = 1e-3  # the 16-bit floor of `assert_within_twice_plain`
-    for name, ours, ref, plain in (("o", o, ref_o, plain_o), ("lse", lse, ref_lse, plain_lse)):
-        assert torch.isfinite(ours).all(), name
-        err, budget = relative_error(ours, ref), 2 * relative_error(plain, ref) + floor
-        assert err <= budget, f"{name}: error {err:.2e} > budget {budget:.2e}"
+    _assert_o_and_lse_within_budget(o, lse, q, k, v, causal)
+
+
+# (batch, heads, n_q, n_k, d, causal): whole tiles of (batch, heads, n, d) rows, more 128-row
+# tiles than a Hopper GPU has multiprocessors (so that programs take several), causal with as
+# many, fewer and more keys than queries, and not causal.
+PERSISTENT_CASES = [
+    (4, 40, 512, 512, 64, True),
+    (2, 48, 768, 768, 128, True),
+    (3, 20, 384, 640, 128, True),
+    (2, 30, 640, 256, 64, True),
+    (2, 40, 512, 384, 128, False),
+]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("case", PERSISTENT_CASES)
+def test_the_persistent_grid_matches_float64(monkeypatch, case):
+    b, h, n_q, n_k, d, causal = case
+    monkeypatch.setenv("FA2_GLUON_FORWARD", "persistent")
+    q, k, v = _inputs(b, h, n_q, n_k, d, "bhsd", torch.bfloat16)
+    from fa2.triton.function import run_forward
+
+    o, lse, plan = run_forward(q, k, v, is_causal=causal)
+    assert plan.gluon and plan.persistent_refusal is None
+    programs, *rest = plan.launch.grid
+    assert rest == [1, 1] and programs <= torch.cuda.get_device_properties(0).multi_processor_count
+    assert programs < b * h * n_q // 128  # several items a program
+    _assert_o_and_lse_within_budget(o, lse, q, k, v, causal)
 
 
 @pytest.mark.gpu

@@ -31,7 +31,9 @@ may compare candidates by changing them between calls):
   TMA-aligned strides, static shapes), silently falling back otherwise. 1 forces it (FA3's
   intra-warpgroup overlap) wherever a call allows it, warning why (once per reason) where
   not; "pingpong" adds FA3's
-  inter-warpgroup ping-pong, "plain" runs it with neither, to measure what each buys; 0 never
+  inter-warpgroup ping-pong, "plain" runs it with neither, to measure what each buys;
+  "persistent" runs it over a grid of one program per multiprocessor, each taking several
+  128-row tiles, where the rows allow (`gluon_forward.persistent_refusal`); 0 never
   runs it. Under torch.compile it runs as the opaque op `fa2::gluon_forward` (Inductor
   launches Triton kernels, not Gluon ones).
 - FA2_BACKWARD: which backward runs for 16-bit inputs. Unset ("auto"), the hand
@@ -139,15 +141,16 @@ def gluon_triton() -> bool:
 
 def gluon_forward_requested() -> str | None:
     """The Gluon forward FA2_GLUON_FORWARD asks for (module docstring): "auto" (unset),
-    "overlap" (1), "pingpong", "plain", or None (0)."""
+    "overlap" (1), "pingpong", "plain", "persistent", or None (0)."""
     text = os.environ.get("FA2_GLUON_FORWARD", "").strip().lower()
     if text in ("", "auto"):
         return "auto"
     if text == "0":
         return None
-    if text not in ("1", "pingpong", "plain"):
+    if text not in ("1", "pingpong", "plain", "persistent"):
         raise ValueError(
-            f'FA2_GLUON_FORWARD must be unset, 0, 1, "pingpong" or "plain", got {text!r}'
+            'FA2_GLUON_FORWARD must be unset, 0, 1, "pingpong", "plain" or "persistent", got '
+            f"{text!r}"
         )
     return "overlap" if text == "1" else text
 

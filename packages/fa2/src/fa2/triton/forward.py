@@ -321,6 +321,15 @@ class ForwardPlan:
         self.gluon = requested is not None and self._gluon_allowed(
             views, strides[:3], group, auto=requested == "auto"
         )
+        self.device = q.device
+        # Whether the persistent Gluon grid cannot take the call (None: it can), where asked.
+        self.persistent_refusal = "not asked for"
+        if self.gluon and self.gluon_mode == "persistent":
+            from fa2.triton.gluon_forward import persistent_refusal
+
+            batch = self.batch_heads // max(heads, 1)
+            shapes = [(batch, heads, n) for n in (n_q, n_k, n_k, n_q)]
+            self.persistent_refusal = persistent_refusal(shapes, strides)
 
         def run(tile: Tile) -> None:  # for FA2_AUTOTUNE's timing only
             inputs = contiguous_where((q, k, v), self.copies, layout)
@@ -386,15 +395,22 @@ class ForwardPlan:
             gluon_constexprs,
             gluon_forward_kernel,
             gluon_launch_options,
+            persistent_grid,
         )
 
+        mode, items = self.gluon_mode, cdiv(self.n_q, BLOCK_M) * self.batch_heads
+        grid = (cdiv(self.n_q, BLOCK_M), self.batch_heads)
+        if mode == "persistent":
+            if self.persistent_refusal is None:
+                grid = persistent_grid(self.device, items)
+            else:  # the one-item grid, in the mode persistent programs take
+                mode = "overlap"
         return CachedLaunch(
-            gluon_forward_kernel(), (cdiv(self.n_q, BLOCK_M), self.batch_heads),
-            gluon_constexprs(
-                self.meta["HEAD_DIM"], bool(self.meta["IS_CAUSAL"]), mode=self.gluon_mode
-            ),
+            gluon_forward_kernel(), grid,
+            gluon_constexprs(self.meta["HEAD_DIM"], bool(self.meta["IS_CAUSAL"]), mode=mode),
             **gluon_launch_options(), scratch=True,
             unaligned=self._triton_launch(tile._replace(tma=False)), checked=(0, 1, 2),
+            trailing=(self.batch_heads,),
         )  # fmt: skip
 
     def _triton_launch(self, tile: Tile) -> CachedLaunch:

@@ -37,6 +37,7 @@ Gluon kernels do not run in Triton's interpreter: on a CPU this kernel can only 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -59,6 +60,8 @@ __all__ = [
     "gluon_forward_refusal",
     "gluon_importable",
     "gluon_launch_options",
+    "persistent_grid",
+    "persistent_refusal",
 ]
 
 # Query rows per program: two consumer warpgroups of 64 rows each (a wgmma's M is 64 per
@@ -73,7 +76,7 @@ BLOCK_N = 128
 STAGES = {64: 3, 128: 2}
 GLUON_HEAD_DIMS = tuple(STAGES)
 # How the consumers order their work (`gluon_constexprs`); FA2_GLUON_FORWARD picks one.
-GLUON_MODES = ("overlap", "pingpong", "plain")
+GLUON_MODES = ("overlap", "pingpong", "plain", "persistent")
 # Warps of each consumer partition (one warpgroup: wgmma is issued per warpgroup) and of the
 # producer (one warp issues every TMA copy).
 CONSUMER_WARPS = 4
@@ -220,17 +223,58 @@ def _issue_pv(p, v_ring, v_ready, j, acc, STAGES: gl.constexpr):
 
 
 @_jit
-def _consumer(
-    half, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, turn, o_desc,
-    L, bh, off_m, n_tiles, N_Q, N_K, qk_scale,
+def _item(j, n_m, batch_heads, IS_CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+    """(first query row, batch x head) of the program's j-th work item: 128 query rows of one
+    (batch, head). One item per program, from its ids, unless PERSISTENT: then the items are
+    numbered heaviest first (causal: the last rows of every head, then the rows before them)
+    and dealt to the programs in turn, item t to program t mod programs, so that each round
+    of items takes about as long on every multiprocessor and the grid's tail is short."""
+    if PERSISTENT:
+        t = gl.program_id(0) + j * gl.num_programs(0)
+        pid_m = t // batch_heads
+        bh = (t % batch_heads).to(gl.int64)
+    else:
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1).to(gl.int64)
+    if IS_CAUSAL:
+        pid_m = n_m - 1 - pid_m
+    return pid_m * (2 * half_m), bh
+
+
+@_jit
+def _key_tiles(off_m, N_Q, N_K, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """Key tiles the rows off_m ... off_m + 127 see: causal, up to the last row (and the
+    sequence)."""
+    hi = N_K
+    if IS_CAUSAL:
+        hi = gl.minimum(gl.minimum(off_m + 2 * half_m, N_Q), N_K)
+    return gl.cdiv(hi, BLOCK_N)
+
+
+@_jit
+def _n_items(n_m, batch_heads, PERSISTENT: gl.constexpr):
+    """Work items of this program (`_item`): one, or its share of every head's row tiles."""
+    if PERSISTENT:
+        return gl.cdiv(n_m * batch_heads - gl.program_id(0), gl.num_programs(0))
+    return 1
+
+
+@_jit
+def _consume_item(
+    half, q_tile, o_tile, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, q_free,
+    turn, o_desc, L, bh, off_m, o_row0, n_tiles, base, j, N_Q, N_K, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """One consumer warpgroup: rows off_m + half · 64 ... + 63 of one (batch, head).
+    """One consumer warpgroup's share of one work item: rows off_m + half · 64 ... + 63 of
+    one (batch, head), whose o rows start at o_row0 in `o_desc` and whose L row is bh.
 
-    Tile i sits in ring slot i % STAGES, filled for the (i // STAGES)-th time: its ready
-    barriers complete phase (i // STAGES) & 1 when the copy lands (mbarrier parity); the
+    The item's key tile i is the ring's tile c = base + i (base: the tiles of the program's
+    earlier items), in slot c % STAGES, filled for the (c // STAGES)-th time: its ready
+    barriers complete phase (c // STAGES) & 1 when the copy lands (mbarrier parity); the
     consumer arrives once on the slot's free barriers when its wgmmas are done reading it.
+    Q (the item's j-th) completes phase j & 1 of `q_ready`.
     P runs one tile behind S (FA3's order): iteration i issues S(i) = Q K(i)ᵀ and
     O += P(i-1) V(i-1). OVERLAP (FA3's intra-warpgroup overlap): both are issued before
     either is waited for, and the softmax of S(i) runs while the tensor cores still work on
@@ -238,16 +282,22 @@ def _consumer(
     computed (the plain order, which needs S(i) and P(i-1) in registers at different times,
     not together).
 
-    PINGPONG (FA3's inter-warpgroup ping-pong, with OVERLAP): the two consumers take turns
-    issuing their wgmmas, so that one's softmax runs while the other's matmuls do. Step k
-    (k = 0: S(0); 1 ... n_tiles - 1: the loop's iterations; n_tiles: the last PV) waits for
-    phase k of this consumer's `turn` barrier and, once its wgmmas are issued, arrives on the
-    other's. The second consumer's arrival before its first step completes phase 0 of the
-    first's, so the first goes first; phase k of the first's then completes when the second
-    has issued step k - 1, and phase k of the second's when the first has issued step k. A
-    barrier is never a phase ahead of its waiter: each arrival needs the waiter's previous
-    step."""
+    PINGPONG (FA3's inter-warpgroup ping-pong, with OVERLAP, one item per program): the two
+    consumers take turns issuing their wgmmas, so that one's softmax runs while the other's
+    matmuls do. Step k (k = 0: S(0); 1 ... n_tiles - 1: the loop's iterations; n_tiles: the
+    last PV) waits for phase k of this consumer's `turn` barrier and, once its wgmmas are
+    issued, arrives on the other's. The second consumer's arrival before its first step
+    completes phase 0 of the first's, so the first goes first; phase k of the first's then
+    completes when the second has issued step k - 1, and phase k of the second's when the
+    first has issued step k. A barrier is never a phase ahead of its waiter: each arrival
+    needs the waiter's previous step.
+
+    The output: one item per program, o goes out through Q's slot (read no more) and the
+    TMA store is waited for; PERSISTENT, Q's slot is handed back (`q_free`) once the last
+    S(i) is done, so that the producer loads the next item's Q during this one's last PV,
+    and o goes out through `o_tile`, whose previous store is waited for first."""
     gl.static_assert(OVERLAP or not PINGPONG, "ping-pong takes turns at overlapped steps")
+    gl.static_assert(not (PINGPONG and PERSISTENT), "ping-pong counts one item's steps")
     if PINGPONG:  # noqa: SIM102 (a constexpr test, then a runtime one: two `if`s compile so)
         if half == 1:
             mbarrier.arrive(turn.index(0), count=1)
@@ -261,7 +311,6 @@ def _consumer(
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row0 = off_m + half * half_m
     rows = row0 + gl.arange(0, half_m, layout=gl.SliceLayout(1, s_layout))
-    q_tile = q_ring.index(half)
     m_i = gl.full([half_m], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([half_m], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([half_m, HEAD_DIM], gl.float32, o_layout)
@@ -273,110 +322,166 @@ def _consumer(
         n_full = gl.minimum(n_full, (row0 + 1) // BLOCK_N)
 
     # Tile 0: S(0) and its softmax; O is still 0, so alpha is not applied.
-    mbarrier.wait(q_ready.index(half), 0)
+    mbarrier.wait(q_ready.index(half), j & 1)
     if PINGPONG:
         mbarrier.wait(turn.index(half), 0)
-    s, k_tile = _issue_scores(q_tile, k_ring, k_ready, 0, s_zero, STAGES)
+    s, k_tile = _issue_scores(q_tile, k_ring, k_ready, base, s_zero, STAGES)
     if PINGPONG:
         mbarrier.arrive(turn.index(1 - half), count=1)
     # The operands go through the waits too: a wgmma reads them until it completes.
     s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_tile, k_tile))
-    mbarrier.arrive(k_free.index(0), count=1)
+    mbarrier.arrive(k_free.index(base % STAGES), count=1)
     p, m_i, l_i, alpha = _softmax(
         s, m_i, l_i, 0, n_full, rows, N_K, qk_scale, s_layout, p_layout, BLOCK_N, IS_CAUSAL,
         q_tile.dtype,
     )  # fmt: skip
     for i in range(1, n_tiles):
+        c = base + i
         if OVERLAP:
             if PINGPONG:
                 mbarrier.wait(turn.index(half), i & 1)
-            s, k_tile = _issue_scores(q_tile, k_ring, k_ready, i, s_zero, STAGES)
-            acc, v_prev = _issue_pv(p, v_ring, v_ready, i - 1, acc, STAGES)
+            s, k_tile = _issue_scores(q_tile, k_ring, k_ready, c, s_zero, STAGES)
+            acc, v_prev = _issue_pv(p, v_ring, v_ready, c - 1, acc, STAGES)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - half), count=1)
             # wgmma groups complete in issue order: with one left in flight, S(i) is done.
             s, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s, q_tile, k_tile))
         else:
-            acc, v_prev = _issue_pv(p, v_ring, v_ready, i - 1, acc, STAGES)
+            acc, v_prev = _issue_pv(p, v_ring, v_ready, c - 1, acc, STAGES)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_prev))
-            mbarrier.arrive(v_free.index((i - 1) % STAGES), count=1)
-            s, k_tile = _issue_scores(q_tile, k_ring, k_ready, i, s_zero, STAGES)
+            mbarrier.arrive(v_free.index((c - 1) % STAGES), count=1)
+            s, k_tile = _issue_scores(q_tile, k_ring, k_ready, c, s_zero, STAGES)
             s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_tile, k_tile))
-        mbarrier.arrive(k_free.index(i % STAGES), count=1)
+        mbarrier.arrive(k_free.index(c % STAGES), count=1)
         p_next, m_i, l_i, alpha = _softmax(
             s, m_i, l_i, i, n_full, rows, N_K, qk_scale, s_layout, p_layout, BLOCK_N,
             IS_CAUSAL, q_tile.dtype,
         )  # fmt: skip
         if OVERLAP:  # the PV wgmma ran beside the softmax
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_prev))
-            mbarrier.arrive(v_free.index((i - 1) % STAGES), count=1)
+            mbarrier.arrive(v_free.index((c - 1) % STAGES), count=1)
         # O holds the tiles up to i - 1 at the old max; tile i's P is at the new one.
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p = p_next
+    if PERSISTENT:  # every S(i) is done: Q's slot may take the next item's rows
+        mbarrier.arrive(q_free, count=1)
+    last = base + n_tiles - 1
     if PINGPONG:
         mbarrier.wait(turn.index(half), n_tiles & 1)
-    acc, v_last = _issue_pv(p, v_ring, v_ready, n_tiles - 1, acc, STAGES)
+    acc, v_last = _issue_pv(p, v_ring, v_ready, last, acc, STAGES)
     if PINGPONG:
         mbarrier.arrive(turn.index(1 - half), count=1)
     acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p, v_last))
-    mbarrier.arrive(v_free.index((n_tiles - 1) % STAGES), count=1)
+    mbarrier.arrive(v_free.index(last % STAGES), count=1)
 
     # Every row saw key 0 (top-left causal or none, N_K >= 1): l_i >= 1, no division by 0.
     o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-    # Q's slot is free now (the last wgmma that read it was waited for): o goes out
-    # through it, and the TMA store drops rows past N_Q.
-    q_tile.store(o.to(q_tile.dtype))
+    if PERSISTENT:
+        tma.store_wait(pendings=0)  # the previous item's o has left o_tile
+    # One item per program: Q's slot is free now (the last wgmma that read it was waited
+    # for), and o_tile is that slot. The TMA store drops rows past the descriptor's end.
+    o_tile.store(o.to(o_tile.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [row0, 0], q_tile)
+    tma.async_copy_shared_to_global(o_desc, [o_row0 + half * half_m, 0], o_tile)
     lse = (m_i + gl.log2(l_i)) * ln2  # natural log, as fa2's backward reads it
     gl.store(L + bh * N_Q + rows, lse, mask=rows < N_Q)
-    tma.store_wait(pendings=0)
+    if not PERSISTENT:
+        tma.store_wait(pendings=0)
+
+
+@_jit
+def _consumer(
+    half, q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, q_free,
+    turn, o_desc, L, batch_heads, N_Q, N_K, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    PERSISTENT: gl.constexpr,
+):  # fmt: skip
+    """One consumer warpgroup (`half`: the first, the kernel's default partition, or the
+    second, a worker) over the program's work items (`_consume_item`)."""
+    n_m = gl.cdiv(N_Q, 2 * half_m)
+    q_tile = q_ring.index(half)
+    o_tile = q_tile
+    if PERSISTENT:
+        o_tile = o_ring.index(half)
+    base = 0
+    for j in range(_n_items(n_m, batch_heads, PERSISTENT)):
+        off_m, bh = _item(j, n_m, batch_heads, IS_CAUSAL, PERSISTENT)
+        n_tiles = _key_tiles(off_m, N_Q, N_K, BLOCK_N, IS_CAUSAL)
+        o_row0 = off_m
+        if PERSISTENT:  # one descriptor over every head's rows
+            o_row0 = bh * N_Q + off_m
+        _consume_item(
+            half, q_tile, o_tile, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
+            q_free, turn, o_desc, L, bh, off_m, o_row0.to(gl.int32), n_tiles, base, j, N_Q, N_K,
+            qk_scale, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+        )  # fmt: skip
+        base += n_tiles
+    if PERSISTENT:
+        tma.store_wait(pendings=0)
 
 
 @_jit
 def _consumer_worker(
-    q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, turn, o_desc,
-    L, bh, off_m, n_tiles, N_Q, N_K, qk_scale,
+    q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, q_free, turn,
+    o_desc, L, batch_heads, N_Q, N_K, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """The second consumer (the rows 64-127 of the program), run by a worker partition."""
+    """The second consumer (the rows 64-127 of each item), run by a worker partition."""
     _consumer(
-        1, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, turn, o_desc,
-        L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL,
-        OVERLAP, PINGPONG,
+        1, q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, q_free,
+        turn, o_desc, L, batch_heads, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N, STAGES,
+        IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
     )  # fmt: skip
 
 
 @_jit
 def _producer(
     q_desc, k_desc, v_desc, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free,
-    v_free, off_m, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    v_free, q_free, batch_heads, N_Q, N_K,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+    PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """The TMA warp: Q's two halves once, then K and V tile by tile into the ring.
+    """The TMA warp: per work item, Q's two halves, then K and V tile by tile into the ring.
 
-    Before filling slot i % STAGES for the (i // STAGES)-th time it waits until both
-    consumers released that slot's previous tile: the free barrier's phase
-    (i // STAGES - 1) & 1. On the first pass (i < STAGES) that is parity 1, which a
-    freshly initialised barrier (in phase 0) reports complete at once."""
-    for half in gl.static_range(2):
-        mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            q_desc, [off_m + half * half_m, 0], q_ready.index(half), q_ring.index(half)
-        )
-    for i in range(n_tiles):
-        slot = i % STAGES
-        free_phase = ((i // STAGES) & 1) ^ 1
-        mbarrier.wait(k_free.index(slot), free_phase)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            k_desc, [i * BLOCK_N, 0], k_ready.index(slot), k_ring.index(slot)
-        )
-        mbarrier.wait(v_free.index(slot), free_phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            v_desc, [i * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot)
-        )
+    Before filling slot c % STAGES with the ring's c-th tile (counted over the program's
+    items) for the (c // STAGES)-th time it waits until both consumers released that slot's
+    previous tile: the free barrier's phase (c // STAGES - 1) & 1. On the first pass
+    (c < STAGES) that is parity 1, which a freshly initialised barrier (in phase 0) reports
+    complete at once. Q of item j waits likewise for phase j - 1 of `q_free` (both
+    consumers done with item j - 1's Q), which only PERSISTENT programs reach."""
+    n_m = gl.cdiv(N_Q, 2 * half_m)
+    c = 0
+    for j in range(_n_items(n_m, batch_heads, PERSISTENT)):
+        off_m, bh = _item(j, n_m, batch_heads, IS_CAUSAL, PERSISTENT)
+        n_tiles = _key_tiles(off_m, N_Q, N_K, BLOCK_N, IS_CAUSAL)
+        q_row0 = off_m
+        kv_row0 = off_m * 0
+        if PERSISTENT:  # one descriptor over every head's rows
+            q_row0 = (bh * N_Q + off_m).to(gl.int32)
+            kv_row0 = (bh * N_K).to(gl.int32)
+        mbarrier.wait(q_free, (j & 1) ^ 1)
+        for half in gl.static_range(2):
+            mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                q_desc, [q_row0 + half * half_m, 0], q_ready.index(half), q_ring.index(half)
+            )
+        for i in range(n_tiles):
+            slot = c % STAGES
+            free_phase = ((c // STAGES) & 1) ^ 1
+            mbarrier.wait(k_free.index(slot), free_phase)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                k_desc, [kv_row0 + i * BLOCK_N, 0], k_ready.index(slot), k_ring.index(slot)
+            )
+            mbarrier.wait(v_free.index(slot), free_phase)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                v_desc, [kv_row0 + i * BLOCK_N, 0], v_ready.index(slot), v_ring.index(slot)
+            )
+            c += 1
 
 
 @_jit
@@ -396,41 +501,59 @@ def _head_rows(
 
 
 @_jit
+def _rows(X, n, stride_n, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, PERSISTENT: gl.constexpr):
+    """A TMA descriptor of X's rows: one (batch, head)'s n rows, where a program takes one
+    item (`_head_rows`, of the program's head), or every head's, batch x heads x n rows at
+    stride_n, where PERSISTENT programs range over heads (`persistent_refusal`: the rows of
+    consecutive heads follow each other, and n is a whole number of tiles, so that no tile
+    crosses into the next head)."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+        [BLOCK, HEAD_DIM], X.dtype.element_ty
+    )
+    return tma.make_tensor_descriptor(X, [n, HEAD_DIM], [stride_n, 1], [BLOCK, HEAD_DIM], layout)
+
+
+@_jit
 def _gluon_fwd_kernel(
     Q, K, V, O, L, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-    HEADS, N_Q, N_K, qk_scale, cap_scale,
+    HEADS, N_Q, N_K, qk_scale, cap_scale, BATCH_HEADS,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    PERSISTENT: gl.constexpr,
 ):  # fmt: skip
-    """o and L of 128 query rows of one (batch, head): the arguments of fa2's Triton
-    forward (`fa2.triton.forward._fwd_kernel`), so one launch plan serves both; CU_Q,
-    CU_K (packed sequences) and cap_scale (softcap) are not used here."""
-    # Heaviest causal tiles (the last query rows) first, so the grid's tail is short.
-    pid_m = gl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = gl.cdiv(N_Q, 2 * half_m) - 1 - pid_m
-    bh = gl.program_id(1).to(gl.int64)
-    b = bh // HEADS
-    h = bh % HEADS
-    off_m = pid_m * (2 * half_m)
+    """o and L of 128 query rows of one (batch, head) per program, or, PERSISTENT, of every
+    (batch, head)'s row tiles dealt over a grid of one program per multiprocessor (`_item`),
+    whose producer loads the next item's Q and keys while the consumers finish the last.
+    The arguments of fa2's Triton forward (`fa2.triton.forward._fwd_kernel`), so one launch
+    plan serves both, then BATCH_HEADS (batch x heads); CU_Q, CU_K (packed sequences) and
+    cap_scale (softcap) are not used here."""
     dtype: gl.constexpr = Q.dtype.element_ty
-    q_desc = _head_rows(Q, stride_qb, stride_qh, stride_qn, b, h, N_Q, half_m, HEAD_DIM)
-    o_desc = _head_rows(O, stride_ob, stride_oh, stride_on, b, h, N_Q, half_m, HEAD_DIM)
-    k_desc = _head_rows(K, stride_kb, stride_kh, stride_kn, b, h, N_K, BLOCK_N, HEAD_DIM)
-    v_desc = _head_rows(V, stride_vb, stride_vh, stride_vn, b, h, N_K, BLOCK_N, HEAD_DIM)
-    # Keys the program's rows may see: causal, up to its last row (and the sequence).
-    hi = N_K
-    if IS_CAUSAL:
-        hi = gl.minimum(gl.minimum(off_m + 2 * half_m, N_Q), N_K)
-    n_tiles = gl.cdiv(hi, BLOCK_N)
+    if PERSISTENT:
+        q_desc = _rows(Q, BATCH_HEADS * N_Q, stride_qn, half_m, HEAD_DIM, True)
+        o_desc = _rows(O, BATCH_HEADS * N_Q, stride_on, half_m, HEAD_DIM, True)
+        k_desc = _rows(K, BATCH_HEADS * N_K, stride_kn, BLOCK_N, HEAD_DIM, True)
+        v_desc = _rows(V, BATCH_HEADS * N_K, stride_vn, BLOCK_N, HEAD_DIM, True)
+    else:
+        bh = gl.program_id(1).to(gl.int64)
+        b = bh // HEADS
+        h = bh % HEADS
+        q_desc = _head_rows(Q, stride_qb, stride_qh, stride_qn, b, h, N_Q, half_m, HEAD_DIM)
+        o_desc = _head_rows(O, stride_ob, stride_oh, stride_on, b, h, N_Q, half_m, HEAD_DIM)
+        k_desc = _head_rows(K, stride_kb, stride_kh, stride_kn, b, h, N_K, BLOCK_N, HEAD_DIM)
+        v_desc = _head_rows(V, stride_vb, stride_vh, stride_vn, b, h, N_K, BLOCK_N, HEAD_DIM)
 
     q_ring = gl.allocate_shared_memory(dtype, [2, half_m, HEAD_DIM], q_desc.layout)
+    # o's own staging buffers where a program takes several items (else Q's slots serve).
+    o_ring = q_ring
+    if PERSISTENT:
+        o_ring = gl.allocate_shared_memory(dtype, [2, half_m, HEAD_DIM], o_desc.layout)
     k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    q_free = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -439,6 +562,7 @@ def _gluon_fwd_kernel(
     for half in gl.static_range(2):
         mbarrier.init(q_ready.index(half), count=1)  # the producer's expect-tx arrival
         mbarrier.init(turn.index(half), count=1)  # the other consumer's arrival
+    mbarrier.init(q_free, count=2)  # one arrival per consumer and item (PERSISTENT)
     for slot in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(slot), count=1)
         mbarrier.init(v_ready.index(slot), count=1)
@@ -450,20 +574,21 @@ def _gluon_fwd_kernel(
         [
             (
                 _consumer,
-                (0, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
-                 turn, o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
-                 STAGES, IS_CAUSAL, OVERLAP, PINGPONG),
+                (0, q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
+                 q_free, turn, o_desc, L, BATCH_HEADS, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
+                 STAGES, IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT),
             ),
             (
                 _consumer_worker,
-                (q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
-                 turn, o_desc, L, bh, off_m, n_tiles, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
-                 STAGES, IS_CAUSAL, OVERLAP, PINGPONG),
+                (q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
+                 q_free, turn, o_desc, L, BATCH_HEADS, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
+                 STAGES, IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT),
             ),
             (
                 _producer,
-                (q_desc, k_desc, v_desc, q_ring, k_ring, v_ring, q_ready, k_ready,
-                 v_ready, k_free, v_free, off_m, n_tiles, BLOCK_N, STAGES),
+                (q_desc, k_desc, v_desc, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready,
+                 k_free, v_free, q_free, BATCH_HEADS, N_Q, N_K, BLOCK_N, STAGES, IS_CAUSAL,
+                 PERSISTENT),
             ),
         ],
         warps,
@@ -472,8 +597,9 @@ def _gluon_fwd_kernel(
 
 
 def gluon_forward_kernel():
-    """The Gluon kernel. Its runtime arguments are those of fa2's Triton forward; its
-    constexprs HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, OVERLAP and PINGPONG (`gluon_constexprs`)."""
+    """The Gluon kernel. Its runtime arguments are those of fa2's Triton forward, then
+    BATCH_HEADS; its constexprs HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, OVERLAP, PINGPONG and
+    PERSISTENT (`gluon_constexprs`)."""
     if gluon is None:
         raise RuntimeError("this Triton has no Gluon: install Triton 3.6")
     return _gluon_fwd_kernel
@@ -481,8 +607,10 @@ def gluon_forward_kernel():
 
 def gluon_constexprs(head_dim: int, causal: bool, *, mode: str = "overlap") -> dict[str, object]:
     """The kernel's constexpr arguments for a head dim, causality and one of GLUON_MODES
-    (`_consumer`): "overlap", FA3's intra-warpgroup overlap; "pingpong", that and FA3's
-    inter-warpgroup ping-pong; "plain", neither, the order they are measured against."""
+    (`_consume_item`): "overlap", FA3's intra-warpgroup overlap; "pingpong", that and FA3's
+    inter-warpgroup ping-pong; "plain", neither, the order they are measured against;
+    "persistent", overlap in a grid of one program per multiprocessor (`_item`), where
+    `persistent_refusal` allows it."""
     if mode not in GLUON_MODES:
         raise ValueError(f"mode must be one of {GLUON_MODES}, got {mode!r}")
     return dict(
@@ -492,4 +620,36 @@ def gluon_constexprs(head_dim: int, causal: bool, *, mode: str = "overlap") -> d
         IS_CAUSAL=causal,
         OVERLAP=mode != "plain",
         PINGPONG=mode == "pingpong",
+        PERSISTENT=mode == "persistent",
     )
+
+
+def persistent_refusal(
+    shapes: Sequence[tuple[int, ...]], strides: Sequence[tuple[int, int, int]]
+) -> str | None:
+    """Why the persistent grid (`gluon_constexprs(mode="persistent")`) cannot take a call
+    whose q, k, v and o are `shapes` (`(batch, heads, n, d)`) read with (batch, head, row)
+    `strides`, or None when it can: its programs read every head's rows through one
+    descriptor, so the rows of consecutive (batch, head)s must follow each other, and each
+    length must be a whole number of tiles, so that no tile reaches into the next head."""
+    for shape, (stride_b, stride_h, stride_n) in zip(shapes, strides, strict=True):
+        batch, heads, n = shape[:3]
+        if n % BLOCK_M or n % BLOCK_N:
+            return f"it takes lengths that are multiples of {max(BLOCK_M, BLOCK_N)}, got {n}"
+        if (heads > 1 and stride_h != n * stride_n) or (
+            batch > 1 and stride_b != heads * n * stride_n
+        ):
+            return "it reads (batch, heads, n, d) rows that follow each other, head after head"
+        if batch * heads * n >= 2**31:
+            return "it addresses rows with 32-bit coordinates"
+    return None
+
+
+def persistent_grid(device: torch.device, items: int) -> tuple[int]:
+    """The persistent grid: one program per multiprocessor (a program takes one), at most one
+    per work item. Where the device is not a GPU (compiling for sm_90 on a CPU), an H100's
+    132."""
+    count = 132
+    if device.type == "cuda":
+        count = torch.cuda.get_device_properties(device).multi_processor_count
+    return (max(1, min(count, items)),)

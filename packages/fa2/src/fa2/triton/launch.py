@@ -266,14 +266,17 @@ class CachedLaunch:
         scratch: bool = False,
         unaligned: CachedLaunch | None = None,
         checked: tuple[int, ...] | None = None,
+        trailing: tuple = (),
     ) -> None:
         """`scratch`: the kernel builds TMA descriptors, in global memory that Triton's launcher
         asks an allocator for. `unaligned`: the launch to use instead when a tensor is not
         16-byte aligned (a kernel reading through TMA descriptors needs that). `checked`: the
         positions of the tensors whose alignment must be checked on each call, those the
         caller passed in (a plan's own allocations come from torch's allocator, aligned to at
-        least 16 bytes); None: all of them."""
+        least 16 bytes); None: all of them. `trailing`: runtime scalars of this launch alone,
+        after the caller's (which `unaligned` does not take)."""
         self.kernel = kernel
+        self.trailing = tuple(trailing)
         self.scratch = scratch
         self.unaligned = unaligned
         self.checked = checked
@@ -306,11 +309,11 @@ class CachedLaunch:
             run, function, metadata, device = binary
             run(
                 *grid, _stream(device), function, metadata, None, None, None,
-                *tensors, *scalars, *self._tail,
+                *tensors, *scalars, *self.trailing, *self._tail,
             )  # fmt: skip
             return
         try:
-            compiled = self.kernel[grid](*tensors, *scalars, **self.options)
+            compiled = self.kernel[grid](*tensors, *scalars, *self.trailing, **self.options)
         except Exception as exc:
             if INTERPRET:
                 explain_interpreter_error(exc)
@@ -327,7 +330,7 @@ class CachedLaunch:
 
         self._set_allocator()  # for where the op runs outside a compiled graph
         wrap_triton(self.kernel)[self.grid if grid is None else _grid3(grid)](
-            *tensors, *scalars, **self.options
+            *tensors, *scalars, *self.trailing, **self.options
         )
 
     def _set_allocator(self) -> None:
