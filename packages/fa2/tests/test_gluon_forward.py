@@ -181,15 +181,16 @@ def test_o_and_lse_match_float64(monkeypatch, case, setting, dtype):
     _assert_o_and_lse_within_budget(o, lse, q, k, v, causal)
 
 
-# (batch, heads, n_q, n_k, d, causal): whole tiles of (batch, heads, n, d) rows, more 128-row
-# tiles than a Hopper GPU has multiprocessors (so that programs take several), causal with as
-# many, fewer and more keys than queries, and not causal.
+# (batch, heads, n_q, n_k, d, causal, heads a group): whole tiles of (batch, heads, n, d) rows,
+# more 128-row tiles than a Hopper GPU has multiprocessors (so that programs take several),
+# causal with as many, fewer and more keys than queries, and not causal; (batch, head)s taken
+# all together, or in groups (`persistent_group`, made small here) with a smaller last one.
 PERSISTENT_CASES = [
-    (4, 40, 512, 512, 64, True),
-    (2, 48, 768, 768, 128, True),
-    (3, 20, 384, 640, 128, True),
-    (2, 30, 640, 256, 64, True),
-    (2, 40, 512, 384, 128, False),
+    (4, 40, 512, 512, 64, True, None),
+    (2, 48, 768, 768, 128, True, 5),
+    (3, 20, 384, 640, 128, True, 7),
+    (2, 30, 640, 256, 64, True, 1),
+    (2, 40, 512, 384, 128, False, 3),
 ]
 
 
@@ -197,13 +198,19 @@ PERSISTENT_CASES = [
 @gpu
 @pytest.mark.parametrize("case", PERSISTENT_CASES)
 def test_the_persistent_grid_matches_float64(monkeypatch, case):
-    b, h, n_q, n_k, d, causal = case
+    from fa2.triton import gluon_forward
+
+    b, h, n_q, n_k, d, causal, group = case
     monkeypatch.setenv("FA2_GLUON_FORWARD", "persistent")
+    if group is not None:  # the keys and values of `group` heads at a time
+        monkeypatch.setattr(gluon_forward, "PERSISTENT_GROUP_BYTES", group * 2 * n_k * d * 2)
     q, k, v = _inputs(b, h, n_q, n_k, d, "bhsd", torch.bfloat16)
     from fa2.triton.function import run_forward
 
     o, lse, plan = run_forward(q, k, v, is_causal=causal)
     assert plan.gluon and plan.persistent_refusal is None
+    batch_heads, group_heads = plan.launch.trailing
+    assert batch_heads == b * h and (group is None or group_heads == group)
     programs, *rest = plan.launch.grid
     assert rest == [1, 1] and programs <= torch.cuda.get_device_properties(0).multi_processor_count
     assert programs < b * h * n_q // 128  # several items a program

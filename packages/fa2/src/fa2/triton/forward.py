@@ -321,7 +321,7 @@ class ForwardPlan:
         self.gluon = requested is not None and self._gluon_allowed(
             views, strides[:3], group, auto=requested == "auto"
         )
-        self.device = q.device
+        self.device, self.n_k, self.element_size = q.device, n_k, q.element_size()
         # Whether the persistent Gluon grid cannot take the call (None: it can), where asked.
         self.persistent_refusal = "not asked for"
         if self.gluon and self.gluon_mode == "persistent":
@@ -396,13 +396,16 @@ class ForwardPlan:
             gluon_forward_kernel,
             gluon_launch_options,
             persistent_grid,
+            persistent_group,
         )
 
         mode, items = self.gluon_mode, cdiv(self.n_q, BLOCK_M) * self.batch_heads
         grid = (cdiv(self.n_q, BLOCK_M), self.batch_heads)
+        group = 1
         if mode == "persistent":
             if self.persistent_refusal is None:
                 grid = persistent_grid(self.device, items)
+                group = persistent_group(self.n_k, self.meta["HEAD_DIM"], self.element_size)
             else:  # the one-item grid, in the mode persistent programs take
                 mode = "overlap"
         return CachedLaunch(
@@ -410,7 +413,7 @@ class ForwardPlan:
             gluon_constexprs(self.meta["HEAD_DIM"], bool(self.meta["IS_CAUSAL"]), mode=mode),
             **gluon_launch_options(), scratch=True,
             unaligned=self._triton_launch(tile._replace(tma=False)), checked=(0, 1, 2),
-            trailing=(self.batch_heads,),
+            trailing=(self.batch_heads, group),
         )  # fmt: skip
 
     def _triton_launch(self, tile: Tile) -> CachedLaunch:

@@ -61,6 +61,7 @@ __all__ = [
     "gluon_importable",
     "gluon_launch_options",
     "persistent_grid",
+    "persistent_group",
     "persistent_refusal",
 ]
 
@@ -223,16 +224,25 @@ def _issue_pv(p, v_ring, v_ready, j, acc, STAGES: gl.constexpr):
 
 
 @_jit
-def _item(j, n_m, batch_heads, IS_CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+def _item(j, n_m, batch_heads, group_heads, IS_CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
     """(first query row, batch x head) of the program's j-th work item: 128 query rows of one
     (batch, head). One item per program, from its ids, unless PERSISTENT: then the items are
-    numbered heaviest first (causal: the last rows of every head, then the rows before them)
-    and dealt to the programs in turn, item t to program t mod programs, so that each round
-    of items takes about as long on every multiprocessor and the grid's tail is short."""
+    numbered group by group of `group_heads` (batch, head)s, whose keys and values fit in L2
+    together, heaviest first within a group (causal: the last rows of each of its heads,
+    then the rows before them), and dealt to the programs in rounds, item t to program
+    t mod programs in even rounds and to the programs in reverse order in odd ones (a snake:
+    a program that drew a heavy item draws a light one next), so that every program's items
+    add up to about the same time and the grid's tail is short."""
     if PERSISTENT:
-        t = gl.program_id(0) + j * gl.num_programs(0)
-        pid_m = t // batch_heads
-        bh = (t % batch_heads).to(gl.int64)
+        programs = gl.num_programs(0)
+        pid = gl.program_id(0)
+        t = j * programs + gl.where(j % 2 == 0, pid, programs - 1 - pid)
+        per_group = group_heads * n_m
+        g = t // per_group
+        u = t % per_group
+        heads_here = gl.minimum(group_heads, batch_heads - g * group_heads)
+        pid_m = u // heads_here
+        bh = (g * group_heads + u % heads_here).to(gl.int64)
     else:
         pid_m = gl.program_id(0)
         bh = gl.program_id(1).to(gl.int64)
@@ -253,9 +263,16 @@ def _key_tiles(off_m, N_Q, N_K, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
 
 @_jit
 def _n_items(n_m, batch_heads, PERSISTENT: gl.constexpr):
-    """Work items of this program (`_item`): one, or its share of every head's row tiles."""
+    """Work items of this program (`_item`): one, or its share of every head's row tiles:
+    one per whole round, and one of the last round's where its place in that round is
+    among the items left."""
     if PERSISTENT:
-        return gl.cdiv(n_m * batch_heads - gl.program_id(0), gl.num_programs(0))
+        programs = gl.num_programs(0)
+        pid = gl.program_id(0)
+        total = n_m * batch_heads
+        rounds = total // programs
+        place = gl.where(rounds % 2 == 0, pid, programs - 1 - pid)
+        return rounds + (place < total % programs).to(gl.int32)
     return 1
 
 
@@ -392,7 +409,7 @@ def _consume_item(
 @_jit
 def _consumer(
     half, q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, q_free,
-    turn, o_desc, L, batch_heads, N_Q, N_K, qk_scale,
+    turn, o_desc, L, batch_heads, group_heads, N_Q, N_K, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
     PERSISTENT: gl.constexpr,
@@ -406,7 +423,7 @@ def _consumer(
         o_tile = o_ring.index(half)
     base = 0
     for j in range(_n_items(n_m, batch_heads, PERSISTENT)):
-        off_m, bh = _item(j, n_m, batch_heads, IS_CAUSAL, PERSISTENT)
+        off_m, bh = _item(j, n_m, batch_heads, group_heads, IS_CAUSAL, PERSISTENT)
         n_tiles = _key_tiles(off_m, N_Q, N_K, BLOCK_N, IS_CAUSAL)
         o_row0 = off_m
         if PERSISTENT:  # one descriptor over every head's rows
@@ -424,7 +441,7 @@ def _consumer(
 @_jit
 def _consumer_worker(
     q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, q_free, turn,
-    o_desc, L, batch_heads, N_Q, N_K, qk_scale,
+    o_desc, L, batch_heads, group_heads, N_Q, N_K, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
     PERSISTENT: gl.constexpr,
@@ -432,15 +449,15 @@ def _consumer_worker(
     """The second consumer (the rows 64-127 of each item), run by a worker partition."""
     _consumer(
         1, q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free, q_free,
-        turn, o_desc, L, batch_heads, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N, STAGES,
-        IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+        turn, o_desc, L, batch_heads, group_heads, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
+        STAGES, IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
     )  # fmt: skip
 
 
 @_jit
 def _producer(
     q_desc, k_desc, v_desc, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free,
-    v_free, q_free, batch_heads, N_Q, N_K,
+    v_free, q_free, batch_heads, group_heads, N_Q, N_K,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
     PERSISTENT: gl.constexpr,
 ):  # fmt: skip
@@ -455,7 +472,7 @@ def _producer(
     n_m = gl.cdiv(N_Q, 2 * half_m)
     c = 0
     for j in range(_n_items(n_m, batch_heads, PERSISTENT)):
-        off_m, bh = _item(j, n_m, batch_heads, IS_CAUSAL, PERSISTENT)
+        off_m, bh = _item(j, n_m, batch_heads, group_heads, IS_CAUSAL, PERSISTENT)
         n_tiles = _key_tiles(off_m, N_Q, N_K, BLOCK_N, IS_CAUSAL)
         q_row0 = off_m
         kv_row0 = off_m * 0
@@ -518,7 +535,7 @@ def _gluon_fwd_kernel(
     Q, K, V, O, L, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-    HEADS, N_Q, N_K, qk_scale, cap_scale, BATCH_HEADS,
+    HEADS, N_Q, N_K, qk_scale, cap_scale, BATCH_HEADS, GROUP_HEADS,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
     PERSISTENT: gl.constexpr,
@@ -527,7 +544,8 @@ def _gluon_fwd_kernel(
     (batch, head)'s row tiles dealt over a grid of one program per multiprocessor (`_item`),
     whose producer loads the next item's Q and keys while the consumers finish the last.
     The arguments of fa2's Triton forward (`fa2.triton.forward._fwd_kernel`), so one launch
-    plan serves both, then BATCH_HEADS (batch x heads); CU_Q, CU_K (packed sequences) and
+    plan serves both, then BATCH_HEADS (batch x heads) and GROUP_HEADS (how many of them a
+    persistent grid takes together: `persistent_group`); CU_Q, CU_K (packed sequences) and
     cap_scale (softcap) are not used here."""
     dtype: gl.constexpr = Q.dtype.element_ty
     if PERSISTENT:
@@ -575,20 +593,20 @@ def _gluon_fwd_kernel(
             (
                 _consumer,
                 (0, q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
-                 q_free, turn, o_desc, L, BATCH_HEADS, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
-                 STAGES, IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT),
+                 q_free, turn, o_desc, L, BATCH_HEADS, GROUP_HEADS, N_Q, N_K, qk_scale,
+                 HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT),
             ),
             (
                 _consumer_worker,
                 (q_ring, o_ring, k_ring, v_ring, q_ready, k_ready, v_ready, k_free, v_free,
-                 q_free, turn, o_desc, L, BATCH_HEADS, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_N,
-                 STAGES, IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT),
+                 q_free, turn, o_desc, L, BATCH_HEADS, GROUP_HEADS, N_Q, N_K, qk_scale,
+                 HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, OVERLAP, PINGPONG, PERSISTENT),
             ),
             (
                 _producer,
                 (q_desc, k_desc, v_desc, q_ring, k_ring, v_ring, q_ready, k_ready, v_ready,
-                 k_free, v_free, q_free, BATCH_HEADS, N_Q, N_K, BLOCK_N, STAGES, IS_CAUSAL,
-                 PERSISTENT),
+                 k_free, v_free, q_free, BATCH_HEADS, GROUP_HEADS, N_Q, N_K, BLOCK_N, STAGES,
+                 IS_CAUSAL, PERSISTENT),
             ),
         ],
         warps,
@@ -643,6 +661,17 @@ def persistent_refusal(
         if batch * heads * n >= 2**31:
             return "it addresses rows with 32-bit coordinates"
     return None
+
+
+# The bytes of keys and values a group of (batch, head)s may take in a persistent grid: half
+# an H100's 50 MB L2, the rest for queries, outputs and what else runs.
+PERSISTENT_GROUP_BYTES = 24 * 2**20
+
+
+def persistent_group(n_k: int, head_dim: int, element_size: int) -> int:
+    """How many (batch, head)s a persistent grid works on together (`_item`): as many as
+    keep their keys and values within PERSISTENT_GROUP_BYTES, at least one."""
+    return max(1, PERSISTENT_GROUP_BYTES // (2 * n_k * head_dim * element_size))
 
 
 def persistent_grid(device: torch.device, items: int) -> tuple[int]:
