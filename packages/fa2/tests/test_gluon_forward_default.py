@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from fa2 import FlashAttention2Triton
+from fa2 import FlashAttention2Triton, attention_reference
 from fa2.triton import configs, forward
 from fa2.triton.configs import SHORT_SEQ
 
@@ -51,6 +51,13 @@ def test_gluon_kernels_run_only_on_the_triton_they_are_written_for(
 )  # fmt: skip
 def test_the_default_takes_the_lengths_where_it_measured_faster(head_dim, seq_len, taken):
     assert configs.gluon_forward_default(head_dim, seq_len) is taken
+
+
+@pytest.mark.parametrize(("seq_len", "persistent"), [(512, True), (2048, True), (2049, False)])
+def test_the_default_runs_short_sequences_in_the_persistent_grid(seq_len, persistent):
+    assert configs.gluon_persistent_default(seq_len) is persistent
+    # a traced length takes it only where it is known to be short (no guard)
+    assert not configs.gluon_persistent_default(_symbolic_length())
 
 
 def test_unset_it_falls_back_silently(monkeypatch):
@@ -96,6 +103,25 @@ def test_long_sequences_take_it_by_default(monkeypatch, n, d, gluon):
     q, k, v = (t.detach() for t in _qkv(n, d))
     _, _, plan = run_forward(q, k, v, is_causal=True)
     assert plan.gluon is gluon
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(("layout", "persistent"), [("bhsd", True), ("bshd", False)])
+def test_at_2048_tokens_the_default_runs_the_persistent_grid_where_rows_allow(
+    monkeypatch, layout, persistent
+):
+    monkeypatch.delenv("FA2_GLUON_FORWARD", raising=False)
+    from fa2.triton.function import run_forward
+
+    q, k, v = (t.detach() for t in _qkv(2048, 128))
+    if layout == "bshd":  # (b, s, h, d) storage: heads' rows interleave, one tile a program
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    o, _, plan = run_forward(q, k, v, is_causal=True)
+    assert plan.gluon and (plan.persistent_refusal is None) is persistent
+    assert (plan.launch.grid[1] == 1) is persistent  # (programs, 1, 1) or (tiles, heads, 1)
+    ref, _ = attention_reference(q.double(), k.double(), v.double(), causal=True)
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 2e-2
 
 
 @pytest.mark.gpu

@@ -33,8 +33,8 @@ may compare candidates by changing them between calls):
   not; "pingpong" adds FA3's
   inter-warpgroup ping-pong, "plain" runs it with neither, to measure what each buys;
   "persistent" runs it over a grid of one program per multiprocessor, each taking several
-  128-row tiles, where the rows allow (`gluon_forward.persistent_refusal`); 0 never
-  runs it. Under torch.compile it runs as the opaque op `fa2::gluon_forward` (Inductor
+  128-row tiles, where the rows allow (`gluon_forward.persistent_refusal`), as the default
+  does for sequences of at most `GLUON_PERSISTENT_MAX_SEQ` tokens; 0 never runs it. Under torch.compile it runs as the opaque op `fa2::gluon_forward` (Inductor
   launches Triton kernels, not Gluon ones).
 - FA2_BACKWARD: which backward runs for 16-bit inputs. Unset ("auto"), the hand
   warp-specialised Gluon single pass for Hopper (`fa2.triton.gluon_backward`) where it
@@ -73,6 +73,7 @@ __all__ = [
     "GLUON_BACKWARD_BLOCK_M",
     "GLUON_BACKWARD_MIN_SEQ",
     "GLUON_FORWARD_MIN_SEQ",
+    "GLUON_PERSISTENT_MAX_SEQ",
     "GLUON_TRITON",
     "INTERPRET",
     "KERNELS",
@@ -97,6 +98,7 @@ __all__ = [
     "gluon_default_possible",
     "gluon_forward_default",
     "gluon_forward_min_seq",
+    "gluon_persistent_default",
     "gluon_forward_requested",
     "gluon_triton",
     "head_counts",
@@ -161,6 +163,12 @@ def gluon_forward_default(head_dim: int, seq_len: Any) -> bool:
     (GLUON_FORWARD_MIN_SEQ). A traced symbolic length takes it only where it is known to."""
     least = gluon_forward_min_seq(head_dim)
     return least is not None and known_true(seq_len >= least)
+
+
+def gluon_persistent_default(seq_len: Any) -> bool:
+    """Whether the default Gluon forward (FA2_GLUON_FORWARD unset) runs in the persistent grid
+    at `seq_len` (GLUON_PERSISTENT_MAX_SEQ), where the call's rows allow it."""
+    return known_true(seq_len <= GLUON_PERSISTENT_MAX_SEQ)
 
 
 def gluon_forward_min_seq(head_dim: Any) -> int | None:
@@ -351,6 +359,14 @@ SHORT_SEQ = 4096
 # are untimed. d = 64: past SHORT_SEQ only, slower at and below it (0.411 against 0.370 ms at
 # (4, 16, 4096, 64), 0.164 against 0.094 at (32, 16, 512, 64), the same _gluonfwd screen).
 GLUON_FORWARD_MIN_SEQ = {64: SHORT_SEQ + 1, 128: 2048}
+# The longest sequences whose default Gluon forward runs in the persistent grid (one program
+# per multiprocessor taking several 128-row tiles: `gluon_forward.persistent_refusal` says
+# which calls it takes). Measured on an H200: at (4, 32, 2048, 128) 0.305 against 0.353 ms for
+# the one-tile-a-program grid; slower from 16,384 tokens (2.066 against 1.865 ms at
+# (1, 16, 16384, 128), 29.68 against 28.37 at (2, 32, 32768, 128)), where a program's few
+# long items balance worse than the hardware's scheduling of one-tile programs
+# (fa2_hopper_screen_h200_2026-11-29_persistent); lengths between are untimed.
+GLUON_PERSISTENT_MAX_SEQ = 2048
 FORWARD = {
     # the second tile runs the warp-specialised kernel's loop (tests force it)
     "interpreter": [Tile(32, 16, 1, 1), Tile(32, 16, 1, 1, tma=True, ws=True)],

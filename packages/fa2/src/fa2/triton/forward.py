@@ -27,6 +27,7 @@ from fa2.triton.configs import (
     gluon_default_possible,
     gluon_forward_default,
     gluon_forward_requested,
+    gluon_persistent_default,
     head_counts,
     kernel_meta,
     kernel_scales,
@@ -317,7 +318,10 @@ class ForwardPlan:
         self.seq_len = torch.sym_max(n_q, n_k) if seq_len is None else seq_len
         # FA2_GLUON_FORWARD: the Gluon kernel where the call allows it (`_gluon_allowed`).
         requested = gluon_forward_requested()
-        self.gluon_mode = "overlap" if requested == "auto" else requested
+        self.gluon_mode = requested
+        if requested == "auto":  # FA3's overlap; in the persistent grid for short sequences
+            short = gluon_persistent_default(self.seq_len)
+            self.gluon_mode = "persistent" if short else "overlap"
         self.gluon = requested is not None and self._gluon_allowed(
             views, strides[:3], group, auto=requested == "auto"
         )
