@@ -30,12 +30,12 @@ may compare candidates by changing them between calls):
   (d 64 or 128, no grouped heads, window, softcap, packed sequences or bottom-right diagonal,
   TMA-aligned strides, static shapes), silently falling back otherwise. 1 forces it (FA3's
   intra-warpgroup overlap) wherever a call allows it, warning why (once per reason) where
-  not; "pingpong" adds FA3's
-  inter-warpgroup ping-pong, "plain" runs it with neither, to measure what each buys;
-  "persistent" runs it over a grid of one program per multiprocessor, each taking several
-  128-row tiles, where the rows allow (`gluon_forward.persistent_refusal`), as the default
-  does for sequences of at most `GLUON_PERSISTENT_MAX_SEQ` tokens; 0 never runs it. Under torch.compile it runs as the opaque op `fa2::gluon_forward` (Inductor
-  launches Triton kernels, not Gluon ones).
+  not; "pingpong" adds FA3's inter-warpgroup ping-pong, "plain" runs it with neither, to
+  measure what each buys; "persistent" runs it over a grid of one program per
+  multiprocessor, each taking several 128-row tiles, where the rows allow
+  (`gluon_forward.persistent_refusal`), as the default does for sequences of at most
+  `GLUON_PERSISTENT_MAX_SEQ` tokens; 0 never runs it. Under torch.compile it runs as the
+  opaque op `fa2::gluon_forward` (Inductor launches Triton kernels, not Gluon ones).
 - FA2_BACKWARD: which backward runs for 16-bit inputs. Unset ("auto"), the hand
   warp-specialised Gluon single pass for Hopper (`fa2.triton.gluon_backward`) where it
   measured faster than the Triton kernels (`gluon_backward_default`: sm_90, bf16 or fp16, head
@@ -98,8 +98,8 @@ __all__ = [
     "gluon_default_possible",
     "gluon_forward_default",
     "gluon_forward_min_seq",
-    "gluon_persistent_default",
     "gluon_forward_requested",
+    "gluon_persistent_default",
     "gluon_triton",
     "head_counts",
     "kernel_meta",
