@@ -20,6 +20,16 @@ written by hand after FA3's Hopper forward:
   softmax is one of GLUON_MODES: FA3's intra-warpgroup overlap, that and FA3's
   inter-warpgroup ping-pong, or neither (`_consumer`).
 
+One program per 128 query rows of one (batch, head), or, in the persistent grid (the default
+up to `configs.GLUON_PERSISTENT_MAX_SEQ` tokens, `FA2_GLUON_FORWARD=persistent`), one program
+per multiprocessor taking several such work items (`_item`: (batch, head)s in groups whose keys
+and values fit in L2, heaviest first, dealt in snake rounds), the producer loading the next
+item's Q and keys while the consumers finish the last (Q's slot handed back early, o staged
+apart); its descriptors span every head's rows, so it takes calls whose heads' rows follow each
+other in whole tiles (`persistent_refusal`). Short sequences gain (a program's fixed costs are
+hidden behind the last item's work); from 16k tokens the hardware's scheduling of one-item
+programs balances better (docs/design/fa2.md, "The persistent grid").
+
 Causal (top-left: query i sees keys j <= i, fa2's convention): key tiles past the program's last
 row are never loaded; tiles every row of a consumer sees in full skip the mask, the diagonal
 and a ragged last key tile take it (a branch in the loop: the autoWS limits, one loop and every
