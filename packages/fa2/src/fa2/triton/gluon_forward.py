@@ -485,7 +485,7 @@ def _producer(
         off_m, bh = _item(j, n_m, batch_heads, group_heads, IS_CAUSAL, PERSISTENT)
         n_tiles = _key_tiles(off_m, N_Q, N_K, BLOCK_N, IS_CAUSAL)
         q_row0 = off_m
-        kv_row0 = off_m * 0
+        kv_row0 = 0
         if PERSISTENT:  # one descriptor over every head's rows
             q_row0 = (bh * N_Q + off_m).to(gl.int32)
             kv_row0 = (bh * N_K).to(gl.int32)
@@ -512,28 +512,10 @@ def _producer(
 
 
 @_jit
-def _head_rows(
-    X, stride_b, stride_h, stride_n, b, h, n,
-    BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
-):  # fmt: skip
-    """A TMA descriptor of one (batch, head)'s n rows of X, read or written BLOCK rows at a
-    time into the swizzled shared-memory layout wgmma reads. Rows past n are out of bounds:
-    TMA fills them with zeros on loads and drops them on stores."""
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
-        [BLOCK, HEAD_DIM], X.dtype.element_ty
-    )
-    return tma.make_tensor_descriptor(
-        X + b * stride_b + h * stride_h, [n, HEAD_DIM], [stride_n, 1], [BLOCK, HEAD_DIM], layout
-    )
-
-
-@_jit
-def _rows(X, n, stride_n, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, PERSISTENT: gl.constexpr):
-    """A TMA descriptor of X's rows: one (batch, head)'s n rows, where a program takes one
-    item (`_head_rows`, of the program's head), or every head's, batch x heads x n rows at
-    stride_n, where PERSISTENT programs range over heads (`persistent_refusal`: the rows of
-    consecutive heads follow each other, and n is a whole number of tiles, so that no tile
-    crosses into the next head)."""
+def _rows(X, n, stride_n, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """A TMA descriptor of n rows of X at stride_n, read or written BLOCK rows at a time into
+    the swizzled shared-memory layout wgmma reads. Rows past n are out of bounds: TMA fills
+    them with zeros on loads and drops them on stores."""
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
         [BLOCK, HEAD_DIM], X.dtype.element_ty
     )
@@ -559,18 +541,20 @@ def _gluon_fwd_kernel(
     cap_scale (softcap) are not used here."""
     dtype: gl.constexpr = Q.dtype.element_ty
     if PERSISTENT:
-        q_desc = _rows(Q, BATCH_HEADS * N_Q, stride_qn, half_m, HEAD_DIM, True)
-        o_desc = _rows(O, BATCH_HEADS * N_Q, stride_on, half_m, HEAD_DIM, True)
-        k_desc = _rows(K, BATCH_HEADS * N_K, stride_kn, BLOCK_N, HEAD_DIM, True)
-        v_desc = _rows(V, BATCH_HEADS * N_K, stride_vn, BLOCK_N, HEAD_DIM, True)
-    else:
+        # Every head's rows, batch x heads x n at the row stride (`persistent_refusal`: the rows
+        # of consecutive heads follow each other in whole tiles, so no tile crosses a head).
+        q_desc = _rows(Q, BATCH_HEADS * N_Q, stride_qn, half_m, HEAD_DIM)
+        o_desc = _rows(O, BATCH_HEADS * N_Q, stride_on, half_m, HEAD_DIM)
+        k_desc = _rows(K, BATCH_HEADS * N_K, stride_kn, BLOCK_N, HEAD_DIM)
+        v_desc = _rows(V, BATCH_HEADS * N_K, stride_vn, BLOCK_N, HEAD_DIM)
+    else:  # the program's (batch, head)'s rows
         bh = gl.program_id(1).to(gl.int64)
         b = bh // HEADS
         h = bh % HEADS
-        q_desc = _head_rows(Q, stride_qb, stride_qh, stride_qn, b, h, N_Q, half_m, HEAD_DIM)
-        o_desc = _head_rows(O, stride_ob, stride_oh, stride_on, b, h, N_Q, half_m, HEAD_DIM)
-        k_desc = _head_rows(K, stride_kb, stride_kh, stride_kn, b, h, N_K, BLOCK_N, HEAD_DIM)
-        v_desc = _head_rows(V, stride_vb, stride_vh, stride_vn, b, h, N_K, BLOCK_N, HEAD_DIM)
+        q_desc = _rows(Q + b * stride_qb + h * stride_qh, N_Q, stride_qn, half_m, HEAD_DIM)
+        o_desc = _rows(O + b * stride_ob + h * stride_oh, N_Q, stride_on, half_m, HEAD_DIM)
+        k_desc = _rows(K + b * stride_kb + h * stride_kh, N_K, stride_kn, BLOCK_N, HEAD_DIM)
+        v_desc = _rows(V + b * stride_vb + h * stride_vh, N_K, stride_vn, BLOCK_N, HEAD_DIM)
 
     q_ring = gl.allocate_shared_memory(dtype, [2, half_m, HEAD_DIM], q_desc.layout)
     # o's own staging buffers where a program takes several items (else Q's slots serve).
