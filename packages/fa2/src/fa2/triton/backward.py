@@ -531,10 +531,12 @@ def _delta_kernel(
     BLOCK_D: tl.constexpr,
     LARGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    ZERO_DQ: tl.constexpr = True,
 ):
     """D = rowsum(dO ∘ O) of BLOCK_M query rows, and those rows of the fp32 dQ accumulator
-    zeroed, ahead of the single-pass backward (which needs D from its first tile on). Packed
-    sequences are one batch entry of N_Q rows here: D does not depend on where they end."""
+    zeroed where ZERO_DQ, ahead of the single-pass backward (which needs D from its first tile
+    on). Packed sequences are one batch entry of N_Q rows here: D does not depend on where they
+    end."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # (batch, query head)
     b, h = bh // HEADS, bh % HEADS
@@ -544,8 +546,9 @@ def _delta_kernel(
         DO + b * stride_dob + h * stride_doh, stride_don, O + b * stride_ob + h * stride_oh,
         stride_on, Delta + bh * N_Q, rows, offs_d, N_Q, HEAD_DIM, BLOCK_D, False, LARGE,
     )  # fmt: skip
-    zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    store_tile(DQ + bh * N_Q * HEAD_DIM, rows, HEAD_DIM, offs_d, N_Q, zeros, HEAD_DIM, LARGE)
+    if ZERO_DQ:
+        zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        store_tile(DQ + bh * N_Q * HEAD_DIM, rows, HEAD_DIM, offs_d, N_Q, zeros, HEAD_DIM, LARGE)
 
 
 # The single-pass backward adds dQ tiles with TMA bulk reductions where it can (see

@@ -174,6 +174,7 @@ if HAVE_GLUON:
         n_q,
         BLOCK_M: gl.constexpr,
         STAGES: gl.constexpr,
+        DESCEND: gl.constexpr,
     ):
         """The TMA producer: this program's K and V once, then per query tile i (buffer i %
         STAGES) Q and dO by TMA and L·log2(e), D by plain loads into shared memory. `ready`
@@ -189,7 +190,7 @@ if HAVE_GLUON:
             # The buffer's previous use (tile i - STAGES) must be released: parity of that
             # use's phase; the first STAGES waits pass on the fresh barriers (parity 1).
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            m0 = start_m + i * BLOCK_M
+            m0 = start_m + _step_tile(i, n_tiles, DESCEND) * BLOCK_M
             bar = ready.index(s)
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [m0, 0], bar, q_smem.index(s))
@@ -203,6 +204,26 @@ if HAVE_GLUON:
             delta_smem.index(s).store(delta)
             gl.thread_barrier()  # every lane's stores before the (one-thread) arrival
             mbarrier.arrive(bar, count=1)
+
+    @gluon.jit
+    def _step_tile(i, n_tiles, DESCEND: gl.constexpr):
+        """The query tile (counted from the program's first) that step i visits: upwards, or
+        from the last down where DESCEND."""
+        if DESCEND:
+            return n_tiles - 1 - i
+        else:
+            return i
+
+    @gluon.jit
+    def _keep(keys, m0, n_k, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, layout: gl.constexpr):
+        """Which of Pᵀ's entries count, keys by queries from m0: keys before n_k (TMA read
+        zeros past it, but exp2 of a zero score can overflow where the logsumexp is very
+        negative) and, causal (top-left), keys at or before their query."""
+        keep = keys[:, None] < n_k
+        if IS_CAUSAL:
+            queries = m0 + gl.arange(0, BLOCK_M, layout)
+            keep = keep & (keys[:, None] <= queries[None, :])
+        return keep
 
     @gluon.jit
     def _bulk_writes_done():
@@ -251,6 +272,8 @@ if HAVE_GLUON:
         ORDERED: gl.constexpr,
         DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
+        DESCEND: gl.constexpr,
+        FIRST_STORES: gl.constexpr,
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
         sm_scale·dS K in `dq_smem`, add it into this head's global fp32 dQ rows with TMA
@@ -284,19 +307,31 @@ if HAVE_GLUON:
             sem_rows = dq_sem + gl.program_id(1).to(gl.int64) * gl.cdiv(n_q, BLOCK_M)
             first_m = start_m // BLOCK_M
             for i in range(n_tiles):
-                m = first_m + i
+                m = first_m + _step_tile(i, n_tiles, DESCEND)
                 sem = sem_rows + m + none
+                # Tile m's contributors: key tiles 0 .. top (causal: those at or left of its
+                # diagonal).
+                if IS_CAUSAL:
+                    top = gl.minimum((m * BLOCK_M) // BLOCK_N, last_key_tile)
+                else:
+                    top = last_key_tile
+                # How many contributors add before this one: the lower key tiles where they
+                # add from the bottom up (DESCEND), else the higher ones.
+                if DESCEND:
+                    before = key_tile
+                else:
+                    before = top - key_tile
                 if ORDERED:  # this tile's turn, waited for while the partial is computed
-                    # Tile m's contributors: key tiles 0 .. top (causal: those at or left of
-                    # its diagonal), adding from the top down; top - key_tile come first.
-                    if IS_CAUSAL:
-                        top = gl.minimum(none + (m * BLOCK_M) // BLOCK_N, last_key_tile)
-                    else:
-                        top = none + last_key_tile
-                    _wait_for_count(sem, top - key_tile)
+                    _wait_for_count(sem, none + before)
                 t = i % DQ_SLOTS  # the partial's slot
                 mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4: the partial is in
-                async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))  # 5
+                if ORDERED and FIRST_STORES:
+                    if before == 0:  # the first contributor stores: nothing to add to
+                        tma.async_copy_shared_to_global(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))
+                    else:
+                        async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))
+                else:
+                    async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))  # 5
                 tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, the slot read
                 gl.thread_barrier()  # 7: both warps' waits before the one arrival
                 mbarrier.arrive(dq_empty.index(t), count=1)
@@ -334,6 +369,9 @@ if HAVE_GLUON:
         STAGES: gl.constexpr,
         IS_CAUSAL: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
+        DESCEND: gl.constexpr,
+        DQ_FIRST: gl.constexpr,
+        DIAG_MASK: gl.constexpr,
     ):
         """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
         program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's BLOCK_M x
@@ -370,6 +408,7 @@ if HAVE_GLUON:
         zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        ragged = n0 + BLOCK_N > n_k
         mbarrier.wait(kv_ready, 0)
         for i in range(n_tiles):
             s = i % STAGES
@@ -383,11 +422,18 @@ if HAVE_GLUON:
             # read from shared memory where they are used, not ahead: registers are tight.
             lse2 = lse_smem.index(s).load(query_layout)
             p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-            keep = keys[:, None] < n_k  # keys past the end: TMA read zeros, masked anyway
-            if IS_CAUSAL:  # top-left: query m sees key n when n <= m
-                queries = start_m + i * BLOCK_M + gl.arange(0, BLOCK_M, query_layout)
-                keep = keep & (keys[:, None] <= queries[None, :])
-            p_t = gl.where(keep, p_t, 0.0)
+            mi = _step_tile(i, n_tiles, DESCEND)
+            m0 = start_m + mi * BLOCK_M
+            if DIAG_MASK:
+                # Masks only where they change something: the steps the causal diagonal
+                # crosses, and every step of a ragged last key tile.
+                masked = ragged
+                if IS_CAUSAL:
+                    masked = masked | (mi < BLOCK_N // BLOCK_M)
+                if masked:
+                    p_t = gl.where(_keep(keys, m0, n_k, BLOCK_M, IS_CAUSAL, query_layout), p_t, 0.0)
+            else:
+                p_t = gl.where(_keep(keys, m0, n_k, BLOCK_M, IS_CAUSAL, query_layout), p_t, 0.0)
             if DV_EARLY:
                 # dV += Pᵀ dO needs no dP: issued now, it runs while dSᵀ is computed.
                 dv = warpgroup_mma(
@@ -408,17 +454,26 @@ if HAVE_GLUON:
             ds_smem.store(ds_t)
             fence_async_shared()  # the generic-proxy stores before the wgmmas read them
             gl.thread_barrier()
-            dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
-            dq = warpgroup_mma(
-                ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
-            )
-            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+            if DQ_FIRST:  # dQ's partial is stored while dK += dSᵀ Q runs
+                dq = warpgroup_mma(
+                    ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
+                )
+                dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
+                dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
+            else:
+                dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
+                dq = warpgroup_mma(
+                    ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
+                )
+                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
             # The reducer has read the slot's last partial (tile i - DQ_SLOTS); the first
             # DQ_SLOTS waits pass on the fresh barriers (parity 1).
             t = i % DQ_SLOTS
             mbarrier.wait(dq_empty.index(t), ((i // DQ_SLOTS) & 1) ^ 1)
             dq_smem.index(t).store(dq * sm_scale)  # here: the reducer's registers are few
             fence_async_shared()  # the TMA unit reads the partial: steps 1-3 of the docstring
+            if DQ_FIRST:
+                dk = warpgroup_mma_wait(0, deps=(dk,))
             # One barrier for both hand-overs: both warpgroups are done with Q, dO and dSᵀ
             # (their wgmmas waited for) and have stored their halves of the partial.
             gl.thread_barrier()
@@ -488,6 +543,10 @@ if HAVE_GLUON:
         DQ_ORDERED: gl.constexpr,
         DQ_DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
+        DESCEND: gl.constexpr,
+        DQ_FIRST: gl.constexpr,
+        DIAG_MASK: gl.constexpr,
+        FIRST_STORES: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -499,7 +558,7 @@ if HAVE_GLUON:
         sm_scale = sm_scale.to(gl.float32)
         # Ordered: the highest key tiles first, the order they add dQ in (`_reducer`), so that
         # a key tile only ever waits for programs launched before it (module docstring).
-        if DQ_ORDERED:
+        if DQ_ORDERED and not DESCEND:
             pid_n = gl.num_programs(0) - 1 - gl.program_id(0)
         else:
             pid_n = gl.program_id(0)
@@ -578,7 +637,7 @@ if HAVE_GLUON:
                         dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                         ds_smem, dq_smem, kv_ready, ready, empty, dq_ready, dq_empty, n0,
                         start_m, n_tiles, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                        STAGES, IS_CAUSAL, DQ_SLOTS,
+                        STAGES, IS_CAUSAL, DQ_SLOTS, DESCEND, DQ_FIRST, DIAG_MASK,
                     ),
                 ),
                 (
@@ -586,7 +645,7 @@ if HAVE_GLUON:
                     (
                         q_desc, do_desc, k_desc, v_desc, L + rows_base, Delta + rows_base,
                         k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
-                        empty, n0, start_m, n_tiles, N_Q, BLOCK_M, STAGES,
+                        empty, n0, start_m, n_tiles, N_Q, BLOCK_M, STAGES, DESCEND,
                     ),
                 ),
                 (
@@ -594,7 +653,7 @@ if HAVE_GLUON:
                     (
                         dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, n0, start_m, n_tiles, N_Q,
                         N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL, DQ_ORDERED, DQ_DROP,
-                        DQ_SLOTS,
+                        DQ_SLOTS, DESCEND, FIRST_STORES,
                     ),
                 ),
             ],
@@ -662,6 +721,10 @@ def launch(
     dq_slots: int = DQ_SLOTS,
     drop_dq: bool = False,
     block_m: int = BLOCK_M,
+    descend: bool = False,
+    dq_first: bool = False,
+    diag_mask: bool = False,
+    first_stores: bool = False,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -692,7 +755,8 @@ def launch(
     large = needs_int64([o.shape, do.shape], [so, sdo])
     _delta_kernel[(cdiv(n_q, rows), batch_heads)](
         o, do, delta, dq, *so, *sdo, heads, n_q,
-        HEAD_DIM=d, BLOCK_D=block_d(d), LARGE=large, BLOCK_M=rows, num_warps=4, num_stages=1,
+        HEAD_DIM=d, BLOCK_D=block_d(d), LARGE=large, BLOCK_M=rows,
+        ZERO_DQ=not (deterministic and first_stores), num_warps=4, num_stages=1,
     )  # fmt: skip
     # One semaphore per (batch x head, query tile) where the additions are ordered; else one
     # int32 the kernel never reads (left unfilled: no kernel launched for it).
@@ -706,7 +770,8 @@ def launch(
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, num_warps=COMPUTE_WARPS,
+        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, DESCEND=descend, DQ_FIRST=dq_first,
+        DIAG_MASK=diag_mask, FIRST_STORES=first_stores, num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
