@@ -78,6 +78,19 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
         deterministic=True, block_m=128, descend=True, first_stores=True, diag_mask=True
     ),
     "gluon m128, descending": dict(block_m=128, descend=True),
+    "gluon, dQ first": dict(dq_first=True),
+    "ordered, dQ first, first stores": dict(deterministic=True, dq_first=True, first_stores=True),
+    "ordered, dQ first, descending, first stores": dict(
+        deterministic=True, dq_first=True, descend=True, first_stores=True
+    ),
+    "ordered m128, diagonal mask, first stores": dict(
+        deterministic=True, block_m=128, diag_mask=True, first_stores=True
+    ),
+    "ordered m128, dQ first": dict(deterministic=True, block_m=128, dq_first=True),
+    "ordered m128, dQ first, diagonal mask, first stores": dict(
+        deterministic=True, block_m=128, dq_first=True, diag_mask=True, first_stores=True
+    ),
+    "gluon m128, dQ first, diagonal mask": dict(block_m=128, dq_first=True, diag_mask=True),
 }
 
 

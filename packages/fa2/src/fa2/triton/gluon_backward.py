@@ -454,26 +454,31 @@ if HAVE_GLUON:
             ds_smem.store(ds_t)
             fence_async_shared()  # the generic-proxy stores before the wgmmas read them
             gl.thread_barrier()
+            # The reducer has read the slot's last partial (tile i - DQ_SLOTS); the first
+            # DQ_SLOTS waits pass on the fresh barriers (parity 1).
+            t = i % DQ_SLOTS
             if DQ_FIRST:  # dQ's partial is stored while dK += dSᵀ Q runs
+                # The slot's wait comes first, so that only the store sits between the
+                # wgmmas' issue and their last wait; and the proxy fence after that wait (one
+                # between a wgmma's issue and its wait crashed ptxas 3.6's).
+                mbarrier.wait(dq_empty.index(t), ((i // DQ_SLOTS) & 1) ^ 1)
                 dq = warpgroup_mma(
                     ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
                 )
                 dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
                 dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
+                dq_smem.index(t).store(dq * sm_scale)
+                dk = warpgroup_mma_wait(0, deps=(dk,))
+                fence_async_shared()  # the TMA unit reads the partial: steps 1-3 of the docstring
             else:
                 dk = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
                 dq = warpgroup_mma(
                     ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True
                 )
                 dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-            # The reducer has read the slot's last partial (tile i - DQ_SLOTS); the first
-            # DQ_SLOTS waits pass on the fresh barriers (parity 1).
-            t = i % DQ_SLOTS
-            mbarrier.wait(dq_empty.index(t), ((i // DQ_SLOTS) & 1) ^ 1)
-            dq_smem.index(t).store(dq * sm_scale)  # here: the reducer's registers are few
-            fence_async_shared()  # the TMA unit reads the partial: steps 1-3 of the docstring
-            if DQ_FIRST:
-                dk = warpgroup_mma_wait(0, deps=(dk,))
+                mbarrier.wait(dq_empty.index(t), ((i // DQ_SLOTS) & 1) ^ 1)
+                dq_smem.index(t).store(dq * sm_scale)  # here: the reducer's registers are few
+                fence_async_shared()  # the TMA unit reads the partial: steps 1-3 of the docstring
             # One barrier for both hand-overs: both warpgroups are done with Q, dO and dSᵀ
             # (their wgmmas waited for) and have stored their halves of the partial.
             gl.thread_barrier()
