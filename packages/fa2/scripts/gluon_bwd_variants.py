@@ -13,8 +13,7 @@ convention (2.5 x the causal forward's 2·B·H·S²·D):
   a timing probe that drops them (`drop_dq`: the reducer releases each partial unread, so the
   row is the time without dQ's additions; its dQ is wrong by design and never checked), and
   both orders at 128 queries a step (`block_m=128`), at the shapes whose head dim takes it
-  (`gluon_backward.BLOCK_MS`: 64), and the forms under measurement (`launch`'s `descend`,
-  `first_stores`, `dq_first`, `diag_mask`).
+  (`gluon_backward.BLOCK_MS`: 64).
 
 Each variant's dk and dv (and dQ, where added) are compared with fa2's two-pass backward's on
 the same inputs, so a variant that is fast because it is wrong shows it, and each dQ with a
@@ -58,39 +57,6 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
     "probe: no dQ adds": dict(drop_dq=True),
     "gluon d64 m128": dict(block_m=128),
     "gluon ordered m128": dict(deterministic=True, block_m=128),
-    "ordered, dQ first": dict(deterministic=True, dq_first=True),
-    "ordered, diagonal mask": dict(deterministic=True, diag_mask=True),
-    "ordered, descending": dict(deterministic=True, descend=True),
-    "ordered, descending, first stores": dict(deterministic=True, descend=True, first_stores=True),
-    "ordered, dQ first, diagonal mask": dict(deterministic=True, dq_first=True, diag_mask=True),
-    "ordered, all four": dict(
-        deterministic=True, descend=True, first_stores=True, dq_first=True, diag_mask=True
-    ),
-    "ordered, all but dQ first": dict(
-        deterministic=True, descend=True, first_stores=True, diag_mask=True
-    ),
-    "gluon, descending": dict(descend=True),
-    "ordered m128, diagonal mask": dict(deterministic=True, block_m=128, diag_mask=True),
-    "ordered m128, descending, first stores": dict(
-        deterministic=True, block_m=128, descend=True, first_stores=True
-    ),
-    "ordered m128, all but dQ first": dict(
-        deterministic=True, block_m=128, descend=True, first_stores=True, diag_mask=True
-    ),
-    "gluon m128, descending": dict(block_m=128, descend=True),
-    "gluon, dQ first": dict(dq_first=True),
-    "ordered, dQ first, first stores": dict(deterministic=True, dq_first=True, first_stores=True),
-    "ordered, dQ first, descending, first stores": dict(
-        deterministic=True, dq_first=True, descend=True, first_stores=True
-    ),
-    "ordered m128, diagonal mask, first stores": dict(
-        deterministic=True, block_m=128, diag_mask=True, first_stores=True
-    ),
-    "ordered m128, dQ first": dict(deterministic=True, block_m=128, dq_first=True),
-    "ordered m128, dQ first, diagonal mask, first stores": dict(
-        deterministic=True, block_m=128, dq_first=True, diag_mask=True, first_stores=True
-    ),
-    "gluon m128, dQ first, diagonal mask": dict(block_m=128, dq_first=True, diag_mask=True),
 }
 
 

@@ -60,32 +60,23 @@ _INTS = [f"stride_{t}{s}" for t in ("q", "k", "v", "do", "dk") for s in ("b", "h
 ]
 
 
-# Case suffixes for the backward's forms under measurement: suffix -> constexpr set True.
-FORMS = {"descend": "DESCEND", "dqfirst": "DQ_FIRST", "diag": "DIAG_MASK", "first": "FIRST_STORES"}
-
-
-def _parse(case: str) -> tuple[int, bool, str, bool, int, dict]:
-    forms = "|".join(FORMS)
-    match = re.fullmatch(
-        rf"d(\d+)-(causal|full)(-fp16)?(-ordered)?(-m(\d+))?((?:-(?:{forms}))*)", case
-    )
+def _parse(case: str) -> tuple[int, bool, str, bool, int]:
+    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-ordered)?(-m(\d+))?", case)
     if not match:
         raise ValueError(
-            "a case is named like d128-causal, d64-full-fp16, d128-causal-ordered, "
-            f"d64-causal-ordered-m128 or d128-causal-ordered-descend-dqfirst, got {case!r}"
+            "a case is named like d128-causal, d64-full-fp16, d128-causal-ordered or "
+            f"d64-causal-ordered-m128, got {case!r}"
         )
     head_dim, causal = int(match.group(1)), match.group(2) == "causal"
     block_m = int(match.group(6)) if match.group(5) else gb.BLOCK_M
-    flags = {FORMS[name]: True for name in match.group(7).split("-")[1:]}
-    dtype = "fp16" if match.group(3) else "bf16"
-    return head_dim, causal, dtype, bool(match.group(4)), block_m, flags
+    return head_dim, causal, "fp16" if match.group(3) else "bf16", bool(match.group(4)), block_m
 
 
 def compile_case(case: str) -> dict:
     """Compile one case for sm_90 and read its resources."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    head_dim, causal, dtype, ordered, block_m, flags = _parse(case)
+    head_dim, causal, dtype, ordered, block_m = _parse(case)
     signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "DO", "DK", "DV")}
     signature.update(
         L="*fp32", Delta="*fp32", DQ="*fp32", DQ_SEM="*i32", qk_scale="fp32", sm_scale="fp32"
@@ -95,10 +86,8 @@ def compile_case(case: str) -> dict:
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=gb.BLOCK_N, STAGES=gb.STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=gb.LOADER_WARPS, LOADER_REGS=gb.LOADER_REGS,
         REDUCER_WARPS=gb.REDUCER_WARPS, REDUCER_REGS=gb.REDUCER_REGS, DQ_ORDERED=ordered,
-        DQ_DROP=False, DQ_SLOTS=gb.DQ_SLOTS, DESCEND=False, DQ_FIRST=False, DIAG_MASK=False,
-        FIRST_STORES=False,
+        DQ_DROP=False, DQ_SLOTS=gb.DQ_SLOTS,
     )  # fmt: skip
-    constexprs.update(flags)
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     kernel = gb._gluon_bwd_kernel
     params = [p.name for p in kernel.params]  # the kernel's order, which the source needs

@@ -78,9 +78,10 @@ def test_compiles_for_sm90_warp_specialised(tmp_path):
     # stack when this was written: docs/design/fa2.md, "The ordered form"); no more than that.
     assert ordered["stack"] <= 64, ordered
     # 128 queries a step: ptxas spills a few values the compute warps keep across the loop for
-    # its end (12 stores, 32 bytes of stack when this was written:
-    # docs/results/fa2_gluon_bwd_sm90_compile_cpu_2026-11-28_m128.md); no more than that.
-    assert wide["stack"] <= 32, wide
+    # its end (12 stores, 32 bytes of stack before the causal mask became a branch, 13 and 40
+    # after, one reload inside the loop: docs/design/fa2.md, "The Gluon single pass"); no
+    # more than that.
+    assert wide["stack"] <= 40, wide
 
 
 def test_a_query_tile_the_head_dim_does_not_take_is_refused():

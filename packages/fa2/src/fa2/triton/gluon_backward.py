@@ -52,11 +52,18 @@ Two orders of dQ's additions (`launch(deterministic=...)`):
 - fixed (`deterministic=True`, the ORDERED reducer): each query tile has a semaphore, and the
   key tiles add into it one at a time, the highest first, as FA3's deterministic backward does;
   a key tile waits for its turn (`ld.acquire` in a loop), adds, waits until its additions are
-  complete (`cp.async.bulk.wait_group 0`), then counts itself (`red.release`). The launch
-  starts the highest key tiles first, the order in which they reach each query tile, so the
-  waits are short: the ordered form takes 2.5-2.8% more time than the unordered one at the
-  leaderboard's shape, 7-8% at (1, 16, 16384, 128), where each head's longest key tile, started
-  last, weighs more (docs/results/fa2_gluon_bwd_variants_h200_2026-11-28.md and _final.md).
+  complete (`cp.async.bulk.wait_group 0`), then counts itself (`red.release`). The first
+  contributor (the highest key tile) stores its partial instead (a TMA store, one bulk group
+  as the reduction is), so the pre-pass need not zero dQ: 5% less time at (4, 32, 2048, 128),
+  1% at 16k tokens (docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_dqfirst_a.md, _b.md).
+  The launch starts the highest key tiles first, the order in which they reach each query
+  tile, so the waits are short. The ordered form took as long as the unordered one at
+  (4, 32, 2048, 128), 3-4% more at the leaderboard's shape and 6% more at (1, 16, 16384, 128),
+  where each head's longest key tile, started last, weighs more (the same runs). Visiting the
+  query tiles top-down instead, the lower key tiles adding first and the longest programs
+  launched first, was 11-22% slower at 2,048 tokens and at head dim 64; alone it took 1-2%
+  less at 16k and 32k tokens, and beside the forms kept (`_compute`) from 0.2% less to 2.6%
+  more (_forms.md and the same runs), so it was dropped.
 
 fa2's backward plans choose this kernel on Hopper where it measured faster than the Triton
 backward (`fa2.triton.configs.gluon_backward_default`), in the order the call asks for.
@@ -174,7 +181,6 @@ if HAVE_GLUON:
         n_q,
         BLOCK_M: gl.constexpr,
         STAGES: gl.constexpr,
-        DESCEND: gl.constexpr,
     ):
         """The TMA producer: this program's K and V once, then per query tile i (buffer i %
         STAGES) Q and dO by TMA and L·log2(e), D by plain loads into shared memory. `ready`
@@ -190,7 +196,7 @@ if HAVE_GLUON:
             # The buffer's previous use (tile i - STAGES) must be released: parity of that
             # use's phase; the first STAGES waits pass on the fresh barriers (parity 1).
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            m0 = start_m + _step_tile(i, n_tiles, DESCEND) * BLOCK_M
+            m0 = start_m + i * BLOCK_M
             bar = ready.index(s)
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [m0, 0], bar, q_smem.index(s))
@@ -204,15 +210,6 @@ if HAVE_GLUON:
             delta_smem.index(s).store(delta)
             gl.thread_barrier()  # every lane's stores before the (one-thread) arrival
             mbarrier.arrive(bar, count=1)
-
-    @gluon.jit
-    def _step_tile(i, n_tiles, DESCEND: gl.constexpr):
-        """The query tile (counted from the program's first) that step i visits: upwards, or
-        from the last down where DESCEND."""
-        if DESCEND:
-            return n_tiles - 1 - i
-        else:
-            return i
 
     @gluon.jit
     def _keep(keys, m0, n_k, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, layout: gl.constexpr):
@@ -272,8 +269,6 @@ if HAVE_GLUON:
         ORDERED: gl.constexpr,
         DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        DESCEND: gl.constexpr,
-        FIRST_STORES: gl.constexpr,
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
         sm_scale·dS K in `dq_smem`, add it into this head's global fp32 dQ rows with TMA
@@ -307,30 +302,25 @@ if HAVE_GLUON:
             sem_rows = dq_sem + gl.program_id(1).to(gl.int64) * gl.cdiv(n_q, BLOCK_M)
             first_m = start_m // BLOCK_M
             for i in range(n_tiles):
-                m = first_m + _step_tile(i, n_tiles, DESCEND)
+                m = first_m + i
                 sem = sem_rows + m + none
-                # Tile m's contributors: key tiles 0 .. top (causal: those at or left of its
-                # diagonal).
-                if IS_CAUSAL:
-                    top = gl.minimum((m * BLOCK_M) // BLOCK_N, last_key_tile)
-                else:
-                    top = last_key_tile
-                # How many contributors add before this one: the lower key tiles where they
-                # add from the bottom up (DESCEND), else the higher ones.
-                if DESCEND:
-                    before = key_tile
-                else:
-                    before = top - key_tile
-                if ORDERED:  # this tile's turn, waited for while the partial is computed
-                    _wait_for_count(sem, none + before)
                 t = i % DQ_SLOTS  # the partial's slot
-                mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4: the partial is in
-                if ORDERED and FIRST_STORES:
-                    if before == 0:  # the first contributor stores: nothing to add to
+                if ORDERED:
+                    # Tile m's contributors: key tiles 0 .. top (causal: those at or left of
+                    # its diagonal), adding from the top down; top - key_tile come first.
+                    if IS_CAUSAL:
+                        top = gl.minimum((m * BLOCK_M) // BLOCK_N, last_key_tile)
+                    else:
+                        top = last_key_tile
+                    # This tile's turn, waited for while the partial is computed.
+                    _wait_for_count(sem, none + (top - key_tile))
+                    mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4: the partial is in
+                    if key_tile == top:  # the first contributor: stores, so nothing zeroes dQ
                         tma.async_copy_shared_to_global(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))
                     else:
-                        async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))
+                        async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))  # 5
                 else:
+                    mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4
                     async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))  # 5
                 tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, the slot read
                 gl.thread_barrier()  # 7: both warps' waits before the one arrival
@@ -369,9 +359,6 @@ if HAVE_GLUON:
         STAGES: gl.constexpr,
         IS_CAUSAL: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        DESCEND: gl.constexpr,
-        DQ_FIRST: gl.constexpr,
-        DIAG_MASK: gl.constexpr,
     ):
         """The two MMA warpgroups (the default partition, 8 warps): each owns 64 of the
         program's 128 keys in Sᵀ, dPᵀ, dK and dV (warps_per_cta [8, 1]); dQ's BLOCK_M x
@@ -400,6 +387,17 @@ if HAVE_GLUON:
         # few spills sit outside it:
         # docs/results/fa2_gluon_bwd_sm90_compile_cpu_2026-11-28_m128.md).
         DV_EARLY: gl.constexpr = BLOCK_M == 64
+        # Two forms that measured faster at one query tile and slower at the other, on an H200
+        # (docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_forms.md, _dqfirst_a.md and
+        # _dqfirst_b.md), so each is taken where it helped:
+        # - at 64 queries, dQ = dS K issued before dK += dSᵀ Q and its partial stored while dK
+        #   runs (FA3's order): 2-3% less time at (2, 32, 32768, 128), 0-3% at
+        #   (4, 32, 2048, 128) and (1, 16, 16384, 128); at 128 queries it was 1-4% slower;
+        # - at 128 queries, Pᵀ masked only on the steps the causal diagonal crosses and on a
+        #   ragged last key tile's (a branch; elsewhere no key is masked): 3-5% less time at
+        #   (1, 16, 16384, 64); at 64 queries the branch was 3-5% slower.
+        DQ_FIRST: gl.constexpr = BLOCK_M == 64
+        MASK_WHERE_NEEDED: gl.constexpr = BLOCK_M == 128 and IS_CAUSAL
         key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
@@ -422,14 +420,13 @@ if HAVE_GLUON:
             # read from shared memory where they are used, not ahead: registers are tight.
             lse2 = lse_smem.index(s).load(query_layout)
             p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-            mi = _step_tile(i, n_tiles, DESCEND)
-            m0 = start_m + mi * BLOCK_M
-            if DIAG_MASK:
+            m0 = start_m + i * BLOCK_M
+            if MASK_WHERE_NEEDED:
                 # Masks only where they change something: the steps the causal diagonal
                 # crosses, and every step of a ragged last key tile.
                 masked = ragged
                 if IS_CAUSAL:
-                    masked = masked | (mi < BLOCK_N // BLOCK_M)
+                    masked = masked | (i < BLOCK_N // BLOCK_M)
                 if masked:
                     p_t = gl.where(_keep(keys, m0, n_k, BLOCK_M, IS_CAUSAL, query_layout), p_t, 0.0)
             else:
@@ -548,10 +545,6 @@ if HAVE_GLUON:
         DQ_ORDERED: gl.constexpr,
         DQ_DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        DESCEND: gl.constexpr,
-        DQ_FIRST: gl.constexpr,
-        DIAG_MASK: gl.constexpr,
-        FIRST_STORES: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -563,7 +556,7 @@ if HAVE_GLUON:
         sm_scale = sm_scale.to(gl.float32)
         # Ordered: the highest key tiles first, the order they add dQ in (`_reducer`), so that
         # a key tile only ever waits for programs launched before it (module docstring).
-        if DQ_ORDERED and not DESCEND:
+        if DQ_ORDERED:
             pid_n = gl.num_programs(0) - 1 - gl.program_id(0)
         else:
             pid_n = gl.program_id(0)
@@ -642,7 +635,7 @@ if HAVE_GLUON:
                         dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                         ds_smem, dq_smem, kv_ready, ready, empty, dq_ready, dq_empty, n0,
                         start_m, n_tiles, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                        STAGES, IS_CAUSAL, DQ_SLOTS, DESCEND, DQ_FIRST, DIAG_MASK,
+                        STAGES, IS_CAUSAL, DQ_SLOTS,
                     ),
                 ),
                 (
@@ -650,7 +643,7 @@ if HAVE_GLUON:
                     (
                         q_desc, do_desc, k_desc, v_desc, L + rows_base, Delta + rows_base,
                         k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
-                        empty, n0, start_m, n_tiles, N_Q, BLOCK_M, STAGES, DESCEND,
+                        empty, n0, start_m, n_tiles, N_Q, BLOCK_M, STAGES,
                     ),
                 ),
                 (
@@ -658,7 +651,7 @@ if HAVE_GLUON:
                     (
                         dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, n0, start_m, n_tiles, N_Q,
                         N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL, DQ_ORDERED, DQ_DROP,
-                        DQ_SLOTS, DESCEND, FIRST_STORES,
+                        DQ_SLOTS,
                     ),
                 ),
             ],
@@ -726,10 +719,6 @@ def launch(
     dq_slots: int = DQ_SLOTS,
     drop_dq: bool = False,
     block_m: int = BLOCK_M,
-    descend: bool = False,
-    dq_first: bool = False,
-    diag_mask: bool = False,
-    first_stores: bool = False,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -761,7 +750,7 @@ def launch(
     _delta_kernel[(cdiv(n_q, rows), batch_heads)](
         o, do, delta, dq, *so, *sdo, heads, n_q,
         HEAD_DIM=d, BLOCK_D=block_d(d), LARGE=large, BLOCK_M=rows,
-        ZERO_DQ=not (deterministic and first_stores), num_warps=4, num_stages=1,
+        ZERO_DQ=not deterministic, num_warps=4, num_stages=1,
     )  # fmt: skip
     # One semaphore per (batch x head, query tile) where the additions are ordered; else one
     # int32 the kernel never reads (left unfilled: no kernel launched for it).
@@ -775,8 +764,7 @@ def launch(
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, DESCEND=descend, DQ_FIRST=dq_first,
-        DIAG_MASK=diag_mask, FIRST_STORES=first_stores, num_warps=COMPUTE_WARPS,
+        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
