@@ -452,3 +452,14 @@ def test_traced_tensors_take_tma_only_where_inductor_keeps_them_aligned(monkeypa
     assert not isinstance(sliced.storage_offset(), int)
     with V.set_fake_mode(dynamic):
         assert not tma_layouts((sliced,), read_layouts((sliced,))[1], traced=True)
+
+
+def test_a_launch_missing_a_constexpr_fails_without_a_gpu_too():
+    """A compiled kernel's launch reads every constexpr by name (`CachedLaunch`); the
+    interpreter's kernels are checked against their signature, so CI fails where a GPU would."""
+    from fa2.triton.backward import _delta_kernel
+
+    meta = dict(HEAD_DIM=64, BLOCK_D=64, LARGE=False, BLOCK_M=16)
+    with pytest.raises(KeyError, match="ZERO_DQ"):
+        launch.CachedLaunch(_delta_kernel, (1, 1), meta, num_warps=4, num_stages=1)
+    launch.CachedLaunch(_delta_kernel, (1, 1), dict(meta, ZERO_DQ=True), num_warps=4, num_stages=1)

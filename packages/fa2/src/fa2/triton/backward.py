@@ -531,7 +531,7 @@ def _delta_kernel(
     BLOCK_D: tl.constexpr,
     LARGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    ZERO_DQ: tl.constexpr = True,
+    ZERO_DQ: tl.constexpr,
 ):
     """D = rowsum(dO ∘ O) of BLOCK_M query rows, and those rows of the fp32 dQ accumulator
     zeroed where ZERO_DQ, ahead of the single-pass backward (which needs D from its first tile
@@ -732,7 +732,9 @@ class BackwardPlan:
             meta = {name: self.meta[name] for name in ("HEAD_DIM", "BLOCK_D", "LARGE")}
             grid = (cdiv(self.n_q, tile.block_m), self.batch_heads)
             return CachedLaunch(
-                _delta_kernel, grid, dict(meta, BLOCK_M=tile.block_m), num_warps=4, num_stages=1,
+                # ZERO_DQ: the Triton single pass adds every dQ tile into the zeroed buffer
+                _delta_kernel, grid, dict(meta, BLOCK_M=tile.block_m, ZERO_DQ=True), num_warps=4,
+                num_stages=1,
                 checked=(1,),  # dO; o, D and the dQ buffer are the plans' own
             )  # fmt: skip
         tma = tile.tma and self.tma_loads[which]

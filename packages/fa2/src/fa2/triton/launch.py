@@ -23,6 +23,7 @@ Under torch.compile the plans launch through `torch.library.wrap_triton` instead
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -246,6 +247,19 @@ def output_strides(shape: torch.Size, layout: str) -> tuple[int, int, int]:
     return strides
 
 
+def _check_constexprs(fn: Callable, constexprs: dict[str, Any]) -> None:
+    """Raise KeyError naming the constexpr parameters of kernel function `fn` that `constexprs`
+    leaves out, as a compiled kernel's launch does (its `params` list them all): so that a
+    launch missing one fails in Triton's interpreter too, not first on a GPU."""
+    missing = [
+        name
+        for name, param in inspect.signature(fn).parameters.items()
+        if str(param.annotation).endswith("constexpr") and name not in constexprs
+    ]
+    if missing:
+        raise KeyError(f"{fn.__name__} launched without its constexprs {', '.join(missing)}")
+
+
 class CachedLaunch:
     """One kernel of a plan: fixed grid, tile and integer arguments; tensors change per call.
 
@@ -284,6 +298,8 @@ class CachedLaunch:
         self.options = dict(constexprs, num_warps=num_warps, num_stages=num_stages)
         params = getattr(kernel, "params", None)
         self._tail: tuple | None = None
+        if params is None and hasattr(kernel, "fn"):  # Triton's interpreter: no `params`
+            _check_constexprs(kernel.fn, constexprs)
         if params is not None:
             kinds = [p.is_constexpr for p in params]
             n_runtime = kinds.index(True) if True in kinds else len(kinds)
