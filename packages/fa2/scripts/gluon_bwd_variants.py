@@ -57,6 +57,12 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
     "probe: no dQ adds": dict(drop_dq=True),
     "gluon d64 m128": dict(block_m=128),
     "gluon ordered m128": dict(deterministic=True, block_m=128),
+    "ordered, 4 heads interleaved": dict(deterministic=True, group_heads=4),
+    "ordered, 16 heads interleaved": dict(deterministic=True, group_heads=16),
+    "ordered, 64 heads interleaved": dict(deterministic=True, group_heads=64),
+    "ordered m128, 4 heads interleaved": dict(deterministic=True, block_m=128, group_heads=4),
+    "ordered m128, 16 heads interleaved": dict(deterministic=True, block_m=128, group_heads=16),
+    "ordered m128, 2 dQ slots": dict(deterministic=True, block_m=128, dq_slots=2),
 }
 
 

@@ -75,6 +75,7 @@ one key/value head per query head, (batch, heads, seq, d) tensors with unit stri
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -257,6 +258,7 @@ if HAVE_GLUON:
         dq_ready,
         dq_empty,
         dq_sem,
+        bh,
         n0,
         start_m,
         n_tiles,
@@ -299,7 +301,7 @@ if HAVE_GLUON:
             last_key_tile = gl.cdiv(n_k, BLOCK_N) - 1
             # This (batch x head)'s semaphores, computed here rather than before the
             # partitions split, so that the compute warps (registers full) hold nothing more.
-            sem_rows = dq_sem + gl.program_id(1).to(gl.int64) * gl.cdiv(n_q, BLOCK_M)
+            sem_rows = dq_sem + bh * gl.cdiv(n_q, BLOCK_M)
             first_m = start_m // BLOCK_M
             for i in range(n_tiles):
                 m = first_m + i
@@ -550,17 +552,20 @@ if HAVE_GLUON:
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
         (batch, head, row) strides. L: the forward's natural-log logsumexp, Delta: rowsum(dO ∘
         O), both contiguous (batch, heads, N_Q). DQ_SEM: int32, zeroed, a semaphore per (batch
-        x head, query tile) where DQ_ORDERED (else unread). Grid: (key tiles, batch x heads)."""
+        x head, query tile) where DQ_ORDERED (else unread). Grid: see the launch order below."""
         gl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
         qk_scale = qk_scale.to(gl.float32)
         sm_scale = sm_scale.to(gl.float32)
-        # Ordered: the highest key tiles first, the order they add dQ in (`_reducer`), so that
-        # a key tile only ever waits for programs launched before it (module docstring).
+        # The launch order, on a grid (group's heads, key tiles, groups): the (batch x head)s
+        # in groups of the grid's first size, one rank of key tiles of every head of the
+        # group after another. Ordered: the highest key tiles first, the order they add dQ in
+        # (`_reducer`), so that a key tile only ever waits for programs launched before it
+        # (module docstring).
         if DQ_ORDERED:
-            pid_n = gl.num_programs(0) - 1 - gl.program_id(0)
+            pid_n = gl.num_programs(1) - 1 - gl.program_id(1)
         else:
-            pid_n = gl.program_id(0)
-        bh = gl.program_id(1).to(gl.int64)
+            pid_n = gl.program_id(1)
+        bh = gl.program_id(2).to(gl.int64) * gl.num_programs(0) + gl.program_id(0)
         b, h = bh // HEADS, bh % HEADS
         n0 = pid_n * BLOCK_N
         dtype: gl.constexpr = Q.dtype.element_ty
@@ -649,7 +654,7 @@ if HAVE_GLUON:
                 (
                     _reducer,
                     (
-                        dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, n0, start_m, n_tiles, N_Q,
+                        dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, bh, n0, start_m, n_tiles, N_Q,
                         N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL, DQ_ORDERED, DQ_DROP,
                         DQ_SLOTS,
                     ),
@@ -719,6 +724,7 @@ def launch(
     dq_slots: int = DQ_SLOTS,
     drop_dq: bool = False,
     block_m: int = BLOCK_M,
+    group_heads: int = 1,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -727,6 +733,8 @@ def launch(
     `dq_slots`: dQ partial buffers (`DQ_SLOTS`; 1 to measure what the second buys).
     `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for gradients.
     `block_m`: queries per step (`BLOCK_MS` lists what each head dim takes).
+    `group_heads`: how many (batch x head)s' key tiles the launch interleaves (the largest
+    divisor of batch x heads that divides it; 1: one head's key tiles after another's).
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
@@ -759,7 +767,8 @@ def launch(
     else:
         sem = torch.empty(1, dtype=torch.int32, device=q.device)
     triton.set_allocator(_scratch)  # the kernel builds its TMA descriptors in global memory
-    _gluon_bwd_kernel[(cdiv(n_k, BLOCK_N), batch_heads)](
+    group = math.gcd(max(group_heads, 1), batch_heads)  # a divisor of batch x heads
+    _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), batch_heads // group)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
