@@ -124,6 +124,19 @@ def test_auto_asks_for_it_where_it_measured_faster(monkeypatch, head_dim, seq_le
     assert configs.gluon_backward_default(head_dim, seq_len) is taken
 
 
+@pytest.mark.parametrize(
+    ("batch_heads", "seq", "head_dim", "group"),
+    [(128, 2048, 128, 4), (16, 16384, 128, 1), (16, 16384, 64, 1), (6, 512, 64, 2),
+     (1, 512, 64, 1), (64, 100, 128, 64)],
+)  # fmt: skip
+def test_the_launch_interleaves_as_many_heads_as_fit_its_bytes(batch_heads, seq, head_dim, group):
+    """A power of two that divides batch x heads, their Q, dO, K and V (2 bytes an element)
+    within GROUP_BYTES: 4 heads of 2 MiB at 2,048 tokens, one head of 8 or 16 MiB at 16k."""
+    assert gluon_backward.interleaved_heads(batch_heads, seq, seq, head_dim, 2) == group
+    per_head = 4 * seq * head_dim * 2
+    assert group * per_head <= max(gluon_backward.GROUP_BYTES, per_head)
+
+
 def test_auto_takes_128_queries_a_step_at_head_dim_64():
     assert configs.gluon_backward_block_m(64) == 128 and configs.gluon_backward_block_m(128) == 64
     for d, block_m in configs.GLUON_BACKWARD_BLOCK_M.items():

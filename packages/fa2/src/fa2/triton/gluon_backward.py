@@ -100,11 +100,13 @@ __all__ = [
     "BLOCK_M",
     "BLOCK_MS",
     "BLOCK_N",
+    "GROUP_BYTES",
     "HAVE_GLUON",
     "HEAD_DIMS",
     "STAGES",
     "gluon_backward",
     "gluon_backward_available",
+    "interleaved_heads",
     "launch",
     "unsupported_reason",
 ]
@@ -132,6 +134,14 @@ STAGES = 2
 # measures the other.
 DQ_SLOTS = 1
 HEAD_DIMS = (64, 128)
+# The launch interleaves the key tiles of as many (batch x head)s as keep their Q, dO, K and V
+# within this many bytes (`interleaved_heads`), so that short heads' programs overlap each other's
+# causal tails while what they read stays in L2. On an H200 (docs/results/
+# fa2_gluon_bwd_variants_h200_2026-11-29_heads_a.md and _b.md), 4 heads of 2 MiB at
+# (4, 32, 2048, 128) took 2.5-3.4% less time than one head at a time, 16 heads (32 MiB) 1-2%
+# less and 64 heads 21-24% more; 4 heads of 8 MiB at (1, 16, 16384, 64) took 1-3% more, and
+# of 16 MiB at (1, 16, 16384, 128) 10-11% more.
+GROUP_BYTES = 8 * 1024 * 1024
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
 # the loader (TMA issue and two 64-float row loads per tile), one warp, and the dQ reducer, two
@@ -665,6 +675,18 @@ if HAVE_GLUON:
         )  # fmt: skip
 
 
+def interleaved_heads(
+    batch_heads: int, n_q: int, n_k: int, head_dim: int, element_size: int
+) -> int:
+    """How many (batch x head)s' key tiles the launch interleaves: the largest power of two
+    that divides `batch_heads` and keeps their Q, dO, K and V within GROUP_BYTES, at least 1."""
+    fit = GROUP_BYTES // max(1, 2 * (n_q + n_k) * head_dim * element_size)
+    group = 1
+    while group * 2 <= fit and batch_heads % (group * 2) == 0:
+        group *= 2
+    return group
+
+
 def unsupported_reason(
     q: torch.Tensor,
     *tensors: torch.Tensor,
@@ -724,7 +746,7 @@ def launch(
     dq_slots: int = DQ_SLOTS,
     drop_dq: bool = False,
     block_m: int = BLOCK_M,
-    group_heads: int = 1,
+    group_heads: int | None = None,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -734,7 +756,8 @@ def launch(
     `drop_dq`: a timing probe that leaves dQ at zero (`_reducer`'s DROP); never for gradients.
     `block_m`: queries per step (`BLOCK_MS` lists what each head dim takes).
     `group_heads`: how many (batch x head)s' key tiles the launch interleaves (the largest
-    divisor of batch x heads that divides it; 1: one head's key tiles after another's).
+    divisor of batch x heads that divides it; 1: one head's key tiles after another's; None:
+    `interleaved_heads`, by the heads' bytes).
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
@@ -767,7 +790,10 @@ def launch(
     else:
         sem = torch.empty(1, dtype=torch.int32, device=q.device)
     triton.set_allocator(_scratch)  # the kernel builds its TMA descriptors in global memory
-    group = math.gcd(max(group_heads, 1), batch_heads)  # a divisor of batch x heads
+    if group_heads is None:
+        group = interleaved_heads(batch_heads, n_q, n_k, d, q.element_size())
+    else:
+        group = math.gcd(max(group_heads, 1), batch_heads)  # a divisor of batch x heads
     _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), batch_heads // group)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
