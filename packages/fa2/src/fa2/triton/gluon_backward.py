@@ -436,10 +436,7 @@ if HAVE_GLUON:
             if MASK_WHERE_NEEDED:
                 # Masks only where they change something: the steps the causal diagonal
                 # crosses, and every step of a ragged last key tile.
-                masked = ragged
-                if IS_CAUSAL:
-                    masked = masked | (i < BLOCK_N // BLOCK_M)
-                if masked:
+                if ragged | (i < BLOCK_N // BLOCK_M):
                     p_t = gl.where(_keep(keys, m0, n_k, BLOCK_M, IS_CAUSAL, query_layout), p_t, 0.0)
             else:
                 p_t = gl.where(_keep(keys, m0, n_k, BLOCK_M, IS_CAUSAL, query_layout), p_t, 0.0)
