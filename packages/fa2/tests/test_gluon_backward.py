@@ -374,24 +374,27 @@ def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(
     (semaphores), so two calls give the same bits, within the oracle's tolerance; 1000 rows
     are 8 key tiles and 16 query tiles of 64 (8 of 128), so each dQ tile takes several ordered
     additions. With one dQ partial buffer (the default) and two (`dq_slots=2`), at each query
-    tile the head dim takes (`block_m`)."""
+    tile the head dim takes (`block_m`). The bits are the same in every launch order
+    (`group_heads`: the default's, one head at a time, 3 or all 6 heads' key tiles
+    interleaved): the semaphores, not the launch, fix the order of the additions."""
     make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = make(n_q), make(n_k), make(n_k)
     do = torch.randn_like(q)
     o, lse = FlashAttention2Triton.apply(q, k, v, causal, None, True)
 
-    def call():
+    def call(group_heads=None):
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
         dq = gluon_backward.launch(
             q, k, v, o, lse, do, dk, dv, strides, scale=d**-0.5, causal=causal,
-            deterministic=True, dq_slots=dq_slots, block_m=block_m,
+            deterministic=True, dq_slots=dq_slots, block_m=block_m, group_heads=group_heads,
         )  # fmt: skip
         return dq.to(q.dtype), dk, dv
 
-    first, second = call(), call()
-    for a, b in zip(first, second, strict=True):
-        assert torch.equal(a, b)
+    first = call()
+    for again in (call(), call(group_heads=1), call(group_heads=3), call(group_heads=6)):
+        for a, b in zip(first, again, strict=True):
+            assert torch.equal(a, b)
     assert_within_twice_plain([o, *first], *_oracle_and_plain(q, k, v, do, causal), torch.bfloat16)
 
 
