@@ -317,22 +317,18 @@ if HAVE_GLUON:
                 m = first_m + i
                 sem = sem_rows + m + none
                 t = i % DQ_SLOTS  # the partial's slot
-                if ORDERED:
-                    # Tile m's contributors: key tiles 0 .. top (causal: those at or left of
-                    # its diagonal), adding from the top down; top - key_tile come first.
-                    if IS_CAUSAL:
-                        top = gl.minimum((m * BLOCK_M) // BLOCK_N, last_key_tile)
-                    else:
-                        top = last_key_tile
-                    # This tile's turn, waited for while the partial is computed.
-                    _wait_for_count(sem, none + (top - key_tile))
-                    mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4: the partial is in
-                    if key_tile == top:  # the first contributor: stores, so nothing zeroes dQ
-                        tma.async_copy_shared_to_global(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))
-                    else:
-                        async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))  # 5
+                # Tile m's contributors: key tiles 0 .. top (causal: those at or left of its
+                # diagonal); ordered, they add from the top down, top - key_tile before this one.
+                if IS_CAUSAL:
+                    top = gl.minimum((m * BLOCK_M) // BLOCK_N, last_key_tile)
                 else:
-                    mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4
+                    top = last_key_tile
+                if ORDERED:  # this tile's turn, waited for while the partial is computed
+                    _wait_for_count(sem, none + (top - key_tile))
+                mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4: the partial is in
+                if ORDERED and key_tile == top:  # the first to add: stores, nothing zeroes dQ
+                    tma.async_copy_shared_to_global(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))
+                else:
                     async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))  # 5
                 tma.store_wait(0)  # 6: cp.async.bulk.wait_group.read 0, the slot read
                 gl.thread_barrier()  # 7: both warps' waits before the one arrival
