@@ -55,6 +55,8 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
     "gluon, 2 dQ slots": dict(dq_slots=2),
     "gluon ordered, 2 dQ slots": dict(deterministic=True, dq_slots=2),
     "probe: no dQ adds": dict(drop_dq=True),
+    "gluon, highest first": dict(highest_first=True),
+    "gluon m128, highest first": dict(block_m=128, highest_first=True),
     "gluon d64 m128": dict(block_m=128),
     "gluon ordered m128": dict(deterministic=True, block_m=128),
     "ordered, 4 heads interleaved": dict(deterministic=True, group_heads=4),

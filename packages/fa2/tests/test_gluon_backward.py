@@ -96,6 +96,18 @@ def test_a_query_tile_the_head_dim_does_not_take_is_refused():
         )  # fmt: skip
 
 
+def test_the_ordered_form_launched_lowest_first_is_refused():
+    """Ordered dQ launched lowest key tile first can wait on a program never started: refused."""
+    q, k, v, o, do = (torch.randn(1, 1, 8, 64) for _ in range(5))
+    lse = torch.randn(1, 1, 8)
+    strides = tuple(head_strides(t) for t in (q, k, v, o, do, q))
+    with pytest.raises(ValueError, match="deterministic=True needs highest_first"):
+        gluon_backward.launch(
+            q, k, v, o, lse, do, k.clone(), v.clone(), strides, scale=1.0, causal=True,
+            deterministic=True, highest_first=False,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("text", "form"), [(None, "auto"), ("", "auto"), ("Gluon", "gluon"), ("triton", "triton")]
 )

@@ -550,6 +550,7 @@ if HAVE_GLUON:
         DQ_ORDERED: gl.constexpr,
         DQ_DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
+        HIGHEST_FIRST: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -561,10 +562,10 @@ if HAVE_GLUON:
         sm_scale = sm_scale.to(gl.float32)
         # The launch order, on a grid (group's heads, key tiles, groups): the (batch x head)s
         # in groups of the grid's first size, one rank of key tiles of every head of the
-        # group after another. Ordered: the highest key tiles first, the order they add dQ in
-        # (`_reducer`), so that a key tile only ever waits for programs launched before it
-        # (module docstring).
-        if DQ_ORDERED:
+        # group after another. HIGHEST_FIRST (always where ordered): the highest key tiles
+        # first, the order they add dQ in (`_reducer`), so that a key tile only ever waits for
+        # programs launched before it (module docstring).
+        if HIGHEST_FIRST:
             pid_n = gl.num_programs(1) - 1 - gl.program_id(1)
         else:
             pid_n = gl.program_id(1)
@@ -740,6 +741,7 @@ def launch(
     drop_dq: bool = False,
     block_m: int = BLOCK_M,
     group_heads: int | None = None,
+    highest_first: bool | None = None,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -751,8 +753,20 @@ def launch(
     `group_heads`: how many (batch x head)s' key tiles the launch interleaves (the largest
     divisor of batch x heads that divides it; 1: one head's key tiles after another's; None:
     `interleaved_heads`, by the heads' bytes).
+    `highest_first`: launch each head's highest key tiles first (None: where `deterministic`,
+    which needs it; True without it measures what that launch order costs by itself).
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
+
+    if highest_first is None:
+        highest_first = deterministic
+    elif deterministic and not highest_first:
+        raise ValueError(
+            "deterministic=True needs highest_first: a key tile waits for the higher ones, so "
+            "launched lowest first it can wait for a program that never gets a multiprocessor "
+            "(it hung at (2, 32, 32768, 128): docs/results/"
+            "fa2_gluon_bwd_longest_first_h200_2026-11-28.md)"
+        )
 
     sq, sk, sv, so, sdo, sdk = strides
     n_q, d = q.shape[-2:]
@@ -792,7 +806,8 @@ def launch(
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, num_warps=COMPUTE_WARPS,
+        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, HIGHEST_FIRST=highest_first,
+        num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
 
