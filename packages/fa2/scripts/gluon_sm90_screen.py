@@ -57,6 +57,7 @@ _INTS = [f"stride_{t}{s}" for t in ("q", "k", "v", "do", "dk") for s in ("b", "h
     "HEADS",
     "N_Q",
     "N_K",
+    "REVERSED",
 ]
 
 

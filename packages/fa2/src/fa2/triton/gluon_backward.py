@@ -189,6 +189,7 @@ if HAVE_GLUON:
         n0,
         start_m,
         n_tiles,
+        descend,
         n_q,
         BLOCK_M: gl.constexpr,
         STAGES: gl.constexpr,
@@ -207,7 +208,7 @@ if HAVE_GLUON:
             # The buffer's previous use (tile i - STAGES) must be released: parity of that
             # use's phase; the first STAGES waits pass on the fresh barriers (parity 1).
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            m0 = start_m + i * BLOCK_M
+            m0 = start_m + _step_tile(i, n_tiles, descend) * BLOCK_M
             bar = ready.index(s)
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [m0, 0], bar, q_smem.index(s))
@@ -221,6 +222,12 @@ if HAVE_GLUON:
             delta_smem.index(s).store(delta)
             gl.thread_barrier()  # every lane's stores before the (one-thread) arrival
             mbarrier.arrive(bar, count=1)
+
+    @gluon.jit
+    def _step_tile(i, n_tiles, descend):
+        """The query tile (counted from the program's first) that step i visits: upwards, or
+        from the last down where `descend` (0 or 1, a head of the launch's reversed tail)."""
+        return i + descend * (n_tiles - 1 - 2 * i)
 
     @gluon.jit
     def _keep(keys, m0, n_k, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr, layout: gl.constexpr):
@@ -272,6 +279,7 @@ if HAVE_GLUON:
         n0,
         start_m,
         n_tiles,
+        descend,
         n_q,
         n_k,
         BLOCK_M: gl.constexpr,
@@ -295,7 +303,9 @@ if HAVE_GLUON:
         writes are complete, then counts itself. Highest first is the order in which the key
         tiles reach m when they run side by side (key tile n starts at its diagonal, query
         tile n·BLOCK_N/BLOCK_M, so a higher one reaches m in fewer steps), and the launch
-        starts the higher ones first (`_gluon_bwd_kernel`), so a tile seldom waits long.
+        starts the higher ones first (`_gluon_bwd_kernel`), so a tile seldom waits long. In
+        the heads of the launch's reversed tail (`descend` 1), each key tile visits its query
+        tiles from the last down, the lower key tiles adding first and launched first.
 
         DROP, a timing probe only (`launch(drop_dq=True)`): each partial is released unread,
         so a run measures the backward without dQ's additions; its dQ stays zero."""
@@ -314,19 +324,21 @@ if HAVE_GLUON:
             sem_rows = dq_sem + bh * gl.cdiv(n_q, BLOCK_M)
             first_m = start_m // BLOCK_M
             for i in range(n_tiles):
-                m = first_m + i
+                m = first_m + _step_tile(i, n_tiles, descend)
                 sem = sem_rows + m + none
                 t = i % DQ_SLOTS  # the partial's slot
                 # Tile m's contributors: key tiles 0 .. top (causal: those at or left of its
-                # diagonal); ordered, they add from the top down, top - key_tile before this one.
+                # diagonal); ordered, they add from the top down (top - key_tile before this
+                # one), or from the bottom up where `descend` (key_tile before it).
                 if IS_CAUSAL:
                     top = gl.minimum((m * BLOCK_M) // BLOCK_N, last_key_tile)
                 else:
                     top = last_key_tile
+                before = top - key_tile + descend * (2 * key_tile - top)
                 if ORDERED:  # this tile's turn, waited for while the partial is computed
-                    _wait_for_count(sem, none + (top - key_tile))
+                    _wait_for_count(sem, none + before)
                 mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4: the partial is in
-                if ORDERED and key_tile == top:  # the first to add: stores, nothing zeroes dQ
+                if ORDERED and before == 0:  # the first to add: stores, nothing zeroes dQ
                     tma.async_copy_shared_to_global(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))
                 else:
                     async_reduce_add(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))  # 5
@@ -358,6 +370,7 @@ if HAVE_GLUON:
         n0,
         start_m,
         n_tiles,
+        descend,
         n_k,
         qk_scale,
         sm_scale,
@@ -428,11 +441,12 @@ if HAVE_GLUON:
             # read from shared memory where they are used, not ahead: registers are tight.
             lse2 = lse_smem.index(s).load(query_layout)
             p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-            m0 = start_m + i * BLOCK_M
+            mi = _step_tile(i, n_tiles, descend)
+            m0 = start_m + mi * BLOCK_M
             if MASK_WHERE_NEEDED:
                 # Masks only where they change something: the steps the causal diagonal
                 # crosses, and every step of a ragged last key tile.
-                if ragged | (i < BLOCK_N // BLOCK_M):
+                if ragged | (mi < BLOCK_N // BLOCK_M):
                     p_t = gl.where(_keep(keys, m0, n_k, BLOCK_M, IS_CAUSAL, query_layout), p_t, 0.0)
             else:
                 p_t = gl.where(_keep(keys, m0, n_k, BLOCK_M, IS_CAUSAL, query_layout), p_t, 0.0)
@@ -538,6 +552,7 @@ if HAVE_GLUON:
         N_K,
         qk_scale,
         sm_scale,
+        REVERSED,
         HEAD_DIM: gl.constexpr,
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
@@ -556,7 +571,8 @@ if HAVE_GLUON:
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
         (batch, head, row) strides. L: the forward's natural-log logsumexp, Delta: rowsum(dO ∘
         O), both contiguous (batch, heads, N_Q). DQ_SEM: int32, zeroed, a semaphore per (batch
-        x head, query tile) where DQ_ORDERED (else unread). Grid: see the launch order below."""
+        x head, query tile) where DQ_ORDERED (else unread). REVERSED: how many of the grid's
+        last groups launch in the reversed order (below). Grid: see the launch order below."""
         gl.static_assert(BLOCK_N % BLOCK_M == 0, "the causal diagonal must start on a query tile")
         qk_scale = qk_scale.to(gl.float32)
         sm_scale = sm_scale.to(gl.float32)
@@ -564,12 +580,25 @@ if HAVE_GLUON:
         # in groups of the grid's first size, one rank of key tiles of every head of the
         # group after another. HIGHEST_FIRST (always where ordered): the highest key tiles
         # first, the order they add dQ in (`_reducer`), so that a key tile only ever waits for
-        # programs launched before it (module docstring).
+        # programs launched before it (module docstring). The last REVERSED groups (the
+        # reversed tail) take their key tiles lowest first, one rank of every head of the tail
+        # after another, and visit their query tiles from the last down (`descend`), so that
+        # the grid ends on short programs rather than on each head's longest.
+        tiles = gl.num_programs(1)
+        z = gl.program_id(2)
+        pid_n = gl.program_id(1)
+        descend = pid_n * 0
         if HIGHEST_FIRST:
-            pid_n = gl.num_programs(1) - 1 - gl.program_id(1)
-        else:
-            pid_n = gl.program_id(1)
-        bh = gl.program_id(2).to(gl.int64) * gl.num_programs(0) + gl.program_id(0)
+            pid_n = tiles - 1 - pid_n
+        # (at 64 queries a step: at 128, ptxas spilled 4x more for it, 120 bytes)
+        if HIGHEST_FIRST and BLOCK_M == 64:
+            first_reversed = gl.num_programs(2) - REVERSED
+            if z >= first_reversed:
+                rank = gl.program_id(1) + tiles * (z - first_reversed)
+                z = first_reversed + rank % REVERSED
+                pid_n = rank // REVERSED
+                descend = descend + 1
+        bh = z.to(gl.int64) * gl.num_programs(0) + gl.program_id(0)
         b, h = bh // HEADS, bh % HEADS
         n0 = pid_n * BLOCK_N
         dtype: gl.constexpr = Q.dtype.element_ty
@@ -643,8 +672,8 @@ if HAVE_GLUON:
                     (
                         dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                         ds_smem, dq_smem, kv_ready, ready, empty, dq_ready, dq_empty, n0,
-                        start_m, n_tiles, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                        STAGES, IS_CAUSAL, DQ_SLOTS,
+                        start_m, n_tiles, descend, N_K, qk_scale, sm_scale, HEAD_DIM, BLOCK_M,
+                        BLOCK_N, STAGES, IS_CAUSAL, DQ_SLOTS,
                     ),
                 ),
                 (
@@ -652,15 +681,15 @@ if HAVE_GLUON:
                     (
                         q_desc, do_desc, k_desc, v_desc, L + rows_base, Delta + rows_base,
                         k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
-                        empty, n0, start_m, n_tiles, N_Q, BLOCK_M, STAGES,
+                        empty, n0, start_m, n_tiles, descend, N_Q, BLOCK_M, STAGES,
                     ),
                 ),
                 (
                     _reducer,
                     (
-                        dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, bh, n0, start_m, n_tiles, N_Q,
-                        N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL, DQ_ORDERED, DQ_DROP,
-                        DQ_SLOTS,
+                        dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, bh, n0, start_m, n_tiles,
+                        descend, N_Q, N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL,
+                        DQ_ORDERED, DQ_DROP, DQ_SLOTS,
                     ),
                 ),
             ],
@@ -742,6 +771,7 @@ def launch(
     block_m: int = BLOCK_M,
     group_heads: int | None = None,
     highest_first: bool | None = None,
+    reversed_heads: int = 0,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -755,6 +785,9 @@ def launch(
     `interleaved_heads`, by the heads' bytes).
     `highest_first`: launch each head's highest key tiles first (None: where `deterministic`,
     which needs it; True without it measures what that launch order costs by itself).
+    `reversed_heads`: where the launch is highest first and `block_m` 64, how many of its last
+    (batch x head)s (rounded up to whole groups) form the reversed tail (`_gluon_bwd_kernel`);
+    0: none.
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
@@ -801,10 +834,14 @@ def launch(
         group = interleaved_heads(batch_heads, n_q, n_k, d, q.element_size())
     else:
         group = math.gcd(max(group_heads, 1), batch_heads)  # a divisor of batch x heads
-    _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), batch_heads // group)](
+    groups = batch_heads // group
+    reversed_groups = 0
+    if highest_first and block_m == 64:  # (the kernel reverses no tail at 128 queries a step)
+        reversed_groups = min(cdiv(max(reversed_heads, 0), group), groups)
+    _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), groups)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
-        scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
-        IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
+        scale * LOG2E, scale, reversed_groups, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        STAGES=STAGES, IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
         DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, HIGHEST_FIRST=highest_first,
         num_warps=COMPUTE_WARPS,
