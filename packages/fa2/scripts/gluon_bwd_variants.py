@@ -57,6 +57,7 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
     "probe: no dQ adds": dict(drop_dq=True),
     "gluon, highest first": dict(highest_first=True),
     "gluon m128, highest first": dict(block_m=128, highest_first=True),
+    "ordered, no reversed tail": dict(deterministic=True, reversed_heads=0),
     "ordered, 2 heads reversed": dict(deterministic=True, reversed_heads=2),
     "ordered, 4 heads reversed": dict(deterministic=True, reversed_heads=4),
     "ordered, 8 heads reversed": dict(deterministic=True, reversed_heads=8),

@@ -388,7 +388,8 @@ def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(
     additions. With one dQ partial buffer (the default) and two (`dq_slots=2`), at each query
     tile the head dim takes (`block_m`). The bits are the same in every launch order
     (`group_heads`: the default's, one head at a time, 3 or all 6 heads' key tiles
-    interleaved): the semaphores, not the launch, fix the order of the additions."""
+    interleaved; no reversed tail, whose heads add in the other order): the semaphores, not
+    the launch, fix the order of the additions."""
     make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = make(n_q), make(n_k), make(n_k)
     do = torch.randn_like(q)
@@ -400,6 +401,7 @@ def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(
         dq = gluon_backward.launch(
             q, k, v, o, lse, do, dk, dv, strides, scale=d**-0.5, causal=causal,
             deterministic=True, dq_slots=dq_slots, block_m=block_m, group_heads=group_heads,
+            reversed_heads=0,
         )  # fmt: skip
         return dq.to(q.dtype), dk, dv
 

@@ -63,7 +63,16 @@ Two orders of dQ's additions (`launch(deterministic=...)`):
   query tiles top-down instead, the lower key tiles adding first and the longest programs
   launched first, was 11-22% slower at 2,048 tokens and at head dim 64; alone it took 1-2%
   less at 16k and 32k tokens, and beside the forms kept (`_compute`) from 0.2% less to 2.6%
-  more (_forms.md and the same runs), so it was dropped.
+  more (_forms.md and the same runs), so it is not the order of every head.
+- Most of the ordered form's extra time was its launch order, not its waits: the unordered
+  form launched highest first took 4.8-5.2% more at 16k tokens (_launchorder.md). Launched so,
+  the grid ends on each head's longest program. So the ordered launch ends on a reversed tail
+  (`REVERSED_HEADS`, at 64 queries a step): its last two heads take their key tiles lowest
+  first, the ranks of both interleaved, visit their query tiles top-down and add dQ from the
+  bottom up, which still only waits for programs launched before. The grid then ends on short
+  programs: 3-5% less time at (1, 16, 16384, 128) and (4, 32, 2048, 128), as long at the
+  leaderboard's shape (_reversed_a.md, _reversed_b.md). The tail's heads add dQ in the other
+  order, so their bits differ from a launch without the tail, and repeat run to run.
 
 fa2's backward plans choose this kernel on Hopper where it measured faster than the Triton
 backward (`fa2.triton.configs.gluon_backward_default`), in the order the call asks for.
@@ -103,6 +112,7 @@ __all__ = [
     "GROUP_BYTES",
     "HAVE_GLUON",
     "HEAD_DIMS",
+    "REVERSED_HEADS",
     "STAGES",
     "gluon_backward",
     "gluon_backward_available",
@@ -142,6 +152,17 @@ HEAD_DIMS = (64, 128)
 # less and 64 heads 21-24% more; 4 heads of 8 MiB at (1, 16, 16384, 64) took 1-3% more, and
 # of 16 MiB at (1, 16, 16384, 128) 10-11% more.
 GROUP_BYTES = 8 * 1024 * 1024
+# Ordered, each head's longest key tile is launched last (it waits for the higher ones), so the
+# grid ended on long programs: launched highest first, the unordered form took 4.8-5.2% more
+# time at (1, 16, 16384, 128) and (1, 16, 16384, 64), about what the ordered form costs there
+# (docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_launchorder.md). So the launch ends on a
+# reversed tail of this many heads (rounded up to whole groups) that take their key tiles
+# lowest first and visit their query tiles top-down (`_gluon_bwd_kernel`). On an H200, 2 heads
+# took 3.3-5.0% less time at (1, 16, 16384, 128), 3.8-5.4% less at (4, 32, 2048, 128) (a group
+# of 4 heads) and as long at (2, 32, 32768, 128); 4 heads less at 2,048 tokens, more at 16k and
+# 32k; 8 and 16 more at 16k and 32k (_reversed_a.md, _reversed_b.md). At 64 queries a step
+# only: at 128 ptxas spilled 3x more bytes in the compute warps for the reversed order.
+REVERSED_HEADS = 2
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
 # the loader (TMA issue and two 64-float row loads per tile), one warp, and the dQ reducer, two
@@ -771,7 +792,7 @@ def launch(
     block_m: int = BLOCK_M,
     group_heads: int | None = None,
     highest_first: bool | None = None,
-    reversed_heads: int = 0,
+    reversed_heads: int = REVERSED_HEADS,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -786,8 +807,8 @@ def launch(
     `highest_first`: launch each head's highest key tiles first (None: where `deterministic`,
     which needs it; True without it measures what that launch order costs by itself).
     `reversed_heads`: where the launch is highest first and `block_m` 64, how many of its last
-    (batch x head)s (rounded up to whole groups) form the reversed tail (`_gluon_bwd_kernel`);
-    0: none.
+    (batch x head)s (rounded up to whole groups) form the reversed tail (`_gluon_bwd_kernel`,
+    REVERSED_HEADS); 0: none.
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
