@@ -587,6 +587,7 @@ if HAVE_GLUON:
         DQ_DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
         HIGHEST_FIRST: gl.constexpr,
+        REVERSIBLE: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -611,8 +612,7 @@ if HAVE_GLUON:
         descend = pid_n * 0
         if HIGHEST_FIRST:
             pid_n = tiles - 1 - pid_n
-        # (at 64 queries a step: at 128, ptxas spilled 4x more for it, 120 bytes)
-        if HIGHEST_FIRST and BLOCK_M == 64:
+        if HIGHEST_FIRST and REVERSIBLE:
             first_reversed = gl.num_programs(2) - REVERSED
             if z >= first_reversed:
                 rank = gl.program_id(1) + tiles * (z - first_reversed)
@@ -793,6 +793,7 @@ def launch(
     group_heads: int | None = None,
     highest_first: bool | None = None,
     reversed_heads: int = REVERSED_HEADS,
+    tail_at_m128: bool = False,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -808,7 +809,8 @@ def launch(
     which needs it; True without it measures what that launch order costs by itself).
     `reversed_heads`: where the launch is highest first and `block_m` 64, how many of its last
     (batch x head)s (rounded up to whole groups) form the reversed tail (`_gluon_bwd_kernel`,
-    REVERSED_HEADS); 0: none.
+    REVERSED_HEADS); 0: none. `tail_at_m128`: a timing probe, the reversed tail at 128 queries
+    a step too (compiled with it, ptxas spilled 3x more bytes there).
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
@@ -857,14 +859,15 @@ def launch(
         group = math.gcd(max(group_heads, 1), batch_heads)  # a divisor of batch x heads
     groups = batch_heads // group
     reversed_groups = 0
-    if highest_first and block_m == 64:  # (the kernel reverses no tail at 128 queries a step)
+    reversible = block_m == 64 or tail_at_m128
+    if highest_first and reversible:
         reversed_groups = min(cdiv(max(reversed_heads, 0), group), groups)
     _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), groups)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
         scale * LOG2E, scale, reversed_groups, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         STAGES=STAGES, IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, HIGHEST_FIRST=highest_first,
+        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, HIGHEST_FIRST=highest_first, REVERSIBLE=reversible,
         num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
