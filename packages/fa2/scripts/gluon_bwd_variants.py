@@ -58,10 +58,9 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
     "gluon, highest first": dict(highest_first=True),
     "gluon m128, highest first": dict(block_m=128, highest_first=True),
     "ordered, no reversed tail": dict(deterministic=True, reversed_heads=0),
-    "ordered m128, 2 heads reversed": dict(deterministic=True, block_m=128, tail_at_m128=True),
-    "ordered m128, 4 heads reversed": dict(
-        deterministic=True, block_m=128, tail_at_m128=True, reversed_heads=4
-    ),
+    "ordered m128, no reversed tail": dict(deterministic=True, block_m=128, reversed_heads=0),
+    "ordered m128, 2 heads reversed": dict(deterministic=True, block_m=128, reversed_heads=2),
+    "ordered m128, 4 heads reversed": dict(deterministic=True, block_m=128, reversed_heads=4),
     "ordered, 2 heads reversed": dict(deterministic=True, reversed_heads=2),
     "ordered, 4 heads reversed": dict(deterministic=True, reversed_heads=4),
     "ordered, 8 heads reversed": dict(deterministic=True, reversed_heads=8),

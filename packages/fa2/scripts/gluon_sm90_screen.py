@@ -88,7 +88,6 @@ def compile_case(case: str) -> dict:
         IS_CAUSAL=causal, LOADER_WARPS=gb.LOADER_WARPS, LOADER_REGS=gb.LOADER_REGS,
         REDUCER_WARPS=gb.REDUCER_WARPS, REDUCER_REGS=gb.REDUCER_REGS, DQ_ORDERED=ordered,
         DQ_DROP=False, DQ_SLOTS=gb.DQ_SLOTS, HIGHEST_FIRST=ordered,
-        REVERSIBLE=block_m == 64,
     )  # fmt: skip
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     kernel = gb._gluon_bwd_kernel

@@ -417,14 +417,15 @@ def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_q, n_k", [(130, 77), (77, 300), (1000, 1000)], ids=str)
 @pytest.mark.parametrize(("reversed_heads", "group_heads"), [(2, 1), (6, 1), (4, 2)], ids=str)
+@pytest.mark.parametrize(("d", "block_m"), QUERY_TILES, ids=QUERY_TILE_IDS)
 def test_the_reversed_tail_matches_the_oracle_and_repeats_its_bits(
-    causal, n_q, n_k, reversed_heads, group_heads
+    causal, n_q, n_k, reversed_heads, group_heads, d, block_m
 ):
     """`reversed_heads`: the launch's last heads take their key tiles lowest first, ranks of
     every tail head interleaved, and visit their query tiles from the last down, their dQ
     additions ordered from the bottom up; two of the six heads, all six, or two groups of two.
     Within the oracle's tolerance, and the same bits twice."""
-    make = lambda n: torch.randn(2, 3, n, 128, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = make(n_q), make(n_k), make(n_k)
     do = torch.randn_like(q)
     o, lse = FlashAttention2Triton.apply(q, k, v, causal, None, True)
@@ -433,8 +434,9 @@ def test_the_reversed_tail_matches_the_oracle_and_repeats_its_bits(
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
         dq = gluon_backward.launch(
-            q, k, v, o, lse, do, dk, dv, strides, scale=128**-0.5, causal=causal,
+            q, k, v, o, lse, do, dk, dv, strides, scale=d**-0.5, causal=causal,
             deterministic=True, group_heads=group_heads, reversed_heads=reversed_heads,
+            block_m=block_m,
         )  # fmt: skip
         return dq.to(q.dtype), dk, dv
 

@@ -67,12 +67,13 @@ Two orders of dQ's additions (`launch(deterministic=...)`):
 - Most of the ordered form's extra time was its launch order, not its waits: the unordered
   form launched highest first took 4.8-5.2% more at 16k tokens (_launchorder.md). Launched so,
   the grid ends on each head's longest program. So the ordered launch ends on a reversed tail
-  (`REVERSED_HEADS`, at 64 queries a step): its last two heads take their key tiles lowest
-  first, the ranks of both interleaved, visit their query tiles top-down and add dQ from the
-  bottom up, which still only waits for programs launched before. The grid then ends on short
-  programs: 3-5% less time at (1, 16, 16384, 128) and (4, 32, 2048, 128), as long at the
-  leaderboard's shape (_reversed_a.md, _reversed_b.md). The tail's heads add dQ in the other
-  order, so their bits differ from a launch without the tail, and repeat run to run.
+  (`REVERSED_KEY_TILES`): its last heads take their key tiles lowest first, the ranks of all
+  of them interleaved, visit their query tiles top-down and add dQ from the bottom up, which
+  still only waits for programs launched before. The grid then ends on short programs: 3-6%
+  less time at 16k tokens (head dim 64 and 128) and at (1, 32, 8192, 64), as long at the
+  leaderboard's shape (_reversed_a.md, _reversed_b.md, _reversed_d64.md). The tail's heads add
+  dQ in the other order, so their bits differ from a launch without the tail, and repeat run
+  to run.
 
 fa2's backward plans choose this kernel on Hopper where it measured faster than the Triton
 backward (`fa2.triton.configs.gluon_backward_default`), in the order the call asks for.
@@ -112,7 +113,7 @@ __all__ = [
     "GROUP_BYTES",
     "HAVE_GLUON",
     "HEAD_DIMS",
-    "REVERSED_HEADS",
+    "REVERSED_KEY_TILES",
     "STAGES",
     "gluon_backward",
     "gluon_backward_available",
@@ -155,14 +156,17 @@ GROUP_BYTES = 8 * 1024 * 1024
 # Ordered, each head's longest key tile is launched last (it waits for the higher ones), so the
 # grid ended on long programs: launched highest first, the unordered form took 4.8-5.2% more
 # time at (1, 16, 16384, 128) and (1, 16, 16384, 64), about what the ordered form costs there
-# (docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_launchorder.md). So the launch ends on a
-# reversed tail of this many heads (rounded up to whole groups) that take their key tiles
-# lowest first and visit their query tiles top-down (`_gluon_bwd_kernel`). On an H200, 2 heads
-# took 3.3-5.0% less time at (1, 16, 16384, 128), 3.8-5.4% less at (4, 32, 2048, 128) (a group
-# of 4 heads) and as long at (2, 32, 32768, 128); 4 heads less at 2,048 tokens, more at 16k and
-# 32k; 8 and 16 more at 16k and 32k (_reversed_a.md, _reversed_b.md). At 64 queries a step
-# only: at 128 ptxas spilled 3x more bytes in the compute warps for the reversed order.
-REVERSED_HEADS = 2
+# (docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_launchorder.md). So the ordered launch
+# ends on a reversed tail of heads (rounded up to whole groups) that take their key tiles
+# lowest first and visit their query tiles top-down (`_gluon_bwd_kernel`): as many heads as
+# hold this many key tiles, so that the tail's work lasts about as long as the longest program
+# before it (a head of T key tiles does about T² steps, its longest program 2T, over 132
+# multiprocessors). On an H200 (_reversed_a.md, _reversed_b.md, _reversed_d64.md), against no
+# tail: 2 heads at (1, 16, 16384, 128) 3.3-5.0% less time (4 heads 2.3-3.0% less, 8 heads
+# 8-11% more); 16 heads at (4, 32, 2048, 128) 4.6-6.6% less; 2 heads at (1, 16, 16384, 64)
+# 4.6-6.1% less; 4 heads at (1, 32, 8192, 64) 4.2-6.1% less (2 heads 1.2-2.7%); 2 heads at
+# (2, 32, 32768, 128) from 1.4% less to 0.4% more.
+REVERSED_KEY_TILES = 256
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
 # the loader (TMA issue and two 64-float row loads per tile), one warp, and the dQ reducer, two
@@ -587,7 +591,6 @@ if HAVE_GLUON:
         DQ_DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
         HIGHEST_FIRST: gl.constexpr,
-        REVERSIBLE: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -612,7 +615,6 @@ if HAVE_GLUON:
         descend = pid_n * 0
         if HIGHEST_FIRST:
             pid_n = tiles - 1 - pid_n
-        if HIGHEST_FIRST and REVERSIBLE:
             first_reversed = gl.num_programs(2) - REVERSED
             if z >= first_reversed:
                 rank = gl.program_id(1) + tiles * (z - first_reversed)
@@ -792,8 +794,7 @@ def launch(
     block_m: int = BLOCK_M,
     group_heads: int | None = None,
     highest_first: bool | None = None,
-    reversed_heads: int = REVERSED_HEADS,
-    tail_at_m128: bool = False,
+    reversed_heads: int | None = None,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -807,10 +808,9 @@ def launch(
     `interleaved_heads`, by the heads' bytes).
     `highest_first`: launch each head's highest key tiles first (None: where `deterministic`,
     which needs it; True without it measures what that launch order costs by itself).
-    `reversed_heads`: where the launch is highest first and `block_m` 64, how many of its last
-    (batch x head)s (rounded up to whole groups) form the reversed tail (`_gluon_bwd_kernel`,
-    REVERSED_HEADS); 0: none. `tail_at_m128`: a timing probe, the reversed tail at 128 queries
-    a step too (compiled with it, ptxas spilled 3x more bytes there).
+    `reversed_heads`: where the launch is highest first, how many of its last (batch x head)s
+    (rounded up to whole groups) form the reversed tail (`_gluon_bwd_kernel`); 0: none; None:
+    as many as hold REVERSED_KEY_TILES key tiles.
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
@@ -858,16 +858,15 @@ def launch(
     else:
         group = math.gcd(max(group_heads, 1), batch_heads)  # a divisor of batch x heads
     groups = batch_heads // group
-    reversed_groups = 0
-    reversible = block_m == 64 or tail_at_m128
-    if highest_first and reversible:
-        reversed_groups = min(cdiv(max(reversed_heads, 0), group), groups)
+    if reversed_heads is None:
+        reversed_heads = cdiv(REVERSED_KEY_TILES, cdiv(n_k, BLOCK_N))
+    reversed_groups = min(cdiv(max(reversed_heads, 0), group), groups) if highest_first else 0
     _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), groups)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
         scale * LOG2E, scale, reversed_groups, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         STAGES=STAGES, IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
-        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, HIGHEST_FIRST=highest_first, REVERSIBLE=reversible,
+        DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, HIGHEST_FIRST=highest_first,
         num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
