@@ -149,6 +149,52 @@ def test_the_launch_interleaves_as_many_heads_as_fit_its_bytes(batch_heads, seq,
     assert group * per_head <= max(gluon_backward.GROUP_BYTES, per_head)
 
 
+@pytest.mark.parametrize(
+    ("batch_heads", "n_k", "group", "tail_heads"),
+    [(64, 32768, 1, 1), (16, 16384, 1, 2), (32, 8192, 1, 4), (128, 2048, 4, 16),
+     (6, 300, 3, 6), (2, 100, 1, 2)],
+)  # fmt: skip
+def test_the_reversed_tail_holds_about_256_key_tiles(batch_heads, n_k, group, tail_heads):
+    """As many heads as hold REVERSED_KEY_TILES key tiles, in whole groups, at most all."""
+    assert gluon_backward.reversed_groups(batch_heads, n_k, group) * group == tail_heads
+
+
+@pytest.mark.parametrize(
+    ("batch_heads", "key_tiles", "group", "reversed"),
+    [(16, 9, 1, 2), (8, 5, 2, 1), (8, 5, 2, 4), (6, 4, 3, 0), (6, 4, 1, 6), (1, 1, 1, 1)],
+)  # fmt: skip
+def test_the_ordered_launch_waits_only_for_programs_launched_before(
+    batch_heads, key_tiles, group, reversed
+):
+    """Ordered, a key tile waits for the higher ones of its head (the lower ones in the
+    reversed tail), which must have been launched before it: waiting for one launched later can
+    hang the GPU once the waiting programs fill it. Every (head, key tile) once, each head in
+    one direction, and the tail's ranks interleaved so that the grid ends on its shortest
+    programs (causal: the highest key tiles)."""
+    order = gluon_backward.launch_order(
+        batch_heads, key_tiles, group=group, reversed=reversed, highest_first=True
+    )
+    assert sorted((bh, n) for bh, n, _ in order) == [
+        (bh, n) for bh in range(batch_heads) for n in range(key_tiles)
+    ]
+    launched = {}
+    for position, (bh, n, descend) in enumerate(order):
+        launched[bh, n] = position
+        waits_for = range(n) if descend else range(n + 1, key_tiles)
+        assert all((bh, m) in launched for m in waits_for), (bh, n, descend)
+    tail = {bh for bh, _, descend in order if descend}
+    assert len(tail) == reversed * group
+    assert all(descend == (bh in tail) for bh, _, descend in order)
+    if tail:
+        assert [n for _, n, _ in order[-len(tail) :]] == [key_tiles - 1] * len(tail)
+
+
+def test_the_unordered_launch_starts_each_head_at_its_longest_key_tile():
+    order = gluon_backward.launch_order(8, 3, group=2, reversed=2, highest_first=False)
+    assert [n for _, n, _ in order[:4]] == [0, 0, 1, 1]
+    assert not any(descend for *_, descend in order)
+
+
 def test_auto_takes_128_queries_a_step_at_head_dim_64():
     assert configs.gluon_backward_block_m(64) == 128 and configs.gluon_backward_block_m(128) == 64
     for d, block_m in configs.GLUON_BACKWARD_BLOCK_M.items():

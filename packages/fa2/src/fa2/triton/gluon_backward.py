@@ -69,11 +69,11 @@ Two orders of dQ's additions (`launch(deterministic=...)`):
   the grid ends on each head's longest program. So the ordered launch ends on a reversed tail
   (`REVERSED_KEY_TILES`): its last heads take their key tiles lowest first, the ranks of all
   of them interleaved, visit their query tiles top-down and add dQ from the bottom up, which
-  still only waits for programs launched before. The grid then ends on short programs: 3-6%
-  less time at 16k tokens (head dim 64 and 128) and at (1, 32, 8192, 64), as long at the
-  leaderboard's shape (_reversed_a.md, _reversed_b.md, _reversed_d64.md). The tail's heads add
-  dQ in the other order, so their bits differ from a launch without the tail, and repeat run
-  to run.
+  still only waits for programs launched before. The grid then ends on short programs:
+  2.8-6.6% less time at 16k tokens (head dim 64 and 128), at (1, 32, 8192, 64) and at (4, 32,
+  2048, 128), from 2.2% less to 0.4% more at the leaderboard's shape (the runs beside
+  `REVERSED_KEY_TILES`). The tail's heads add dQ in the other order, so their bits differ
+  from a launch without the tail, and repeat run to run.
 
 fa2's backward plans choose this kernel on Hopper where it measured faster than the Triton
 backward (`fa2.triton.configs.gluon_backward_default`), in the order the call asks for.
@@ -119,6 +119,8 @@ __all__ = [
     "gluon_backward_available",
     "interleaved_heads",
     "launch",
+    "launch_order",
+    "reversed_groups",
     "unsupported_reason",
 ]
 
@@ -161,11 +163,12 @@ GROUP_BYTES = 8 * 1024 * 1024
 # lowest first and visit their query tiles top-down (`_gluon_bwd_kernel`): as many heads as
 # hold this many key tiles, so that the tail's work lasts about as long as the longest program
 # before it (a head of T key tiles does about T² steps, its longest program 2T, over 132
-# multiprocessors). On an H200 (_reversed_a.md, _reversed_b.md, _reversed_d64.md), against no
-# tail: 2 heads at (1, 16, 16384, 128) 3.3-5.0% less time (4 heads 2.3-3.0% less, 8 heads
-# 8-11% more); 16 heads at (4, 32, 2048, 128) 4.6-6.6% less; 2 heads at (1, 16, 16384, 64)
-# 4.6-6.1% less; 4 heads at (1, 32, 8192, 64) 4.2-6.1% less (2 heads 1.2-2.7%); 2 heads at
-# (2, 32, 32768, 128) from 1.4% less to 0.4% more.
+# multiprocessors). On an H200, against the same launch without the tail (_reversed_a.md, _b.md,
+# _c.md, _d64_a.md, _d64_b.md, _final.md): 2 heads at (1, 16, 16384, 128) took 3.3-5.0% less
+# time in four runs (4 heads 2.3-3.0% less, 8 heads 8-11% more); 16 heads at (4, 32, 2048, 128)
+# 2.8-6.6% less in three; 2 heads at (1, 16, 16384, 64) 4.6-6.1% less; 4 heads at (1, 32, 8192,
+# 64) 4.2-6.1% less (2 heads 1.2-2.7%); at (2, 32, 32768, 128) 1 head 2.2% less in one run, 2
+# heads from 1.4% less to 0.4% more in three.
 REVERSED_KEY_TILES = 256
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
@@ -733,6 +736,45 @@ def interleaved_heads(
     return group
 
 
+def reversed_groups(
+    batch_heads: int, n_k: int, group: int, reversed_heads: int | None = None
+) -> int:
+    """How many of the launch's last groups of `group` heads form the ordered launch's reversed
+    tail: enough for `reversed_heads` heads (None: as many as hold REVERSED_KEY_TILES key tiles
+    of BLOCK_N keys), at most every group."""
+    if reversed_heads is None:
+        reversed_heads = cdiv(REVERSED_KEY_TILES, max(cdiv(n_k, BLOCK_N), 1))
+    return min(cdiv(max(reversed_heads, 0), group), batch_heads // group)
+
+
+def launch_order(
+    batch_heads: int, key_tiles: int, *, group: int, reversed: int, highest_first: bool
+) -> list[tuple[int, int, bool]]:
+    """(batch x head, key tile, whether it visits its query tiles top-down) of each program of
+    the kernel's grid, in the order the grid launches them (its first axis fastest): the
+    kernel's mapping of program ids (`_gluon_bwd_kernel`) written again in Python, for the
+    launch model (`packages/fa2/scripts/launch_tail_model.py`) and the tests, since Gluon
+    kernels do not run on a CPU. `reversed`: the tail's groups (`reversed_groups`)."""
+    groups = batch_heads // group
+    order = []
+    for z in range(groups):
+        for y in range(key_tiles):
+            for x in range(group):
+                pid_n, zz, descend = y, z, False
+                if highest_first:
+                    pid_n = key_tiles - 1 - y
+                    first_reversed = groups - reversed
+                    if z >= first_reversed:
+                        rank = y + key_tiles * (z - first_reversed)
+                        zz, pid_n, descend = (
+                            first_reversed + rank % reversed,
+                            rank // reversed,
+                            True,
+                        )
+                order.append((zz * group + x, pid_n, descend))
+    return order
+
+
 def unsupported_reason(
     q: torch.Tensor,
     *tensors: torch.Tensor,
@@ -857,13 +899,10 @@ def launch(
         group = interleaved_heads(batch_heads, n_q, n_k, d, q.element_size())
     else:
         group = math.gcd(max(group_heads, 1), batch_heads)  # a divisor of batch x heads
-    groups = batch_heads // group
-    if reversed_heads is None:
-        reversed_heads = cdiv(REVERSED_KEY_TILES, cdiv(n_k, BLOCK_N))
-    reversed_groups = min(cdiv(max(reversed_heads, 0), group), groups) if highest_first else 0
-    _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), groups)](
+    tail = reversed_groups(batch_heads, n_k, group, reversed_heads) if highest_first else 0
+    _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), batch_heads // group)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
-        scale * LOG2E, scale, reversed_groups, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        scale * LOG2E, scale, tail, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         STAGES=STAGES, IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
         DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, HIGHEST_FIRST=highest_first,
