@@ -153,7 +153,7 @@ def _write(out: Path, rows: list[dict], table: str, settings: dict) -> None:
     out.with_suffix(".md").write_text(
         "# The Gluon backward's launch orders in a list-scheduler model (no GPU)\n\n"
         f"Command: `{command}` at revision `{settings['revision']}`, {settings['date']}; "
-        "model settings: {settings['sms']} multiprocessors, step times "
+        f"model settings: {settings['sms']} multiprocessors, step times "
         f"within ±{settings['jitter']:.0%}, the mean of {settings['seeds']} draws. The model and "
         "what it leaves out (the ordered additions' waits, L2, fixed costs): "
         "`packages/fa2/scripts/launch_tail_model.py`. Causal; the default query tile per "
