@@ -189,6 +189,22 @@ def test_the_ordered_launch_waits_only_for_programs_launched_before(
         assert [n for _, n, _ in order[-len(tail) :]] == [key_tiles - 1] * len(tail)
 
 
+def test_the_launch_model_finds_the_tail_evens_out_the_ordered_launch(tmp_path):
+    """The list-scheduler model (`scripts/launch_tail_model.py`) on 8 multiprocessors: the
+    ordered launch without its tail ends later than with it, and it writes its page."""
+    out = tmp_path / "model"
+    command = [
+        sys.executable, str(SCREEN.parent / "launch_tail_model.py"), "--shapes", "1,4,2048,64",
+        "--sms", "8", "--seeds", "3", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {r["order"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    assert rows["ordered, no tail"]["over_balance"] > rows["ordered"]["over_balance"] >= 1
+    assert rows["ordered"]["tail_heads"] == 4  # 16 key tiles a head: every head of 4
+    assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
+
+
 def test_the_unordered_launch_starts_each_head_at_its_longest_key_tile():
     order = gluon_backward.launch_order(8, 3, group=2, reversed=2, highest_first=False)
     assert [n for _, n, _ in order[:4]] == [0, 0, 1, 1]
