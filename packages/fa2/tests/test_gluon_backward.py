@@ -84,28 +84,26 @@ def test_compiles_for_sm90_warp_specialised(tmp_path):
     assert wide["stack"] <= 40, wide
 
 
+def _launch_on_cpu_tensors(head_dim: int, **options) -> None:
+    """`gluon_backward.launch` on small CPU tensors: for the checks it makes before a launch."""
+    q, k, v, o, do = (torch.randn(1, 1, 8, head_dim) for _ in range(5))
+    strides = tuple(head_strides(t) for t in (q, k, v, o, do, q))
+    gluon_backward.launch(
+        q, k, v, o, torch.randn(1, 1, 8), do, k.clone(), v.clone(), strides, scale=1.0,
+        causal=True, **options,
+    )  # fmt: skip
+
+
 def test_a_query_tile_the_head_dim_does_not_take_is_refused():
     """128 queries a step only at head dim 64 (`BLOCK_MS`): refused before any launch."""
-    q, k, v, o, do = (torch.randn(1, 1, 8, 128) for _ in range(5))
-    lse = torch.randn(1, 1, 8)
-    strides = tuple(head_strides(t) for t in (q, k, v, o, do, q))
     with pytest.raises(ValueError, match="block_m=128 is not a query tile of head dim 128"):
-        gluon_backward.launch(
-            q, k, v, o, lse, do, k.clone(), v.clone(), strides, scale=1.0, causal=True,
-            block_m=128,
-        )  # fmt: skip
+        _launch_on_cpu_tensors(128, block_m=128)
 
 
 def test_the_ordered_form_launched_lowest_first_is_refused():
     """Ordered dQ launched lowest key tile first can wait on a program never started: refused."""
-    q, k, v, o, do = (torch.randn(1, 1, 8, 64) for _ in range(5))
-    lse = torch.randn(1, 1, 8)
-    strides = tuple(head_strides(t) for t in (q, k, v, o, do, q))
     with pytest.raises(ValueError, match="deterministic=True needs highest_first"):
-        gluon_backward.launch(
-            q, k, v, o, lse, do, k.clone(), v.clone(), strides, scale=1.0, causal=True,
-            deterministic=True, highest_first=False,
-        )  # fmt: skip
+        _launch_on_cpu_tensors(64, deterministic=True, highest_first=False)
 
 
 @pytest.mark.parametrize(
