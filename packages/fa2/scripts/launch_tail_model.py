@@ -109,6 +109,13 @@ def main() -> int:
     ]
     table = "\n".join(lines)
     if args.out:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            sys.exit(
+                "--out draws a plot with matplotlib (bench's dependency): install it, or "
+                "leave out --out"
+            )
         settings = vars(args) | dict(
             out=str(args.out), command=sys.argv[1:], date=datetime.date.today().isoformat(),
             revision=os.environ.get("BENCH_GIT_REVISION"),
