@@ -64,16 +64,16 @@ Two orders of dQ's additions (`launch(deterministic=...)`):
   launched first, was 11-22% slower at 2,048 tokens and at head dim 64; alone it took 1-2%
   less at 16k and 32k tokens, and beside the forms kept (`_compute`) from 0.2% less to 2.6%
   more (_forms.md and the same runs), so it is not the order of every head.
-- Most of the ordered form's extra time was its launch order, not its waits: the unordered
-  form launched highest first took 4.8-5.2% more at 16k tokens (_launchorder.md). Launched so,
-  the grid ends on each head's longest program. So the ordered launch ends on a reversed tail
-  (`REVERSED_KEY_TILES`): its last heads take their key tiles lowest first, the ranks of all
+- Most of the ordered form's extra time was its launch order, not its waits: the unordered form
+  launched highest first took 4.8-5.2% more at 16k tokens (_launchorder.md). Launched so, the
+  grid ends on each head's longest program. So the ordered launch, causal, ends on a reversed
+  tail (`REVERSED_KEY_TILES`): its last heads take their key tiles lowest first, the ranks of all
   of them interleaved, visit their query tiles top-down and add dQ from the bottom up, which
-  still only waits for programs launched before. The grid then ends on short programs:
-  2.8-6.6% less time at 16k tokens (head dim 64 and 128), at (1, 32, 8192, 64) and at (4, 32,
-  2048, 128), from 2.2% less to 0.4% more at the leaderboard's shape (the runs beside
-  `REVERSED_KEY_TILES`). The tail's heads add dQ in the other order, so their bits differ
-  from a launch without the tail, and repeat run to run.
+  still only waits for programs launched before. The grid then ends on short programs: 2.8-6.6%
+  less time at 16k tokens (head dim 64 and 128), at (1, 32, 8192, 64) and at (4, 32, 2048, 128),
+  from 2.2% less to 0.4% more at the leaderboard's shape (the runs beside `REVERSED_KEY_TILES`).
+  The tail's heads add dQ in the other order, so their bits differ from a launch without the
+  tail, and repeat run to run.
 
 fa2's backward plans choose this kernel on Hopper where it measured faster than the Triton
 backward (`fa2.triton.configs.gluon_backward_default`), in the order the call asks for.
@@ -156,19 +156,19 @@ HEAD_DIMS = (64, 128)
 # of 16 MiB at (1, 16, 16384, 128) 10-11% more.
 GROUP_BYTES = 8 * 1024 * 1024
 # Ordered, each head's longest key tile is launched last (it waits for the higher ones), so the
-# grid ended on long programs: launched highest first, the unordered form took 4.8-5.2% more
-# time at (1, 16, 16384, 128) and (1, 16, 16384, 64), about what the ordered form costs there
+# grid ended on long programs: launched highest first, the unordered form took 4.8-5.2% more time
+# at (1, 16, 16384, 128) and (1, 16, 16384, 64), about what the ordered form costs there
 # (docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_launchorder.md). So the ordered launch
-# ends on a reversed tail of heads (rounded up to whole groups) that take their key tiles
-# lowest first and visit their query tiles top-down (`_gluon_bwd_kernel`): as many heads as
-# hold this many key tiles, so that the tail's work lasts about as long as the longest program
-# before it (a head of T key tiles does about T² steps, its longest program 2T, over 132
-# multiprocessors). On an H200, against the same launch without the tail (_reversed_a.md, _b.md,
-# _c.md, _d64_a.md, _d64_b.md, _final.md): 2 heads at (1, 16, 16384, 128) took 3.3-5.0% less
-# time in four runs (4 heads 2.3-3.0% less, 8 heads 8-11% more); 16 heads at (4, 32, 2048, 128)
-# 2.8-6.6% less in three; 2 heads at (1, 16, 16384, 64) 4.6-6.1% less; 4 heads at (1, 32, 8192,
-# 64) 4.2-6.1% less (2 heads 1.2-2.7%); at (2, 32, 32768, 128) 1 head 2.2% less in one run, 2
-# heads from 1.4% less to 0.4% more in three.
+# (causal: otherwise every program is as long) ends on a reversed tail of heads (rounded up to
+# whole groups) that take their key tiles lowest first and visit their query tiles top-down
+# (`_gluon_bwd_kernel`): as many heads as hold this many key tiles, so that the tail's work lasts
+# about as long as the longest program before it (a head of T key tiles does about T² steps, its
+# longest program 2T, over 132 multiprocessors). On an H200, against the same launch without the
+# tail (_reversed_a.md, _b.md, _c.md, _d64_a.md, _d64_b.md, _final.md): 2 heads at (1, 16, 16384,
+# 128) took 3.3-5.0% less time in four runs (4 heads 2.3-3.0% less, 8 heads 8-11% more); 16 heads
+# at (4, 32, 2048, 128) 2.8-6.6% less in three; 2 heads at (1, 16, 16384, 64) 4.6-6.1% less; 4
+# heads at (1, 32, 8192, 64) 4.2-6.1% less (2 heads 1.2-2.7%); at (2, 32, 32768, 128) 1 head 2.2%
+# less in one run, 2 heads from 1.4% less to 0.4% more in three.
 REVERSED_KEY_TILES = 256
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
@@ -852,7 +852,7 @@ def launch(
     which needs it; True without it measures what that launch order costs by itself).
     `reversed_heads`: where the launch is highest first, how many of its last (batch x head)s
     (rounded up to whole groups) form the reversed tail (`_gluon_bwd_kernel`); 0: none; None:
-    as many as hold REVERSED_KEY_TILES key tiles.
+    as many as hold REVERSED_KEY_TILES key tiles where causal, none otherwise.
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
@@ -899,6 +899,10 @@ def launch(
         group = interleaved_heads(batch_heads, n_q, n_k, d, q.element_size())
     else:
         group = math.gcd(max(group_heads, 1), batch_heads)  # a divisor of batch x heads
+    # Not causal, every program visits every query tile: the grid's end is even without a
+    # tail, which was measured only where causal.
+    if reversed_heads is None and not causal:
+        reversed_heads = 0
     tail = reversed_groups(batch_heads, n_k, group, reversed_heads) if highest_first else 0
     _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), batch_heads // group)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
