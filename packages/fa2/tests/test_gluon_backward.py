@@ -153,8 +153,10 @@ def test_the_launch_interleaves_as_many_heads_as_fit_its_bytes(batch_heads, seq,
      (6, 300, 3, 6), (2, 100, 1, 2)],
 )  # fmt: skip
 def test_the_reversed_tail_holds_about_256_key_tiles(batch_heads, n_k, group, tail_heads):
-    """As many heads as hold REVERSED_KEY_TILES key tiles, in whole groups, at most all."""
+    """As many heads as hold REVERSED_KEY_TILES key tiles, in whole groups, at most all;
+    none where not causal."""
     assert gluon_backward.reversed_groups(batch_heads, n_k, group) * group == tail_heads
+    assert gluon_backward.reversed_groups(batch_heads, n_k, group, causal=False) == 0
 
 
 @pytest.mark.parametrize(

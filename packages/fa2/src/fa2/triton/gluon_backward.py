@@ -737,13 +737,19 @@ def interleaved_heads(
 
 
 def reversed_groups(
-    batch_heads: int, n_k: int, group: int, reversed_heads: int | None = None
+    batch_heads: int,
+    n_k: int,
+    group: int,
+    reversed_heads: int | None = None,
+    *,
+    causal: bool = True,
 ) -> int:
     """How many of the launch's last groups of `group` heads form the ordered launch's reversed
-    tail: enough for `reversed_heads` heads (None: as many as hold REVERSED_KEY_TILES key tiles
-    of BLOCK_N keys), at most every group."""
+    tail: enough for `reversed_heads` heads, at most every group. None: where causal, as many
+    as hold REVERSED_KEY_TILES key tiles of BLOCK_N keys; otherwise none (every program visits
+    every query tile, so the grid's end is even without a tail, and none was measured there)."""
     if reversed_heads is None:
-        reversed_heads = cdiv(REVERSED_KEY_TILES, max(cdiv(n_k, BLOCK_N), 1))
+        reversed_heads = cdiv(REVERSED_KEY_TILES, max(cdiv(n_k, BLOCK_N), 1)) if causal else 0
     return min(cdiv(max(reversed_heads, 0), group), batch_heads // group)
 
 
@@ -899,11 +905,8 @@ def launch(
         group = interleaved_heads(batch_heads, n_q, n_k, d, q.element_size())
     else:
         group = math.gcd(max(group_heads, 1), batch_heads)  # a divisor of batch x heads
-    # Not causal, every program visits every query tile: the grid's end is even without a
-    # tail, which was measured only where causal.
-    if reversed_heads is None and not causal:
-        reversed_heads = 0
-    tail = reversed_groups(batch_heads, n_k, group, reversed_heads) if highest_first else 0
+    tail = reversed_groups(batch_heads, n_k, group, reversed_heads, causal=causal)
+    tail = tail if highest_first else 0
     _gluon_bwd_kernel[(group, cdiv(n_k, BLOCK_N), batch_heads // group)](
         q, k, v, do, lse, delta, dk, dv, dq, sem, *sq, *sk, *sv, *sdo, *sdk, heads, n_q, n_k,
         scale * LOG2E, scale, tail, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
