@@ -570,6 +570,18 @@ def git_revision() -> dict:
     return dict(git_revision=revision, git_dirty=dirty)
 
 
+def _shape(text: str) -> tuple[int, int, int, int]:
+    """`--shape`'s B,H,S,D."""
+    try:
+        batch, heads, seq, d = (int(x) for x in text.split(","))
+    except ValueError:
+        message = f"a shape is B,H,S,D, e.g. 1,32,32768,128; got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+    if min(batch, heads, seq, d) < 1:
+        raise argparse.ArgumentTypeError(f"a shape's sizes are positive; got {text!r}")
+    return batch, heads, seq, d
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
@@ -582,6 +594,9 @@ def main() -> int:
     )
     parser.add_argument("--rep-ms", type=float, default=300.0, help="do_bench's rep")
     parser.add_argument("--shapes", default="", help="only shapes whose text has this")
+    parser.add_argument("--shape", nargs="+", type=_shape, metavar="B,H,S,D",
+                        help="screen these shapes instead of the list (e.g. 1,32,32768,128: "
+                        "one rank's attention in the 2026 leaderboard step)")  # fmt: skip
     parser.add_argument("--impls", nargs="+", metavar="NAME",
                         help='only these fa2 rows, e.g. fa2 "fa2 gluon-bwd" (cuDNN always '
                         "runs)")  # fmt: skip
@@ -614,7 +629,8 @@ def main() -> int:
         budget_s=args.budget, rep_ms=args.rep_ms, layout=args.layout, **git_revision(),
     )  # fmt: skip
     rows = Results(args.out / "hopper_screen.json", meta)
-    shapes = [s for s in (TINY_SHAPES if args.tiny else SHAPES) if args.shapes in str(s)]
+    listed = args.shape or (TINY_SHAPES if args.tiny else SHAPES)
+    shapes = [s for s in listed if args.shapes in str(s)]
     deadline = started + args.budget
     weights = [1 + sum(flops(shape)) / FLOPS_PER_WEIGHT for shape in shapes]
     for i, shape in enumerate(shapes):
