@@ -482,19 +482,19 @@ def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(
     do = torch.randn_like(q)
     o, lse = FlashAttention2Triton.apply(q, k, v, causal, None, True)
 
-    def call(group_heads=None, wait_sleep_ns=0):
+    def call(group_heads=None, **options):
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
         dq = gluon_backward.launch(
             q, k, v, o, lse, do, dk, dv, strides, scale=d**-0.5, causal=causal,
             deterministic=True, dq_slots=dq_slots, block_m=block_m, group_heads=group_heads,
-            reversed_heads=0, wait_sleep_ns=wait_sleep_ns,
+            reversed_heads=0, **options,
         )  # fmt: skip
         return dq.to(q.dtype), dk, dv
 
     first = call()
     others = (call(group_heads=g) for g in (None, 1, 3, 6))
-    for again in (*others, call(wait_sleep_ns=128)):
+    for again in (*others, call(wait_sleep_ns=0), call(wait_sleep_ns=512)):
         for a, b in zip(first, again, strict=True):
             assert torch.equal(a, b)
     assert_within_twice_plain([o, *first], *_oracle_and_plain(q, k, v, do, causal), torch.bfloat16)
