@@ -3,7 +3,11 @@ fa2's default (deterministic, two-pass) backward and cuDNN's, to choose its form
 
 Per shape (causal, bf16, fresh random inputs and output gradient; o and the logsumexp from fa2's
 forward): the backward alone, as do_bench medians with L2 flushed, and its TFLOP/s by the usual
-convention (2.5 x the causal forward's 2·B·H·S²·D):
+convention (2.5 x the causal forward's 2·B·H·S²·D). Every variant is compiled first, then timed
+in `--rounds` interleaved rounds (forwards, then backwards: `serpentine`), its time the median
+of its rounds: timed one after another, the variants timed later measured 1-3% faster on an
+H200, whichever they were (docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_sleep_a.md and
+_sleep_b.md, where the same two launches swapped places and their order of merit). The rows:
 
 - "fa2 two-pass": fa2's default backward (`run_backward`, deterministic);
 - "cudnn": SDPA's cuDNN backend, forward+backward less its forward (cuDNN's backward cannot be
@@ -36,6 +40,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -48,10 +53,14 @@ from fa2.triton.function import run_backward, run_forward
 sys.path.insert(0, str(Path(__file__).parent))
 from hopper_screen import _median_ms, cudnn_attention, flops  # a sibling script
 
+ROUNDS = 4  # timings of each variant, interleaved (`serpentine`)
 SHAPES = [(2, 32, 32768, 128), (1, 16, 16384, 128), (1, 16, 16384, 64), (4, 32, 2048, 128)]
 VARIANTS = {  # row name: gluon_backward.launch keywords
     "gluon": {},
     "gluon ordered": dict(deterministic=True),
+    # the same launch as "gluon ordered" in a row of its own: how far apart two rows of one
+    # kernel come out (the method's own spread)
+    "gluon ordered, again": dict(deterministic=True),
     "gluon, 2 dQ slots": dict(dq_slots=2),
     "gluon ordered, 2 dQ slots": dict(deterministic=True, dq_slots=2),
     "probe: no dQ adds": dict(drop_dq=True),
@@ -90,30 +99,41 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def screen_shape(shape, variants, rep_ms: float) -> list[dict]:
-    """The rows of one shape: the two-pass backward, cuDNN, then each Gluon variant."""
+def serpentine(names: list[str], rounds: int) -> list[str]:
+    """The order of the timings: every name once a round, the rounds alternately forwards and
+    backwards, so that a drift over the run (clocks, temperature, a GPU waking up after a
+    compilation) weighs on every name alike rather than on the ones timed last."""
+    return [n for r in range(rounds) for n in (names if r % 2 == 0 else names[::-1])]
+
+
+def screen_shape(shape, variants, rep_ms: float, rounds: int = ROUNDS) -> list[dict]:
+    """The rows of one shape: the two-pass backward, cuDNN, then each Gluon variant. Every
+    variant is compiled and checked first; then each is timed `rounds` times (do_bench over
+    `rep_ms / rounds` each) in the `serpentine` order, and a row's time is the median of its
+    rounds (`bwd_ms_rounds` keeps them)."""
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     scale = shape[-1] ** -0.5
     o, lse, plan = run_forward(q, k, v, True)
     _, bwd_flops = flops(shape)
-    rows = []
-
-    def row(name: str, ms: float, **extra) -> None:
-        rows.append(dict(shape=list(shape), impl=name, bwd_ms=ms, tflops=bwd_flops / ms / 1e9))
-        rows[-1].update(extra)
-        print(f"  {name}: {ms:.3f} ms", flush=True)
-
     reference = run_backward(plan, q, k, v, o, lse, do, scale)
-    row(
-        "fa2 two-pass",
-        _median_ms(lambda: run_backward(plan, q, k, v, o, lse, do, scale), rep_ms=rep_ms),
-    )
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    fwd = _median_ms(lambda: cudnn_attention(*leaves), rep_ms=rep_ms)
-    both = _median_ms(
-        lambda: torch.autograd.grad(cudnn_attention(*leaves), leaves, do), rep_ms=rep_ms
-    )
-    row("cudnn", both - fwd, fwd_ms=fwd)
+    step_ms = rep_ms / rounds
+
+    def cudnn_backward_ms() -> tuple[float, float]:  # (backward, forward)
+        fwd = _median_ms(lambda: cudnn_attention(*leaves), rep_ms=step_ms)
+        both = _median_ms(
+            lambda: torch.autograd.grad(cudnn_attention(*leaves), leaves, do), rep_ms=step_ms
+        )
+        return both - fwd, fwd
+
+    timers = {
+        "fa2 two-pass": lambda: (
+            _median_ms(lambda: run_backward(plan, q, k, v, o, lse, do, scale), rep_ms=step_ms),
+        ),
+        "cudnn": cudnn_backward_ms,
+    }
+    extras: dict[str, dict] = {name: {} for name in timers}
+    failed = []
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
     for name, options in variants.items():
@@ -128,7 +148,7 @@ def screen_shape(shape, variants, rep_ms: float) -> list[dict]:
         try:
             dq = call()
         except Exception as exc:  # a variant the compiler fails on: recorded, the others run
-            rows.append(dict(shape=list(shape), impl=name, error=f"{type(exc).__name__}: {exc}"))
+            failed.append(dict(shape=list(shape), impl=name, error=f"{type(exc).__name__}: {exc}"))
             print(f"  {name}: failed ({type(exc).__name__})", flush=True)
             continue
         errors = dict(dk=_rel(dk, reference[1]), dv=_rel(dv, reference[2]))
@@ -137,29 +157,46 @@ def screen_shape(shape, variants, rep_ms: float) -> list[dict]:
             errors["dq"] = _rel(dq, reference[0])
             first = dq.clone()
             same_bits = bool(torch.equal(call(), first))  # dQ's bits: run to run
-        row(
-            name, _median_ms(call, rep_ms=rep_ms), rel_diff_to_two_pass=errors,
-            same_bits_twice=same_bits,
+        timers[name] = lambda call=call: (_median_ms(call, rep_ms=step_ms),)
+        extras[name] = dict(rel_diff_to_two_pass=errors, same_bits_twice=same_bits)
+    samples: dict[str, list[tuple[float, ...]]] = {name: [] for name in timers}
+    for name in serpentine(list(timers), rounds):
+        samples[name].append(timers[name]())
+    rows = []
+    for name, taken in samples.items():
+        ms = statistics.median(t[0] for t in taken)
+        rows.append(
+            dict(
+                shape=list(shape), impl=name, bwd_ms=ms, tflops=bwd_flops / ms / 1e9,
+                bwd_ms_rounds=[t[0] for t in taken], **extras[name],
+            )
         )  # fmt: skip
-    return rows
+        if name == "cudnn":
+            rows[-1]["fwd_ms"] = statistics.median(t[1] for t in taken)
+        spread = ", ".join(f"{t[0]:.3f}" for t in taken)
+        print(f"  {name}: {ms:.3f} ms (rounds: {spread})", flush=True)
+    return rows + failed
 
 
 def table(rows: list[dict]) -> str:
     """The rows as a Markdown table, each backward's time beside cuDNN's at its shape."""
     lines = [
-        "| shape | impl | bwd ms | TFLOP/s | x cuDNN | rel. diff dk/dv/dq to two-pass "
-        "| dQ bits twice |",
-        "|---|---|---|---|---|---|---|",
+        "| shape | impl | bwd ms | rounds, ms | TFLOP/s | x cuDNN | rel. diff dk/dv/dq to "
+        "two-pass | dQ bits twice |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {tuple(r['shape'])} | {r['impl']} | failed | | | | |")
+            lines.append(f"| {tuple(r['shape'])} | {r['impl']} | failed | | | | | |")
             continue
+        taken = r.get("bwd_ms_rounds")  # older runs timed each variant once
+        spread = f"{min(taken):.3f}-{max(taken):.3f}" if taken else ""
         base = next(x for x in rows if x["shape"] == r["shape"] and x["impl"] == "cudnn")
         diff = "/".join(f"{v:.1e}" for v in r.get("rel_diff_to_two_pass", {}).values())
         same = {True: "yes", False: "no", None: ""}[r.get("same_bits_twice")]
         lines.append(
-            f"| {tuple(r['shape'])} | {r['impl']} | {r['bwd_ms']:.3f} | {r['tflops']:.0f} | "
+            f"| {tuple(r['shape'])} | {r['impl']} | {r['bwd_ms']:.3f} | {spread} | "
+            f"{r['tflops']:.0f} | "
             f"{r['bwd_ms'] / base['bwd_ms']:.3f} | {diff} | {same} |"
         )
     return "\n".join(lines)
@@ -215,7 +252,10 @@ def main() -> int:
     parser.add_argument("--report", type=Path, help="a run's JSON: write its .md and .png beside")
     parser.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, help="B,H,S,D each")
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
-    parser.add_argument("--rep-ms", type=float, default=400.0, help="do_bench rep per timing")
+    parser.add_argument("--rep-ms", type=float, default=400.0,
+                        help="do_bench rep per variant, split over the rounds")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="timings of each variant, interleaved")  # fmt: skip
     args = parser.parse_args()
     if args.report:
         for written in report(args.report):
@@ -223,6 +263,8 @@ def main() -> int:
         return 0
     if args.out is None:
         parser.error("give --out (a GPU run) or --report (a page from a run's JSON)")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if not torch.cuda.is_available() or not gluon_backward.HAVE_GLUON:
         sys.exit("needs an sm_90 GPU and the Triton whose Gluon fa2's kernels are written for")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +277,7 @@ def main() -> int:
     rows = []
     for shape in args.shapes:
         print(shape, flush=True)
-        rows += screen_shape(shape, variants, args.rep_ms)
+        rows += screen_shape(shape, variants, args.rep_ms, args.rounds)
         path = args.out / "gluon_bwd_variants.json"
         path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     print(table(rows))

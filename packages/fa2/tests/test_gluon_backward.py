@@ -229,6 +229,22 @@ def test_the_launch_model_writes_its_page(tmp_path):
     assert (tmp_path / "model.md").exists() and (tmp_path / "model.png").exists()
 
 
+def test_the_variants_script_times_every_variant_in_every_position():
+    """`scripts/gluon_bwd_variants.py` times its rows in interleaved rounds, forwards then
+    backwards, so that a drift over the run does not favour the rows timed last."""
+    done = subprocess.run(
+        [
+            sys.executable, "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); import gluon_bwd_variants as v; "
+            "print(' '.join(v.serpentine(['a', 'b', 'c'], 3)))",
+            str(SCREEN.parent),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+
+
 def test_the_unordered_launch_starts_each_head_at_its_longest_key_tile():
     order = gluon_backward.launch_order(8, 3, group=2, reversed=2, highest_first=False)
     assert [n for _, n, _ in order[:4]] == [0, 0, 1, 1]

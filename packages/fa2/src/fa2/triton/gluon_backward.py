@@ -51,8 +51,7 @@ Two orders of dQ's additions (`launch(deterministic=...)`):
   in, which varies from run to run;
 - fixed (`deterministic=True`, the ORDERED reducer): each query tile has a semaphore, and the
   key tiles add into it one at a time, the highest first, as FA3's deterministic backward does;
-  a key tile waits for its turn (`ld.acquire` in a loop, sleeping `WAIT_SLEEP_NS` between
-  reads, so that waiting programs read L2 less often), adds, waits until its additions are
+  a key tile waits for its turn (`ld.acquire` in a loop), adds, waits until its additions are
   complete (`cp.async.bulk.wait_group 0`), then counts itself (`red.release`). The first
   contributor (the highest key tile) stores its partial instead (a TMA store, one bulk group
   as the reduction is), so the pre-pass need not zero dQ: 5% less time at (4, 32, 2048, 128),
@@ -171,13 +170,9 @@ GROUP_BYTES = 8 * 1024 * 1024
 # heads at (1, 32, 8192, 64) 4.2-6.1% less (2 heads 1.2-2.7%); at (2, 32, 32768, 128) 1 head 2.2%
 # less in one run, 2 heads from 1.4% less to 0.4% more in three.
 REVERSED_KEY_TILES = 256
-# Where ordered, a key tile waiting for its turn sleeps about this many nanoseconds between two
-# reads of its semaphore (`launch(wait_sleep_ns=...)`; 0 reads without pause). On an H200,
-# against reading without pause: 1.0-3.0% less backward time at (1, 32, 32768, 128),
-# (2, 32, 32768, 128), (1, 16, 16384, 128), (4, 32, 2048, 128) and (1, 16, 16384, 64) at 128
-# queries a step; 32 and 512 ns measured no better (docs/results/
-# fa2_gluon_bwd_variants_h200_2026-11-29_sleep_a.md).
-WAIT_SLEEP_NS = 128
+# Where ordered, a key tile waiting for its turn reads its semaphore without pause (0), or sleeps
+# about this many nanoseconds between two reads (`launch(wait_sleep_ns=...)`, a measurement).
+WAIT_SLEEP_NS = 0
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
 # the loader (TMA issue and two 64-float row loads per tile), one warp, and the dQ reducer, two
