@@ -82,12 +82,6 @@ VARIANTS = {  # row name: gluon_backward.launch keywords
     "ordered m128, 4 heads interleaved": dict(deterministic=True, block_m=128, group_heads=4),
     "ordered m128, 16 heads interleaved": dict(deterministic=True, block_m=128, group_heads=16),
     "ordered m128, 2 dQ slots": dict(deterministic=True, block_m=128, dq_slots=2),
-    "ordered, waits without sleep": dict(deterministic=True, wait_sleep_ns=0),
-    "ordered m128, waits without sleep": dict(deterministic=True, block_m=128, wait_sleep_ns=0),
-    "ordered, waits sleep 32 ns": dict(deterministic=True, wait_sleep_ns=32),
-    "ordered, waits sleep 128 ns": dict(deterministic=True, wait_sleep_ns=128),
-    "ordered, waits sleep 512 ns": dict(deterministic=True, wait_sleep_ns=512),
-    "ordered m128, waits sleep 128 ns": dict(deterministic=True, block_m=128, wait_sleep_ns=128),
 }
 
 

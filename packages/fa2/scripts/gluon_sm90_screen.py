@@ -61,25 +61,23 @@ _INTS = [f"stride_{t}{s}" for t in ("q", "k", "v", "do", "dk") for s in ("b", "h
 ]
 
 
-def _parse(case: str) -> tuple[int, bool, str, bool, int, int]:
-    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-ordered)?(-m(\d+))?(-sleep(\d+))?", case)
+def _parse(case: str) -> tuple[int, bool, str, bool, int]:
+    match = re.fullmatch(r"d(\d+)-(causal|full)(-fp16)?(-ordered)?(-m(\d+))?", case)
     if not match:
         raise ValueError(
-            "a case is named like d128-causal, d64-full-fp16, d128-causal-ordered, "
-            f"d64-causal-ordered-m128 or d128-causal-ordered-sleep128, got {case!r}"
+            "a case is named like d128-causal, d64-full-fp16, d128-causal-ordered or "
+            f"d64-causal-ordered-m128, got {case!r}"
         )
     head_dim, causal = int(match.group(1)), match.group(2) == "causal"
     block_m = int(match.group(6)) if match.group(5) else gb.BLOCK_M
-    sleep = int(match.group(8)) if match.group(7) else gb.WAIT_SLEEP_NS
-    dtype = "fp16" if match.group(3) else "bf16"
-    return head_dim, causal, dtype, bool(match.group(4)), block_m, sleep
+    return head_dim, causal, "fp16" if match.group(3) else "bf16", bool(match.group(4)), block_m
 
 
 def compile_case(case: str) -> dict:
     """Compile one case for sm_90 and read its resources."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    head_dim, causal, dtype, ordered, block_m, sleep = _parse(case)
+    head_dim, causal, dtype, ordered, block_m = _parse(case)
     signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "DO", "DK", "DV")}
     signature.update(
         L="*fp32", Delta="*fp32", DQ="*fp32", DQ_SEM="*i32", qk_scale="fp32", sm_scale="fp32"
@@ -89,7 +87,7 @@ def compile_case(case: str) -> dict:
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=gb.BLOCK_N, STAGES=gb.STAGES,
         IS_CAUSAL=causal, LOADER_WARPS=gb.LOADER_WARPS, LOADER_REGS=gb.LOADER_REGS,
         REDUCER_WARPS=gb.REDUCER_WARPS, REDUCER_REGS=gb.REDUCER_REGS, DQ_ORDERED=ordered,
-        DQ_DROP=False, DQ_SLOTS=gb.DQ_SLOTS, HIGHEST_FIRST=ordered, WAIT_SLEEP_NS=sleep,
+        DQ_DROP=False, DQ_SLOTS=gb.DQ_SLOTS, HIGHEST_FIRST=ordered,
     )  # fmt: skip
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     kernel = gb._gluon_bwd_kernel

@@ -100,13 +100,6 @@ def test_a_query_tile_the_head_dim_does_not_take_is_refused():
         _launch_on_cpu_tensors(128, block_m=128)
 
 
-@pytest.mark.parametrize("sleep", [-1, 2**31, True])
-def test_a_wait_sleep_that_is_not_nanoseconds_is_refused(sleep):
-    """`wait_sleep_ns` goes into a 32-bit `nanosleep` operand."""
-    with pytest.raises(ValueError, match="wait_sleep_ns is nanoseconds"):
-        _launch_on_cpu_tensors(128, deterministic=True, wait_sleep_ns=sleep)
-
-
 def test_the_ordered_form_launched_lowest_first_is_refused():
     """Ordered dQ launched lowest key tile first can wait on a program never started: refused."""
     with pytest.raises(ValueError, match="deterministic=True needs highest_first"):
@@ -490,27 +483,25 @@ def test_the_ordered_form_matches_the_oracle_and_repeats_its_bits(
     additions. With one dQ partial buffer (the default) and two (`dq_slots=2`), at each query
     tile the head dim takes (`block_m`). The bits are the same in every launch order
     (`group_heads`: the default's, one head at a time, 3 or all 6 heads' key tiles
-    interleaved; no reversed tail, whose heads add in the other order) and with the waits
-    sleeping between reads (`wait_sleep_ns`): the semaphores, not the launch or the waits'
-    timing, fix the order of the additions."""
+    interleaved; no reversed tail, whose heads add in the other order): the semaphores, not
+    the launch, fix the order of the additions."""
     make = lambda n: torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = make(n_q), make(n_k), make(n_k)
     do = torch.randn_like(q)
     o, lse = FlashAttention2Triton.apply(q, k, v, causal, None, True)
 
-    def call(group_heads=None, **options):
+    def call(group_heads=None):
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         strides = tuple(tuple(t.stride()[:3]) for t in (q, k, v, o, do, dk))
         dq = gluon_backward.launch(
             q, k, v, o, lse, do, dk, dv, strides, scale=d**-0.5, causal=causal,
             deterministic=True, dq_slots=dq_slots, block_m=block_m, group_heads=group_heads,
-            reversed_heads=0, **options,
+            reversed_heads=0,
         )  # fmt: skip
         return dq.to(q.dtype), dk, dv
 
     first = call()
-    others = (call(group_heads=g) for g in (None, 1, 3, 6))
-    for again in (*others, call(wait_sleep_ns=0), call(wait_sleep_ns=512)):
+    for again in (call(), call(group_heads=1), call(group_heads=3), call(group_heads=6)):
         for a, b in zip(first, again, strict=True):
             assert torch.equal(a, b)
     assert_within_twice_plain([o, *first], *_oracle_and_plain(q, k, v, do, causal), torch.bfloat16)

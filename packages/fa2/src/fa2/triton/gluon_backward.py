@@ -170,9 +170,6 @@ GROUP_BYTES = 8 * 1024 * 1024
 # heads at (1, 32, 8192, 64) 4.2-6.1% less (2 heads 1.2-2.7%); at (2, 32, 32768, 128) 1 head 2.2%
 # less in one run, 2 heads from 1.4% less to 0.4% more in three.
 REVERSED_KEY_TILES = 256
-# Where ordered, a key tile waiting for its turn reads its semaphore without pause (0), or sleeps
-# about this many nanoseconds between two reads (`launch(wait_sleep_ns=...)`, a measurement).
-WAIT_SLEEP_NS = 0
 COMPUTE_WARPS = 8  # the default partition: two warpgroups
 # Worker partitions, together one warpgroup with a spare warp (as FA3's producer warpgroup):
 # the loader (TMA issue and two 64-float row loads per tile), one warp, and the dQ reducer, two
@@ -286,28 +283,18 @@ if HAVE_GLUON:
         )
 
     @gluon.jit
-    def _wait_for_count(counters, count, sleep_ns, SLEEP: gl.constexpr):
+    def _wait_for_count(counters, count):
         """Spin until each lane's `counters` (int32 in global memory) holds `count` (acquire,
         GPU scope), then `fence.proxy.async.global`, which orders what was acquired before
-        this thread's later async-proxy (TMA) accesses of global memory. SLEEP: between
-        two reads the thread sleeps about `sleep_ns` nanoseconds (`nanosleep`), so a wait
-        reads L2 less often. One PTX loop (its labels scoped by the braces): a loop written
-        in Gluon here made ptxas spill the compute warps' registers."""
-        if SLEEP:
-            gl.inline_asm_elementwise(
-                "{\n.reg .pred p;\n.reg .b32 seen;\nWAIT:\n"
-                "ld.acquire.gpu.global.b32 seen, [$1];\nsetp.eq.s32 p, seen, $2;\n"
-                "@p bra DONE;\nnanosleep.u32 $3;\nbra WAIT;\nDONE:\n}\n"
-                "fence.proxy.async.global;\nmov.u32 $0, 0;",
-                "=r,l,r,r", [counters, count, sleep_ns], dtype=gl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-        else:
-            gl.inline_asm_elementwise(
-                "{\n.reg .pred p;\n.reg .b32 seen;\nWAIT:\n"
-                "ld.acquire.gpu.global.b32 seen, [$1];\nsetp.ne.s32 p, seen, $2;\n@p bra WAIT;\n}\n"
-                "fence.proxy.async.global;\nmov.u32 $0, 0;",
-                "=r,l,r", [counters, count], dtype=gl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
+        this thread's later async-proxy (TMA) accesses of global memory. One PTX loop (its
+        label scoped by the braces): a loop written in Gluon here made ptxas spill the compute
+        warps' registers."""
+        gl.inline_asm_elementwise(
+            "{\n.reg .pred p;\n.reg .b32 seen;\nWAIT:\n"
+            "ld.acquire.gpu.global.b32 seen, [$1];\nsetp.ne.s32 p, seen, $2;\n@p bra WAIT;\n}\n"
+            "fence.proxy.async.global;\nmov.u32 $0, 0;",
+            "=r,l,r", [counters, count], dtype=gl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
 
     @gluon.jit
     def _reducer(
@@ -330,7 +317,6 @@ if HAVE_GLUON:
         ORDERED: gl.constexpr,
         DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
-        WAIT_SLEEP_NS: gl.constexpr,
     ):
         """The dQ warps: per query tile, wait for the compute warps' fp32 partial
         sm_scale·dS K in `dq_smem`, add it into this head's global fp32 dQ rows with TMA
@@ -378,7 +364,7 @@ if HAVE_GLUON:
                     top = last_key_tile
                 before = top - key_tile + descend * (2 * key_tile - top)
                 if ORDERED:  # this tile's turn, waited for while the partial is computed
-                    _wait_for_count(sem, none + before, none + WAIT_SLEEP_NS, WAIT_SLEEP_NS > 0)
+                    _wait_for_count(sem, none + before)
                 mbarrier.wait(dq_ready.index(t), (i // DQ_SLOTS) & 1)  # 4: the partial is in
                 if ORDERED and before == 0:  # the first to add: stores, nothing zeroes dQ
                     tma.async_copy_shared_to_global(dq_desc, [m * BLOCK_M, 0], dq_smem.index(t))
@@ -608,7 +594,6 @@ if HAVE_GLUON:
         DQ_DROP: gl.constexpr,
         DQ_SLOTS: gl.constexpr,
         HIGHEST_FIRST: gl.constexpr,
-        WAIT_SLEEP_NS: gl.constexpr,
     ):
         """dK, dV of BLOCK_N keys of one (batch, head), and their share of dQ added into DQ
         (fp32, zeroed, contiguous (batch, heads, N_Q, HEAD_DIM)). dK and dV share their
@@ -730,7 +715,7 @@ if HAVE_GLUON:
                     (
                         dq_desc, dq_smem, dq_ready, dq_empty, DQ_SEM, bh, n0, start_m, n_tiles,
                         descend, N_Q, N_K, BLOCK_M, BLOCK_N, REDUCER_WARPS, IS_CAUSAL,
-                        DQ_ORDERED, DQ_DROP, DQ_SLOTS, WAIT_SLEEP_NS,
+                        DQ_ORDERED, DQ_DROP, DQ_SLOTS,
                     ),
                 ),
             ],
@@ -858,7 +843,6 @@ def launch(
     group_heads: int | None = None,
     highest_first: bool | None = None,
     reversed_heads: int | None = None,
-    wait_sleep_ns: int = WAIT_SLEEP_NS,
 ) -> torch.Tensor:
     """Run the backward on `(..., heads, n, d)` views read with the (batch, head, row)
     `strides` of q, k, v, o, dO and dK (which dV shares), writing dk and dv; returns dQ as a
@@ -875,8 +859,6 @@ def launch(
     `reversed_heads`: where the launch is highest first, how many of its last (batch x head)s
     (rounded up to whole groups) form the reversed tail (`_gluon_bwd_kernel`); 0: none; None:
     as many as hold REVERSED_KEY_TILES key tiles where causal, none otherwise.
-    `wait_sleep_ns`: where ordered, a key tile waiting for its turn sleeps about this long
-    between two reads of the semaphore (`WAIT_SLEEP_NS`; 0: it reads without pause).
     One key/value head per query head; `unsupported_reason` must have said None."""
     from fa2.triton.backward import _delta_kernel  # (backward.py imports this module)
 
@@ -890,8 +872,6 @@ def launch(
             "fa2_gluon_bwd_longest_first_h200_2026-11-28.md)"
         )
 
-    if isinstance(wait_sleep_ns, bool) or not 0 <= wait_sleep_ns < 2**31:
-        raise ValueError(f"wait_sleep_ns is nanoseconds, 0 to 2**31 - 1; got {wait_sleep_ns!r}")
     sq, sk, sv, so, sdo, sdk = strides
     n_q, d = q.shape[-2:]
     if block_m not in BLOCK_MS.get(d, ()):
@@ -933,7 +913,6 @@ def launch(
         STAGES=STAGES, IS_CAUSAL=causal, LOADER_WARPS=LOADER_WARPS, LOADER_REGS=LOADER_REGS,
         REDUCER_WARPS=REDUCER_WARPS, REDUCER_REGS=REDUCER_REGS, DQ_ORDERED=deterministic,
         DQ_DROP=drop_dq, DQ_SLOTS=dq_slots, HIGHEST_FIRST=highest_first,
-        WAIT_SLEEP_NS=wait_sleep_ns,
         num_warps=COMPUTE_WARPS,
     )  # fmt: skip
     return dq
