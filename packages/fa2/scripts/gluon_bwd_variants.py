@@ -5,9 +5,9 @@ Per shape (causal, bf16, fresh random inputs and output gradient; o and the logs
 forward): the backward alone, as do_bench medians with L2 flushed, and its TFLOP/s by the usual
 convention (2.5 x the causal forward's 2·B·H·S²·D). Every variant is compiled first, then timed
 in `--rounds` interleaved rounds (forwards, then backwards: `serpentine`), its time the median
-of its rounds: timed one after another, the variants timed later measured 1-3% faster on an
-H200, whichever they were (docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_sleep_a.md and
-_sleep_b.md, where the same two launches swapped places and their order of merit). The rows:
+of its rounds: timed one after another, two launches swapped their order of merit when they
+swapped places (docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_sleep_a.md, _sleep_b.md): a
+drift of 1-3% over a run, which way it goes differing from run to run. The rows:
 
 - "fa2 two-pass": fa2's default backward (`run_backward`, deterministic);
 - "cudnn": SDPA's cuDNN backend, forward+backward less its forward (cuDNN's backward cannot be
@@ -51,7 +51,7 @@ from fa2.triton import gluon_backward
 from fa2.triton.function import run_backward, run_forward
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hopper_screen import _median_ms, cudnn_attention, flops  # a sibling script
+from hopper_screen import _median_ms, cudnn_attention, flops, serpentine  # a sibling script
 
 ROUNDS = 4  # timings of each variant, interleaved (`serpentine`)
 SHAPES = [(2, 32, 32768, 128), (1, 16, 16384, 128), (1, 16, 16384, 64), (4, 32, 2048, 128)]
@@ -91,13 +91,6 @@ def _shape(text: str) -> tuple[int, ...]:
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
-
-
-def serpentine(names: list[str], rounds: int) -> list[str]:
-    """The order of the timings: every name once a round, the rounds alternately forwards and
-    backwards, so that a drift over the run (clocks, temperature, a GPU waking up after a
-    compilation) weighs on every name alike rather than on the ones timed last."""
-    return [n for r in range(rounds) for n in (names if r % 2 == 0 else names[::-1])]
 
 
 def screen_shape(shape, variants, rep_ms: float, rounds: int = ROUNDS) -> list[dict]:
@@ -196,6 +189,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _timing_note(rows: list[dict]) -> str:
+    """How the run timed its rows: in interleaved rounds, or each row once after another."""
+    rounds = max((len(r.get("bwd_ms_rounds", ())) for r in rows), default=0)
+    if rounds:
+        return (
+            f"Every row was timed in {rounds} interleaved rounds (forwards, then backwards); "
+            "its time is their median, 'rounds' their range."
+        )
+    return (
+        "Each row was timed once, after the ones above it: in runs of this script on an "
+        "H200 two launches swapped their order of merit when they swapped places, a drift of "
+        "1-3% over a run (fa2_gluon_bwd_variants_h200_2026-11-29_sleep_a.md, _sleep_b.md), so "
+        "differences of that size here need not be the variants'."
+    )
+
+
 def report(path: Path) -> tuple[Path, Path]:
     """A results page (.md) and a plot (.png: each backward's time over cuDNN's, per shape)
     beside a run's JSON."""
@@ -234,7 +243,8 @@ def report(path: Path) -> tuple[Path, Path]:
         "cuDNN's backward is its forward+backward less its forward. TFLOP/s: 2.5x the causal "
         "forward's 2·B·H·S²·D. Relative differences are to fa2's two-pass backward on the same "
         "inputs; 'dQ bits twice': whether a second call gave the same dQ bits. 'probe: no dQ "
-        "adds' leaves dQ at zero by design (a timing probe).\n\n"
+        "adds' leaves dQ at zero by design (a timing probe). "
+        f"{_timing_note(data['rows'])}\n\n"
         f"{table(data['rows'])}\n\n![backward over cuDNN's]({png.name})\n"
     )
     return md, png

@@ -17,8 +17,13 @@ intra-warpgroup overlap; "fa2 gluon-fwd+bwd": both Gluon kernels forced). `--imp
 the named fa2 rows (cuDNN always runs). Measured:
 
 - forward, forward+backward (do_bench medians, L2 flushed between calls), backward = their
-  difference; inputs under 1 GiB rotate among up to 4 copies, so that no call starts on data
-  the one before left in caches (do_bench's own flush covers L2 only); TFLOP/s by the usual
+  difference; every implementation at a shape is compiled and checked first, then timed in
+  `--rounds` interleaved rounds (forwards, then backwards), each time the median of its
+  rounds, so that a drift over the run does not favour whichever runs last (two launches
+  timed one after the other swapped their order of merit when they swapped places:
+  docs/results/fa2_gluon_bwd_variants_h200_2026-11-29_sleep_a.md, _sleep_b.md); inputs
+  under 1 GiB rotate among up to 4 copies, so that no call starts on data the one before
+  left in caches (do_bench's own flush covers L2 only); TFLOP/s by the usual
   convention (forward 4·B·H·S²·D halved for causal, backward 2.5x);
 - the error of o, dq, dk, dv against float64 (`fa2.attention_reference`) on a slice: batch 0,
   head 0, the first min(S, 8192) positions (a causal prefix is a problem of its own; 8192 keeps
@@ -103,6 +108,7 @@ SHAPES = [  # (batch, heads, seq, head dim), in the order they run
 TINY_SHAPES = [(1, 2, 70, 64), (2, 2, 45, 128)]
 FLOPS_PER_WEIGHT = 2e13  # forward+backward FLOPs that weigh as much as one shape's compilation
 ACCURACY_PREFIX = 8192  # longer than configs.SHORT_SEQ: the slice takes the long tiles
+ROUNDS = 2  # timings of each implementation at a shape, interleaved (`serpentine`)
 ROTATE_BYTES = 2**30  # inputs (q, k, v, dO) rotate among up to 4 copies until they span this
 
 
@@ -314,7 +320,18 @@ class Results(list):
 
     def append(self, row: dict) -> None:
         super().append(row)
+        self.save()
+
+    def save(self) -> None:
+        """Write the rows as they stand (after a row was filled in)."""
         self.path.write_text(json.dumps(dict(meta=self.meta, rows=list(self)), indent=1) + "\n")
+
+
+def serpentine(items: list, rounds: int) -> list:
+    """The order of the timings: every item once a round, the rounds alternately forwards and
+    backwards, so that a drift over the run (clocks, temperature) weighs on every item alike
+    rather than on the ones timed last or first."""
+    return [x for r in range(rounds) for x in (items if r % 2 == 0 else items[::-1])]
 
 
 def screen_shape(
@@ -326,9 +343,12 @@ def screen_shape(
     rep_ms: float,
     only=None,
     layout: str = "bhsd",
+    rounds: int = ROUNDS,
 ) -> None:
     """Every implementation at one shape (the fa2 ones named in `only`, if given), until
-    `deadline` (time.monotonic())."""
+    `deadline` (time.monotonic()): each is compiled and checked (accuracy, determinism) first,
+    then all of them are timed in `rounds` interleaved rounds (`serpentine`, do_bench over
+    `rep_ms / rounds` a timing), each time the median of its rounds."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = str(shape)
     size = 4 * math.prod(shape) * 2
@@ -344,6 +364,7 @@ def screen_shape(
         for n, env in candidates(shape[-1], tiny=tiny).items()
         if only is None or n in only
     ]
+    checked = []  # (row, fn, env) of the implementations to time
     for impl, fn, env in impls:
         row = dict(shape=name, impl=impl, env=env, input_copies=copies)
         unavailable = (gluon_bwd(env) and gluon_backward.unsupported_reason(q, k, v, do)) or (
@@ -364,23 +385,40 @@ def screen_shape(
                 forward._plans.cache.clear()
                 torch.autograd.grad(fn(q, k, v), (q, k, v), do)  # compiles Triton's kernels
                 row["first_call_s"] = time.monotonic() - started
-                fwd_ms, total_ms = time_impl(fn, sets, rep_ms=rep_ms)
-                row.update(fwd_ms=fwd_ms, bwd_ms=total_ms - fwd_ms, fwd_bwd_ms=total_ms)
-                row.update(fwd_tflops=fwd_flops / fwd_ms / 1e9,
-                           bwd_tflops=bwd_flops / (total_ms - fwd_ms) / 1e9)  # fmt: skip
-                if time.monotonic() < deadline:
-                    errors = slice_errors(fn, part, reference)
-                    row.update(errors=dict(zip(("o", "dq", "dk", "dv"), errors, strict=True)))
-                    ratios = zip(errors, sdpa_errors, strict=True)
-                    row["error_vs_sdpa"] = worst_ratio(e / s for e, s in ratios)
-                    row["deterministic"] = deterministic(fn, q, k, v, do)
+                errors = slice_errors(fn, part, reference)
+                row.update(errors=dict(zip(("o", "dq", "dk", "dv"), errors, strict=True)))
+                ratios = zip(errors, sdpa_errors, strict=True)
+                row["error_vs_sdpa"] = worst_ratio(e / s for e, s in ratios)
+                row["deterministic"] = deterministic(fn, q, k, v, do)
                 if impl.startswith("fa2"):
                     row["launched"] = launched(q.shape)
+            checked.append((row, fn, env))
         except Exception as exc:  # e.g. a tile needing more shared memory than this GPU has
             row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
         row["seconds"] = time.monotonic() - started
         rows.append(row)
+    taken: dict[int, list[tuple[float, float]]] = {id(row): [] for row, _, _ in checked}
+    for row, fn, env in serpentine(checked, rounds):
+        if "error" in row:
+            continue
+        started = time.monotonic()
+        try:
+            with environment(env):
+                forward._plans.cache.clear()
+                taken[id(row)].append(time_impl(fn, sets, rep_ms=rep_ms / rounds))
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+        row["seconds"] += time.monotonic() - started
+    for row, _, _ in checked:
+        if "error" not in row:
+            fwd_ms = statistics.median(f for f, _ in taken[id(row)])
+            total_ms = statistics.median(t for _, t in taken[id(row)])
+            row.update(fwd_ms=fwd_ms, bwd_ms=total_ms - fwd_ms, fwd_bwd_ms=total_ms)
+            row.update(fwd_tflops=fwd_flops / fwd_ms / 1e9,
+                       bwd_tflops=bwd_flops / (total_ms - fwd_ms) / 1e9)  # fmt: skip
+            row["rounds"] = [dict(fwd_ms=f, fwd_bwd_ms=t) for f, t in taken[id(row)]]
         print(_progress(row), flush=True)
+    rows.save()
     del sets, q, k, v, do
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -479,8 +517,14 @@ def report(path: Path) -> tuple[Path, Path]:
             "heads, d) and viewed so, as fa2 receives them inside the compiled leaderboard "
             "step. ",
         }.get(meta.get("layout"), "")
-        + "Causal, bf16, a random output gradient. fwd and fwd+bwd: do_bench medians (L2 flushed); "
-        "bwd = their difference. vs: fwd+bwd over the baseline's at the same shape. err/SDPA: "
+        + "Causal, bf16, a random output gradient. fwd and fwd+bwd: do_bench medians (L2 flushed)"
+        + (
+            f", each the median of {meta['rounds']} interleaved rounds (forwards, then "
+            "backwards) at its shape; "
+            if meta.get("rounds")
+            else ", each implementation timed once, after the ones above it at its shape; "
+        )
+        + "bwd = their difference. vs: fwd+bwd over the baseline's at the same shape. err/SDPA: "
         "the error of o / dq / dk / dv against float64 on a slice (batch 0, head 0, the first "
         "min(S, 8192) positions) over SDPA cuDNN's error on the same slice (recomputed here "
         "from each row's errors: the `error_vs_sdpa` field of screens run at 8d5630b took "
@@ -592,7 +636,10 @@ def main() -> int:
         help="seconds for the shapes; the last part started may run over it "
         "by its own length, and start-up takes some more: 7 minutes in all",
     )
-    parser.add_argument("--rep-ms", type=float, default=300.0, help="do_bench's rep")
+    parser.add_argument("--rep-ms", type=float, default=300.0,
+                        help="do_bench's rep per implementation, over all rounds")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="timings of each implementation at a shape, interleaved")  # fmt: skip
     parser.add_argument("--shapes", default="", help="only shapes whose text has this")
     parser.add_argument("--shape", nargs="+", type=_shape, metavar="B,H,S,D",
                         help="screen these shapes instead of the list (e.g. 1,32,32768,128: "
@@ -614,6 +661,8 @@ def main() -> int:
     if args.report:
         print(*report(args.report), sep="\n")
         return 0
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     started = time.monotonic()
     if args.tiny:  # the interpreter emulates the TMA descriptors the candidates read through
         launch.tma_capable = lambda device: True
@@ -626,7 +675,8 @@ def main() -> int:
         cudnn=torch.backends.cudnn.version(),
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command=shlex.join(["python3", "packages/fa2/scripts/hopper_screen.py", *sys.argv[1:]]),
-        budget_s=args.budget, rep_ms=args.rep_ms, layout=args.layout, **git_revision(),
+        budget_s=args.budget, rep_ms=args.rep_ms, rounds=args.rounds, layout=args.layout,
+        **git_revision(),
     )  # fmt: skip
     rows = Results(args.out / "hopper_screen.json", meta)
     listed = args.shape or (TINY_SHAPES if args.tiny else SHAPES)
@@ -639,7 +689,7 @@ def main() -> int:
         try:
             screen_shape(
                 shape, rows, share, tiny=args.tiny, rep_ms=args.rep_ms, only=args.impls,
-                layout=args.layout,
+                layout=args.layout, rounds=args.rounds,
             )  # fmt: skip
         except Exception as exc:  # e.g. out of memory: keep the other shapes
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"

@@ -262,3 +262,27 @@ def test_specialised_loops_number_each_consumers_rows_once():
     for row in result["fa2"]:
         assert row["ws"] and row["double_offsets"] == [], row
     assert result["shared"]["ws"] and result["shared"]["double_offsets"], result["shared"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rehearsal is the CPU's (a GPU screens)")
+def test_the_screen_rehearses_in_interleaved_rounds(tmp_path):
+    """`scripts/hopper_screen.py --tiny` on the CPU (Triton's interpreter): fa2 beside SDPA at a
+    tiny shape, each timed in every round (forwards, then backwards), its time the median of
+    its rounds; fa2's error within twice SDPA's and its backward's bits repeated."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "hopper_screen.py"
+    done = subprocess.run(
+        [
+            sys.executable, str(script), "--tiny", "--shape", "1,2,70,64", "--impls", "fa2",
+            "--rounds", "3", "--rep-ms", "3", "--out", str(tmp_path),
+        ],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "hopper_screen.json").read_text())
+    assert data["meta"]["rounds"] == 3
+    rows = {r["impl"]: r for r in data["rows"]}
+    assert set(rows) == {"sdpa-cpu", "fa2"}
+    for row in rows.values():
+        taken = [r["fwd_bwd_ms"] for r in row["rounds"]]
+        assert len(taken) == 3 and row["fwd_bwd_ms"] == sorted(taken)[1]
+    assert rows["fa2"]["error_vs_sdpa"] <= 2 and rows["fa2"]["deterministic"]
