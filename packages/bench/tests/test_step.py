@@ -31,7 +31,12 @@ from bench.tools.step import (
     run_step,
     step_specs,
 )
-from bench.tools.step.profile import STEP_PROFILE_KEYS, breakdown_rows, phase_summary
+from bench.tools.step.profile import (
+    STEP_PROFILE_KEYS,
+    breakdown_rows,
+    kernel_parity,
+    phase_summary,
+)
 
 # One narrow block at context 16, vocabulary 97, fp32: milliseconds a step on one CPU thread.
 TINY = {
@@ -356,6 +361,42 @@ def test_profile_rows_split_each_phase_on_the_device():
         ("forward", 0.5, 0.125), ("backward", 0.125, None), ("all", 0.625, 0.125),
     ]  # fmt: skip
     assert summary[0]["exposed_comm_ms"] == forward["exposed_comm_ms"]
+
+
+def _whole_step(row: str, wall: float, rest: float | None, **categories: float) -> list[dict]:
+    """A profile's `all` rows of one row on rank 0 (`rest`: exposed communication + idle, split
+    evenly; None: a CPU run, no device split)."""
+    half = None if rest is None else rest / 2
+    phase = dict(row=row, rank=0, phase="all", kind="phase", wall_ms=wall,
+                 busy_ms=None if rest is None else wall - rest, exposed_comm_ms=half,
+                 idle_ms=half)  # fmt: skip
+    return [phase] + [
+        dict(row=row, rank=0, phase="all", kind="category", category=c, total_ms=ms)
+        for c, ms in categories.items()
+    ]
+
+
+def test_kernel_parity_takes_the_faster_row_in_every_category():
+    """Ours at the faster row's time in every compute category, with ours' own exposed
+    communication and idle time, over the torch-native step of the same checkpointing;
+    communication is not a category there (it runs beside compute), and a category only the
+    slower row runs counts as nothing."""
+    rows = [
+        *_whole_step("ours_fsdp_fa2_selective", 10.0, 1.0, matmul=5.0, attention=4.0,
+                     communication=2.0),
+        *_whole_step("ours_fsdp_fa2_blocks", 12.0, 1.0, matmul=6.0, attention=5.0),
+        *_whole_step("torch-native_fsdp_sdpa_selective", 9.5, 0.8, matmul=5.5, attention=3.0,
+                     other=0.2),
+    ]  # fmt: skip
+    (line,) = kernel_parity(rows)  # no torch-native row of `blocks`: no line
+    assert line["native"] == "torch-native_fsdp_sdpa_selective"
+    assert line["matmul"] == "5.0 / 5.5" and line["other"] == "0.0 / 0.2"
+    assert "communication" not in line
+    assert line["at_parity_ms"] == pytest.approx(5.0 + 3.0 + 1.0)
+    assert line["at_parity_vs_native"] == pytest.approx(9.0 / 9.5)
+    cpu = [*_whole_step("ours_x_blocks", 3.0, None, matmul=1.0),
+           *_whole_step("torch-native_x_blocks", 2.0, None, matmul=1.0)]  # fmt: skip
+    assert kernel_parity(cpu) == []
 
 
 def test_the_checkpointing_study_picks_k_from_measured_bytes():

@@ -66,6 +66,7 @@ __all__ = [
     "STEP_PROFILE_KEYS",
     "PhaseRanges",
     "breakdown_rows",
+    "kernel_parity",
     "phase_summary",
     "profile_step",
     "rebuild_step_profile",
@@ -77,6 +78,8 @@ __all__ = [
 MAX_TRACE_BYTES = 256 * MIB
 # The whole step, beside its phases.
 _ALL = "all"
+# How bench-step names its torch-native rows (`kernel_parity` pairs ours' rows with them).
+NATIVE_ROW = "torch-native"
 _TRACE_SUFFIX = ".pt.trace.json.gz"
 _DEVICE_COLUMNS = ("wall_ms", "kernel_ms", "busy_ms", "comm_ms", "exposed_comm_ms", "idle_ms")
 STEP_PROFILE_COLUMNS = [
@@ -226,6 +229,49 @@ def phase_summary(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
+def kernel_parity(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """How far kernel parity alone could take each of ours' steps: per rank, over the whole
+    step, each compute category's ms in ours' row and in the torch-native row of the same
+    checkpointing (`ours / native`), and ours' step with every category at the faster of the
+    two and ours' own exposed communication and idle time (`at_parity_ms`), over the
+    torch-native step's wall time. A category both rows run at the same speed leaves the step
+    as it is; what the faster row does less of (a kernel it never launches) counts too.
+    CUDA runs only (a CPU run has no device split); [] without a torch-native row."""
+    whole = {(r["row"], r["rank"]): r for r in rows if r["phase"] == _ALL and r["kind"] == "phase"}
+    if not any(r.get("busy_ms") is not None for r in whole.values()):
+        return []
+    spent: dict[tuple[str, int], dict[str, float]] = {}
+    for r in rows:
+        if r["phase"] == _ALL and r["kind"] == "category" and r["category"] != "communication":
+            spent.setdefault((r["row"], r["rank"]), {})[r["category"]] = r["total_ms"]
+    natives = [key for key in whole if key[0].startswith(NATIVE_ROW)]
+    out = []
+    for (row, rank), phase in whole.items():
+        if row.startswith(NATIVE_ROW):
+            continue
+        checkpointing = row.rsplit("_", 1)[-1]  # a row's name ends in its checkpointing
+        same = [n for n in natives if n[1] == rank and n[0].rsplit("_", 1)[-1] == checkpointing]
+        if not same:
+            continue
+        native, ours = whole[same[0]], spent.get((row, rank), {})
+        theirs = spent.get(same[0], {})
+        line: dict[str, Any] = {"row": row, "rank": rank, "native": same[0][0]}
+        for c in CATEGORIES:
+            if c != "communication" and (c in ours or c in theirs):
+                line[c] = f"{ours.get(c, 0.0):,.1f} / {theirs.get(c, 0.0):,.1f}"
+        rest = (phase["exposed_comm_ms"] or 0.0) + (phase["idle_ms"] or 0.0)
+        at_parity = rest + sum(
+            min(ours.get(c, 0.0), theirs.get(c, 0.0)) for c in set(ours) | set(theirs)
+        )
+        line.update(
+            exposed_comm_and_idle_ms=rest, step_ms=phase["wall_ms"],
+            native_step_ms=native["wall_ms"], at_parity_ms=at_parity,
+            at_parity_vs_native=at_parity / native["wall_ms"],
+        )  # fmt: skip
+        out.append(line)
+    return out
+
+
 def _export_trace(prof: torch.profiler.profile, path: Path) -> bool:
     """Write the trace gzipped; remove it again past `MAX_TRACE_BYTES`. Whether it stayed."""
     prof.export_chrome_trace(str(path))
@@ -372,5 +418,16 @@ def save_step_profile(
     path = save_json(run, directory / f"{directory.name}.json")
     summary = to_markdown(phase_summary(run.rows))
     header = "Per row, rank and phase: the device split, then each category's kernel time (ms)."
-    path.with_suffix(".md").write_text(f"{run.to_markdown()}\n\n{header}\n\n{summary}\n")
+    text = f"{run.to_markdown()}\n\n{header}\n\n{summary}\n"
+    parity = kernel_parity(run.rows)
+    if parity:
+        text += (
+            "\nKernel parity (`kernel_parity`): per rank, each compute category's kernel time "
+            "over the whole step, ours / torch-native's (ms); at_parity_ms: ours' step with "
+            "every category at the faster of the two and ours' own exposed communication and "
+            "idle time, at_parity_vs_native: that over the torch-native step's wall time. How "
+            "far kernel parity alone could take the step.\n\n"
+            f"{to_markdown(parity)}\n"
+        )
+    path.with_suffix(".md").write_text(text)
     return path
