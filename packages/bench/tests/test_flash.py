@@ -112,6 +112,34 @@ def test_case_rejects_bad_values(tiny_flash_case, bad):
         replace(tiny_flash_case, **bad)
 
 
+def test_each_shape_times_its_implementations_in_interleaved_rounds(tiny_flash_case, monkeypatch):
+    """Every implementation is called once, then timed `rounds` times, forwards then backwards;
+    a row's times are the medians of its rounds'."""
+    import bench.tools.flash as flash
+
+    order = []
+    times = iter([(1.0, 3.0), (2.0, 4.0), (9.0, 9.5)] * 10)  # each impl: one of each
+    monkeypatch.setattr(flash, "_passes", lambda case, impl, inputs, device: (impl, lambda: None))
+
+    def timed(passes, *args, **kwargs):
+        order.append(passes[0])  # the impl's name, which the patched _passes put first
+        return next(times)
+
+    monkeypatch.setattr(flash, "_time", timed)
+    case = replace(tiny_flash_case, seqs=(32,), impls=("naive", "sdpa", "fa2-pytorch"))
+    run = run_flash([case], device="cpu", rounds=3, show_progress=False)
+    assert order == ["naive", "sdpa", "fa2-pytorch", "fa2-pytorch", "sdpa", "naive",
+                     "naive", "sdpa", "fa2-pytorch"]  # fmt: skip
+    by_impl = {r["impl"]: r for r in run.rows}
+    # naive drew (1, 3), (9, 9.5), (1, 3): medians 1 and 3
+    assert by_impl["naive"]["fwd_ms"] == 1.0 and by_impl["naive"]["fwd_bwd_ms"] == 3.0
+    assert by_impl["naive"]["bwd_ms"] == 2.0 and run.config["rounds"] == 3
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        run_flash([case], device="cpu", rounds=0, show_progress=False)
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--rounds", "0"])
+
+
 def test_main_help_exits_zero(help_text):
     assert "--preset" in help_text(main)
 

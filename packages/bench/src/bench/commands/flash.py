@@ -4,9 +4,12 @@ Each case times, for every implementation, sequence length, head size and dtype:
 the forward+backward, and the backward as their difference (the median of forward+backward
 minus the median of forward; a backward timed on its own would need `retain_graph`, which
 compiled graphs refuse). Times are medians of `triton.testing.do_bench` (CUDA; the L2 cache is
-flushed between calls). Throughput counts attention FLOPs per head: the forward is `4·S²·D`
-(two matmuls of `2·S²·D`), halved when causal; the backward is 2.5× the forward (five matmuls
-instead of two).
+flushed between calls). At each shape every implementation runs on the same inputs: each is
+called once (compiling what it compiles), then timed in `--rounds` interleaved rounds, forwards
+then backwards, the measurement budget split among them; a time is the median of its rounds',
+so that a drift over the run (clocks, temperature) does not favour whichever runs last.
+Throughput counts attention FLOPs per head: the forward is `4·S²·D` (two matmuls of `2·S²·D`),
+halved when causal; the backward is 2.5× the forward (five matmuls instead of two).
 
 Presets (`--preset`, several allowed; `all` is every one):
 
@@ -125,7 +128,8 @@ class FlashOptions:
     the option of its name (None: the preset's own).
 
     Raises:
-        ValueError: budgets other than a warm-up and a measurement, or values a case refuses.
+        ValueError: budgets other than a warm-up and a measurement, rounds below 1, or values a
+            case refuses.
     """
 
     presets: tuple[str, ...] | None = option(
@@ -155,10 +159,18 @@ class FlashOptions:
         None, "do_bench warm-up and measurement budgets per timing (WARMUP REP)",
         default_text="25 100 on CUDA, 5 20 on a CPU", metavar="MS",
     )  # fmt: skip
+    rounds: int | None = option(
+        None, "timings of each implementation at a shape, interleaved with the others' "
+        "(forwards, then backwards; REP split among them), so that a drift over the run does "
+        "not favour whichever runs last", parse=int,
+        default_text="2 on CUDA, 1 on a CPU", metavar="N",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.budget_ms is not None and len(self.budget_ms) != 2:
             raise ValueError(f"--budget-ms takes WARMUP REP, got {self.budget_ms}")
+        if self.rounds is not None and self.rounds < 1:
+            raise ValueError(f"--rounds must be at least 1, got {self.rounds}")
         self.cases([*PRESETS.values()][:1])  # the changes apply to a case
 
     @property

@@ -7,10 +7,11 @@ The cases (`FlashCase`, the presets) and the command line: `bench.commands.flash
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -38,6 +39,14 @@ __all__ = [
 # do_bench budgets (ms): Triton's defaults on CUDA; on the CPU just enough for a tiny case.
 CUDA_BUDGET_MS = (25.0, 100.0)
 CPU_BUDGET_MS = (5.0, 20.0)
+# Timings of each implementation at a shape, interleaved (`serpentine`); the measurement budget
+# is split among them. On an H200, two kernels timed one after the other swapped their order of
+# merit when they swapped places (a drift of 1-3% over a run: docs/results/
+# fa2_gluon_bwd_variants_h200_2026-11-29_sleep_a.md, _sleep_b.md).
+CUDA_ROUNDS = 2
+CPU_ROUNDS = 1
+
+T = TypeVar("T")
 
 
 def cpu_case() -> FlashCase:
@@ -83,50 +92,112 @@ def attention_flops(
 _PASSES = ("fwd", "bwd", "fwd_bwd")
 
 
-def _measure(
-    case: FlashCase,
-    impl: str,
-    dtype: str,
-    seq: int,
-    seq_k: int,
-    d: int,
-    *,
-    device: torch.device,
-    budget_ms: tuple[float, float],
-) -> dict[str, float]:
-    """Median forward, backward and forward+backward times (ms) and TFLOP/s of one cell."""
-    attend = attention_impl(impl, device=device)
-    # (batch, seq, d) queries, (batch, seq_k, d) keys and values: one head per batch entry, as
-    # in the handout
+Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def _inputs(
+    case: FlashCase, dtype: str, seq: int, seq_k: int, d: int, *, device: torch.device
+) -> Inputs:
+    """One shape's (batch, seq, d) queries and (batch, seq_k, d) keys and values (one head per
+    batch entry, as in the handout), shared by every implementation, and the output gradient
+    (None: `o.sum()`'s)."""
     q, k, v = (
         torch.randn((case.batch, n, d), device=device, dtype=DTYPES[dtype], requires_grad=True)
         for n in (seq, seq_k, seq_k)
     )
-    if case.grad == "sum":
+    return q, k, v, (None if case.grad == "sum" else torch.randn_like(q))
 
-        def backward(o: torch.Tensor) -> None:
+
+def _passes(case: FlashCase, impl: str, inputs: Inputs, *, device: torch.device):
+    """(forward, forward+backward) of `impl` on `inputs`, as calls to time."""
+    attend = attention_impl(impl, device=device)
+    q, k, v, grad_out = inputs
+
+    def forward() -> torch.Tensor:
+        return attend(q, k, v, case.causal)
+
+    def both() -> None:
+        o = forward()
+        if grad_out is None:
             o.sum().backward()
-
-    else:
-        grad_out = torch.randn_like(q)
-
-        def backward(o: torch.Tensor) -> None:
+        else:
             o.backward(grad_out)
 
-    warmup_ms, rep_ms = budget_ms
-    timed = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "device": device}
-    fwd = summarize(do_bench(lambda: attend(q, k, v, case.causal), **timed)).median
-    fwd_bwd = summarize(
-        do_bench(lambda: backward(attend(q, k, v, case.causal)), grad_to_none=[q, k, v], **timed)
-    ).median
+    return forward, both
+
+
+def _time(passes, inputs: Inputs, *, device: torch.device, budget_ms) -> tuple[float, float]:
+    """Median ms of the forward and of the forward+backward (`do_bench`)."""
+    forward, both = passes
+    timed = {"warmup_ms": budget_ms[0], "rep_ms": budget_ms[1], "device": device}
+    fwd = summarize(do_bench(forward, **timed)).median
+    fwd_bwd = summarize(do_bench(both, grad_to_none=list(inputs[:3]), **timed)).median
+    return fwd, fwd_bwd
+
+
+def _row_times(
+    samples: list[tuple[float, float]], *, batch: int, seq: int, seq_k: int, d: int, causal: bool
+) -> dict[str, float | None]:
+    """Times (the medians of the rounds' medians) and TFLOP/s of one cell."""
+    fwd = statistics.median(f for f, _ in samples)
+    fwd_bwd = statistics.median(t for _, t in samples)
     # A difference of two medians: left empty where timing noise swamps it (only seen for
     # microsecond-sized calls on a busy CPU).
     bwd = fwd_bwd - fwd if fwd_bwd > fwd else None
     ms = {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd_bwd}
-    flops = attention_flops(batch=case.batch, seq=seq, seq_k=seq_k, d=d, causal=case.causal)
+    flops = attention_flops(batch=batch, seq=seq, seq_k=seq_k, d=d, causal=causal)
     row: dict[str, float | None] = {f"{p}_ms": ms[p] for p in _PASSES}
     row.update({f"{p}_tflops": flops[p] / (t * 1e-3) / 1e12 if t else None for p, t in ms.items()})
     return row
+
+
+def serpentine(items: list[T], rounds: int) -> list[T]:
+    """The order of the timings at one shape: every item once a round, the rounds alternately
+    forwards and backwards, so that a drift over the run (clocks, temperature) weighs on every
+    implementation alike rather than on the ones timed last."""
+    return [x for r in range(rounds) for x in (items if r % 2 == 0 else items[::-1])]
+
+
+def _measure_shape(
+    case: FlashCase, dtype: str, seq: int, seq_k: int, d: int, *, device: torch.device,
+    budget_ms: tuple[float, float], rounds: int,
+) -> dict[str, tuple[dict[str, float | None] | None, str]]:  # fmt: skip
+    """Every implementation of `case` at one shape: each called once first (compiling what
+    it compiles), then timed `rounds` times in `serpentine` order, `rep_ms / rounds` a
+    timing; per implementation its row's times (None unless ok) and status."""
+    made = guarded(lambda: _inputs(case, dtype, seq, seq_k, d, device=device), device=device)
+    if not made.ok:
+        return {impl: (None, made.status) for impl in case.impls}
+    inputs = made.value
+    passes, status = {}, {}
+    for impl in case.impls:
+        ready = guarded(lambda impl=impl: _passes(case, impl, inputs, device=device), device=device)
+        if ready.ok:
+            first = guarded(ready.value[1], device=device)  # compiles; an OOM shows here
+            ready = ready if first.ok else first
+        status[impl] = ready.status
+        if ready.ok:
+            passes[impl] = ready.value
+    samples: dict[str, list[tuple[float, float]]] = {impl: [] for impl in passes}
+    share = (budget_ms[0], budget_ms[1] / rounds)
+    for impl in serpentine(list(passes), rounds):
+        if status[impl] != OK:
+            continue
+        taken = guarded(
+            lambda impl=impl: _time(passes[impl], inputs, device=device, budget_ms=share),
+            device=device,
+        )
+        status[impl] = taken.status
+        if taken.ok:
+            samples[impl].append(taken.value)
+    shape = {"batch": case.batch, "seq": seq, "seq_k": seq_k, "d": d, "causal": case.causal}
+    return {
+        impl: (
+            _row_times(samples[impl], **shape) if status[impl] == OK else None,
+            status[impl],
+        )
+        for impl in case.impls
+    }
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -181,6 +252,7 @@ def run_flash(
     *,
     device: torch.device | str | None = None,
     budget_ms: tuple[float, float] | None = None,
+    rounds: int | None = None,
     command: str | None = None,
     show_progress: bool = True,
 ) -> Run:
@@ -191,6 +263,10 @@ def run_flash(
         device: where to run; CUDA when available, else the CPU, when None.
         budget_ms: `(warmup_ms, rep_ms)` given to `do_bench` per measurement; Triton's defaults
             (25, 100) on CUDA, (5, 20) on the CPU, when None.
+        rounds: timings of each implementation at a shape, interleaved with the others'
+            (`serpentine`), the measurement budget split among them; its times are the medians
+            of its rounds' medians. `CUDA_ROUNDS` (2) on CUDA, `CPU_ROUNDS` (1) on the CPU, when
+            None.
         command: the command line to record; the process's own when None.
         show_progress: draw a progress bar on stderr.
 
@@ -208,55 +284,57 @@ def run_flash(
     cases = list(cases)
     if budget_ms is None:
         budget_ms = CUDA_BUDGET_MS if device.type == "cuda" else CPU_BUDGET_MS
+    if rounds is None:
+        rounds = CUDA_ROUNDS if device.type == "cuda" else CPU_ROUNDS
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     notes.append(
         "Median ms of triton.testing.do_bench (CUDA) or a timed loop (CPU); bwd = fwd_bwd − fwd. "
+        f"At each shape every implementation is called once, then timed {rounds} time(s), the "
+        "rounds interleaved (forwards, then backwards), a time the median of its rounds'. "
         "TFLOP/s from 4·S²·D per head for the forward (halved when causal), backward 2.5× that. "
         "speedup = baseline time / this time: baseline "
         + ", ".join(f"{c.baseline} for {c.name}" for c in cases)
         + "."
     )
-    cells = [
-        (case, impl, dtype, seq, seq_k, d)
+    shapes = [
+        (case, dtype, seq, seq_k, d)
         for case in cases
         for dtype in case.dtypes
         for d in case.d_values
         for seq in case.seqs
         for seq_k in case.key_lengths(seq)
-        for impl in case.impls
     ]
     rows = []
-    for case, impl, dtype, seq, seq_k, d in progress(
-        cells, desc="bench-flash", enabled=show_progress
-    ):
-        outcome = guarded(
-            lambda case=case, impl=impl, dtype=dtype, seq=seq, seq_k=seq_k, d=d: _measure(
-                case, impl, dtype, seq, seq_k, d, device=device, budget_ms=budget_ms
-            ),
-            device=device,
+    for case, dtype, seq, seq_k, d in progress(shapes, desc="bench-flash", enabled=show_progress):
+        measured = _measure_shape(
+            case, dtype, seq, seq_k, d, device=device, budget_ms=budget_ms, rounds=rounds
         )
-        rows.append(
-            {
-                "case": case.name,
-                "impl": impl,
-                "dtype": dtype,
-                "batch": case.batch,
-                "seq": seq,
-                "seq_k": seq_k,
-                "d": d,
-                "causal": case.causal,
-                "grad": case.grad,
-                "baseline": case.baseline,
-                **(outcome.value if outcome.ok else dict.fromkeys(_METRICS)),
-                "status": outcome.status,
-            }
-        )
+        for impl in case.impls:
+            times, status = measured[impl]
+            rows.append(
+                {
+                    "case": case.name,
+                    "impl": impl,
+                    "dtype": dtype,
+                    "batch": case.batch,
+                    "seq": seq,
+                    "seq_k": seq_k,
+                    "d": d,
+                    "causal": case.causal,
+                    "grad": case.grad,
+                    "baseline": case.baseline,
+                    **(times if times is not None else dict.fromkeys(_METRICS)),
+                    "status": status,
+                }
+            )
         free_memory(device)
     _add_ratios(rows)
     return Run.create(
         "flash",
         rows,
         device=device,
-        config={"cases": [asdict(c) for c in cases], "budget_ms": budget_ms},
+        config={"cases": [asdict(c) for c in cases], "budget_ms": budget_ms, "rounds": rounds},
         command=command,
         title="FlashAttention-2 vs PyTorch attention vs SDPA (do_bench medians)",
         columns=COLUMNS,
@@ -324,6 +402,7 @@ def _run(options: FlashOptions | None, cli: Invocation) -> Run:
         cases,
         device=cli.device,
         budget_ms=options.budget_ms,
+        rounds=options.rounds,
         command=cli.command,
         show_progress=cli.show_progress,
     )
