@@ -90,6 +90,7 @@ def _kernel_split(res: Results) -> list[Block]:
     if native is None or not ours or "phase" not in native:
         return []
     run = res.record_of(step_rows[0]).run
+    at_parity = {p["row"]: p for p in kernel_parity(rows) if p["rank"] == 0}
     out: list[Block] = []
     for label, mine in ours.items():
         if "phase" not in mine:
@@ -108,9 +109,7 @@ def _kernel_split(res: Results) -> list[Block]:
             + ", ".join(parts)
             + "."
         )
-        parity = next(
-            (p for p in kernel_parity(rows) if p["row"] == label and p["rank"] == 0), None
-        )
+        parity = at_parity.get(label)
         if parity is not None:
             text += (
                 f" With every category at the faster of the two rows' time (ours' own exposed "
