@@ -59,6 +59,7 @@ def test_rows_are_well_formed(tiny_flash_case, tiny_budget_ms):
         assert set(COLUMNS) <= set(row)
         assert row["status"] == OK
         assert row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0
+        assert row["fwd_bwd_host_ms"] is None  # on a CPU the times are the host's already
         flops = attention_flops(batch=1, seq=row["seq"], d=16, causal=True)["fwd"]
         assert row["fwd_tflops"] == pytest.approx(flops / (row["fwd_ms"] * 1e-3) / 1e12)
     assert {r["fwd_speedup"] for r in run.rows if r["impl"] == "sdpa"} == {1.0}
@@ -164,3 +165,5 @@ def test_sweep_cell_on_cuda_reports_tflops():
     run = run_flash([case], device="cuda", budget_ms=(5.0, 10.0), show_progress=False)
     fa2 = next(r for r in run.rows if r["impl"] == "fa2-triton")
     assert fa2["status"] == OK and fa2["fwd_bwd_tflops"] > 0
+    # Issuing a forward+backward costs the host some time, and no more than a second.
+    assert all(0 < r["fwd_bwd_host_ms"] < 1000 for r in run.rows if r["status"] == OK)

@@ -30,14 +30,16 @@ the named fa2 rows (cuDNN always runs). Measured:
   the tiles of the long sequences), beside SDPA cuDNN's error on the same slice;
 - whether two backward passes over the full shape give the same bits (expected of every fa2
   row but "fa2 gluon-bwd-nondet");
-- the tiles the plans launched, and whether the warp-specialised loop was compiled in.
+- the tiles the plans launched, and whether the warp-specialised loop was compiled in;
+- the host's time to issue one forward+backward while the GPU is held busy (bench's
+  `host_ms`): where fwd+bwd comes out near it, the row times the host, not the kernels.
 
 Every part runs under a time budget (`--budget` seconds in all, Triton's compilation included):
 the time left is shared among the shapes not yet run, each weighing 1 plus its FLOPs over
 `FLOPS_PER_WEIGHT` (the long shapes' timing runs take seconds where the short ones' take less
 than their compilation); what does not fit is recorded as skipped. Rows are
 written to `OUT/hopper_screen.json` as they come, so a run stopped early keeps them; a compact
-table is printed last. Imports nothing from bench.
+table is printed last. From bench it imports only the host timer.
 
 GPU (one H100 or H200), from the repository root, with no install::
 
@@ -91,6 +93,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from bench.core.timing import host_ms
 from fa2 import FlashAttention2Triton, attention_reference
 from fa2.triton import configs, forward, gluon_backward, gluon_forward, launch
 
@@ -110,6 +113,7 @@ FLOPS_PER_WEIGHT = 2e13  # forward+backward FLOPs that weigh as much as one shap
 ACCURACY_PREFIX = 8192  # longer than configs.SHORT_SEQ: the slice takes the long tiles
 ROUNDS = 2  # timings of each implementation at a shape, interleaved (`serpentine`)
 ROTATE_BYTES = 2**30  # inputs (q, k, v, dO) rotate among up to 4 copies until they span this
+HOST_SPAN_MS = 200.0  # `issue_ms` averages over as many calls as take this long on the device
 
 
 def candidates(d: int, *, tiny: bool) -> dict[str, dict[str, str]]:
@@ -229,6 +233,17 @@ def _inputs(shape, device, copies, layout="bhsd"):
     return [tuple(make(view, grad=i < 3) for i, view in enumerate(viewed)) for _ in range(copies)]
 
 
+def _both(fn, sets):
+    """A forward+backward call of `fn` that takes the next input set each time."""
+    turn = iter(range(10**9))
+
+    def run_both():
+        q, k, v, do = sets[next(turn) % len(sets)]
+        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+    return run_both
+
+
 def time_impl(fn, sets, *, rep_ms):
     """(forward ms, forward+backward ms), cycling through the input sets call by call."""
     turn = iter(range(10**9))
@@ -237,11 +252,15 @@ def time_impl(fn, sets, *, rep_ms):
         q, k, v, _ = sets[next(turn) % len(sets)]
         return fn(q, k, v)
 
-    def run_both():
-        q, k, v, do = sets[next(turn) % len(sets)]
-        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+    return _median_ms(run_forward, rep_ms=rep_ms), _median_ms(_both(fn, sets), rep_ms=rep_ms)
 
-    return _median_ms(run_forward, rep_ms=rep_ms), _median_ms(run_both, rep_ms=rep_ms)
+
+def issue_ms(fn, sets, *, fwd_bwd_ms: float) -> float | None:
+    """The host's time to issue one forward+backward (`host_ms`; None on a CPU), over as many
+    calls as take about HOST_SPAN_MS on the device (3 to 20)."""
+    calls = max(3, min(20, int(HOST_SPAN_MS / max(fwd_bwd_ms, 1e-3))))
+    return host_ms(_both(fn, sets), device="cuda" if torch.cuda.is_available() else "cpu",
+                   calls=calls)  # fmt: skip
 
 
 def _errors(outputs, reference) -> list[float]:
@@ -417,6 +436,11 @@ def screen_shape(
             row.update(fwd_tflops=fwd_flops / fwd_ms / 1e9,
                        bwd_tflops=bwd_flops / (total_ms - fwd_ms) / 1e9)  # fmt: skip
             row["rounds"] = [dict(fwd_ms=f, fwd_bwd_ms=t) for f, t in taken[id(row)]]
+            try:
+                with environment(env):
+                    row["host_ms"] = issue_ms(fn, sets, fwd_bwd_ms=total_ms)
+            except torch.OutOfMemoryError:  # its calls' memory is held until the hold ends
+                row["host_ms"] = None
         print(_progress(row), flush=True)
     rows.save()
     del sets, q, k, v, do
@@ -430,8 +454,9 @@ def _progress(row: dict) -> str:
         return f"{head} failed: {row['error']}"
     extra = f" err/sdpa {row['error_vs_sdpa']:.2f} det {row['deterministic']}" if (
         "error_vs_sdpa" in row) else ""  # fmt: skip
+    host = f" host {row['host_ms']:.3f}" if row.get("host_ms") is not None else ""
     return (f"{head} fwd {row['fwd_ms']:.3f} bwd {row['bwd_ms']:.3f} fwd+bwd "
-            f"{row['fwd_bwd_ms']:.3f} ms{extra} ({row['seconds']:.0f} s) "
+            f"{row['fwd_bwd_ms']:.3f} ms{host}{extra} ({row['seconds']:.0f} s) "
             f"{row.get('launched', '')}")  # fmt: skip
 
 
@@ -471,21 +496,30 @@ def _correct(row: dict, rows: list[dict]) -> bool | None:
 def table(rows: list[dict]) -> str:
     """fwd, bwd, fwd+bwd ms, fwd+bwd over the baseline's (cuDNN; the rehearsal: SDPA on the
     CPU), the largest error of o, dq, dk, dv over SDPA's, determinism."""
-    lines = [f"| shape | impl | fwd ms | bwd ms | fwd+bwd ms | vs {_baseline(rows)} | err vs SDPA "
-             "| det |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [f"| shape | impl | fwd ms | bwd ms | fwd+bwd ms | host ms | vs {_baseline(rows)} "
+             "| err vs SDPA | det |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
         if "fwd_bwd_ms" not in r:
             lines.append(f"| {r['shape']} | {r['impl']} | {r.get('error', r.get('skipped'))} "
-                         "| | | | | |")  # fmt: skip
+                         "| | | | | | |")  # fmt: skip
             continue
         ratio = _ratio_to_baseline(r, rows)
         ratio = "" if ratio is None else f"{ratio:.3f}"
         err = f"{r['error_vs_sdpa']:.2f}" if "error_vs_sdpa" in r else ""
         det = {True: "yes", False: "NO", None: ""}[r.get("deterministic")]
         lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | "
-                     f"{r['fwd_bwd_ms']:.3f} | {ratio} | {err} | {det} |")  # fmt: skip
+                     f"{r['fwd_bwd_ms']:.3f} | {_host(r)} | {ratio} | {err} | {det} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _host(row: dict) -> str:
+    """The row's host time per forward+backward as text, bold where fwd+bwd is within 20% of
+    it (the row times the host, not the kernels); empty where not measured."""
+    host = row.get("host_ms")
+    if host is None:
+        return ""
+    return f"**{host:.3f}**" if row["fwd_bwd_ms"] < 1.2 * host else f"{host:.3f}"
 
 
 def _error_ratios(row: dict, rows: list[dict]) -> str:
@@ -524,7 +558,10 @@ def report(path: Path) -> tuple[Path, Path]:
             if meta.get("rounds")
             else ", each implementation timed once, after the ones above it at its shape; "
         )
-        + "bwd = their difference. vs: fwd+bwd over the baseline's at the same shape. err/SDPA: "
+        + "bwd = their difference. host: the host's time to issue one forward+backward while "
+        "the GPU is held busy (empty where not measured), bold "
+        "where fwd+bwd is within 20% of it: there the row times the host, not the kernels. "
+        "vs: fwd+bwd over the baseline's at the same shape. err/SDPA: "
         "the error of o / dq / dk / dv against float64 on a slice (batch 0, head 0, the first "
         "min(S, 8192) positions) over SDPA cuDNN's error on the same slice (recomputed here "
         "from each row's errors: the `error_vs_sdpa` field of screens run at 8d5630b took "
@@ -535,14 +572,14 @@ def report(path: Path) -> tuple[Path, Path]:
         "deterministic), and the Triton backward's L2 groups (dq, dkdv).",
         "",
         "| shape | impl | tiles (forward; backward or dq; dkdv; L2 groups) | fwd ms | bwd ms "
-        "| fwd+bwd ms "
+        "| fwd+bwd ms | host ms "
         f"| vs {base} | err/SDPA o / dq / dk / dv | det | ok |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "fwd_bwd_ms" not in r:
             lines.append(f"| {r['shape']} | {r['impl']} | {r.get('error', r.get('skipped'))} "
-                         "| | | | | | | |")  # fmt: skip
+                         "| | | | | | | | |")  # fmt: skip
             continue
         t = r.get("launched", {})
         groups = ast.literal_eval(t["l2_groups"]) if "l2_groups" in t else {}
@@ -553,7 +590,7 @@ def report(path: Path) -> tuple[Path, Path]:
         det = {True: "yes", False: "no", None: ""}[r.get("deterministic")]
         lines.append(
             f"| {r['shape']} | {r['impl']} | {tiles} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | "
-            f"{r['fwd_bwd_ms']:.3f} | {'' if ratio is None else f'{ratio:.3f}'} | "
+            f"{r['fwd_bwd_ms']:.3f} | {_host(r)} | {'' if ratio is None else f'{ratio:.3f}'} | "
             f"{_error_ratios(r, rows)} | {det} | {ok} |"
         )
     png = path.with_suffix(".png")

@@ -7,7 +7,10 @@ compiled graphs refuse). Times are medians of `triton.testing.do_bench` (CUDA; t
 flushed between calls). At each shape every implementation runs on the same inputs: each is
 called once (compiling what it compiles), then timed in `--rounds` interleaved rounds, forwards
 then backwards, the measurement budget split among them; a time is the median of its rounds',
-so that a drift over the run (clocks, temperature) does not favour whichever runs last.
+so that a drift over the run (clocks, temperature) does not favour whichever runs last. On
+CUDA each row also has `fwd_bwd_host_ms`, the host's time to issue one forward+backward while
+the GPU is held busy: where `fwd_bwd_ms` comes out near it, the time is the host's (Python,
+autograd, launches), not the kernels'.
 Throughput counts attention FLOPs per head: the forward is `4·S²·D` (two matmuls of `2·S²·D`),
 halved when causal; the backward is 2.5× the forward (five matmuls instead of two).
 

@@ -21,7 +21,7 @@ from bench.core.memory import free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import bar_plot, line_plot, ratio_heatmaps
 from bench.core.results import Keys, Run
-from bench.core.timing import do_bench, summarize
+from bench.core.timing import do_bench, host_ms, summarize
 from bench.core.tool import Invocation, Tool, as_device, cpu_default_notice, progress
 
 __all__ = [
@@ -45,6 +45,9 @@ CPU_BUDGET_MS = (5.0, 20.0)
 # fa2_gluon_bwd_variants_h200_2026-11-29_sleep_a.md, _sleep_b.md).
 CUDA_ROUNDS = 2
 CPU_ROUNDS = 1
+# The host time of a forward+backward (`host_ms`) averages over as many calls as take about this
+# long on the device (3 to 20): their kernels all run after the host has issued them.
+HOST_SPAN_MS = 200.0
 
 T = TypeVar("T")
 
@@ -191,13 +194,17 @@ def _measure_shape(
         if taken.ok:
             samples[impl].append(taken.value)
     shape = {"batch": case.batch, "seq": seq, "seq_k": seq_k, "d": d, "causal": case.causal}
-    return {
-        impl: (
-            _row_times(samples[impl], **shape) if status[impl] == OK else None,
-            status[impl],
+    rows = {impl: _row_times(samples[impl], **shape) for impl in passes if status[impl] == OK}
+    for impl, row in rows.items():
+        calls = max(3, min(20, int(HOST_SPAN_MS / max(row["fwd_bwd_ms"], 1e-3))))
+        issued = guarded(
+            lambda impl=impl, calls=calls: host_ms(
+                passes[impl][1], device=device, calls=calls, grad_to_none=list(inputs[:3])
+            ),
+            device=device,
         )
-        for impl in case.impls
-    }
+        row["fwd_bwd_host_ms"] = issued.value if issued.ok else None
+    return {impl: (rows.get(impl), status[impl]) for impl in case.impls}
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -232,12 +239,13 @@ COLUMNS = [
     "fwd_speedup",
     "bwd_speedup",
     "fwd_bwd_speedup",
+    "fwd_bwd_host_ms",
     "status",
 ]
 # Every key of a row, for readers (bench-report).
 KEYS = Keys(*COLUMNS, "causal", "baseline", "grad")
 
-_METRICS = [f"{p}_{m}" for m in ("ms", "tflops") for p in _PASSES]
+_METRICS = [*(f"{p}_{m}" for m in ("ms", "tflops") for p in _PASSES), "fwd_bwd_host_ms"]
 
 
 def _describe(case: FlashCase) -> str:
@@ -292,6 +300,8 @@ def run_flash(
         "Median ms of triton.testing.do_bench (CUDA) or a timed loop (CPU); bwd = fwd_bwd − fwd. "
         f"At each shape every implementation is called once, then timed {rounds} time(s), the "
         "rounds interleaved (forwards, then backwards), a time the median of its rounds'. "
+        "fwd_bwd_host_ms (CUDA): the host's time to issue one forward+backward while the GPU is "
+        "held busy; where fwd_bwd_ms comes out near it, the time is the host's, not the kernels'. "
         "TFLOP/s from 4·S²·D per head for the forward (halved when causal), backward 2.5× that. "
         "speedup = baseline time / this time: baseline "
         + ", ".join(f"{c.baseline} for {c.name}" for c in cases)
