@@ -286,3 +286,15 @@ def test_the_screen_rehearses_in_interleaved_rounds(tmp_path):
         taken = [r["fwd_bwd_ms"] for r in row["rounds"]]
         assert len(taken) == 3 and row["fwd_bwd_ms"] == sorted(taken)[1]
     assert rows["fa2"]["error_vs_sdpa"] <= 2 and rows["fa2"]["deterministic"]
+    # No host time on a CPU (it is all host time); a GPU's is shown, bold from half the fwd+bwd.
+    assert all(row["host_ms"] is None for row in rows.values())
+    for row, share in zip(data["rows"], (0.6, 0.1), strict=True):
+        row["host_ms"] = share * row["fwd_bwd_ms"]
+    (tmp_path / "hopper_screen.json").write_text(json.dumps(data))
+    report = [sys.executable, str(script), "--report", str(tmp_path / "hopper_screen.json")]
+    subprocess.run(report, check=True, capture_output=True, timeout=120)
+    page = (tmp_path / "hopper_screen.md").read_text().splitlines()
+    impls = [r["impl"] for r in data["rows"]]
+    first, second = (next(line for line in page if f"| {impl} |" in line) for impl in impls)
+    assert f"**{data['rows'][0]['host_ms']:.3f}**" in first
+    assert f" {data['rows'][1]['host_ms']:.3f} |" in second and "**" not in second

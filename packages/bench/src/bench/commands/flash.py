@@ -9,8 +9,8 @@ called once (compiling what it compiles), then timed in `--rounds` interleaved r
 then backwards, the measurement budget split among them; a time is the median of its rounds',
 so that a drift over the run (clocks, temperature) does not favour whichever runs last. On
 CUDA each row also has `fwd_bwd_host_ms`, the host's time to issue one forward+backward while
-the GPU is held busy: where `fwd_bwd_ms` comes out near it, the time is the host's (Python,
-autograd, launches), not the kernels'.
+the GPU is held busy: where it is half of `fwd_bwd_ms` or more, that time may be the host's
+(Python, autograd, launches), not the kernels'.
 Throughput counts attention FLOPs per head: the forward is `4·S²·D` (two matmuls of `2·S²·D`),
 halved when causal; the backward is 2.5× the forward (five matmuls instead of two).
 

@@ -301,7 +301,8 @@ def run_flash(
         f"At each shape every implementation is called once, then timed {rounds} time(s), the "
         "rounds interleaved (forwards, then backwards), a time the median of its rounds'. "
         "fwd_bwd_host_ms (CUDA): the host's time to issue one forward+backward while the GPU is "
-        "held busy; where fwd_bwd_ms comes out near it, the time is the host's, not the kernels'. "
+        "held busy; where it is half of fwd_bwd_ms or more, that time may be the host's, not the "
+        "kernels' (a host's time for one call can double from one process to the next). "
         "TFLOP/s from 4·S²·D per head for the forward (halved when causal), backward 2.5× that. "
         "speedup = baseline time / this time: baseline "
         + ", ".join(f"{c.baseline} for {c.name}" for c in cases)
