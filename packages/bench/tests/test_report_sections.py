@@ -599,11 +599,11 @@ def test_a_profiled_step_is_split_by_kernel_category_beside_torch_natives(save, 
 def test_fa2_gpu_tests_are_counted_over_every_run_at_the_newest_revision(tmp_path, save):
     """fa2's GPU suite runs in parts; the report adds up the parts run on the newest tree and
     leaves out an older tree's runs."""
-    runs = [("a", "older", 300, 1, "2026-11-28"), ("b", "newer", 242, 0, "2026-11-29"),
-            ("c", "newer", 45, 0, "2026-11-29")]  # fmt: skip
+    runs = [("a", "older", 300, 1, "2026-11-28T01"), ("b", "newer", 242, 0, "2026-11-29T01"),
+            ("c", "newer", 45, 0, "2026-11-29T02")]  # fmt: skip
     for part, revision, passed, failed, date in runs:
         row = {"command": f"python3 -m pytest -m gpu packages/fa2 -k {part}",
                "revision": revision, "passed": passed, "failed": failed}  # fmt: skip
-        save(f"gpu_tests_fa2_h200_{date}_{part}", "gpu_tests", [row], date=f"{date}T00:00:00")
+        save(f"gpu_tests_fa2_h200_{date[:10]}_{part}", "gpu_tests", [row], date=f"{date}:00:00")
     text = build_report(tmp_path)
     assert "last passed 287 of 287 at `newer`, in 2 runs." in text

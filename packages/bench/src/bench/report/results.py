@@ -163,7 +163,9 @@ class Results:
             if r.run.tool == tool and (stem is None or r.path.stem.startswith(stem))
         ]
 
-    def rows(self, tool: str, *, stem: str | None = None, latest: bool = False) -> Rows:
+    def rows(
+        self, tool: str, *, stem: str | None = None, latest: bool = False, earlier: bool = False
+    ) -> Rows:
         """The rows of `tool`'s current results (not those of earlier runs), each tagged with
         its source (see `cite`); those measured on a GPU only, where there are any (except for
         the tools whose cells say what they measured on any machine, `_ANY_DEVICE`).
@@ -172,8 +174,10 @@ class Results:
             tool: the tool that wrote them.
             stem: only files whose name starts with this.
             latest: only the newest such file's rows.
+            earlier: earlier runs' rows too (for a record made in parts, e.g. a test suite run
+                a few files at a time, whose parts replace one another by name).
         """
-        records = [r for r in self.runs(tool, stem=stem) if self.current(r)]
+        records = [r for r in self.runs(tool, stem=stem) if earlier or self.current(r)]
         on_gpu = [r for r in records if r.run.env.get("device_type") == "cuda"]
         if tool not in _ANY_DEVICE:
             records = on_gpu or records  # a CPU stand-in answers only where no GPU result does
