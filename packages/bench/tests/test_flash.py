@@ -4,13 +4,16 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 
 from bench.commands.flash import main
 from bench.core.oom import OK
+from bench.core.timing import elapsed_ms
 from bench.tools.flash import (
     COLUMNS,
     PRESETS,
     attention_flops,
+    host_ms,
     plot_flash,
     run_flash,
 )
@@ -167,3 +170,23 @@ def test_sweep_cell_on_cuda_reports_tflops():
     assert fa2["status"] == OK and fa2["fwd_bwd_tflops"] > 0
     # Issuing a forward+backward costs the host some time, and no more than a second.
     assert all(0 < r["fwd_bwd_host_ms"] < 1000 for r in run.rows if r["status"] == OK)
+
+
+def test_host_ms_is_none_off_cuda_and_refuses_no_calls():
+    assert host_ms(lambda: None, device="cpu") is None
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="at least 1"):
+            host_ms(lambda: None, device="cuda", calls=0)
+
+
+@pytest.mark.gpu
+def test_host_ms_times_the_issue_not_the_kernels_and_shows_a_synchronising_call():
+    cycles = 20_000_000  # about 10 ms of GPU time a call
+    _, device_ms = elapsed_ms(lambda: torch.cuda._sleep(cycles), device="cuda")
+    issued = host_ms(lambda: torch.cuda._sleep(cycles), device="cuda", calls=5)
+    assert issued < device_ms / 10
+    waiting = host_ms(lambda: torch.cuda.synchronize(), device="cuda", calls=2)
+    assert waiting > 10  # the first call waits out the hold
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    host_ms(lambda: (x * 2).sum().backward(), device="cuda", calls=3, grad_to_none=[x])
+    assert torch.equal(x.grad, torch.full_like(x, 2))  # reset before each call: no accumulation

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.core.timing import Summary, do_bench, elapsed_ms, host_ms, summarize, time_fn
+from bench.core.timing import Summary, do_bench, elapsed_ms, summarize, time_fn
 from bench.tools.attn import time_with_setup
 
 CPU = torch.device("cpu")
@@ -111,23 +111,3 @@ def test_do_bench_on_cuda_uses_triton_and_returns_samples():
     samples = do_bench(lambda: a @ a, device="cuda", warmup_ms=5, rep_ms=20)
     assert len(samples) > 1
     assert summarize(samples).median > 0
-
-
-def test_host_ms_is_none_off_cuda_and_refuses_no_calls():
-    assert host_ms(lambda: None, device=CPU) is None
-    if torch.cuda.is_available():
-        with pytest.raises(ValueError, match="at least 1"):
-            host_ms(lambda: None, device="cuda", calls=0)
-
-
-@pytest.mark.gpu
-def test_host_ms_times_the_issue_not_the_kernels_and_shows_a_synchronising_call():
-    cycles = 20_000_000  # about 10 ms of GPU time a call
-    _, device_ms = elapsed_ms(lambda: torch.cuda._sleep(cycles), device="cuda")
-    issued = host_ms(lambda: torch.cuda._sleep(cycles), device="cuda", calls=5)
-    assert issued < device_ms / 10
-    waiting = host_ms(lambda: torch.cuda.synchronize(), device="cuda", calls=2)
-    assert waiting > 10  # the first call waits out the hold
-    x = torch.ones(4, device="cuda", requires_grad=True)
-    host_ms(lambda: (x * 2).sum().backward(), device="cuda", calls=3, grad_to_none=[x])
-    assert torch.equal(x.grad, torch.full_like(x, 2))  # reset before each call: no accumulation

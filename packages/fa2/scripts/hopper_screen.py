@@ -39,7 +39,7 @@ the time left is shared among the shapes not yet run, each weighing 1 plus its F
 `FLOPS_PER_WEIGHT` (the long shapes' timing runs take seconds where the short ones' take less
 than their compilation); what does not fit is recorded as skipped. Rows are
 written to `OUT/hopper_screen.json` as they come, so a run stopped early keeps them; a compact
-table is printed last. From bench it imports only the host timer.
+table is printed last. From bench it imports only the host timer, where bench is installed.
 
 GPU (one H100 or H200), from the repository root, with no install::
 
@@ -93,9 +93,13 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.core.timing import host_ms
 from fa2 import FlashAttention2Triton, attention_reference
 from fa2.triton import configs, forward, gluon_backward, gluon_forward, launch
+
+try:  # the host timer is bench's; with fa2 installed alone the rows have no host time
+    from bench.tools.flash import host_ms
+except ImportError:
+    host_ms = None
 
 SHAPES = [  # (batch, heads, seq, head dim), in the order they run
     (2, 32, 32768, 128),  # the 2026 leaderboard's
@@ -261,8 +265,10 @@ def time_impl(fn, sets, *, rep_ms):
 
 
 def issue_ms(fn, sets, *, fwd_bwd_ms: float) -> float | None:
-    """The host's time to issue one forward+backward (`host_ms`; None on a CPU), over as many
-    calls as take about HOST_SPAN_MS on the device (3 to 20)."""
+    """The host's time to issue one forward+backward (bench's `host_ms`; None on a CPU or
+    without bench), over as many calls as take about HOST_SPAN_MS on the device (3 to 20)."""
+    if host_ms is None:
+        return None
     calls = max(3, min(20, int(HOST_SPAN_MS / max(fwd_bwd_ms, 1e-3))))
     return host_ms(_both(fn, sets), device="cuda" if torch.cuda.is_available() else "cpu",
                    calls=calls)  # fmt: skip

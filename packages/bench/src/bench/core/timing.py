@@ -26,7 +26,6 @@ __all__ = [
     "Summary",
     "do_bench",
     "elapsed_ms",
-    "host_ms",
     "summarize",
     "synchronize",
     "time_fn",
@@ -39,10 +38,6 @@ T = TypeVar("T")
 # the median survives one outlier.
 _MAX_CPU_REPEATS = 1000
 _MIN_CPU_REPEATS = 3
-# GPU clock cycles `host_ms` holds the GPU busy for (`torch.cuda._sleep`) while it issues its
-# calls: about 50 ms at an H100's or H200's clocks, more than the host takes to issue 20 calls of
-# anything bench times.
-_HOLD_CYCLES = 100_000_000
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -210,47 +205,3 @@ def do_bench(
     estimate = max(statistics.median(warmup_samples), 1e-3)
     repeats = min(_MAX_CPU_REPEATS, max(_MIN_CPU_REPEATS, int(rep_ms / estimate)))
     return [timed_call() for _ in range(repeats)]
-
-
-def host_ms(
-    fn: Callable[[], Any],
-    *,
-    device: torch.device | str,
-    calls: int = 20,
-    grad_to_none: Sequence[torch.Tensor] | None = None,
-) -> float | None:
-    """The host's time to issue one call of `fn` (ms), measured while the GPU is held busy, so
-    that nothing the calls issue waits for a kernel: the least a call can take however fast its
-    kernels. Where a device time (`do_bench`) comes out near it, that time is the host's, not
-    the kernels'. A call that synchronises shows as the hold's length (about 50 ms).
-
-    None off CUDA, where the host's time is all a timing measures.
-
-    Args:
-        fn: the work, called with no arguments (once first, untimed, to warm caches).
-        device: where the work runs.
-        calls: how many calls to issue and average over; each call's kernels run after the hold,
-            so this many times the call's device time is spent waiting at the end.
-        grad_to_none: tensors whose `.grad` is set to None before every call (as in `do_bench`).
-    """
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    if calls < 1:
-        raise ValueError(f"calls must be at least 1, got {calls}")
-
-    def call() -> None:
-        for t in grad_to_none or ():
-            t.grad = None
-        fn()
-
-    with torch.cuda.device(device):
-        call()
-        torch.cuda.synchronize()
-        torch.cuda._sleep(_HOLD_CYCLES)
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        elapsed = time.perf_counter() - start
-        torch.cuda.synchronize()
-    return elapsed / calls * 1e3

@@ -1,5 +1,6 @@
 """bench-flash's measurement: FlashAttention-2 against PyTorch attention and SDPA, timed with
-`do_bench`, as `run_flash(cases)`, and the `TOOL` its command runs.
+`do_bench`, as `run_flash(cases)`, and the `TOOL` its command runs; `host_ms`, the host's
+time to issue a call, which it reports beside its device times.
 
 The cases (`FlashCase`, the presets) and the command line: `bench.commands.flash`
 (`bench-flash --help`).
@@ -8,7 +9,8 @@ The cases (`FlashCase`, the presets) and the command line: `bench.commands.flash
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +23,7 @@ from bench.core.memory import free_memory
 from bench.core.oom import OK, guarded
 from bench.core.plots import bar_plot, line_plot, ratio_heatmaps
 from bench.core.results import Keys, Run
-from bench.core.timing import do_bench, host_ms, summarize
+from bench.core.timing import do_bench, summarize
 from bench.core.tool import Invocation, Tool, as_device, cpu_default_notice, progress
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "attention_flops",
     "cpu_case",
     "default_cases",
+    "host_ms",
     "plot_flash",
     "run_flash",
 ]
@@ -50,6 +53,11 @@ CPU_ROUNDS = 1
 HOST_SPAN_MS = 200.0
 
 T = TypeVar("T")
+
+# GPU clock cycles `host_ms` holds the GPU busy for (`torch.cuda._sleep`) while it issues its
+# calls: about 50 ms at an H100's or H200's clocks, more than the host takes to issue 20 calls of
+# anything bench times.
+_HOLD_CYCLES = 100_000_000
 
 
 def cpu_case() -> FlashCase:
@@ -90,6 +98,50 @@ def attention_flops(
         pairs = n_k * n_k / 2 + (seq - n_k) * n_k
     fwd = batch * 4 * pairs * d
     return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}
+
+
+def host_ms(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str,
+    calls: int = 20,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+) -> float | None:
+    """The host's time to issue one call of `fn` (ms), measured while the GPU is held busy, so
+    that nothing the calls issue waits for a kernel: the least a call can take however fast its
+    kernels. Where a device time (`do_bench`) comes out near it, that time is the host's, not
+    the kernels'. A call that synchronises shows as the hold's length (about 50 ms).
+
+    None off CUDA, where the host's time is all a timing measures.
+
+    Args:
+        fn: the work, called with no arguments (once first, untimed, to warm caches).
+        device: where the work runs.
+        calls: how many calls to issue and average over; each call's kernels run after the hold,
+            so this many times the call's device time is spent waiting at the end.
+        grad_to_none: tensors whose `.grad` is set to None before every call (as in `do_bench`).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    if calls < 1:
+        raise ValueError(f"calls must be at least 1, got {calls}")
+
+    def call() -> None:
+        for t in grad_to_none or ():
+            t.grad = None
+        fn()
+
+    with torch.cuda.device(device):
+        call()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(_HOLD_CYCLES)
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        elapsed = time.perf_counter() - start
+        torch.cuda.synchronize()
+    return elapsed / calls * 1e3
 
 
 _PASSES = ("fwd", "bwd", "fwd_bwd")
