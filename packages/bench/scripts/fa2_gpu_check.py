@@ -19,7 +19,8 @@ Run from the repository root on a CUDA machine (no install needed)::
 4. The drop-in round (`--sections varlen,window,overhead`, not run by default): packed
    sequences (64 documents, 32768 tokens) beside padded batches and one long causal sequence;
    a sliding window of 4096 at 32768 tokens against full causal; the launch path at (32, 16,
-   512, 64) beside the passes alone and cuDNN, and the host time of a tiny call. With
+   512, 64) beside the passes alone and cuDNN, and the host time of a tiny call (bench-flash's
+   `host_ms`, with the GPU held busy: bench on the path, as every run of this script has). With
    `--results docs/results` these rows also become fa2_dropin_<device>_<date>.md/.json/.png
    (needs the bench package on the path, as below).
 5. `--sections entry_points` (not run by default, about 15 s): `FlashAttention2Triton.apply`
@@ -39,7 +40,6 @@ import math
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -368,17 +368,11 @@ def window(rows: list[dict]) -> None:
 
 
 def _host_us(fn, calls: int = 300) -> float:
-    """Host time of one call in µs: `fn` issued `calls` times without waiting, at a size whose
-    kernels take less time than their launch, so the loop runs at the host's pace."""
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    """Host time of one call in µs: `fn` issued `calls` times while the GPU is held busy
+    (bench-flash's `host_ms`), so the loop runs at the host's pace."""
+    from bench.tools.flash import host_ms
+
+    return host_ms(fn, device="cuda", calls=calls) * 1e3
 
 
 @contextlib.contextmanager
