@@ -13,6 +13,7 @@ from bench.tools.flash import (
     COLUMNS,
     PRESETS,
     attention_flops,
+    host_calls,
     host_ms,
     plot_flash,
     run_flash,
@@ -174,6 +175,8 @@ def test_sweep_cell_on_cuda_reports_tflops():
 
 def test_host_ms_is_none_off_cuda_and_refuses_no_calls():
     assert host_ms(lambda: None, device="cpu") is None
+    # as many calls as take about 200 ms on the device, 3 to 20
+    assert [host_calls(ms) for ms in (0.33, 20.0, 120.0)] == [20, 10, 3]
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="at least 1"):
             host_ms(lambda: None, device="cuda", calls=0)

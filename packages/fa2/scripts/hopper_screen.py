@@ -97,7 +97,7 @@ from fa2 import FlashAttention2Triton, attention_reference
 from fa2.triton import configs, forward, gluon_backward, gluon_forward, launch
 
 try:  # the host timer is bench's; with fa2 installed alone the rows have no host time
-    from bench.tools.flash import host_ms
+    from bench.tools.flash import host_calls, host_ms
 except ImportError:
     host_ms = None
 
@@ -117,7 +117,6 @@ FLOPS_PER_WEIGHT = 2e13  # forward+backward FLOPs that weigh as much as one shap
 ACCURACY_PREFIX = 8192  # longer than configs.SHORT_SEQ: the slice takes the long tiles
 ROUNDS = 2  # timings of each implementation at a shape, interleaved (`serpentine`)
 ROTATE_BYTES = 2**30  # inputs (q, k, v, dO) rotate among up to 4 copies until they span this
-HOST_SPAN_MS = 200.0  # `issue_ms` averages over as many calls as take this long on the device
 # A row whose host time is at least this share of its fwd+bwd may time the host, not the
 # kernels: the same calls took the host 0.23 to 0.42 ms in four processes on one machine, and
 # the slow ones timed up to 0.61 ms where the kernels take 0.33
@@ -265,13 +264,12 @@ def time_impl(fn, sets, *, rep_ms):
 
 
 def issue_ms(fn, sets, *, fwd_bwd_ms: float) -> float | None:
-    """The host's time to issue one forward+backward (bench's `host_ms`; None on a CPU or
-    without bench), over as many calls as take about HOST_SPAN_MS on the device (3 to 20)."""
+    """The host's time to issue one forward+backward (bench's `host_ms`, over `host_calls`
+    calls; None on a CPU or without bench)."""
     if host_ms is None:
         return None
-    calls = max(3, min(20, int(HOST_SPAN_MS / max(fwd_bwd_ms, 1e-3))))
     return host_ms(_both(fn, sets), device="cuda" if torch.cuda.is_available() else "cpu",
-                   calls=calls)  # fmt: skip
+                   calls=host_calls(fwd_bwd_ms))  # fmt: skip
 
 
 def _errors(outputs, reference) -> list[float]:

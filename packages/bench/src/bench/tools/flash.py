@@ -34,6 +34,7 @@ __all__ = [
     "attention_flops",
     "cpu_case",
     "default_cases",
+    "host_calls",
     "host_ms",
     "plot_flash",
     "run_flash",
@@ -48,8 +49,8 @@ CPU_BUDGET_MS = (5.0, 20.0)
 # fa2_gluon_bwd_variants_h200_2026-11-29_sleep_a.md, _sleep_b.md).
 CUDA_ROUNDS = 2
 CPU_ROUNDS = 1
-# The host time of a forward+backward (`host_ms`) averages over as many calls as take about this
-# long on the device (3 to 20): their kernels all run after the host has issued them.
+# `host_calls`: a host time averages over as many calls as take about this long on the device
+# (3 to 20), since their kernels all run after the host has issued them.
 HOST_SPAN_MS = 200.0
 
 T = TypeVar("T")
@@ -98,6 +99,12 @@ def attention_flops(
         pairs = n_k * n_k / 2 + (seq - n_k) * n_k
     fwd = batch * 4 * pairs * d
     return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}
+
+
+def host_calls(device_ms: float) -> int:
+    """How many calls `host_ms` should issue of a call taking `device_ms` on the device: as many
+    as take about `HOST_SPAN_MS` there, from 3 to 20."""
+    return max(3, min(20, int(HOST_SPAN_MS / max(device_ms, 1e-3))))
 
 
 def host_ms(
@@ -248,7 +255,7 @@ def _measure_shape(
     shape = {"batch": case.batch, "seq": seq, "seq_k": seq_k, "d": d, "causal": case.causal}
     rows = {impl: _row_times(samples[impl], **shape) for impl in passes if status[impl] == OK}
     for impl, row in rows.items():
-        calls = max(3, min(20, int(HOST_SPAN_MS / max(row["fwd_bwd_ms"], 1e-3))))
+        calls = host_calls(row["fwd_bwd_ms"])
         issued = guarded(
             lambda impl=impl, calls=calls: host_ms(
                 passes[impl][1], device=device, calls=calls, grad_to_none=list(inputs[:3])
