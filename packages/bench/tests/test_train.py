@@ -100,6 +100,12 @@ def test_the_progress_bar_registers_no_semaphore_a_rank_could_leak(
             registered.append(kind)
 
     monkeypatch.setattr(resource_tracker, "register", register)
+    # A fresh rank has no monitor thread. One an earlier test's bar started wakes every 10 s
+    # and takes tqdm.get_lock(), which would build the default lock while ours is deleted.
+    if tqdm.monitor is not None:
+        tqdm.monitor.exit()
+    monkeypatch.setattr(tqdm, "monitor", None)
+    monkeypatch.setattr(tqdm, "monitor_interval", 0)
     monkeypatch.delattr(tqdm, "_lock", raising=False)  # as in a fresh rank
     monkeypatch.delattr(TqdmDefaultWriteLock, "mp_lock", raising=False)
     before = multiprocessing.get_start_method(allow_none=True)
