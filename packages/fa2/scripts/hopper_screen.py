@@ -359,6 +359,8 @@ def serpentine(items: list, rounds: int) -> list:
     """The order of the timings: every item once a round, the rounds alternately forwards and
     backwards, so that a drift over the run (clocks, temperature) weighs on every item alike
     rather than on the ones timed last or first."""
+    # The twin of bench-flash's `bench.tools.flash.serpentine`, kept on purpose: this script
+    # runs with fa2 installed alone, and the order must not depend on whether bench is there.
     return [x for r in range(rounds) for x in (items if r % 2 == 0 else items[::-1])]
 
 
